@@ -1,0 +1,59 @@
+"""One block pair through the kernel: the inner step that every strategy's loop shares.
+
+`attend_forward` computes queries of one shard against keys of another (as planned by masks.py)
+and merges the result into float32 accumulators; `attend_backward` adds the block's gradients into
+float32 accumulators. Strategies differ only in which blocks meet where and what travels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .comm.stats import record_pairs
+from .kernels import accumulator_dtype
+from .masks import Tile
+from .merge import merge_partial
+
+
+def attend_forward(kernel, q, k, v, tiles: list[Tile], out_acc, lse_acc, scale: float) -> None:
+    """Merge attention of q rows against k/v rows, tile by tile, into (out_acc, lse_acc).
+
+    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim)
+    out_acc: (batch, seqlen_q, nheads, headdim) float32; lse_acc: (batch, nheads, seqlen_q) float32.
+    """
+    for t in tiles:
+        qr, kr = t.q.rows, t.k.rows
+        out, lse = kernel.forward(q[:, qr], k[:, kr], v[:, kr], scale, t.causal, t.mask)
+        merge_partial(out_acc[:, qr], lse_acc[:, :, qr], out, lse)
+        record_pairs("forward", t.pairs)
+
+
+def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, dk_acc, dv_acc, scale: float) -> None:
+    """Add the gradients of one block pair into float32 accumulators.
+
+    out and lse are the query rows' *global* results (lse with +inf for empty rows, see
+    kernels.lse_for_backward). dq_acc is shaped like q, dk_acc/dv_acc like k/v, all float32.
+    """
+    for t in tiles:
+        qr, kr = t.q.rows, t.k.rows
+        dq, dk, dv = kernel.backward(
+            dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out[:, qr], lse[:, :, qr], scale, t.causal, t.mask
+        )
+        dq_acc[:, qr] += dq
+        dk_acc[:, kr] += dk
+        dv_acc[:, kr] += dv
+        record_pairs("backward", t.pairs)
+
+
+def float32_zeros_like(t: torch.Tensor) -> torch.Tensor:
+    """A float32 accumulator shaped like `t` (float64 stays float64)."""
+    return torch.zeros(t.shape, dtype=accumulator_dtype(t.dtype), device=t.device)
+
+
+def empty_accumulators(q: torch.Tensor):
+    """(out_acc, lse_acc) for q's rows: zeros and -inf, float32 (float64 for float64 input)."""
+    acc = accumulator_dtype(q.dtype)
+    b, s, h, _ = q.shape
+    out_acc = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse_acc = torch.full((b, h, s), float("-inf"), dtype=acc, device=q.device)
+    return out_acc, lse_acc

@@ -1,0 +1,35 @@
+"""AttentionCall: everything a strategy needs to know about one sharded attention call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from .layout import Segment, segments
+from .masks import MaskSpec, Tile, plan_tiles
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One call's setting, fixed on every rank: the group, how the sequence is laid out, the mask.
+
+    local_len: tokens per rank. kernel: a backend module from burst.kernels.
+    """
+
+    group: dist.ProcessGroup | None
+    rank: int
+    world: int
+    layout: str
+    local_len: int
+    spec: MaskSpec
+    scale: float
+    kernel: object
+
+    def segments(self, rank: int) -> list[Segment]:
+        """The position runs of `rank`'s shard."""
+        return segments(self.layout, rank, self.world, self.local_len)
+
+    def tiles(self, q_rank: int, k_rank: int) -> list[Tile]:
+        """Kernel calls for `q_rank`'s queries against `k_rank`'s keys (empty when the mask skips all)."""
+        return plan_tiles(self.segments(q_rank), self.segments(k_rank), self.spec)

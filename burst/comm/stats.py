@@ -1,0 +1,81 @@
+"""CommStats: what this rank sent and computed, by phase.
+
+Strategies report every point-to-point or collective send through `record_sent` and every block of
+attention they compute through `record_pairs`; an active `CommStats` context collects them. Nothing
+is recorded (and nothing costs) when no context is active.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+_ACTIVE: list["CommStats"] = []
+
+
+class CommStats:
+    """Bytes this rank sent and (query, key) pairs it computed, by phase.
+
+    Phases are "forward" and "backward". Bytes count each tensor this rank handed to the network once
+    per destination (a ring hop, or one share of a collective). Pairs count the (query, key) pairs
+    that the mask lets attend and that this rank's kernels computed; a skipped block counts 0.
+
+    Example::
+
+        with burst.CommStats() as stats:
+            out = burst.attention(q, k, v)
+            out.sum().backward()
+        stats.sent("forward"), stats.sent("backward"), stats.pairs("forward")
+    """
+
+    def __init__(self) -> None:
+        self._sent: dict[str, int] = defaultdict(int)
+        self._pairs: dict[str, int] = defaultdict(int)
+        self._messages: dict[str, int] = defaultdict(int)
+
+    def __enter__(self) -> "CommStats":
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _ACTIVE.remove(self)
+
+    def sent(self, phase: str | None = None) -> int:
+        """Bytes sent in `phase`, or in all phases when None."""
+        return _total(self._sent, phase)
+
+    def messages(self, phase: str | None = None) -> int:
+        """Number of tensors sent in `phase` (all phases when None)."""
+        return _total(self._messages, phase)
+
+    def pairs(self, phase: str | None = None) -> int:
+        """(query, key) pairs computed in `phase` (all phases when None)."""
+        return _total(self._pairs, phase)
+
+    def as_dict(self) -> dict:
+        return {
+            "sent": dict(self._sent),
+            "messages": dict(self._messages),
+            "pairs": dict(self._pairs),
+        }
+
+    def __repr__(self) -> str:
+        return f"CommStats(sent={dict(self._sent)}, pairs={dict(self._pairs)})"
+
+
+def _total(table: dict[str, int], phase: str | None) -> int:
+    return sum(table.values()) if phase is None else table.get(phase, 0)
+
+
+def record_sent(phase: str, nbytes: int, messages: int = 1) -> None:
+    for stats in _ACTIVE:
+        stats._sent[phase] += nbytes
+        stats._messages[phase] += messages
+
+
+def record_pairs(phase: str, pairs: int) -> None:
+    for stats in _ACTIVE:
+        stats._pairs[phase] += pairs
+
+
+def tensor_bytes(t) -> int:
+    return t.numel() * t.element_size()

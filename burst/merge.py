@@ -1,0 +1,30 @@
+"""Online-softmax merge of partial attention results, in float32 (burstattention.md eq. 5-6).
+
+Each block of keys gives a partial (out_j, lse_j) for the same query rows. With
+lse = log(exp(lse_acc) + exp(lse_j)), the merged output is
+
+    out = exp(lse_acc - lse) * out_acc + exp(lse_j - lse) * out_j,
+
+which equals attention over the union of the key blocks. Rows that saw no key yet have lse -inf and
+contribute weight 0 (never NaN).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def merge_partial(out_acc: torch.Tensor, lse_acc: torch.Tensor, out_blk: torch.Tensor, lse_blk: torch.Tensor) -> None:
+    """Merge a block's partial result into the float32 accumulators, in place.
+
+    out_acc: (batch, seqlen, nheads, headdim) float32; lse_acc: (batch, nheads, seqlen) float32.
+    out_blk, lse_blk: the same shapes, any dtype.
+    """
+    lse_blk = lse_blk.to(lse_acc.dtype)
+    lse_new = torch.logaddexp(lse_acc, lse_blk)
+    empty = torch.isneginf(lse_new)
+    safe = torch.where(empty, 0.0, lse_new)
+    w_acc = torch.exp(lse_acc - safe).transpose(1, 2).unsqueeze(-1)
+    w_blk = torch.exp(lse_blk - safe).transpose(1, 2).unsqueeze(-1)
+    out_acc.mul_(w_acc).add_(w_blk * out_blk.to(out_acc.dtype))
+    lse_acc.copy_(lse_new)

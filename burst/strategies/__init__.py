@@ -1,0 +1,10 @@
+"""One file per strategy; each defines its forward and backward loops and a `Strategy`."""
+
+from .allgather import ALLGATHER
+from .base import Strategy
+from .burst import BURST
+from .ring import RING
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (BURST, RING, ALLGATHER)}
+
+__all__ = ["STRATEGIES", "Strategy"]

@@ -1,0 +1,58 @@
+"""All-gather attention: gather every rank's K, V once, then attend locally (the Llama 3 baseline).
+
+Each rank holds the whole sequence's K, V (kv heads only) for the duration of the call: memory grows
+with the full sequence, which is what the ring strategies avoid. Backward computes dK, dV for every
+block locally and reduce-scatters them (float32) to their owners.
+Bytes per rank: forward (G-1) KV blocks; backward (G-1) float32 dKV blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..block import attend_backward, attend_forward, empty_accumulators, float32_zeros_like
+from ..call import AttentionCall
+from .base import Strategy
+from ..comm import record_sent, tensor_bytes
+from ..kernels import lse_for_backward
+
+
+def _gather_kv(call: AttentionCall, k, v) -> torch.Tensor:
+    """(2·G, batch, seqlen, nheads_k, headdim): K and V of every rank, in rank order."""
+    kv = torch.stack([k, v])
+    if call.world == 1:
+        return kv
+    gathered = kv.new_empty((2 * call.world, *k.shape))
+    dist.all_gather_into_tensor(gathered, kv, group=call.group)
+    record_sent("forward", (call.world - 1) * tensor_bytes(kv))
+    return gathered
+
+
+def allgather_forward(call: AttentionCall, q, k, v):
+    kv_all = _gather_kv(call, k, v)
+    out_acc, lse_acc = empty_accumulators(q)
+    for src in range(call.world):
+        attend_forward(call.kernel, q, kv_all[2 * src], kv_all[2 * src + 1], call.tiles(call.rank, src),
+                       out_acc, lse_acc, call.scale)
+    return out_acc.to(q.dtype), lse_acc
+
+
+def allgather_backward(call: AttentionCall, dout, q, k, v, out, lse):
+    kv_all = _gather_kv(call, k, v)  # re-gathered rather than kept: memory over one more transfer
+    lse = lse_for_backward(lse)
+    dq = float32_zeros_like(q)
+    dkv_all = float32_zeros_like(kv_all)
+    for src in range(call.world):
+        attend_backward(call.kernel, dout, q, kv_all[2 * src], kv_all[2 * src + 1], out, lse,
+                        call.tiles(call.rank, src), dq, dkv_all[2 * src], dkv_all[2 * src + 1], call.scale)
+    if call.world == 1:
+        dkv = dkv_all
+    else:
+        dkv = dkv_all.new_empty(dkv_all[:2].shape)
+        dist.reduce_scatter_tensor(dkv, dkv_all, group=call.group)
+        record_sent("backward", (call.world - 1) * tensor_bytes(dkv))
+    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+
+
+ALLGATHER = Strategy("allgather", forward=allgather_forward, backward=allgather_backward)
