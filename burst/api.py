@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from .call import AttentionCall
+from .comm.collectives import all_gather_flat
 from .kernels import select_kernel
 from .layout import LAYOUTS, local_multiple
 from .masks import MaskSpec
@@ -152,9 +153,9 @@ def _agree_across_ranks(q, k, problem: BaseException | None, group, world: int) 
     meta = [int(ok)] + ([*q.shape, k.shape[2], DTYPES.index(q.dtype)] if ok else [0] * 6)
     device = q.device if ok and dist.get_backend(group) != "gloo" else torch.device("cpu")
     mine = torch.tensor(meta, dtype=torch.int64, device=device)
-    every = torch.empty(world, mine.numel(), dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(every, mine, group=group)
-    every = every.cpu().tolist()
+    every = torch.empty(world * mine.numel(), dtype=torch.int64, device=device)
+    all_gather_flat(every, mine, group=group)
+    every = every.view(world, -1).cpu().tolist()
     if not all(row[0] for row in every):
         messages = [None] * world
         dist.all_gather_object(messages, None if ok else f"{type(problem).__name__}: {problem}", group=group)

@@ -3,34 +3,34 @@
 Each rank holds the whole sequence's K, V (kv heads only) for the duration of the call: memory grows
 with the full sequence, which is what the ring strategies avoid. Backward computes dK, dV for every
 block locally and reduce-scatters them (float32) to their owners.
-Bytes per rank: forward (G-1) KV blocks; backward (G-1) float32 dKV blocks.
+Bytes per rank: forward (G-1) KV blocks; backward (G-1) KV blocks again plus (G-1) float32 dKV blocks.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ..block import attend_backward, attend_forward, empty_accumulators, float32_zeros_like
 from ..call import AttentionCall
 from .base import Strategy
 from ..comm import record_sent, tensor_bytes
+from ..comm.collectives import all_gather_flat, reduce_scatter_flat
 from ..kernels import lse_for_backward
 
 
-def _gather_kv(call: AttentionCall, k, v) -> torch.Tensor:
+def _gather_kv(call: AttentionCall, k, v, phase: str) -> torch.Tensor:
     """(2·G, batch, seqlen, nheads_k, headdim): K and V of every rank, in rank order."""
     kv = torch.stack([k, v])
     if call.world == 1:
         return kv
     gathered = kv.new_empty((2 * call.world, *k.shape))
-    dist.all_gather_into_tensor(gathered, kv, group=call.group)
-    record_sent("forward", (call.world - 1) * tensor_bytes(kv))
+    all_gather_flat(gathered, kv, group=call.group)
+    record_sent(phase, (call.world - 1) * tensor_bytes(kv))
     return gathered
 
 
 def allgather_forward(call: AttentionCall, q, k, v):
-    kv_all = _gather_kv(call, k, v)
+    kv_all = _gather_kv(call, k, v, "forward")
     out_acc, lse_acc = empty_accumulators(q)
     for src in range(call.world):
         attend_forward(call.kernel, q, kv_all[2 * src], kv_all[2 * src + 1], call.tiles(call.rank, src),
@@ -39,7 +39,7 @@ def allgather_forward(call: AttentionCall, q, k, v):
 
 
 def allgather_backward(call: AttentionCall, dout, q, k, v, out, lse):
-    kv_all = _gather_kv(call, k, v)  # re-gathered rather than kept: memory over one more transfer
+    kv_all = _gather_kv(call, k, v, "backward")  # re-gathered, not kept: saves memory between passes
     lse = lse_for_backward(lse)
     dq = float32_zeros_like(q)
     dkv_all = float32_zeros_like(kv_all)
@@ -50,7 +50,7 @@ def allgather_backward(call: AttentionCall, dout, q, k, v, out, lse):
         dkv = dkv_all
     else:
         dkv = dkv_all.new_empty(dkv_all[:2].shape)
-        dist.reduce_scatter_tensor(dkv, dkv_all, group=call.group)
+        reduce_scatter_flat(dkv, dkv_all, group=call.group)
         record_sent("backward", (call.world - 1) * tensor_bytes(dkv))
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 

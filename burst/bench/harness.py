@@ -1,0 +1,272 @@
+"""`burst bench`: time each strategy's forward and backward on a local world, against one process.
+
+For each strategy a fresh world of `nproc` processes (gloo on CPU, NCCL when every rank has a GPU)
+runs `repeats` timed forward+backward passes after a warm-up, so each strategy's peak memory is its
+own. The yardstick is one process with all the world's threads running PyTorch's
+scaled_dot_product_attention on the whole sequence. Under torchrun, the given world runs every
+strategy in turn and the yardstick is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+import burst
+from burst.kernels.reference import attention as reference_attention
+from burst.layout import shard_indices
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+@dataclass
+class BenchConfig:
+    seq_len: int = 4096          # global tokens
+    heads: int = 8
+    kv_heads: int | None = None  # default: heads (MHA)
+    head_dim: int = 64
+    batch: int = 1
+    dtype: str = "float32"
+    causal: bool = False
+    layout: str = "contiguous"
+    nproc: int = 2
+    threads: int | None = None   # per rank; default: cores // nproc
+    repeats: int = 2
+    strategies: list[str] = field(default_factory=lambda: ["burst", "ring", "allgather"])
+    baseline: bool = True
+    check_rows: int = 64         # query rows per rank checked against float64 attention
+    seed: int = 0
+
+    def resolved_threads(self) -> int:
+        return self.threads or max(1, (os.cpu_count() or 1) // self.nproc)
+
+
+def attention_flops(cfg: BenchConfig) -> tuple[float, float]:
+    """Useful FLOPs of forward and backward on the whole sequence (causal counts half)."""
+    fwd = 4.0 * cfg.batch * cfg.heads * cfg.seq_len ** 2 * cfg.head_dim
+    if cfg.causal:
+        fwd /= 2
+    return fwd, 2.5 * fwd
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", dist.get_rank() if dist.is_initialized() else 0))
+        torch.cuda.set_device(local % torch.cuda.device_count())
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _local_inputs(cfg: BenchConfig, rank: int, world: int, device):
+    """This rank's shards, cut from full tensors drawn the same on every rank (seeded)."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    kvh = cfg.kv_heads or cfg.heads
+    shapes = [(cfg.heads, cfg.head_dim), (kvh, cfg.head_dim), (kvh, cfg.head_dim), (cfg.heads, cfg.head_dim)]
+    idx = shard_indices(cfg.layout, rank, world, cfg.seq_len)
+    full = [torch.randn(cfg.batch, cfg.seq_len, *s, generator=g) for s in shapes]
+    local = [t[:, idx].to(device=device, dtype=DTYPES[cfg.dtype]).contiguous() for t in full]
+    return local, full, idx
+
+
+def _check_error(cfg, out_local, full, idx, rows: int) -> float:
+    """Max |out - float64 attention| over `rows` sampled query rows of this shard."""
+    q, k, v, _ = full
+    pick = torch.linspace(0, len(idx) - 1, min(rows, len(idx))).long()
+    positions = idx[pick]
+    mask = torch.arange(cfg.seq_len)[None, :] <= positions[:, None] if cfg.causal else None
+    ref, _ = reference_attention(q[:, positions], k, v, mask=mask)
+    return (out_local[:, pick].double().cpu() - ref).abs().max().item()
+
+
+def run_strategy(cfg: BenchConfig, strategy: str, rank: int, world: int) -> dict:
+    """Timed forward/backward of `strategy` on this rank; returns this rank's measurements."""
+    device = _device()
+    (q, k, v, dout), full, idx = _local_inputs(cfg, rank, world, device)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    rss_before = _rss_bytes()
+    fwd_times, bwd_times = [], []
+    for it in range(cfg.repeats + 1):  # the first pass warms up and is not timed
+        q.grad = k.grad = v.grad = None
+        if dist.is_initialized():
+            dist.barrier()
+        _sync(device)
+        t0 = time.perf_counter()
+        with burst.CommStats() as stats:
+            out = burst.attention(q, k, v, strategy=strategy, layout=cfg.layout, causal=cfg.causal)
+            _sync(device)
+            t1 = time.perf_counter()
+            out.backward(dout)
+            _sync(device)
+            t2 = time.perf_counter()
+        if it:
+            fwd_times.append(t1 - t0)
+            bwd_times.append(t2 - t1)
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss_bytes() - rss_before
+    return {
+        "fwd_s": min(fwd_times), "bwd_s": min(bwd_times),
+        "sent_fwd": stats.sent("forward"), "sent_bwd": stats.sent("backward"),
+        "pairs_fwd": stats.pairs("forward"), "pairs_bwd": stats.pairs("backward"),
+        "peak_mem_bytes": peak, "max_err": _check_error(cfg, out.detach(), full, idx, cfg.check_rows),
+    }
+
+
+def _world_entry(rank, world, port, cfg_dict, strategy, outdir):
+    cfg = BenchConfig(**cfg_dict)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    torch.set_num_threads(cfg.resolved_threads())
+    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    try:
+        result = run_strategy(cfg, strategy, rank, world)
+        torch.save(result, os.path.join(outdir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_strategy(cfg: BenchConfig, strategy: str) -> list[dict]:
+    """Run one strategy on a fresh local world of cfg.nproc processes; per-rank results."""
+    with tempfile.TemporaryDirectory() as outdir:
+        mp.start_processes(_world_entry, args=(cfg.nproc, _free_port(), asdict(cfg), strategy, outdir),
+                           nprocs=cfg.nproc, start_method="spawn")
+        return [torch.load(os.path.join(outdir, f"{r}.pt")) for r in range(cfg.nproc)]
+
+
+def _baseline_entry(_, cfg_dict, outdir):
+    cfg = BenchConfig(**cfg_dict)
+    torch.set_num_threads(cfg.resolved_threads() * cfg.nproc)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    g = torch.Generator().manual_seed(cfg.seed)
+    kvh = cfg.kv_heads or cfg.heads
+    shape_q = (cfg.batch, cfg.heads, cfg.seq_len, cfg.head_dim)
+    shape_kv = (cfg.batch, kvh, cfg.seq_len, cfg.head_dim)
+    q, k, v, dout = (torch.randn(s, generator=g).to(device, DTYPES[cfg.dtype]) for s in (shape_q, shape_kv, shape_kv, shape_q))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    rss_before = _rss_bytes()
+    fwd, bwd = [], []
+    for it in range(cfg.repeats + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=cfg.causal, enable_gqa=kvh != cfg.heads)
+        _sync(device)
+        t1 = time.perf_counter()
+        out.backward(dout)
+        _sync(device)
+        t2 = time.perf_counter()
+        if it:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss_bytes() - rss_before
+    torch.save({"fwd_s": min(fwd), "bwd_s": min(bwd), "peak_mem_bytes": peak}, os.path.join(outdir, "0.pt"))
+
+
+def spawn_baseline(cfg: BenchConfig) -> dict:
+    """One process, all the world's threads, PyTorch SDPA on the whole sequence."""
+    with tempfile.TemporaryDirectory() as outdir:
+        mp.start_processes(_baseline_entry, args=(asdict(cfg), outdir), nprocs=1, start_method="spawn")
+        return torch.load(os.path.join(outdir, "0.pt"))
+
+
+def summarize(cfg: BenchConfig, strategy: str, per_rank: list[dict], baseline: dict | None) -> dict:
+    fwd_flops, bwd_flops = attention_flops(cfg)
+    fwd = max(r["fwd_s"] for r in per_rank)
+    bwd = max(r["bwd_s"] for r in per_rank)
+    row = {
+        "strategy": strategy, "world": len(per_rank), "fwd_s": fwd, "bwd_s": bwd,
+        "fwd_tflops": fwd_flops / fwd / 1e12, "bwd_tflops": bwd_flops / bwd / 1e12,
+        "sent_fwd_per_rank": max(r["sent_fwd"] for r in per_rank),
+        "sent_bwd_per_rank": max(r["sent_bwd"] for r in per_rank),
+        "peak_mem_per_rank": max(r["peak_mem_bytes"] for r in per_rank),
+        "max_err": max(r["max_err"] for r in per_rank),
+        "pairs_fwd_max_over_mean": max(r["pairs_fwd"] for r in per_rank) / (sum(r["pairs_fwd"] for r in per_rank) / len(per_rank)),
+    }
+    if baseline:
+        row["vs_sdpa"] = (baseline["fwd_s"] + baseline["bwd_s"]) / (fwd + bwd)
+    return row
+
+
+def run_bench(cfg: BenchConfig) -> dict:
+    """Every strategy in cfg (spawned, or in the torchrun world) plus the yardstick; a JSON-able dict."""
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    baseline = None
+    rows = []
+    if under_torchrun:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        torch.set_num_threads(cfg.resolved_threads())
+        rank, world = dist.get_rank(), dist.get_world_size()
+        for strategy in cfg.strategies:
+            mine = run_strategy(cfg, strategy, rank, world)
+            every = [None] * world
+            dist.all_gather_object(every, mine)
+            rows.append(summarize(cfg, strategy, every, None))
+        dist.destroy_process_group()
+    else:
+        if cfg.baseline:
+            baseline = spawn_baseline(cfg)
+        for strategy in cfg.strategies:
+            rows.append(summarize(cfg, strategy, spawn_strategy(cfg, strategy), baseline))
+    fwd_flops, bwd_flops = attention_flops(cfg)
+    if baseline:
+        baseline = {**baseline, "fwd_tflops": fwd_flops / baseline["fwd_s"] / 1e12,
+                    "bwd_tflops": bwd_flops / baseline["bwd_s"] / 1e12}
+    return {"config": asdict(cfg), "threads_per_rank": cfg.resolved_threads(), "sdpa_single_process": baseline,
+            "strategies": rows}
+
+
+def format_table(result: dict) -> str:
+    cfg = result["config"]
+    lines = [
+        f"seq {cfg['seq_len']}, batch {cfg['batch']}, heads {cfg['heads']}/{cfg['kv_heads'] or cfg['heads']}, "
+        f"dim {cfg['head_dim']}, {cfg['dtype']}, causal={cfg['causal']}, layout={cfg['layout']}, "
+        f"{cfg['nproc']} ranks x {result['threads_per_rank']} threads",
+        "",
+        "| strategy | fwd s | bwd s | fwd TFLOP/s | bwd TFLOP/s | vs SDPA (fwd+bwd) | sent fwd MiB/rank | sent bwd MiB/rank | peak MiB/rank | pairs max/mean | max err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = result["sdpa_single_process"]
+    if base:
+        lines.append(f"| sdpa (1 process) | {base['fwd_s']:.3f} | {base['bwd_s']:.3f} | {base['fwd_tflops']:.3f} | "
+                     f"{base['bwd_tflops']:.3f} | 1.00 | - | - | {base['peak_mem_bytes'] / 2**20:.0f} | - | - |")
+    for r in result["strategies"]:
+        vs = f"{r['vs_sdpa']:.2f}" if "vs_sdpa" in r else "-"
+        lines.append(
+            f"| {r['strategy']} | {r['fwd_s']:.3f} | {r['bwd_s']:.3f} | {r['fwd_tflops']:.3f} | {r['bwd_tflops']:.3f} | "
+            f"{vs} | {r['sent_fwd_per_rank'] / 2**20:.1f} | {r['sent_bwd_per_rank'] / 2**20:.1f} | "
+            f"{r['peak_mem_per_rank'] / 2**20:.0f} | {r['pairs_fwd_max_over_mean']:.2f} | {r['max_err']:.1e} |")
+    return "\n".join(lines)
+
+
+def write_json(result: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)

@@ -1,0 +1,59 @@
+"""The `burst` command (also `python -m burst`). Subcommands: bench."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .bench import BenchConfig, format_table, run_bench, write_json
+
+
+def _bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="time strategies on a local world against single-process SDPA")
+    d = BenchConfig()
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="global sequence length (tokens)")
+    p.add_argument("--heads", type=int, default=d.heads)
+    p.add_argument("--kv-heads", type=int, default=None, help="KV heads (GQA); default = heads")
+    p.add_argument("--head-dim", type=int, default=d.head_dim)
+    p.add_argument("--batch", type=int, default=d.batch)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], default=d.dtype)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--layout", choices=["contiguous", "zigzag", "striped"], default=d.layout)
+    p.add_argument("--nproc", type=int, default=d.nproc, help="local processes to spawn (ignored under torchrun)")
+    p.add_argument("--threads", type=int, default=None, help="threads per rank; default cores // nproc")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="timed passes after one warm-up (best is kept)")
+    p.add_argument("--strategies", default=",".join(d.strategies), help="comma-separated")
+    p.add_argument("--no-baseline", action="store_true", help="skip the single-process SDPA yardstick")
+    p.add_argument("--json", default=None, help="write results to this JSON file")
+
+
+def _run_bench(args) -> int:
+    cfg = BenchConfig(
+        seq_len=args.seq_len, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
+        batch=args.batch, dtype=args.dtype, causal=args.causal, layout=args.layout, nproc=args.nproc,
+        threads=args.threads, repeats=args.repeats, strategies=args.strategies.split(","),
+        baseline=not args.no_baseline,
+    )
+    result = run_bench(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 reports
+        print(format_table(result))
+        if args.json:
+            write_json(result, args.json)
+            print(f"wrote {args.json}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="burst", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _bench_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        return _run_bench(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

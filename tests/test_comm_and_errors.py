@@ -1,0 +1,157 @@
+"""CommStats volumes against the papers' formulas, work accounting, and bad input on every rank.
+
+One world per size (2, 3, 4); the volume and error cases loop inside it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import burst
+from world import run_world
+
+B, N, H, D = 2, 8, 4, 8  # batch, local tokens, q heads, head dim
+
+
+def _volumes(rank, world):
+    """Bytes sent per phase, and pairs computed, for each strategy / kv_heads / dtype."""
+    out = {}
+    for strategy in ("burst", "ring", "allgather"):
+        for kv_heads in (4, 2):
+            for dtype in (torch.float32, torch.bfloat16):
+                for causal in (False, True):
+                    q = torch.randn(B, N, H, D, dtype=dtype, requires_grad=True)
+                    k = torch.randn(B, N, kv_heads, D, dtype=dtype, requires_grad=True)
+                    v = torch.randn(B, N, kv_heads, D, dtype=dtype, requires_grad=True)
+                    with burst.CommStats() as stats:
+                        burst.attention(q, k, v, strategy=strategy, causal=causal).sum().backward()
+                    out[(strategy, kv_heads, str(dtype), causal)] = (
+                        stats.sent("forward"), stats.sent("backward"), stats.pairs("forward"), stats.pairs("backward"))
+    return out
+
+
+def _expected_bytes(strategy, world, kv_heads, dtype):
+    """The papers' per-rank volumes, counted by hand (fp32 accumulators travel as float32)."""
+    esize = torch.tensor([], dtype=dtype).element_size()
+    kv = B * N * kv_heads * D * esize          # one K (or V) shard
+    kv32 = B * N * kv_heads * D * 4            # one dK (or dV) shard, float32
+    qrow = B * N * H * D * esize                # one Q (or dO) shard
+    stat = B * H * N * 4                        # one D (or lse) shard, float32
+    q32 = B * N * H * D * 4                     # one dQ shard, float32
+    forward = (world - 1) * 2 * kv
+    if strategy == "ring":                      # burstengine.md Alg. 1: K, V, dK, dV travel
+        backward = (world - 1) * 2 * kv + world * 2 * kv32
+    elif strategy == "burst":                   # burstengine.md Alg. 2: Q, dO, D, lse, dQ travel
+        backward = (world - 1) * (2 * qrow + 2 * stat) + world * q32
+    else:                                       # all-gather K, V (again); reduce-scatter dK, dV
+        backward = (world - 1) * 2 * kv + (world - 1) * 2 * kv32
+    return (forward, backward) if world > 1 else (0, 0)
+
+
+def _bad_inputs(rank, world):
+    """Each case: (name, kwargs builder). Only the last rank is given bad input unless said."""
+    last = rank == world - 1
+
+    def good(n=N, h=H, hk=H, d=D, dtype=torch.float32, b=B):
+        return dict(q=torch.randn(b, n, h, d, dtype=dtype), k=torch.randn(b, n, hk, d, dtype=dtype),
+                    v=torch.randn(b, n, hk, d, dtype=dtype))
+
+    cases = {
+        "k_dtype": lambda: {**good(), "k": torch.randn(B, N, H, D, dtype=torch.float64)} if last else good(),
+        "q_not_tensor": lambda: {**good(), "q": [[1.0]]} if last else good(),
+        "q_3d": lambda: {**good(), "q": torch.randn(B, N, H * D)} if last else good(),
+        "kv_shape": lambda: {**good(), "v": torch.randn(B, N, H, D + 1)} if last else good(),
+        "k_device": lambda: {**good(), "k": torch.randn(B, N, H, D, device="meta")} if last else good(),
+        "heads": lambda: good(h=6, hk=4),
+        "head_dim": lambda: {**good(), "k": torch.randn(B, N, H, 4), "v": torch.randn(B, N, H, 4)},
+        "seqlen_differs": lambda: good(n=N + 2 if last else N),
+        "batch_differs": lambda: good(b=B + 1 if last else B),
+        "strategy": lambda: {**good(), "strategy": "bogus"},
+        "strategy_planned": lambda: {**good(), "strategy": "cqs"},
+        "layout": lambda: {**good(), "layout": "diagonal"},
+        "zigzag_odd": lambda: {**good(n=N + 1), "layout": "zigzag"},
+        "window": lambda: {**good(), "window": (4, 0)},
+        "scale": lambda: {**good(), "softmax_scale": -1.0},
+        "causal_type": lambda: {**good(), "causal": "yes"},
+    }
+    results = {}
+    for name, build in cases.items():
+        try:
+            burst.attention(**build())
+            results[name] = None
+        except Exception as err:  # noqa: BLE001 - the test inspects it
+            results[name] = (type(err).__name__, str(err))
+    # The world must still work after all of that.
+    x = torch.randn(B, N, H, D)
+    burst.attention(x, x, x, causal=True)
+    return results
+
+
+EXPECTED = {  # case: (error type on the rank with bad input, words the message must contain)
+    "k_dtype": ("TypeError", "dtype"), "q_not_tensor": ("TypeError", "q must be a torch.Tensor"),
+    "q_3d": ("ValueError", "4-D"), "kv_shape": ("ValueError", "shape"), "k_device": ("ValueError", "device"),
+    "heads": ("ValueError", "multiple of k heads"), "head_dim": ("ValueError", "head_dim"),
+    "seqlen_differs": ("ValueError", "seqlen differs across ranks"),
+    "batch_differs": ("ValueError", "batch differs across ranks"),
+    "strategy": ("ValueError", "strategy must be one of"), "strategy_planned": ("NotImplementedError", "available"),
+    "layout": ("ValueError", "layout must be one of"), "zigzag_odd": ("ValueError", "multiple of 2"),
+    "window": ("ValueError", "window"), "scale": ("ValueError", "softmax_scale"), "causal_type": ("TypeError", "causal"),
+}
+
+
+def _everything(rank, world):
+    return _volumes(rank, world), _bad_inputs(rank, world)
+
+
+@functools.lru_cache(maxsize=None)
+def _results(world):
+    return run_world(world, _everything, timeout=300)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_bytes_match_formulas(world):
+    for rank, (volumes, _) in enumerate(_results(world)):
+        for (strategy, kv_heads, dtype, causal), (fwd, bwd, _, _) in volumes.items():
+            expect = _expected_bytes(strategy, world, kv_heads, getattr(torch, dtype.split(".")[1]))
+            assert (fwd, bwd) == expect, (rank, strategy, kv_heads, dtype, causal)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_burst_backward_moves_about_a_quarter_less(world):
+    volumes = _results(world)[0][0]
+    burst_bwd = volumes[("burst", 4, "torch.float32", False)][1]
+    ring_bwd = volumes[("ring", 4, "torch.float32", False)][1]
+    # (G-1)(3d+2) + d  vs  (G-1)·2d + G·2d per row and head: tends to (3d+2)/(4d) as G grows.
+    ratio = ((world - 1) * (2 * D + 2) + world * D) / ((world - 1) * 2 * D + world * 2 * D)
+    assert burst_bwd / ring_bwd == pytest.approx(ratio)
+    assert burst_bwd < ring_bwd
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_pairs_contiguous_causal_show_imbalance(world):
+    for rank, (volumes, _) in enumerate(_results(world)):
+        for strategy in ("burst", "ring", "allgather"):
+            fwd_pairs = volumes[(strategy, 4, "torch.float32", True)][2]
+            assert fwd_pairs == rank * N * N + N * (N + 1) // 2  # rank r sees r full blocks + its diagonal
+            assert volumes[(strategy, 4, "torch.float32", False)][2] == world * N * N
+            bwd_pairs = volumes[(strategy, 4, "torch.float32", True)][3]
+            if strategy == "burst":  # backward runs where K lives: rank r meets the queries of ranks >= r
+                assert bwd_pairs == (world - 1 - rank) * N * N + N * (N + 1) // 2
+            else:
+                assert bwd_pairs == fwd_pairs
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_bad_input_raises_on_every_rank(world):
+    per_rank = [errors for _, errors in _results(world)]
+    for case, (bad_type, words) in EXPECTED.items():
+        for rank, errors in enumerate(per_rank):
+            assert errors[case] is not None, f"{case}: rank {rank} did not raise"
+            kind, message = errors[case]
+            if rank == world - 1:
+                assert kind == bad_type and words in message, (case, kind, message)
+            else:
+                assert kind in (bad_type, "ValueError"), (case, rank, kind, message)

@@ -1,0 +1,76 @@
+"""bf16 over 8 ranks is as accurate as single-device bf16 SDPA (float32 accumulators across steps).
+
+Peers report wrong gradients and NaNs at 4-8 ranks; here every rank's error against float64
+attention is compared with the error of one device running PyTorch's SDPA in the same dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import burst
+
+from cases import full_inputs, reference_grads, rel_err, sharded_errors
+from world import run_world
+
+WORLD, N_LOCAL, H, D = 8, 32, 4, 32
+
+
+def _sdpa_errors(full, ref, dtype, causal):
+    """Single-device SDPA in `dtype` on the full sequence, against the same float64 reference,
+    measured on this rank's rows (as the sharded errors are)."""
+    q, k, v, dout = full
+    q, k, v = (t.to(dtype).transpose(1, 2).requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    out.backward(dout.to(dtype).transpose(1, 2))
+    r_out, _, r_dq, r_dk, r_dv = ref
+    pairs = {"out": (out, r_out), "dq": (q.grad, r_dq), "dk": (k.grad, r_dk), "dv": (v.grad, r_dv)}
+    return {name: rel_err(burst.shard(x.transpose(1, 2)), burst.shard(r)) for name, (x, r) in pairs.items()}
+
+
+def _cases(rank, world):
+    results = []
+    for kv_heads in (4, 1):
+        for logit_scale in (1.0, 8.0):  # 8x: peaked softmax, where naive merges lose mass or overflow
+            for causal in (False, True):
+                full = full_inputs(7 + kv_heads, 1, N_LOCAL * world, H, kv_heads, D, torch.float64)
+                full[0] = full[0] * logit_scale
+                ref = reference_grads(*full, causal=causal)
+                for dtype in (torch.bfloat16, torch.float32):
+                    sdpa = _sdpa_errors(full, ref, dtype, causal)
+                    for strategy in ("burst", "ring"):
+                        errs = sharded_errors(full, ref, dtype, strategy=strategy, causal=causal)
+                        results.append(((strategy, kv_heads, logit_scale, causal, str(dtype)), errs, sdpa))
+    return results
+
+
+@functools.lru_cache(maxsize=None)
+def _results():
+    return run_world(WORLD, _cases, timeout=400)
+
+
+def test_8_ranks_as_accurate_as_single_device_sdpa():
+    failures = []
+    for rank, cases in enumerate(_results()):
+        for case, errs, sdpa in cases:
+            if "bfloat16" not in case[-1]:
+                continue  # float32 is held to 1e-4 below; its errors are ~1e-6 on both sides
+            for name in ("out", "dq", "dk", "dv"):
+                # Each block's output is rounded to bf16 once before the float32 merge and once at the
+                # end, so the error may reach twice one device's; it must not grow with the ranks.
+                bound = 2.0 * sdpa[name] + 1e-3
+                if errs["nan"] or not errs[name] <= bound:
+                    failures.append(f"rank {rank} {case} {name}: {errs[name]:.2e} vs sdpa {sdpa[name]:.2e}")
+    assert not failures, "\n".join(failures)
+
+
+def test_8_ranks_bf16_within_issue_tolerance():
+    for cases in _results():
+        for case, errs, _ in cases:
+            tol = 3e-2 if "bfloat16" in case[-1] else 1e-4
+            assert not errs["nan"]
+            assert max(errs[n] for n in ("out", "dq", "dk", "dv")) < tol, (case, errs)
