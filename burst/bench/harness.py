@@ -64,7 +64,24 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
+def _reset_peak_rss() -> None:
+    """Start a new peak-RSS window (Linux >= 4.0: writing 5 to clear_refs resets VmHWM)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def _peak_rss_bytes() -> int:
+    """The process's peak RSS since the last _reset_peak_rss (or since start)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -81,20 +98,23 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _local_inputs(cfg: BenchConfig, rank: int, world: int, device):
-    """This rank's shards, cut from full tensors drawn the same on every rank (seeded)."""
+def _full_inputs(cfg: BenchConfig):
+    """q, k, v, dout on the whole sequence, float32 on the CPU, drawn the same on every rank (seeded)."""
     g = torch.Generator().manual_seed(cfg.seed)
     kvh = cfg.kv_heads or cfg.heads
     shapes = [(cfg.heads, cfg.head_dim), (kvh, cfg.head_dim), (kvh, cfg.head_dim), (cfg.heads, cfg.head_dim)]
+    return [torch.randn(cfg.batch, cfg.seq_len, *s, generator=g) for s in shapes]
+
+
+def _local_inputs(cfg: BenchConfig, rank: int, world: int, device):
+    """This rank's shards (the full tensors they are cut from are freed again)."""
     idx = shard_indices(cfg.layout, rank, world, cfg.seq_len)
-    full = [torch.randn(cfg.batch, cfg.seq_len, *s, generator=g) for s in shapes]
-    local = [t[:, idx].to(device=device, dtype=DTYPES[cfg.dtype]).contiguous() for t in full]
-    return local, full, idx
+    return [t[:, idx].to(device=device, dtype=DTYPES[cfg.dtype]).contiguous() for t in _full_inputs(cfg)], idx
 
 
-def _check_error(cfg, out_local, full, idx, rows: int) -> float:
+def _check_error(cfg, out_local, idx, rows: int) -> float:
     """Max |out - float64 attention| over `rows` sampled query rows of this shard."""
-    q, k, v, _ = full
+    q, k, v, _ = _full_inputs(cfg)
     pick = torch.linspace(0, len(idx) - 1, min(rows, len(idx))).long()
     positions = idx[pick]
     mask = torch.arange(cfg.seq_len)[None, :] <= positions[:, None] if cfg.causal else None
@@ -105,11 +125,12 @@ def _check_error(cfg, out_local, full, idx, rows: int) -> float:
 def run_strategy(cfg: BenchConfig, strategy: str, rank: int, world: int) -> dict:
     """Timed forward/backward of `strategy` on this rank; returns this rank's measurements."""
     device = _device()
-    (q, k, v, dout), full, idx = _local_inputs(cfg, rank, world, device)
+    rss_bare = _rss_bytes()  # torch loaded, no tensors yet: memory above this is the call's
+    (q, k, v, dout), idx = _local_inputs(cfg, rank, world, device)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    rss_before = _rss_bytes()
+    _reset_peak_rss()
     fwd_times, bwd_times = [], []
     for it in range(cfg.repeats + 1):  # the first pass warms up and is not timed
         q.grad = k.grad = v.grad = None
@@ -127,12 +148,12 @@ def run_strategy(cfg: BenchConfig, strategy: str, rank: int, world: int) -> dict
         if it:
             fwd_times.append(t1 - t0)
             bwd_times.append(t2 - t1)
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss_bytes() - rss_before
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss_bytes() - rss_bare
     return {
         "fwd_s": min(fwd_times), "bwd_s": min(bwd_times),
         "sent_fwd": stats.sent("forward"), "sent_bwd": stats.sent("backward"),
         "pairs_fwd": stats.pairs("forward"), "pairs_bwd": stats.pairs("backward"),
-        "peak_mem_bytes": peak, "max_err": _check_error(cfg, out.detach(), full, idx, cfg.check_rows),
+        "peak_mem_bytes": peak, "max_err": _check_error(cfg, out.detach(), idx, cfg.check_rows),
     }
 
 
@@ -167,13 +188,11 @@ def _baseline_entry(_, cfg_dict, outdir):
     cfg = BenchConfig(**cfg_dict)
     torch.set_num_threads(cfg.resolved_threads() * cfg.nproc)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    g = torch.Generator().manual_seed(cfg.seed)
-    kvh = cfg.kv_heads or cfg.heads
-    shape_q = (cfg.batch, cfg.heads, cfg.seq_len, cfg.head_dim)
-    shape_kv = (cfg.batch, kvh, cfg.seq_len, cfg.head_dim)
-    q, k, v, dout = (torch.randn(s, generator=g).to(device, DTYPES[cfg.dtype]) for s in (shape_q, shape_kv, shape_kv, shape_q))
+    rss_bare = _rss_bytes()
+    q, k, v, dout = (t.transpose(1, 2).to(device, DTYPES[cfg.dtype]).contiguous() for t in _full_inputs(cfg))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    rss_before = _rss_bytes()
+    kvh = k.shape[1]
+    _reset_peak_rss()
     fwd, bwd = [], []
     for it in range(cfg.repeats + 1):
         _sync(device)
@@ -187,7 +206,7 @@ def _baseline_entry(_, cfg_dict, outdir):
         if it:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss_bytes() - rss_before
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss_bytes() - rss_bare
     torch.save({"fwd_s": min(fwd), "bwd_s": min(bwd), "peak_mem_bytes": peak}, os.path.join(outdir, "0.pt"))
 
 

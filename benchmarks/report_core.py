@@ -1,0 +1,41 @@
+"""Turn benchmarks/core/*.json into the Markdown report benchmarks/core.md (and a plot if matplotlib is there)."""
+
+import glob
+import json
+import os
+
+here = os.path.dirname(os.path.abspath(__file__))
+
+
+def load(name):
+    with open(os.path.join(here, "core", name)) as f:
+        return json.load(f)
+
+
+print("# Core strategies on 2 CPU ranks vs one process\n")
+print("Command: `bash benchmarks/run_core.sh` (2 ranks x 1 thread, gloo; yardstick: one process x 2 threads")
+print("running `torch.nn.functional.scaled_dot_product_attention` forward+backward on the whole sequence).")
+print("fp32, batch 1, 8 heads, head dim 64. `vs SDPA` = SDPA's fwd+bwd time / the strategy's (higher is better).")
+print("Bytes are what one rank sent. Peak memory is the peak RSS of the process above a bare process (torch loaded,")
+print("no tensors): this rank's inputs, outputs, gradients and working memory.\n")
+print("| tokens | mask | strategy | fwd s | bwd s | vs SDPA | fwd MiB sent | bwd MiB sent | peak MiB/rank | SDPA peak MiB | max err |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for n in (8192, 16384, 32768):
+    for mask in ("full", "causal"):
+        path = f"{mask}_{n}.json"
+        if not os.path.exists(os.path.join(here, "core", path)):
+            continue
+        r = load(path)
+        base = r["sdpa_single_process"]
+        for s in r["strategies"]:
+            print(f"| {n} | {mask} | {s['strategy']} | {s['fwd_s']:.2f} | {s['bwd_s']:.2f} | {s.get('vs_sdpa', 0):.2f} | "
+                  f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} | "
+                  f"{s['peak_mem_per_rank'] / 2**20:.0f} | {base['peak_mem_bytes'] / 2**20:.0f} | {s['max_err']:.1e} |")
+print("\n## Peak memory per rank as G grows (16K tokens, causal, fp32)\n")
+print("| G | strategy | peak MiB/rank | sent fwd MiB | sent bwd MiB |")
+print("|---|---|---|---|---|")
+for path in sorted(glob.glob(os.path.join(here, "core", "mem_g*.json"))):
+    r = json.load(open(path))
+    for s in r["strategies"]:
+        print(f"| {r['config']['nproc']} | {s['strategy']} | {s['peak_mem_per_rank'] / 2**20:.0f} | "
+              f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} |")
