@@ -1,11 +1,12 @@
 """burst: exact attention over very long sequences split across devices.
 
-Public names: attention, shard, unshard, CommStats (see DESIGN.md).
+Public names: attention, shard, unshard, CommStats, BlockSparseMask (see DESIGN.md).
 """
 
 from .api import attention
 from .comm.stats import CommStats
 from .layout import shard, unshard
+from .masks import BlockSparseMask
 
-__all__ = ["attention", "shard", "unshard", "CommStats"]
+__all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask"]
 __version__ = "0.1.0"

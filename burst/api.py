@@ -11,10 +11,10 @@ from .call import AttentionCall
 from .comm.collectives import all_gather_flat
 from .kernels import select_kernel
 from .layout import LAYOUTS, local_multiple
-from .masks import MaskSpec
+from .masks import BlockSparseMask, MaskSpec
 from .strategies import STRATEGIES
 
-PLANNED_STRATEGIES = ("distflash", "ulysses", "usp", "cqs")
+PLANNED_STRATEGIES = ("ulysses", "usp", "cqs")
 STRATEGY_NAMES = tuple(STRATEGIES) + PLANNED_STRATEGIES + ("auto",)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -30,6 +30,8 @@ def attention(
     window: tuple[int, int] | None = None,
     softmax_scale: float | None = None,
     return_lse: bool = False,
+    cu_seqlens=None,
+    block_sparse: BlockSparseMask | None = None,
 ):
     """Exact attention over a sequence split across the ranks of `group`.
 
@@ -47,9 +49,19 @@ def attention(
         layout: "contiguous" | "zigzag" | "striped": which global tokens this rank holds
             (see burst.layout; use burst.shard to cut a full tensor).
         causal: each query attends keys at global positions <= its own.
-        window: not supported yet (must be None).
+        window: (left, right) sliding window in tokens: query i attends keys i-left .. i+right;
+            -1 = unbounded on that side (flash_attn's window_size). None = no window.
         softmax_scale: default 1 / sqrt(headdim).
         return_lse: also return the log-sum-exp of each row's scores.
+        cu_seqlens: packed documents, as flash_attn's varlen API: cumulative lengths over the
+            *global* sequence, (ndocs + 1,) ints from 0 to the global length. A token attends only
+            inside its own document (and causally, with causal=True).
+        block_sparse: a burst.BlockSparseMask(block_size, layout) over the global sequence; block
+            pairs that are False are never computed.
+
+    Masks combine (all must allow a pair). A row with nothing to attend gets output 0, gradient 0
+    and lse -inf. Block pairs with nothing to attend are skipped, and the ring stops early when the
+    mask needs no further steps.
 
     Returns:
         out: (batch_size, seqlen_local, nheads, headdim) in q's dtype, and, with return_lse,
@@ -60,12 +72,15 @@ def attention(
     """
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
-    problem = _local_problem(q, k, v, strategy, layout, causal, window, softmax_scale, world)
+    problem = _local_problem(q, k, v, strategy, layout, causal, window, softmax_scale, world, cu_seqlens,
+                             block_sparse)
     _agree_across_ranks(q, k, problem, group, world)
     name = _resolve_strategy(strategy, q, k)
+    spec = MaskSpec(causal=causal, window=_normalized_window(window),
+                    cu_seqlens=tuple(int(x) for x in cu_seqlens) if cu_seqlens is not None else None,
+                    block_sparse=block_sparse)
     call = AttentionCall(
-        group=group, rank=rank, world=world, layout=layout, local_len=q.shape[1],
-        spec=MaskSpec(causal=bool(causal)),
+        group=group, rank=rank, world=world, layout=layout, local_len=q.shape[1], spec=spec,
         scale=float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5,
         kernel=select_kernel(q.device, q.dtype),
     )
@@ -79,16 +94,23 @@ def _resolve_strategy(strategy: str, q, k) -> str:
     return strategy
 
 
-def _local_problem(q, k, v, strategy, layout, causal, window, softmax_scale, world) -> BaseException | None:
+def _local_problem(q, k, v, strategy, layout, causal, window, softmax_scale, world, cu_seqlens,
+                   block_sparse) -> BaseException | None:
     """The error this rank's arguments deserve, or None. Checks only local facts."""
     try:
-        _check_arguments(q, k, v, strategy, layout, causal, window, softmax_scale, world)
+        _check_tensors(q, k, v)
+        _check_options(strategy, layout, causal, window, softmax_scale)
+        _check_local_length(q.shape[1], layout)
+        global_len = q.shape[1] * world
+        _check_documents(cu_seqlens, global_len)
+        _check_block_sparse(block_sparse, global_len)
+        _check_supported(strategy, layout, causal, window, cu_seqlens, block_sparse)
     except (TypeError, ValueError, NotImplementedError) as err:
         return err
     return None
 
 
-def _check_arguments(q, k, v, strategy, layout, causal, window, softmax_scale, world) -> None:
+def _check_tensors(q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -115,6 +137,9 @@ def _check_arguments(q, k, v, strategy, layout, causal, window, softmax_scale, w
         raise ValueError(
             f"q has {q.shape[2]} heads but k has {k.shape[2]}; q heads must be a multiple of k heads"
         )
+
+
+def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
     if strategy not in STRATEGY_NAMES:
         raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}")
     if strategy in PLANNED_STRATEGIES:
@@ -125,18 +150,69 @@ def _check_arguments(q, k, v, strategy, layout, causal, window, softmax_scale, w
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if window is not None:
-        raise ValueError("window is not supported yet; pass window=None")
+    if window is not None and not (isinstance(window, (tuple, list)) and len(window) == 2
+                                   and all(isinstance(w, int) and w >= -1 for w in window)):
+        raise ValueError(f"window must be None or (left, right) ints >= -1 (-1 = unbounded), got {window!r}")
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)
                                           and softmax_scale > 0):
         raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
-    need = local_multiple(layout)
-    if q.shape[1] % need:
-        raise ValueError(
-            f"layout={layout!r} needs the local sequence length to be a multiple of {need}, got {q.shape[1]}"
-        )
-    if q.shape[1] == 0:
+
+
+def _check_local_length(local_len: int, layout: str) -> None:
+    if local_len == 0:
         raise ValueError("q holds 0 tokens; every rank needs at least one")
+    need = local_multiple(layout)
+    if local_len % need:
+        raise ValueError(
+            f"layout={layout!r} needs the local sequence length to be a multiple of {need}, got {local_len}"
+        )
+
+
+def _check_documents(cu_seqlens, global_len: int) -> None:
+    if cu_seqlens is None:
+        return
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+            raise ValueError("cu_seqlens must be a 1-D integer tensor or a sequence of ints")
+        cu_seqlens = cu_seqlens.tolist()
+    values = list(cu_seqlens)
+    if not values or not all(isinstance(x, int) for x in values):
+        raise ValueError("cu_seqlens must be a non-empty 1-D sequence of ints")
+    if values[0] != 0 or values[-1] != global_len or any(b < a for a, b in zip(values, values[1:])):
+        raise ValueError(
+            f"cu_seqlens must rise from 0 to the global sequence length {global_len} "
+            f"(ranks x local tokens), got {values[:4]}{'...' if len(values) > 4 else ''} ending {values[-1]}"
+        )
+
+
+def _check_block_sparse(block_sparse, global_len: int) -> None:
+    if block_sparse is None:
+        return
+    if not isinstance(block_sparse, BlockSparseMask):
+        raise TypeError(f"block_sparse must be a burst.BlockSparseMask, got {type(block_sparse).__name__}")
+    nblocks = -(-global_len // block_sparse.block_size)
+    if tuple(block_sparse.layout.shape) != (nblocks, nblocks):
+        raise ValueError(
+            f"block_sparse.layout has shape {tuple(block_sparse.layout.shape)} but a global length of "
+            f"{global_len} in blocks of {block_sparse.block_size} needs ({nblocks}, {nblocks})"
+        )
+
+
+def _check_supported(strategy, layout, causal, window, cu_seqlens, block_sparse) -> None:
+    """DistFlashAttn's schedule is for causal attention on contiguous shards only."""
+    if strategy == "distflash":
+        if layout != "contiguous" or not causal or window not in (None, (-1, -1)) or cu_seqlens is not None \
+                or block_sparse is not None:
+            raise ValueError(
+                "strategy='distflash' supports layout='contiguous' with causal=True and no window, "
+                "cu_seqlens or block_sparse; use 'burst' or 'ring' (any layout and mask) otherwise"
+            )
+
+
+def _normalized_window(window) -> tuple[int, int] | None:
+    if window is None or tuple(window) == (-1, -1):
+        return None
+    return (int(window[0]), int(window[1]))
 
 
 def _agree_across_ranks(q, k, problem: BaseException | None, group, world: int) -> None:

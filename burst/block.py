@@ -7,9 +7,12 @@ float32 accumulators. Strategies differ only in which blocks meet where and what
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from .comm.stats import record_pairs
+from .comm.stats import active as stats_active
+from .comm.stats import record_compute, record_pairs
 from .kernels import accumulator_dtype
 from .masks import Tile
 from .merge import merge_partial
@@ -21,11 +24,19 @@ def attend_forward(kernel, q, k, v, tiles: list[Tile], out_acc, lse_acc, scale: 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim)
     out_acc: (batch, seqlen_q, nheads, headdim) float32; lse_acc: (batch, nheads, seqlen_q) float32.
     """
+    start = time.perf_counter()
     for t in tiles:
         qr, kr = t.q.rows, t.k.rows
         out, lse = kernel.forward(q[:, qr], k[:, kr], v[:, kr], scale, t.causal, t.mask)
         merge_partial(out_acc[:, qr], lse_acc[:, :, qr], out, lse)
-        record_pairs("forward", t.pairs)
+    _account("forward", tiles, start)
+
+
+def _account(phase: str, tiles: list[Tile], start: float) -> None:
+    """Work and kernel time of a block pair, for CommStats (nothing to do when none is active)."""
+    if tiles and stats_active():
+        record_compute(phase, time.perf_counter() - start)
+        record_pairs(phase, sum(t.pairs for t in tiles))
 
 
 def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, dk_acc, dv_acc, scale: float) -> None:
@@ -34,6 +45,7 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
     out and lse are the query rows' *global* results (lse with +inf for empty rows, see
     kernels.lse_for_backward). dq_acc is shaped like q, dk_acc/dv_acc like k/v, all float32.
     """
+    start = time.perf_counter()
     for t in tiles:
         qr, kr = t.q.rows, t.k.rows
         dq, dk, dv = kernel.backward(
@@ -42,7 +54,7 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
         dq_acc[:, qr] += dq
         dk_acc[:, kr] += dk
         dv_acc[:, kr] += dv
-        record_pairs("backward", t.pairs)
+    _account("backward", tiles, start)
 
 
 def float32_zeros_like(t: torch.Tensor) -> torch.Tensor:

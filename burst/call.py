@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch.distributed as dist
 
 from .layout import Segment, segments
-from .masks import MaskSpec, Tile, plan_tiles
+from .masks import MaskSpec, Tile, may_attend, plan_tiles
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AttentionCall:
     """One call's setting, fixed on every rank: the group, how the sequence is laid out, the mask.
 
@@ -33,3 +34,17 @@ class AttentionCall:
     def tiles(self, q_rank: int, k_rank: int) -> list[Tile]:
         """Kernel calls for `q_rank`'s queries against `k_rank`'s keys (empty when the mask skips all)."""
         return plan_tiles(self.segments(q_rank), self.segments(k_rank), self.spec)
+
+    @cached_property
+    def ring_steps(self) -> int:
+        """Ring steps that carry work: 1 + the largest s such that some rank r's queries attend the
+        keys of rank r - s. A sliding window or local documents end the ring early (distflashattn.md
+        App. D); every rank computes the same number from the mask alone."""
+        steps = 1
+        for r in range(self.world):
+            q_segs = self.segments(r)
+            for s in range(self.world - 1, steps - 1, -1):
+                if may_attend(q_segs, self.segments((r - s) % self.world), self.spec):
+                    steps = s + 1
+                    break
+        return steps

@@ -24,6 +24,8 @@ def _bench_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="threads per rank; default cores // nproc")
     p.add_argument("--repeats", type=int, default=d.repeats, help="timed passes after one warm-up (best is kept)")
     p.add_argument("--strategies", default=",".join(d.strategies), help="comma-separated")
+    p.add_argument("--window", default=None, help="sliding window LEFT,RIGHT (-1 = unbounded)")
+    p.add_argument("--documents", type=int, default=0, help="pack this many documents of uneven lengths")
     p.add_argument("--no-baseline", action="store_true", help="skip the single-process SDPA yardstick")
     p.add_argument("--json", default=None, help="write results to this JSON file")
 
@@ -33,7 +35,8 @@ def _run_bench(args) -> int:
         seq_len=args.seq_len, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
         batch=args.batch, dtype=args.dtype, causal=args.causal, layout=args.layout, nproc=args.nproc,
         threads=args.threads, repeats=args.repeats, strategies=args.strategies.split(","),
-        baseline=not args.no_baseline,
+        baseline=not args.no_baseline, documents=args.documents,
+        window=tuple(int(x) for x in args.window.split(",")) if args.window else None,
     )
     result = run_bench(cfg)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 reports

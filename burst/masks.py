@@ -3,51 +3,197 @@ or partial, and plan the kernel calls ("tiles") that compute it.
 
 Strategies never look at a mask themselves: they ask `plan_tiles` for the tiles of a block pair and
 hand them to the kernel. A block pair with no attended entry yields no tile (no compute); a pair
-that is a clean lower triangle uses the kernel's causal path (which skips the upper half); only
-truly partial tiles carry a dense boolean mask.
+that is a clean lower triangle uses the kernel's causal path (which skips the upper half); a
+partial pair is cut into tiles of `TILE` rows so that empty tiles are skipped and only truly partial
+tiles carry a dense boolean mask (the CPU kernel spends full time on a masked tile).
+
+Mask kinds (combined with AND):
+- causal: key position <= query position.
+- window (left, right): query i sees keys i-left .. i+right; -1 = unbounded (flash_attn convention).
+- documents (cu_seqlens): packed sequences; a query sees keys of its own document only.
+- block-sparse (BlockSparseMask): a bool matrix over fixed-size blocks of the global sequence.
 """
 
 from __future__ import annotations
 
+import bisect
+import enum
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
 from .layout import Segment
 
+TILE = 512  # rows per tile when a block pair is partial: small enough to skip, big enough to run fast
+
+
+class Cover(enum.Enum):
+    """How a mask covers a tile: nothing, everything, a clean causal triangle, or some of it."""
+
+    SKIP = 0
+    FULL = 1
+    DIAG = 2      # top-left lower triangle (j <= i)
+    SHIFTED = 3   # strict lower triangle (j < i): striped layout, key rank > query rank
+    PARTIAL = 4
+
 
 @dataclass(frozen=True)
+class BlockSparseMask:
+    """Block-sparse attention over the global sequence.
+
+    block_size: tokens per block. layout: bool (nblocks, nblocks), True where query block i may
+    attend key block j; nblocks = ceil(seqlen / block_size). Combined with causal / window / documents
+    when those are given too. Block pairs that are False are never computed.
+    """
+
+    block_size: int
+    layout: torch.Tensor
+
+    def __post_init__(self):
+        if not isinstance(self.block_size, int) or self.block_size <= 0:
+            raise ValueError(f"block_size must be a positive int, got {self.block_size!r}")
+        if not isinstance(self.layout, torch.Tensor) or self.layout.dim() != 2 or self.layout.dtype != torch.bool:
+            raise ValueError("layout must be a 2-D bool tensor (query blocks, key blocks)")
+        object.__setattr__(self, "layout", self.layout.cpu())
+
+
+@dataclass(frozen=True, eq=False)
 class MaskSpec:
-    """Which (query, key) pairs of the global sequence attend. causal: key position <= query position."""
+    """Which (query, key) pairs of the global sequence attend (all given kinds must allow it)."""
 
     causal: bool = False
+    window: tuple[int, int] | None = None
+    cu_seqlens: tuple[int, ...] | None = None
+    block_sparse: BlockSparseMask | None = None
 
     @property
     def is_dense(self) -> bool:
         """True when every pair attends (no mask at all)."""
-        return not self.causal
+        return not (self.causal or self.window or self.cu_seqlens or self.block_sparse)
+
+    @property
+    def only_causal(self) -> bool:
+        return self.causal and not (self.window or self.cu_seqlens or self.block_sparse)
 
     def allowed(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """Bool (len(q_pos), len(k_pos)): True where query q_pos[i] attends key k_pos[j]."""
+        q, k = q_pos[:, None], k_pos[None, :]
         ok = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool, device=q_pos.device)
         if self.causal:
-            ok &= k_pos[None, :] <= q_pos[:, None]
+            ok &= k <= q
+        if self.window:
+            left, right = self.window
+            if left >= 0:
+                ok &= k >= q - left
+            if right >= 0:
+                ok &= k <= q + right
+        if self.cu_seqlens:
+            bounds = torch.tensor(self.cu_seqlens, device=q_pos.device)
+            ok &= torch.bucketize(q, bounds, right=True) == torch.bucketize(k, bounds, right=True)
+        if self.block_sparse:
+            bs, layout = self.block_sparse.block_size, self.block_sparse.layout.to(q_pos.device)
+            ok &= layout[(q_pos // bs)[:, None], (k_pos // bs)[None, :]]
         return ok
 
+    def cover(self, qs: Segment, ks: Segment) -> Cover:
+        """How the mask covers queries `qs` x keys `ks`, from the segments' bounds alone."""
+        kinds = [_causal_cover(qs, ks)] if self.causal else []
+        if self.window:
+            kinds.append(_window_cover(qs, ks, *self.window))
+        if self.cu_seqlens:
+            kinds.append(_document_cover(qs, ks, self.cu_seqlens))
+        if self.block_sparse:
+            kinds.append(_block_cover(qs, ks, self.block_sparse))
+        if Cover.SKIP in kinds:
+            return Cover.SKIP
+        rest = [c for c in kinds if c is not Cover.FULL]
+        if not rest:
+            return Cover.FULL
+        if len(rest) == 1 and rest[0] in (Cover.DIAG, Cover.SHIFTED):
+            return rest[0]
+        return Cover.PARTIAL
 
-@dataclass(frozen=True)
+
+def _causal_cover(qs: Segment, ks: Segment) -> Cover:
+    if ks.first > qs.last:
+        return Cover.SKIP
+    if ks.last <= qs.first:
+        return Cover.FULL
+    if qs.stride == ks.stride and qs.length == ks.length:
+        offset = qs.first - ks.first
+        if 0 <= offset < qs.stride:
+            return Cover.DIAG      # same positions, or striped with key rank <= query rank: j <= i
+        if -qs.stride < offset < 0:
+            return Cover.SHIFTED   # striped, key rank > query rank (burstengine.md eq. 14): j < i
+    return Cover.PARTIAL
+
+
+def _window_cover(qs: Segment, ks: Segment, left: int, right: int) -> Cover:
+    if (left >= 0 and ks.last < qs.first - left) or (right >= 0 and ks.first > qs.last + right):
+        return Cover.SKIP
+    if (left < 0 or ks.first >= qs.last - left) and (right < 0 or ks.last <= qs.first + right):
+        return Cover.FULL
+    return Cover.PARTIAL
+
+
+def _document_cover(qs: Segment, ks: Segment, cu_seqlens: tuple[int, ...]) -> Cover:
+    def doc(pos):
+        return bisect.bisect_right(cu_seqlens, pos)
+
+    q0, q1, k0, k1 = doc(qs.first), doc(qs.last), doc(ks.first), doc(ks.last)
+    if q1 < k0 or k1 < q0:
+        return Cover.SKIP
+    if q0 == q1 == k0 == k1:
+        return Cover.FULL
+    return Cover.PARTIAL
+
+
+def _block_cover(qs: Segment, ks: Segment, mask: BlockSparseMask) -> Cover:
+    bs = mask.block_size
+    if qs.stride == 1 and ks.stride == 1:
+        sub = mask.layout[qs.first // bs: qs.last // bs + 1, ks.first // bs: ks.last // bs + 1]
+    else:  # strided runs touch scattered blocks: look at exactly those
+        qb = torch.unique(qs.positions() // bs)
+        kb = torch.unique(ks.positions() // bs)
+        sub = mask.layout[qb[:, None], kb[None, :]]
+    if not bool(sub.any()):
+        return Cover.SKIP
+    if bool(sub.all()):
+        return Cover.FULL
+    return Cover.PARTIAL
+
+
+@dataclass(frozen=True, eq=False)
 class Tile:
-    """One kernel call: query rows `q.rows` against key rows `k.rows` of the two shards.
-
-    causal: the kernel's top-left lower triangle on this tile. mask: dense bool (len q, len k) or None.
-    pairs: the (query, key) pairs that attend in this tile (work accounting).
-    """
+    """One kernel call: query rows `q.rows` against key rows `k.rows` of the two shards."""
 
     q: Segment
     k: Segment
-    causal: bool = False
-    mask: torch.Tensor | None = None
-    pairs: int = 0
+    cover: Cover
+    spec: MaskSpec
+
+    @property
+    def causal(self) -> bool:
+        """Run the kernel's top-left causal path on this tile."""
+        return self.cover is Cover.DIAG
+
+    @cached_property
+    def mask(self) -> torch.Tensor | None:
+        """Dense bool (len q, len k) for a partial tile, else None (built on first use)."""
+        if self.cover is not Cover.PARTIAL:
+            return None
+        return self.spec.allowed(self.q.positions(), self.k.positions())
+
+    @property
+    def pairs(self) -> int:
+        """(query, key) pairs of this tile that attend (work accounting)."""
+        n, m = self.q.length, self.k.length
+        if self.cover is Cover.FULL:
+            return n * m
+        if self.cover is Cover.DIAG:  # planned only for n == m
+            return n * (n + 1) // 2
+        return int(self.mask.sum())
 
 
 def plan_tiles(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec) -> list[Tile]:
@@ -59,30 +205,88 @@ def plan_tiles(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec) -> 
     return tiles
 
 
-def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec) -> list[Tile]:
-    n, m = qs.length, ks.length
+def may_attend(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec) -> bool:
+    """False only when no query of `q_segs` attends any key of `k_segs` (cheap, from bounds)."""
     if spec.is_dense:
-        return [Tile(qs, ks, pairs=n * m)]
-    # Causal only. Positions ascend within a segment.
-    if ks.first > qs.last:
+        return True
+    return any(spec.cover(qs, ks) is not Cover.SKIP for qs in q_segs for ks in k_segs)
+
+
+def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, by_blocks: bool = True) -> list[Tile]:
+    cover = Cover.FULL if spec.is_dense else spec.cover(qs, ks)
+    if cover is Cover.SKIP:
         return []
-    if ks.last <= qs.first:
-        return [Tile(qs, ks, pairs=n * m)]
-    if qs.stride == ks.stride and n == m:
-        offset = qs.first - ks.first
-        if 0 <= offset < qs.stride:
-            # Same positions (contiguous diagonal) or striped with key rank <= query rank: j <= i.
-            return [Tile(qs, ks, causal=True, pairs=n * (n + 1) // 2)]
-        if -qs.stride < offset < 0:
-            if n == 1:
-                return []
-            # Striped, key rank > query rank (burstengine.md eq. 14): j < i, i.e. the causal triangle
-            # of queries 1.. against keys ..n-2; query 0 attends nothing here.
-            return [Tile(qs.sub(1, n), ks.sub(0, n - 1), causal=True, pairs=n * (n - 1) // 2)]
-    mask = spec.allowed(qs.positions(), ks.positions())
-    pairs = int(mask.sum())
-    if pairs == 0:
-        return []
-    if pairs == n * m:
-        return [Tile(qs, ks, pairs=pairs)]
-    return [Tile(qs, ks, mask=mask, pairs=pairs)]
+    if cover is Cover.SHIFTED:
+        # j < i is the causal triangle of queries 1.. against keys ..n-2; query 0 attends nothing here.
+        n = qs.length
+        return [Tile(qs.sub(1, n), ks.sub(0, n - 1), Cover.DIAG, spec)] if n > 1 else []
+    if cover is not Cover.PARTIAL or (qs.length <= TILE and ks.length <= TILE):
+        return _checked(Tile(qs, ks, cover, spec))
+    if spec.block_sparse is not None and by_blocks:
+        return _plan_by_blocks(qs, ks, spec)
+    tiles = []
+    for qi in range(0, qs.length, TILE):
+        qt = qs.sub(qi, min(qi + TILE, qs.length))
+        row = []
+        for ki in range(0, ks.length, TILE):
+            kt = ks.sub(ki, min(ki + TILE, ks.length))
+            row.extend(_plan_pair(qt, kt, spec, by_blocks))
+        tiles.extend(_coalesce_full(row))
+    return tiles
+
+
+def _plan_by_blocks(qs: Segment, ks: Segment, spec: MaskSpec) -> list[Tile]:
+    """Tiles along the block-sparse grid: one tile per attended (query block, key block) pair.
+
+    Cut at block boundaries, every tile lies inside one block pair, so the block layout alone says
+    skip or keep; the other masks then plan within it. With the striped layout and a block size
+    that is a multiple of the ranks, each rank holds block_size / G rows of every block: the
+    balance of burstengine.md Fig. 11.
+    """
+    bs, layout = spec.block_sparse.block_size, spec.block_sparse.layout
+    q_parts, k_parts = _block_parts(qs, bs), _block_parts(ks, bs)
+    attended = layout[[b for _, b in q_parts]][:, [b for _, b in k_parts]]
+    tiles = []
+    for i, (q_sub, _) in enumerate(q_parts):
+        row = []
+        for j in attended[i].nonzero().flatten().tolist():
+            row.extend(_plan_pair(q_sub, k_parts[j][0], spec, by_blocks=False))
+        tiles.extend(_coalesce_full(row))
+    return tiles
+
+
+def _block_parts(seg: Segment, block_size: int) -> list[tuple[Segment, int]]:
+    """`seg` cut into runs that each lie inside one block of the global sequence, with the block."""
+    parts, row = [], 0
+    while row < seg.length:
+        block = (seg.first + seg.stride * row) // block_size
+        # First row whose position reaches the next block.
+        end = min(seg.length, -(-((block + 1) * block_size - seg.first) // seg.stride))
+        parts.append((seg.sub(row, end), block))
+        row = end
+    return parts
+
+
+def _checked(tile: Tile) -> list[Tile]:
+    """Bounds are conservative: a partial tile whose mask is all-False is dropped, all-True runs full."""
+    if tile.cover is Cover.PARTIAL:
+        if not bool(tile.mask.any()):
+            return []
+        if bool(tile.mask.all()):
+            return [Tile(tile.q, tile.k, Cover.FULL, tile.spec)]
+    return [tile]
+
+
+def _coalesce_full(row: list[Tile]) -> list[Tile]:
+    """Merge runs of FULL tiles that are adjacent along the keys into one kernel call."""
+    out: list[Tile] = []
+    for t in row:
+        prev = out[-1] if out else None
+        if (prev is not None and prev.cover is Cover.FULL and t.cover is Cover.FULL and prev.q == t.q
+                and prev.k.local_start + prev.k.length == t.k.local_start
+                and prev.k.stride == t.k.stride and prev.k.last + prev.k.stride == t.k.first):
+            k = Segment(prev.k.local_start, prev.k.length + t.k.length, prev.k.first, prev.k.stride)
+            out[-1] = Tile(prev.q, k, Cover.FULL, t.spec)
+        else:
+            out.append(t)
+    return out

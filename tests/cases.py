@@ -47,3 +47,28 @@ def sharded_errors(full, ref, dtype, layout="contiguous", **kwargs):
         "dk": rel_err(k.grad, r_dk), "dv": rel_err(v.grad, r_dv),
         "nan": any(bool(torch.isnan(t).any()) for t in (out, q.grad, k.grad, v.grad)),
     }
+
+
+def reference_mask(seqlen, causal=False, window=None, cu_seqlens=None, block_sparse=None):
+    """The attended (query, key) pairs of the full sequence, built independently of burst.masks."""
+    i = torch.arange(seqlen)[:, None]
+    j = torch.arange(seqlen)[None, :]
+    allowed = torch.ones(seqlen, seqlen, dtype=torch.bool)
+    if causal:
+        allowed &= j <= i
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            allowed &= j >= i - left
+        if right >= 0:
+            allowed &= j <= i + right
+    if cu_seqlens is not None:
+        doc = torch.zeros(seqlen, dtype=torch.long)
+        for start in cu_seqlens[1:-1]:
+            doc[start:] += 1
+        allowed &= doc[:, None] == doc[None, :]
+    if block_sparse is not None:
+        bs = block_sparse.block_size
+        dense = block_sparse.layout.repeat_interleave(bs, 0).repeat_interleave(bs, 1)
+        allowed &= dense[:seqlen, :seqlen]
+    return allowed

@@ -73,7 +73,13 @@ def _bad_inputs(rank, world):
         "strategy_planned": lambda: {**good(), "strategy": "cqs"},
         "layout": lambda: {**good(), "layout": "diagonal"},
         "zigzag_odd": lambda: {**good(n=N + 1), "layout": "zigzag"},
-        "window": lambda: {**good(), "window": (4, 0)},
+        "window": lambda: {**good(), "window": (4, -2)},
+        "distflash_zigzag": lambda: {**good(), "strategy": "distflash", "layout": "zigzag", "causal": True},
+        "distflash_not_causal": lambda: {**good(), "strategy": "distflash"},
+        "cu_seqlens_end": lambda: {**good(), "cu_seqlens": [0, 5, N]},
+        "cu_seqlens_order": lambda: {**good(), "cu_seqlens": [0, 9, 5, N * world]},
+        "block_sparse_shape": lambda: {**good(), "block_sparse": burst.BlockSparseMask(4, torch.ones(3, 3, dtype=torch.bool))},
+        "block_sparse_type": lambda: {**good(), "block_sparse": torch.ones(4, 4, dtype=torch.bool)},
         "scale": lambda: {**good(), "softmax_scale": -1.0},
         "causal_type": lambda: {**good(), "causal": "yes"},
     }
@@ -99,6 +105,12 @@ EXPECTED = {  # case: (error type on the rank with bad input, words the message 
     "strategy": ("ValueError", "strategy must be one of"), "strategy_planned": ("NotImplementedError", "available"),
     "layout": ("ValueError", "layout must be one of"), "zigzag_odd": ("ValueError", "multiple of 2"),
     "window": ("ValueError", "window"), "scale": ("ValueError", "softmax_scale"), "causal_type": ("TypeError", "causal"),
+    "distflash_zigzag": ("ValueError", "supports layout='contiguous' with causal=True"),
+    "distflash_not_causal": ("ValueError", "supports layout='contiguous' with causal=True"),
+    "cu_seqlens_end": ("ValueError", "cu_seqlens must rise from 0"),
+    "cu_seqlens_order": ("ValueError", "cu_seqlens must rise from 0"),
+    "block_sparse_shape": ("ValueError", "block_sparse.layout has shape"),
+    "block_sparse_type": ("TypeError", "BlockSparseMask"),
 }
 
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import burst
 from burst.kernels.reference import attention as reference_attention
 from burst.layout import shard_indices
+from burst.masks import MaskSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -46,16 +47,31 @@ class BenchConfig:
     baseline: bool = True
     check_rows: int = 64         # query rows per rank checked against float64 attention
     seed: int = 0
+    window: tuple[int, int] | None = None  # sliding window (left, right), -1 = unbounded
+    documents: int = 0           # > 0: pack this many documents of uneven (seeded) lengths
+
+    def cu_seqlens(self) -> list[int] | None:
+        """Document boundaries: `documents` uneven lengths drawn from the seed, summing to seq_len."""
+        if self.documents <= 0:
+            return None
+        g = torch.Generator().manual_seed(self.seed + 1)
+        cuts = torch.randperm(self.seq_len - 1, generator=g)[: self.documents - 1] + 1
+        return [0, *sorted(int(c) for c in cuts), self.seq_len]
+
+    def mask_kwargs(self) -> dict:
+        return {"causal": self.causal, "window": tuple(self.window) if self.window else None,
+                "cu_seqlens": self.cu_seqlens()}
 
     def resolved_threads(self) -> int:
         return self.threads or max(1, (os.cpu_count() or 1) // self.nproc)
 
 
-def attention_flops(cfg: BenchConfig) -> tuple[float, float]:
-    """Useful FLOPs of forward and backward on the whole sequence (causal counts half)."""
-    fwd = 4.0 * cfg.batch * cfg.heads * cfg.seq_len ** 2 * cfg.head_dim
-    if cfg.causal:
-        fwd /= 2
+def attention_flops(cfg: BenchConfig, pairs: int | None = None) -> tuple[float, float]:
+    """Useful FLOPs of forward and backward: 4·batch·heads·head_dim per attended (query, key) pair
+    (pairs counted by the strategies; without them, causal counts half), backward 2.5x forward."""
+    if pairs is None:
+        pairs = cfg.seq_len ** 2 / (2 if cfg.causal else 1)
+    fwd = 4.0 * cfg.batch * cfg.heads * cfg.head_dim * pairs
     return fwd, 2.5 * fwd
 
 
@@ -117,9 +133,30 @@ def _check_error(cfg, out_local, idx, rows: int) -> float:
     q, k, v, _ = _full_inputs(cfg)
     pick = torch.linspace(0, len(idx) - 1, min(rows, len(idx))).long()
     positions = idx[pick]
-    mask = torch.arange(cfg.seq_len)[None, :] <= positions[:, None] if cfg.causal else None
+    mask = MaskSpec(**cfg.mask_kwargs()).allowed(positions, torch.arange(cfg.seq_len))
     ref, _ = reference_attention(q[:, positions], k, v, mask=mask)
     return (out_local[:, pick].double().cpu() - ref).abs().max().item()
+
+
+def _time_passes(repeats: int, device, forward, backward, next_pass):
+    """Best forward and backward seconds over `repeats` passes after one untimed warm-up pass.
+
+    forward() -> out; backward(out); next_pass() resets state before each pass. Returns
+    (fwd_s, bwd_s, last out).
+    """
+    fwd, bwd = [], []
+    for _ in range(repeats + 1):
+        next_pass()
+        _sync(device)
+        t0 = time.perf_counter()
+        out = forward()
+        _sync(device)
+        t1 = time.perf_counter()
+        backward(out)
+        _sync(device)
+        fwd.append(t1 - t0)
+        bwd.append(time.perf_counter() - t1)
+    return min(fwd[1:]), min(bwd[1:]), out
 
 
 def run_strategy(cfg: BenchConfig, strategy: str, rank: int, world: int) -> dict:
@@ -131,28 +168,30 @@ def run_strategy(cfg: BenchConfig, strategy: str, rank: int, world: int) -> dict
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     _reset_peak_rss()
-    fwd_times, bwd_times = [], []
-    for it in range(cfg.repeats + 1):  # the first pass warms up and is not timed
+    stats = burst.CommStats()
+
+    def forward():
+        with stats:
+            return burst.attention(q, k, v, strategy=strategy, layout=cfg.layout, **cfg.mask_kwargs())
+
+    def backward(out):
+        with stats:
+            out.backward(dout)
+
+    def next_pass():
+        nonlocal stats
+        stats = burst.CommStats()  # the last pass's counts are reported
         q.grad = k.grad = v.grad = None
         if dist.is_initialized():
-            dist.barrier()
-        _sync(device)
-        t0 = time.perf_counter()
-        with burst.CommStats() as stats:
-            out = burst.attention(q, k, v, strategy=strategy, layout=cfg.layout, causal=cfg.causal)
-            _sync(device)
-            t1 = time.perf_counter()
-            out.backward(dout)
-            _sync(device)
-            t2 = time.perf_counter()
-        if it:
-            fwd_times.append(t1 - t0)
-            bwd_times.append(t2 - t1)
+            dist.barrier()  # every rank starts the timed pass together
+
+    fwd_s, bwd_s, out = _time_passes(cfg.repeats, device, forward, backward, next_pass)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss_bytes() - rss_bare
     return {
-        "fwd_s": min(fwd_times), "bwd_s": min(bwd_times),
+        "fwd_s": fwd_s, "bwd_s": bwd_s,
         "sent_fwd": stats.sent("forward"), "sent_bwd": stats.sent("backward"),
         "pairs_fwd": stats.pairs("forward"), "pairs_bwd": stats.pairs("backward"),
+        "compute_fwd_s": stats.compute_seconds("forward"), "compute_bwd_s": stats.compute_seconds("backward"),
         "peak_mem_bytes": peak, "max_err": _check_error(cfg, out.detach(), idx, cfg.check_rows),
     }
 
@@ -192,22 +231,21 @@ def _baseline_entry(_, cfg_dict, outdir):
     q, k, v, dout = (t.transpose(1, 2).to(device, DTYPES[cfg.dtype]).contiguous() for t in _full_inputs(cfg))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     kvh = k.shape[1]
+    mask = None
+    if cfg.window or cfg.documents:  # the single process runs the mask densely, as SDPA would
+        pos = torch.arange(cfg.seq_len)
+        mask = MaskSpec(**cfg.mask_kwargs()).allowed(pos, pos).to(device)
     _reset_peak_rss()
-    fwd, bwd = [], []
-    for it in range(cfg.repeats + 1):
-        _sync(device)
-        t0 = time.perf_counter()
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=cfg.causal, enable_gqa=kvh != cfg.heads)
-        _sync(device)
-        t1 = time.perf_counter()
-        out.backward(dout)
-        _sync(device)
-        t2 = time.perf_counter()
-        if it:
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
+    def forward():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=cfg.causal and mask is None,
+                                              enable_gqa=kvh != cfg.heads)
+
+    def next_pass():
+        q.grad = k.grad = v.grad = None
+
+    fwd_s, bwd_s, _ = _time_passes(cfg.repeats, device, forward, lambda out: out.backward(dout), next_pass)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss_bytes() - rss_bare
-    torch.save({"fwd_s": min(fwd), "bwd_s": min(bwd), "peak_mem_bytes": peak}, os.path.join(outdir, "0.pt"))
+    torch.save({"fwd_s": fwd_s, "bwd_s": bwd_s, "peak_mem_bytes": peak}, os.path.join(outdir, "0.pt"))
 
 
 def spawn_baseline(cfg: BenchConfig) -> dict:
@@ -218,7 +256,8 @@ def spawn_baseline(cfg: BenchConfig) -> dict:
 
 
 def summarize(cfg: BenchConfig, strategy: str, per_rank: list[dict], baseline: dict | None) -> dict:
-    fwd_flops, bwd_flops = attention_flops(cfg)
+    fwd_flops, bwd_flops = attention_flops(cfg, sum(r["pairs_fwd"] for r in per_rank))
+    compute = [r["compute_fwd_s"] + r["compute_bwd_s"] for r in per_rank]
     fwd = max(r["fwd_s"] for r in per_rank)
     bwd = max(r["bwd_s"] for r in per_rank)
     row = {
@@ -229,6 +268,9 @@ def summarize(cfg: BenchConfig, strategy: str, per_rank: list[dict], baseline: d
         "peak_mem_per_rank": max(r["peak_mem_bytes"] for r in per_rank),
         "max_err": max(r["max_err"] for r in per_rank),
         "pairs_fwd_max_over_mean": max(r["pairs_fwd"] for r in per_rank) / (sum(r["pairs_fwd"] for r in per_rank) / len(per_rank)),
+        "pairs_total": sum(r["pairs_fwd"] for r in per_rank),
+        "compute_s_per_rank": compute,
+        "compute_max_over_min": max(compute) / min(compute) if min(compute) > 0 else float("inf"),
     }
     if baseline:
         row["vs_sdpa"] = (baseline["fwd_s"] + baseline["bwd_s"]) / (fwd + bwd)
@@ -255,7 +297,7 @@ def run_bench(cfg: BenchConfig) -> dict:
             baseline = spawn_baseline(cfg)
         for strategy in cfg.strategies:
             rows.append(summarize(cfg, strategy, spawn_strategy(cfg, strategy), baseline))
-    fwd_flops, bwd_flops = attention_flops(cfg)
+    fwd_flops, bwd_flops = attention_flops(cfg, rows[0]["pairs_total"] if rows else None)
     if baseline:
         baseline = {**baseline, "fwd_tflops": fwd_flops / baseline["fwd_s"] / 1e12,
                     "bwd_tflops": bwd_flops / baseline["bwd_s"] / 1e12}
@@ -267,22 +309,23 @@ def format_table(result: dict) -> str:
     cfg = result["config"]
     lines = [
         f"seq {cfg['seq_len']}, batch {cfg['batch']}, heads {cfg['heads']}/{cfg['kv_heads'] or cfg['heads']}, "
-        f"dim {cfg['head_dim']}, {cfg['dtype']}, causal={cfg['causal']}, layout={cfg['layout']}, "
-        f"{cfg['nproc']} ranks x {result['threads_per_rank']} threads",
+        f"dim {cfg['head_dim']}, {cfg['dtype']}, causal={cfg['causal']}, window={cfg['window']}, "
+        f"documents={cfg['documents']}, layout={cfg['layout']}, {cfg['nproc']} ranks x {result['threads_per_rank']} threads",
         "",
-        "| strategy | fwd s | bwd s | fwd TFLOP/s | bwd TFLOP/s | vs SDPA (fwd+bwd) | sent fwd MiB/rank | sent bwd MiB/rank | peak MiB/rank | pairs max/mean | max err |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| strategy | fwd s | bwd s | fwd TFLOP/s | bwd TFLOP/s | vs SDPA (fwd+bwd) | sent fwd MiB/rank | sent bwd MiB/rank | peak MiB/rank | pairs max/mean | compute max/min | max err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = result["sdpa_single_process"]
     if base:
         lines.append(f"| sdpa (1 process) | {base['fwd_s']:.3f} | {base['bwd_s']:.3f} | {base['fwd_tflops']:.3f} | "
-                     f"{base['bwd_tflops']:.3f} | 1.00 | - | - | {base['peak_mem_bytes'] / 2**20:.0f} | - | - |")
+                     f"{base['bwd_tflops']:.3f} | 1.00 | - | - | {base['peak_mem_bytes'] / 2**20:.0f} | - | - | - |")
     for r in result["strategies"]:
         vs = f"{r['vs_sdpa']:.2f}" if "vs_sdpa" in r else "-"
         lines.append(
             f"| {r['strategy']} | {r['fwd_s']:.3f} | {r['bwd_s']:.3f} | {r['fwd_tflops']:.3f} | {r['bwd_tflops']:.3f} | "
             f"{vs} | {r['sent_fwd_per_rank'] / 2**20:.1f} | {r['sent_bwd_per_rank'] / 2**20:.1f} | "
-            f"{r['peak_mem_per_rank'] / 2**20:.0f} | {r['pairs_fwd_max_over_mean']:.2f} | {r['max_err']:.1e} |")
+            f"{r['peak_mem_per_rank'] / 2**20:.0f} | {r['pairs_fwd_max_over_mean']:.2f} | "
+            f"{r['compute_max_over_min']:.2f} | {r['max_err']:.1e} |")
     return "\n".join(lines)
 
 

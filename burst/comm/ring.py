@@ -6,8 +6,10 @@ Modelled on ring-flash-attention's RingComm. A strategy loop reads like the pape
     ...compute on block...        # overlaps with the transfer
     comm.wait(); block = nxt      # swap buffers
 
-Ranks are ranks of `group`. Every `send_recv` sends to rank+1 and receives from rank-1 (mod world).
-With one rank the ring is a loop-back: `send_recv` returns the tensors themselves and sends nothing.
+Ranks are ranks of `group`. `send_recv(tensors, offset)` sends to rank+offset and receives from
+rank-offset (mod world); offset 1 is the ring, -1 the ring backwards, and a larger offset sends an
+accumulator straight home when a ring stops early. An offset of 0 (mod world) is a loop-back: the
+tensors themselves come back and nothing is sent.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .stats import record_sent, tensor_bytes
+from .p2p import Transfer, exchange
 
 
 class RingComm:
@@ -33,36 +35,21 @@ class RingComm:
         self.tag = tag
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
-        if self.world > 1:
-            self.send_to = global_rank(group, (self.rank + 1) % self.world)
-            self.recv_from = global_rank(group, (self.rank - 1) % self.world)
-        self._requests: list = []
-        self._sending: list[torch.Tensor] = []
+        self._transfer: Transfer | None = None
 
-    def send_recv(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Start sending `tensors` to the next rank; return buffers that `wait()` fills from the previous."""
-        if self._requests:
+    def send_recv(self, tensors: Sequence[torch.Tensor], offset: int = 1) -> list[torch.Tensor]:
+        """Start sending `tensors` to rank+offset; return buffers that `wait()` fills from rank-offset."""
+        if self._transfer is not None:
             raise RuntimeError("RingComm.send_recv called twice without wait()")
-        if self.world == 1:
+        if offset % self.world == 0:
             return list(tensors)
-        received = [torch.empty_like(t) for t in tensors]
-        # Keep the sent tensors alive until wait(): the transfer reads them in the background.
-        self._sending = [t.contiguous() for t in tensors]
-        ops = []
-        for i, (out, inc) in enumerate(zip(self._sending, received)):
-            ops.append(dist.P2POp(dist.isend, out, self.send_to, self.group, self.tag + i))
-            ops.append(dist.P2POp(dist.irecv, inc, self.recv_from, self.group, self.tag + i))
-        self._requests = dist.batch_isend_irecv(ops)
-        record_sent(self.phase, sum(tensor_bytes(t) for t in tensors), messages=len(tensors))
-        return received
+        to = (self.rank + offset) % self.world
+        frm = (self.rank - offset) % self.world
+        self._transfer = exchange(self.group, self.phase, [(t, to, self.tag + i) for i, t in enumerate(tensors)],
+                                  [(t, frm, self.tag + i) for i, t in enumerate(tensors)])
+        return self._transfer.received
 
     def wait(self) -> None:
-        for req in self._requests:
-            req.wait()
-        self._requests = []
-        self._sending = []
-
-
-def global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
-    """The default-group rank of `group_rank` in `group` (P2P ops address default-group ranks)."""
-    return dist.get_global_rank(group or dist.group.WORLD, group_rank)
+        if self._transfer is not None:
+            self._transfer.wait()
+            self._transfer = None

@@ -31,6 +31,7 @@ class CommStats:
         self._sent: dict[str, int] = defaultdict(int)
         self._pairs: dict[str, int] = defaultdict(int)
         self._messages: dict[str, int] = defaultdict(int)
+        self._compute: dict[str, float] = defaultdict(float)
 
     def __enter__(self) -> "CommStats":
         _ACTIVE.append(self)
@@ -51,11 +52,17 @@ class CommStats:
         """(query, key) pairs computed in `phase` (all phases when None)."""
         return _total(self._pairs, phase)
 
+    def compute_seconds(self, phase: str | None = None) -> float:
+        """Wall seconds this rank spent inside attention kernels in `phase` (host time: on CUDA it
+        measures launches unless the caller synchronizes)."""
+        return _total(self._compute, phase)
+
     def as_dict(self) -> dict:
         return {
             "sent": dict(self._sent),
             "messages": dict(self._messages),
             "pairs": dict(self._pairs),
+            "compute_seconds": dict(self._compute),
         }
 
     def __repr__(self) -> str:
@@ -75,6 +82,16 @@ def record_sent(phase: str, nbytes: int, messages: int = 1) -> None:
 def record_pairs(phase: str, pairs: int) -> None:
     for stats in _ACTIVE:
         stats._pairs[phase] += pairs
+
+
+def record_compute(phase: str, seconds: float) -> None:
+    for stats in _ACTIVE:
+        stats._compute[phase] += seconds
+
+
+def active() -> bool:
+    """True when some CommStats is collecting (strategies skip bookkeeping otherwise)."""
+    return bool(_ACTIVE)
 
 
 def tensor_bytes(t) -> int:

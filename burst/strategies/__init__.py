@@ -3,8 +3,9 @@
 from .allgather import ALLGATHER
 from .base import Strategy
 from .burst import BURST
+from .distflash import DISTFLASH
 from .ring import RING
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (BURST, RING, ALLGATHER)}
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (BURST, RING, ALLGATHER, DISTFLASH)}
 
 __all__ = ["STRATEGIES", "Strategy"]

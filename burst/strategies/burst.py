@@ -26,10 +26,13 @@ def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
     delta = row_delta(dout, out)  # D_i, computed once here instead of at every step
     travelling = [q, dout, delta, lse_for_backward(lse)]
     dk, dv = float32_zeros_like(k), float32_zeros_like(v)
-    for step in range(call.world):
-        if step + 1 < call.world:
-            next_travelling = data_comm.send_recv(travelling)
-        src = (call.rank - step) % call.world  # owner of the queries we hold now
+    steps = call.ring_steps
+    # Queries travel backwards (rank+1 -> rank) so that at step s this rank's keys meet the queries of
+    # rank + s: the same block pairs, in the same order, as the forward's keys of rank - s.
+    for step in range(steps):
+        if step + 1 < steps:
+            next_travelling = data_comm.send_recv(travelling, offset=-1)
+        src = (call.rank + step) % call.world  # owner of the queries we hold now
         q_j, dout_j, delta_j, lse_j = travelling
         dq_j = float32_zeros_like(q)
         tiles = call.tiles(src, call.rank)
@@ -39,11 +42,12 @@ def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
         if step > 0:
             dq_comm.wait()
             dq_j += incoming[0]
-        incoming = dq_comm.send_recv([dq_j])
-        if step + 1 < call.world:
+        # Pass dQ on with its queries; after the last step send it straight home to src.
+        incoming = dq_comm.send_recv([dq_j], offset=-1 if step + 1 < steps else step)
+        if step + 1 < steps:
             data_comm.wait()
             travelling = next_travelling
-    dq_comm.wait()  # our own queries' gradient, home after a full turn
+    dq_comm.wait()  # our own queries' gradient, home
     return incoming[0].to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

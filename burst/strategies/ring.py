@@ -6,7 +6,9 @@ Backward: K, V, dK, dV travel; each rank adds its queries' contribution to the v
 arrive home after a full turn. Bytes per rank: forward 2·(G-1) KV blocks; backward 2·(G-1) KV blocks
 plus 2·G gradient blocks (float32), i.e. about 4Nd for large G.
 
-Transfers are double-buffered: the next block is posted before the current one is computed.
+Transfers are double-buffered: the next block is posted before the current one is computed. When
+the mask leaves nothing to do beyond s ring steps (sliding windows, local documents), the ring stops
+after s steps and the gradients take one direct hop home.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ def ring_forward(call: AttentionCall, q, k, v):
     comm = RingComm(call.group, "forward")
     out_acc, lse_acc = empty_accumulators(q)
     kv = [k, v]
-    for step in range(call.world):
-        if step + 1 < call.world:
+    steps = call.ring_steps
+    for step in range(steps):
+        if step + 1 < steps:
             next_kv = comm.send_recv(kv)
         src = (call.rank - step) % call.world  # owner of the K, V we hold now
         attend_forward(call.kernel, q, kv[0], kv[1], call.tiles(call.rank, src), out_acc, lse_acc, call.scale)
-        if step + 1 < call.world:
+        if step + 1 < steps:
             comm.wait()
             kv = next_kv
     return out_acc.to(q.dtype), lse_acc
@@ -47,8 +50,9 @@ def ring_backward(call: AttentionCall, dout, q, k, v, out, lse):
     lse = lse_for_backward(lse)
     dq = float32_zeros_like(q)
     kv = [k, v]
-    for step in range(call.world):
-        if step + 1 < call.world:
+    steps = call.ring_steps
+    for step in range(steps):
+        if step + 1 < steps:
             next_kv = kv_comm.send_recv(kv)
         src = (call.rank - step) % call.world
         dk, dv = float32_zeros_like(k), float32_zeros_like(v)
@@ -57,11 +61,12 @@ def ring_backward(call: AttentionCall, dout, q, k, v, out, lse):
             grad_comm.wait()  # the visiting block's gradients from the ranks before us
             dk += incoming[0]
             dv += incoming[1]
-        incoming = grad_comm.send_recv([dk, dv])
-        if step + 1 < call.world:
+        # Pass the gradients on along the ring; after the last step send them straight home to src.
+        incoming = grad_comm.send_recv([dk, dv], offset=1 if step + 1 < steps else -step)
+        if step + 1 < steps:
             kv_comm.wait()
             kv = next_kv
-    grad_comm.wait()  # after a full turn our own block's gradients are home
+    grad_comm.wait()  # our own block's gradients, home
     return dq.to(q.dtype), incoming[0].to(k.dtype), incoming[1].to(v.dtype)
 
 

@@ -1,0 +1,58 @@
+"""Asynchronous point-to-point exchange between any ranks of a group, counted in CommStats.
+
+`exchange` posts every send and receive of one step at once (`batch_isend_irecv`) and returns a
+`Transfer`; the caller computes, then calls `Transfer.wait()`. Ranks are ranks of `group`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .stats import record_sent, tensor_bytes
+
+
+def global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
+    """The default-group rank of `group_rank` in `group` (P2P ops address default-group ranks)."""
+    return dist.get_global_rank(group or dist.group.WORLD, group_rank)
+
+
+class Transfer:
+    """Posted sends and receives; `received` is filled once `wait()` returns."""
+
+    def __init__(self, requests, sending, received):
+        self._requests = requests
+        self._sending = sending  # kept alive until the transfer is done
+        self.received = received
+
+    def wait(self) -> list[torch.Tensor]:
+        for req in self._requests:
+            req.wait()
+        self._requests, self._sending = [], []
+        return self.received
+
+
+def exchange(
+    group: dist.ProcessGroup | None,
+    phase: str,
+    sends: Sequence[tuple[torch.Tensor, int, int]] = (),
+    recvs: Sequence[tuple[torch.Tensor, int, int]] = (),
+) -> Transfer:
+    """Send each (tensor, peer, tag) and receive into a new buffer like each (tensor, peer, tag).
+
+    Asynchronous. A send matches the receive with the same tag on the peer (gloo matches by tag;
+    NCCL by the order of the ops between two ranks, so list them in tag order). Returns a Transfer
+    whose `received` holds the new buffers, in `recvs` order.
+    """
+    sending = [t.contiguous() for t, _, _ in sends]
+    received = [torch.empty_like(like) for like, _, _ in recvs]
+    ops = [dist.P2POp(dist.isend, t, global_rank(group, peer), group, tag)
+           for t, (_, peer, tag) in zip(sending, sends)]
+    ops += [dist.P2POp(dist.irecv, buf, global_rank(group, peer), group, tag)
+            for buf, (_, peer, tag) in zip(received, recvs)]
+    requests = dist.batch_isend_irecv(ops) if ops else []
+    if sending:
+        record_sent(phase, sum(tensor_bytes(t) for t in sending), messages=len(sending))
+    return Transfer(requests, sending, received)

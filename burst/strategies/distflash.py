@@ -1,0 +1,212 @@
+"""DistFlashAttn's load-balanced causal schedule (distflashattn.md §3.2, Alg. 2), forward and backward.
+
+Contiguous shards, causal mask. Rank p must attend its own diagonal block and the p blocks before
+it; with a plain ring the early ranks sit idle while the late ones work. Here, at step t = 1..P//2:
+
+- owner work: a rank p >= t fetches K, V of rank p - t and attends them with its own queries;
+- helper work: a rank p < t, which has no block of its own left, fetches the queries of the busy
+  rank r = p + P - t, attends them against its own K, V, and sends the partial (out, lse) back,
+  which r merges with online softmax (the paper's rescale).
+
+Helper work exists when 2t < P, so for odd P every rank works at every step (idle fraction 0). For
+even P the paper leaves half the ranks idle at the last step (1/(2P)); we split that step's blocks
+by query rows instead: the owner attends the first half of its rows, the keys' rank (idle otherwise)
+the second half, so every rank does the same work for every P. The backward follows the schedule:
+the owner sends dK, dV back to the keys' rank, the helper sends dQ back to the queries' rank.
+Every transfer of step t+1 is posted before step t is computed, and the results of step t are
+collected after step t+1's compute, so communication overlaps computation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..block import attend_backward, attend_forward, empty_accumulators, float32_zeros_like
+from ..call import AttentionCall
+from ..layout import Segment
+from ..masks import plan_tiles
+from ..comm import Transfer, exchange
+from ..kernels import lse_for_backward, out_from_delta, row_delta
+from ..merge import merge_partial
+from .base import Strategy
+
+
+@dataclass(frozen=True)
+class Step:
+    """Who this rank meets at step t. None where there is nothing to do.
+
+    own_rows: the rows of our queries that owner work covers; help_rows: the rows of the helped
+    rank's queries that helper work covers (both all rows except at an even world's last step).
+    """
+
+    t: int
+    kv_from: int | None    # owner work: attend our queries against this rank's K, V
+    kv_to: int | None      # ... and this rank needs our K, V
+    helped_by: int | None  # a helper attends our queries (against its K, V) and returns the result
+    help_for: int | None   # helper work: we attend this rank's queries against our K, V
+    own_rows: slice = field(default_factory=lambda: slice(None))
+    help_rows: slice = field(default_factory=lambda: slice(None))
+
+
+def schedule(rank: int, world: int, local_len: int) -> list[Step]:
+    """Steps 1..world//2 of the balanced schedule for `rank` (step 0 is the own diagonal)."""
+    steps = []
+    for t in range(1, world // 2 + 1):
+        if 2 * t == world:  # even world, last step: owner and keys' rank split the block by rows
+            half = local_len // 2
+            steps.append(Step(
+                t=t,
+                kv_from=rank - t if rank >= t else None,
+                kv_to=rank + t if rank + t < world else None,
+                helped_by=rank - t if rank >= t else None,
+                help_for=rank + t if rank < t else None,
+                own_rows=slice(0, half), help_rows=slice(half, local_len),
+            ))
+            continue
+        helping = 2 * t < world  # helpers are needed for distances > world/2 only
+        steps.append(Step(
+            t=t,
+            kv_from=rank - t if rank >= t else None,
+            kv_to=rank + t if rank + t < world else None,
+            helped_by=rank + t - world if helping and rank + t >= world else None,
+            help_for=rank + world - t if helping and rank < t else None,
+        ))
+    return steps
+
+
+def _query_tiles(call: AttentionCall, q_rank: int, rows: slice, k_rank: int, rebase: bool):
+    """Tiles for rows `rows` of `q_rank`'s queries against `k_rank`'s keys; with `rebase`, tile rows
+    index a tensor that holds just those rows (what a helper receives)."""
+    seg = call.segments(q_rank)[0]
+    start, stop, _ = rows.indices(seg.length)
+    sub = seg.sub(start, stop)
+    if rebase:
+        sub = Segment(0, sub.length, sub.first, sub.stride)
+    return plan_tiles([sub], call.segments(k_rank), call.spec)
+
+
+# Message tags: K, V = 0, 1; queries and their extras = 2..5; results back = 8..10.
+KV_TAG, Q_TAG, RESULT_TAG = 0, 2, 8
+
+
+def _post_inputs(call: AttentionCall, step: Step, phase: str, mine_kv: list, mine_q: list) -> Transfer:
+    """Post the step's inputs: K, V for owner work, query rows (and extras) for helper work.
+
+    mine_q: per-row tensors, (batch, seqlen, ...) or (batch, heads, seqlen) when 3-D (lse, D).
+    """
+    sends, recvs = [], []
+    if step.kv_to is not None:
+        sends += [(t, step.kv_to, KV_TAG + i) for i, t in enumerate(mine_kv)]
+    if step.helped_by is not None:
+        sends += [(t, step.helped_by, Q_TAG + i) for i, t in enumerate(_rows(mine_q, step.help_rows))]
+    if step.kv_from is not None:
+        recvs += [(t, step.kv_from, KV_TAG + i) for i, t in enumerate(mine_kv)]
+    if step.help_for is not None:
+        recvs += [(t, step.help_for, Q_TAG + i) for i, t in enumerate(_rows(mine_q, step.help_rows))]
+    return exchange(call.group, phase, sends, recvs)
+
+
+def _rows(tensors: list, rows: slice) -> list:
+    """The query rows `rows` of each per-row tensor (sequence is dim 1, or dim 2 for lse and D)."""
+    return [t[:, :, rows] if t.dim() == 3 else t[:, rows] for t in tensors]
+
+
+def _split_received(step: Step, received: list, n_kv: int):
+    """(K, V) for owner work or None, and the helped rank's tensors or None."""
+    kv = received[:n_kv] if step.kv_from is not None else None
+    rest = received[n_kv:] if step.kv_from is not None else received
+    return kv, (rest if step.help_for is not None else None)
+
+
+def distflash_forward(call: AttentionCall, q, k, v):
+    """Balanced forward. Returns out in q's dtype and lse (batch, nheads, seqlen) float32."""
+    out_acc, lse_acc = empty_accumulators(q)
+    attend_forward(call.kernel, q, k, v, call.tiles(call.rank, call.rank), out_acc, lse_acc, call.scale)
+    steps = schedule(call.rank, call.world, call.local_len)
+    pending = _post_inputs(call, steps[0], "forward", [k, v], [q]) if steps else None
+    results = None  # the previous step's helper result, merged after this step's compute
+    for i, step in enumerate(steps):
+        kv, helped_q = _split_received(step, pending.wait(), 2)
+        if i + 1 < len(steps):
+            pending = _post_inputs(call, steps[i + 1], "forward", [k, v], [q])
+        if kv is not None:
+            tiles = _query_tiles(call, call.rank, step.own_rows, step.kv_from, rebase=False)
+            attend_forward(call.kernel, q, kv[0], kv[1], tiles, out_acc, lse_acc, call.scale)
+        sends, recvs = [], []
+        if helped_q is not None:
+            o_h, lse_h = empty_accumulators(helped_q[0])
+            tiles = _query_tiles(call, step.help_for, step.help_rows, call.rank, rebase=True)
+            attend_forward(call.kernel, helped_q[0], k, v, tiles, o_h, lse_h, call.scale)
+            sends = [(o_h, step.help_for, RESULT_TAG), (lse_h, step.help_for, RESULT_TAG + 1)]
+        if step.helped_by is not None:
+            rows = _rows([out_acc, lse_acc], step.help_rows)
+            recvs = [(rows[0], step.helped_by, RESULT_TAG), (rows[1], step.helped_by, RESULT_TAG + 1)]
+        _merge_result(results, out_acc, lse_acc)
+        results = (exchange(call.group, "forward", sends, recvs), step)
+    _merge_result(results, out_acc, lse_acc)
+    return out_acc.to(q.dtype), lse_acc
+
+
+def _merge_result(results, out_acc, lse_acc) -> None:
+    """Wait for a helper's (out, lse) for some of our rows, if one is coming, and merge it (the
+    paper's rescale)."""
+    if results is None:
+        return
+    transfer, step = results
+    received = transfer.wait()
+    if received:
+        out_rows, lse_rows = _rows([out_acc, lse_acc], step.help_rows)
+        merge_partial(out_rows, lse_rows, *received)
+
+
+def distflash_backward(call: AttentionCall, dout, q, k, v, out, lse):
+    """Balanced backward on the forward's schedule. Returns dq, dk, dv in input dtypes."""
+    lse = lse_for_backward(lse)
+    delta = row_delta(dout, out)
+    dq, dk, dv = float32_zeros_like(q), float32_zeros_like(k), float32_zeros_like(v)
+    attend_backward(call.kernel, dout, q, k, v, out, lse, call.tiles(call.rank, call.rank), dq, dk, dv, call.scale)
+    steps = schedule(call.rank, call.world, call.local_len)
+    mine_q = [q, dout, delta, lse]
+    pending = _post_inputs(call, steps[0], "backward", [k, v], mine_q) if steps else None
+    returning = None  # (transfer, step): the previous step's partial gradients coming back to us
+    for i, step in enumerate(steps):
+        kv, helped = _split_received(step, pending.wait(), 2)
+        if i + 1 < len(steps):
+            pending = _post_inputs(call, steps[i + 1], "backward", [k, v], mine_q)
+        sends, recvs = [], []
+        if kv is not None:  # owner work: our dQ here, their dK, dV go back
+            dk_r, dv_r = float32_zeros_like(k), float32_zeros_like(v)
+            tiles = _query_tiles(call, call.rank, step.own_rows, step.kv_from, rebase=False)
+            attend_backward(call.kernel, dout, q, kv[0], kv[1], out, lse, tiles, dq, dk_r, dv_r, call.scale)
+            sends += [(dk_r, step.kv_from, RESULT_TAG), (dv_r, step.kv_from, RESULT_TAG + 1)]
+        if helped is not None:  # helper work: our dK, dV here, their dQ goes back
+            q_r, dout_r, delta_r, lse_r = helped
+            dq_r = float32_zeros_like(q_r)
+            tiles = _query_tiles(call, step.help_for, step.help_rows, call.rank, rebase=True)
+            attend_backward(call.kernel, dout_r, q_r, k, v, out_from_delta(dout_r, delta_r), lse_r, tiles,
+                            dq_r, dk, dv, call.scale)
+            sends += [(dq_r, step.help_for, RESULT_TAG + 2)]
+        if step.kv_to is not None:
+            recvs += [(dk, step.kv_to, RESULT_TAG), (dv, step.kv_to, RESULT_TAG + 1)]
+        if step.helped_by is not None:
+            recvs += [(dq[:, step.help_rows], step.helped_by, RESULT_TAG + 2)]
+        _add_returned(returning, dq, dk, dv)
+        returning = (exchange(call.group, "backward", sends, recvs), step)
+    _add_returned(returning, dq, dk, dv)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _add_returned(returning, dq, dk, dv) -> None:
+    """Add the partial gradients that came back for a step into our float32 accumulators."""
+    if returning is None:
+        return
+    transfer, step = returning
+    received = list(transfer.wait())
+    if step.kv_to is not None:
+        dk += received.pop(0)
+        dv += received.pop(0)
+    if step.helped_by is not None:
+        dq[:, step.help_rows] += received.pop(0)
+
+
+DISTFLASH = Strategy("distflash", forward=distflash_forward, backward=distflash_backward)
