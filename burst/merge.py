@@ -18,7 +18,8 @@ def merge_partial(out_acc: torch.Tensor, lse_acc: torch.Tensor, out_blk: torch.T
     """Merge a block's partial result into the float32 accumulators, in place.
 
     out_acc: (batch, seqlen, nheads, headdim) float32; lse_acc: (batch, nheads, seqlen) float32.
-    out_blk, lse_blk: the same shapes, any dtype.
+    out_blk, lse_blk: the same shapes, any dtype. out_blk is consumed (scaled in place when it is
+    already float32), which saves a full-size temporary per block.
     """
     lse_blk = lse_blk.to(lse_acc.dtype)
     lse_new = torch.logaddexp(lse_acc, lse_blk)
@@ -26,5 +27,5 @@ def merge_partial(out_acc: torch.Tensor, lse_acc: torch.Tensor, out_blk: torch.T
     safe = torch.where(empty, 0.0, lse_new)
     w_acc = torch.exp(lse_acc - safe).transpose(1, 2).unsqueeze(-1)
     w_blk = torch.exp(lse_blk - safe).transpose(1, 2).unsqueeze(-1)
-    out_acc.mul_(w_acc).add_(w_blk * out_blk.to(out_acc.dtype))
+    out_acc.mul_(w_acc).add_(out_blk.to(out_acc.dtype).mul_(w_blk))
     lse_acc.copy_(lse_new)

@@ -114,23 +114,40 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _full_inputs(cfg: BenchConfig):
-    """q, k, v, dout on the whole sequence, float32 on the CPU, drawn the same on every rank (seeded)."""
-    g = torch.Generator().manual_seed(cfg.seed)
+CHUNK = 1024  # tokens per independently seeded piece of the inputs
+
+
+def _input_rows(cfg: BenchConfig, rows: torch.Tensor) -> list[torch.Tensor]:
+    """q, k, v, dout at global token indices `rows`, float32 on the CPU, the same on every rank.
+
+    The sequence is drawn in pieces of CHUNK tokens, each from its own seed, so a rank builds its
+    shard without ever holding the whole sequence (which would also skew its peak memory).
+    """
     kvh = cfg.kv_heads or cfg.heads
-    shapes = [(cfg.heads, cfg.head_dim), (kvh, cfg.head_dim), (kvh, cfg.head_dim), (cfg.heads, cfg.head_dim)]
-    return [torch.randn(cfg.batch, cfg.seq_len, *s, generator=g) for s in shapes]
+    heads = [cfg.heads, kvh, kvh, cfg.heads]
+    parts = [[] for _ in heads]
+    for chunk in torch.unique(rows // CHUNK).tolist():
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + chunk)
+        n = min(CHUNK, cfg.seq_len - chunk * CHUNK)
+        local = rows[(rows // CHUNK) == chunk] - chunk * CHUNK
+        for i, h in enumerate(heads):
+            parts[i].append(torch.randn(cfg.batch, n, h, cfg.head_dim, generator=g)[:, local])
+    return [torch.cat(p, dim=1) for p in parts]
 
 
 def _local_inputs(cfg: BenchConfig, rank: int, world: int, device):
-    """This rank's shards (the full tensors they are cut from are freed again)."""
+    """This rank's shards of q, k, v, dout, and their global token indices."""
     idx = shard_indices(cfg.layout, rank, world, cfg.seq_len)
-    return [t[:, idx].to(device=device, dtype=DTYPES[cfg.dtype]).contiguous() for t in _full_inputs(cfg)], idx
+    order = torch.argsort(idx)  # _input_rows returns rows in ascending order
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(idx))
+    rows = _input_rows(cfg, idx[order])
+    return [t[:, inverse].to(device=device, dtype=DTYPES[cfg.dtype]).contiguous() for t in rows], idx
 
 
 def _check_error(cfg, out_local, idx, rows: int) -> float:
     """Max |out - float64 attention| over `rows` sampled query rows of this shard."""
-    q, k, v, _ = _full_inputs(cfg)
+    q, k, v, _ = _input_rows(cfg, torch.arange(cfg.seq_len))
     pick = torch.linspace(0, len(idx) - 1, min(rows, len(idx))).long()
     positions = idx[pick]
     mask = MaskSpec(**cfg.mask_kwargs()).allowed(positions, torch.arange(cfg.seq_len))
@@ -228,7 +245,8 @@ def _baseline_entry(_, cfg_dict, outdir):
     torch.set_num_threads(cfg.resolved_threads() * cfg.nproc)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     rss_bare = _rss_bytes()
-    q, k, v, dout = (t.transpose(1, 2).to(device, DTYPES[cfg.dtype]).contiguous() for t in _full_inputs(cfg))
+    q, k, v, dout = (t.transpose(1, 2).to(device, DTYPES[cfg.dtype]).contiguous()
+                     for t in _input_rows(cfg, torch.arange(cfg.seq_len)))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     kvh = k.shape[1]
     mask = None
@@ -302,7 +320,19 @@ def run_bench(cfg: BenchConfig) -> dict:
         baseline = {**baseline, "fwd_tflops": fwd_flops / baseline["fwd_s"] / 1e12,
                     "bwd_tflops": bwd_flops / baseline["bwd_s"] / 1e12}
     return {"config": asdict(cfg), "threads_per_rank": cfg.resolved_threads(), "sdpa_single_process": baseline,
-            "strategies": rows}
+            "strategies": rows, "git_commit": _git_commit(), "torch": torch.__version__}
+
+
+def _git_commit() -> str | None:
+    """The commit of the burst checkout that ran, when it is one (results name their code)."""
+    import subprocess
+
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def format_table(result: dict) -> str:
