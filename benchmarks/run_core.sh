@@ -12,10 +12,6 @@ for n in 8192 16384 32768; do
   $B --seq-len $n --repeats $reps --strategies burst,ring,allgather --json $out/full_$n.json
   $B --seq-len $n --repeats $reps --causal --strategies burst,ring,allgather --json $out/causal_$n.json
 done
-# Memory per rank as G grows (16K tokens, causal): G ranks x 1 thread (G=4 oversubscribes 2 cores:
-# its times are not meaningful, its memory is).
-for g in 1 2 4; do
-  .venv/bin/burst bench --heads 8 --head-dim 64 --seq-len 16384 --causal --nproc $g --threads 1 --repeats 1 \
-    --strategies burst,ring,allgather --no-baseline --json $out/mem_g$g.json
-done
+# Memory per rank as G grows: benchmarks/run_memory.sh
+bash benchmarks/run_memory.sh
 .venv/bin/python benchmarks/report_core.py > benchmarks/core.md
