@@ -32,10 +32,16 @@ for n in (8192, 16384, 32768):
                   f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} | "
                   f"{s['peak_mem_per_rank'] / 2**20:.0f} | {base['peak_mem_bytes'] / 2**20:.0f} | {s['max_err']:.1e} |")
 print("\n## Peak memory per rank as G grows (16K tokens, causal, fp32)\n")
-print("| G | strategy | peak MiB/rank | sent fwd MiB | sent bwd MiB |")
-print("|---|---|---|---|---|")
+print("Command: `bash benchmarks/run_memory.sh`. G ranks x 1 thread; G=4 shares 2 cores, so only its memory means something.\n")
+print("| G | strategy | peak MiB/rank | vs one process | sent fwd MiB | sent bwd MiB |")
+print("|---|---|---|---|---|---|")
+single = None
 for path in sorted(glob.glob(os.path.join(here, "core", "mem_g*.json"))):
     r = json.load(open(path))
+    if r["sdpa_single_process"]:
+        single = r["sdpa_single_process"]["peak_mem_bytes"]
+        print(f"| 1 | sdpa (one process) | {single / 2**20:.0f} | 1.00 | - | - |")
     for s in r["strategies"]:
-        print(f"| {r['config']['nproc']} | {s['strategy']} | {s['peak_mem_per_rank'] / 2**20:.0f} | "
+        ratio = f"{s['peak_mem_per_rank'] / single:.2f}" if single else "-"
+        print(f"| {r['config']['nproc']} | {s['strategy']} | {s['peak_mem_per_rank'] / 2**20:.0f} | {ratio} | "
               f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} |")

@@ -43,9 +43,10 @@ def attention(
         group: the process group the sequence is split over; None = the default group (or a single
             process when torch.distributed is not initialized).
         strategy: "burst" (BurstAttention: ring forward, backward rotating Q/dQ/dO/D/lse),
-            "ring" (RingAttention), "allgather" (gather K/V once; holds the whole sequence's K/V),
-            or "auto" (burst for MHA; ring when K/V have fewer heads than Q, since burst's backward
-            moves Q-sized tensors). "distflash", "ulysses", "usp" and "cqs" are planned.
+            "ring" (RingAttention), "distflash" (DistFlashAttn's balanced causal schedule; contiguous
+            layout, causal only), "allgather" (gather K/V once; holds the whole sequence's K/V), or
+            "auto" (burst for MHA; ring when K/V have fewer heads than Q, since burst's backward
+            moves Q-sized tensors). "ulysses", "usp" and "cqs" are planned.
         layout: "contiguous" | "zigzag" | "striped": which global tokens this rank holds
             (see burst.layout; use burst.shard to cut a full tensor).
         causal: each query attends keys at global positions <= its own.

@@ -26,6 +26,7 @@ import torch
 from .layout import Segment
 
 TILE = 512  # rows per tile when a block pair is partial: small enough to skip, big enough to run fast
+MAX_TILE = 4096  # rows per kernel call at most: bounds the kernel's own full-size temporaries
 
 
 class Cover(enum.Enum):
@@ -216,6 +217,9 @@ def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, by_blocks: bool = True)
     cover = Cover.FULL if spec.is_dense else spec.cover(qs, ks)
     if cover is Cover.SKIP:
         return []
+    if qs.length > MAX_TILE or ks.length > MAX_TILE:
+        # The kernel returns full-size outputs and gradients per call: cap the call's size.
+        return _split_pair(qs, ks, spec, MAX_TILE, by_blocks)
     if cover is Cover.SHIFTED:
         # j < i is the causal triangle of queries 1.. against keys ..n-2; query 0 attends nothing here.
         n = qs.length
@@ -224,12 +228,17 @@ def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, by_blocks: bool = True)
         return _checked(Tile(qs, ks, cover, spec))
     if spec.block_sparse is not None and by_blocks:
         return _plan_by_blocks(qs, ks, spec)
+    return _split_pair(qs, ks, spec, TILE, by_blocks)
+
+
+def _split_pair(qs: Segment, ks: Segment, spec: MaskSpec, size: int, by_blocks: bool) -> list[Tile]:
+    """Plan `qs` x `ks` as sub-pairs of at most `size` rows each way."""
     tiles = []
-    for qi in range(0, qs.length, TILE):
-        qt = qs.sub(qi, min(qi + TILE, qs.length))
+    for qi in range(0, qs.length, size):
+        qt = qs.sub(qi, min(qi + size, qs.length))
         row = []
-        for ki in range(0, ks.length, TILE):
-            kt = ks.sub(ki, min(ki + TILE, ks.length))
+        for ki in range(0, ks.length, size):
+            kt = ks.sub(ki, min(ki + size, ks.length))
             row.extend(_plan_pair(qt, kt, spec, by_blocks))
         tiles.extend(_coalesce_full(row))
     return tiles
@@ -283,6 +292,7 @@ def _coalesce_full(row: list[Tile]) -> list[Tile]:
     for t in row:
         prev = out[-1] if out else None
         if (prev is not None and prev.cover is Cover.FULL and t.cover is Cover.FULL and prev.q == t.q
+                and prev.k.length + t.k.length <= MAX_TILE
                 and prev.k.local_start + prev.k.length == t.k.local_start
                 and prev.k.stride == t.k.stride and prev.k.last + prev.k.stride == t.k.first):
             k = Segment(prev.k.local_start, prev.k.length + t.k.length, prev.k.first, prev.k.stride)

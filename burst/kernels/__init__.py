@@ -48,10 +48,11 @@ def out_from_delta(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     dout: (batch, seqlen, nheads, headdim); delta: (batch, nheads, seqlen) float32.
     """
     acc = accumulator_dtype(dout.dtype)
-    d = dout.to(acc)
-    norm2 = d.square().sum(-1)  # (b, s, h)
+    norm2 = torch.linalg.vector_norm(dout, dim=-1, dtype=acc).square_()  # (b, s, h), no full-size temporary
     coef = torch.where(norm2 > 0, delta.transpose(1, 2) / norm2.clamp_min(torch.finfo(acc).tiny), 0.0)
-    return (d * coef.unsqueeze(-1)).to(dout.dtype)
+    if dout.dtype == acc:
+        return dout * coef.unsqueeze(-1)
+    return (dout.to(acc) * coef.unsqueeze(-1)).to(dout.dtype)
 
 
 def row_delta(dout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

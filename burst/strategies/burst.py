@@ -37,8 +37,10 @@ def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
         dq_j = float32_zeros_like(q)
         tiles = call.tiles(src, call.rank)
         if tiles:
-            out_j = out_from_delta(dout_j, delta_j)
+            # Our own queries come with their real output; others' are rebuilt from D (see kernels).
+            out_j = out if src == call.rank else out_from_delta(dout_j, delta_j)
             attend_backward(call.kernel, dout_j, q_j, k, v, out_j, lse_j, tiles, dq_j, dk, dv, call.scale)
+            del out_j
         if step > 0:
             dq_comm.wait()
             dq_j += incoming[0]
