@@ -18,8 +18,11 @@ print("running `torch.nn.functional.scaled_dot_product_attention` forward+backwa
 print("fp32, batch 1, 8 heads, head dim 64. `vs SDPA` = SDPA's fwd+bwd time / the strategy's (higher is better).")
 print("Bytes are what one rank sent. Peak memory is the peak RSS of the process above a bare process (torch loaded,")
 print("no tensors): this rank's inputs, outputs, gradients and working memory.\n")
-print("| tokens | mask | strategy | fwd s | bwd s | vs SDPA | fwd MiB sent | bwd MiB sent | peak MiB/rank | SDPA peak MiB | max err |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("Runs marked `older` predate the `git_commit` field (commit f5b3ebd's harness): their ranks drew the whole")
+print("sequence before cutting their shard, which inflates their peak memory; the memory table below is the")
+print("corrected measurement.\n")
+print("| tokens | mask | strategy | fwd s | bwd s | vs SDPA | fwd MiB sent | bwd MiB sent | peak MiB/rank | SDPA peak MiB | max err | commit |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for n in (8192, 16384, 32768):
     for mask in ("full", "causal"):
         path = f"{mask}_{n}.json"
@@ -30,7 +33,8 @@ for n in (8192, 16384, 32768):
         for s in r["strategies"]:
             print(f"| {n} | {mask} | {s['strategy']} | {s['fwd_s']:.2f} | {s['bwd_s']:.2f} | {s.get('vs_sdpa', 0):.2f} | "
                   f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} | "
-                  f"{s['peak_mem_per_rank'] / 2**20:.0f} | {base['peak_mem_bytes'] / 2**20:.0f} | {s['max_err']:.1e} |")
+                  f"{s['peak_mem_per_rank'] / 2**20:.0f} | {base['peak_mem_bytes'] / 2**20:.0f} | {s['max_err']:.1e} | "
+                  f"{r.get('git_commit') or 'older'} |")
 print("\n## Peak memory per rank as G grows (16K tokens, causal, fp32)\n")
 print("Command: `bash benchmarks/run_memory.sh`. G ranks x 1 thread; G=4 shares 2 cores, so only its memory means something.\n")
 print("| G | strategy | peak MiB/rank | vs one process | sent fwd MiB | sent bwd MiB |")
