@@ -47,3 +47,16 @@ for name in ("causal_contiguous.json", "causal_zigzag_all.json", "causal_striped
               f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} |")
 if base:
     print(f"\nSDPA, one process x 2 threads, causal: fwd {base['fwd_s']:.2f} s, bwd {base['bwd_s']:.2f} s.")
+
+print("\n## Block-sparse: contiguous vs striped (burstengine.md Fig. 11)\n")
+print("Random layout: 25% of 512-token block pairs plus the diagonal, combined with causal; strategy burst.\n")
+print("| layout | attended pairs | fwd+bwd s | pairs max/mean | compute max/min | useful TFLOP/s |")
+print("|---|---|---|---|---|---|")
+for layout in ("contiguous", "striped"):
+    r = load(f"block_sparse_{layout}.json")
+    if not r:
+        continue
+    s = r["strategies"][0]
+    t = s["fwd_s"] + s["bwd_s"]
+    print(f"| {layout} | {s['pairs_total']:,} | {t:.2f} | {s['pairs_fwd_max_over_mean']:.2f} | "
+          f"{s['compute_max_over_min']:.2f} | {4 * 8 * 64 * s['pairs_total'] * 3.5 / t / 1e12:.3f} |")

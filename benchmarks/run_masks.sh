@@ -15,4 +15,7 @@ $B --strategies burst --causal --documents 8 --layout zigzag --no-baseline --jso
 $B --strategies ring,burst,distflash --causal --layout contiguous --json $out/causal_contiguous.json
 $B --strategies ring,burst --causal --layout zigzag --no-baseline --json $out/causal_zigzag_all.json
 $B --strategies ring,burst --causal --layout striped --no-baseline --json $out/causal_striped.json
+# Block-sparse (random 25% of 512-token block pairs, diagonal kept) under causal: contiguous vs striped (Fig. 11).
+$B --strategies burst --block-sparse 512,0.25 --causal --layout contiguous --no-baseline --json $out/block_sparse_contiguous.json
+$B --strategies burst --block-sparse 512,0.25 --causal --layout striped --no-baseline --json $out/block_sparse_striped.json
 .venv/bin/python benchmarks/report_masks.py > benchmarks/masks.md

@@ -26,6 +26,7 @@ def _bench_parser(sub) -> None:
     p.add_argument("--strategies", default=",".join(d.strategies), help="comma-separated")
     p.add_argument("--window", default=None, help="sliding window LEFT,RIGHT (-1 = unbounded)")
     p.add_argument("--documents", type=int, default=0, help="pack this many documents of uneven lengths")
+    p.add_argument("--block-sparse", default=None, help="BLOCK,DENSITY: random block-sparse layout (diagonal kept)")
     p.add_argument("--no-baseline", action="store_true", help="skip the single-process SDPA yardstick")
     p.add_argument("--json", default=None, help="write results to this JSON file")
 
@@ -36,6 +37,8 @@ def _run_bench(args) -> int:
         batch=args.batch, dtype=args.dtype, causal=args.causal, layout=args.layout, nproc=args.nproc,
         threads=args.threads, repeats=args.repeats, strategies=args.strategies.split(","),
         baseline=not args.no_baseline, documents=args.documents,
+        block_sparse=(int(args.block_sparse.split(",")[0]), float(args.block_sparse.split(",")[1]))
+        if args.block_sparse else None,
         window=tuple(int(x) for x in args.window.split(",")) if args.window else None,
     )
     result = run_bench(cfg)

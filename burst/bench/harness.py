@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import burst
 from burst.kernels.reference import attention as reference_attention
 from burst.layout import shard_indices
-from burst.masks import MaskSpec
+from burst.masks import BlockSparseMask, MaskSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -49,6 +49,17 @@ class BenchConfig:
     seed: int = 0
     window: tuple[int, int] | None = None  # sliding window (left, right), -1 = unbounded
     documents: int = 0           # > 0: pack this many documents of uneven (seeded) lengths
+    block_sparse: tuple[int, float] | None = None  # (block size, density): seeded random block layout
+
+    def block_mask(self) -> BlockSparseMask | None:
+        """A random block layout of the given density with the diagonal kept (seeded)."""
+        if not self.block_sparse:
+            return None
+        size, density = self.block_sparse
+        nb = -(-self.seq_len // int(size))
+        g = torch.Generator().manual_seed(self.seed + 2)
+        layout = (torch.rand(nb, nb, generator=g) < density) | torch.eye(nb, dtype=torch.bool)
+        return BlockSparseMask(int(size), layout)
 
     def cu_seqlens(self) -> list[int] | None:
         """Document boundaries: `documents` uneven lengths drawn from the seed, summing to seq_len."""
@@ -60,7 +71,7 @@ class BenchConfig:
 
     def mask_kwargs(self) -> dict:
         return {"causal": self.causal, "window": tuple(self.window) if self.window else None,
-                "cu_seqlens": self.cu_seqlens()}
+                "cu_seqlens": self.cu_seqlens(), "block_sparse": self.block_mask()}
 
     def resolved_threads(self) -> int:
         return self.threads or max(1, (os.cpu_count() or 1) // self.nproc)
@@ -250,7 +261,7 @@ def _baseline_entry(_, cfg_dict, outdir):
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     kvh = k.shape[1]
     mask = None
-    if cfg.window or cfg.documents:  # the single process runs the mask densely, as SDPA would
+    if cfg.window or cfg.documents or cfg.block_sparse:  # one process runs the mask densely, as SDPA would
         pos = torch.arange(cfg.seq_len)
         mask = MaskSpec(**cfg.mask_kwargs()).allowed(pos, pos).to(device)
     _reset_peak_rss()
@@ -340,7 +351,7 @@ def format_table(result: dict) -> str:
     lines = [
         f"seq {cfg['seq_len']}, batch {cfg['batch']}, heads {cfg['heads']}/{cfg['kv_heads'] or cfg['heads']}, "
         f"dim {cfg['head_dim']}, {cfg['dtype']}, causal={cfg['causal']}, window={cfg['window']}, "
-        f"documents={cfg['documents']}, layout={cfg['layout']}, {cfg['nproc']} ranks x {result['threads_per_rank']} threads",
+        f"documents={cfg['documents']}, block_sparse={cfg['block_sparse']}, layout={cfg['layout']}, {cfg['nproc']} ranks x {result['threads_per_rank']} threads",
         "",
         "| strategy | fwd s | bwd s | fwd TFLOP/s | bwd TFLOP/s | vs SDPA (fwd+bwd) | sent fwd MiB/rank | sent bwd MiB/rank | peak MiB/rank | pairs max/mean | compute max/min | max err |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
