@@ -73,10 +73,6 @@ class MaskSpec:
         """True when every pair attends (no mask at all)."""
         return not (self.causal or self.window or self.cu_seqlens or self.block_sparse)
 
-    @property
-    def only_causal(self) -> bool:
-        return self.causal and not (self.window or self.cu_seqlens or self.block_sparse)
-
     def allowed(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """Bool (len(q_pos), len(k_pos)): True where query q_pos[i] attends key k_pos[j]."""
         q, k = q_pos[:, None], k_pos[None, :]

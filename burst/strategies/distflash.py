@@ -52,25 +52,17 @@ def schedule(rank: int, world: int, local_len: int) -> list[Step]:
     """Steps 1..world//2 of the balanced schedule for `rank` (step 0 is the own diagonal)."""
     steps = []
     for t in range(1, world // 2 + 1):
-        if 2 * t == world:  # even world, last step: owner and keys' rank split the block by rows
+        owner = dict(t=t, kv_from=rank - t if rank >= t else None, kv_to=rank + t if rank + t < world else None)
+        if 2 * t == world:
+            # Even world, last step: the keys' rank (idle in the paper) takes the second half of
+            # the owner's query rows, so both do half a block.
             half = local_len // 2
-            steps.append(Step(
-                t=t,
-                kv_from=rank - t if rank >= t else None,
-                kv_to=rank + t if rank + t < world else None,
-                helped_by=rank - t if rank >= t else None,
-                help_for=rank + t if rank < t else None,
-                own_rows=slice(0, half), help_rows=slice(half, local_len),
-            ))
-            continue
-        helping = 2 * t < world  # helpers are needed for distances > world/2 only
-        steps.append(Step(
-            t=t,
-            kv_from=rank - t if rank >= t else None,
-            kv_to=rank + t if rank + t < world else None,
-            helped_by=rank + t - world if helping and rank + t >= world else None,
-            help_for=rank + world - t if helping and rank < t else None,
-        ))
+            steps.append(Step(**owner, helped_by=owner["kv_from"], help_for=owner["kv_to"],
+                              own_rows=slice(0, half), help_rows=slice(half, local_len)))
+        else:
+            helping = 2 * t < world  # helpers are needed for distances > world/2 only
+            steps.append(Step(**owner, helped_by=rank + t - world if helping and rank + t >= world else None,
+                              help_for=rank + world - t if helping and rank < t else None))
     return steps
 
 
