@@ -13,7 +13,7 @@ import torch
 
 from .comm.stats import active as stats_active
 from .comm.stats import record_compute, record_pairs
-from .kernels import accumulator_dtype
+from .kernels import accumulator_dtype, out_from_delta
 from .masks import Tile
 from .merge import merge_partial
 
@@ -39,17 +39,22 @@ def _account(phase: str, tiles: list[Tile], start: float) -> None:
         record_pairs(phase, sum(t.pairs for t in tiles))
 
 
-def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, dk_acc, dv_acc, scale: float) -> None:
+def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, dk_acc, dv_acc, scale: float,
+                    delta=None) -> None:
     """Add the gradients of one block pair into float32 accumulators.
 
     out and lse are the query rows' *global* results (lse with +inf for empty rows, see
-    kernels.lse_for_backward). dq_acc is shaped like q, dk_acc/dv_acc like k/v, all float32.
+    kernels.lse_for_backward). Instead of out, BurstAttention's backward has delta = rowsum(dout*out),
+    (batch, nheads, seqlen_q): pass out=None and delta, and the kernel's stand-in for out is rebuilt
+    tile by tile (kernels.out_from_delta), never for the whole block at once.
+    dq_acc is shaped like q, dk_acc/dv_acc like k/v, all float32.
     """
     start = time.perf_counter()
     for t in tiles:
         qr, kr = t.q.rows, t.k.rows
+        out_rows = out[:, qr] if out is not None else out_from_delta(dout[:, qr], delta[:, :, qr])
         dq, dk, dv = kernel.backward(
-            dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out[:, qr], lse[:, :, qr], scale, t.causal, t.mask
+            dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out_rows, lse[:, :, qr], scale, t.causal, t.mask
         )
         dq_acc[:, qr] += dq
         dk_acc[:, kr] += dk

@@ -14,7 +14,7 @@ import torch
 from ..block import attend_backward, float32_zeros_like
 from ..call import AttentionCall
 from ..comm import RingComm
-from ..kernels import lse_for_backward, out_from_delta, row_delta
+from ..kernels import lse_for_backward, row_delta
 from .base import Strategy
 from .ring import ring_forward
 
@@ -36,11 +36,9 @@ def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
         q_j, dout_j, delta_j, lse_j = travelling
         dq_j = float32_zeros_like(q)
         tiles = call.tiles(src, call.rank)
-        if tiles:
-            # Our own queries come with their real output; others' are rebuilt from D (see kernels).
-            out_j = out if src == call.rank else out_from_delta(dout_j, delta_j)
-            attend_backward(call.kernel, dout_j, q_j, k, v, out_j, lse_j, tiles, dq_j, dk, dv, call.scale)
-            del out_j
+        # Our own queries come with their real output; others' are rebuilt from D tile by tile.
+        out_j = out if src == call.rank else None
+        attend_backward(call.kernel, dout_j, q_j, k, v, out_j, lse_j, tiles, dq_j, dk, dv, call.scale, delta=delta_j)
         if step > 0:
             dq_comm.wait()
             dq_j += incoming[0]

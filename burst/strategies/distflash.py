@@ -26,7 +26,7 @@ from ..call import AttentionCall
 from ..layout import Segment
 from ..masks import plan_tiles
 from ..comm import Transfer, exchange
-from ..kernels import lse_for_backward, out_from_delta, row_delta
+from ..kernels import lse_for_backward, row_delta
 from ..merge import merge_partial
 from .base import Strategy
 
@@ -175,8 +175,8 @@ def distflash_backward(call: AttentionCall, dout, q, k, v, out, lse):
             q_r, dout_r, delta_r, lse_r = helped
             dq_r = float32_zeros_like(q_r)
             tiles = _query_tiles(call, step.help_for, step.help_rows, call.rank, rebase=True)
-            attend_backward(call.kernel, dout_r, q_r, k, v, out_from_delta(dout_r, delta_r), lse_r, tiles,
-                            dq_r, dk, dv, call.scale)
+            attend_backward(call.kernel, dout_r, q_r, k, v, None, lse_r, tiles, dq_r, dk, dv, call.scale,
+                            delta=delta_r)
             sends += [(dq_r, step.help_for, RESULT_TAG + 2)]
         if step.kv_to is not None:
             recvs += [(dk, step.kv_to, RESULT_TAG), (dv, step.kv_to, RESULT_TAG + 1)]
