@@ -59,3 +59,18 @@ print("means something. Peak RSS above a bare process (torch loaded, gloo up, no
 print("it is fixed per process (measured with 512 tokens).")
 memory_table("", "glibc malloc as it comes")
 memory_table("_mmap", "MALLOC_MMAP_THRESHOLD_=1048576 (freed large blocks return to the OS)")
+print("""
+### Reading the memory tables
+
+With glibc as it comes, every ring step allocates and frees shard-sized buffers, and glibc keeps much
+of what is freed: a bare ring of two 8 MiB tensors over 10 steps grows RSS by 64 MiB with default
+malloc and by 16 MiB (one spare buffer set, as designed) with the fixed threshold. So per-rank RSS
+grows with the number of ring steps, and the first table overstates what the algorithms hold.
+
+What they do hold at the burst backward's peak is about 14 shard-sized tensors: double-buffered Q
+and dO, dQ being sent, arriving and computed, float32 dK and dV, the saved output, and the aten
+kernel's own dQ/dK/dV outputs (which it cannot write into our accumulators), against about 5
+full-sequence-sized tensors for one process's SDPA. Per rank that is about 2/G of one process, plus
+the fixed part: it shrinks as 1/G, but with a factor of 2 the goal did not ask for. Open work: reuse
+the ring's receive buffers across steps, a backward kernel that accumulates in place, and fewer
+in-flight accumulators.""")
