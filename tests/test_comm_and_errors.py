@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import burst
+import burst.layout
 from world import run_world
 
 B, N, H, D = 2, 8, 4, 8  # batch, local tokens, q heads, head dim
@@ -114,8 +115,21 @@ EXPECTED = {  # case: (error type on the rank with bad input, words the message 
 }
 
 
+def _shard_roundtrip(rank, world):
+    """unshard(shard(x)) == x for every layout, along dim 1 and dim 2; the shard holds the layout's tokens."""
+    x = torch.arange(2 * 12 * world * 3, dtype=torch.float32).reshape(2, 12 * world, 3)
+    ok = {}
+    for layout in ("contiguous", "zigzag", "striped"):
+        local = burst.shard(x, layout=layout)
+        expect = x[:, burst.layout.shard_indices(layout, rank, world, 12 * world)]
+        back = burst.unshard(local, layout=layout)
+        back2 = burst.unshard(burst.shard(x.transpose(1, 2), layout=layout, dim=2), layout=layout, dim=2)
+        ok[layout] = torch.equal(local, expect) and torch.equal(back, x) and torch.equal(back2, x.transpose(1, 2))
+    return ok
+
+
 def _everything(rank, world):
-    return _volumes(rank, world), _bad_inputs(rank, world)
+    return _volumes(rank, world), _bad_inputs(rank, world), _shard_roundtrip(rank, world)
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,7 +139,7 @@ def _results(world):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_bytes_match_formulas(world):
-    for rank, (volumes, _) in enumerate(_results(world)):
+    for rank, (volumes, _, _) in enumerate(_results(world)):
         for (strategy, kv_heads, dtype, causal), (fwd, bwd, _, _) in volumes.items():
             expect = _expected_bytes(strategy, world, kv_heads, getattr(torch, dtype.split(".")[1]))
             assert (fwd, bwd) == expect, (rank, strategy, kv_heads, dtype, causal)
@@ -144,7 +158,7 @@ def test_burst_backward_moves_about_a_quarter_less(world):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_pairs_contiguous_causal_show_imbalance(world):
-    for rank, (volumes, _) in enumerate(_results(world)):
+    for rank, (volumes, _, _) in enumerate(_results(world)):
         for strategy in ("burst", "ring", "allgather"):
             fwd_pairs = volumes[(strategy, 4, "torch.float32", True)][2]
             assert fwd_pairs == rank * N * N + N * (N + 1) // 2  # rank r sees r full blocks + its diagonal
@@ -158,7 +172,7 @@ def test_pairs_contiguous_causal_show_imbalance(world):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_bad_input_raises_on_every_rank(world):
-    per_rank = [errors for _, errors in _results(world)]
+    per_rank = [errors for _, errors, _ in _results(world)]
     for case, (bad_type, words) in EXPECTED.items():
         for rank, errors in enumerate(per_rank):
             assert errors[case] is not None, f"{case}: rank {rank} did not raise"
@@ -167,3 +181,9 @@ def test_bad_input_raises_on_every_rank(world):
                 assert kind == bad_type and words in message, (case, kind, message)
             else:
                 assert kind in (bad_type, "ValueError"), (case, rank, kind, message)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_shard_unshard_roundtrip(world):
+    for rank, (_, _, ok) in enumerate(_results(world)):
+        assert all(ok.values()), (rank, ok)
