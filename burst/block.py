@@ -62,7 +62,7 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
     _account("backward", tiles, start)
 
 
-def float32_zeros_like(t: torch.Tensor) -> torch.Tensor:
+def accumulator_zeros_like(t: torch.Tensor) -> torch.Tensor:
     """A float32 accumulator shaped like `t` (float64 stays float64)."""
     return torch.zeros(t.shape, dtype=accumulator_dtype(t.dtype), device=t.device)
 

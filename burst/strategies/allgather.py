@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..block import attend_backward, attend_forward, empty_accumulators, float32_zeros_like
+from ..block import attend_backward, attend_forward, empty_accumulators, accumulator_zeros_like
 from ..call import AttentionCall
 from .base import Strategy
 from ..comm import record_sent, tensor_bytes
@@ -41,8 +41,8 @@ def allgather_forward(call: AttentionCall, q, k, v):
 def allgather_backward(call: AttentionCall, dout, q, k, v, out, lse):
     kv_all = _gather_kv(call, k, v, "backward")  # re-gathered, not kept: saves memory between passes
     lse = lse_for_backward(lse)
-    dq = float32_zeros_like(q)
-    dkv_all = float32_zeros_like(kv_all)
+    dq = accumulator_zeros_like(q)
+    dkv_all = accumulator_zeros_like(kv_all)
     for src in range(call.world):
         attend_backward(call.kernel, dout, q, kv_all[2 * src], kv_all[2 * src + 1], out, lse,
                         call.tiles(call.rank, src), dq, dkv_all[2 * src], dkv_all[2 * src + 1], call.scale)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..block import attend_backward, float32_zeros_like
+from ..block import attend_backward, accumulator_zeros_like
 from ..call import AttentionCall
 from ..comm import RingComm
 from ..kernels import lse_for_backward, row_delta
@@ -25,7 +25,7 @@ def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
     dq_comm = RingComm(call.group, "backward", tag=4)
     delta = row_delta(dout, out)  # D_i, computed once here instead of at every step
     travelling = [q, dout, delta, lse_for_backward(lse)]
-    dk, dv = float32_zeros_like(k), float32_zeros_like(v)
+    dk, dv = accumulator_zeros_like(k), accumulator_zeros_like(v)
     steps = call.ring_steps
     # Queries travel backwards (rank+1 -> rank) so that at step s this rank's keys meet the queries of
     # rank + s: the same block pairs, in the same order, as the forward's keys of rank - s.
@@ -34,7 +34,7 @@ def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
             next_travelling = data_comm.send_recv(travelling, offset=-1)
         src = (call.rank + step) % call.world  # owner of the queries we hold now
         q_j, dout_j, delta_j, lse_j = travelling
-        dq_j = float32_zeros_like(q)
+        dq_j = accumulator_zeros_like(q)
         tiles = call.tiles(src, call.rank)
         # Our own queries come with their real output; others' are rebuilt from D tile by tile.
         out_j = out if src == call.rank else None

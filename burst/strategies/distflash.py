@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..block import attend_backward, attend_forward, empty_accumulators, float32_zeros_like
+from ..block import attend_backward, attend_forward, empty_accumulators, accumulator_zeros_like
 from ..call import AttentionCall
 from ..layout import Segment
 from ..masks import plan_tiles
@@ -155,7 +155,7 @@ def distflash_backward(call: AttentionCall, dout, q, k, v, out, lse):
     """Balanced backward on the forward's schedule. Returns dq, dk, dv in input dtypes."""
     lse = lse_for_backward(lse)
     delta = row_delta(dout, out)
-    dq, dk, dv = float32_zeros_like(q), float32_zeros_like(k), float32_zeros_like(v)
+    dq, dk, dv = accumulator_zeros_like(q), accumulator_zeros_like(k), accumulator_zeros_like(v)
     attend_backward(call.kernel, dout, q, k, v, out, lse, call.tiles(call.rank, call.rank), dq, dk, dv, call.scale)
     steps = schedule(call.rank, call.world, call.local_len)
     mine_q = [q, dout, delta, lse]
@@ -167,13 +167,13 @@ def distflash_backward(call: AttentionCall, dout, q, k, v, out, lse):
             pending = _post_inputs(call, steps[i + 1], "backward", [k, v], mine_q)
         sends, recvs = [], []
         if kv is not None:  # owner work: our dQ here, their dK, dV go back
-            dk_r, dv_r = float32_zeros_like(k), float32_zeros_like(v)
+            dk_r, dv_r = accumulator_zeros_like(k), accumulator_zeros_like(v)
             tiles = _query_tiles(call, call.rank, step.own_rows, step.kv_from, rebase=False)
             attend_backward(call.kernel, dout, q, kv[0], kv[1], out, lse, tiles, dq, dk_r, dv_r, call.scale)
             sends += [(dk_r, step.kv_from, RESULT_TAG), (dv_r, step.kv_from, RESULT_TAG + 1)]
         if helped is not None:  # helper work: our dK, dV here, their dQ goes back
             q_r, dout_r, delta_r, lse_r = helped
-            dq_r = float32_zeros_like(q_r)
+            dq_r = accumulator_zeros_like(q_r)
             tiles = _query_tiles(call, step.help_for, step.help_rows, call.rank, rebase=True)
             attend_backward(call.kernel, dout_r, q_r, k, v, None, lse_r, tiles, dq_r, dk, dv, call.scale,
                             delta=delta_r)

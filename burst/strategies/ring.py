@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..block import attend_backward, attend_forward, empty_accumulators, float32_zeros_like
+from ..block import attend_backward, attend_forward, empty_accumulators, accumulator_zeros_like
 from ..call import AttentionCall
 from .base import Strategy
 from ..comm import RingComm
@@ -48,14 +48,14 @@ def ring_backward(call: AttentionCall, dout, q, k, v, out, lse):
     kv_comm = RingComm(call.group, "backward", tag=0)
     grad_comm = RingComm(call.group, "backward", tag=2)
     lse = lse_for_backward(lse)
-    dq = float32_zeros_like(q)
+    dq = accumulator_zeros_like(q)
     kv = [k, v]
     steps = call.ring_steps
     for step in range(steps):
         if step + 1 < steps:
             next_kv = kv_comm.send_recv(kv)
         src = (call.rank - step) % call.world
-        dk, dv = float32_zeros_like(k), float32_zeros_like(v)
+        dk, dv = accumulator_zeros_like(k), accumulator_zeros_like(v)
         attend_backward(call.kernel, dout, q, kv[0], kv[1], out, lse, call.tiles(call.rank, src), dq, dk, dv, call.scale)
         if step > 0:
             grad_comm.wait()  # the visiting block's gradients from the ranks before us
