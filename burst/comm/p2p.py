@@ -39,15 +39,17 @@ def exchange(
     phase: str,
     sends: Sequence[tuple[torch.Tensor, int, int]] = (),
     recvs: Sequence[tuple[torch.Tensor, int, int]] = (),
+    into: Sequence[torch.Tensor] | None = None,
 ) -> Transfer:
     """Send each (tensor, peer, tag) and receive into a new buffer like each (tensor, peer, tag).
 
     Asynchronous. A send matches the receive with the same tag on the peer (gloo matches by tag;
-    NCCL by the order of the ops between two ranks, so list them in tag order). Returns a Transfer
-    whose `received` holds the new buffers, in `recvs` order.
+    NCCL by the order of the ops between two ranks, so list them in tag order). `into` gives the
+    receive buffers instead of new ones. Returns a Transfer whose `received` holds the buffers, in
+    `recvs` order.
     """
     sending = [t.contiguous() for t, _, _ in sends]
-    received = [torch.empty_like(like) for like, _, _ in recvs]
+    received = list(into) if into is not None else [torch.empty_like(like) for like, _, _ in recvs]
     ops = [dist.P2POp(dist.isend, t, global_rank(group, peer), group, tag)
            for t, (_, peer, tag) in zip(sending, sends)]
     ops += [dist.P2POp(dist.irecv, buf, global_rank(group, peer), group, tag)

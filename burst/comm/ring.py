@@ -36,20 +36,45 @@ class RingComm:
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self._transfer: Transfer | None = None
+        self._filled: list[list[torch.Tensor]] = []  # the last two buffer sets this ring received into
+        self._sent: list[torch.Tensor] = []
+        self._spare: list[torch.Tensor] | None = None
 
     def send_recv(self, tensors: Sequence[torch.Tensor], offset: int = 1) -> list[torch.Tensor]:
-        """Start sending `tensors` to rank+offset; return buffers that `wait()` fills from rank-offset."""
+        """Start sending `tensors` to rank+offset; return buffers that `wait()` fills from rank-offset.
+
+        Double buffering: when `tensors` is a set this ring received before (a block passed on), it is
+        received into again once sent, so passing blocks around allocates two buffer sets in all
+        instead of one per step (glibc keeps much of what a per-step allocation frees). A received
+        set must therefore not be used after it has been sent on and the next step has begun.
+        """
         if self._transfer is not None:
             raise RuntimeError("RingComm.send_recv called twice without wait()")
         if offset % self.world == 0:
             return list(tensors)
         to = (self.rank + offset) % self.world
         frm = (self.rank - offset) % self.world
+        into, self._spare = self._spare, None
         self._transfer = exchange(self.group, self.phase, [(t, to, self.tag + i) for i, t in enumerate(tensors)],
-                                  [(t, frm, self.tag + i) for i, t in enumerate(tensors)])
+                                  [(t, frm, self.tag + i) for i, t in enumerate(tensors)],
+                                  into=into if into is not None and _same_layout(into, tensors) else None)
+        self._sent = list(tensors)
+        self._filled = [*self._filled[-1:], self._transfer.received]
         return self._transfer.received
 
     def wait(self) -> None:
         if self._transfer is not None:
             self._transfer.wait()
             self._transfer = None
+            if any(_same_tensors(self._sent, filled) for filled in self._filled):
+                self._spare = self._sent  # sent on and no longer ours to read: receive into it next
+            self._sent = []
+
+
+def _same_tensors(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def _same_layout(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype and x.device == y.device
+                                    for x, y in zip(a, b))
