@@ -71,6 +71,5 @@ What they do hold at the burst backward's peak is about 14 shard-sized tensors: 
 and dO, dQ being sent, arriving and computed, float32 dK and dV, the saved output, and the aten
 kernel's own dQ/dK/dV outputs (which it cannot write into our accumulators), against about 5
 full-sequence-sized tensors for one process's SDPA. Per rank that is about 2/G of one process, plus
-the fixed part: it shrinks as 1/G, but with a factor of 2 the goal did not ask for. These runs are from
-commit 0a27686; the ring's reuse of its two receive buffer sets landed later (d1b01ae). Open work: a backward kernel that
-accumulates in place, reused accumulators, fewer in-flight accumulators.""")
+the fixed part: it shrinks as 1/G, but with a factor of 2 the goal did not ask for. Open work: a
+backward kernel that accumulates in place, reused accumulators, fewer in-flight accumulators.""")
