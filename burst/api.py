@@ -216,6 +216,14 @@ def _normalized_window(window) -> tuple[int, int] | None:
     return (int(window[0]), int(window[1]))
 
 
+def _collective_device(group) -> torch.device:
+    """Where the check's small tensor lives: the CPU for gloo, this rank's GPU for NCCL (even when
+    this rank's own input is bad or not a tensor)."""
+    if dist.get_backend(group) != "gloo" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _agree_across_ranks(q, k, problem: BaseException | None, group, world: int) -> None:
     """Make every rank raise if any rank's input is bad or shards differ in shape or dtype.
 
@@ -228,7 +236,7 @@ def _agree_across_ranks(q, k, problem: BaseException | None, group, world: int) 
         return
     ok = problem is None
     meta = [int(ok)] + ([*q.shape, k.shape[2], DTYPES.index(q.dtype)] if ok else [0] * 6)
-    device = q.device if ok and dist.get_backend(group) != "gloo" else torch.device("cpu")
+    device = _collective_device(group)
     mine = torch.tensor(meta, dtype=torch.int64, device=device)
     every = torch.empty(world * mine.numel(), dtype=torch.int64, device=device)
     all_gather_flat(every, mine, group=group)
