@@ -2,43 +2,34 @@
 
 It runs near the machine's matmul speed and returns logsumexp. Its `attn_mask` must be a float
 additive mask of the query's dtype; a fully masked row comes back as out 0 with lse 0, which we
-correct to lse -inf so merges ignore it.
+correct to lse -inf so merges ignore it (masking.clear_empty_rows).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .masking import additive_mask, clear_empty_rows
+
 _forward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-
-
-def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    if mask is None:
-        return None
-    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return bias.masked_fill_(~mask, float("-inf"))
 
 
 def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | None = None):
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
     out, lse = _forward_op(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal,
-        attn_mask=_additive(mask, q.dtype), scale=scale,
+        attn_mask=additive_mask(mask, q.dtype), scale=scale,
     )
-    if mask is not None:
-        empty_rows = ~mask.any(-1)  # (sq,)
-        if bool(empty_rows.any()):
-            lse = lse.masked_fill(empty_rows, float("-inf"))
-    return out.transpose(1, 2), lse
+    return clear_empty_rows(out.transpose(1, 2), lse, mask)
 
 
 def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Tensor | None = None):
     """Gradients of one block given the rows' global out and lse (see kernels/__init__.py)."""
-    lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)  # what the op expects
     dq, dk, dv = _backward_op(
         dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
         out.transpose(1, 2), lse, 0.0, causal,
-        attn_mask=_additive(mask, q.dtype), scale=scale,
+        attn_mask=additive_mask(mask, q.dtype), scale=scale,
     )
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import torch
 
+from .masking import additive_mask, clear_empty_rows
+
 _forward_op = torch.ops.aten._scaled_dot_product_efficient_attention
 _backward_op = torch.ops.aten._scaled_dot_product_efficient_attention_backward
 
 
 def _bias(mask, q):
-    if mask is None:
-        return None
-    bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
-    return bias.expand(q.shape[0], q.shape[2], *mask.shape)
+    bias = additive_mask(mask, q.dtype)
+    return None if bias is None else bias.expand(q.shape[0], q.shape[2], *mask.shape)
 
 
 def _expand_heads(k, v, nheads):
@@ -35,13 +35,7 @@ def forward(q, k, v, scale: float, causal: bool, mask=None):
         scale=scale,
     )
     lse = lse[..., : q.shape[1]].float()  # some versions pad lse's last dim to a multiple of 32
-    out = out.transpose(1, 2)
-    if mask is not None:
-        empty_rows = ~mask.any(-1)
-        if bool(empty_rows.any()):
-            lse = lse.masked_fill(empty_rows, float("-inf"))
-            out = out.masked_fill(empty_rows[None, :, None, None], 0.0)
-    return out, lse
+    return clear_empty_rows(out.transpose(1, 2), lse, mask)
 
 
 def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask=None):
