@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from ..block import attend_backward, attend_forward, empty_accumulators, accumulator_zeros_like
+from ..block import accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
 from ..call import AttentionCall
-from .base import Strategy
 from ..comm import record_sent, tensor_bytes
 from ..comm.collectives import all_gather_flat, reduce_scatter_flat
 from ..kernels import lse_for_backward
+from .base import Strategy
 
 
 def _gather_kv(call: AttentionCall, k, v, phase: str) -> torch.Tensor:

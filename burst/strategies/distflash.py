@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..block import attend_backward, attend_forward, empty_accumulators, accumulator_zeros_like
+from ..block import accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
 from ..call import AttentionCall
 from ..layout import Segment
 from ..masks import plan_tiles

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from ..block import attend_backward, attend_forward, empty_accumulators, accumulator_zeros_like
+from ..block import accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
 from ..call import AttentionCall
-from .base import Strategy
 from ..comm import RingComm
 from ..kernels import lse_for_backward
+from .base import Strategy
 
 
 def ring_forward(call: AttentionCall, q, k, v):
