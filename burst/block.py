@@ -29,6 +29,7 @@ def attend_forward(kernel, q, k, v, tiles: list[Tile], out_acc, lse_acc, scale: 
         qr, kr = t.q.rows, t.k.rows
         out, lse = kernel.forward(q[:, qr], k[:, kr], v[:, kr], scale, t.causal, t.mask)
         merge_partial(out_acc[:, qr], lse_acc[:, :, qr], out, lse)
+        del out, lse  # free this tile's result before the next kernel call allocates its own
     _account("forward", tiles, start)
 
 
@@ -59,6 +60,7 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
         dq_acc[:, qr] += dq
         dk_acc[:, kr] += dk
         dv_acc[:, kr] += dv
+        del out_rows, dq, dk, dv  # free this tile's gradients before the next kernel call
     _account("backward", tiles, start)
 
 

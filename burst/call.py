@@ -33,7 +33,11 @@ class AttentionCall:
 
     def tiles(self, q_rank: int, k_rank: int) -> list[Tile]:
         """Kernel calls for `q_rank`'s queries against `k_rank`'s keys (empty when the mask skips all)."""
-        return plan_tiles(self.segments(q_rank), self.segments(k_rank), self.spec)
+        return self.plan(self.segments(q_rank), self.segments(k_rank))
+
+    def plan(self, q_segs: list[Segment], k_segs: list[Segment]) -> list[Tile]:
+        """Kernel calls for any query runs against any key runs, sized for this call's kernel."""
+        return plan_tiles(q_segs, k_segs, self.spec, max_rows=self.kernel.MAX_ROWS)
 
     @cached_property
     def ring_steps(self) -> int:

@@ -26,7 +26,7 @@ import torch
 from .layout import Segment
 
 TILE = 512  # rows per tile when a block pair is partial: small enough to skip, big enough to run fast
-MAX_TILE = 4096  # rows per kernel call at most: bounds the kernel's own full-size temporaries
+MAX_TILE = 4096  # default cap on rows per kernel call (each backend sets its own, kernels.*.MAX_ROWS)
 
 
 class Cover(enum.Enum):
@@ -193,12 +193,16 @@ class Tile:
         return int(self.mask.sum())
 
 
-def plan_tiles(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec) -> list[Tile]:
-    """The kernel calls that compute queries `q_segs` against keys `k_segs` under `spec`."""
+def plan_tiles(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec, max_rows: int = MAX_TILE) -> list[Tile]:
+    """The kernel calls that compute queries `q_segs` against keys `k_segs` under `spec`.
+
+    No call has more than `max_rows` query or key rows: kernels return fresh outputs and gradients
+    per call, so the cap bounds those temporaries (a tile's dq, dk, dv instead of a whole shard's).
+    """
     tiles: list[Tile] = []
     for qs in q_segs:
         for ks in k_segs:
-            tiles.extend(_plan_pair(qs, ks, spec))
+            tiles.extend(_plan_pair(qs, ks, spec, max_rows))
     return tiles
 
 
@@ -209,13 +213,12 @@ def may_attend(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec) -> 
     return any(spec.cover(qs, ks) is not Cover.SKIP for qs in q_segs for ks in k_segs)
 
 
-def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, by_blocks: bool = True) -> list[Tile]:
+def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, max_rows: int, by_blocks: bool = True) -> list[Tile]:
     cover = Cover.FULL if spec.is_dense else spec.cover(qs, ks)
     if cover is Cover.SKIP:
         return []
-    if qs.length > MAX_TILE or ks.length > MAX_TILE:
-        # The kernel returns full-size outputs and gradients per call: cap the call's size.
-        return _split_pair(qs, ks, spec, MAX_TILE, by_blocks)
+    if qs.length > max_rows or ks.length > max_rows:
+        return _split_pair(qs, ks, spec, max_rows, max_rows, by_blocks)
     if cover is Cover.SHIFTED:
         # j < i is the causal triangle of queries 1.. against keys ..n-2; query 0 attends nothing here.
         n = qs.length
@@ -223,11 +226,11 @@ def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, by_blocks: bool = True)
     if cover is not Cover.PARTIAL or (qs.length <= TILE and ks.length <= TILE):
         return _checked(Tile(qs, ks, cover, spec))
     if spec.block_sparse is not None and by_blocks:
-        return _plan_by_blocks(qs, ks, spec)
-    return _split_pair(qs, ks, spec, TILE, by_blocks)
+        return _plan_by_blocks(qs, ks, spec, max_rows)
+    return _split_pair(qs, ks, spec, min(TILE, max_rows), max_rows, by_blocks)
 
 
-def _split_pair(qs: Segment, ks: Segment, spec: MaskSpec, size: int, by_blocks: bool) -> list[Tile]:
+def _split_pair(qs: Segment, ks: Segment, spec: MaskSpec, size: int, max_rows: int, by_blocks: bool) -> list[Tile]:
     """Plan `qs` x `ks` as sub-pairs of at most `size` rows each way."""
     tiles = []
     for qi in range(0, qs.length, size):
@@ -235,12 +238,12 @@ def _split_pair(qs: Segment, ks: Segment, spec: MaskSpec, size: int, by_blocks: 
         row = []
         for ki in range(0, ks.length, size):
             kt = ks.sub(ki, min(ki + size, ks.length))
-            row.extend(_plan_pair(qt, kt, spec, by_blocks))
-        tiles.extend(_coalesce_full(row))
+            row.extend(_plan_pair(qt, kt, spec, max_rows, by_blocks))
+        tiles.extend(_coalesce_full(row, max_rows))
     return tiles
 
 
-def _plan_by_blocks(qs: Segment, ks: Segment, spec: MaskSpec) -> list[Tile]:
+def _plan_by_blocks(qs: Segment, ks: Segment, spec: MaskSpec, max_rows: int) -> list[Tile]:
     """Tiles along the block-sparse grid: one tile per attended (query block, key block) pair.
 
     Cut at block boundaries, every tile lies inside one block pair, so the block layout alone says
@@ -255,8 +258,8 @@ def _plan_by_blocks(qs: Segment, ks: Segment, spec: MaskSpec) -> list[Tile]:
     for i, (q_sub, _) in enumerate(q_parts):
         row = []
         for j in attended[i].nonzero().flatten().tolist():
-            row.extend(_plan_pair(q_sub, k_parts[j][0], spec, by_blocks=False))
-        tiles.extend(_coalesce_full(row))
+            row.extend(_plan_pair(q_sub, k_parts[j][0], spec, max_rows, by_blocks=False))
+        tiles.extend(_coalesce_full(row, max_rows))
     return tiles
 
 
@@ -282,13 +285,13 @@ def _checked(tile: Tile) -> list[Tile]:
     return [tile]
 
 
-def _coalesce_full(row: list[Tile]) -> list[Tile]:
+def _coalesce_full(row: list[Tile], max_rows: int) -> list[Tile]:
     """Merge runs of FULL tiles that are adjacent along the keys into one kernel call."""
     out: list[Tile] = []
     for t in row:
         prev = out[-1] if out else None
         if (prev is not None and prev.cover is Cover.FULL and t.cover is Cover.FULL and prev.q == t.q
-                and prev.k.length + t.k.length <= MAX_TILE
+                and prev.k.length + t.k.length <= max_rows
                 and prev.k.local_start + prev.k.length == t.k.local_start
                 and prev.k.stride == t.k.stride and prev.k.last + prev.k.stride == t.k.first):
             k = Segment(prev.k.local_start, prev.k.length + t.k.length, prev.k.first, prev.k.stride)

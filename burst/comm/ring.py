@@ -14,6 +14,7 @@ tensors themselves come back and nothing is sent.
 
 from __future__ import annotations
 
+import weakref
 from typing import Sequence
 
 import torch
@@ -36,7 +37,9 @@ class RingComm:
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self._transfer: Transfer | None = None
-        self._filled: list[list[torch.Tensor]] = []  # the last two buffer sets this ring received into
+        # The last two buffer sets this ring received into, held weakly: an accumulator the caller has
+        # dropped must be freed, not kept alive by this bookkeeping.
+        self._filled: list[list[weakref.ref]] = []
         self._sent: list[torch.Tensor] = []
         self._spare: list[torch.Tensor] | None = None
 
@@ -59,7 +62,7 @@ class RingComm:
                                   [(t, frm, self.tag + i) for i, t in enumerate(tensors)],
                                   into=into if into is not None and _same_layout(into, tensors) else None)
         self._sent = list(tensors)
-        self._filled = [*self._filled[-1:], self._transfer.received]
+        self._filled = [*self._filled[-1:], [weakref.ref(t) for t in self._transfer.received]]
         return self._transfer.received
 
     def wait(self) -> None:
@@ -71,8 +74,8 @@ class RingComm:
             self._sent = []
 
 
-def _same_tensors(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+def _same_tensors(a: Sequence[torch.Tensor], b: Sequence[weakref.ref]) -> bool:
+    return len(a) == len(b) and all(x is y() for x, y in zip(a, b))
 
 
 def _same_layout(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:

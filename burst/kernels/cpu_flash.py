@@ -11,6 +11,9 @@ import torch
 
 from .masking import additive_mask, clear_empty_rows
 
+# Rows per call at most: the op returns fresh out/dq/dk/dv per call, so smaller calls hold less, and
+# on CPU 1024-row calls run as fast as 4096-row ones (measured, 1 thread, 8 heads, dim 64).
+MAX_ROWS = 1024
 _forward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 

@@ -11,6 +11,8 @@ import torch
 
 from .masking import additive_mask, clear_empty_rows
 
+# Rows per call at most (fresh outputs per call); larger than on CPU so that one call fills the GPU.
+MAX_ROWS = 8192
 _forward_op = torch.ops.aten._scaled_dot_product_efficient_attention
 _backward_op = torch.ops.aten._scaled_dot_product_efficient_attention_backward
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+MAX_ROWS = 1024  # rows per call at most: the dense float64 score matrix is rows x rows per head
+
 
 def _scores(q, k, scale, causal, mask):
     """Scores (b, h, sq, sk) with -inf where a key is not attended."""

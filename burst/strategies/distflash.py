@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from ..block import accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
 from ..call import AttentionCall
 from ..layout import Segment
-from ..masks import plan_tiles
 from ..comm import Transfer, exchange
 from ..kernels import lse_for_backward, row_delta
 from ..merge import merge_partial
@@ -74,7 +73,7 @@ def _query_tiles(call: AttentionCall, q_rank: int, rows: slice, k_rank: int, reb
     sub = seg.sub(start, stop)
     if rebase:
         sub = Segment(0, sub.length, sub.first, sub.stride)
-    return plan_tiles([sub], call.segments(k_rank), call.spec)
+    return call.plan([sub], call.segments(k_rank))
 
 
 # Message tags: K, V = 0, 1; queries and their extras = 2..5; results back = 8..10.
