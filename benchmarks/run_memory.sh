@@ -14,7 +14,7 @@ run() {  # tokens G strategies suffix [env...]
 # 16K: glibc as it comes, and with a fixed mmap threshold (freed large blocks go back to the OS),
 # which separates memory the algorithms hold from memory glibc keeps after churn.
 for g in 1 2 4 8; do
-  run 16384 "$g" burst,ring,allgather "" MALLOC_ARENA_MAX=
+  run 16384 "$g" burst,ring,allgather "" GLIBC_DEFAULTS=1
   run 16384 "$g" burst,ring,allgather _mmap MALLOC_MMAP_THRESHOLD_=1048576
 done
 # 32K, burst only: the fixed per-process part weighs half as much.
