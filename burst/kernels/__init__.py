@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_flash, cuda_sdpa, reference
+from . import cpu_flash, cuda_flash_attn, cuda_sdpa, reference
 
 
 def select_kernel(device: torch.device, dtype: torch.dtype):
     """The fastest backend module for tensors on `device` with `dtype`."""
     if device.type == "cpu":
         return cpu_flash
+    if device.type == "cuda" and dtype in cuda_flash_attn.DTYPES and cuda_flash_attn.available():
+        return cuda_flash_attn
     if device.type == "cuda" and dtype != torch.float64:
         return cuda_sdpa
     return reference
@@ -66,4 +68,4 @@ def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-__all__ = ["accumulator_dtype", "select_kernel", "lse_for_backward", "out_from_delta", "row_delta", "cpu_flash", "cuda_sdpa", "reference"]
+__all__ = ["accumulator_dtype", "select_kernel", "lse_for_backward", "out_from_delta", "row_delta", "cpu_flash", "cuda_flash_attn", "cuda_sdpa", "reference"]
