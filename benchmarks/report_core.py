@@ -35,41 +35,29 @@ for n in (8192, 16384, 32768):
                   f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} | "
                   f"{s['peak_mem_per_rank'] / 2**20:.0f} | {base['peak_mem_bytes'] / 2**20:.0f} | {s['max_err']:.1e} | "
                   f"{r.get('git_commit') or 'older'} |")
-def memory_table(suffix, title):
-    print(f"\n## Peak memory per rank as G grows (16K tokens, causal, fp32): {title}\n")
-    print("| G | strategy | peak MiB/rank | vs one process | sent fwd MiB | sent bwd MiB |")
-    print("|---|---|---|---|---|---|")
+def memory_table(tokens, suffix, title):
+    print(f"\n## Peak memory per rank as G grows ({tokens // 1024}K tokens, causal, fp32): {title}\n")
+    print("| G | strategy | peak MiB/rank | vs one process | x G | sent fwd MiB | sent bwd MiB | commit |")
+    print("|---|---|---|---|---|---|---|---|")
     single = None
-    for g in (1, 2, 4):
-        path = os.path.join(here, "core", f"mem_g{g}{suffix}.json")
+    for g in (1, 2, 4, 8):
+        path = os.path.join(here, "core", f"mem_{tokens}_g{g}{suffix}.json")
         if not os.path.exists(path):
             continue
         r = json.load(open(path))
         if r["sdpa_single_process"]:
             single = r["sdpa_single_process"]["peak_mem_bytes"]
-            print(f"| 1 | sdpa (one process) | {single / 2**20:.0f} | 1.00 | - | - |")
+            print(f"| 1 | sdpa (one process) | {single / 2**20:.0f} | 1.00 | 1.00 | - | - | {r['git_commit']} |")
         for s in r["strategies"]:
-            ratio = f"{s['peak_mem_per_rank'] / single:.2f}" if single else "-"
-            print(f"| {r['config']['nproc']} | {s['strategy']} | {s['peak_mem_per_rank'] / 2**20:.0f} | {ratio} | "
-                  f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} |")
+            ratio = s["peak_mem_per_rank"] / single if single else float("nan")
+            print(f"| {g} | {s['strategy']} | {s['peak_mem_per_rank'] / 2**20:.0f} | {ratio:.2f} | {ratio * g:.2f} | "
+                  f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} | {r['git_commit']} |")
 
 
-print("\nCommand: `bash benchmarks/run_memory.sh`. G ranks x 1 thread; G=4 shares 2 cores, so only its memory")
-print("means something. Peak RSS above a bare process (torch loaded, gloo up, no tensors); about 55-60 MiB of")
-print("it is fixed per process (measured with 512 tokens).")
-memory_table("", "glibc malloc as it comes")
-memory_table("_mmap", "MALLOC_MMAP_THRESHOLD_=1048576 (freed large blocks return to the OS)")
-print("""
-### Reading the memory tables
-
-With glibc as it comes, every ring step allocates and frees shard-sized buffers, and glibc keeps much
-of what is freed: a bare ring of two 8 MiB tensors over 10 steps grows RSS by 64 MiB with default
-malloc and by 16 MiB (one spare buffer set, as designed) with the fixed threshold. So per-rank RSS
-grows with the number of ring steps, and the first table overstates what the algorithms hold.
-
-What they do hold at the burst backward's peak is about 14 shard-sized tensors: double-buffered Q
-and dO, dQ being sent, arriving and computed, float32 dK and dV, the saved output, and the aten
-kernel's own dQ/dK/dV outputs (which it cannot write into our accumulators), against about 5
-full-sequence-sized tensors for one process's SDPA. Per rank that is about 2/G of one process, plus
-the fixed part: it shrinks as 1/G, but with a factor of 2 the goal did not ask for. Open work: a
-backward kernel that accumulates in place, reused accumulators, fewer in-flight accumulators.""")
+print("\nCommand: `bash benchmarks/run_memory.sh`. G ranks x 1 thread; G=4 and G=8 share 2 cores, so only their")
+print("memory means something. Peak RSS above a bare process (torch loaded, gloo up, no tensors). `x G` is")
+print("the ratio to one process times G: constant when memory per rank falls as 1/G.")
+memory_table(16384, "", "glibc malloc as it comes")
+memory_table(16384, "_mmap", "MALLOC_MMAP_THRESHOLD_=1048576 (freed large blocks return to the OS)")
+memory_table(32768, "_mmap", "MALLOC_MMAP_THRESHOLD_=1048576")
+print(open(os.path.join(here, "memory_notes.md")).read())

@@ -1,0 +1,148 @@
+"""Live heap at the peak of a sharded attention call, in shard-sized units: what the algorithm holds.
+
+RSS (run_memory.sh) also counts what glibc keeps after frees and fixed per-process costs; this counts
+the bytes malloc has handed out and not got back (glibc mallinfo2: in-use arena + mmapped chunks),
+read at the entry and exit of every kernel call, merge and transfer, where the peaks are.
+
+    .venv/bin/python benchmarks/live_heap.py [--tokens 16384] [--worlds 1,2,4,8] [--strategies burst,ring]
+
+One unit = one shard of q (tokens/G x heads x dim x 4 bytes). The caller's q, k, v and dO are 4 units,
+the output 1, the gradients 3: 8 units are the floor for any strategy. Linux/glibc only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+def _live_bytes_reader():
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+
+    def live() -> int:
+        info = libc.mallinfo2()
+        return info.uordblks + info.hblkhd
+    return live
+
+
+def _watch(live, peak: list[int]):
+    """Wrap the functions where memory peaks so that each records live bytes at entry and exit."""
+    import burst.block
+    import burst.comm.ring
+    import burst.kernels.cpu_flash
+
+    def wrap(owner, name):
+        inner = getattr(owner, name)
+
+        def watched(*args, **kwargs):
+            peak[0] = max(peak[0], live())
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                peak[0] = max(peak[0], live())
+        setattr(owner, name, watched)
+
+    for owner, name in [(burst.kernels.cpu_flash, "forward"), (burst.kernels.cpu_flash, "backward"),
+                        (burst.block, "merge_partial"), (burst.block, "out_from_delta"),
+                        (burst.comm.ring.RingComm, "send_recv"), (burst.comm.ring.RingComm, "wait")]:
+        wrap(owner, name)
+
+
+def _rank(rank, world, port, tokens, heads, dim, strategies, results):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import burst
+
+    live, peak = _live_bytes_reader(), [0]
+    _watch(live, peak)
+    unit = tokens // world * heads * dim * 4
+    gen = torch.Generator().manual_seed(rank)
+    for strategy in strategies:
+        # A warm-up pass first: the first backward leaves ~12 MiB of autograd/thread state behind.
+        for measured in (False, True):
+            q, k, v, dout = (torch.randn(1, tokens // world, heads, dim, generator=gen) for _ in range(4))
+            for t in (q, k, v):
+                t.requires_grad_()
+            base = live() - 4 * unit  # count the caller's q, k, v, dout as the 4 units they are
+            peak[0] = 0
+            burst.attention(q, k, v, strategy=strategy, causal=True).backward(dout)
+            if measured:
+                results[(strategy, world, rank)] = (peak[0] - base) / unit
+            del q, k, v, dout
+    dist.destroy_process_group()
+
+
+def _one_process_sdpa(tokens, heads, dim) -> float:
+    """The same count for one process running SDPA on the whole sequence, in the same units (G=1)."""
+    import threading
+    import time
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    live, peak, stop = _live_bytes_reader(), [0], threading.Event()
+    unit = tokens * heads * dim * 4
+
+    def sample():  # SDPA's peak is inside one op, so sample instead of wrapping
+        while not stop.is_set():
+            peak[0] = max(peak[0], live())
+            time.sleep(0.0002)
+    for measured in (False, True):
+        q, k, v, dout = (torch.randn(1, heads, tokens, dim) for _ in range(4))
+        for t in (q, k, v):
+            t.requires_grad_()
+        base, peak[0] = live() - 4 * unit, 0
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dout)
+        stop.set()
+        sampler.join()
+        stop.clear()
+        del q, k, v, dout
+    return (peak[0] - base) / unit
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--worlds", default="1,2,4,8")
+    parser.add_argument("--strategies", default="burst,ring")
+    args = parser.parse_args()
+    strategies = args.strategies.split(",")
+    worlds = [int(w) for w in args.worlds.split(",")]
+    results = mp.Manager().dict()
+    for world in worlds:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.start_processes(_rank, args=(world, port, args.tokens, args.heads, args.dim, strategies, results),
+                           nprocs=world, start_method="spawn")
+    sdpa = _one_process_sdpa(args.tokens, args.heads, args.dim)
+    print(f"Live heap at the peak, causal, {args.tokens} tokens, {args.heads} heads, dim {args.dim}, fp32, "
+          f"in units of one rank's q shard (max over ranks). One process SDPA: {sdpa:.1f} units of the "
+          f"whole q.\n")
+    print("| G | strategy | units per rank | vs one process SDPA | x G |")
+    print("|---|---|---|---|---|")
+    for world in worlds:
+        for strategy in strategies:
+            units = max(results[(strategy, world, r)] for r in range(world))
+            ratio = units / world / sdpa
+            print(f"| {world} | {strategy} | {units:.1f} | {ratio:.2f} | {ratio * world:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
