@@ -51,16 +51,21 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
     dq_acc is shaped like q, dk_acc/dv_acc like k/v, all float32.
     """
     start = time.perf_counter()
+    rebuilt_for, out_rows = None, None
     for t in tiles:
         qr, kr = t.q.rows, t.k.rows
-        out_rows = out[:, qr] if out is not None else out_from_delta(dout[:, qr], delta[:, :, qr])
+        if out is not None:
+            out_rows = out[:, qr]
+        elif qr != rebuilt_for:  # tiles come row by row: rebuild once per query rows, not per tile
+            out_rows, rebuilt_for = None, qr
+            out_rows = out_from_delta(dout[:, qr], delta[:, :, qr])
         dq, dk, dv = kernel.backward(
             dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out_rows, lse[:, :, qr], scale, t.causal, t.mask
         )
         dq_acc[:, qr] += dq
         dk_acc[:, kr] += dk
         dv_acc[:, kr] += dv
-        del out_rows, dq, dk, dv  # free this tile's gradients before the next kernel call
+        del dq, dk, dv  # free this tile's gradients before the next kernel call
     _account("backward", tiles, start)
 
 
