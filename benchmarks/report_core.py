@@ -35,6 +35,19 @@ for n in (8192, 16384, 32768):
                   f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} | "
                   f"{s['peak_mem_per_rank'] / 2**20:.0f} | {base['peak_mem_bytes'] / 2**20:.0f} | {s['max_err']:.1e} | "
                   f"{r.get('git_commit') or 'older'} |")
+print("\n## Re-check after the 1024-row kernel calls (16K, 2 ranks x 1 thread, 3 repeats)\n")
+print("Same command as above with `--repeats 3`, plus `--causal --layout zigzag` for the second file.\n")
+print("| run | strategy | fwd s | bwd s | vs SDPA | SDPA fwd+bwd s | commit |")
+print("|---|---|---|---|---|---|---|")
+for name in ("recheck_full_16384.json", "recheck_zigzag_16384.json"):
+    if os.path.exists(os.path.join(here, "core", name)):
+        r = load(name)
+        base = r["sdpa_single_process"]
+        for s in r["strategies"]:
+            print(f"| {name[8:-5]} | {s['strategy']} | {s['fwd_s']:.2f} | {s['bwd_s']:.2f} | {s['vs_sdpa']:.2f} | "
+                  f"{base['fwd_s'] + base['bwd_s']:.2f} | {r['git_commit']} |")
+
+
 def memory_table(tokens, suffix, title):
     print(f"\n## Peak memory per rank as G grows ({tokens // 1024}K tokens, causal, fp32): {title}\n")
     print("| G | strategy | peak MiB/rank | vs one process | x G | sent fwd MiB | sent bwd MiB | commit |")
