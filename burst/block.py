@@ -47,7 +47,7 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
     out and lse are the query rows' *global* results (lse with +inf for empty rows, see
     kernels.lse_for_backward). Instead of out, BurstAttention's backward has delta = rowsum(dout*out),
     (batch, nheads, seqlen_q): pass out=None and delta, and the kernel's stand-in for out is rebuilt
-    tile by tile (kernels.out_from_delta), never for the whole block at once.
+    once per tile row (kernels.out_from_delta), never for the whole block at once.
     dq_acc is shaped like q, dk_acc/dv_acc like k/v, all float32.
     """
     start = time.perf_counter()
@@ -56,9 +56,9 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
         qr, kr = t.q.rows, t.k.rows
         if out is not None:
             out_rows = out[:, qr]
-        elif qr != rebuilt_for:  # tiles come row by row: rebuild once per query rows, not per tile
-            out_rows, rebuilt_for = None, qr
-            out_rows = out_from_delta(dout[:, qr], delta[:, :, qr])
+        elif qr != rebuilt_for:  # consecutive tiles mostly share query rows: rebuild only when they change
+            out_rows = None  # free the previous rows' stand-in before building this one
+            out_rows, rebuilt_for = out_from_delta(dout[:, qr], delta[:, :, qr]), qr
         dq, dk, dv = kernel.backward(
             dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out_rows, lse[:, :, qr], scale, t.causal, t.mask
         )
