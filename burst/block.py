@@ -48,7 +48,9 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
     kernels.lse_for_backward). Instead of out, BurstAttention's backward has delta = rowsum(dout*out),
     (batch, nheads, seqlen_q): pass out=None and delta, and the kernel's stand-in for out is rebuilt
     once per tile row (kernels.out_from_delta), never for the whole block at once.
-    dq_acc is shaped like q, dk_acc/dv_acc like k/v, all float32.
+    dq_acc is shaped like q, dk_acc/dv_acc like k/v, all float32. dq_acc may instead be a function
+    returning it, called after the first kernel call: BurstAttention waits there for the dQ that
+    arrives from the previous rank and accumulates onto it, so no third dQ buffer is needed.
     """
     start = time.perf_counter()
     rebuilt_for, out_rows = None, None
@@ -62,6 +64,8 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
         dq, dk, dv = kernel.backward(
             dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out_rows, lse[:, :, qr], scale, t.causal, t.mask
         )
+        if callable(dq_acc):  # deferred by the caller until a tile is computed (see below)
+            dq_acc = dq_acc()
         dq_acc[:, qr] += dq
         dk_acc[:, kr] += dk
         dv_acc[:, kr] += dv
