@@ -48,9 +48,8 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
     kernels.lse_for_backward). Instead of out, BurstAttention's backward has delta = rowsum(dout*out),
     (batch, nheads, seqlen_q): pass out=None and delta, and the kernel's stand-in for out is rebuilt
     once per tile row (kernels.out_from_delta), never for the whole block at once.
-    dq_acc is shaped like q, dk_acc/dv_acc like k/v, all float32. dq_acc may instead be a function
-    returning it, called after the first kernel call: BurstAttention waits there for the dQ that
-    arrives from the previous rank and accumulates onto it, so no third dQ buffer is needed.
+    dq_acc is shaped like q, dk_acc/dv_acc like k/v, all float32. Any of them may instead be a
+    function returning it, called after the first kernel call (see ArrivingAccumulators).
     """
     start = time.perf_counter()
     rebuilt_for, out_rows = None, None
@@ -64,13 +63,42 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
         dq, dk, dv = kernel.backward(
             dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out_rows, lse[:, :, qr], scale, t.causal, t.mask
         )
-        if callable(dq_acc):  # deferred by the caller until a tile is computed (see below)
-            dq_acc = dq_acc()
+        if callable(dq_acc) or callable(dk_acc):  # deferred until a tile is computed (ArrivingAccumulators)
+            dq_acc, dk_acc, dv_acc = (a() if callable(a) else a for a in (dq_acc, dk_acc, dv_acc))
         dq_acc[:, qr] += dq
         dk_acc[:, kr] += dk
         dv_acc[:, kr] += dv
         del dq, dk, dv  # free this tile's gradients before the next kernel call
     _account("backward", tiles, start)
+
+
+class ArrivingAccumulators:
+    """The gradient accumulators of the block a rank holds in a ring: what the ranks before it added.
+
+    They arrive on `comm` from the previous step's send_recv (`arriving`; None on the first step, which
+    starts from zeros shaped like `likes`). attend_backward asks for them after its first kernel call:
+    the transfer was posted a whole step earlier, so it has normally finished by then (a tile's compute
+    outlasts a block's transfer) and the wait is free. The kernel's gradients then add straight onto
+    the received buffers: two buffer sets per rank (one arriving, one leaving, swapped by RingComm)
+    instead of three (a fresh one, the arriving one and the leaving one).
+    """
+
+    def __init__(self, likes: list[torch.Tensor], comm, arriving: list[torch.Tensor] | None):
+        self._likes, self._comm, self._arriving = likes, comm, arriving
+        self._accs: list[torch.Tensor] | None = None
+
+    def __call__(self) -> list[torch.Tensor]:
+        if self._accs is None:
+            if self._arriving is None:
+                self._accs = [accumulator_zeros_like(t) for t in self._likes]
+            else:
+                self._comm.wait()
+                self._accs, self._arriving = list(self._arriving), None
+        return self._accs
+
+    def part(self, i: int):
+        """The i-th accumulator, deferred: a function for attend_backward."""
+        return lambda: self()[i]
 
 
 def accumulator_zeros_like(t: torch.Tensor) -> torch.Tensor:

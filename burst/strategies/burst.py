@@ -9,9 +9,7 @@ heads than K, V, so ring's backward can be the cheaper one; the planner weighs t
 
 from __future__ import annotations
 
-import torch
-
-from ..block import attend_backward, accumulator_zeros_like
+from ..block import ArrivingAccumulators, accumulator_zeros_like, attend_backward
 from ..call import AttentionCall
 from ..comm import RingComm
 from ..kernels import lse_for_backward, row_delta
@@ -35,12 +33,13 @@ def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
         src = (call.rank + step) % call.world  # owner of the queries we hold now
         q_j, dout_j, delta_j, lse_j = travelling
         # dQ of these queries, accumulated onto what arrives from the rank before (zeros at step 0).
-        dq_j = _ArrivingGradient(q, dq_comm, incoming if step > 0 else None)
+        dq_j = ArrivingAccumulators([q], dq_comm, incoming if step > 0 else None)
         tiles = call.tiles(src, call.rank)
         # Our own queries come with their real output; others' are rebuilt from D tile by tile.
         out_j = out if src == call.rank else None
-        attend_backward(call.kernel, dout_j, q_j, k, v, out_j, lse_j, tiles, dq_j, dk, dv, call.scale, delta=delta_j)
-        dq_j = dq_j()  # (already fetched unless this rank had no tile at this step)
+        attend_backward(call.kernel, dout_j, q_j, k, v, out_j, lse_j, tiles, dq_j.part(0), dk, dv, call.scale,
+                        delta=delta_j)
+        (dq_j,) = dq_j()  # (already fetched unless this rank had no tile at this step)
         # Pass dQ on with its queries; after the last step send it straight home to src.
         incoming = dq_comm.send_recv([dq_j], offset=-1 if step + 1 < steps else step)
         del dq_j
@@ -49,29 +48,6 @@ def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
             travelling = next_travelling
     dq_comm.wait()  # our own queries' gradient, home
     return incoming[0].to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-
-
-class _ArrivingGradient:
-    """The dQ accumulator of the queries we hold: what the ranks before us added, arriving meanwhile.
-
-    attend_backward asks for it after its first kernel call; the transfer was posted at the end of the
-    previous step, so it has normally finished by then (a tile's compute outlasts a dQ block's
-    transfer) and the wait is free. The kernel's dQ then adds straight onto the received buffer: two
-    dQ buffers per rank (one arriving, one leaving, swapped by RingComm) instead of three.
-    """
-
-    def __init__(self, like: torch.Tensor, comm: RingComm, arriving: list[torch.Tensor] | None):
-        self._like, self._comm, self._arriving = like, comm, arriving
-        self._acc = None
-
-    def __call__(self) -> torch.Tensor:
-        if self._acc is None:
-            if self._arriving is None:  # our own queries, first step: nobody has added to their dQ yet
-                self._acc = accumulator_zeros_like(self._like)
-            else:
-                self._comm.wait()
-                self._acc, self._arriving = self._arriving[0], None
-        return self._acc
 
 
 BURST = Strategy("burst", forward=ring_forward, backward=burst_backward)

@@ -13,9 +13,7 @@ after s steps and the gradients take one direct hop home.
 
 from __future__ import annotations
 
-import torch
-
-from ..block import accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
+from ..block import ArrivingAccumulators, accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
 from ..call import AttentionCall
 from ..comm import RingComm
 from ..kernels import lse_for_backward
@@ -55,14 +53,13 @@ def ring_backward(call: AttentionCall, dout, q, k, v, out, lse):
         if step + 1 < steps:
             next_kv = kv_comm.send_recv(kv)
         src = (call.rank - step) % call.world
-        dk, dv = accumulator_zeros_like(k), accumulator_zeros_like(v)
-        attend_backward(call.kernel, dout, q, kv[0], kv[1], out, lse, call.tiles(call.rank, src), dq, dk, dv, call.scale)
-        if step > 0:
-            grad_comm.wait()  # the visiting block's gradients from the ranks before us
-            dk += incoming[0]
-            dv += incoming[1]
+        # The visiting block's dK, dV: onto what the ranks before us added (zeros at step 0).
+        grads = ArrivingAccumulators([k, v], grad_comm, incoming if step > 0 else None)
+        attend_backward(call.kernel, dout, q, kv[0], kv[1], out, lse, call.tiles(call.rank, src), dq,
+                        grads.part(0), grads.part(1), call.scale)
         # Pass the gradients on along the ring; after the last step send them straight home to src.
-        incoming = grad_comm.send_recv([dk, dv], offset=1 if step + 1 < steps else -step)
+        incoming = grad_comm.send_recv(grads(), offset=1 if step + 1 < steps else -step)
+        del grads
         if step + 1 < steps:
             kv_comm.wait()
             kv = next_kv
