@@ -1,12 +1,13 @@
 """burst: exact attention over very long sequences split across devices.
 
-Public names: attention, shard, unshard, CommStats, BlockSparseMask (see DESIGN.md).
+Public names: attention, shard, unshard, CommStats, BlockSparseMask, set_agreement_check (see DESIGN.md).
 """
 
+from .agreement import set_agreement_check
 from .api import attention
 from .comm.stats import CommStats
 from .layout import shard, unshard
 from .masks import BlockSparseMask
 
-__all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask"]
+__all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask", "set_agreement_check"]
 __version__ = "0.1.0"

@@ -8,13 +8,13 @@ import torch
 import torch.distributed as dist
 
 from .call import AttentionCall
-from .comm.collectives import all_gather_flat
+from .agreement import agree
 from .kernels import select_kernel
 from .layout import LAYOUTS, local_multiple
 from .masks import BlockSparseMask, MaskSpec
 from .strategies import STRATEGIES
 
-PLANNED_STRATEGIES = ("ulysses", "usp", "cqs")
+PLANNED_STRATEGIES = tuple(s for s in ("ulysses", "usp", "cqs") if s not in STRATEGIES)
 STRATEGY_NAMES = tuple(STRATEGIES) + PLANNED_STRATEGIES + ("auto",)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -32,6 +32,7 @@ def attention(
     return_lse: bool = False,
     cu_seqlens=None,
     block_sparse: BlockSparseMask | None = None,
+    **options,
 ):
     """Exact attention over a sequence split across the ranks of `group`.
 
@@ -59,6 +60,11 @@ def attention(
             inside its own document (and causally, with causal=True).
         block_sparse: a burst.BlockSparseMask(block_size, layout) over the global sequence; block
             pairs that are False are never computed.
+        **options: the chosen strategy's own options (see its module); others raise ValueError.
+
+    Every rank of the group must pass the same options and shards of one shape: one small
+    collective per call checks that and raises ValueError on every rank, naming the option and each
+    rank's value, when they differ (see burst.agreement for its cost and burst.set_agreement_check).
 
     Masks combine (all must allow a pair). A row with nothing to attend gets output 0, gradient 0
     and lse -inf. Block pairs with nothing to attend are skipped, and the ring stops early when the
@@ -73,42 +79,68 @@ def attention(
     """
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
-    problem = _local_problem(q, k, v, strategy, layout, causal, window, softmax_scale, world, cu_seqlens,
-                             block_sparse)
-    _agree_across_ranks(q, k, problem, group, world)
+    problem, call, name = None, None, None
+    try:
+        name, call = _prepare_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale,
+                                   cu_seqlens, block_sparse, options)
+    except (TypeError, ValueError, NotImplementedError) as err:
+        problem = err
+    facts = _call_facts(q, k, name, call, return_lse) if problem is None else None
+    agree("burst.attention", facts, problem, group, world, hints=_HINTS)
+    out, lse = STRATEGIES[name](call, q, k, v)
+    return (out, lse) if return_lse else out
+
+
+_HINTS = {"seqlen": " (shard with burst.shard, or pad every rank to one length)"}
+
+
+def _prepare_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale, cu_seqlens,
+                  block_sparse, options) -> tuple[str, AttentionCall]:
+    """Validate this rank's arguments (local facts only) and build its AttentionCall."""
+    _check_tensors(q, k, v)
+    _check_options(strategy, layout, causal, window, softmax_scale)
+    _check_local_length(q.shape[1], layout)
+    global_len = q.shape[1] * world
+    _check_documents(cu_seqlens, global_len)
+    _check_block_sparse(block_sparse, global_len)
     name = _resolve_strategy(strategy, q, k)
+    chosen = STRATEGIES[name]
+    unknown = sorted(set(options) - set(chosen.options))
+    if unknown:
+        accepted = ", ".join(chosen.options) or "none"
+        raise ValueError(f"strategy {name!r} takes no option {', '.join(map(repr, unknown))} (its options: {accepted})")
     spec = MaskSpec(causal=causal, window=_normalized_window(window),
                     cu_seqlens=tuple(int(x) for x in cu_seqlens) if cu_seqlens is not None else None,
                     block_sparse=block_sparse)
     call = AttentionCall(
         group=group, rank=rank, world=world, layout=layout, local_len=q.shape[1], spec=spec,
         scale=float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5,
-        kernel=select_kernel(q.device, q.dtype),
+        kernel=select_kernel(q.device, q.dtype), options=dict(options),
     )
-    out, lse = STRATEGIES[name](call, q, k, v)
-    return (out, lse) if return_lse else out
+    if chosen.check is not None:
+        chosen.check(call, q, k)
+    return name, call
+
+
+def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool) -> dict:
+    """What must be equal on every rank for the call to be right: shard shapes, dtype, options."""
+    spec = call.spec
+    facts = {
+        "batch": q.shape[0], "seqlen": q.shape[1], "heads": q.shape[2], "kv_heads": k.shape[2],
+        "head_dim": q.shape[3], "dtype": str(q.dtype), "strategy": name, "layout": call.layout,
+        "causal": spec.causal, "window": spec.window, "softmax_scale": call.scale, "return_lse": bool(return_lse),
+        "cu_seqlens": spec.cu_seqlens,
+        "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
+    }
+    facts.update((f"option {key}", call.options[key]) for key in sorted(call.options))
+    return facts
 
 
 def _resolve_strategy(strategy: str, q, k) -> str:
+    """"auto" resolves from facts every rank agrees on (head counts), so identically everywhere."""
     if strategy == "auto":
         return "burst" if k.shape[2] == q.shape[2] else "ring"
     return strategy
-
-
-def _local_problem(q, k, v, strategy, layout, causal, window, softmax_scale, world, cu_seqlens,
-                   block_sparse) -> BaseException | None:
-    """The error this rank's arguments deserve, or None. Checks only local facts."""
-    try:
-        _check_tensors(q, k, v)
-        _check_options(strategy, layout, causal, window, softmax_scale)
-        _check_local_length(q.shape[1], layout)
-        global_len = q.shape[1] * world
-        _check_documents(cu_seqlens, global_len)
-        _check_block_sparse(block_sparse, global_len)
-        _check_supported(strategy, layout, causal, window, cu_seqlens, block_sparse)
-    except (TypeError, ValueError, NotImplementedError) as err:
-        return err
-    return None
 
 
 def _check_tensors(q, k, v) -> None:
@@ -199,59 +231,7 @@ def _check_block_sparse(block_sparse, global_len: int) -> None:
         )
 
 
-def _check_supported(strategy, layout, causal, window, cu_seqlens, block_sparse) -> None:
-    """DistFlashAttn's schedule is for causal attention on contiguous shards only."""
-    if strategy == "distflash":
-        if layout != "contiguous" or not causal or window not in (None, (-1, -1)) or cu_seqlens is not None \
-                or block_sparse is not None:
-            raise ValueError(
-                "strategy='distflash' supports layout='contiguous' with causal=True and no window, "
-                "cu_seqlens or block_sparse; use 'burst' or 'ring' (any layout and mask) otherwise"
-            )
-
-
 def _normalized_window(window) -> tuple[int, int] | None:
     if window is None or tuple(window) == (-1, -1):
         return None
     return (int(window[0]), int(window[1]))
-
-
-def _collective_device(group) -> torch.device:
-    """Where the check's small tensor lives: the CPU for gloo, this rank's GPU for NCCL (even when
-    this rank's own input is bad or not a tensor)."""
-    if dist.get_backend(group) != "gloo" and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _agree_across_ranks(q, k, problem: BaseException | None, group, world: int) -> None:
-    """Make every rank raise if any rank's input is bad or shards differ in shape or dtype.
-
-    One small all_gather of (ok, batch, seqlen, heads, kv_heads, headdim, dtype) per call: that is the
-    "cheap check" that a rank's shard matches the others' before the strategy's ring starts.
-    """
-    if world == 1:
-        if problem is not None:
-            raise problem
-        return
-    ok = problem is None
-    meta = [int(ok)] + ([*q.shape, k.shape[2], DTYPES.index(q.dtype)] if ok else [0] * 6)
-    device = _collective_device(group)
-    mine = torch.tensor(meta, dtype=torch.int64, device=device)
-    every = torch.empty(world * mine.numel(), dtype=torch.int64, device=device)
-    all_gather_flat(every, mine, group=group)
-    every = every.view(world, -1).cpu().tolist()
-    if not all(row[0] for row in every):
-        messages = [None] * world
-        dist.all_gather_object(messages, None if ok else f"{type(problem).__name__}: {problem}", group=group)
-        if problem is not None:
-            raise problem
-        bad = [f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None]
-        raise ValueError("burst.attention: bad input on another rank; " + "; ".join(bad))
-    names = ("batch", "seqlen", "heads", "head_dim", "kv_heads", "dtype")
-    for col, name in enumerate(names, start=1):
-        values = [row[col] for row in every]
-        if len(set(values)) > 1:
-            shown = [str(DTYPES[x]) for x in values] if name == "dtype" else values
-            hint = " (shard with burst.shard, or pad every rank to one length)" if name == "seqlen" else ""
-            raise ValueError(f"q's {name} differs across ranks: {shown} by rank; it must be equal{hint}")

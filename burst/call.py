@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch.distributed as dist
@@ -15,7 +15,8 @@ from .masks import MaskSpec, Tile, may_attend, plan_tiles
 class AttentionCall:
     """One call's setting, fixed on every rank: the group, how the sequence is laid out, the mask.
 
-    local_len: tokens per rank. kernel: a backend module from burst.kernels.
+    local_len: tokens per rank. kernel: a backend module from burst.kernels. options: the
+    strategy's own keyword options (Strategy.options), as the caller gave them.
     """
 
     group: dist.ProcessGroup | None
@@ -26,6 +27,7 @@ class AttentionCall:
     spec: MaskSpec
     scale: float
     kernel: object
+    options: dict = field(default_factory=dict)
 
     def segments(self, rank: int) -> list[Segment]:
         """The position runs of `rank`'s shard."""

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .agreement import agree
+
 LAYOUTS = ("contiguous", "zigzag", "striped")
 
 
@@ -86,21 +88,48 @@ def _world_and_rank(group):
     return dist.get_world_size(group), dist.get_rank(group)
 
 
-def shard(x: torch.Tensor, group=None, layout: str = "contiguous", dim: int = 1) -> torch.Tensor:
-    """This rank's shard of the full tensor `x` along `dim` (no communication)."""
-    check_layout(layout)
+def _agree_on_layout(entry: str, x, group, layout: str, dim: int, facts) -> tuple[int, int, int]:
+    """Check locally, then that every rank of `group` agrees; returns (world, rank, dim >= 0)."""
     world, rank = _world_and_rank(group)
+    problem = None
+    try:
+        check_layout(layout)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{entry} needs a torch.Tensor, got {type(x).__name__}")
+        if not -x.dim() <= dim < x.dim():
+            raise ValueError(f"dim={dim} is out of range for a {x.dim()}-D tensor")
+        dim = dim % x.dim()
+    except (TypeError, ValueError) as err:
+        problem = err
+    agree(entry, facts(dim) if problem is None else None, problem, group, world)
+    return world, rank, dim
+
+
+def shard(x: torch.Tensor, group=None, layout: str = "contiguous", dim: int = 1) -> torch.Tensor:
+    """This rank's shard of the full tensor `x` along `dim`.
+
+    Every rank must pass the same layout and a tensor of the same length along `dim`: one small
+    collective checks that (see burst.agreement), so a rank that differs raises on every rank
+    instead of holding tokens the others think it does not.
+    """
+    world, rank, dim = _agree_on_layout(
+        "burst.shard", x, group, layout, dim,
+        lambda d: {"layout": layout, "dim": d, "length": x.shape[d], "ndim": x.dim()})
     idx = shard_indices(layout, rank, world, x.shape[dim], device=x.device)
     return x.index_select(dim, idx)
 
 
 def unshard(x_local: torch.Tensor, group=None, layout: str = "contiguous", dim: int = 1) -> torch.Tensor:
-    """The full tensor from every rank's shard along `dim` (an all-gather; every rank gets it all)."""
-    check_layout(layout)
-    world, rank = _world_and_rank(group)
+    """The full tensor from every rank's shard along `dim` (an all-gather; every rank gets it all).
+
+    Every rank must pass the same layout and shards of one shape and dtype (checked first).
+    """
+    world, rank, dim = _agree_on_layout(
+        "burst.unshard", x_local, group, layout, dim,
+        lambda d: {"layout": layout, "dim": d, "shape": tuple(x_local.shape), "dtype": str(x_local.dtype)})
     if world == 1:
         return x_local
-    parts = [torch.empty_like(x_local) for _ in range(world)]
+    parts = [torch.empty_like(x_local, memory_format=torch.contiguous_format) for _ in range(world)]
     dist.all_gather(parts, x_local.contiguous(), group=group)
     gathered = torch.cat(parts, dim=dim)
     seq_len = gathered.shape[dim]

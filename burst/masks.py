@@ -17,6 +17,7 @@ Mask kinds (combined with AND):
 from __future__ import annotations
 
 import bisect
+import hashlib
 import enum
 from dataclasses import dataclass
 from functools import cached_property
@@ -57,6 +58,12 @@ class BlockSparseMask:
         if not isinstance(self.layout, torch.Tensor) or self.layout.dim() != 2 or self.layout.dtype != torch.bool:
             raise ValueError("layout must be a 2-D bool tensor (query blocks, key blocks)")
         object.__setattr__(self, "layout", self.layout.cpu())
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A digest of block size and layout, equal on every rank that holds an equal mask."""
+        raw = self.layout.contiguous().numpy().tobytes()
+        return f"{self.block_size}:{tuple(self.layout.shape)}:{hashlib.blake2b(raw, digest_size=8).hexdigest()}"
 
 
 @dataclass(frozen=True, eq=False)

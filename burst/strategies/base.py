@@ -1,9 +1,14 @@
-"""The one autograd.Function every strategy runs through.
+"""The one autograd.Function every strategy runs through, and what a strategy declares.
 
 A strategy is a pair of loops over this rank's shards:
 
     forward(call, q, k, v) -> out, lse
     backward(call, dout, q, k, v, out, lse) -> dq, dk, dv
+
+plus what it accepts beyond the common arguments: `options`, the extra keyword options
+`burst.attention` takes for it (e.g. a Ulysses degree; `call.options` holds them), and `check`, which
+raises ValueError for a combination it cannot run. `check(call, q, k)` may look at local facts only
+(it runs before any communication, on every rank; the agreement check then makes every rank raise).
 
 Forward saves exactly what backward needs (q, k, v, out, lse), as flash-attention does.
 """
@@ -23,6 +28,8 @@ class Strategy:
     name: str
     forward: Callable
     backward: Callable
+    options: tuple[str, ...] = ()
+    check: Callable[[AttentionCall, torch.Tensor, torch.Tensor], None] | None = None
 
     def __call__(self, call: AttentionCall, q, k, v):
         """Differentiable (out, lse) for this rank's shards; lse is not differentiable."""

@@ -200,4 +200,14 @@ def _add_returned(returning, dq, dk, dv) -> None:
         dq[:, step.help_rows] += received.pop(0)
 
 
-DISTFLASH = Strategy("distflash", forward=distflash_forward, backward=distflash_backward)
+def check_distflash(call: AttentionCall, q, k) -> None:
+    """The schedule is for causal attention on contiguous shards only."""
+    spec = call.spec
+    if call.layout != "contiguous" or not spec.causal or spec.window or spec.cu_seqlens or spec.block_sparse:
+        raise ValueError(
+            "strategy='distflash' supports layout='contiguous' with causal=True and no window, "
+            "cu_seqlens or block_sparse; use 'burst' or 'ring' (any layout and mask) otherwise"
+        )
+
+
+DISTFLASH = Strategy("distflash", forward=distflash_forward, backward=distflash_backward, check=check_distflash)

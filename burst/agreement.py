@@ -1,0 +1,138 @@
+"""Every rank of a group must make the same call: one small collective checks it.
+
+A sharded call is only right when every rank passes the same options (causal, layout, window, ...)
+and shards of one shape. A rank that differs does not fail by itself: it computes a different mask,
+or runs a different number of ring steps and hangs its neighbours. `agree` gathers one int64 per
+named fact from every rank (an exact value for ints, a 63-bit digest for anything else) and, when
+any fact differs or any rank's input was bad, raises the same error on every rank before the
+strategy sends anything. Only on that error path does a second collective gather the values
+themselves, so the message can name each rank's value.
+
+The check costs one all_gather of a few dozen bytes per call and, on a GPU, a host sync. Set
+`set_agreement_check("first")` to check only the first call of each signature on this rank (sound
+when every rank sees the same sequence of call signatures, which the first check of each verifies),
+or "off"; the default "always" is the safe one. The environment variable BURST_AGREEMENT_CHECK sets
+the starting mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .comm.collectives import all_gather_flat
+
+MODES = ("always", "first", "off")
+_mode = os.environ.get("BURST_AGREEMENT_CHECK", "always")
+_checked: set[tuple] = set()  # (group key, digests) already agreed on, for mode "first"
+_MAX_REMEMBERED = 4096
+
+
+def set_agreement_check(mode: str) -> str:
+    """Set how often calls check that ranks agree: "always" (default), "first" or "off".
+
+    "first" checks the first call of each signature (shapes, dtype, options) on this rank and skips
+    the collective afterwards: a rank whose options change while the others' do not would then run
+    a collective the others skip, so use it only where every rank runs the same program. "off"
+    never checks: a disagreement is silently wrong or hangs. Returns the previous mode.
+    """
+    global _mode
+    if mode not in MODES:
+        raise ValueError(f"agreement check mode must be one of {MODES}, got {mode!r}")
+    previous, _mode = _mode, mode
+    _checked.clear()
+    return previous
+
+
+def agreement_check_mode() -> str:
+    return _mode
+
+
+def digest(value: Any) -> int:
+    """A deterministic int64 for `value`: ints (and bools) as themselves, anything else a 63-bit
+    hash of its repr (Python's hash() of a str differs between processes)."""
+    if isinstance(value, bool) or (isinstance(value, int) and -(2 ** 62) < value < 2 ** 62):
+        return int(value)
+    raw = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "little") >> 1
+
+
+def collective_device(group) -> torch.device:
+    """Where the check's small tensor lives: the CPU for gloo, this rank's GPU for NCCL (even when
+    this rank's own input is bad or not a tensor)."""
+    if dist.get_backend(group) != "gloo" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def agree(entry: str, facts: dict[str, Any] | None, problem: BaseException | None, group,
+          world: int, hints: dict[str, str] | None = None) -> None:
+    """Raise on every rank of `group` unless every rank had no `problem` and equal `facts`.
+
+    entry: the public function, for messages ("burst.attention"). facts: name -> value (None when
+    this rank's input was too bad to describe). A rank with a problem raises it; the others raise
+    ValueError naming the rank and its message. A fact that differs raises ValueError naming it and
+    each rank's value (hints[name] is appended).
+
+    The collective is the same on every rank whatever its input: (ok, digest of all facts), two int64.
+    """
+    if world == 1 or _mode == "off":
+        if problem is not None:
+            raise problem
+        return
+    ok = problem is None and facts is not None
+    digests = tuple(digest(v) for v in facts.values()) if ok else ()
+    key = (_group_key(group), tuple(facts) if ok else (), digests)
+    if ok and _mode == "first" and key in _checked:
+        return
+    device = collective_device(group)
+    mine = torch.tensor([int(ok), digest((tuple(facts), digests)) if ok else 0], dtype=torch.int64, device=device)
+    every = torch.empty(world * 2, dtype=torch.int64, device=device)
+    all_gather_flat(every, mine, group=group)
+    rows = every.view(world, 2).cpu().tolist()
+    if not all(r[0] for r in rows):
+        _raise_bad_input(entry, problem, group, world)
+    if len({r[1] for r in rows}) > 1:
+        _raise_disagreement(entry, facts, digests, group, world, hints or {})
+    if _mode == "first" and len(_checked) < _MAX_REMEMBERED:
+        _checked.add(key)
+
+
+def _group_key(group) -> int:
+    return 0 if group is None else id(group)
+
+
+def _raise_bad_input(entry: str, problem, group, world: int) -> None:
+    messages = [None] * world
+    dist.all_gather_object(messages, None if problem is None else f"{type(problem).__name__}: {problem}",
+                           group=group)
+    if problem is not None:
+        raise problem
+    bad = [f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None]
+    raise ValueError(f"{entry}: bad input on another rank; " + "; ".join(bad))
+
+
+def _raise_disagreement(entry: str, facts: dict, digests: tuple, group, world: int, hints: dict[str, str]) -> None:
+    """Gather every rank's facts (every rank is here: all saw the same digests) and name those that differ."""
+    mine = [(name, d, _shown(value)) for (name, value), d in zip(facts.items(), digests)]
+    every = [None] * world
+    dist.all_gather_object(every, mine, group=group)
+    by_name = [dict((name, (d, shown)) for name, d, shown in rows) for rows in every]
+    names = list(dict.fromkeys(name for rows in every for name, _, _ in rows))
+    parts = []
+    for name in names:
+        values = [row.get(name, (None, "(not given)")) for row in by_name]
+        if len({d for d, _ in values}) > 1:
+            by_rank = ", ".join(f"rank {r}: {shown}" for r, (_, shown) in enumerate(values))
+            parts.append(f"{name} differs across ranks ({by_rank}); it must be equal on every rank"
+                         + hints.get(name, ""))
+    raise ValueError(f"{entry}: " + "; ".join(parts))
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
