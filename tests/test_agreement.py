@@ -1,0 +1,145 @@
+"""Ranks that disagree on a call's options raise on every rank, naming the option; nothing hangs.
+
+One world per size (2, 3). In each case rank 0 passes one option different from the others; every
+rank must raise ValueError naming the option and rank 0's value, and a correct call on the same
+world must still be exact afterwards. The "first" check mode is exercised too.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import burst
+from cases import TOL, full_inputs, reference_grads, sharded_errors
+from world import run_world
+
+B, N, H, D = 1, 8, 2, 8  # batch, local tokens, heads, head dim
+
+
+def _mismatch_cases(rank, world):
+    """name -> (kwargs for burst.attention on this rank, words rank 0's value shows as)."""
+    first = rank == 0
+    total = N * world
+    blocks = torch.ones(world, world, dtype=torch.bool)
+    other_blocks = blocks.clone()
+    other_blocks[-1, 0] = False
+    return {
+        "causal": (dict(causal=first), "True"),
+        "layout": (dict(layout="zigzag" if first else "contiguous"), "'zigzag'"),
+        "window": (dict(window=(2, 0) if first else (3, 0)), "(2, 0)"),
+        "softmax_scale": (dict(softmax_scale=0.5 if first else 0.25), "0.5"),
+        "strategy": (dict(strategy="ring" if first else "burst"), "'ring'"),
+        "cu_seqlens": (dict(cu_seqlens=[0, 5, total] if first else [0, 6, total]), "(0, 5,"),
+        "block_sparse": (dict(block_sparse=burst.BlockSparseMask(N, other_blocks if first else blocks)), ""),
+        "return_lse": (dict(return_lse=first), "True"),
+        "option distflash": (dict(strategy="distflash" if first else "burst", causal=True), "'distflash'"),
+    }
+
+
+def _run_mismatches(rank, world):
+    results = {}
+    full = full_inputs(7, B, N * world, H, H, D, torch.float32)
+    ref = reference_grads(*full, causal=True)
+    for name, (kwargs, _) in _mismatch_cases(rank, world).items():
+        q, k, v = (burst.shard(t).float().requires_grad_() for t in full[:3])
+        try:
+            out = burst.attention(q, k, v, **kwargs)
+            results[name] = ("no error", "")
+            if isinstance(out, tuple):
+                out = out[0]
+            out.sum().backward()
+        except ValueError as err:
+            results[name] = ("ValueError", str(err))
+        # The world is still usable: a correct call right after is exact.
+        results[name] += (sharded_errors(full, ref, torch.float32, causal=True),)
+    results["shard layout"] = _error_of(lambda: burst.shard(full[0], layout="striped" if rank == 0 else "zigzag"))
+    longer = torch.randn(B, N * world + (world if rank == 0 else 0), H, D)
+    results["shard length"] = _error_of(lambda: burst.shard(longer))
+    local = burst.shard(full[0])
+    results["unshard layout"] = _error_of(lambda: burst.unshard(local, layout="zigzag" if rank == 0 else "contiguous"))
+    results["unshard shape"] = _error_of(lambda: burst.unshard(local[:, : N - 2] if rank == 0 else local))
+    results["unshard still works"] = torch.equal(burst.unshard(local), full[0])
+    results["first mode"] = _first_mode(rank, world, full, ref)
+    return results
+
+
+def _error_of(fn):
+    try:
+        fn()
+    except ValueError as err:
+        return ("ValueError", str(err))
+    return ("no error", "")
+
+
+def _first_mode(rank, world, full, ref):
+    """Mode "first": a mismatch on a signature's first call still raises on every rank; repeated
+    agreed calls skip the collective (counted) and stay exact."""
+    from burst import agreement
+
+    calls = []
+    real = agreement.all_gather_flat
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    previous = burst.set_agreement_check("first")
+    agreement.all_gather_flat = counting
+    try:
+        caught = _error_of(lambda: burst.attention(*(burst.shard(t).float() for t in full[:3]), causal=rank == 0))
+        before = len(calls)
+        errs = [sharded_errors(full, ref, torch.float32, causal=True) for _ in range(3)]
+        repeated_collectives = len(calls) - before
+    finally:
+        agreement.all_gather_flat = real
+        burst.set_agreement_check(previous)
+    return caught, errs, repeated_collectives
+
+
+@functools.lru_cache(maxsize=None)
+def _results(world):
+    return run_world(world, _run_mismatches, timeout=240)
+
+
+def _exact(errs) -> bool:
+    return not errs["nan"] and max(errs[n] for n in ("out", "dq", "dk", "dv")) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_option_mismatch_raises_on_every_rank(world):
+    per_rank = _results(world)
+    for name, (_, shown) in _mismatch_cases(0, world).items():
+        fact = name.split()[-1] if name.startswith("option") else name
+        fact = "strategy" if name == "option distflash" else fact
+        for rank, results in enumerate(per_rank):
+            kind, message, after = results[name]
+            assert kind == "ValueError", (name, rank, kind)
+            assert f"{fact} differs across ranks" in message, (name, rank, message)
+            assert f"rank 0: {shown}" in message, (name, rank, message)
+            assert _exact(after), (name, rank, after)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_shard_and_unshard_mismatch_raise_on_every_rank(world):
+    expected = {"shard layout": "layout differs", "shard length": "length differs",
+                "unshard layout": "layout differs", "unshard shape": "shape differs"}
+    for rank, results in enumerate(_results(world)):
+        for name, words in expected.items():
+            kind, message = results[name]
+            assert kind == "ValueError" and words in message, (name, rank, message)
+        assert results["unshard still works"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_first_mode_catches_first_call_and_skips_repeats(world):
+    for rank, results in enumerate(_results(world)):
+        (kind, message), errs, repeated_collectives = results["first mode"]
+        assert kind == "ValueError" and "causal differs across ranks" in message, (rank, message)
+        assert all(_exact(e) for e in errs), (rank, errs)
+        # Three rounds of sharded_errors: only the first checks anything new (attention with causal=True,
+        # whose mismatched first call was not remembered, and shard along dim 2 for lse); the shard
+        # along dim 1 was agreed by the mismatched call already.
+        assert repeated_collectives == 2, (rank, repeated_collectives)
