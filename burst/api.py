@@ -87,11 +87,18 @@ def attention(
         problem = err
     facts = _call_facts(q, k, name, call, return_lse) if problem is None else None
     agree("burst.attention", facts, problem, group, world, hints=_HINTS)
-    out, lse = STRATEGIES[name](call, q, k, v)
+    out, lse = STRATEGIES[name](call, *(_unit_stride_last(t) for t in (q, k, v)))
     return (out, lse) if return_lse else out
 
 
 _HINTS = {"seqlen": " (shard with burst.shard, or pad every rank to one length)"}
+
+
+def _unit_stride_last(t: torch.Tensor) -> torch.Tensor:
+    """Any strides are fine (transposed views, slices) except along head_dim: the attention kernels
+    read each head's vector as one run (aten's CPU flash op silently misreads a strided last dim), so
+    only a tensor whose head_dim is strided is copied."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
 def _prepare_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale, cu_seqlens,

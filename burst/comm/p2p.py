@@ -49,7 +49,10 @@ def exchange(
     `recvs` order.
     """
     sending = [t.contiguous() for t, _, _ in sends]
-    received = list(into) if into is not None else [torch.empty_like(like) for like, _, _ in recvs]
+    # Receive buffers are contiguous whatever the strides of `like` (a transposed view from a
+    # (batch, heads, seq, dim) model, a slice): gloo and NCCL refuse strided buffers.
+    received = list(into) if into is not None else [
+        torch.empty(like.shape, dtype=like.dtype, device=like.device) for like, _, _ in recvs]
     ops = [dist.P2POp(dist.isend, t, global_rank(group, peer), group, tag)
            for t, (_, peer, tag) in zip(sending, sends)]
     ops += [dist.P2POp(dist.irecv, buf, global_rank(group, peer), group, tag)
