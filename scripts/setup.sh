@@ -2,6 +2,8 @@
 # Creates .venv beside the repo and installs burst into it (idempotent).
 # torch is pinned to 2.13.0 only when no torch is present: on our machines that takes the local CPU
 # wheel, while a looser request would pull several GB of CUDA packages. pyproject keeps torch>=2.4.
+# burst is (re)installed with its dev and hf extras whenever pyproject.toml differs from the one
+# last installed, so a new dependency or extra reaches an existing .venv too.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -11,6 +13,9 @@ fi
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   .venv/bin/pip install -q torch==2.13.0
 fi
-if ! .venv/bin/python -c "import burst, pytest" >/dev/null 2>&1; then
-  .venv/bin/pip install -q -e ".[dev]"
+stamp=.venv/.burst-pyproject.sha256
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! .venv/bin/python -c "import burst, pytest" >/dev/null 2>&1; then
+  .venv/bin/pip install -q -e ".[dev,hf]"
+  echo "$want" > "$stamp"
 fi

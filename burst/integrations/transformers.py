@@ -1,0 +1,287 @@
+"""Run any Hugging Face transformers model's attention sequence-parallel through burst.
+
+Registered through transformers' own interfaces (AttentionInterface for the attention function,
+AttentionMaskInterface so transformers never builds an N x N mask): no model code is patched.
+
+    import burst.integrations.transformers as bt
+
+    name = bt.register(strategy="burst", layout="zigzag")        # -> "burst"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=name)
+    batch = bt.shard_batch({"input_ids": ids, "labels": ids}, layout="zigzag")
+    loss = model(**batch).loss            # this rank's share of the global mean loss
+    loss.backward()
+    bt.reduce_gradients(model)            # sum the ranks' shares: the single-process gradients
+    total = bt.reduce_loss(loss)          # the single-process mean loss, on every rank
+
+Every rank runs the model on its shard of the sequence. `shard_batch` gives each rank its tokens
+with `position_ids` at their *global* positions (so RoPE is right under zigzag / striped) and labels
+shifted on the global sequence. Packed sequences (position_ids restarting at 0 for each document in
+a row, transformers' packing convention) become burst's `cu_seqlens`, computed on the global
+positions, so packed training needs no padding. What the backend cannot do raises on every rank:
+padding masks with holes, dropout, `output_attentions=True`, and cached decoding (use
+`burst generate`, which decodes on a sharded KV cache).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from .. import api, layout as layout_mod
+from ..agreement import agree
+
+TESTED_TRANSFORMERS = ">=5,<6"
+
+
+@dataclass(frozen=True)
+class _Backend:
+    """What one registered name runs: strategy, layout, group and strategy options."""
+
+    strategy: str
+    layout: str
+    group: dist.ProcessGroup | None
+    options: dict = field(default_factory=dict)
+
+
+_BACKENDS: dict[str, _Backend] = {}
+
+
+def register(name: str = "burst", *, strategy: str = "burst", layout: str = "contiguous", group=None,
+             **options) -> str:
+    """Register burst as attention implementation `name`; returns the name for `attn_implementation`.
+
+    strategy, layout, group and **options are those of `burst.attention`; the batch must be sharded
+    with the same layout and group (`shard_batch`). Registering a name again replaces its settings.
+    """
+    interfaces = _transformers_interfaces()
+    if "flash" in name or "/" in name or ":" in name:  # transformers routes such names to its flash / hub kernels
+        raise ValueError(f"name {name!r}: transformers treats names containing 'flash', '/' or ':' as its own "
+                         "flash-attention or hub kernels; choose another (e.g. 'burst')")
+    layout_mod.check_layout(layout)
+    if strategy not in api.STRATEGY_NAMES:
+        raise ValueError(f"strategy must be one of {api.STRATEGY_NAMES}, got {strategy!r}")
+    _BACKENDS[name] = _Backend(strategy, layout, group, dict(options))
+    attention_interface, mask_interface = interfaces
+    attention_interface.register(name, burst_attention_forward)
+    mask_interface.register(name, burst_attention_mask)
+    return name
+
+
+def _transformers_interfaces():
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"burst.integrations.transformers needs transformers{TESTED_TRANSFORMERS}: pip install 'burst[hf]'"
+        ) from err
+    return AttentionInterface, AttentionMaskInterface
+
+
+def _backend_of(module) -> tuple[str, _Backend]:
+    name = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    if name not in _BACKENDS:
+        raise ValueError(f"attention implementation {name!r} was not registered with burst "
+                         f"(registered: {sorted(_BACKENDS)}); call burst.integrations.transformers.register first")
+    return name, _BACKENDS[name]
+
+
+def burst_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                            scaling: float | None = None, is_causal: bool | None = None,
+                            sliding_window: int | None = None, **kwargs):
+    """transformers' attention-function interface on burst.attention.
+
+    query: (batch, heads, seq_local, head_dim); key, value: (batch, kv_heads, seq_local, head_dim),
+    this rank's shard. Returns (out (batch, seq_local, heads, head_dim), None).
+    """
+    name, backend = _backend_of(module)
+    _refuse_unsupported(name, query, key, attention_mask, dropout, kwargs)
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    window = None
+    if sliding_window is not None:  # transformers: key j attends when j > i - sliding_window
+        window = (sliding_window - 1, 0 if causal else sliding_window - 1)
+    cu_seqlens = _documents(kwargs.get("position_ids"), query.shape[0], query.shape[2], backend)
+    out = api.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), group=backend.group,
+                        strategy=backend.strategy, layout=backend.layout, causal=causal, window=window,
+                        softmax_scale=scaling, cu_seqlens=cu_seqlens, **backend.options)
+    return out, None
+
+
+def _refuse_unsupported(name, query, key, attention_mask, dropout, kwargs) -> None:
+    """What this backend cannot run, as a clear error. Every condition is one every rank of an SPMD
+    program sees alike (the padding mask is agreed on in burst_attention_mask)."""
+    if dropout:
+        raise ValueError(f"attn_implementation={name!r} runs without attention dropout (got {dropout}); "
+                         "set config.attention_dropout = 0")
+    if kwargs.get("output_attentions"):
+        raise ValueError(f"attn_implementation={name!r} never builds the attention matrix, so "
+                         "output_attentions=True is not available; use attn_implementation='eager' on one device")
+    if kwargs.get("softcap") is not None:
+        raise ValueError(f"attn_implementation={name!r} does not support attention logit softcapping")
+    if query.shape[2] != key.shape[2]:
+        raise ValueError(
+            f"attn_implementation={name!r} got {query.shape[2]} queries against {key.shape[2]} cached keys: "
+            "cached decoding (generate() with a KV cache) is not supported by this backend; call "
+            "generate(..., use_cache=False) or use `burst generate`, which decodes on a sharded KV cache")
+    if attention_mask is not None:
+        raise ValueError(f"attn_implementation={name!r} got an attention mask it cannot apply "
+                         f"(shape {tuple(attention_mask.shape)}); pass no mask, or packed position_ids")
+
+
+def burst_attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+                         mask_function=None, attention_mask: torch.Tensor | None = None, config=None, **kwargs):
+    """transformers' mask interface: burst needs no mask tensor (causality, windows and documents
+    are its own options), so this returns None; a padding mask with holes raises on every rank.
+
+    Called once per forward on every rank, so the padding check is agreed on here, not per layer.
+    """
+    name = getattr(config, "_attn_implementation", None)
+    backend = _BACKENDS.get(name)
+    problem = None
+    if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+        problem = ValueError(
+            f"attn_implementation={name!r}: the attention_mask has padding (zeros); burst runs whole "
+            "sequences only. Pack documents into one row instead (position_ids restarting at 0 per document "
+            "become burst's cu_seqlens), or pad at the end with labels -100 and pass no attention_mask")
+    group = backend.group if backend is not None else None
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    agree("burst (transformers mask)", {} if problem is None else None, problem, group, world)
+    return None
+
+
+class _DocumentCache:
+    """cu_seqlens of the last position_ids tensor seen: every layer of one forward passes the same
+    tensor, so the gather runs once per forward (on every rank alike, as all ranks run the same model)."""
+
+    def __init__(self):
+        self.ref, self.version, self.value = None, None, None
+
+    def get(self, position_ids):
+        if self.ref is not None and self.ref() is position_ids and self.version == position_ids._version:
+            return True, self.value
+        return False, None
+
+    def put(self, position_ids, value):
+        self.ref, self.version, self.value = weakref.ref(position_ids), position_ids._version, value
+
+
+_document_cache = _DocumentCache()
+
+
+def _documents(position_ids, batch: int, local_len: int, backend: _Backend):
+    """burst's cu_seqlens from transformers' packing convention, on the global positions, or None.
+
+    position_ids: (batch or 1, seq_local) at global positions in the layout's order (shard_batch).
+    """
+    if position_ids is None:
+        raise ValueError("burst's transformers backend needs position_ids at global positions: "
+                         "shard the batch with burst.integrations.transformers.shard_batch")
+    hit, value = _document_cache.get(position_ids)
+    if hit:
+        return value
+    world = dist.get_world_size(backend.group) if dist.is_initialized() else 1
+    local = position_ids.expand(batch, local_len).to(torch.long)
+    full = layout_mod.unshard(local.contiguous(), group=backend.group, layout=backend.layout, dim=1)
+    value = documents_from_positions(full, world, backend.layout)
+    _document_cache.put(position_ids, value)
+    return value
+
+
+def documents_from_positions(positions: torch.Tensor, world: int, layout: str) -> list[int] | None:
+    """cu_seqlens over the global sequence from position ids (batch, seq_len) in global order:
+    a document starts where the position restarts at 0. None for one plain sequence per row.
+
+    Raises ValueError for positions that are not global positions (the model's default arange of a
+    local shard, or a batch sharded in another layout) and for rows packed differently.
+    """
+    batch, seq_len = positions.shape
+    starts_row = positions[:, 1:] != positions[:, :-1] + 1
+    # Each rank's own 0..n-1 (what the model makes when no position_ids are passed) would read as
+    # world documents under the contiguous layout: refuse it rather than cut the sequence silently.
+    own_aranges = world > 1 and bool((positions == _rank_local_aranges(world, layout, seq_len)).all())
+    if own_aranges or bool((positions[:, 0] != 0).any()) or bool((positions[:, 1:][starts_row] != 0).any()):
+        hint = " (they are each rank's own 0..n-1: the model made them because none were passed)" if own_aranges else ""
+        raise ValueError(
+            f"position_ids are not global positions in layout={layout!r} order{hint}: every run must start "
+            "at 0 (a new document) and rise by 1. Shard the batch with "
+            f"burst.integrations.transformers.shard_batch(batch, layout={layout!r})")
+    if not bool((starts_row == starts_row[:1]).all()):
+        raise ValueError("packed rows must share their document boundaries (burst's cu_seqlens applies to "
+                         "every row); pack into batch 1, or make the rows' documents line up")
+    starts = (torch.nonzero(starts_row[0]).flatten() + 1).tolist()
+    if not starts:
+        return None
+    return [0, *starts, seq_len]
+
+
+def _rank_local_aranges(world: int, layout: str, seq_len: int) -> torch.Tensor:
+    """The global-order positions seen when every rank passes arange(seq_len // world)."""
+    local = seq_len // world
+    full = torch.empty(seq_len, dtype=torch.long)
+    for r in range(world):
+        full[layout_mod.shard_indices(layout, r, world, seq_len)] = torch.arange(local)
+    return full
+
+
+def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_index: int = -100) -> dict:
+    """This rank's shard of a batch of full sequences, ready for `model(**shard)`.
+
+    batch: `input_ids` (batch, seq_len), optional `labels` (same shape), `position_ids` (made as
+    0..seq_len-1 when absent; give them restarting at 0 per document for packed rows) and
+    `attention_mask` (all ones only). Returns input_ids and position_ids sharded along the sequence
+    by `layout` (position ids keep their global values); with labels, `labels`/`shift_labels` are the
+    labels shifted on the *global* sequence (each token's next token; shifting a shard would pair
+    tokens across shard boundaries) and `num_items_in_batch` is the global count of labelled
+    tokens, so the model's loss is this rank's share of the global mean (see reduce_loss). Other
+    entries are passed through unchanged.
+    """
+    layout_mod.check_layout(layout)
+    ids = batch["input_ids"]
+    if ids.dim() != 2:
+        raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(ids.shape)}")
+    mask = batch.get("attention_mask")
+    if mask is not None and not bool(mask.bool().all()):
+        raise ValueError("attention_mask has padding (zeros); burst runs whole sequences: pack documents "
+                         "into one row (position_ids restarting at 0 per document) or pad at the end with labels "
+                         f"{ignore_index} and drop the attention_mask")
+    positions = batch.get("position_ids")
+    if positions is None:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    out = {k: v for k, v in batch.items() if k not in ("input_ids", "labels", "position_ids", "attention_mask")}
+    out["input_ids"] = layout_mod.shard(ids, group=group, layout=layout, dim=1)
+    out["position_ids"] = layout_mod.shard(positions.expand_as(ids), group=group, layout=layout, dim=1)
+    labels = batch.get("labels")
+    if labels is not None:
+        shifted = torch.full_like(labels, ignore_index)
+        shifted[:, :-1] = labels[:, 1:]
+        local = layout_mod.shard(shifted, group=group, layout=layout, dim=1)
+        out["labels"] = local  # makes the model compute its loss; shift_labels tells it not to shift again
+        out["shift_labels"] = local
+        out["num_items_in_batch"] = int((shifted != ignore_index).sum())
+    return out
+
+
+def reduce_loss(loss: torch.Tensor, group=None) -> torch.Tensor:
+    """The global mean loss on every rank from each rank's share (the model's loss on a shard_batch
+    shard, which divides by the global token count). Detached: backward runs on each rank's own loss."""
+    total = loss.detach().clone()
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(total, group=group)
+    return total
+
+
+def reduce_gradients(model: torch.nn.Module, group=None) -> None:
+    """Sum parameter gradients over the sequence-parallel group, once per step after backward: each
+    rank's gradient holds its tokens' share, and the sum is the single-process gradient."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+        g.copy_(reduced)

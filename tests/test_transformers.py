@@ -1,0 +1,219 @@
+"""Hugging Face transformers models on burst's attention backend, against the single-process model.
+
+Models are built from configs with random weights (no download). One world per size (2, 3, 4);
+every strategy x layout, packed documents, sliding windows, an AdamW step and the errors run in it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+
+import pytest
+import torch
+
+from world import run_world
+
+try:
+    import transformers  # noqa: F401
+except ImportError:  # outside CI only: the suite's set-up installs burst[hf]
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("transformers is not installed (pip install 'burst[hf]')", allow_module_level=True)
+
+VOCAB = 64
+COMBOS = (("burst", "contiguous"), ("burst", "zigzag"), ("burst", "striped"), ("ring", "contiguous"),
+          ("ring", "zigzag"), ("ring", "striped"), ("distflash", "contiguous"))
+
+
+def _llama_config(**extra):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, **extra)
+
+
+def _models(config_fn, name):
+    """(single-process model on SDPA, the same weights on burst's backend `name`)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    reference = AutoModelForCausalLM.from_config(config_fn(), attn_implementation="sdpa")
+    sharded = AutoModelForCausalLM.from_config(config_fn(), attn_implementation=name)
+    sharded.load_state_dict(reference.state_dict())
+    return reference, sharded
+
+
+def _rel(x, ref):
+    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
+
+
+def _grads_error(model, reference):
+    named = dict(reference.named_parameters())
+    return max(_rel(p.grad, named[n].grad) for n, p in model.named_parameters())
+
+
+def _parity(rank, world, strategy, layout):
+    """Logits, loss and every parameter gradient of the sharded model vs the single-process one,
+    then one AdamW step: the parameters after it."""
+    import burst
+    import burst.integrations.transformers as bt
+
+    name = bt.register(f"burst-{COMBOS.index((strategy, layout))}", strategy=strategy, layout=layout)
+    reference, model = _models(_llama_config, name)
+    ids = torch.randint(0, VOCAB, (2, 8 * world), generator=torch.Generator().manual_seed(world))
+    ref_out = reference(input_ids=ids, labels=ids)
+    ref_out.loss.backward()
+    out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, layout=layout))
+    out.loss.backward()
+    bt.reduce_gradients(model)
+    errors = {
+        "logits": _rel(burst.unshard(out.logits, layout=layout), ref_out.logits),
+        "loss": abs(bt.reduce_loss(out.loss).item() - ref_out.loss.item()),
+        "grads": _grads_error(model, reference),
+    }
+    lr = 1e-2
+    for m in (reference, model):
+        torch.optim.AdamW(m.parameters(), lr=lr).step()
+    # Adam's first step moves each parameter by about lr * sign(grad): compare in units of lr.
+    named = dict(reference.named_parameters())
+    errors["params after AdamW"] = max((p - named[n]).abs().max().item() for n, p in model.named_parameters()) / lr
+    return errors
+
+
+def _packed(rank, world):
+    """One row of three packed documents equals three separate single-process forwards."""
+    import burst
+    import burst.integrations.transformers as bt
+
+    name = bt.register("burst-packed", strategy="burst", layout="zigzag")
+    reference, model = _models(_llama_config, name)
+    n = 8 * world
+    lengths = (5, 7, n - 12)
+    ids = torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(5))
+    positions = torch.cat([torch.arange(length) for length in lengths])[None]
+    out = model(**bt.shard_batch({"input_ids": ids, "position_ids": positions}, layout="zigzag"))
+    logits = burst.unshard(out.logits, layout="zigzag")
+    worst, start = 0.0, 0
+    with torch.no_grad():
+        for length in lengths:
+            alone = reference(input_ids=ids[:, start:start + length]).logits
+            worst = max(worst, _rel(logits[:, start:start + length], alone))
+            start += length
+    return worst
+
+
+def _sliding_window(rank, world):
+    """A Mistral model whose layers use a sliding window shorter than the sequence."""
+    import burst
+    import burst.integrations.transformers as bt
+    from transformers import MistralConfig
+
+    def config():
+        return MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, sliding_window=5,
+                             max_position_embeddings=512)
+
+    name = bt.register("burst-window", strategy="ring", layout="striped")
+    reference, model = _models(config, name)
+    ids = torch.randint(0, VOCAB, (1, 8 * world), generator=torch.Generator().manual_seed(7))
+    ref_out = reference(input_ids=ids, labels=ids)
+    ref_out.loss.backward()
+    out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, layout="striped"))
+    out.loss.backward()
+    bt.reduce_gradients(model)
+    # The window matters: the same weights without it give other logits.
+    from transformers import AutoModelForCausalLM
+
+    no_window = copy.deepcopy(reference.config)
+    no_window.sliding_window = None
+    unwindowed = AutoModelForCausalLM.from_config(no_window, attn_implementation="sdpa")
+    unwindowed.load_state_dict(reference.state_dict())
+    with torch.no_grad():
+        window_effect = _rel(unwindowed(input_ids=ids).logits, ref_out.logits)
+    return {"logits": _rel(burst.unshard(out.logits, layout="striped"), ref_out.logits),
+            "grads": _grads_error(model, reference), "window effect": window_effect}
+
+
+def _errors(rank, world):
+    """What the backend cannot do raises ValueError on every rank, naming the alternative."""
+    import burst.integrations.transformers as bt
+
+    name = bt.register("burst-errors", strategy="burst")
+    _, model = _models(_llama_config, name)
+    ids = torch.randint(0, VOCAB, (1, 8 * world), generator=torch.Generator().manual_seed(3))
+    batch = bt.shard_batch({"input_ids": ids})
+    holes = torch.ones_like(batch["input_ids"])
+    if rank == 0:
+        holes[0, 0] = 0
+    cases = {
+        "padding on one rank": lambda: model(**batch, attention_mask=holes),
+        "padding in shard_batch": lambda: bt.shard_batch({"input_ids": ids, "attention_mask": torch.zeros_like(ids)}),
+        "output_attentions": lambda: model(**batch, output_attentions=True),
+        "default positions": lambda: model(input_ids=batch["input_ids"]),
+        "cached decoding": lambda: model.generate(batch["input_ids"], position_ids=batch["position_ids"],
+                                                  max_new_tokens=2, do_sample=False),
+    }
+    model.train()
+    model.config.attention_dropout = 0.1
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    cases["dropout"] = lambda: model(**batch)
+    results = {}
+    for case, fn in cases.items():
+        if case != "dropout":
+            model.eval()
+        else:
+            model.train()
+        try:
+            fn()
+            results[case] = None
+        except ValueError as err:
+            results[case] = str(err)
+    model.eval()
+    results["works after"] = model(**batch).logits.shape == (1, 8, VOCAB)
+    return results
+
+
+def _everything(rank, world):
+    torch.set_num_threads(1)
+    results = {"parity": {combo: _parity(rank, world, *combo) for combo in COMBOS}}
+    if world in (2, 3):
+        results["packed"] = _packed(rank, world)
+        results["window"] = _sliding_window(rank, world)
+    if world == 2:
+        results["errors"] = _errors(rank, world)
+    return results
+
+
+@functools.lru_cache(maxsize=None)
+def _results(world):
+    return run_world(world, _everything, timeout=400)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_llama_logits_grads_and_adamw_step_match_single_process(world):
+    for rank, results in enumerate(_results(world)):
+        for combo, errors in results["parity"].items():
+            assert errors["logits"] < 1e-4 and errors["grads"] < 1e-4, (rank, combo, errors)
+            assert errors["loss"] < 1e-5 and errors["params after AdamW"] < 1e-2, (rank, combo, errors)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_packed_documents_and_sliding_window(world):
+    for rank, results in enumerate(_results(world)):
+        assert results["packed"] < 1e-4, (rank, results["packed"])
+        window = results["window"]
+        assert window["logits"] < 1e-4 and window["grads"] < 1e-4 and window["window effect"] > 1e-3, (rank, window)
+
+
+def test_unsupported_raises_on_every_rank():
+    expected = {"padding on one rank": "padding", "padding in shard_batch": "padding",
+                "output_attentions": "output_attentions", "default positions": "global positions",
+                "cached decoding": "burst generate", "dropout": "dropout"}
+    for rank, results in enumerate(_results(2)):
+        errors = results["errors"]
+        for case, words in expected.items():
+            assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
+        assert errors["works after"]
