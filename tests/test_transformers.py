@@ -217,3 +217,24 @@ def test_unsupported_raises_on_every_rank():
         for case, words in expected.items():
             assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
         assert errors["works after"]
+
+
+def _torchrun_losses(nproc: int) -> list[float]:
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    torchrun = pathlib.Path(sys.executable).parent / "torchrun"
+    done = subprocess.run([str(torchrun), "--standalone", f"--nproc-per-node={nproc}",
+                           str(root / "examples" / "transformers_train.py"), "--steps", "2", "--seq-len", "240"],
+                          capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step")]
+
+
+def test_torchrun_example_trains_like_one_process():
+    """The README's recipe as a user runs it: torchrun, 3 ranks vs 1, two AdamW steps."""
+    one, three = _torchrun_losses(1), _torchrun_losses(3)
+    assert len(one) == len(three) == 2
+    assert max(abs(a - b) for a, b in zip(one, three)) < 1e-5, (one, three)
