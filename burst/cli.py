@@ -1,4 +1,4 @@
-"""The `burst` command (also `python -m burst`). Subcommands: bench."""
+"""The `burst` command (also `python -m burst`). Subcommands: bench, check."""
 
 from __future__ import annotations
 
@@ -50,13 +50,60 @@ def _run_bench(args) -> int:
     return 0
 
 
+def _check_parser(sub) -> None:
+    p = sub.add_parser("check", help="verify every strategy against single-device float64 attention on this world")
+    p.add_argument("--strategies", default=None, help="comma-separated; default: every strategy")
+    p.add_argument("--layouts", default=None, help="comma-separated; default: contiguous,zigzag,striped")
+    p.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    p.add_argument("--seq-len", type=int, default=1024, help="global sequence length (tokens)")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=None, help="KV heads (GQA); default = heads")
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dtype", default="float32", help="comma-separated: float32,bfloat16,float16,float64")
+    p.add_argument("--nproc", type=int, default=2, help="local processes to spawn (ignored under torchrun)")
+    p.add_argument("--json", default=None, help="also write the report to this JSON file")
+
+
+def _check_on_rank(rank, world, kwargs):
+    from .parity import check
+
+    return check(**kwargs)
+
+
+def _run_check(args) -> int:
+    import json
+
+    from .launch import run_world
+
+    split = lambda text: tuple(text.split(",")) if text else None  # noqa: E731
+    kwargs = dict(strategies=split(args.strategies), layouts=split(args.layouts),
+                  causal={"both": (False, True), "yes": True, "no": False}[args.causal], seq_len=args.seq_len,
+                  heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, batch=args.batch,
+                  dtype=split(args.dtype))
+    report = run_world(_check_on_rank, kwargs, nproc=args.nproc)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(report.table())
+        for row in report.failures:
+            print(f"FAIL: {row.strategy} layout={row.layout} causal={row.causal} {row.dtype}: {row.errors} "
+                  f"over the bound {row.bound:g}")
+        print("all cases within their bounds" if report.ok else f"{len(report.failures)} case(s) over their bound")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report.as_dict(), f, indent=1)
+    return 0 if report.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="burst", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _bench_parser(sub)
+    _check_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _run_bench(args)
+    if args.command == "check":
+        return _run_check(args)
     parser.error(f"unknown command {args.command}")
     return 2
 
