@@ -101,8 +101,9 @@ def main() -> None:
         "",
         "The losses agree (the sharded model's is the global mean, `bt.reduce_loss`). Each rank holds half of",
         "every activation; the weights, their gradients and ~50 MiB of runtime are held whole by each process.",
-        "The one-process run uses SDPA's causal path on the whole sequence; burst's zigzag halves and balances",
-        "the causal work (core.md: 1.5x on attention alone). Taken while other work shared the two cores.",
+        "The gap is larger than core.md's attention-only ratio (about 1.0 for causal zigzag against SDPA) and is",
+        "not broken down yet: transformers calls SDPA with enable_gqa on these GQA layers (a path core.md does not",
+        "time), and the runs shared the two cores with other work.",
         "",
         f"Command: `.venv/bin/python benchmarks/hf_llama.py --seq-len {args.seq_len}`",
     ]
