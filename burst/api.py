@@ -46,8 +46,8 @@ def attention(
         strategy: "burst" (BurstAttention: ring forward, backward rotating Q/dQ/dO/D/lse),
             "ring" (RingAttention), "distflash" (DistFlashAttn's balanced causal schedule; contiguous
             layout, causal only), "allgather" (gather K/V once; holds the whole sequence's K/V), or
-            "auto" (burst for MHA; ring when K/V have fewer heads than Q, since burst's backward
-            moves Q-sized tensors). "ulysses", "usp" and "cqs" are planned.
+            "auto" (the fastest strategy that takes the call by burst.plan's cost model, for this
+            group, shape and device).
         layout: "contiguous" | "zigzag" | "striped": which global tokens this rank holds
             (see burst.layout; use burst.shard to cut a full tensor).
         causal: each query attends keys at global positions <= its own.
@@ -110,12 +110,6 @@ def _prepare_call(q, k, v, group, rank, world, strategy, layout, causal, window,
     global_len = q.shape[1] * world
     _check_documents(cu_seqlens, global_len)
     _check_block_sparse(block_sparse, global_len)
-    name = _resolve_strategy(strategy, q, k)
-    chosen = STRATEGIES[name]
-    unknown = sorted(set(options) - set(chosen.options))
-    if unknown:
-        accepted = ", ".join(chosen.options) or "none"
-        raise ValueError(f"strategy {name!r} takes no option {', '.join(map(repr, unknown))} (its options: {accepted})")
     spec = MaskSpec(causal=causal, window=_normalized_window(window),
                     cu_seqlens=tuple(int(x) for x in cu_seqlens) if cu_seqlens is not None else None,
                     block_sparse=block_sparse)
@@ -124,9 +118,33 @@ def _prepare_call(q, k, v, group, rank, world, strategy, layout, causal, window,
         scale=float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5,
         kernel=select_kernel(q.device, q.dtype), options=dict(options),
     )
+    name = _auto_strategy(call, q, k) if strategy == "auto" else strategy
+    chosen = STRATEGIES[name]
+    unknown = sorted(set(options) - set(chosen.options))
+    if unknown:
+        accepted = ", ".join(chosen.options) or "none"
+        raise ValueError(f"strategy {name!r} takes no option {', '.join(map(repr, unknown))} (its options: {accepted})")
     if chosen.check is not None:
         chosen.check(call, q, k)
     return name, call
+
+
+def _auto_strategy(call: AttentionCall, q, k) -> str:
+    """The planner's fastest strategy (burst.plan) among those that take this call, from facts every
+    rank shares (shapes, world, topology, device kind), so "auto" resolves alike everywhere."""
+    from .plan import auto_choice
+
+    takes = []
+    for name, strategy in STRATEGIES.items():
+        if set(call.options) - set(strategy.options):
+            continue
+        try:
+            if strategy.check is not None:
+                strategy.check(call, q, k)
+        except (ValueError, NotImplementedError):
+            continue
+        takes.append(name)
+    return auto_choice(takes, call, q, k)
 
 
 def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool) -> dict:
@@ -141,13 +159,6 @@ def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool) -> dict:
     }
     facts.update((f"option {key}", call.options[key]) for key in sorted(call.options))
     return facts
-
-
-def _resolve_strategy(strategy: str, q, k) -> str:
-    """"auto" resolves from facts every rank agrees on (head counts), so identically everywhere."""
-    if strategy == "auto":
-        return "burst" if k.shape[2] == q.shape[2] else "ring"
-    return strategy
 
 
 def _check_tensors(q, k, v) -> None:

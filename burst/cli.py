@@ -1,4 +1,4 @@
-"""The `burst` command (also `python -m burst`). Subcommands: bench, check."""
+"""The `burst` command (also `python -m burst`). Subcommands: bench, check, plan."""
 
 from __future__ import annotations
 
@@ -94,16 +94,69 @@ def _run_check(args) -> int:
     return 0 if report.ok else 1
 
 
+def _plan_parser(sub) -> None:
+    from .plan import PROFILES
+
+    p = sub.add_parser("plan", help="estimate each strategy's time, traffic and memory on a described cluster")
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--profile", choices=sorted(PROFILES), default="H100")
+    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--heads", type=int, required=True)
+    p.add_argument("--kv-heads", type=int, default=None)
+    p.add_argument("--head-dim", type=int, required=True)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--layout", choices=["contiguous", "zigzag", "striped"], default="zigzag")
+    p.add_argument("--dtype-bytes", type=int, default=None, help="default: the profile's (2 on GPUs)")
+    p.add_argument("--inter-node-gbps", type=float, default=None, help="inter-node GB/s per device (default: profile)")
+    p.add_argument("--intra-node-gbps", type=float, default=None, help="intra-node GB/s per device (default: profile)")
+    p.add_argument("--json", action="store_true", help="print a JSON list of rows instead of the table")
+
+
+def _run_plan(args) -> int:
+    import json
+
+    from .plan import Cluster, Workload, plan, profile
+
+    if args.gpus < 1 or args.gpus_per_node < 1 or args.gpus % min(args.gpus, args.gpus_per_node):
+        raise SystemExit(f"--gpus ({args.gpus}) must be a multiple of --gpus-per-node ({args.gpus_per_node})")
+    cluster = Cluster(gpus=args.gpus, gpus_per_node=min(args.gpus, args.gpus_per_node), profile=profile(args.profile),
+                      inter_bw=args.inter_node_gbps * 1e9 if args.inter_node_gbps else None,
+                      intra_bw=args.intra_node_gbps * 1e9 if args.intra_node_gbps else None)
+    workload = Workload(seq_len=args.seq_len, heads=args.heads, head_dim=args.head_dim, kv_heads=args.kv_heads,
+                        batch=args.batch, layers=args.layers, causal=args.causal, dtype_bytes=args.dtype_bytes,
+                        layout=args.layout)
+    rows = [e.row() for e in plan(cluster, workload)]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{args.gpus} x {args.profile} ({cluster.nodes} node(s) of {cluster.gpus_per_node}), {args.seq_len} tokens, "
+          f"{args.heads} heads ({args.kv_heads or args.heads} kv) x {args.head_dim}, {args.layers} layer(s), "
+          f"{'causal' if args.causal else 'full'}; forward + backward of attention, modelled")
+    print("| rank | strategy | fits | wall (s) | compute (s) | comm hidden | memory/device (GiB) | inter-node GB/device | note |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for i, r in enumerate(rows, 1):
+        print(f"| {i} | {r['strategy']} | {'yes' if r['fits'] else 'no'} | {r['wall_s']:.3g} | {r['compute_s']:.3g} | "
+              f"{r['overlap']:.0%} | {r['mem_bytes_per_device'] / 2**30:.2f} | "
+              f"{r['inter_node_bytes_per_device'] / 1e9:.3g} | {r['note']} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="burst", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _bench_parser(sub)
     _check_parser(sub)
+    _plan_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _run_bench(args)
     if args.command == "check":
         return _run_check(args)
+    if args.command == "plan":
+        return _run_plan(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -1,0 +1,340 @@
+"""Cost model: time, bytes per link and memory per device of each strategy for one workload.
+
+Units: seconds, bytes. One attention layer's forward and backward is modelled, then multiplied by
+the number of layers. Per device, with n = N/G tokens:
+
+- compute: forward 4·B·N²·H·d FLOPs (half with a causal mask; zigzag/striped balance it), backward
+  2.5x the forward (flash backward: five matmuls against two), split evenly over G devices;
+- a ring step moves one block while the previous one is computed (double buffering): its time is
+  max(compute, transfer) and min(compute, transfer) of its transfer is hidden. A link's transfer
+  time is latency + bytes / bandwidth (burstengine.md Table 1's T = Lat + P/B);
+- a flat ring over several nodes runs at the pace of its node-boundary link; the double ring
+  (burstengine.md §3.1) runs intra-node sub-rings inside each inter-node step, so an inter-node
+  transfer has a whole sub-ring of compute to hide behind;
+- collectives (all-gather, all-to-all, CQS's exchange) are not overlapped with compute.
+
+Volumes per device follow our implementations (the same numbers CommStats reports): burst's backward
+moves Q, dO (input dtype), D, lse (fp32) for G-1 steps and dQ (fp32) for G; ring's moves K, V for G-1
+and dK, dV (fp32) for G. Memory is what attention holds per device: the inputs, outputs and lse
+saved for backward in every layer, plus one layer's backward peak (gradients, travelling buffers,
+and whatever the strategy gathers). Model weights and MLP activations are not included.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .profiles import Profile
+
+STRATEGIES = ("burst", "ring", "burst-double-ring", "ring-double-ring", "distflash", "allgather", "ulysses", "usp",
+              "cqs")
+BACKWARD_FLOPS_RATIO = 2.5
+# Strategies whose work per rank follows the layout's shard (Ulysses and CQS rebalance by design,
+# DistFlashAttn's schedule balances contiguous shards).
+_BY_SHARD = ("burst", "ring", "burst-double-ring", "ring-double-ring", "allgather")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """gpus devices, gpus_per_node of them per node, on `profile`'s hardware (bandwidths may be overridden)."""
+
+    gpus: int
+    gpus_per_node: int
+    profile: Profile
+    intra_bw: float | None = None
+    inter_bw: float | None = None
+
+    @property
+    def nodes(self) -> int:
+        return self.gpus // self.gpus_per_node
+
+    def t_intra(self, nbytes: float) -> float:
+        bw = self.intra_bw or self.profile.intra_bw
+        return self.profile.intra_latency + nbytes / bw if nbytes else 0.0
+
+    def t_inter(self, nbytes: float) -> float:
+        bw = self.inter_bw or self.profile.inter_bw
+        return self.profile.inter_latency + nbytes / bw if nbytes else 0.0
+
+    def t_ring_link(self, nbytes: float) -> float:
+        """A flat ring's step: the slowest hop, inter-node as soon as the ring spans nodes."""
+        return self.t_inter(nbytes) if self.nodes > 1 else self.t_intra(nbytes)
+
+
+@dataclass(frozen=True)
+class Workload:
+    seq_len: int
+    heads: int
+    head_dim: int
+    kv_heads: int | None = None
+    batch: int = 1
+    layers: int = 1
+    causal: bool = True
+    dtype_bytes: int | None = None  # default: the profile's
+    layout: str = "zigzag"          # contiguous shards leave causal work unbalanced on ring strategies
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads or self.heads
+
+
+@dataclass
+class Estimate:
+    strategy: str
+    compute_s: float = 0.0
+    comm_s: float = 0.0              # link time of all transfers, hidden or not
+    exposed_comm_s: float = 0.0      # what compute does not hide
+    wall_s: float = 0.0
+    mem_bytes_per_device: float = 0.0
+    inter_node_bytes_per_device: float = 0.0
+    intra_node_bytes_per_device: float = 0.0
+    fits: bool = True
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def overlap(self) -> float:
+        """Share of communication time hidden behind compute (1 when nothing is sent)."""
+        return 1.0 if self.comm_s == 0 else max(0.0, 1.0 - self.exposed_comm_s / self.comm_s)
+
+    def row(self) -> dict:
+        return {"strategy": self.strategy, "fits": self.fits, "wall_s": self.wall_s, "compute_s": self.compute_s,
+                "comm_s": self.comm_s, "exposed_comm_s": self.exposed_comm_s, "overlap": self.overlap,
+                "mem_bytes_per_device": self.mem_bytes_per_device,
+                "inter_node_bytes_per_device": self.inter_node_bytes_per_device,
+                "intra_node_bytes_per_device": self.intra_node_bytes_per_device, "note": self.note}
+
+
+class _Sizes:
+    """Block sizes in bytes for one device's shard of n = N/G tokens."""
+
+    def __init__(self, w: Workload, g: int, dtype_bytes: int):
+        n = w.seq_len / g
+        self.n, self.dtype_bytes = n, dtype_bytes
+        self.q = w.batch * n * w.heads * w.head_dim * dtype_bytes        # one of Q, dO, O
+        self.kv = 2 * w.batch * n * w.kv * w.head_dim * dtype_bytes      # K and V
+        self.stat = w.batch * n * w.heads * 4                             # one of lse, D (fp32)
+        self.dq32 = w.batch * n * w.heads * w.head_dim * 4
+        self.dkv32 = 2 * w.batch * n * w.kv * w.head_dim * 4
+
+
+def attention_flops(w: Workload) -> tuple[float, float]:
+    """(forward, backward) FLOPs of one attention layer over the whole sequence."""
+    fwd = 4.0 * w.batch * w.seq_len ** 2 * w.heads * w.head_dim * (0.5 if w.causal else 1.0)
+    return fwd, BACKWARD_FLOPS_RATIO * fwd
+
+
+def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
+    """The modelled cost of `strategy` on `cluster` for `w` (all layers, forward + backward)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; modelled: {STRATEGIES}")
+    dtype_bytes = w.dtype_bytes or cluster.profile.dtype_bytes
+    s = _Sizes(w, cluster.gpus, dtype_bytes)
+    fwd_flops, bwd_flops = attention_flops(w)
+    c_fwd = fwd_flops / cluster.gpus / cluster.profile.flops  # per device, one layer
+    c_bwd = bwd_flops / cluster.gpus / cluster.profile.flops
+    if w.causal and w.layout == "contiguous" and strategy in _BY_SHARD:
+        # The last rank's queries see G - 1/2 blocks where the average sees G/2: it sets the pace.
+        straggler = (2 * cluster.gpus - 1) / cluster.gpus
+        c_fwd, c_bwd = c_fwd * straggler, c_bwd * straggler
+    est = _MODELS[strategy.replace("-double-ring", "") if strategy.endswith("double-ring") else strategy](
+        strategy, cluster, w, s, c_fwd, c_bwd)
+    saved = w.layers * (3 * s.q + s.kv + s.stat) if w.kv == w.heads else w.layers * (2 * s.q + s.kv + s.stat)
+    est.mem_bytes_per_device += saved
+    for attr in ("compute_s", "comm_s", "exposed_comm_s", "wall_s", "inter_node_bytes_per_device",
+                 "intra_node_bytes_per_device"):
+        setattr(est, attr, getattr(est, attr) * w.layers)
+    est.fits = est.fits and est.mem_bytes_per_device <= cluster.profile.memory_bytes
+    if est.mem_bytes_per_device > cluster.profile.memory_bytes:
+        est.note = (est.note + "; " if est.note else "") + "does not fit in device memory"
+    return est
+
+
+def _ring_pass(cluster: Cluster, steps: int, compute: float, block: float, double: bool, tail: float = 0.0):
+    """(wall, link time, exposed, inter bytes, intra bytes) of `steps` double-buffered ring steps,
+    each computing `compute` seconds while `block` bytes move to the next device; `tail` bytes take
+    one more hop at the end (a gradient going home)."""
+    c = compute / steps
+    g, L, nodes = cluster.gpus, cluster.gpus_per_node, cluster.nodes
+    hops = steps - 1
+    if g == 1:
+        return compute, 0.0, 0.0, 0.0, 0.0
+    if double and nodes > 1:
+        # Each inter-node step hides behind a whole intra-node sub-ring (L steps of compute and of
+        # intra transfers, which use their own link): burstengine.md Table 1, Fig. 5.
+        t_intra, t_inter = cluster.t_intra(block), cluster.t_inter(block)
+        inter_hops = round(hops * (nodes - 1) / (g - 1)) if hops else 0
+        intra_hops = hops - inter_hops
+        outer = max(1, math.ceil(steps / L))
+        per_outer = max(L * max(c, t_intra), t_inter)
+        wall = c + max(0, outer - 1) * per_outer + max(0, L - 1) * max(c, t_intra)
+        wall = max(wall, compute)
+        link = intra_hops * t_intra + inter_hops * t_inter
+        inter_bytes, intra_bytes = inter_hops * block, intra_hops * block
+    else:
+        t = cluster.t_ring_link(block)
+        wall = c + hops * max(c, t)
+        link = hops * t
+        spans = nodes > 1
+        inter_bytes, intra_bytes = (hops * block, 0.0) if spans else (0.0, hops * block)
+    if tail:
+        t_tail = cluster.t_ring_link(tail)
+        wall += t_tail
+        link += t_tail
+        if nodes > 1:
+            inter_bytes += tail
+        else:
+            intra_bytes += tail
+    return wall, link, max(0.0, wall - compute), inter_bytes, intra_bytes
+
+
+def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
+    """burst and ring, flat or double ring: the forward is the same K, V ring for both."""
+    double = name.endswith("double-ring")
+    base = name.replace("-double-ring", "")
+    g = cluster.gpus
+    fwd = _ring_pass(cluster, g, c_fwd, s.kv, double)
+    if base == "burst":  # Q, dO, D, lse travel with dQ (fp32), which also takes the last hop home
+        bwd = _ring_pass(cluster, g, c_bwd, 2 * s.q + 2 * s.stat + s.dq32, double, tail=s.dq32)
+        peak = 2 * (2 * s.q + 2 * s.stat) + 2 * s.dq32 + s.dkv32 + s.q
+    else:  # K, V travel with dK, dV (fp32)
+        bwd = _ring_pass(cluster, g, c_bwd, s.kv + s.dkv32, double, tail=s.dkv32)
+        peak = 2 * s.kv + 2 * s.dkv32 + s.dq32 + s.q
+    est = _sum(name, fwd, bwd, c_fwd + c_bwd)
+    est.mem_bytes_per_device = peak
+    if double and cluster.nodes == 1:
+        est.note = "one node: same as the flat ring"
+    return est
+
+
+def _sum(name, fwd, bwd, compute) -> Estimate:
+    return Estimate(name, compute_s=compute, wall_s=fwd[0] + bwd[0], comm_s=fwd[1] + bwd[1],
+                    exposed_comm_s=fwd[2] + bwd[2], inter_node_bytes_per_device=fwd[3] + bwd[3],
+                    intra_node_bytes_per_device=fwd[4] + bwd[4])
+
+
+def _collective_time(cluster: Cluster, nbytes: float, share_inter: float) -> tuple[float, float, float]:
+    """(time, inter bytes, intra bytes) of a collective sending `nbytes` from this device, a share of
+    which crosses nodes; intra and inter links run at once."""
+    if nbytes == 0:
+        return 0.0, 0.0, 0.0
+    inter, intra = nbytes * share_inter, nbytes * (1 - share_inter)
+    t = max(cluster.t_inter(inter) if inter else 0.0, cluster.t_intra(intra) if intra else 0.0)
+    return t, inter, intra
+
+
+def _allgather(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
+    g = cluster.gpus
+    share = 0.0 if cluster.nodes == 1 else (g - cluster.gpus_per_node) / (g - 1) if g > 1 else 0.0
+    gather = _collective_time(cluster, (g - 1) * s.kv, share)
+    scatter = _collective_time(cluster, (g - 1) * s.dkv32, share)
+    comm = 2 * gather[0] + scatter[0]
+    est = Estimate(name, compute_s=c_fwd + c_bwd, comm_s=comm, exposed_comm_s=comm, wall_s=c_fwd + c_bwd + comm,
+                   inter_node_bytes_per_device=2 * gather[1] + scatter[1],
+                   intra_node_bytes_per_device=2 * gather[2] + scatter[2])
+    est.mem_bytes_per_device = g * (s.kv + s.dkv32) + s.dq32 + s.q
+    est.note = "holds the whole sequence's K, V"
+    return est
+
+
+def _ulysses_volumes(s: _Sizes, w: Workload, degree: int) -> tuple[float, float]:
+    """Bytes one device sends in the forward and backward all-to-alls of a Ulysses group of `degree`.
+
+    KV heads: with fewer KV heads than ranks each KV head goes to every rank that needs it, once.
+    """
+    if degree == 1:
+        return 0.0, 0.0
+    share = (degree - 1) / degree  # what leaves this device
+    copies = max(w.kv, degree) / w.kv  # a KV head reaches degree / kv ranks when kv < degree
+    fwd = 2 * s.q * share + s.kv * copies * share  # Q, K, V to head shards; O back
+    bwd = s.q * share + s.dq32 * share + s.dkv32 * copies * share  # dO in; dQ, dK, dV (fp32) back
+    return fwd, bwd
+
+
+def _ulysses(name, cluster, w, s, c_fwd, c_bwd, degree=None) -> Estimate:
+    g = degree or cluster.gpus
+    est = Estimate(name, compute_s=c_fwd + c_bwd)
+    if w.heads % g:
+        est.fits, est.note = False, f"{w.heads} heads do not split over {g} ranks"
+    fwd, bwd = _ulysses_volumes(s, w, g)
+    share = 0.0 if g <= cluster.gpus_per_node else (g - cluster.gpus_per_node) / (g - 1)
+    t_f, t_b = _collective_time(cluster, fwd, share), _collective_time(cluster, bwd, share)
+    est.comm_s = est.exposed_comm_s = t_f[0] + t_b[0]
+    est.wall_s = est.compute_s + est.comm_s
+    est.inter_node_bytes_per_device, est.intra_node_bytes_per_device = t_f[1] + t_b[1], t_f[2] + t_b[2]
+    est.mem_bytes_per_device = 2 * (3 * s.q + s.kv) + s.dq32 + s.dkv32  # both layouts live during the swap
+    return est
+
+
+def _usp(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
+    """Ulysses inside a node (degree = the largest divisor of the heads up to gpus_per_node), the
+    burst ring across nodes on the remaining degree (BurstEngine's head-first placement)."""
+    u = max(d for d in range(1, cluster.gpus_per_node + 1) if cluster.gpus_per_node % d == 0 and w.heads % d == 0)
+    r = cluster.gpus // u
+    inner = _ulysses(name, Cluster(u, u, cluster.profile, cluster.intra_bw, cluster.inter_bw), w, s, 0.0, 0.0, u)
+    # The ring carries the full sequence's share of the ring group: blocks of N/r tokens, H/u heads.
+    ring_sizes = _Sizes(Workload(w.seq_len, max(1, w.heads // u), w.head_dim, max(1, w.kv // u), w.batch, 1,
+                                 w.causal, None), r, s.dtype_bytes)
+    ring_cluster = Cluster(r, 1, cluster.profile, cluster.intra_bw, cluster.inter_bw) if r > 1 else cluster
+    fwd = _ring_pass(ring_cluster, r, c_fwd, ring_sizes.kv, False)
+    bwd = _ring_pass(ring_cluster, r, c_bwd, 2 * ring_sizes.q + 2 * ring_sizes.stat + ring_sizes.dq32, False,
+                     tail=ring_sizes.dq32)
+    est = _sum(name, fwd, bwd, c_fwd + c_bwd)
+    est.wall_s += inner.comm_s
+    est.comm_s += inner.comm_s
+    est.exposed_comm_s += inner.comm_s
+    est.intra_node_bytes_per_device += inner.inter_node_bytes_per_device + inner.intra_node_bytes_per_device
+    est.mem_bytes_per_device = inner.mem_bytes_per_device + 2 * ring_sizes.kv
+    est.extra = {"ulysses_degree": u, "ring_degree": r}
+    est.note = f"ulysses {u} x ring {r}"
+    return est
+
+
+def _distflash(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
+    """DistFlashAttn's balanced causal schedule: G/2 steps after the diagonal, each moving K, V to
+    the owner and (for helpers) Q one way and partial results back; causal only."""
+    g = cluster.gpus
+    steps = g // 2 + 1
+    fwd = _ring_pass(cluster, steps, c_fwd, s.kv + 0.5 * (s.q + s.dq32 + s.stat), False)
+    bwd = _ring_pass(cluster, steps, c_bwd, s.kv + s.dkv32 + 0.5 * (2 * s.q + 2 * s.stat + s.dq32), False)
+    est = _sum(name, fwd, bwd, c_fwd + c_bwd)
+    est.mem_bytes_per_device = 2 * s.kv + 2 * s.dkv32 + s.dq32 + 2 * s.q
+    if not w.causal:
+        est.fits, est.note = False, "causal masks only"
+    return est
+
+
+def quorum_size(g: int) -> int:
+    """Size of CQS's interest set for g workers (burst.cqs when available; else the lower bound)."""
+    try:
+        from ..cqs import interest_set
+
+        return len(interest_set(g))
+    except ImportError:  # the CQS module is not in this build
+        return max(1, math.ceil((1 + math.sqrt(4 * g - 3)) / 2))
+
+
+def _cqs(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
+    """CQS-Attention: one exchange brings each worker its quorum's token groups (Q, K, V), it
+    computes its block pairs without talking, and returns partial results to their owners."""
+    g = cluster.gpus
+    k = quorum_size(g)
+    share = 0.0 if cluster.nodes == 1 else (g - cluster.gpus_per_node) / max(1, g - 1)
+    fetch = (k - 1) * (s.q + s.kv)
+    back = (k - 1) * (s.dq32 + s.stat)
+    t_f = [_collective_time(cluster, fetch, share), _collective_time(cluster, back, share)]
+    bwd_fetch = (k - 1) * (2 * s.q + s.kv + 2 * s.stat)
+    bwd_back = (k - 1) * (s.dq32 + s.dkv32)
+    t_b = [_collective_time(cluster, bwd_fetch, share), _collective_time(cluster, bwd_back, share)]
+    comm = sum(t[0] for t in t_f + t_b)
+    est = Estimate(name, compute_s=c_fwd + c_bwd, comm_s=comm, exposed_comm_s=comm, wall_s=c_fwd + c_bwd + comm,
+                   inter_node_bytes_per_device=sum(t[1] for t in t_f + t_b),
+                   intra_node_bytes_per_device=sum(t[2] for t in t_f + t_b))
+    est.mem_bytes_per_device = k * (2 * s.q + s.kv + s.dkv32) + k * s.dq32
+    est.extra = {"quorum": k}
+    return est
+
+
+_MODELS = {"burst": _ring_family, "ring": _ring_family, "allgather": _allgather, "ulysses": _ulysses,
+           "usp": _usp, "distflash": _distflash, "cqs": _cqs}

@@ -1,0 +1,69 @@
+"""Hardware profiles: what one device computes and what its links carry.
+
+`flops` is the attention throughput a flash kernel reaches (not the datasheet peak: about 60% of
+dense bf16 peak on A100/H100, FlashAttention-2's measured share); bandwidths are per device and
+per direction in bytes/s; latencies in seconds. `local` describes this repository's development
+machine (2 CPU cores, gloo over loopback) and is replaced by `burst bench --calibrate`'s measurement
+when one is saved (see calibrated_local()).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    flops: float              # attention FLOP/s one device sustains (fwd; bwd runs at the same rate)
+    memory_bytes: float       # device memory
+    intra_bw: float           # bytes/s per device per direction inside a node (NVLink)
+    inter_bw: float           # bytes/s per device per direction across nodes (InfiniBand / RoCE)
+    intra_latency: float = 5e-6
+    inter_latency: float = 2e-5
+    dtype_bytes: int = 2      # bf16 on GPUs
+    gpus_per_node: int = 8
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+PROFILES: dict[str, Profile] = {
+    # NVLink 3: 600 GB/s bidirectional; HDR InfiniBand 200 Gb/s per GPU.
+    "A100": Profile("A100", flops=0.6 * 312e12, memory_bytes=80 * 2**30, intra_bw=300 * GB, inter_bw=25 * GB),
+    # A800: NVLink capped at 400 GB/s bidirectional.
+    "A800": Profile("A800", flops=0.6 * 312e12, memory_bytes=80 * 2**30, intra_bw=200 * GB, inter_bw=25 * GB),
+    # NVLink 4: 900 GB/s bidirectional; NDR InfiniBand 400 Gb/s per GPU.
+    "H100": Profile("H100", flops=0.6 * 989e12, memory_bytes=80 * 2**30, intra_bw=450 * GB, inter_bw=50 * GB),
+    "H200": Profile("H200", flops=0.6 * 989e12, memory_bytes=141 * 2**30, intra_bw=450 * GB, inter_bw=50 * GB),
+    # This machine: ~110 GFLOP/s fp32 per core for the CPU flash op (DESIGN.md: ~220 on 2 cores),
+    # gloo over loopback; replaced by a calibration when one is saved.
+    "local": Profile("local", flops=110e9, memory_bytes=24 * 2**30, intra_bw=2 * GB, inter_bw=2 * GB,
+                     intra_latency=5e-5, inter_latency=5e-5, dtype_bytes=4, gpus_per_node=2),
+}
+
+CALIBRATION_FILE = os.path.join(os.path.expanduser("~"), ".cache", "burst", "calibration.json")
+
+
+def calibrated_local(path: str = CALIBRATION_FILE) -> Profile:
+    """The `local` profile, with the measured FLOP/s and loopback bandwidth when a calibration exists."""
+    base = PROFILES["local"]
+    if not os.path.exists(path):
+        return base
+    with open(path) as f:
+        measured = json.load(f)
+    return replace(base, flops=measured["flops"], intra_bw=measured["bandwidth"], inter_bw=measured["bandwidth"],
+                   intra_latency=measured.get("latency", base.intra_latency),
+                   inter_latency=measured.get("latency", base.inter_latency))
+
+
+def profile(name: str) -> Profile:
+    if name == "local":
+        return calibrated_local()
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r}; known: {tuple(PROFILES)}")
+    return PROFILES[name]
