@@ -29,9 +29,36 @@ def _bench_parser(sub) -> None:
     p.add_argument("--block-sparse", default=None, help="BLOCK,DENSITY: random block-sparse layout (diagonal kept)")
     p.add_argument("--no-baseline", action="store_true", help="skip the single-process SDPA yardstick")
     p.add_argument("--json", default=None, help="write results to this JSON file")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure this machine's attention FLOP/s and link bandwidth for `burst plan --profile local`")
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="run a sweep (calibration, time vs length, memory vs world) and write a Markdown report and plots")
+    p.add_argument("--report-seq-lens", default="2048,4096,8192", help="sequence lengths of the --report sweep")
+    p.add_argument("--report-worlds", default="1,2,4", help="world sizes of the --report memory sweep")
+
+
+def _run_calibrate_or_report(args) -> int:
+    if args.calibrate:
+        from .bench.calibrate import CALIBRATION_FILE, calibrate
+
+        result = calibrate(threads=args.threads or 1)
+        print(f"attention {result['flops'] / 1e9:.1f} GFLOP/s per rank, link {result['bandwidth'] / 1e9:.2f} GB/s, "
+              f"latency {result['latency'] * 1e6:.0f} us; saved to {CALIBRATION_FILE}")
+        return 0
+    from .bench.report import run_report
+
+    results = run_report(args.report, seq_lens=tuple(int(x) for x in args.report_seq_lens.split(",")),
+                         strategies=tuple(args.strategies.split(",")),
+                         worlds=tuple(int(x) for x in args.report_worlds.split(",")), nproc=args.nproc,
+                         causal=args.causal, layout=args.layout, heads=args.heads, head_dim=args.head_dim,
+                         repeats=args.repeats)
+    print(f"wrote {args.report}/report.md ({len(results['timing'])} timed points)")
+    return 0
 
 
 def _run_bench(args) -> int:
+    if args.calibrate or args.report:
+        return _run_calibrate_or_report(args)
     cfg = BenchConfig(
         seq_len=args.seq_len, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
         batch=args.batch, dtype=args.dtype, causal=args.causal, layout=args.layout, nproc=args.nproc,

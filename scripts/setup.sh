@@ -2,7 +2,7 @@
 # Creates .venv beside the repo and installs burst into it (idempotent).
 # torch is pinned to 2.13.0 only when no torch is present: on our machines that takes the local CPU
 # wheel, while a looser request would pull several GB of CUDA packages. pyproject keeps torch>=2.4.
-# burst is (re)installed with its dev and hf extras whenever pyproject.toml differs from the one
+# burst is (re)installed with its dev, hf and plot extras whenever pyproject.toml differs from the one
 # last installed, so a new dependency or extra reaches an existing .venv too.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,6 +16,6 @@ fi
 stamp=.venv/.burst-pyproject.sha256
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! .venv/bin/python -c "import burst, pytest" >/dev/null 2>&1; then
-  .venv/bin/pip install -q -e ".[dev,hf]"
+  .venv/bin/pip install -q -e ".[dev,hf,plot]"
   echo "$want" > "$stamp"
 fi
