@@ -1,0 +1,96 @@
+"""A KV cache that stays sharded: each rank keeps the K, V of its own tokens, for every layer.
+
+Prefill stores the prompt tokens this rank holds under the layout (their global positions are kept,
+so a padded batch of prompts of different lengths knows which entries are real). Decode appends
+each new token's K, V to one rank, in turn (step s goes to rank s mod G), so shards stay balanced as
+the cache grows; every rank attends its shard and decode_attention merges the partial results.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..layout import shard_indices
+
+
+class ShardedKVCache:
+    """This rank's shard of every layer's keys and values.
+
+    k[layer], v[layer]: (batch, entries, kv_heads, head_dim); positions: (batch, entries) global
+    positions of the entries (the same for every layer); valid: (batch, entries) bool, False for
+    padding of a shorter prompt. Storage grows in chunks, so appending a token is amortized O(1).
+    """
+
+    def __init__(self, layers: int, group=None, layout: str = "contiguous", chunk: int = 256):
+        self.layers, self.group, self.layout, self.chunk = layers, group, layout, chunk
+        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self._k: list[torch.Tensor | None] = [None] * layers
+        self._v: list[torch.Tensor | None] = [None] * layers
+        self._positions: torch.Tensor | None = None
+        self._valid: torch.Tensor | None = None
+        self.length = 0        # entries held by this rank
+        self.decoded = 0       # tokens appended by decode steps (on all ranks together)
+
+    # -- prefill -------------------------------------------------------------------------------
+    def prefill_positions(self, prompt_lengths: list[int], padded_len: int, device=None) -> torch.Tensor:
+        """Global positions of this rank's prompt shard, (batch, padded_len / G), and remembers which
+        are real tokens (position < the row's prompt length)."""
+        idx = shard_indices(self.layout, self.rank, self.world, padded_len, device=device)
+        positions = idx.expand(len(prompt_lengths), -1)
+        lengths = torch.tensor(prompt_lengths, device=device)[:, None]
+        self._positions, self._valid = positions.clone(), positions < lengths
+        return positions
+
+    def store_prefill(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: (batch, padded_len / G, kv_heads, head_dim) of this rank's prompt shard."""
+        self._k[layer], self._v[layer] = self._grow(k), self._grow(v)
+        self.length = k.shape[1]
+
+    # -- decode --------------------------------------------------------------------------------
+    def owner_of_next(self) -> int:
+        """The rank that stores the next decoded token (in turn, so shards stay balanced)."""
+        return self.decoded % self.world
+
+    def append(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, positions: torch.Tensor) -> None:
+        """Store one decoded token's K, V (batch, 1, kv_heads, head_dim) when this rank owns it.
+
+        Call for every layer of the step, then `advance()` once. positions: (batch,) global positions.
+        """
+        if self.owner_of_next() != self.rank:
+            return
+        at = self.length
+        for store, new in ((self._k, k_new), (self._v, v_new)):
+            if at >= store[layer].shape[1]:
+                store[layer] = self._grow(store[layer], extra=self.chunk)
+            store[layer][:, at:at + 1] = new
+        if layer == self.layers - 1:
+            if at >= self._positions.shape[1]:
+                pad = self._positions.new_zeros(self._positions.shape[0], self.chunk)
+                self._positions = torch.cat([self._positions, pad], 1)
+                self._valid = torch.cat([self._valid, torch.zeros_like(pad, dtype=torch.bool)], 1)
+            self._positions[:, at] = positions
+            self._valid[:, at] = True
+
+    def advance(self) -> None:
+        """Close a decode step (after every layer appended)."""
+        if self.owner_of_next() == self.rank:
+            self.length += 1
+        self.decoded += 1
+
+    # -- reading -------------------------------------------------------------------------------
+    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(k, v, valid) of the entries this rank holds for `layer` (views, no copy)."""
+        n = self.length
+        return self._k[layer][:, :n], self._v[layer][:, :n], self._valid[:, :n]
+
+    def bytes(self) -> int:
+        """Bytes of K, V this rank holds (entries in use)."""
+        return sum(2 * k[:, : self.length].numel() * k.element_size() for k in self._k if k is not None)
+
+    def _grow(self, t: torch.Tensor, extra: int | None = None) -> torch.Tensor:
+        extra = self.chunk if extra is None else extra
+        grown = t.new_zeros(t.shape[0], t.shape[1] + extra, *t.shape[2:])
+        grown[:, : t.shape[1]] = t
+        return grown

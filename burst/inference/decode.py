@@ -1,0 +1,89 @@
+"""Decode attention on a sharded KV cache: every rank attends its shard, one collective merges.
+
+The new token's query is on every rank. Each rank computes the partial (out, lse) of the query
+against the cache entries it holds (the kernel of burst.kernels, float32 statistics), all ranks
+all-gather the partials (batch x heads x (head_dim + 1) floats per rank: small) and merge them in
+rank order with the online-softmax merge of merge.py. Every rank thus gets the same, exact result,
+bit for bit, which keeps greedy decoding in step across ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..agreement import agree
+from ..comm import record_sent, tensor_bytes
+from ..comm.collectives import all_gather_flat
+from ..kernels import accumulator_dtype, select_kernel
+from ..merge import merge_partial
+
+
+def partial_attention(q, k, v, valid, scale: float):
+    """This rank's partial result for the new queries against its cache entries.
+
+    q: (batch, t, heads, head_dim); k, v: (batch, entries, kv_heads, head_dim); valid: (batch,
+    entries) bool. Returns out (batch, t, heads, head_dim) float32 and lse (batch, heads, t) float32
+    (-inf and 0 for a row with no valid entry here). Rows are computed one at a time when their
+    valid entries differ (prompts of different lengths).
+    """
+    acc = accumulator_dtype(q.dtype)
+    b, t, h, d = q.shape
+    out = torch.zeros(b, t, h, d, dtype=acc, device=q.device)
+    lse = torch.full((b, h, t), float("-inf"), dtype=acc, device=q.device)
+    if k.shape[1] == 0:
+        return out, lse
+    kernel = select_kernel(q.device, q.dtype)
+    if bool(valid.all()):
+        o, l = kernel.forward(q, k, v, scale, False, None)
+        out.copy_(o)
+        lse.copy_(l)
+        return out, lse
+    for row in range(b):
+        keep = valid[row]
+        if not bool(keep.any()):
+            continue
+        o, l = kernel.forward(q[row:row + 1], k[row:row + 1, keep], v[row:row + 1, keep], scale, False, None)
+        out[row:row + 1].copy_(o)
+        lse[row:row + 1].copy_(l)
+    return out, lse
+
+
+def merge_across_ranks(out: torch.Tensor, lse: torch.Tensor, group=None) -> torch.Tensor:
+    """All-gather every rank's partial (out, lse) and merge them in rank order; float32 result.
+
+    out: (batch, t, heads, head_dim) float32; lse: (batch, heads, t) float32.
+    """
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    if world == 1:
+        return out
+    packed = torch.cat([out.flatten(), lse.flatten()])
+    every = packed.new_empty(world * packed.numel())
+    all_gather_flat(every, packed, group=group)
+    record_sent("decode", (world - 1) * tensor_bytes(packed))
+    every = every.view(world, -1)
+    n_out = out.numel()
+    merged_out = torch.zeros_like(out)
+    merged_lse = torch.full_like(lse, float("-inf"))
+    for r in range(world):
+        merge_partial(merged_out, merged_lse, every[r, :n_out].view_as(out).clone(), every[r, n_out:].view_as(lse))
+    return merged_out
+
+
+def decode_attention(q, k, v, valid, scale: float | None = None, group=None) -> torch.Tensor:
+    """Exact attention of new queries over a KV cache sharded across `group`; q's dtype out.
+
+    q: (batch, t, heads, head_dim), the same on every rank; k, v, valid: this rank's cache shard
+    (ShardedKVCache.keys_values). Heads of q must be a multiple of the cache's kv_heads.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    problem = None
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[2] % k.shape[2] or valid.shape != k.shape[:2]:
+        problem = ValueError(f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, valid "
+                             f"{tuple(valid.shape)}: want q (batch, t, heads, d), k = v (batch, entries, kv_heads, d) "
+                             "with heads a multiple of kv_heads, valid (batch, entries)")
+    facts = {"q shape": tuple(q.shape), "dtype": str(q.dtype), "kv_heads": k.shape[2], "scale": float(scale)}
+    agree("burst decode_attention", facts if problem is None else None, problem, group, world)
+    out, lse = partial_attention(q, k, v, valid, scale)
+    return merge_across_ranks(out, lse, group).to(q.dtype)

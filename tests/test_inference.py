@@ -1,0 +1,75 @@
+"""Decode attention on a sharded KV cache against float64 attention over each row's real tokens.
+
+One world per size (2, 3, 4): a batch of two prompts of different lengths (padded to the layout's
+multiple), prefilled into the sharded cache, then several decode steps whose K, V land on the
+ranks in turn. Every rank must get the same, exact output; the cache holds ~1/G of the tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from burst.inference import ShardedKVCache, decode_attention
+from burst.kernels.reference import attention as reference_attention
+from world import run_world
+
+H, KVH, D, STEPS = 4, 2, 16, 5
+
+
+def _decode(rank, world, layout, dtype):
+    g = torch.Generator().manual_seed(world)
+    lengths = [7 * world - 3, 4 * world + 1]
+    padded = -(-max(lengths) // (2 * world)) * 2 * world
+    k_full = torch.randn(2, padded, KVH, D, generator=g, dtype=torch.float64)
+    v_full = torch.randn(2, padded, KVH, D, generator=g, dtype=torch.float64)
+    cache = ShardedKVCache(layers=1, layout=layout, chunk=4)
+    positions = cache.prefill_positions(lengths, padded)
+    cache.store_prefill(0, k_full[:, positions[0]].to(dtype), v_full[:, positions[0]].to(dtype))
+    rows_k = [k_full[b, :lengths[b]] for b in range(2)]
+    rows_v = [v_full[b, :lengths[b]] for b in range(2)]
+    errors, outs = [], []
+    for step in range(STEPS):
+        q = torch.randn(2, 1, H, D, generator=g, dtype=torch.float64)
+        k_new = torch.randn(2, 1, KVH, D, generator=g, dtype=torch.float64)
+        v_new = torch.randn(2, 1, KVH, D, generator=g, dtype=torch.float64)
+        cache.append(0, k_new.to(dtype), v_new.to(dtype), torch.tensor(lengths) + step)
+        cache.advance()
+        rows_k = [torch.cat([rows_k[b], k_new[b]]) for b in range(2)]
+        rows_v = [torch.cat([rows_v[b], v_new[b]]) for b in range(2)]
+        out = decode_attention(q.to(dtype), *cache.keys_values(0))
+        for b in range(2):
+            ref, _ = reference_attention(q[b:b + 1].to(dtype).double(), rows_k[b][None].to(dtype).double(),
+                                         rows_v[b][None].to(dtype).double())
+            errors.append(((out[b:b + 1].double() - ref).abs().max() / ref.abs().max()).item())
+        outs.append(out)
+    total = sum(lengths) + 2 * STEPS  # real tokens over both rows
+    held = int(cache.keys_values(0)[2].sum())
+    return max(errors), torch.stack(outs), held, total
+
+
+def _all(rank, world):
+    return {(layout, str(dtype)): _decode(rank, world, layout, dtype)
+            for layout in ("contiguous", "zigzag", "striped") for dtype in (torch.float32, torch.bfloat16)}
+
+
+@functools.lru_cache(maxsize=None)
+def _results(world):
+    return run_world(world, _all, timeout=240)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_decode_attention_exact_and_identical_on_every_rank(world):
+    per_rank = _results(world)
+    for key in per_rank[0]:
+        bound = 1e-5 if "float32" in key[1] else 2e-2
+        for rank in range(world):
+            err, outs, _, _ = per_rank[rank][key]
+            assert err < bound, (rank, key, err)
+            assert torch.equal(outs, per_rank[0][key][1]), (rank, key)  # bit-identical: greedy stays in step
+        held = [per_rank[r][key][2] for r in range(world)]
+        total = per_rank[0][key][3]
+        assert sum(held) == total, (key, held, total)      # every real token is somewhere, once
+        assert max(held) <= total / world + 2 * world + 2, (key, held)  # ~1/G each (padding and turns aside)
