@@ -39,10 +39,11 @@ print("\n## Re-check after the 1024-row kernel calls (16K, 2 ranks x 1 thread, 3
 print("Same command as above with `--repeats 3`, plus `--causal --layout zigzag` for the second file.\n")
 print("| run | strategy | fwd s | bwd s | vs SDPA | SDPA fwd+bwd s | commit |")
 print("|---|---|---|---|---|---|---|")
-LABELS = {"_burst": " (after the dQ change)", "_agreement": " (after the agreement check and strided inputs)"}
+LABELS = {"_burst": " (after the dQ change)", "_agreement_2": " (same, run again)",
+          "_agreement": " (after the agreement check and strided inputs)"}
 for name in ("recheck_full_16384.json", "recheck_zigzag_16384.json", "recheck_full_16384_burst.json",
              "recheck_zigzag_16384_burst.json", "recheck_full_16384_agreement.json",
-             "recheck_zigzag_16384_agreement.json"):
+             "recheck_zigzag_16384_agreement.json", "recheck_zigzag_16384_agreement_2.json"):
     if os.path.exists(os.path.join(here, "core", name)):
         r = load(name)
         base = r["sdpa_single_process"]
