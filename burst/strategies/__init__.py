@@ -5,7 +5,8 @@ from .base import Strategy
 from .burst import BURST
 from .distflash import DISTFLASH
 from .ring import RING
+from .ulysses import ULYSSES
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (BURST, RING, ALLGATHER, DISTFLASH)}
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (BURST, RING, ALLGATHER, DISTFLASH, ULYSSES)}
 
 __all__ = ["STRATEGIES", "Strategy"]
