@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from .call import AttentionCall
+from .comm.topology import Topology, default_world_size
 from .agreement import agree
 from .kernels import select_kernel
 from .layout import LAYOUTS, local_multiple
@@ -32,6 +33,7 @@ def attention(
     return_lse: bool = False,
     cu_seqlens=None,
     block_sparse: BlockSparseMask | None = None,
+    topology: Topology | None = None,
     **options,
 ):
     """Exact attention over a sequence split across the ranks of `group`.
@@ -60,6 +62,8 @@ def attention(
             inside its own document (and causally, with causal=True).
         block_sparse: a burst.BlockSparseMask(block_size, layout) over the global sequence; block
             pairs that are False are never computed.
+        topology: a burst.Topology (which ranks share a node); None = Topology(): torchrun's
+            LOCAL_WORLD_SIZE, or one node. With several nodes, burst and ring run the double ring.
         **options: the chosen strategy's own options (see its module); others raise ValueError.
 
     Every rank of the group must pass the same options and shards of one shape: one small
@@ -82,7 +86,7 @@ def attention(
     problem, call, name = None, None, None
     try:
         name, call = _prepare_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale,
-                                   cu_seqlens, block_sparse, options)
+                                   cu_seqlens, block_sparse, options, topology)
     except (TypeError, ValueError, NotImplementedError) as err:
         problem = err
     facts = _call_facts(q, k, name, call, return_lse) if problem is None else None
@@ -102,7 +106,7 @@ def _unit_stride_last(t: torch.Tensor) -> torch.Tensor:
 
 
 def _prepare_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale, cu_seqlens,
-                  block_sparse, options) -> tuple[str, AttentionCall]:
+                  block_sparse, options, topology=None) -> tuple[str, AttentionCall]:
     """Validate this rank's arguments (local facts only) and build its AttentionCall."""
     _check_tensors(q, k, v)
     _check_options(strategy, layout, causal, window, softmax_scale)
@@ -116,7 +120,7 @@ def _prepare_call(q, k, v, group, rank, world, strategy, layout, causal, window,
     call = AttentionCall(
         group=group, rank=rank, world=world, layout=layout, local_len=q.shape[1], spec=spec,
         scale=float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5,
-        kernel=select_kernel(q.device, q.dtype), options=dict(options),
+        kernel=select_kernel(q.device, q.dtype), options=dict(options), topology=_resolved_topology(topology),
     )
     name = _auto_strategy(call, q, k) if strategy == "auto" else strategy
     chosen = STRATEGIES[name]
@@ -127,6 +131,17 @@ def _prepare_call(q, k, v, group, rank, world, strategy, layout, causal, window,
     if chosen.check is not None:
         chosen.check(call, q, k)
     return name, call
+
+
+def _resolved_topology(topology) -> Topology:
+    if topology is None:
+        topology = Topology()
+    if not isinstance(topology, Topology):
+        raise TypeError(f"topology must be a burst.Topology or None, got {type(topology).__name__}")
+    world = default_world_size()
+    resolved = topology.resolved(world)
+    resolved.check(world)
+    return resolved
 
 
 def _auto_strategy(call: AttentionCall, q, k) -> str:
@@ -156,6 +171,7 @@ def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool) -> dict:
         "causal": spec.causal, "window": spec.window, "softmax_scale": call.scale, "return_lse": bool(return_lse),
         "cu_seqlens": spec.cu_seqlens,
         "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
+        "topology": (call.topology.local_world_size, call.topology.double_ring),
     }
     facts.update((f"option {key}", call.options[key]) for key in sorted(call.options))
     return facts

@@ -7,6 +7,7 @@ from functools import cached_property
 
 import torch.distributed as dist
 
+from .comm.topology import Topology
 from .layout import Segment, segments
 from .masks import MaskSpec, Tile, may_attend, plan_tiles
 
@@ -16,7 +17,8 @@ class AttentionCall:
     """One call's setting, fixed on every rank: the group, how the sequence is laid out, the mask.
 
     local_len: tokens per rank. kernel: a backend module from burst.kernels. options: the
-    strategy's own keyword options (Strategy.options), as the caller gave them.
+    strategy's own keyword options (Strategy.options), as the caller gave them. topology: which
+    ranks share a node (burst.Topology, resolved).
     """
 
     group: dist.ProcessGroup | None
@@ -28,6 +30,7 @@ class AttentionCall:
     scale: float
     kernel: object
     options: dict = field(default_factory=dict)
+    topology: Topology | None = None
 
     def segments(self, rank: int) -> list[Segment]:
         """The position runs of `rank`'s shard."""
@@ -42,15 +45,20 @@ class AttentionCall:
         return plan_tiles(q_segs, k_segs, self.spec, max_rows=self.kernel.MAX_ROWS)
 
     @cached_property
-    def ring_steps(self) -> int:
-        """Ring steps that carry work: 1 + the largest s such that some rank r's queries attend the
-        keys of rank r - s. A sliding window or local documents end the ring early (distflashattn.md
-        App. D); every rank computes the same number from the mask alone."""
-        steps = 1
-        for r in range(self.world):
-            q_segs = self.segments(r)
-            for s in range(self.world - 1, steps - 1, -1):
-                if may_attend(q_segs, self.segments((r - s) % self.world), self.spec):
-                    steps = s + 1
-                    break
-        return steps
+    def kv_schedule(self):
+        """The (double) ring schedule on which K, V blocks travel: rank r's queries meet the keys it
+        holds. Steps end after the last one whose block pair the mask needs on some rank (a sliding
+        window or local documents end the ring early, distflashattn.md App. D)."""
+        from .comm.double_ring import RingSchedule, ring_per_node
+
+        return RingSchedule.build(self.rank, self.world, ring_per_node(self), 1,
+                                  lambda r, src: may_attend(self.segments(r), self.segments(src), self.spec))
+
+    @cached_property
+    def q_schedule(self):
+        """The schedule on which query blocks travel (BurstAttention's backward): the opposite
+        direction, so that the same block pairs meet in the same order as in kv_schedule."""
+        from .comm.double_ring import RingSchedule, ring_per_node
+
+        return RingSchedule.build(self.rank, self.world, ring_per_node(self), -1,
+                                  lambda r, src: may_attend(self.segments(src), self.segments(r), self.spec))

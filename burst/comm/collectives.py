@@ -12,15 +12,28 @@ all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_in
 reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def all_to_all_blocks(blocks, group, phase: str):
+def record_to_peers(phase: str, nbytes: int, group, topology=None) -> None:
+    """Count `nbytes` sent to every other rank of `group` (a collective's share), by link."""
+    from .stats import active, record_sent
+    from .topology import link_between
+
+    if not active() or not dist.is_initialized():
+        return
+    me = dist.get_rank(group)
+    for peer in range(dist.get_world_size(group)):
+        if peer != me:
+            record_sent(phase, nbytes, link=link_between(topology, group, peer))
+
+
+def all_to_all_blocks(blocks, group, phase: str, topology=None):
     """Send blocks[r] to rank r and return what every rank sent here, stacked in rank order.
 
     blocks: (world, ...) with one block per destination (made contiguous). Counted in CommStats as
-    the (world - 1) blocks that leave this rank.
+    the (world - 1) blocks that leave this rank, by link under `topology`.
     """
     import torch
 
-    from .stats import record_sent, tensor_bytes
+    from .stats import tensor_bytes
 
     blocks = blocks.contiguous()
     world = blocks.shape[0]
@@ -28,5 +41,5 @@ def all_to_all_blocks(blocks, group, phase: str):
         return blocks
     received = torch.empty_like(blocks)
     dist.all_to_all_single(received, blocks, group=group)
-    record_sent(phase, (world - 1) * tensor_bytes(blocks[0]), messages=world - 1)
+    record_to_peers(phase, tensor_bytes(blocks[0]), group, topology)
     return received

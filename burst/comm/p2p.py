@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .stats import record_sent, tensor_bytes
+from .topology import link_between
 
 
 def global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
@@ -40,13 +41,14 @@ def exchange(
     sends: Sequence[tuple[torch.Tensor, int, int]] = (),
     recvs: Sequence[tuple[torch.Tensor, int, int]] = (),
     into: Sequence[torch.Tensor] | None = None,
+    topology=None,
 ) -> Transfer:
     """Send each (tensor, peer, tag) and receive into a new buffer like each (tensor, peer, tag).
 
     Asynchronous. A send matches the receive with the same tag on the peer (gloo matches by tag;
     NCCL by the order of the ops between two ranks, so list them in tag order). `into` gives the
     receive buffers instead of new ones. Returns a Transfer whose `received` holds the buffers, in
-    `recvs` order.
+    `recvs` order. `topology` (a burst.Topology) classifies the bytes by link for CommStats.
     """
     sending = [t.contiguous() for t, _, _ in sends]
     # Receive buffers are contiguous whatever the strides of `like` (a transposed view from a
@@ -58,6 +60,6 @@ def exchange(
     ops += [dist.P2POp(dist.irecv, buf, global_rank(group, peer), group, tag)
             for buf, (_, peer, tag) in zip(received, recvs)]
     requests = dist.batch_isend_irecv(ops) if ops else []
-    if sending:
-        record_sent(phase, sum(tensor_bytes(t) for t in sending), messages=len(sending))
+    for t, (_, peer, _) in zip(sending, sends):
+        record_sent(phase, tensor_bytes(t), link=link_between(topology, group, peer))
     return Transfer(requests, sending, received)

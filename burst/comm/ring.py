@@ -30,8 +30,9 @@ class RingComm:
     by tag; NCCL orders them by issue order, which our loops keep identical on every rank).
     """
 
-    def __init__(self, group: dist.ProcessGroup | None, phase: str, tag: int = 0):
+    def __init__(self, group: dist.ProcessGroup | None, phase: str, tag: int = 0, topology=None):
         self.group = group
+        self.topology = topology
         self.phase = phase
         self.tag = tag
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -43,8 +44,11 @@ class RingComm:
         self._sent: list[torch.Tensor] = []
         self._spare: list[torch.Tensor] | None = None
 
-    def send_recv(self, tensors: Sequence[torch.Tensor], offset: int = 1) -> list[torch.Tensor]:
+    def send_recv(self, tensors: Sequence[torch.Tensor], offset: int = 1, to: int | None = None,
+                  frm: int | None = None) -> list[torch.Tensor]:
         """Start sending `tensors` to rank+offset; return buffers that `wait()` fills from rank-offset.
+        `to` and `frm` name the peers instead (group ranks), for rings that are not rank-ordered
+        (the double ring's sub-rings); to == frm == this rank is a loop-back.
 
         Double buffering: when `tensors` is a set this ring received before (a block passed on), it is
         received into again once sent, so passing blocks around allocates two buffer sets in all
@@ -53,14 +57,15 @@ class RingComm:
         """
         if self._transfer is not None:
             raise RuntimeError("RingComm.send_recv called twice without wait()")
-        if offset % self.world == 0:
+        to = (self.rank + offset) % self.world if to is None else to
+        frm = (self.rank - offset) % self.world if frm is None else frm
+        if to == self.rank and frm == self.rank:
             return list(tensors)
-        to = (self.rank + offset) % self.world
-        frm = (self.rank - offset) % self.world
         into, self._spare = self._spare, None
         self._transfer = exchange(self.group, self.phase, [(t, to, self.tag + i) for i, t in enumerate(tensors)],
                                   [(t, frm, self.tag + i) for i, t in enumerate(tensors)],
-                                  into=into if into is not None and _same_layout(into, tensors) else None)
+                                  into=into if into is not None and _same_layout(into, tensors) else None,
+                                  topology=self.topology)
         self._sent = list(tensors)
         self._filled = [*self._filled[-1:], [weakref.ref(t) for t in self._transfer.received]]
         return self._transfer.received

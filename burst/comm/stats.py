@@ -29,6 +29,7 @@ class CommStats:
 
     def __init__(self) -> None:
         self._sent: dict[str, int] = defaultdict(int)
+        self._sent_by_link: dict[tuple[str, str], int] = defaultdict(int)
         self._pairs: dict[str, int] = defaultdict(int)
         self._messages: dict[str, int] = defaultdict(int)
         self._compute: dict[str, float] = defaultdict(float)
@@ -40,9 +41,14 @@ class CommStats:
     def __exit__(self, *exc) -> None:
         _ACTIVE.remove(self)
 
-    def sent(self, phase: str | None = None) -> int:
-        """Bytes sent in `phase`, or in all phases when None."""
-        return _total(self._sent, phase)
+    def sent(self, phase: str | None = None, link: str | None = None) -> int:
+        """Bytes sent in `phase` (all phases when None), over `link`: "intra" (to a rank on this
+        node), "inter" (to another node, by the call's burst.Topology) or None (both)."""
+        if link is None:
+            return _total(self._sent, phase)
+        if link not in ("intra", "inter"):
+            raise ValueError(f"link must be 'intra', 'inter' or None, got {link!r}")
+        return sum(n for (p, l), n in self._sent_by_link.items() if l == link and (phase is None or p == phase))
 
     def messages(self, phase: str | None = None) -> int:
         """Number of tensors sent in `phase` (all phases when None)."""
@@ -73,10 +79,12 @@ def _total(table: dict[str, int], phase: str | None) -> int:
     return sum(table.values()) if phase is None else table.get(phase, 0)
 
 
-def record_sent(phase: str, nbytes: int, messages: int = 1) -> None:
+def record_sent(phase: str, nbytes: int, messages: int = 1, link: str | None = "intra") -> None:
+    """Count bytes this rank sent; `link` classifies them ("intra" when no topology says otherwise)."""
     for stats in _ACTIVE:
         stats._sent[phase] += nbytes
         stats._messages[phase] += messages
+        stats._sent_by_link[(phase, link or "intra")] += nbytes
 
 
 def record_pairs(phase: str, pairs: int) -> None:

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from ..agreement import agree
-from ..comm import record_sent, tensor_bytes
-from ..comm.collectives import all_gather_flat
+from ..comm import tensor_bytes
+from ..comm.collectives import all_gather_flat, record_to_peers
 from ..kernels import accumulator_dtype, select_kernel
 from ..merge import merge_partial
 
@@ -60,7 +60,7 @@ def merge_across_ranks(out: torch.Tensor, lse: torch.Tensor, group=None) -> torc
     packed = torch.cat([out.flatten(), lse.flatten()])
     every = packed.new_empty(world * packed.numel())
     all_gather_flat(every, packed, group=group)
-    record_sent("decode", (world - 1) * tensor_bytes(packed))
+    record_to_peers("decode", tensor_bytes(packed), group)
     every = every.view(world, -1)
     n_out = out.numel()
     merged_out = torch.zeros_like(out)

@@ -12,8 +12,8 @@ import torch
 
 from ..block import accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
 from ..call import AttentionCall
-from ..comm import record_sent, tensor_bytes
-from ..comm.collectives import all_gather_flat, reduce_scatter_flat
+from ..comm import tensor_bytes
+from ..comm.collectives import all_gather_flat, record_to_peers, reduce_scatter_flat
 from ..kernels import lse_for_backward
 from .base import Strategy
 
@@ -25,7 +25,7 @@ def _gather_kv(call: AttentionCall, k, v, phase: str) -> torch.Tensor:
         return kv
     gathered = kv.new_empty((2 * call.world, *k.shape))
     all_gather_flat(gathered, kv, group=call.group)
-    record_sent(phase, (call.world - 1) * tensor_bytes(kv))
+    record_to_peers(phase, tensor_bytes(kv), call.group, call.topology)
     return gathered
 
 
@@ -51,7 +51,7 @@ def allgather_backward(call: AttentionCall, dout, q, k, v, out, lse):
     else:
         dkv = dkv_all.new_empty(dkv_all[:2].shape)
         reduce_scatter_flat(dkv, dkv_all, group=call.group)
-        record_sent("backward", (call.world - 1) * tensor_bytes(dkv))
+        record_to_peers("backward", tensor_bytes(dkv), call.group, call.topology)
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 

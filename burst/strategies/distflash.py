@@ -94,7 +94,7 @@ def _post_inputs(call: AttentionCall, step: Step, phase: str, mine_kv: list, min
         recvs += [(t, step.kv_from, KV_TAG + i) for i, t in enumerate(mine_kv)]
     if step.help_for is not None:
         recvs += [(t, step.help_for, Q_TAG + i) for i, t in enumerate(_rows(mine_q, step.help_rows))]
-    return exchange(call.group, phase, sends, recvs)
+    return exchange(call.group, phase, sends, recvs, topology=call.topology)
 
 
 def _rows(tensors: list, rows: slice) -> list:
@@ -133,7 +133,7 @@ def distflash_forward(call: AttentionCall, q, k, v):
             rows = _rows([out_acc, lse_acc], step.help_rows)
             recvs = [(rows[0], step.helped_by, RESULT_TAG), (rows[1], step.helped_by, RESULT_TAG + 1)]
         _merge_result(results, out_acc, lse_acc)
-        results = (exchange(call.group, "forward", sends, recvs), step)
+        results = (exchange(call.group, "forward", sends, recvs, topology=call.topology), step)
     _merge_result(results, out_acc, lse_acc)
     return out_acc.to(q.dtype), lse_acc
 
@@ -182,7 +182,7 @@ def distflash_backward(call: AttentionCall, dout, q, k, v, out, lse):
         if step.helped_by is not None:
             recvs += [(dq[:, step.help_rows], step.helped_by, RESULT_TAG + 2)]
         _add_returned(returning, dq, dk, dv)
-        returning = (exchange(call.group, "backward", sends, recvs), step)
+        returning = (exchange(call.group, "backward", sends, recvs, topology=call.topology), step)
     _add_returned(returning, dq, dk, dv)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 

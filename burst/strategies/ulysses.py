@@ -63,7 +63,7 @@ def _to_heads(call: AttentionCall, x: torch.Tensor, head_groups: list[list[int]]
     per = len(head_groups[0])
     b, n, _, d = x.shape
     send = x.index_select(2, index).view(b, n, call.world, per, d).permute(2, 0, 1, 3, 4)
-    got = all_to_all_blocks(send, call.group, phase)  # (G, b, n, per, d): source rank's tokens
+    got = all_to_all_blocks(send, call.group, phase, call.topology)  # (G, b, n, per, d): source rank's tokens
     flat = got.permute(1, 0, 2, 3, 4).reshape(b, call.world * n, per, d)
     return _in_sequence_order(call, flat, dim=1)
 
@@ -73,7 +73,7 @@ def _stats_to_heads(call: AttentionCall, s: torch.Tensor, phase: str) -> torch.T
     b, h, n = s.shape
     per = h // call.world
     send = s.view(b, call.world, per, n).permute(1, 0, 2, 3)
-    got = all_to_all_blocks(send, call.group, phase)  # (G, b, per, n)
+    got = all_to_all_blocks(send, call.group, phase, call.topology)  # (G, b, per, n)
     flat = got.permute(1, 2, 0, 3).reshape(b, per, call.world * n)
     return _in_sequence_order(call, flat, dim=2)
 
@@ -92,7 +92,7 @@ def _to_sequence(call: AttentionCall, x: torch.Tensor, phase: str) -> torch.Tens
     b, total, per, d = x.shape
     n = total // call.world
     send = x.index_select(1, _global_order(call, x.device)).view(b, call.world, n, per, d).transpose(0, 1)
-    got = all_to_all_blocks(send, call.group, phase)  # (G, b, n, per, d): source rank's heads
+    got = all_to_all_blocks(send, call.group, phase, call.topology)  # (G, b, n, per, d): source rank's heads
     return got.permute(1, 2, 0, 3, 4).reshape(b, n, call.world * per, d)
 
 
@@ -100,7 +100,7 @@ def _stats_to_sequence(call: AttentionCall, s: torch.Tensor, phase: str) -> torc
     b, per, total = s.shape
     n = total // call.world
     send = s.index_select(2, _global_order(call, s.device)).view(b, per, call.world, n).permute(2, 0, 1, 3)
-    got = all_to_all_blocks(send, call.group, phase)  # (G, b, per, n)
+    got = all_to_all_blocks(send, call.group, phase, call.topology)  # (G, b, per, n)
     return got.permute(1, 0, 2, 3).reshape(b, call.world * per, n)
 
 

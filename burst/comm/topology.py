@@ -1,0 +1,62 @@
+"""Which ranks share a node: the topology the double ring and CommStats' link counts follow.
+
+    burst.attention(..., topology=burst.Topology(local_world_size=4))   # 4 ranks per node
+
+Nodes are blocks of `local_world_size` consecutive *global* ranks (torchrun's numbering). The
+default comes from torchrun's LOCAL_WORLD_SIZE; without it every rank is on one node. One machine
+can thus stand for several nodes (e.g. 4 local processes as 2 nodes x 2), which is how the tests
+and the emulated-link benchmark exercise the multi-node paths.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Topology:
+    """local_world_size: ranks per node (None: LOCAL_WORLD_SIZE, else all ranks one node).
+    double_ring: use the topology-aware double ring for burst / ring when there is more than one
+    node (False keeps the flat ring: the baseline, still counted by link)."""
+
+    local_world_size: int | None = None
+    double_ring: bool = True
+
+    def resolved(self, world: int) -> "Topology":
+        """This topology with local_world_size filled in for a default world of `world` ranks."""
+        size = self.local_world_size
+        if size is None:
+            env = os.environ.get("LOCAL_WORLD_SIZE")
+            size = int(env) if env else world
+        return Topology(local_world_size=size, double_ring=self.double_ring)
+
+    def check(self, world: int) -> None:
+        size = self.local_world_size
+        if not isinstance(size, int) or size < 1 or world % size:
+            raise ValueError(f"topology local_world_size={size!r} must be a positive divisor of the world size "
+                             f"{world} (ranks per node)")
+        if not isinstance(self.double_ring, bool):
+            raise TypeError(f"topology double_ring must be a bool, got {type(self.double_ring).__name__}")
+
+    def node_of(self, global_rank: int) -> int:
+        return global_rank // self.local_world_size
+
+    def link(self, global_a: int, global_b: int) -> str:
+        """"intra" when the two global ranks share a node, else "inter"."""
+        return "intra" if self.node_of(global_a) == self.node_of(global_b) else "inter"
+
+
+def default_world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def link_between(topology: Topology | None, group, peer: int) -> str | None:
+    """The link from this rank to group rank `peer` under `topology` (None without a topology)."""
+    if topology is None or not dist.is_initialized():
+        return None
+    me = dist.get_rank()
+    other = dist.get_global_rank(group or dist.group.WORLD, peer)
+    return topology.link(me, other)

@@ -1,0 +1,142 @@
+"""Multi-node topologies on one machine: the double ring (and the flat ring on the same topology)
+against float64 attention, CommStats bytes by link against the formulas, and bad topologies.
+
+One world per size (4, 6); topologies 1x4, 2x2, 4x1 and 2x3, 3x2 (nodes x ranks per node) loop inside.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import burst
+from cases import TOL, full_inputs, reference_grads, reference_mask, sharded_errors
+from world import run_world
+
+N_LOCAL, H, D = 4, 2, 8
+TOPOLOGIES = {4: (4, 2, 1), 6: (3, 2)}  # world -> ranks per node to try
+
+
+def _masks(seqlen):
+    return {"full": {}, "causal": dict(causal=True), "window": dict(causal=True, window=(5, 0)),
+            "documents": dict(cu_seqlens=[0, 3, seqlen // 2 + 1, seqlen])}
+
+
+def _exact(rank, world):
+    results = []
+    seqlen = N_LOCAL * world
+    for per_node in TOPOLOGIES[world]:
+        for double in (True, False):
+            topo = burst.Topology(local_world_size=per_node, double_ring=double)
+            for name, kwargs in _masks(seqlen).items():
+                extra = {k: v for k, v in kwargs.items() if k != "causal"}
+                allowed = reference_mask(seqlen, causal=kwargs.get("causal", False), **extra)
+                for kv_heads in (2, 1):
+                    dtypes = (torch.float32, torch.bfloat16) if name == "causal" and double else (torch.float32,)
+                    for dtype in dtypes:
+                        full = full_inputs(per_node * 10 + kv_heads, 1, seqlen, H, kv_heads, D, dtype)
+                        ref = reference_grads(*full, causal=False, mask=allowed)
+                        for layout in ("contiguous", "zigzag"):
+                            for strategy in ("burst", "ring"):
+                                errs = sharded_errors(full, ref, dtype, layout=layout, strategy=strategy,
+                                                      topology=topo, **kwargs)
+                                results.append(((per_node, double, name, kv_heads, str(dtype), layout, strategy), errs))
+    return results
+
+
+def _links(rank, world):
+    """Forward and backward bytes by link, full mask, fp32, MHA."""
+    out = {}
+    for per_node in TOPOLOGIES[world]:
+        for double in (True, False):
+            for strategy in ("burst", "ring"):
+                q, k, v = (torch.randn(1, N_LOCAL, H, D, requires_grad=True) for _ in range(3))
+                with burst.CommStats() as stats:
+                    burst.attention(q, k, v, strategy=strategy,
+                                    topology=burst.Topology(per_node, double_ring=double)).sum().backward()
+                out[(per_node, double, strategy)] = {
+                    (phase, link): stats.sent(phase, link=link)
+                    for phase in ("forward", "backward") for link in ("intra", "inter")}
+    return out
+
+
+def _bad(rank, world):
+    try:
+        x = torch.randn(1, N_LOCAL, H, D)
+        burst.attention(x, x, x, topology=burst.Topology(local_world_size=world - 1 if world > 2 else 3))
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _everything(rank, world):
+    return _exact(rank, world), _links(rank, world), _bad(rank, world)
+
+
+@functools.lru_cache(maxsize=None)
+def _results(world):
+    return run_world(world, _everything, timeout=400)
+
+
+@pytest.mark.parametrize("world", [4, 6])
+def test_double_and_flat_ring_exact_on_every_topology(world):
+    failures = []
+    for rank, (cases, _, _) in enumerate(_results(world)):
+        for key, errs in cases:
+            tol = TOL[getattr(torch, key[4].split(".")[1])]
+            worst = max(errs[n] for n in ("out", "dq", "dk", "dv"))
+            if errs["nan"] or worst > tol or errs["lse"] > max(tol, 1e-5):
+                failures.append(f"rank {rank} {key}: {errs}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("world", [4, 6])
+def test_bytes_by_link_match_the_formulas(world):
+    """Double ring, M nodes of L: forward (M-1) K, V blocks inter-node and M(L-1) intra; accumulators
+    go round the node (L-1 hops) and then home in one hop per outer step. Flat ring: the rank before
+    a node boundary sends all its blocks inter-node, the others none."""
+    kv = 2 * N_LOCAL * H * D * 4          # K and V, fp32
+    q = N_LOCAL * H * D * 4               # one of Q, dO, dQ
+    stat = N_LOCAL * H * 4                # one of D, lse
+    for rank, (_, links, _) in enumerate(_results(world)):
+        for (per_node, double, strategy), got in links.items():
+            L = per_node if double and per_node < world else world
+            M = world // L
+            if double or per_node == world:
+                fwd = {"inter": (M - 1) * kv, "intra": M * (L - 1) * kv}
+                travelling = kv if strategy == "ring" else 2 * q + 2 * stat
+                acc = kv if strategy == "ring" else q  # dK, dV or dQ, fp32
+                first_home = acc if L > 1 else 0  # outer step 0's hop home stays in the node (or is a loop-back)
+                bwd = {"inter": (M - 1) * (travelling + acc), "intra": M * (L - 1) * (travelling + acc) + first_home}
+            else:  # flat ring on a multi-node topology: is my next neighbour on another node?
+                crossing = (rank + 1) % world // per_node != rank // per_node
+                behind = (rank - 1) % world // per_node != rank // per_node
+                fwd_total, link = (world - 1) * kv, "inter" if crossing else "intra"
+                fwd = {link: fwd_total, ("intra" if crossing else "inter"): 0}
+                if strategy == "ring":
+                    bwd = {link: (world - 1) * 2 * kv, ("intra" if crossing else "inter"): 0}
+                else:  # queries travel to rank - 1
+                    bwd = {("inter" if behind else "intra"): (world - 1) * (2 * q + 2 * stat + q),
+                           ("intra" if behind else "inter"): 0}
+                home = kv if strategy == "ring" else q  # the last hop home: its own link
+                src = (rank - (world - 1)) % world if strategy == "ring" else (rank + world - 1) % world
+                home_link = "intra" if src // per_node == rank // per_node else "inter"
+                bwd[home_link] += home
+            for link in ("intra", "inter"):
+                assert got[("forward", link)] == fwd[link], (rank, per_node, double, strategy, link, got)
+                assert got[("backward", link)] == bwd[link], (rank, per_node, double, strategy, link, got)
+
+
+def test_double_ring_crosses_nodes_less_than_the_flat_boundary_rank():
+    links = [lk for _, lk, _ in _results(4)]
+    double_inter = max(r[(2, True, "burst")][("forward", "inter")] for r in links)
+    flat_inter = max(r[(2, False, "burst")][("forward", "inter")] for r in links)
+    assert double_inter < flat_inter
+
+
+@pytest.mark.parametrize("world", [4, 6])
+def test_topology_that_does_not_divide_the_world_raises_on_every_rank(world):
+    for rank, (_, _, message) in enumerate(_results(world)):
+        assert message is not None and "local_world_size" in message, (rank, message)
