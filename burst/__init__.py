@@ -3,6 +3,7 @@
 Public names: attention, shard, unshard, CommStats, BlockSparseMask, set_agreement_check, check, Topology (see DESIGN.md).
 """
 
+from . import cqs
 from .agreement import set_agreement_check
 from .api import attention
 from .comm.stats import CommStats

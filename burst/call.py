@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 from functools import cached_property
 
 import torch.distributed as dist
@@ -31,9 +32,12 @@ class AttentionCall:
     kernel: object
     options: dict = field(default_factory=dict)
     topology: Topology | None = None
+    shard_segments: Callable[[int], list[Segment]] | None = None  # overrides the layout (USP's ring)
 
     def segments(self, rank: int) -> list[Segment]:
         """The position runs of `rank`'s shard."""
+        if self.shard_segments is not None:
+            return self.shard_segments(rank)
         return segments(self.layout, rank, self.world, self.local_len)
 
     def tiles(self, q_rank: int, k_rank: int) -> list[Tile]:

@@ -17,6 +17,8 @@ dK, dV of a shared KV head summed at its owner.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..block import accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
@@ -42,66 +44,89 @@ def check_ulysses(call: AttentionCall, q, k) -> None:
         )
 
 
-def _kv_head_of_rank(call: AttentionCall, heads: int, kv_heads: int) -> list[list[int]]:
-    """The KV heads rank r's query heads use, for every r."""
-    g = call.world
-    if kv_heads >= g:
-        per = kv_heads // g
-        return [list(range(r * per, (r + 1) * per)) for r in range(g)]
-    return [[r * kv_heads // g] for r in range(g)]
-
-
 def _global_order(call: AttentionCall, device) -> torch.Tensor:
     """Global positions of every rank's tokens, concatenated in rank order: (N,)."""
     n = call.local_len * call.world
     return torch.cat([shard_indices(call.layout, r, call.world, n, device=device) for r in range(call.world)])
 
 
-def _to_heads(call: AttentionCall, x: torch.Tensor, head_groups: list[list[int]], phase: str) -> torch.Tensor:
-    """(batch, n_local, heads, d) sequence shard -> (batch, N, heads_r, d) head shard in sequence order."""
-    index = torch.tensor([h for group in head_groups for h in group], device=x.device)
-    per = len(head_groups[0])
-    b, n, _, d = x.shape
-    send = x.index_select(2, index).view(b, n, call.world, per, d).permute(2, 0, 1, 3, 4)
-    got = all_to_all_blocks(send, call.group, phase, call.topology)  # (G, b, n, per, d): source rank's tokens
-    flat = got.permute(1, 0, 2, 3, 4).reshape(b, call.world * n, per, d)
-    return _in_sequence_order(call, flat, dim=1)
+@dataclass(frozen=True)
+class HeadExchange:
+    """The all-to-alls of one Ulysses group: `world` ranks of `group` trade sequence shards for head
+    shards. order: where the gathered tokens go (global positions, rank-order concatenation first);
+    None keeps them concatenated in rank order (USP's ring then sees them as one shard)."""
+
+    group: object
+    world: int
+    topology: object
+    order: torch.Tensor | None
+
+    def to_heads(self, x: torch.Tensor, head_groups: list[list[int]], phase: str) -> torch.Tensor:
+        """(batch, n_local, heads, d) sequence shard -> (batch, world * n_local, heads_r, d)."""
+        index = torch.tensor([h for grp in head_groups for h in grp], device=x.device)
+        per = len(head_groups[0])
+        b, n, _, d = x.shape
+        send = x.index_select(2, index).view(b, n, self.world, per, d).permute(2, 0, 1, 3, 4)
+        got = all_to_all_blocks(send, self.group, phase, self.topology)  # (G, b, n, per, d): source rank's tokens
+        return self._placed(got.permute(1, 0, 2, 3, 4).reshape(b, self.world * n, per, d), dim=1)
+
+    def stats_to_heads(self, s: torch.Tensor, phase: str) -> torch.Tensor:
+        """(batch, heads, n_local) row statistics -> (batch, heads / world, world * n_local)."""
+        b, h, n = s.shape
+        per = h // self.world
+        send = s.view(b, self.world, per, n).permute(1, 0, 2, 3)
+        got = all_to_all_blocks(send, self.group, phase, self.topology)  # (G, b, per, n)
+        return self._placed(got.permute(1, 2, 0, 3).reshape(b, per, self.world * n), dim=2)
+
+    def to_sequence(self, x: torch.Tensor, phase: str) -> torch.Tensor:
+        """(batch, world * n_local, heads_r, d) head shard -> (batch, n_local, heads, d) sequence shard."""
+        b, total, per, d = x.shape
+        n = total // self.world
+        send = self._unplaced(x, dim=1).view(b, self.world, n, per, d).transpose(0, 1)
+        got = all_to_all_blocks(send, self.group, phase, self.topology)  # (G, b, n, per, d): source's heads
+        return got.permute(1, 2, 0, 3, 4).reshape(b, n, self.world * per, d)
+
+    def stats_to_sequence(self, s: torch.Tensor, phase: str) -> torch.Tensor:
+        b, per, total = s.shape
+        n = total // self.world
+        send = self._unplaced(s, dim=2).view(b, per, self.world, n).permute(2, 0, 1, 3)
+        got = all_to_all_blocks(send, self.group, phase, self.topology)  # (G, b, per, n)
+        return got.permute(1, 0, 2, 3).reshape(b, self.world * per, n)
+
+    def _placed(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        if self.order is None:
+            return x
+        out = torch.empty_like(x)
+        return out.index_copy_(dim, self.order, x)
+
+    def _unplaced(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        return x if self.order is None else x.index_select(dim, self.order)
 
 
-def _stats_to_heads(call: AttentionCall, s: torch.Tensor, phase: str) -> torch.Tensor:
-    """(batch, heads, n_local) row statistics -> (batch, heads / G, N) in sequence order."""
-    b, h, n = s.shape
-    per = h // call.world
-    send = s.view(b, call.world, per, n).permute(1, 0, 2, 3)
-    got = all_to_all_blocks(send, call.group, phase, call.topology)  # (G, b, per, n)
-    flat = got.permute(1, 2, 0, 3).reshape(b, per, call.world * n)
-    return _in_sequence_order(call, flat, dim=2)
+def head_groups(heads: int, kv_heads: int, world: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(query heads, KV heads) each rank of a Ulysses group of `world` takes."""
+    per_q = heads // world
+    q_groups = [list(range(r * per_q, (r + 1) * per_q)) for r in range(world)]
+    if kv_heads >= world:
+        per = kv_heads // world
+        return q_groups, [list(range(r * per, (r + 1) * per)) for r in range(world)]
+    return q_groups, [[r * kv_heads // world] for r in range(world)]
 
 
-def _in_sequence_order(call: AttentionCall, x: torch.Tensor, dim: int) -> torch.Tensor:
-    order = _global_order(call, x.device)
-    if call.layout == "contiguous":
-        return x.contiguous()
-    out = torch.empty_like(x)
-    out.index_copy_(dim, order, x)
-    return out
+def kv_grads_home(exchange: HeadExchange, grad_h: torch.Tensor, kv_groups, kv_heads: int) -> torch.Tensor:
+    """dK (or dV) from head layout back to sequence shards; ranks that shared a KV head add theirs."""
+    got = exchange.to_sequence(grad_h, "backward")  # (b, n, G * per, d): rank r's part is for kv_groups[r]
+    if kv_heads >= exchange.world:
+        return got
+    b, n, _, d = got.shape
+    summed = torch.zeros(b, n, kv_heads, d, dtype=got.dtype, device=got.device)
+    index = torch.tensor([grp[0] for grp in kv_groups], device=got.device)
+    return summed.index_add_(2, index, got)
 
 
-def _to_sequence(call: AttentionCall, x: torch.Tensor, phase: str) -> torch.Tensor:
-    """(batch, N, heads_r, d) head shard in sequence order -> (batch, n_local, heads, d) sequence shard."""
-    b, total, per, d = x.shape
-    n = total // call.world
-    send = x.index_select(1, _global_order(call, x.device)).view(b, call.world, n, per, d).transpose(0, 1)
-    got = all_to_all_blocks(send, call.group, phase, call.topology)  # (G, b, n, per, d): source rank's heads
-    return got.permute(1, 2, 0, 3, 4).reshape(b, n, call.world * per, d)
-
-
-def _stats_to_sequence(call: AttentionCall, s: torch.Tensor, phase: str) -> torch.Tensor:
-    b, per, total = s.shape
-    n = total // call.world
-    send = s.index_select(2, _global_order(call, s.device)).view(b, per, call.world, n).permute(2, 0, 1, 3)
-    got = all_to_all_blocks(send, call.group, phase, call.topology)  # (G, b, per, n)
-    return got.permute(1, 0, 2, 3).reshape(b, call.world * per, n)
+def _exchange(call: AttentionCall, device) -> HeadExchange:
+    order = None if call.layout == "contiguous" else _global_order(call, device)
+    return HeadExchange(call.group, call.world, call.topology, order)
 
 
 def _full_tiles(call: AttentionCall):
@@ -111,45 +136,28 @@ def _full_tiles(call: AttentionCall):
 
 def ulysses_forward(call: AttentionCall, q, k, v):
     """q: (batch, n_local, heads, d); k, v: (batch, n_local, kv_heads, d). Returns out, lse (shard layout)."""
-    heads, kv_heads = q.shape[2], k.shape[2]
-    per_q = heads // call.world
-    q_groups = [list(range(r * per_q, (r + 1) * per_q)) for r in range(call.world)]
-    kv_groups = _kv_head_of_rank(call, heads, kv_heads)
-    q_h = _to_heads(call, q, q_groups, "forward")
-    k_h, v_h = (_to_heads(call, t, kv_groups, "forward") for t in (k, v))
+    ex = _exchange(call, q.device)
+    q_groups, kv_groups = head_groups(q.shape[2], k.shape[2], call.world)
+    q_h = ex.to_heads(q, q_groups, "forward")
+    k_h, v_h = (ex.to_heads(t, kv_groups, "forward") for t in (k, v))
     out_h, lse_h = empty_accumulators(q_h)
     attend_forward(call.kernel, q_h, k_h, v_h, _full_tiles(call), out_h, lse_h, call.scale)
-    out = _to_sequence(call, out_h.to(q.dtype), "forward")
-    lse = _stats_to_sequence(call, lse_h, "forward")
-    return out, lse
+    return ex.to_sequence(out_h.to(q.dtype), "forward"), ex.stats_to_sequence(lse_h, "forward")
 
 
 def ulysses_backward(call: AttentionCall, dout, q, k, v, out, lse):
-    heads, kv_heads = q.shape[2], k.shape[2]
-    per_q = heads // call.world
-    q_groups = [list(range(r * per_q, (r + 1) * per_q)) for r in range(call.world)]
-    kv_groups = _kv_head_of_rank(call, heads, kv_heads)
-    q_h, dout_h = (_to_heads(call, t, q_groups, "backward") for t in (q, dout))
-    k_h, v_h = (_to_heads(call, t, kv_groups, "backward") for t in (k, v))
-    delta_h = _stats_to_heads(call, row_delta(dout, out), "backward")
-    lse_h = lse_for_backward(_stats_to_heads(call, lse, "backward"))
+    ex = _exchange(call, q.device)
+    q_groups, kv_groups = head_groups(q.shape[2], k.shape[2], call.world)
+    q_h, dout_h = (ex.to_heads(t, q_groups, "backward") for t in (q, dout))
+    k_h, v_h = (ex.to_heads(t, kv_groups, "backward") for t in (k, v))
+    delta_h = ex.stats_to_heads(row_delta(dout, out), "backward")
+    lse_h = lse_for_backward(ex.stats_to_heads(lse, "backward"))
     dq_h, dk_h, dv_h = (accumulator_zeros_like(t) for t in (q_h, k_h, v_h))
     attend_backward(call.kernel, dout_h, q_h, k_h, v_h, None, lse_h, _full_tiles(call), dq_h, dk_h, dv_h,
                     call.scale, delta=delta_h)
-    dq = _to_sequence(call, dq_h, "backward")
-    dk, dv = (_kv_grads_home(call, t, kv_groups, kv_heads) for t in (dk_h, dv_h))
+    dq = ex.to_sequence(dq_h, "backward")
+    dk, dv = (kv_grads_home(ex, t, kv_groups, k.shape[2]) for t in (dk_h, dv_h))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-
-
-def _kv_grads_home(call: AttentionCall, grad_h: torch.Tensor, kv_groups, kv_heads: int) -> torch.Tensor:
-    """dK (or dV) from head layout back to sequence shards; ranks that shared a KV head add theirs."""
-    got = _to_sequence(call, grad_h, "backward")  # (b, n, G * per, d): rank r's part is for kv_groups[r]
-    if kv_heads >= call.world:
-        return got
-    b, n, _, d = got.shape
-    summed = torch.zeros(b, n, kv_heads, d, dtype=got.dtype, device=got.device)
-    index = torch.tensor([group[0] for group in kv_groups], device=got.device)
-    return summed.index_add_(2, index, got)
 
 
 ULYSSES = Strategy("ulysses", forward=ulysses_forward, backward=ulysses_backward, check=check_ulysses)

@@ -1,0 +1,135 @@
+"""CQS-Attention (cqs-attention.md): quorum-scheduled attention with no talk during compute.
+
+Each rank owns its shard (its token group) and is also a worker. The distilled schedule (burst/cqs.py)
+gives every block pair the mask needs to exactly one worker whose cyclic quorum holds both groups.
+Forward, in three phases:
+
+1. one exchange: every owner sends its queries and its keys/values to the workers that need them;
+2. each worker computes its block pairs, with no communication at all;
+3. one exchange: partial (out, lse) go back to the query groups' owners, which merge them in
+   float32, in worker order (the paper's Tiler, without a central node).
+
+Backward (beyond the paper): the same three phases with Q, dO, D, lse and K, V as materials; each
+worker recomputes its pairs with the global lse and returns partial dQ, dK, dV (float32) to the
+owners, which add them up.
+
+Option `lost_workers=(r, ...)`: those ranks compute nothing (a failed or withdrawn accelerator whose
+data is still reachable); their pairs go to surviving workers and the result stays exact.
+Bytes per rank: what the schedule's material lists say (about |I| - 1 ~ sqrt(G) groups in, and the
+partial results back), against G - 1 blocks per pass for the ring.
+"""
+
+from __future__ import annotations
+
+from ..block import accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
+from ..call import AttentionCall
+from ..comm import exchange
+from ..cqs import Schedule, schedule
+from ..kernels import lse_for_backward, row_delta
+from ..masks import may_attend
+from ..merge import merge_partial
+from .base import Strategy
+
+# Tags: query-side materials 0..3, key-side 4..5, results 8..9 (dQ, or out and lse) and 12..13 (dK, dV).
+Q_TAG, KV_TAG, RESULT_TAG = 0, 4, 8
+
+
+def lost_workers(call: AttentionCall) -> tuple[int, ...]:
+    return tuple(sorted(set(call.options.get("lost_workers") or ())))
+
+
+def check_cqs(call: AttentionCall, q, k) -> None:
+    lost = call.options.get("lost_workers") or ()
+    if not all(isinstance(r, int) for r in lost) or any(not 0 <= r < call.world for r in lost) \
+            or len(set(lost)) >= call.world:
+        raise ValueError(f"lost_workers={tuple(lost)!r} must be distinct ranks of 0..{call.world - 1}, "
+                         "leaving at least one worker")
+
+
+def call_schedule(call: AttentionCall) -> Schedule:
+    """The distilled schedule for this call's mask (pairs the mask skips are never given out)."""
+    needed = frozenset((x, y) for x in range(call.world) for y in range(call.world)
+                       if may_attend(call.segments(x), call.segments(y), call.spec))
+    return schedule(call.world, lost=lost_workers(call), needed=needed)
+
+
+def _fetch(call: AttentionCall, sched: Schedule, phase: str, q_side: list, kv_side: list):
+    """One exchange: every owner sends its materials to the workers that need them.
+
+    Returns ({query group: its q_side tensors}, {key group: its kv_side tensors}) for this worker.
+    """
+    me = call.rank
+    sends, recvs = [], []
+    for w in range(call.world):
+        if w == me:
+            continue
+        if me in sched.q_materials[w]:
+            sends += [(t, w, Q_TAG + i) for i, t in enumerate(q_side)]
+        if me in sched.kv_materials[w]:
+            sends += [(t, w, KV_TAG + i) for i, t in enumerate(kv_side)]
+    q_from = [x for x in sched.q_materials[me] if x != me]
+    kv_from = [y for y in sched.kv_materials[me] if y != me]
+    recvs += [(t, x, Q_TAG + i) for x in q_from for i, t in enumerate(q_side)]
+    recvs += [(t, y, KV_TAG + i) for y in kv_from for i, t in enumerate(kv_side)]
+    got = iter(exchange(call.group, phase, sends, recvs, topology=call.topology).wait())
+    q_groups = {x: [next(got) for _ in q_side] for x in q_from}
+    kv_groups = {y: [next(got) for _ in kv_side] for y in kv_from}
+    q_groups[me], kv_groups[me] = list(q_side), list(kv_side)
+    return q_groups, kv_groups
+
+
+def _return_partials(call: AttentionCall, sched: Schedule, phase: str, mine_by_group: dict, likes: list,
+                     role: int, tag: int = RESULT_TAG):
+    """One exchange: send each owner its partial results; return those sent to us, in worker order.
+
+    mine_by_group: {group: [tensors]} computed here (our own group included, kept). role: 0 for the
+    query side (results for query groups), 1 for the key side.
+    """
+    me = call.rank
+    sends = [(t, g, tag + i) for g, parts in mine_by_group.items() if g != me for i, t in enumerate(parts)]
+    senders = [w for w in range(call.world) if w != me and any(p[role] == me for p in sched.tasks[w])]
+    recvs = [(t, w, tag + i) for w in senders for i, t in enumerate(likes)]
+    got = iter(exchange(call.group, phase, sends, recvs, topology=call.topology).wait())
+    return [[next(got) for _ in likes] for _ in senders]
+
+
+def cqs_forward(call: AttentionCall, q, k, v):
+    sched = call_schedule(call)
+    q_groups, kv_groups = _fetch(call, sched, "forward", [q], [k, v])
+    partial = {}  # query group -> (out_acc, lse_acc), float32
+    for x, y in sched.tasks[call.rank]:  # no communication from here to the return exchange
+        if x not in partial:
+            partial[x] = empty_accumulators(q)
+        attend_forward(call.kernel, q_groups[x][0], *kv_groups[y], call.tiles(x, y), *partial[x], call.scale)
+    out_acc, lse_acc = partial.pop(call.rank, None) or empty_accumulators(q)
+    arrived = _return_partials(call, sched, "forward", {x: list(p) for x, p in partial.items()},
+                               [out_acc, lse_acc], role=0)
+    for out_w, lse_w in arrived:  # the Tiler: merge where the rows live
+        merge_partial(out_acc, lse_acc, out_w, lse_w)
+    return out_acc.to(q.dtype), lse_acc
+
+
+def cqs_backward(call: AttentionCall, dout, q, k, v, out, lse):
+    sched = call_schedule(call)
+    delta = row_delta(dout, out)
+    q_groups, kv_groups = _fetch(call, sched, "backward", [q, dout, delta, lse_for_backward(lse)], [k, v])
+    dq_parts, dkv_parts = {}, {}
+    for x, y in sched.tasks[call.rank]:
+        if x not in dq_parts:
+            dq_parts[x] = [accumulator_zeros_like(q)]
+        if y not in dkv_parts:
+            dkv_parts[y] = [accumulator_zeros_like(k), accumulator_zeros_like(v)]
+        q_x, dout_x, delta_x, lse_x = q_groups[x]
+        attend_backward(call.kernel, dout_x, q_x, *kv_groups[y], None, lse_x, call.tiles(x, y), dq_parts[x][0],
+                        *dkv_parts[y], call.scale, delta=delta_x)
+    (dq,) = dq_parts.pop(call.rank, None) or [accumulator_zeros_like(q)]
+    dk, dv = dkv_parts.pop(call.rank, None) or [accumulator_zeros_like(k), accumulator_zeros_like(v)]
+    for (part,) in _return_partials(call, sched, "backward", dq_parts, [dq], role=0):
+        dq += part
+    for part_k, part_v in _return_partials(call, sched, "backward", dkv_parts, [dk, dv], role=1, tag=RESULT_TAG + 4):
+        dk += part_k
+        dv += part_v
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+CQS = Strategy("cqs", forward=cqs_forward, backward=cqs_backward, options=("lost_workers",), check=check_cqs)

@@ -1,0 +1,108 @@
+"""USP: Ulysses inside a group of `ulysses_degree` ranks, BurstAttention's ring across the groups.
+
+A 2-D split of the G ranks: u = ulysses_degree consecutive ranks form a Ulysses group, and the
+ranks at the same place in every Ulysses group form a ring of G/u. The default u is the ranks per
+node (BurstEngine's head-first placement: the all-to-all stays on the fast intra-node links, and
+the ring crosses nodes), reduced to a divisor of the heads when needed.
+
+Forward: the Ulysses all-to-all gives each rank the tokens of its whole Ulysses group for H/u
+heads (one "shard" of u·n tokens, the union of the group's layout shards: the mask planner sees its
+global positions); the ring forward of strategies/ring.py runs over the ring group; the all-to-all
+goes back. Backward: q, k, v, out and dO go to head shards again, BurstAttention's backward runs
+over the ring, and dQ, dK, dV come back. Every layout and mask the ring takes, GQA as Ulysses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+
+from ..call import AttentionCall
+from ..layout import Segment
+from .base import Strategy
+from .burst import burst_backward
+from .ring import ring_forward
+from .ulysses import HeadExchange, head_groups, kv_grads_home, valid_degrees
+
+_SUBGROUPS: dict = {}
+
+
+def ulysses_degree(call: AttentionCall, heads: int, kv_heads: int) -> int:
+    """The option, or the default: the ranks per node, reduced to a degree that splits the heads."""
+    asked = call.options.get("ulysses_degree")
+    if asked is not None:
+        return asked
+    per_node = call.topology.local_world_size if call.topology is not None else call.world
+    fits = [d for d in valid_degrees(heads, kv_heads, limit=per_node) if per_node % d == 0 and call.world % d == 0]
+    return max(fits) if fits else 1
+
+
+def check_usp(call: AttentionCall, q, k) -> None:
+    u = call.options.get("ulysses_degree")
+    heads, kv_heads = q.shape[2], k.shape[2]
+    if u is not None and (not isinstance(u, int) or u < 1 or call.world % u):
+        raise ValueError(f"ulysses_degree={u!r} must be a positive divisor of the world size {call.world}")
+    u = ulysses_degree(call, heads, kv_heads)
+    if u not in valid_degrees(heads, kv_heads, limit=max(u, 1)):
+        degrees = [d for d in valid_degrees(heads, kv_heads, limit=call.world) if call.world % d == 0]
+        raise ValueError(f"ulysses_degree={u} cannot split {heads} query heads and {kv_heads} KV heads; "
+                         f"valid degrees for this world: {degrees}")
+
+
+def _subgroups(call: AttentionCall, u: int):
+    """(Ulysses group, ring group) of this rank, created once per (group, degree) on every member.
+
+    Creating a group is collective: every rank of the call's group creates the same groups in the
+    same order (all Ulysses groups, then all ring groups), so the first USP call on a group must be
+    made by all its ranks (as every burst call is).
+    """
+    key = (id(call.group), u)
+    if key not in _SUBGROUPS:
+        ranks = dist.get_process_group_ranks(call.group or dist.group.WORLD)
+        ulysses = [dist.new_group(ranks[g * u:(g + 1) * u]) for g in range(call.world // u)]
+        rings = [dist.new_group(ranks[p::u]) for p in range(u)]
+        _SUBGROUPS[key] = (ulysses, rings)
+    ulysses, rings = _SUBGROUPS[key]
+    return ulysses[call.rank // u], rings[call.rank % u]
+
+
+def _calls(call: AttentionCall, q, k):
+    """The Ulysses exchange and the ring's AttentionCall for this rank."""
+    u = ulysses_degree(call, q.shape[2], k.shape[2])
+    ulysses_group, ring_group = _subgroups(call, u) if call.world > 1 else (None, None)
+    exchange = HeadExchange(ulysses_group, u, call.topology, None)
+    n = call.local_len
+
+    def ring_member_segments(j: int) -> list[Segment]:  # Ulysses group j's shards, concatenated
+        return [Segment(p * n + s.local_start, s.length, s.first, s.stride)
+                for p in range(u) for s in call.segments(j * u + p)]
+
+    ring = replace(call, group=ring_group, rank=call.rank // u, world=call.world // u, local_len=u * n,
+                   shard_segments=ring_member_segments)
+    return exchange, ring, u
+
+
+def usp_forward(call: AttentionCall, q, k, v):
+    exchange, ring, u = _calls(call, q, k)
+    q_groups, kv_groups = head_groups(q.shape[2], k.shape[2], u)
+    q_h = exchange.to_heads(q, q_groups, "forward")
+    k_h, v_h = (exchange.to_heads(t, kv_groups, "forward") for t in (k, v))
+    out_h, lse_h = ring_forward(ring, q_h, k_h, v_h)
+    return exchange.to_sequence(out_h, "forward"), exchange.stats_to_sequence(lse_h, "forward")
+
+
+def usp_backward(call: AttentionCall, dout, q, k, v, out, lse):
+    exchange, ring, u = _calls(call, q, k)
+    q_groups, kv_groups = head_groups(q.shape[2], k.shape[2], u)
+    q_h, dout_h, out_h = (exchange.to_heads(t, q_groups, "backward") for t in (q, dout, out))
+    k_h, v_h = (exchange.to_heads(t, kv_groups, "backward") for t in (k, v))
+    lse_h = exchange.stats_to_heads(lse, "backward")
+    dq_h, dk_h, dv_h = burst_backward(ring, dout_h, q_h, k_h, v_h, out_h, lse_h)
+    dq = exchange.to_sequence(dq_h, "backward")
+    dk, dv = (kv_grads_home(exchange, t, kv_groups, k.shape[2]) for t in (dk_h, dv_h))
+    return dq, dk, dv
+
+
+USP = Strategy("usp", forward=usp_forward, backward=usp_backward, options=("ulysses_degree",), check=check_usp)

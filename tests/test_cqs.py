@@ -1,0 +1,116 @@
+"""CQS-Attention: difference covers, distillation, and strategy="cqs" against float64 attention.
+
+The maths runs in this process; the strategy runs in one world per size (1, 2, 3, 4, 5): full and
+causal, MHA and GQA, fp32 and bf16, lost workers, and the exchange volume the schedule predicts.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import pytest
+import torch
+
+import burst
+from burst.cqs import interest_set, is_difference_cover, lower_bound, schedule, sequence_length_ratio
+from cases import TOL, full_inputs, reference_grads, sharded_errors
+from world import run_world
+
+N_LOCAL, H, D = 4, 4, 8
+
+
+def test_interest_sets_are_covers_minimal_for_small_w_and_fast_for_large():
+    assert interest_set(7) == (0, 1, 3)
+    for w in range(2, 201):
+        cover = interest_set(w)
+        assert is_difference_cover(cover, w) and cover[:2] == (0, 1), w
+    for w in range(2, 21):  # minimal: no cover of one element fewer exists
+        k = len(interest_set(w))
+        assert k == lower_bound(w) or not _any_cover(w, k - 1), w
+    start = time.perf_counter()
+    for w in (1000, 4321, 10000):
+        cover = interest_set(w)
+        assert is_difference_cover(cover, w) and len(cover) <= 2 * lower_bound(w) + 1
+    assert time.perf_counter() - start < 1.0
+
+
+def _any_cover(w, k):
+    """Brute force: is there a difference cover of Z_w of size k containing 0 (shift-invariant)?"""
+    from itertools import combinations
+
+    return any(is_difference_cover((0, *rest), w) for rest in combinations(range(1, w), k - 1))
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 4, 5, 7, 8, 12])
+@pytest.mark.parametrize("causal", [False, True])
+def test_distillation_covers_every_pair_once_inside_a_quorum(w, causal):
+    s = schedule(w, causal=causal)
+    pairs = [p for tasks in s.tasks for p in tasks]
+    expected = {(x, y) for x in range(w) for y in range(w) if not causal or y <= x}
+    assert sorted(pairs) == sorted(expected)
+    for worker, tasks in enumerate(s.tasks):
+        assert all(x in s.quorum(worker) and y in s.quorum(worker) for x, y in tasks)
+        assert (worker, worker) in tasks  # the owner keeps its diagonal
+    assert max(s.load()) - min(s.load()) <= 2
+    assert sequence_length_ratio(w) == len(interest_set(w)) / w
+
+
+def test_lost_workers_get_nothing_and_the_rest_cover_all():
+    s = schedule(5, lost=(1, 3))
+    assert s.tasks[1] == () and s.tasks[3] == ()
+    assert sorted(p for t in s.tasks for p in t) == sorted((x, y) for x in range(5) for y in range(5))
+
+
+def _cases(rank, world):
+    results = []
+    seqlen = N_LOCAL * world
+    lost_options = [()] + ([(world - 1,)] if world > 1 else []) + ([(0, 2)] if world >= 4 else [])
+    for causal in (False, True):
+        for kv_heads in (4, 1):
+            for dtype in (torch.float32, torch.bfloat16):
+                full = full_inputs(50 + kv_heads, 2, seqlen, H, kv_heads, D, dtype)
+                ref = reference_grads(*full, causal=causal)
+                for lost in (lost_options if dtype == torch.float32 else [()]):
+                    for layout in ("contiguous", "zigzag"):
+                        errs = sharded_errors(full, ref, dtype, layout=layout, strategy="cqs", causal=causal,
+                                              lost_workers=lost)
+                        results.append(((causal, kv_heads, str(dtype), lost, layout), errs))
+    q, k, v = (torch.randn(1, N_LOCAL, H, D, requires_grad=True) for _ in range(3))
+    with burst.CommStats() as stats:
+        burst.attention(q, k, v, strategy="cqs").sum().backward()
+    return results, (stats.sent("forward"), stats.sent("backward"))
+
+
+@functools.lru_cache(maxsize=None)
+def _results(world):
+    return run_world(world, _cases, timeout=300)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+def test_cqs_matches_float64(world):
+    failures = []
+    for rank, (cases, _) in enumerate(_results(world)):
+        for key, errs in cases:
+            tol = TOL[getattr(torch, key[2].split(".")[1])]
+            worst = max(errs[n] for n in ("out", "dq", "dk", "dv"))
+            if errs["nan"] or worst > tol or errs["lse"] > max(tol, 1e-5):
+                failures.append(f"rank {rank} {key}: {errs}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+def test_exchange_volume_is_what_the_schedule_predicts(world):
+    """Forward: Q to each worker listing our group as a query material, K, V to each listing it as a
+    key material; (out, lse) partials back, one per query group a worker computed for another owner.
+    Backward: Q, dO, D, lse and K, V out; dQ, dK, dV partials back."""
+    s = schedule(world)
+    q_b, stat_b = N_LOCAL * H * D * 4, N_LOCAL * H * 4
+    for rank, (_, (fwd, bwd)) in enumerate(_results(world)):
+        q_out = sum(rank in s.q_materials[w] for w in range(world) if w != rank)
+        kv_out = sum(rank in s.kv_materials[w] for w in range(world) if w != rank)
+        q_back = sum(1 for x in s.q_materials[rank] if x != rank)   # query groups we computed for others
+        kv_back = sum(1 for y in s.kv_materials[rank] if y != rank)
+        assert fwd == q_out * q_b + kv_out * 2 * q_b + q_back * (q_b + stat_b), (rank, fwd)
+        assert bwd == q_out * (2 * q_b + 2 * stat_b) + kv_out * 2 * q_b + q_back * q_b + kv_back * 2 * q_b, (rank, bwd)
+        assert q_out <= len(interest_set(world)) * 2  # about |I| groups move, not G - 1

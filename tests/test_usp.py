@@ -1,0 +1,72 @@
+"""strategy="usp" (Ulysses inside a group, ring across groups) against float64 attention.
+
+One world per size (4, 6): Ulysses degrees 1, 2 and the whole world, and the default taken from
+the topology (ranks per node); every layout, causal / window / documents, MHA and GQA (one KV head
+with Ulysses degree 2), fp32 and bf16; degrees that do not divide raise on every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import burst
+from cases import TOL, full_inputs, reference_grads, reference_mask, sharded_errors
+from world import run_world
+
+N_LOCAL, H, D = 4, 4, 8
+DEGREES = {4: (1, 2, 4), 6: (2,)}
+
+
+def _cases(rank, world):
+    results = []
+    seqlen = N_LOCAL * world
+    masks = {"full": {}, "causal": dict(causal=True), "window": dict(causal=True, window=(5, 0)),
+             "documents": dict(cu_seqlens=[0, 5, seqlen // 2 + 1, seqlen])}
+    settings = [dict(ulysses_degree=u) for u in DEGREES[world]]
+    settings.append(dict(topology=burst.Topology(local_world_size=2)))  # default degree: ranks per node
+    for options in settings:
+        for name, kwargs in masks.items():
+            extra = {k: v for k, v in kwargs.items() if k != "causal"}
+            allowed = reference_mask(seqlen, causal=kwargs.get("causal", False), **extra)
+            for kv_heads in (4, 2, 1):
+                if kv_heads == 1 and options.get("ulysses_degree", 2) > 2:
+                    continue
+                for dtype in ((torch.float32, torch.bfloat16) if name == "causal" else (torch.float32,)):
+                    full = full_inputs(30 + kv_heads, 1, seqlen, H, kv_heads, D, dtype)
+                    ref = reference_grads(*full, causal=False, mask=allowed)
+                    for layout in ("contiguous", "zigzag", "striped"):
+                        errs = sharded_errors(full, ref, dtype, layout=layout, strategy="usp", **kwargs, **options)
+                        results.append(((str(options), name, kv_heads, str(dtype), layout), errs))
+    try:
+        x = torch.randn(1, N_LOCAL, H, D)
+        burst.attention(x, x, x, strategy="usp", ulysses_degree=3 if world == 4 else 4)
+        bad = None
+    except ValueError as err:
+        bad = str(err)
+    return results, bad
+
+
+@functools.lru_cache(maxsize=None)
+def _results(world):
+    return run_world(world, _cases, timeout=400)
+
+
+@pytest.mark.parametrize("world", [4, 6])
+def test_usp_matches_float64(world):
+    failures = []
+    for rank, (cases, _) in enumerate(_results(world)):
+        for key, errs in cases:
+            tol = TOL[getattr(torch, key[3].split(".")[1])]
+            worst = max(errs[n] for n in ("out", "dq", "dk", "dv"))
+            if errs["nan"] or worst > tol or errs["lse"] > max(tol, 1e-5):
+                failures.append(f"rank {rank} {key}: {errs}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("world", [4, 6])
+def test_bad_degree_raises_on_every_rank(world):
+    for rank, (_, bad) in enumerate(_results(world)):
+        assert bad is not None and "ulysses_degree" in bad, (rank, bad)
