@@ -29,6 +29,11 @@ def _bench_parser(sub) -> None:
     p.add_argument("--block-sparse", default=None, help="BLOCK,DENSITY: random block-sparse layout (diagonal kept)")
     p.add_argument("--no-baseline", action="store_true", help="skip the single-process SDPA yardstick")
     p.add_argument("--json", default=None, help="write results to this JSON file")
+    p.add_argument("--ranks-per-node", type=int, default=None,
+                   help="run on a burst.Topology of this many ranks per node (strategy 'burst:flat' keeps the flat ring)")
+    p.add_argument("--inter-node-gbps", type=float, default=None,
+                   help="EMULATE an inter-node link of this many GB/s (delays each transfer by bytes / bandwidth)")
+    p.add_argument("--intra-node-gbps", type=float, default=None, help="EMULATE an intra-node link of this many GB/s")
     p.add_argument("--calibrate", action="store_true",
                    help="measure this machine's attention FLOP/s and link bandwidth for `burst plan --profile local`")
     p.add_argument("--report", default=None, metavar="DIR",
@@ -67,6 +72,7 @@ def _run_bench(args) -> int:
         block_sparse=(int(args.block_sparse.split(",")[0]), float(args.block_sparse.split(",")[1]))
         if args.block_sparse else None,
         window=tuple(int(x) for x in args.window.split(",")) if args.window else None,
+        ranks_per_node=args.ranks_per_node, inter_node_gbps=args.inter_node_gbps, intra_node_gbps=args.intra_node_gbps,
     )
     result = run_bench(cfg)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 reports

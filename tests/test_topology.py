@@ -71,8 +71,30 @@ def _bad(rank, world):
     return None
 
 
+def _emulated(rank, world):
+    """With BURST_EMULATE_INTER_GBPS set, a transfer across nodes takes bytes / bandwidth; inside a
+    node it does not (seconds for 2 MiB to the other node and to the neighbour in this node)."""
+    import os
+    import time
+
+    from burst.comm import exchange
+
+    topo = burst.Topology(2).resolved(world)
+    x = torch.ones(512 * 1024)  # 2 MiB
+    os.environ["BURST_EMULATE_INTER_GBPS"] = "0.1"
+    try:
+        times = {}
+        for name, peer in (("inter", rank ^ 2), ("intra", rank ^ 1)):
+            start = time.perf_counter()
+            exchange(None, "test", [(x, peer, 0)], [(x, peer, 0)], topology=topo).wait()
+            times[name] = time.perf_counter() - start
+    finally:
+        del os.environ["BURST_EMULATE_INTER_GBPS"]
+    return times
+
+
 def _everything(rank, world):
-    return _exact(rank, world), _links(rank, world), _bad(rank, world)
+    return _exact(rank, world), _links(rank, world), _bad(rank, world), _emulated(rank, world) if world == 4 else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -83,7 +105,7 @@ def _results(world):
 @pytest.mark.parametrize("world", [4, 6])
 def test_double_and_flat_ring_exact_on_every_topology(world):
     failures = []
-    for rank, (cases, _, _) in enumerate(_results(world)):
+    for rank, (cases, _, _, _) in enumerate(_results(world)):
         for key, errs in cases:
             tol = TOL[getattr(torch, key[4].split(".")[1])]
             worst = max(errs[n] for n in ("out", "dq", "dk", "dv"))
@@ -100,7 +122,7 @@ def test_bytes_by_link_match_the_formulas(world):
     kv = 2 * N_LOCAL * H * D * 4          # K and V, fp32
     q = N_LOCAL * H * D * 4               # one of Q, dO, dQ
     stat = N_LOCAL * H * 4                # one of D, lse
-    for rank, (_, links, _) in enumerate(_results(world)):
+    for rank, (_, links, _, _) in enumerate(_results(world)):
         for (per_node, double, strategy), got in links.items():
             L = per_node if double and per_node < world else world
             M = world // L
@@ -130,7 +152,7 @@ def test_bytes_by_link_match_the_formulas(world):
 
 
 def test_double_ring_crosses_nodes_less_than_the_flat_boundary_rank():
-    links = [lk for _, lk, _ in _results(4)]
+    links = [lk for _, lk, _, _ in _results(4)]
     double_inter = max(r[(2, True, "burst")][("forward", "inter")] for r in links)
     flat_inter = max(r[(2, False, "burst")][("forward", "inter")] for r in links)
     assert double_inter < flat_inter
@@ -138,5 +160,11 @@ def test_double_ring_crosses_nodes_less_than_the_flat_boundary_rank():
 
 @pytest.mark.parametrize("world", [4, 6])
 def test_topology_that_does_not_divide_the_world_raises_on_every_rank(world):
-    for rank, (_, _, message) in enumerate(_results(world)):
+    for rank, (_, _, message, _) in enumerate(_results(world)):
         assert message is not None and "local_world_size" in message, (rank, message)
+
+
+def test_emulated_inter_node_link_takes_bytes_over_bandwidth():
+    for rank, (_, _, _, times) in enumerate(_results(4)):
+        assert times["inter"] >= 2 * 2**20 / 0.1e9, (rank, times)  # 21 ms at least
+        assert times["intra"] < times["inter"], (rank, times)

@@ -50,6 +50,9 @@ class BenchConfig:
     window: tuple[int, int] | None = None  # sliding window (left, right), -1 = unbounded
     documents: int = 0           # > 0: pack this many documents of uneven (seeded) lengths
     block_sparse: tuple[int, float] | None = None  # (block size, density): seeded random block layout
+    ranks_per_node: int | None = None  # a burst.Topology: this many ranks per (emulated) node
+    inter_node_gbps: float | None = None  # emulated inter-node bandwidth (comm/emulation.py)
+    intra_node_gbps: float | None = None  # emulated intra-node bandwidth
 
     def block_mask(self) -> BlockSparseMask | None:
         """A random block layout of the given density with the diagonal kept (seeded)."""
@@ -198,9 +201,12 @@ def run_strategy(cfg: BenchConfig, strategy: str, rank: int, world: int) -> dict
     _reset_peak_rss()
     stats = burst.CommStats()
 
+    name, _, variant = strategy.partition(":")  # "burst:flat" = burst on the flat ring of a multi-node topology
+    topology = burst.Topology(cfg.ranks_per_node, double_ring=variant != "flat") if cfg.ranks_per_node else None
+
     def forward():
         with stats:
-            return burst.attention(q, k, v, strategy=strategy, layout=cfg.layout, **cfg.mask_kwargs())
+            return burst.attention(q, k, v, strategy=name, layout=cfg.layout, topology=topology, **cfg.mask_kwargs())
 
     def backward(out):
         with stats:
@@ -218,6 +224,7 @@ def run_strategy(cfg: BenchConfig, strategy: str, rank: int, world: int) -> dict
     return {
         "fwd_s": fwd_s, "bwd_s": bwd_s,
         "sent_fwd": stats.sent("forward"), "sent_bwd": stats.sent("backward"),
+        "sent_inter": stats.sent(link="inter"), "sent_intra": stats.sent(link="intra"),
         "pairs_fwd": stats.pairs("forward"), "pairs_bwd": stats.pairs("backward"),
         "compute_fwd_s": stats.compute_seconds("forward"), "compute_bwd_s": stats.compute_seconds("backward"),
         "peak_mem_bytes": peak, "max_err": _check_error(cfg, out.detach(), idx, cfg.check_rows),
@@ -227,6 +234,9 @@ def run_strategy(cfg: BenchConfig, strategy: str, rank: int, world: int) -> dict
 def _world_entry(rank, world, port, cfg_dict, strategy, outdir):
     cfg = BenchConfig(**cfg_dict)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    for link, gbps in (("INTER", cfg.inter_node_gbps), ("INTRA", cfg.intra_node_gbps)):
+        if gbps:
+            os.environ[f"BURST_EMULATE_{link}_GBPS"] = str(gbps)
     torch.set_num_threads(cfg.resolved_threads())
     backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
     dist.init_process_group(backend, rank=rank, world_size=world)
@@ -293,6 +303,8 @@ def summarize(cfg: BenchConfig, strategy: str, per_rank: list[dict], baseline: d
         "strategy": strategy, "world": len(per_rank), "fwd_s": fwd, "bwd_s": bwd,
         "fwd_tflops": fwd_flops / fwd / 1e12, "bwd_tflops": bwd_flops / bwd / 1e12,
         "sent_fwd_per_rank": max(r["sent_fwd"] for r in per_rank),
+        "sent_inter_max_per_rank": max(r.get("sent_inter", 0) for r in per_rank),
+        "compute_share": max(r["compute_fwd_s"] + r["compute_bwd_s"] for r in per_rank) / (fwd + bwd),
         "sent_bwd_per_rank": max(r["sent_bwd"] for r in per_rank),
         "peak_mem_per_rank": max(r["peak_mem_bytes"] for r in per_rank),
         "max_err": max(r["max_err"] for r in per_rank),
@@ -351,7 +363,10 @@ def format_table(result: dict) -> str:
     lines = [
         f"seq {cfg['seq_len']}, batch {cfg['batch']}, heads {cfg['heads']}/{cfg['kv_heads'] or cfg['heads']}, "
         f"dim {cfg['head_dim']}, {cfg['dtype']}, causal={cfg['causal']}, window={cfg['window']}, "
-        f"documents={cfg['documents']}, block_sparse={cfg['block_sparse']}, layout={cfg['layout']}, {cfg['nproc']} ranks x {result['threads_per_rank']} threads",
+        f"documents={cfg['documents']}, block_sparse={cfg['block_sparse']}, layout={cfg['layout']}, {cfg['nproc']} ranks x {result['threads_per_rank']} threads"
+        + (f", {cfg['ranks_per_node']} ranks per node" if cfg.get("ranks_per_node") else "")
+        + (f", EMULATED links: inter {cfg.get('inter_node_gbps') or 'real'} GB/s, intra {cfg.get('intra_node_gbps') or 'real'} GB/s"
+           if cfg.get("inter_node_gbps") or cfg.get("intra_node_gbps") else ""),
         "",
         "| strategy | fwd s | bwd s | fwd TFLOP/s | bwd TFLOP/s | vs SDPA (fwd+bwd) | sent fwd MiB/rank | sent bwd MiB/rank | peak MiB/rank | pairs max/mean | compute max/min | max err |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",

@@ -6,23 +6,36 @@ Both gather or scatter along dim 0 of a contiguous tensor.
 
 from __future__ import annotations
 
+import time
+
 import torch.distributed as dist
 
 all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def record_to_peers(phase: str, nbytes: int, group, topology=None) -> None:
-    """Count `nbytes` sent to every other rank of `group` (a collective's share), by link."""
+def record_to_peers(phase: str, nbytes: int, group, topology=None, posted: float | None = None) -> None:
+    """Count `nbytes` sent to every other rank of `group` (a collective's share), by link; with
+    emulated slow links (comm/emulation.py) and the time `posted` the collective started, wait as
+    long as those links would have taken."""
+    from . import emulation
     from .stats import active, record_sent
     from .topology import link_between
 
-    if not active() or not dist.is_initialized():
+    emulate = posted is not None and emulation.active()
+    if not (active() or emulate) or not dist.is_initialized():
         return
     me = dist.get_rank(group)
+    deadline = 0.0
     for peer in range(dist.get_world_size(group)):
         if peer != me:
-            record_sent(phase, nbytes, link=link_between(topology, group, peer))
+            link = link_between(topology, group, peer)
+            record_sent(phase, nbytes, link=link)
+            if emulate:  # as much comes in as goes out in these collectives
+                deadline = max(deadline, emulation.reserve(link, nbytes, posted, "out"),
+                               emulation.reserve(link, nbytes, posted, "in"))
+    if deadline:
+        emulation.wait_until(deadline)
 
 
 def all_to_all_blocks(blocks, group, phase: str, topology=None):
@@ -40,6 +53,7 @@ def all_to_all_blocks(blocks, group, phase: str, topology=None):
     if world == 1:
         return blocks
     received = torch.empty_like(blocks)
+    posted = time.perf_counter()
     dist.all_to_all_single(received, blocks, group=group)
-    record_to_peers(phase, tensor_bytes(blocks[0]), group, topology)
+    record_to_peers(phase, tensor_bytes(blocks[0]), group, topology, posted)
     return received

@@ -6,11 +6,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
+from . import emulation
 from .stats import record_sent, tensor_bytes
 from .topology import link_between
 
@@ -23,15 +25,18 @@ def global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
 class Transfer:
     """Posted sends and receives; `received` is filled once `wait()` returns."""
 
-    def __init__(self, requests, sending, received):
+    def __init__(self, requests, sending, received, deadline: float = 0.0):
         self._requests = requests
         self._sending = sending  # kept alive until the transfer is done
         self.received = received
+        self._deadline = deadline  # emulated slow links: not done before this (comm/emulation.py)
 
     def wait(self) -> list[torch.Tensor]:
         for req in self._requests:
             req.wait()
-        self._requests, self._sending = [], []
+        if self._deadline:
+            emulation.wait_until(self._deadline)
+        self._requests, self._sending, self._deadline = [], [], 0.0
         return self.received
 
 
@@ -50,6 +55,7 @@ def exchange(
     receive buffers instead of new ones. Returns a Transfer whose `received` holds the buffers, in
     `recvs` order. `topology` (a burst.Topology) classifies the bytes by link for CommStats.
     """
+    posted = time.perf_counter()
     sending = [t.contiguous() for t, _, _ in sends]
     # Receive buffers are contiguous whatever the strides of `like` (a transposed view from a
     # (batch, heads, seq, dim) model, a slice): gloo and NCCL refuse strided buffers.
@@ -60,6 +66,14 @@ def exchange(
     ops += [dist.P2POp(dist.irecv, buf, global_rank(group, peer), group, tag)
             for buf, (_, peer, tag) in zip(received, recvs)]
     requests = dist.batch_isend_irecv(ops) if ops else []
+    deadline = 0.0
     for t, (_, peer, _) in zip(sending, sends):
-        record_sent(phase, tensor_bytes(t), link=link_between(topology, group, peer))
-    return Transfer(requests, sending, received)
+        link = link_between(topology, group, peer)
+        record_sent(phase, tensor_bytes(t), link=link)
+        if emulation.active():
+            deadline = max(deadline, emulation.reserve(link, tensor_bytes(t), posted, "out"))
+    if emulation.active():
+        for buf, (_, peer, _) in zip(received, recvs):
+            deadline = max(deadline, emulation.reserve(link_between(topology, group, peer), tensor_bytes(buf),
+                                                       posted, "in"))
+    return Transfer(requests, sending, received, deadline)

@@ -8,6 +8,8 @@ Bytes per rank: forward (G-1) KV blocks; backward (G-1) KV blocks again plus (G-
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..block import accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
@@ -24,8 +26,9 @@ def _gather_kv(call: AttentionCall, k, v, phase: str) -> torch.Tensor:
     if call.world == 1:
         return kv
     gathered = kv.new_empty((2 * call.world, *k.shape))
+    posted = time.perf_counter()
     all_gather_flat(gathered, kv, group=call.group)
-    record_to_peers(phase, tensor_bytes(kv), call.group, call.topology)
+    record_to_peers(phase, tensor_bytes(kv), call.group, call.topology, posted)
     return gathered
 
 
@@ -50,8 +53,9 @@ def allgather_backward(call: AttentionCall, dout, q, k, v, out, lse):
         dkv = dkv_all
     else:
         dkv = dkv_all.new_empty(dkv_all[:2].shape)
+        posted = time.perf_counter()
         reduce_scatter_flat(dkv, dkv_all, group=call.group)
-        record_to_peers("backward", tensor_bytes(dkv), call.group, call.topology)
+        record_to_peers("backward", tensor_bytes(dkv), call.group, call.topology, posted)
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
