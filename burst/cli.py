@@ -34,6 +34,8 @@ def _bench_parser(sub) -> None:
     p.add_argument("--inter-node-gbps", type=float, default=None,
                    help="EMULATE an inter-node link of this many GB/s (delays each transfer by bytes / bandwidth)")
     p.add_argument("--intra-node-gbps", type=float, default=None, help="EMULATE an intra-node link of this many GB/s")
+    p.add_argument("--cqs-table2", default=None, metavar="W,W,...",
+                   help="simulate CQS-Attention's workers one after another (paper Table 2): SLR, straggler time, memory")
     p.add_argument("--calibrate", action="store_true",
                    help="measure this machine's attention FLOP/s and link bandwidth for `burst plan --profile local`")
     p.add_argument("--report", default=None, metavar="DIR",
@@ -62,6 +64,18 @@ def _run_calibrate_or_report(args) -> int:
 
 
 def _run_bench(args) -> int:
+    if args.cqs_table2:
+        from .bench.cqs_sim import table2
+
+        torch_threads = args.threads or 1
+        import torch
+
+        torch.set_num_threads(torch_threads)
+        print(f"CQS-Attention simulated on one process ({torch_threads} thread(s)), forward, "
+              f"{args.heads} heads of {args.head_dim}, {'causal' if args.causal else 'full'}:\n")
+        print(table2(workers=tuple(int(w) for w in args.cqs_table2.split(",")), seq_lens=(args.seq_len,),
+                     heads=args.heads, head_dim=args.head_dim, causal=args.causal))
+        return 0
     if args.calibrate or args.report:
         return _run_calibrate_or_report(args)
     cfg = BenchConfig(

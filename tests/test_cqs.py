@@ -114,3 +114,15 @@ def test_exchange_volume_is_what_the_schedule_predicts(world):
         assert fwd == q_out * q_b + kv_out * 2 * q_b + q_back * (q_b + stat_b), (rank, fwd)
         assert bwd == q_out * (2 * q_b + 2 * stat_b) + kv_out * 2 * q_b + q_back * q_b + kv_back * 2 * q_b, (rank, bwd)
         assert q_out <= len(interest_set(world)) * 2  # about |I| groups move, not G - 1
+
+
+def test_simulation_runs_the_distributed_plan_and_is_exact():
+    """The one-process simulation (paper §IV-B) uses call_schedule / worker_forward, the strategy's
+    own plan: its merged result equals single-process attention, and its worker loads are the plan's."""
+    from burst.bench.cqs_sim import simulate
+
+    for w, causal in ((5, False), (7, True)):
+        row = simulate(w, 7 * 5 * 4, heads=2, head_dim=8, causal=causal)
+        assert row.max_err < 1e-5, (w, causal, row)
+        assert row.tasks_max == max(schedule(w, causal=causal).load())
+        assert row.slr == len(interest_set(w)) / w

@@ -93,14 +93,24 @@ def _return_partials(call: AttentionCall, sched: Schedule, phase: str, mine_by_g
     return [[next(got) for _ in likes] for _ in senders]
 
 
+def worker_forward(call: AttentionCall, tasks, q_groups: dict, kv_groups: dict) -> dict:
+    """One worker's block pairs: {query group: (out_acc, lse_acc)} float32 partial results.
+
+    q_groups / kv_groups: {group: [q]} / {group: [k, v]} of the groups the tasks use. Shared by the
+    distributed forward and the one-process simulation (bench/cqs_sim.py), so both run one plan.
+    """
+    partial = {}
+    for x, y in tasks:
+        if x not in partial:
+            partial[x] = empty_accumulators(q_groups[x][0])
+        attend_forward(call.kernel, q_groups[x][0], *kv_groups[y], call.tiles(x, y), *partial[x], call.scale)
+    return partial
+
+
 def cqs_forward(call: AttentionCall, q, k, v):
     sched = call_schedule(call)
     q_groups, kv_groups = _fetch(call, sched, "forward", [q], [k, v])
-    partial = {}  # query group -> (out_acc, lse_acc), float32
-    for x, y in sched.tasks[call.rank]:  # no communication from here to the return exchange
-        if x not in partial:
-            partial[x] = empty_accumulators(q)
-        attend_forward(call.kernel, q_groups[x][0], *kv_groups[y], call.tiles(x, y), *partial[x], call.scale)
+    partial = worker_forward(call, sched.tasks[call.rank], q_groups, kv_groups)  # no communication in here
     out_acc, lse_acc = partial.pop(call.rank, None) or empty_accumulators(q)
     arrived = _return_partials(call, sched, "forward", {x: list(p) for x, p in partial.items()},
                                [out_acc, lse_acc], role=0)
