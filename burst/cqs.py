@@ -163,3 +163,32 @@ def schedule(w: int, causal: bool = False, lost: tuple[int, ...] = (), needed=No
         best = min(options[pair], key=lambda c: (len(tasks[c]), c))
         tasks[best].append(pair)
     return Schedule(w, interest, tuple(tuple(t) for t in tasks), lost)
+
+
+def self_distillation(w: int) -> list[list[tuple[int, int]]]:
+    """The paper's self-distillation (cqs-attention.md §III-B2, Table 1): each worker's share of the
+    unordered token-group pairs (x < y), which it computes in both directions.
+
+    Worker w's quorum lists w + I[0], w + I[1], ...; of its position pairs (i < j), it keeps, for
+    each difference class ±(I[j] - I[i]), only the first in lexicographic order, and for the class
+    that is its own negative (W/2), only when the lower position holds the smaller group. Every
+    unordered pair then belongs to exactly one worker, with no communication to decide it.
+    For W = 4: [(0, 1), (0, 2)], [(1, 2), (1, 3)], [(2, 3)], [(0, 3)], as the paper's Table 1.
+    """
+    interest = interest_set(w)
+    canonical: dict[int, tuple[int, int]] = {}
+    for i in range(len(interest)):
+        for j in range(i + 1, len(interest)):
+            d = (interest[j] - interest[i]) % w
+            canonical.setdefault(min(d, w - d), (i, j))
+    lists = []
+    for worker in range(w):
+        quorum = [(worker + a) % w for a in interest]
+        mine = []
+        for c, (i, j) in sorted(canonical.items(), key=lambda item: item[1]):
+            x, y = quorum[i], quorum[j]
+            if x == y or (2 * c == w and x > y):
+                continue
+            mine.append((min(x, y), max(x, y)))
+        lists.append(mine)
+    return lists

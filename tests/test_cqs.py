@@ -126,3 +126,12 @@ def test_simulation_runs_the_distributed_plan_and_is_exact():
         assert row.max_err < 1e-5, (w, causal, row)
         assert row.tasks_max == max(schedule(w, causal=causal).load())
         assert row.slr == len(interest_set(w)) / w
+
+
+def test_self_distillation_reproduces_the_papers_table1_and_covers_every_pair_once():
+    from burst.cqs import self_distillation
+
+    assert self_distillation(4) == [[(0, 1), (0, 2)], [(1, 2), (1, 3)], [(2, 3)], [(0, 3)]]
+    for w in range(2, 41):
+        pairs = [p for lst in self_distillation(w) for p in lst]
+        assert sorted(pairs) == [(x, y) for x in range(w) for y in range(x + 1, w)], w
