@@ -15,3 +15,4 @@ for gbps in 0.01 0.03 0.1 1; do
     --json "$out/inter_${gbps}.json"
 done
 .venv/bin/python benchmarks/report_topology.py > benchmarks/topology.md
+.venv/bin/python benchmarks/plan_topology.py >> benchmarks/topology.md   # needs benchmarks/report/results.json (burst bench --report)
