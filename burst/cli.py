@@ -1,4 +1,4 @@
-"""The `burst` command (also `python -m burst`). Subcommands: bench, check, plan."""
+"""The `burst` command (also `python -m burst`). Subcommands: bench, check, plan, train."""
 
 from __future__ import annotations
 
@@ -191,12 +191,63 @@ def _run_plan(args) -> int:
     return 0
 
 
+def _train_parser(sub) -> None:
+    from .engine.model import PRESETS
+    from .engine.train import TrainConfig
+
+    d = TrainConfig()
+    p = sub.add_parser("train", help="train the LLaMA-style model sequence-parallel (a local world or torchrun's)")
+    p.add_argument("--model", choices=sorted(PRESETS), default=d.model)
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="global tokens per sequence")
+    p.add_argument("--batch", type=int, default=d.batch)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--nproc", type=int, default=2, help="local processes to spawn (ignored under torchrun)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--data", default=d.data, help="'synthetic', a .bin token file (uint16; .u32.bin: uint32) or a text file")
+    p.add_argument("--strategy", default=d.strategy)
+    p.add_argument("--layout", choices=["contiguous", "zigzag", "striped"], default=d.layout)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--peak-flops", type=float, default=d.peak_flops, help="per-device peak FLOP/s for MFU")
+    p.add_argument("--metrics", default=None, help="write one JSON object per step to this file")
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint-every", type=int, default=None)
+    p.add_argument("--resume-step", type=int, default=None)
+
+
+def _train_on_rank(rank, world, cfg_dict):
+    from .engine.train import TrainConfig, train
+
+    return train(rank, world, TrainConfig(**cfg_dict))
+
+
+def _run_train(args) -> int:
+    from dataclasses import asdict
+
+    from .engine.train import TrainConfig
+    from .launch import run_world
+
+    if args.checkpoint_dir or args.checkpoint_every or args.resume_step is not None:
+        raise SystemExit("burst train: checkpoints and resume are not implemented yet (issue 15)")
+    cfg = TrainConfig(model=args.model, seq_len=args.seq_len, batch=args.batch, steps=args.steps, seed=args.seed,
+                      data=args.data, strategy=args.strategy, layout=args.layout, lr=args.lr, warmup=args.warmup,
+                      metrics=args.metrics, peak_flops=args.peak_flops)
+    world = int(os.environ.get("WORLD_SIZE", args.nproc))
+    try:
+        cfg.check(world)  # before any process starts
+    except ValueError as err:
+        raise SystemExit(f"burst train: {err}")
+    run_world(_train_on_rank, asdict(cfg), nproc=args.nproc)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="burst", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _bench_parser(sub)
     _check_parser(sub)
     _plan_parser(sub)
+    _train_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _run_bench(args)
@@ -204,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_check(args)
     if args.command == "plan":
         return _run_plan(args)
+    if args.command == "train":
+        return _run_train(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

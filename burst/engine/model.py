@@ -1,0 +1,169 @@
+"""A LLaMA-style decoder in plain PyTorch: RMSNorm, rotary embeddings, SwiGLU, GQA.
+
+Sequence parallelism enters from outside (torchtitan's habit): every attention layer calls its
+`attend(q, k, v)`, single-device SDPA by default; `parallelize(model, group, strategy, layout)`
+swaps in burst.attention over the sequence-parallel group. Rotary embeddings take each token's
+*global* position (the layout's, from burst.layout.shard_indices), so a zigzag or striped shard is
+rotated exactly as the whole sequence would be. The model returns the final hidden states; the LM
+head's weight goes to the fused loss (engine/loss.py), so the N x V logits are never built.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    dim: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn_dim: int
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    def parameters(self) -> int:
+        """Parameter count (embeddings and LM head untied)."""
+        attn = self.dim * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        return self.layers * (attn + 3 * self.dim * self.ffn_dim + 2 * self.dim) + 2 * self.vocab_size * self.dim + self.dim
+
+
+PRESETS = {
+    "tiny": ModelConfig(vocab_size=256, dim=64, layers=2, heads=4, kv_heads=2, ffn_dim=128),
+    "llama-7b": ModelConfig(vocab_size=32000, dim=4096, layers=32, heads=32, kv_heads=32, ffn_dim=11008),
+    "llama-14b": ModelConfig(vocab_size=120000, dim=5120, layers=40, heads=40, kv_heads=40, ffn_dim=13824),
+}
+
+
+def local_attention(q, k, v):
+    """Single-device causal attention; q: (batch, seq, heads, head_dim), k, v: (batch, seq, kv_heads, head_dim)."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                         enable_gqa=k.shape[2] != q.shape[2])
+    return out.transpose(1, 2)
+
+
+def rotary(positions: torch.Tensor, head_dim: int, theta: float):
+    """cos, sin of shape (batch, seq, 1, head_dim / 2) for the given global positions (batch, seq)."""
+    freqs = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
+    angles = positions.to(torch.float64)[..., None] * freqs
+    return torch.cos(angles)[:, :, None].float(), torch.sin(angles)[:, :, None].float()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
+    out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+    return out.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.heads * cfg.head_dim, cfg.dim, bias=False)
+        self.attend = local_attention  # parallelize() replaces it with burst.attention
+
+    def project(self, x, cos, sin):
+        """q (batch, seq, heads, head_dim), k, v (batch, seq, kv_heads, head_dim), rotated."""
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.heads, self.head_dim)
+        k = self.wk(x).view(b, s, self.kv_heads, self.head_dim)
+        v = self.wv(x).view(b, s, self.kv_heads, self.head_dim)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def forward(self, x, cos, sin):
+        q, k, v = self.project(x, cos, sin)
+        return self.wo(self.attend(q, k, v).flatten(2))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU. `chunk` > 0 runs it over that many tokens at a time (RingAttention's blockwise
+    feedforward: the hidden activations of one chunk at a time)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        self.chunk = 0
+
+    def _swiglu(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def forward(self, x):
+        if not self.chunk or x.shape[1] <= self.chunk:
+            return self._swiglu(x)
+        return torch.cat([self._swiglu(part) for part in x.split(self.chunk, dim=1)], dim=1)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02 if isinstance(module, nn.Embedding)
+                                else 1 / math.sqrt(module.weight.shape[1]))
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens, positions: (batch, seq) (this rank's shard and its global positions) -> hidden
+        states (batch, seq, dim) after the final norm."""
+        cos, sin = rotary(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.norm(x)
+
+
+def parallelize(model: Transformer, group=None, strategy: str = "burst", layout: str = "zigzag", **options):
+    """Make every attention layer sequence-parallel over `group` (burst.attention, causal)."""
+    import burst
+
+    attend = functools.partial(burst.attention, group=group, strategy=strategy, layout=layout, causal=True, **options)
+    for block in model.blocks:
+        block.attention.attend = attend
+    return model
