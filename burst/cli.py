@@ -1,4 +1,4 @@
-"""The `burst` command (also `python -m burst`). Subcommands: bench, check, plan, train."""
+"""The `burst` command (also `python -m burst`). Subcommands: bench, check, plan, train, generate."""
 
 from __future__ import annotations
 
@@ -241,6 +241,70 @@ def _run_train(args) -> int:
     return 0
 
 
+def _generate_parser(sub) -> None:
+    from .engine.model import PRESETS
+
+    p = sub.add_parser("generate", help="generate on a sharded KV cache (prefill through burst, exact decode)")
+    p.add_argument("--model", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--prompt-len", type=int, default=256, help="tokens of the random prompt (seeded)")
+    p.add_argument("--prompt-file", default=None, help="a text file as the prompt (byte-level tokens)")
+    p.add_argument("--batch", type=int, default=1, help="random prompts of lengths prompt-len, prompt-len - 1, ...")
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--nproc", type=int, default=2, help="local processes to spawn (ignored under torchrun); 1 = reference")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--strategy", default="burst")
+    p.add_argument("--layout", choices=["contiguous", "zigzag", "striped"], default="contiguous")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--json", default=None)
+
+
+def _generate_on_rank(rank, world, kwargs):
+    import torch
+
+    from .engine.model import PRESETS, Transformer
+    from .inference.generate import generate
+
+    torch.manual_seed(kwargs["seed"])  # the same (random) weights on every rank: no checkpoint loading yet
+    model = Transformer(PRESETS[kwargs["model"]]).eval()
+    result = generate(model, kwargs["prompts"], kwargs["new_tokens"], strategy=kwargs["strategy"],
+                      layout=kwargs["layout"], temperature=kwargs["temperature"], top_p=kwargs["top_p"],
+                      seed=kwargs["seed"])
+    return result.__dict__
+
+
+def _run_generate(args) -> int:
+    import json
+
+    import torch
+
+    from .launch import run_world
+
+    if args.new_tokens <= 0:
+        raise SystemExit("burst generate: --new-tokens must be positive")
+    if args.prompt_file:
+        with open(args.prompt_file, "rb") as f:
+            prompts = [list(f.read())]
+    else:
+        g = torch.Generator().manual_seed(args.seed)
+        prompts = [torch.randint(0, 256, (max(1, args.prompt_len - i),), generator=g).tolist() for i in range(args.batch)]
+    if not all(prompts):
+        raise SystemExit("burst generate: the prompt is empty")
+    kwargs = dict(model=args.model, prompts=prompts, new_tokens=args.new_tokens, strategy=args.strategy,
+                  layout=args.layout, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    result = run_world(_generate_on_rank, kwargs, nproc=args.nproc)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"prefill {result['prefill_s']:.3f} s (time to first token), decode {result['decode_s_per_token'] * 1e3:.1f} "
+              f"ms/token ({1 / max(result['decode_s_per_token'], 1e-9):.1f} tokens/s), KV cache "
+              f"{result['cache_bytes_per_rank'] / 2**20:.2f} MiB per rank")
+        for row in result["tokens"]:
+            print(" ".join(map(str, row)))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="burst", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -248,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     _check_parser(sub)
     _plan_parser(sub)
     _train_parser(sub)
+    _generate_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _run_bench(args)
@@ -257,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_plan(args)
     if args.command == "train":
         return _run_train(args)
+    if args.command == "generate":
+        return _run_generate(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

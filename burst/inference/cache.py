@@ -31,6 +31,7 @@ class ShardedKVCache:
         self._positions: torch.Tensor | None = None
         self._valid: torch.Tensor | None = None
         self.length = 0        # entries held by this rank
+        self._pending: set[int] = set()  # layers that appended this decode step's token here
         self.decoded = 0       # tokens appended by decode steps (on all ranks together)
 
     # -- prefill -------------------------------------------------------------------------------
@@ -56,7 +57,8 @@ class ShardedKVCache:
     def append(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, positions: torch.Tensor) -> None:
         """Store one decoded token's K, V (batch, 1, kv_heads, head_dim) when this rank owns it.
 
-        Call for every layer of the step, then `advance()` once. positions: (batch,) global positions.
+        Call for every layer of the step, then `advance()` once; keys_values(layer) includes the new
+        token from its append on (a token attends itself). positions: (batch,) global positions.
         """
         if self.owner_of_next() != self.rank:
             return
@@ -65,24 +67,26 @@ class ShardedKVCache:
             if at >= store[layer].shape[1]:
                 store[layer] = self._grow(store[layer], extra=self.chunk)
             store[layer][:, at:at + 1] = new
-        if layer == self.layers - 1:
+        if not self._pending:
             if at >= self._positions.shape[1]:
                 pad = self._positions.new_zeros(self._positions.shape[0], self.chunk)
                 self._positions = torch.cat([self._positions, pad], 1)
                 self._valid = torch.cat([self._valid, torch.zeros_like(pad, dtype=torch.bool)], 1)
             self._positions[:, at] = positions
             self._valid[:, at] = True
+        self._pending.add(layer)
 
     def advance(self) -> None:
         """Close a decode step (after every layer appended)."""
         if self.owner_of_next() == self.rank:
             self.length += 1
+        self._pending.clear()
         self.decoded += 1
 
     # -- reading -------------------------------------------------------------------------------
     def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(k, v, valid) of the entries this rank holds for `layer` (views, no copy)."""
-        n = self.length
+        n = self.length + (1 if layer in self._pending else 0)
         return self._k[layer][:, :n], self._v[layer][:, :n], self._valid[:, :n]
 
     def bytes(self) -> int:
