@@ -16,6 +16,11 @@ the result stays exact.
 
     interest_set(7)            -> (0, 1, 3)
     schedule(W, causal=True)   -> Schedule: tasks[w] = [(query group, key group), ...]
+
+The paper's own lists, at token level, are here too (its Code Blocks 1-4): tg_tk_map, cyclic_quorum_sets,
+self_distillation (unordered pairs, its Table 1), distilled_cqs, material_lists, task_list, ban_list and
+slr(N, W) = m_Tk / N, which reproduce the m_Tk column of its Table 2 (N = 10K..49K, W = 4, 7, 8, 31).
+The strategy runs `schedule` (ordered pairs, balanced greedily, causal- and lost-worker-aware).
 """
 
 from __future__ import annotations
@@ -192,3 +197,63 @@ def self_distillation(w: int) -> list[list[tuple[int, int]]]:
             mine.append((min(x, y), max(x, y)))
         lists.append(mine)
     return lists
+
+
+# The paper's token-level lists (cqs-attention.md §III-A, Code Blocks 1-4): TG-Tk map, cyclic quorum
+# sets, Distilled-CQS, material lists, task and ban lists, SLR = m_Tk / N. Token indices are global
+# (0..N-1); pairs are (query token, key token) cells of P.
+
+
+def tg_tk_map(n: int, w: int) -> list[list[int]]:
+    """Token group -> token indices: N = kW + r, the first W - r groups get k tokens, the last r get k + 1."""
+    if n < w:
+        raise ValueError(f"need at least one token per worker: N={n} < W={w}")
+    k, r = divmod(n, w)
+    sizes = [k] * (w - r) + [k + 1] * r
+    starts = [sum(sizes[:g]) for g in range(w)]
+    return [list(range(s, s + size)) for s, size in zip(starts, sizes)]
+
+
+def cyclic_quorum_sets(w: int) -> list[list[int]]:
+    """Eq. (1): quorum i is I + i (mod W), in the interest set's order."""
+    return [[(a + i) % w for a in interest_set(w)] for i in range(w)]
+
+
+def distilled_cqs(w: int) -> list[list[int]]:
+    """Each worker's token groups after self-distillation: its own group (it computes the diagonal
+    pair) and the groups of its distilled pairs, sorted. For W = 4: [0,1,2], [1,2,3], [2,3], [0,3]."""
+    return [sorted({i} | {g for pair in pairs for g in pair}) for i, pairs in enumerate(self_distillation(w))]
+
+
+def material_lists(n: int, w: int) -> list[list[int]]:
+    """MtrlL_i: the tokens worker i receives (R.r.1 applied to its Distilled-CQS)."""
+    groups = tg_tk_map(n, w)
+    return [[t for g in quorum for t in groups[g]] for quorum in distilled_cqs(w)]
+
+
+def task_list(n: int, w: int, worker: int) -> list[tuple[int, int]]:
+    """TL_i (Code Block 4): the cells of P worker i computes: its diagonal block and both directions
+    of each distilled pair (R.r.2)."""
+    groups = tg_tk_map(n, w)
+    own = groups[worker]
+    cells = [(a, b) for a in own for b in own]
+    for x, y in self_distillation(w)[worker]:
+        cells += [(a, b) for a in groups[x] for b in groups[y]] + [(b, a) for a in groups[x] for b in groups[y]]
+    return cells
+
+
+def ban_list(n: int, w: int, worker: int) -> list[tuple[int, int]]:
+    """BL_i: cells among worker i's material tokens that it must mask (another worker owns them)."""
+    mine = set(task_list(n, w, worker))
+    tokens = material_lists(n, w)[worker]
+    return [(a, b) for a in tokens for b in tokens if (a, b) not in mine]
+
+
+def max_subsequence_length(n: int, w: int) -> int:
+    """m_Tk: the longest material list (the straggler's subsequence)."""
+    return max(len(m) for m in material_lists(n, w))
+
+
+def slr(n: int, w: int) -> float:
+    """SLR = m_Tk / N (Fig. 7): the share of the sequence the straggler holds."""
+    return max_subsequence_length(n, w) / n

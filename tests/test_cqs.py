@@ -135,3 +135,23 @@ def test_self_distillation_reproduces_the_papers_table1_and_covers_every_pair_on
     for w in range(2, 41):
         pairs = [p for lst in self_distillation(w) for p in lst]
         assert sorted(pairs) == [(x, y) for x in range(w) for y in range(x + 1, w)], w
+
+
+def test_token_level_lists_reproduce_the_papers_table2_and_partition_p():
+    from burst.cqs import ban_list, material_lists, max_subsequence_length, slr, task_list, tg_tk_map
+
+    # Table 2's m_Tk (the straggler's subsequence) for W = 1, 4, 7, 8, 31.
+    table2 = {10000: (10000, 7500, 4287, 5000, 1937), 20000: (20000, 15000, 8572, 10000, 3873),
+              30000: (30000, 22500, 12858, 15000, 5808), 49000: (49000, 36750, 21000, 24500, 9486)}
+    for n, expected in table2.items():
+        assert tuple(max_subsequence_length(n, w) for w in (1, 4, 7, 8, 31)) == expected, n
+    assert slr(10000, 7) == 4287 / 10000
+    assert [len(g) for g in tg_tk_map(10, 7)] == [1, 1, 1, 1, 2, 2, 2]
+    assert material_lists(10, 7)[0] == [0, 1, 3]  # Figure 5: worker 0 gets tokens 0, 1, 3
+    for n, w in ((10, 7), (13, 4), (17, 5), (23, 8), (20, 13)):
+        cells = [c for i in range(w) for c in task_list(n, w, i)]
+        assert sorted(cells) == [(a, b) for a in range(n) for b in range(n)], (n, w)  # every cell once
+        for i in range(w):  # Code Block 4's validate(): tasks and bans fill the worker's P_i
+            m = len(material_lists(n, w)[i])
+            tl, bl = task_list(n, w, i), ban_list(n, w, i)
+            assert len(set(tl + bl)) == m * m and not set(tl) & set(bl)
