@@ -40,10 +40,12 @@ print("Same command as above with `--repeats 3`, plus `--causal --layout zigzag`
 print("| run | strategy | fwd s | bwd s | vs SDPA | SDPA fwd+bwd s | commit |")
 print("|---|---|---|---|---|---|---|")
 LABELS = {"_burst": " (after the dQ change)", "_agreement_2": " (same, run again)",
+          "_double_ring": " (ring and burst on the double-ring driver)",
           "_agreement": " (after the agreement check and strided inputs)"}
 for name in ("recheck_full_16384.json", "recheck_zigzag_16384.json", "recheck_full_16384_burst.json",
              "recheck_zigzag_16384_burst.json", "recheck_full_16384_agreement.json",
-             "recheck_zigzag_16384_agreement.json", "recheck_zigzag_16384_agreement_2.json"):
+             "recheck_zigzag_16384_agreement.json", "recheck_zigzag_16384_agreement_2.json",
+             "recheck_full_16384_double_ring.json", "recheck_zigzag_16384_double_ring.json"):
     if os.path.exists(os.path.join(here, "core", name)):
         r = load(name)
         base = r["sdpa_single_process"]
