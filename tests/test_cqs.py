@@ -1,12 +1,16 @@
 """CQS-Attention: difference covers, distillation, and strategy="cqs" against float64 attention.
 
 The maths runs in this process; the strategy runs in one world per size (1, 2, 3, 4, 5): full and
-causal, MHA and GQA, fp32 and bf16, lost workers, and the exchange volume the schedule predicts.
+causal, MHA and GQA, fp32 and bf16, lost workers, the exchange volume the schedule predicts, and no
+bytes or messages between the first and the last block computation. Worlds 7 and 8 (fewer cases)
+run with BURST_CQS_LARGE=1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import time
 
 import pytest
@@ -77,9 +81,36 @@ def _cases(rank, world):
                                               lost_workers=lost)
                         results.append(((causal, kv_heads, str(dtype), lost, layout), errs))
     q, k, v = (torch.randn(1, N_LOCAL, H, D, requires_grad=True) for _ in range(3))
-    with burst.CommStats() as stats:
+    with burst.CommStats() as stats, _compute_watch(stats) as during_compute:
         burst.attention(q, k, v, strategy="cqs").sum().backward()
-    return results, (stats.sent("forward"), stats.sent("backward"))
+    return results, (stats.sent("forward"), stats.sent("backward"), during_compute)
+
+
+@contextlib.contextmanager
+def _compute_watch(stats):
+    """Snapshot CommStats (bytes, messages) at entry and exit of every block computation of the cqs
+    strategy; yields {phase: set of snapshots}. One snapshot per phase means nothing moved between
+    the first block pair and the last: no communication during compute."""
+    import burst.strategies.cqs as mod
+
+    seen = {"forward": set(), "backward": set()}
+    originals = {name: getattr(mod, name) for name in ("attend_forward", "attend_backward")}
+
+    def wrap(name, phase):
+        inner = originals[name]
+
+        def watched(*args, **kwargs):
+            seen[phase].add((stats.sent(), stats.messages()))
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                seen[phase].add((stats.sent(), stats.messages()))
+        return watched
+    mod.attend_forward, mod.attend_backward = wrap("attend_forward", "forward"), wrap("attend_backward", "backward")
+    try:
+        yield seen
+    finally:
+        mod.attend_forward, mod.attend_backward = originals["attend_forward"], originals["attend_backward"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -106,7 +137,8 @@ def test_exchange_volume_is_what_the_schedule_predicts(world):
     Backward: Q, dO, D, lse and K, V out; dQ, dK, dV partials back."""
     s = schedule(world)
     q_b, stat_b = N_LOCAL * H * D * 4, N_LOCAL * H * 4
-    for rank, (_, (fwd, bwd)) in enumerate(_results(world)):
+    for rank, (_, (fwd, bwd, during_compute)) in enumerate(_results(world)):
+        assert all(len(snaps) == 1 for snaps in during_compute.values()), (rank, during_compute)
         q_out = sum(rank in s.q_materials[w] for w in range(world) if w != rank)
         kv_out = sum(rank in s.kv_materials[w] for w in range(world) if w != rank)
         q_back = sum(1 for x in s.q_materials[rank] if x != rank)   # query groups we computed for others
@@ -155,3 +187,31 @@ def test_token_level_lists_reproduce_the_papers_table2_and_partition_p():
             m = len(material_lists(n, w)[i])
             tl, bl = task_list(n, w, i), ban_list(n, w, i)
             assert len(set(tl + bl)) == m * m and not set(tl) & set(bl)
+
+
+def _large_cases(rank, world):
+    """Worlds 7 (the paper's Fano plane) and 8: fewer cases, as each spawns 7-8 processes on few cores."""
+    results = []
+    for causal, kv_heads, dtype, lost, layout in ((False, 4, torch.float32, (), "contiguous"),
+                                                  (True, 2, torch.float32, (), "zigzag"),
+                                                  (True, 1, torch.bfloat16, (), "contiguous"),
+                                                  (False, 2, torch.float32, (1, 4), "contiguous")):
+        full = full_inputs(70 + kv_heads, 1, N_LOCAL * world, H, kv_heads, D, dtype)
+        ref = reference_grads(*full, causal=causal)
+        errs = sharded_errors(full, ref, dtype, layout=layout, strategy="cqs", causal=causal, lost_workers=lost)
+        results.append(((causal, kv_heads, str(dtype), lost, layout), errs))
+    return results
+
+
+@pytest.mark.skipif(not os.environ.get("BURST_CQS_LARGE"),
+                    reason="~20 s each on 2 cores (spawning 7-8 processes); set BURST_CQS_LARGE=1")
+@pytest.mark.parametrize("world", [7, 8])
+def test_cqs_matches_float64_at_7_and_8_ranks(world):
+    failures = []
+    for rank, cases in enumerate(run_world(world, _large_cases, timeout=300)):
+        for key, errs in cases:
+            tol = TOL[getattr(torch, key[2].split(".")[1])]
+            worst = max(errs[n] for n in ("out", "dq", "dk", "dv"))
+            if errs["nan"] or worst > tol or errs["lse"] > max(tol, 1e-5):
+                failures.append(f"rank {rank} {key}: {errs}")
+    assert not failures, "\n".join(failures)
