@@ -39,6 +39,12 @@ for w in (2, 3, 4, 5, 7, 8, 13, 16, 31, 64):
 lines += ["", "cqs moves about 3(|I| - 1) + (|I| - 1) shards where the ring moves 2(G - 1): fewer from W = 7 on,",
           "and in one exchange instead of G - 1 steps, but it holds |I| groups at once (the MiB column above).",
           "", "Command: `.venv/bin/python benchmarks/cqs_report.py`"]
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "cqs.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
+path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cqs.md")
+measured = ""  # the section benchmarks/cqs_memory.py --write keeps there
+if os.path.exists(path):
+    marker = "## Measured on real ranks"
+    text = open(path).read()
+    measured = "\n" + marker + text.partition(marker)[2] if marker in text else ""
+with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n" + measured)
 print("\n".join(lines))
