@@ -143,7 +143,9 @@ def schedule(w: int, causal: bool = False, lost: tuple[int, ...] = (), needed=No
 
     needed: optional frozenset of (x, y) pairs (default: all, or y <= x with `causal`). The owner
     computes its diagonal; other pairs go, in a fixed order, to the least loaded surviving worker
-    whose quorum holds the pair (ties to the lowest rank), so every rank derives the same schedule.
+    whose quorum holds the pair (ties to the lowest rank), then move along augmenting paths until the
+    largest load is the least possible (ceil(pairs / survivors) whenever the quorums allow it); every
+    rank derives the same schedule.
     """
     lost = tuple(sorted(set(lost)))
     if any(not 0 <= r < w for r in lost) or len(lost) >= w:
@@ -167,7 +169,50 @@ def schedule(w: int, causal: bool = False, lost: tuple[int, ...] = (), needed=No
     for pair in sorted(needed, key=lambda p: (len(options[p]), p)):
         best = min(options[pair], key=lambda c: (len(tasks[c]), c))
         tasks[best].append(pair)
-    return Schedule(w, interest, tuple(tuple(t) for t in tasks), lost)
+    # Greedy leaves the straggler a pair or two above the least possible; move pairs along augmenting
+    # paths (worker -> another holder of one of its pairs -> ...) down to the optimum min-max load.
+    target = -(-len(needed) // len(alive))
+    while not _rebalance(tasks, options, target):
+        target += 1
+    return Schedule(w, interest, tuple(tuple(sorted(t)) for t in tasks), lost)
+
+
+def _rebalance(tasks: list, options: dict, target: int) -> bool:
+    """Move pairs until no worker holds more than `target`; False when that is impossible (some
+    overloaded worker reaches, through workers that could take its pairs, none below `target`: then
+    those workers' pairs cannot fit in `target` each). Deterministic: same moves on every rank."""
+    while True:
+        over = [r for r in range(len(tasks)) if len(tasks[r]) > target]
+        if not over:
+            return True
+        start = over[0]
+        came_from = {start: None}  # worker -> (previous worker, pair moved from it)
+        frontier, found = [start], None
+        while frontier and found is None:
+            nxt = []
+            for r in frontier:
+                for pair in sorted(tasks[r]):
+                    for c in options[pair]:
+                        if c in came_from:
+                            continue
+                        came_from[c] = (r, pair)
+                        if len(tasks[c]) < target:
+                            found = c
+                            break
+                        nxt.append(c)
+                    if found is not None:
+                        break
+                if found is not None:
+                    break
+            frontier = nxt
+        if found is None:
+            return False
+        c = found
+        while came_from[c] is not None:
+            r, pair = came_from[c]
+            tasks[r].remove(pair)
+            tasks[c].append(pair)
+            c = r
 
 
 def self_distillation(w: int) -> list[list[tuple[int, int]]]:
