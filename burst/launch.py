@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+import time
 import traceback
 from typing import Any, Callable
 
@@ -44,11 +45,36 @@ def _entry(rank: int, world: int, port: int, threads: int | None, fn, args, outd
         dist.destroy_process_group()
 
 
+def spawn_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | None = None,
+                timeout: float | None = None) -> list[Any]:
+    """fn(rank, world, *args) on `nproc` new local CPU processes (gloo); every rank's result, by rank.
+
+    threads per process: default cores // nproc. A rank that raises makes this raise RuntimeError
+    with its traceback; a world still running after `timeout` seconds is killed (TimeoutError).
+    """
+    if nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, got {nproc}")
+    threads = threads or max(1, (os.cpu_count() or 1) // nproc)
+    with tempfile.TemporaryDirectory() as outdir:
+        ctx = mp.start_processes(_entry, args=(nproc, free_port(), threads, fn, args, outdir), nprocs=nproc,
+                                 join=False, start_method="spawn")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not ctx.join(timeout=1):
+            if deadline is not None and time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                raise TimeoutError(f"world of {nproc} did not finish in {timeout}s (a rank hung?)")
+        results = [torch.load(os.path.join(outdir, f"{r}.pt"), weights_only=False) for r in range(nproc)]
+    errors = [f"rank {r}:\n{res}" for r, (status, res) in enumerate(results) if status == "error"]
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return [res for _, res in results]
+
+
 def run_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | None = None) -> Any:
     """fn(rank, world, *args) on every rank; returns rank 0's result (this rank's under torchrun).
 
-    Without torchrun, spawns `nproc` local CPU processes on gloo (threads per process: `threads`,
-    default cores // nproc). A rank that raises makes this raise RuntimeError with its traceback.
+    Without torchrun, spawns `nproc` local CPU processes on gloo (spawn_world).
     """
     if under_torchrun():
         if not dist.is_initialized():
@@ -56,14 +82,4 @@ def run_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | None
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         return fn(dist.get_rank(), dist.get_world_size(), *args)
-    if nproc < 1:
-        raise ValueError(f"--nproc must be at least 1, got {nproc}")
-    threads = threads or max(1, (os.cpu_count() or 1) // nproc)
-    with tempfile.TemporaryDirectory() as outdir:
-        mp.start_processes(_entry, args=(nproc, free_port(), threads, fn, args, outdir), nprocs=nproc,
-                           start_method="spawn")
-        results = [torch.load(os.path.join(outdir, f"{r}.pt"), weights_only=False) for r in range(nproc)]
-    errors = [f"rank {r}:\n{res}" for r, (status, res) in enumerate(results) if status == "error"]
-    if errors:
-        raise RuntimeError("\n".join(errors))
-    return results[0][1]
+    return spawn_world(fn, *args, nproc=nproc, threads=threads)[0]

@@ -72,3 +72,18 @@ def reference_mask(seqlen, causal=False, window=None, cu_seqlens=None, block_spa
         dense = block_sparse.layout.repeat_interleave(bs, 0).repeat_interleave(bs, 1)
         allowed &= dense[:seqlen, :seqlen]
     return allowed
+
+
+def over_tolerance(cases_by_rank, dtype_of) -> list[str]:
+    """The cases whose errors (from sharded_errors) exceed their dtype's bound, as messages.
+
+    cases_by_rank: per rank, a list of (key, errs); dtype_of(key) -> the dtype's name ("torch.float32").
+    """
+    failures = []
+    for rank, cases in enumerate(cases_by_rank):
+        for key, errs in cases:
+            tol = TOL[getattr(torch, dtype_of(key).split(".")[1])]
+            worst = max(errs[n] for n in ("out", "dq", "dk", "dv"))
+            if errs["nan"] or worst > tol or errs["lse"] > max(tol, 1e-5):
+                failures.append(f"rank {rank} {key}: {errs}")
+    return failures
