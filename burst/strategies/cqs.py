@@ -16,7 +16,10 @@ owners, which add them up.
 Option `lost_workers=(r, ...)`: those ranks compute nothing (a failed or withdrawn accelerator whose
 data is still reachable); their pairs go to surviving workers and the result stays exact.
 Bytes per rank: what the schedule's material lists say (about |I| - 1 ~ sqrt(G) groups in, and the
-partial results back), against G - 1 blocks per pass for the ring.
+partial results back), against G - 1 blocks per pass for the ring: fewer from G = 7 on. The price is
+memory: a worker holds its quorum's groups (and in the backward their Q, dO, D, lse and float32 partial
+dQ, dK, dV) at once, 2-3x the ring's live heap per rank at G = 4..8 (benchmarks/cqs.md). The schedule
+gives the straggler the least possible number of block pairs (ceil(pairs / workers)).
 """
 
 from __future__ import annotations
