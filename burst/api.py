@@ -15,8 +15,7 @@ from .layout import LAYOUTS, local_multiple
 from .masks import BlockSparseMask, MaskSpec
 from .strategies import STRATEGIES
 
-PLANNED_STRATEGIES = tuple(s for s in ("ulysses", "usp", "cqs") if s not in STRATEGIES)
-STRATEGY_NAMES = tuple(STRATEGIES) + PLANNED_STRATEGIES + ("auto",)
+STRATEGY_NAMES = tuple(STRATEGIES) + ("auto",)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
@@ -47,9 +46,10 @@ def attention(
             process when torch.distributed is not initialized).
         strategy: "burst" (BurstAttention: ring forward, backward rotating Q/dQ/dO/D/lse),
             "ring" (RingAttention), "distflash" (DistFlashAttn's balanced causal schedule; contiguous
-            layout, causal only), "allgather" (gather K/V once; holds the whole sequence's K/V), or
-            "auto" (the fastest strategy that takes the call by burst.plan's cost model, for this
-            group, shape and device).
+            layout, causal only), "allgather" (gather K/V once; holds the whole sequence's K/V),
+            "ulysses" (all-to-all to head shards), "usp" (Ulysses x ring; option ulysses_degree),
+            "cqs" (CQS-Attention; option lost_workers), or "auto" (the fastest strategy that takes
+            the call by burst.plan's cost model, for this group, shape and device).
         layout: "contiguous" | "zigzag" | "striped": which global tokens this rank holds
             (see burst.layout; use burst.shard to cut a full tensor).
         causal: each query attends keys at global positions <= its own.
@@ -209,10 +209,6 @@ def _check_tensors(q, k, v) -> None:
 def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
     if strategy not in STRATEGY_NAMES:
         raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}")
-    if strategy in PLANNED_STRATEGIES:
-        raise NotImplementedError(
-            f"strategy {strategy!r} is not implemented yet; available: {tuple(STRATEGIES) + ('auto',)}"
-        )
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if not isinstance(causal, bool):

@@ -109,7 +109,7 @@ def check(strategies=None, layouts=None, causal=(False, True), seq_len: int = 10
 
 def _validate(strategies, layouts, dtypes, seq_len, heads, kv_heads, world) -> None:
     for s in strategies:
-        if s not in api.STRATEGY_NAMES or s in api.PLANNED_STRATEGIES:
+        if s not in api.STRATEGIES:
             raise ValueError(f"unknown strategy {s!r}; available: {tuple(api.STRATEGIES)}")
     for lay in layouts:
         layout_mod.check_layout(lay)
