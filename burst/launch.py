@@ -42,6 +42,11 @@ def _entry(rank: int, world: int, port: int, threads: int | None, fn, args, outd
         result = ("error", traceback.format_exc())
     torch.save(result, os.path.join(outdir, f"{rank}.pt"))
     if dist.is_initialized():
+        try:  # every rank past its last collective before any closes its connections: a rank that
+            # tears down while a peer still reads the tail of an all-reduce aborts that peer (gloo)
+            dist.barrier()
+        except Exception:  # noqa: BLE001 - a peer that failed is gone; its error is already saved
+            pass
         dist.destroy_process_group()
 
 

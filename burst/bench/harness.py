@@ -243,6 +243,7 @@ def _world_entry(rank, world, port, cfg_dict, strategy, outdir):
     try:
         result = run_strategy(cfg, strategy, rank, world)
         torch.save(result, os.path.join(outdir, f"{rank}.pt"))
+        dist.barrier()  # no rank closes its connections while a peer still finishes a collective
     finally:
         dist.destroy_process_group()
 
