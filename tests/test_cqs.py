@@ -18,7 +18,7 @@ import torch
 
 import burst
 from burst.cqs import interest_set, is_difference_cover, lower_bound, schedule, sequence_length_ratio
-from cases import TOL, full_inputs, reference_grads, sharded_errors
+from cases import over_tolerance, full_inputs, reference_grads, sharded_errors
 from world import run_world
 
 N_LOCAL, H, D = 4, 4, 8
@@ -125,13 +125,7 @@ def _results(world):
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
 def test_cqs_matches_float64(world):
-    failures = []
-    for rank, (cases, _) in enumerate(_results(world)):
-        for key, errs in cases:
-            tol = TOL[getattr(torch, key[2].split(".")[1])]
-            worst = max(errs[n] for n in ("out", "dq", "dk", "dv"))
-            if errs["nan"] or worst > tol or errs["lse"] > max(tol, 1e-5):
-                failures.append(f"rank {rank} {key}: {errs}")
+    failures = over_tolerance([r[0] for r in _results(world)], lambda key: key[2])
     assert not failures, "\n".join(failures)
 
 
@@ -212,11 +206,5 @@ def _large_cases(rank, world):
                     reason="~20 s each on 2 cores (spawning 7-8 processes); set BURST_CQS_LARGE=1")
 @pytest.mark.parametrize("world", [7, 8])
 def test_cqs_matches_float64_at_7_and_8_ranks(world):
-    failures = []
-    for rank, cases in enumerate(run_world(world, _large_cases, timeout=300)):
-        for key, errs in cases:
-            tol = TOL[getattr(torch, key[2].split(".")[1])]
-            worst = max(errs[n] for n in ("out", "dq", "dk", "dv"))
-            if errs["nan"] or worst > tol or errs["lse"] > max(tol, 1e-5):
-                failures.append(f"rank {rank} {key}: {errs}")
+    failures = over_tolerance(run_world(world, _large_cases, timeout=300), lambda key: key[2])
     assert not failures, "\n".join(failures)
