@@ -81,6 +81,21 @@ def attention(
     Raises ValueError / TypeError on bad input on every rank of the group, before any communication
     of the strategy starts, so no rank is left waiting.
     """
+    chosen, call = prepare_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
+                                     cu_seqlens, block_sparse, topology, **options)
+    out, lse = chosen(call, *(_unit_stride_last(t) for t in (q, k, v)))
+    return (out, lse) if return_lse else out
+
+
+def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous", causal=False, window=None,
+                      softmax_scale=None, return_lse=False, cu_seqlens=None, block_sparse=None, topology=None,
+                      **options):
+    """burst.attention's validation and cross-rank agreement, without running it: the chosen
+    Strategy and its AttentionCall, for callers that drive forward and backward themselves (the
+    engine's rematerialization-aware checkpointing replays a stored output into strategy.backward).
+
+    Same arguments and errors as burst.attention (which is `strategy(call, q, k, v)` on the result).
+    """
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
     problem, call, name = None, None, None
@@ -91,8 +106,16 @@ def attention(
         problem = err
     facts = _call_facts(q, k, name, call, return_lse) if problem is None else None
     agree("burst.attention", facts, problem, group, world, hints=_HINTS)
-    out, lse = STRATEGIES[name](call, *(_unit_stride_last(t) for t in (q, k, v)))
-    return (out, lse) if return_lse else out
+    return STRATEGIES[name], call
+
+
+def prepare_single_device(q, k, causal: bool = True, softmax_scale=None):
+    """prepare_attention's (Strategy, AttentionCall) for one process holding the whole sequence: no
+    group and no collective, even inside a distributed program (the engine's single-device model)."""
+    _check_tensors(q, k, k)
+    name, call = _prepare_call(q, k, k, None, 0, 1, "allgather", "contiguous", causal, None, softmax_scale, None,
+                               None, {})
+    return STRATEGIES[name], call
 
 
 _HINTS = {"seqlen": " (shard with burst.shard, or pad every rank to one length)"}

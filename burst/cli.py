@@ -210,9 +210,22 @@ def _train_parser(sub) -> None:
     p.add_argument("--warmup", type=int, default=d.warmup)
     p.add_argument("--peak-flops", type=float, default=d.peak_flops, help="per-device peak FLOP/s for MFU")
     p.add_argument("--metrics", default=None, help="write one JSON object per step to this file")
-    p.add_argument("--checkpoint-dir", default=None)
-    p.add_argument("--checkpoint-every", type=int, default=None)
-    p.add_argument("--resume-step", type=int, default=None)
+    p.add_argument("--dp", type=int, default=d.dp, help="data-parallel replicas (sequence-parallel ranks = world / dp)")
+    p.add_argument("--fsdp", choices=["none", "dp", "mesh"], default=d.fsdp,
+                   help="FSDP2 parameter sharding: over the dp dimension or every rank of the world")
+    p.add_argument("--cpu-offload", action="store_true", help="FSDP2 CPU offload of parameters and optimizer state")
+    p.add_argument("--checkpointing", choices=["none", "full", "remat", "selective"], default=d.checkpointing,
+                   help="activation checkpointing (full: per layer; remat: DistFlashAttn's, at the attention "
+                        "output; selective: BurstEngine's sequence-level)")
+    p.add_argument("--checkpoint-split", type=float, default=d.checkpoint_split,
+                   help="selective: the fraction of the sequence whose attention is recomputed")
+    p.add_argument("--ffn-chunk", type=int, default=d.ffn_chunk, help="blockwise feedforward: tokens per chunk (0 = off)")
+    p.add_argument("--no-fused-loss", dest="fused_loss", action="store_false",
+                   help="build the logits (the baseline of the fused LM head + loss)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="a line per step instead of a bar")
+    p.add_argument("--checkpoint-dir", default=None, help="where checkpoints are written and read (DCP)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="write a checkpoint every K steps")
+    p.add_argument("--resume-step", type=int, default=None, help="resume from the checkpoint written after K steps")
 
 
 def _train_on_rank(rank, world, cfg_dict):
@@ -222,16 +235,13 @@ def _train_on_rank(rank, world, cfg_dict):
 
 
 def _run_train(args) -> int:
-    from dataclasses import asdict
+    from dataclasses import asdict, fields
 
     from .engine.train import TrainConfig
     from .launch import run_world
 
-    if args.checkpoint_dir or args.checkpoint_every or args.resume_step is not None:
-        raise SystemExit("burst train: checkpoints and resume are not implemented yet (issue 15)")
-    cfg = TrainConfig(model=args.model, seq_len=args.seq_len, batch=args.batch, steps=args.steps, seed=args.seed,
-                      data=args.data, strategy=args.strategy, layout=args.layout, lr=args.lr, warmup=args.warmup,
-                      metrics=args.metrics, peak_flops=args.peak_flops)
+    keys = {f.name for f in fields(TrainConfig)}
+    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in keys})
     world = int(os.environ.get("WORLD_SIZE", args.nproc))
     try:
         cfg.check(world)  # before any process starts

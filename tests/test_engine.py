@@ -1,6 +1,7 @@
-"""The training engine: sequence-parallel steps equal single-process training of the same model on
-the same data, rotary positions follow the layout, the blockwise feedforward changes nothing, and
-`burst train` runs end to end. One world of 2 (and 4 for one strategy)."""
+"""The training engine: sequence-parallel (and dp x sp, FSDP2) training equals single-process training
+of the same model on the same data; every checkpointing mode and the blockwise feedforward give the
+same gradients as none; rotary positions follow the layout; `burst train` runs, checkpoints and
+resumes exactly. One world of 2 and one of 4."""
 
 from __future__ import annotations
 
@@ -14,46 +15,87 @@ import pytest
 import torch
 
 import burst
-from burst.engine.model import Transformer, PRESETS
-from burst.engine.train import TrainConfig, TokenSource, build, train_step
+from burst.engine.model import PRESETS, Transformer, parallelize
+from burst.engine.parallel import setup
+from burst.engine.train import TokenSource, TrainConfig, build, train_step
 from world import run_world
 
 COMBOS = (("burst", "zigzag"), ("ring", "striped"), ("distflash", "contiguous"))
+MODES = (("full", 0.5), ("remat", 0.5), ("selective", 0.5), ("selective", 0.3), ("selective", 1.0))
+MESHES = (("none", "none"), ("dp", "remat"), ("mesh", "selective"))  # dp=2 x sp=2: fsdp, checkpointing
 
 
-def _single(cfg: TrainConfig):
-    """Losses and final parameters of single-process training (the reference)."""
-    model = build(cfg, world=1)
+def _train(cfg: TrainConfig, par=None):
+    """Losses of cfg.steps AdamW steps, the first step's gradients and the final parameters (full
+    tensors: FSDP2's shards are gathered)."""
+    model = build(cfg, par)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     data = TokenSource(cfg, model.cfg.vocab_size)
-    losses = [train_step(model, opt, data.batch(0), cfg, world=1)]
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    losses += [train_step(model, opt, data.batch(s), cfg, world=1) for s in range(1, cfg.steps)]
-    return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
+    replica = par.dp_rank if par else 0
+    losses = [train_step(model, opt, data.batch(0, replica), cfg, par)]
+    grads = {n: _full(p.grad) for n, p in model.named_parameters()}
+    losses += [train_step(model, opt, data.batch(s, replica), cfg, par) for s in range(1, cfg.steps)]
+    return losses, grads, {n: _full(p.detach()) for n, p in model.named_parameters()}
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t.clone()
+
+
+def _compare(got, ref):
+    """(max loss difference, max relative gradient error, max relative parameter error)."""
+    (losses, grads, params), (ref_losses, ref_grads, ref_params) = got, ref
+    rel = lambda a, b: max(((a[n] - b[n]).abs().max() / b[n].abs().max()).item() for n in b)  # noqa: E731
+    return max(abs(a - b) for a, b in zip(losses, ref_losses)), rel(grads, ref_grads), rel(params, ref_params)
+
+
+def _checkpointing_gradients(rank, world, strategy, layout):
+    """Per mode: the largest relative gradient error against mode none, and attention's forward
+    bytes (CommStats) of one forward + backward."""
+    torch.manual_seed(0)
+    model = Transformer(PRESETS["tiny"])
+    if world > 1:
+        parallelize(model, strategy=strategy, layout=layout)
+    n = 24 * world
+    tokens = torch.randint(0, 256, (2, n), generator=torch.Generator().manual_seed(1))
+    positions = burst.layout.shard_indices(layout, rank, world, n)[None].expand(2, -1)
+    tokens = burst.shard(tokens, layout=layout) if world > 1 else tokens
+
+    def grads(mode, split):
+        model.set_checkpointing(mode, split)
+        model.zero_grad()
+        with burst.CommStats() as stats:
+            model(tokens, positions).float().pow(2).sum().backward()
+        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}, stats.sent("forward")
+
+    ref, ref_bytes = grads("none", 0.5)
+    out = {}
+    for mode, split in MODES:
+        g, sent = grads(mode, split)
+        out[(mode, split)] = (max(((g[k] - ref[k]).abs().max() / ref[k].abs().max()).item() for k in ref),
+                              sent / max(ref_bytes, 1))
+    return out
 
 
 def _parallel(rank, world, combos):
     out = {}
     for strategy, layout in combos:
         cfg = TrainConfig(seq_len=16 * world, batch=2, steps=3, strategy=strategy, layout=layout, lr=1e-2, warmup=1)
-        model = build(cfg)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        data = TokenSource(cfg, model.cfg.vocab_size)
-        losses = [train_step(model, opt, data.batch(0), cfg)]
-        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-        losses += [train_step(model, opt, data.batch(s), cfg) for s in range(1, cfg.steps)]
-        ref_losses, ref_grads, ref_params = _single(cfg)
-        grad_err = max(((g - ref_grads[n]).abs().max() / ref_grads[n].abs().max()).item() for n, g in grads.items())
-        param_err = max(((p - ref_params[n]).abs().max() / ref_params[n].abs().max()).item()
-                        for n, p in model.named_parameters())
-        out[(strategy, layout)] = (max(abs(a - b) for a, b in zip(losses, ref_losses)), grad_err, param_err)
+        out[(strategy, layout)] = _compare(_train(cfg, setup(1)), _train(cfg))
+        if world == 2:
+            out[("checkpointing", strategy, layout)] = _checkpointing_gradients(rank, world, strategy, layout)
+    if world == 4:  # dp = 2 replicas x sp = 2 ranks, replicated or FSDP2-sharded, against one process
+        reference = _train(TrainConfig(seq_len=32, batch=4, steps=3, lr=1e-2, warmup=1))
+        for fsdp, mode in MESHES:
+            cfg = TrainConfig(seq_len=32, batch=2, steps=3, lr=1e-2, warmup=1, dp=2, fsdp=fsdp, checkpointing=mode)
+            out[("mesh", fsdp, mode)] = _compare(_train(cfg, setup(cfg.dp, cfg.fsdp)), reference)
     # Rotary embeddings at the layout's global positions: a shard's hidden states are the whole
     # sequence's rows.
     torch.manual_seed(0)
     model = Transformer(PRESETS["tiny"])
     tokens = torch.randint(0, 256, (1, 8 * world), generator=torch.Generator().manual_seed(1))
     full = model(tokens, torch.arange(8 * world)[None])
-    burst_model = burst.engine.model.parallelize(Transformer(PRESETS["tiny"]), layout="striped")
+    burst_model = parallelize(Transformer(PRESETS["tiny"]), layout="striped")
     burst_model.load_state_dict(model.state_dict())
     positions = burst.layout.shard_indices("striped", rank, world, 8 * world)[None]
     mine = burst_model(burst.shard(tokens, layout="striped"), positions)
@@ -64,21 +106,50 @@ def _parallel(rank, world, combos):
 @functools.lru_cache(maxsize=None)
 def _results(world):
     combos = COMBOS if world == 2 else COMBOS[:1]
-    return run_world(world, _parallel, combos, timeout=300)
+    return run_world(world, _parallel, combos, timeout=400)
+
+
+def _assert_equal_training(errors, where):
+    loss_err, grad_err, param_err = errors
+    # Losses over three AdamW steps, every gradient of the first step; parameters after three steps
+    # only to 1e-3 (Adam's first steps turn tiny gradient differences into lr-sized moves).
+    assert loss_err < 1e-5 and grad_err < 1e-4 and param_err < 1e-3, (where, errors)
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_sequence_parallel_training_equals_single_process(world):
     for rank, out in enumerate(_results(world)):
         for combo in (COMBOS if world == 2 else COMBOS[:1]):
-            loss_err, grad_err, param_err = out[combo]
-            # Losses over three AdamW steps, every gradient of the first step; parameters after three
-            # steps only to 1e-3 (Adam's first steps turn tiny gradient differences into lr-sized moves).
-            assert loss_err < 1e-5 and grad_err < 1e-4 and param_err < 1e-3, (rank, combo, out[combo])
+            _assert_equal_training(out[combo], (rank, combo))
         assert out["rope"] < 1e-5, (rank, out["rope"])
 
 
-def test_blockwise_feedforward_changes_nothing():
+def test_dp_by_sp_mesh_with_fsdp2_equals_single_process():
+    for rank, out in enumerate(_results(4)):
+        for fsdp, mode in MESHES:
+            _assert_equal_training(out[("mesh", fsdp, mode)], (rank, fsdp, mode))
+
+
+def test_checkpointing_modes_give_the_gradients_of_none():
+    for rank, out in enumerate(_results(2)):
+        for strategy, layout in COMBOS:
+            modes = out[("checkpointing", strategy, layout)]
+            for mode, (grad_err, _) in modes.items():
+                assert grad_err < 1e-5, (rank, strategy, layout, mode, grad_err)
+            # What the backward recomputes, seen on the wire: full re-runs attention's forward (twice
+            # the forward bytes), remat never does, selective re-runs the prefix only: with zigzag
+            # and striped the first half's rows are a layout of their own, so half the K/V travel
+            # again; contiguous on 2 ranks holds the whole first half on rank 0, whose prefix-only
+            # mask needs no ring step at all.
+            assert modes[("full", 0.5)][1] == pytest.approx(2.0)
+            assert modes[("remat", 0.5)][1] == pytest.approx(1.0)
+            assert modes[("selective", 0.5)][1] == pytest.approx(1.5 if layout != "contiguous" else 1.0), modes
+            assert 1.0 <= modes[("selective", 0.3)][1] <= 2.0, modes
+
+
+def test_checkpointing_on_one_device_and_blockwise_feedforward():
+    for (mode, split), (grad_err, _) in _checkpointing_gradients(0, 1, "burst", "contiguous").items():
+        assert grad_err < 1e-5, (mode, split, grad_err)
     torch.manual_seed(0)
     model = Transformer(PRESETS["tiny"])
     tokens = torch.randint(0, 256, (2, 40))
@@ -87,8 +158,7 @@ def test_blockwise_feedforward_changes_nothing():
     plain.sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    for block in model.blocks:
-        block.feed_forward.chunk = 16
+    model.set_checkpointing("none", ffn_chunk=16)
     chunked = model(tokens, positions)
     chunked.sum().backward()
     assert (chunked - plain).abs().max() < 1e-5 * plain.abs().max()
@@ -96,17 +166,40 @@ def test_blockwise_feedforward_changes_nothing():
     for n, p in model.named_parameters():
         if n in grads:
             assert (p.grad - grads[n]).abs().max() <= 1e-5 * grads[n].abs().max(), n
+    with pytest.raises(ValueError, match="checkpointing 'some'"):
+        model.set_checkpointing("some")
 
 
-def test_burst_train_cli(tmp_path):
-    metrics = tmp_path / "m.jsonl"
-    cmd = [sys.executable, "-m", "burst", "train", "--model", "tiny", "--seq-len", "64", "--steps", "2", "--nproc", "2",
-           "--seed", "0", "--data", "synthetic", "--metrics", str(metrics)]
+def _burst_train(*args, check=True):
+    cmd = [sys.executable, "-m", "burst", "train", "--model", "tiny", "--nproc", "2", "--seed", "0", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1]
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_burst_train_checkpoints_and_resumes_exactly(tmp_path):
+    ckpt, whole, resumed = tmp_path / "ckpt", tmp_path / "whole.jsonl", tmp_path / "resumed.jsonl"
+    common = ["--seq-len", "64", "--steps", "4", "--checkpoint-dir", str(ckpt)]
+    _burst_train(*common, "--checkpoint-every", "2", "--checkpointing", "selective", "--metrics", str(whole))
+    rows = [json.loads(line) for line in whole.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for r in rows:
         assert {"step", "loss", "tokens_per_s_per_device", "mfu", "peak_mem_bytes"} <= set(r) and r["loss"] > 0
-    bad = subprocess.run(cmd[:6] + ["--seq-len", "63"] + cmd[8:], capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "seq-len 63" in bad.stderr
+    assert sorted(os.listdir(ckpt)) == ["step-2", "step-4"]
+    # Resumed from step 2 with another FSDP mode and checkpointing: DCP reshards, the losses are
+    # the uninterrupted run's.
+    _burst_train(*common, "--resume-step", "2", "--fsdp", "mesh", "--metrics", str(resumed))
+    again = [json.loads(line) for line in resumed.read_text().splitlines()]
+    assert [r["step"] for r in again] == [2, 3]
+    for a, b in zip(again, rows[2:]):
+        assert abs(a["loss"] - b["loss"]) < 1e-6, (a, b)
+    # Refused before any process starts, naming what is wrong.
+    for bad, message in ((["--seq-len", "128", "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume-step", "2"],
+                          "another config: seq_len was 64"),
+                         ([*common, "--resume-step", "3"], "no checkpoint for step 3"),
+                         (["--seq-len", "63"], "seq-len 63"),
+                         (["--seq-len", "64", "--dp", "3"], "--dp 3 must divide"),
+                         (["--seq-len", "64", "--checkpoint-every", "2"], "needs --checkpoint-dir")):
+        done = _burst_train(*bad, check=False)
+        assert done.returncode != 0 and message in done.stderr, (bad, done.stderr[-2000:])

@@ -1,8 +1,10 @@
 """BurstEngine: long-context training on sequence-parallel attention (burstengine.md §2-4).
 
 model.py: the LLaMA-style decoder (plain PyTorch) and parallelize(); loss.py: the sequence-level
-fusion of LM head and cross-entropy (Alg. 3); train.py: `burst train`. Not built yet: the
-checkpointing modes, FSDP2, checkpoints and resume (the open part of issue 15).
+fusion of LM head and cross-entropy (Alg. 3); checkpointing.py: none / full / remat (DistFlashAttn's
+rematerialization-aware) / selective (BurstEngine's sequence-level) activation checkpointing;
+parallel.py: the dp x sp DeviceMesh and FSDP2; resume.py: DCP checkpoints and exact resume;
+train.py: `burst train`.
 """
 
 from . import model

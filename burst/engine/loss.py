@@ -83,7 +83,22 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
         raise ValueError(f"weight must be (vocab, {hidden.shape[-1]}), got {tuple(weight.shape)}")
     flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    count = (flat_t != ignore_index).sum().to(torch.float64)
+    return _FusedLinearCrossEntropy.apply(flat_h, weight, flat_t, ignore_index, _label_count(flat_t, ignore_index, group))
+
+
+def unfused_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
+                          group=None) -> torch.Tensor:
+    """The same loss from materialized logits (..., vocab): the baseline the fusion is measured
+    against (benchmarks/engine.md)."""
+    flat_t = targets.reshape(-1)
+    total = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat_t,
+                                              ignore_index=ignore_index, reduction="sum")
+    return total / _label_count(flat_t, ignore_index, group)
+
+
+def _label_count(flat_targets: torch.Tensor, ignore_index: int, group) -> float:
+    """Non-ignored targets on every rank of `group` (one all-reduce), at least 1."""
+    count = (flat_targets != ignore_index).sum().to(torch.float64)
     if group is not None:
         dist.all_reduce(count, group=group)
-    return _FusedLinearCrossEntropy.apply(flat_h, weight, flat_t, ignore_index, max(float(count), 1.0))
+    return max(float(count), 1.0)

@@ -10,13 +10,15 @@ head's weight goes to the fused loss (engine/loss.py), so the N x V logits are n
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .checkpointing import MODES, SequenceAttention, run_layer
+from .loss import fused_linear_cross_entropy, unfused_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -45,13 +47,6 @@ PRESETS = {
     "llama-7b": ModelConfig(vocab_size=32000, dim=4096, layers=32, heads=32, kv_heads=32, ffn_dim=11008),
     "llama-14b": ModelConfig(vocab_size=120000, dim=5120, layers=40, heads=40, kv_heads=40, ffn_dim=13824),
 }
-
-
-def local_attention(q, k, v):
-    """Single-device causal attention; q: (batch, seq, heads, head_dim), k, v: (batch, seq, kv_heads, head_dim)."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                         enable_gqa=k.shape[2] != q.shape[2])
-    return out.transpose(1, 2)
 
 
 def rotary(positions: torch.Tensor, head_dim: int, theta: float):
@@ -85,7 +80,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.heads * cfg.head_dim, cfg.dim, bias=False)
-        self.attend = local_attention  # parallelize() replaces it with burst.attention
+        self.attend = SequenceAttention(world=1)  # parallelize() makes it burst.attention over a group
 
     def project(self, x, cos, sin):
         """q (batch, seq, heads, head_dim), k, v (batch, seq, kv_heads, head_dim), rotated."""
@@ -95,9 +90,10 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, self.kv_heads, self.head_dim)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, attend=None):
+        """attend: this call's attention (checkpointing's StoredAttention), default self.attend."""
         q, k, v = self.project(x, cos, sin)
-        return self.wo(self.attend(q, k, v).flatten(2))
+        return self.wo((attend or self.attend)(q, k, v).flatten(2))
 
 
 class FeedForward(nn.Module):
@@ -128,8 +124,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x, cos, sin):
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x, cos, sin, attend=None):
+        x = x + self.attention(self.attention_norm(x), cos, sin, attend)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -141,6 +137,7 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.checkpointing, self.checkpoint_split = "none", 0.5  # see engine/checkpointing.py
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -149,21 +146,43 @@ class Transformer(nn.Module):
                 nn.init.normal_(module.weight, std=0.02 if isinstance(module, nn.Embedding)
                                 else 1 / math.sqrt(module.weight.shape[1]))
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor | None = None,
+                loss_group=None, fused_loss: bool = True) -> torch.Tensor:
         """tokens, positions: (batch, seq) (this rank's shard and its global positions) -> hidden
-        states (batch, seq, dim) after the final norm."""
+        states (batch, seq, dim) after the final norm; with `targets` (batch, seq), the mean
+        cross-entropy instead (this rank's share of the global mean over `loss_group`), by the fused
+        LM head + loss (engine/loss.py) or, with fused_loss=False, through the full logits. The loss
+        is taken inside forward so that FSDP2 has the LM head's weight unsharded."""
         cos, sin = rotary(positions, self.cfg.head_dim, self.cfg.rope_theta)
         x = self.embed(tokens)
         for block in self.blocks:
-            x = block(x, cos, sin)
-        return self.norm(x)
+            x = run_layer(block, x, cos, sin, positions, self.checkpointing, self.checkpoint_split)
+        hidden = self.norm(x)
+        if targets is None:
+            return hidden
+        if fused_loss:
+            return fused_linear_cross_entropy(hidden, self.lm_head.weight, targets, group=loss_group)
+        return unfused_cross_entropy(self.lm_head(hidden), targets, group=loss_group)
+
+    def set_checkpointing(self, mode: str = "none", split: float = 0.5, ffn_chunk: int = 0) -> "Transformer":
+        """Activation checkpointing (engine/checkpointing.py: none | full | remat | selective; `split`
+        is the fraction of the sequence `selective` recomputes) and the blockwise feedforward
+        (`ffn_chunk` tokens at a time; 0 = whole)."""
+        if mode not in MODES:
+            raise ValueError(f"checkpointing {mode!r}: one of {MODES}")
+        if not 0.0 <= split <= 1.0:
+            raise ValueError(f"checkpoint split {split} must lie in [0, 1]")
+        if ffn_chunk < 0:
+            raise ValueError(f"ffn chunk {ffn_chunk} must be >= 0")
+        self.checkpointing, self.checkpoint_split = mode, split
+        for block in self.blocks:
+            block.feed_forward.chunk = ffn_chunk
+        return self
 
 
 def parallelize(model: Transformer, group=None, strategy: str = "burst", layout: str = "zigzag", **options):
     """Make every attention layer sequence-parallel over `group` (burst.attention, causal)."""
-    import burst
-
-    attend = functools.partial(burst.attention, group=group, strategy=strategy, layout=layout, causal=True, **options)
+    attend = SequenceAttention(group=group, strategy=strategy, layout=layout, **options)
     for block in model.blocks:
         block.attention.attend = attend
     return model

@@ -1,0 +1,181 @@
+"""Activation checkpointing for the engine's decoder layers: one setting, four modes.
+
+    none       keep every activation (fastest, most memory)
+    full       keep each layer's input only; the backward re-runs the whole layer, attention's
+               forward (and its ring) included (Chen et al.; HuggingFace's per-layer checkpoint)
+    remat      DistFlashAttn §3.3, rematerialization-aware: keep each layer's input and its attention
+               output (out, lse); the backward recomputes the projections and the MLP but never
+               attention's forward, whose backward needs only q, k, v, out and lse
+    selective  BurstEngine §3.2, sequence-level selective: like remat for the later part of the
+               sequence (global positions >= split * seq_len), whose attention is the expensive one to
+               recompute under a causal mask; the first part's attention output is not kept but
+               recomputed (a prefix-only attention: cheap, early tokens attend few keys)
+
+All four give the same gradients (tests/test_engine.py). Memory kept per layer and token, for
+hidden size d and q heads x head_dim = d: none ~ everything; full d; remat 2d (+ lse); selective
+d + (1 - split) d.
+
+How remat and selective work: the layer runs under torch.utils.checkpoint (non-reentrant), which
+drops every tensor autograd saves and, in the backward, recomputes the layer to rebuild them. The
+layer's attention goes through `StoredAttention`: on the first run it computes attention and keeps
+the chosen rows of (out, lse) outside autograd; on the recompute it replays them into the same
+autograd node (strategies.base.ShardedAttentionFunction), so the recomputed graph needs no
+attention forward and the stored rows are the only attention activation held between the passes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..strategies.base import Strategy
+
+MODES = ("none", "full", "remat", "selective")
+
+
+def local_attention(q, k, v):
+    """Single-device causal attention; q: (batch, seq, heads, head_dim), k, v: (batch, seq, kv_heads, head_dim)."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                         enable_gqa=k.shape[2] != q.shape[2])
+    return out.transpose(1, 2)
+
+
+class SequenceAttention:
+    """The causal attention every layer calls: burst.attention over `group` (strategy, layout and
+    options as given), or single-device attention when `world` is 1 (the reference model).
+
+    attend(q, k, v) -> out; prepare(q, k, v) -> (Strategy, AttentionCall) for replaying a stored
+    output; prefix(q, k, v, split) -> (out, lse) of the rows at global positions < split (others
+    are garbage), without autograd.
+    """
+
+    def __init__(self, group=None, strategy: str = "burst", layout: str = "zigzag", world: int | None = None,
+                 **options):
+        import torch.distributed as dist
+
+        self.group, self.strategy, self.layout, self.options = group, strategy, layout, options
+        if world is None:
+            world = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.world = world
+        self.rank = dist.get_rank(group) if world > 1 else 0
+
+    def _kwargs(self, **extra):
+        return {"group": self.group, "strategy": self.strategy, "layout": self.layout, "causal": True, **self.options,
+                **extra}
+
+    def __call__(self, q, k, v):
+        if self.world == 1:
+            return local_attention(q, k, v)
+        import burst
+
+        return burst.attention(q, k, v, **self._kwargs())
+
+    def prepare(self, q, k, v):
+        from ..api import prepare_attention, prepare_single_device
+
+        if self.world == 1:
+            return prepare_single_device(q, k, causal=True)
+        return prepare_attention(q, k, v, **self._kwargs())
+
+    @torch.no_grad()
+    def prefix(self, q, k, v, split: int):
+        """(out, lse) for the rows at global positions < split (the other rows: zeros, or garbage).
+
+        When the prefix's rows form a layout of the prefix on every rank (zigzag at split = half,
+        striped), attention runs on those rows alone, so only the prefix's K/V travel; otherwise the
+        whole shards run under a one-block BlockSparseMask, which computes no key past the prefix."""
+        import burst
+
+        if self.world == 1:
+            strategy, call = self.prepare(q[:, :split], k[:, :split], v[:, :split])
+            out, lse = strategy.forward(call, q[:, :split], k[:, :split], v[:, :split])
+            return F.pad(out, (0, 0, 0, 0, 0, q.shape[1] - split)), F.pad(lse, (0, q.shape[1] - split))
+        global_len = q.shape[1] * self.world
+        sub_layout = prefix_layout(self.layout, self.world, global_len, split)
+        if sub_layout is not None:  # the prefix's rows are a layout of the prefix: only they travel
+            rows = burst.layout.shard_indices(self.layout, self.rank, self.world, global_len) < split
+            kwargs = self._kwargs(layout=sub_layout, return_lse=True)
+            if sub_layout != "contiguous" and self.strategy == "distflash":
+                kwargs.update(strategy="burst")
+            out_p, lse_p = burst.attention(q[:, rows], k[:, rows], v[:, rows], **kwargs)
+            out, lse = q.new_zeros(q.shape), lse_p.new_zeros((q.shape[0], q.shape[2], q.shape[1]))
+            out[:, rows], lse[:, :, rows] = out_p, lse_p
+            return out, lse
+        blocks = -(-global_len // split)
+        only_prefix = torch.zeros(blocks, blocks, dtype=torch.bool)
+        only_prefix[0, 0] = True
+        kwargs = self._kwargs(block_sparse=burst.BlockSparseMask(split, only_prefix), return_lse=True)
+        if self.strategy == "distflash":  # takes causal only; burst runs any mask on the same layout
+            kwargs.update(strategy="burst")
+        return burst.attention(q, k, v, **kwargs)
+
+
+def prefix_layout(layout: str, world: int, global_len: int, split: int) -> str | None:
+    """The layout in which every rank's tokens at global positions < split (in local order) are the
+    rank's shard of those `split` tokens (zigzag cut in half: contiguous; striped: striped), or None.
+    Computed for every rank from shared facts, so all ranks take the same path."""
+    from ..layout import LAYOUTS, local_multiple, shard_indices
+
+    if split == 0:
+        return None
+    for candidate in LAYOUTS:
+        if split % (world * local_multiple(candidate)):
+            continue
+        if all(torch.equal(mine[mine < split], shard_indices(candidate, r, world, split))
+               for r in range(world) for mine in (shard_indices(layout, r, world, global_len),)):
+            return candidate
+    return None
+
+
+class StoredAttention:
+    """One layer call's attention output (out, lse), kept across a checkpointed forward for the
+    rows in `keep` (bool, (seq_local,)); None keeps every row (remat)."""
+
+    def __init__(self, attend: SequenceAttention, keep: torch.Tensor | None, split: int):
+        self.attend, self.keep, self.split = attend, keep, split
+        self.strategy = self.call = self.out = self.lse = None
+
+    def __call__(self, q, k, v):
+        if self.call is None:  # the forward: compute, keep the chosen rows
+            self.strategy, self.call = self.attend.prepare(q, k, v)
+            out, lse = self.strategy(self.call, q, k, v)
+            rows = slice(None) if self.keep is None else self.keep
+            self.out, self.lse = out.detach()[:, rows], lse.detach()[:, :, rows]
+            return out
+        replay = Strategy(self.strategy.name, forward=self._replay, backward=self.strategy.backward)
+        out, _ = replay(self.call, q, k, v)
+        return out
+
+    def _replay(self, call, q, k, v):
+        """The recompute's forward: stored rows, and the prefix's rows recomputed (selective)."""
+        if self.keep is None:
+            return self.out, self.lse
+        out, lse = self.attend.prefix(q, k, v, self.split)
+        out[:, self.keep], lse[:, :, self.keep] = self.out, self.lse
+        return out, lse
+
+
+def run_layer(layer, x, cos, sin, positions, mode: str, split: float):
+    """layer(x, cos, sin, attend=...) under checkpointing `mode` (see the module docstring).
+
+    positions: (batch, seq_local) global positions of this rank's tokens (the same in every row);
+    split: the fraction of the sequence whose attention `selective` recomputes.
+    """
+    if mode == "none" or not torch.is_grad_enabled():
+        return layer(x, cos, sin)
+    if mode == "full":
+        return checkpoint(layer, x, cos, sin, use_reentrant=False)
+    attend = layer.attention.attend
+    if mode == "remat":
+        stored = StoredAttention(attend, None, 0)
+    elif mode == "selective":
+        global_len = positions.shape[1] * attend.world
+        cut = min(global_len, max(0, round(split * global_len)))
+        keep = positions[0] >= cut
+        stored = StoredAttention(attend, None if cut == 0 else keep, cut)
+    else:
+        raise ValueError(f"checkpointing mode {mode!r}: one of {MODES}")
+    return checkpoint(functools.partial(layer, attend=stored), x, cos, sin, use_reentrant=False)

@@ -1,0 +1,124 @@
+"""Training checkpoints with torch.distributed.checkpoint (DCP), and exact resume.
+
+    DIR/step-K/            written after K steps (--checkpoint-every)
+        *.distcp, .metadata  model and AdamW state, sharded as each rank holds it (FSDP2 or not);
+                             DCP reshards on load, so a run may resume on another world or FSDP mode
+        burst.json           the step, the TrainConfig, the model preset's shape
+        rng-R.pt             rank R's torch RNG state
+
+The learning-rate schedule is a function of the step and the data of the seed and the step (the
+data position is the step), so model, optimizer, step and RNG make the resumed run's later losses
+equal the uninterrupted run's (tests/test_engine.py).
+
+A checkpoint from another config (another model, sequence length, global batch, data, seed or
+schedule) is refused before training starts, naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+
+# Fields that change what the resumed steps compute; the rest (world, strategy, layout, dp/FSDP,
+# checkpointing, metrics) may differ between the two runs.
+MUST_MATCH = ("model", "seq_len", "global_batch", "data", "seed", "lr", "warmup", "steps", "weight_decay",
+              "fused_loss")
+
+
+def step_dir(root: str, step: int) -> str:
+    return os.path.join(root, f"step-{step}")
+
+
+def latest_step(root: str) -> int:
+    """The last complete checkpoint's step under `root` (one whose burst.json was written)."""
+    steps = [int(d.split("-", 1)[1]) for d in (os.listdir(root) if os.path.isdir(root) else ())
+             if d.startswith("step-") and os.path.exists(os.path.join(root, d, "burst.json"))]
+    if not steps:
+        raise ValueError(f"no complete checkpoint in {root!r}")
+    return max(steps)
+
+
+def _identity(cfg) -> dict:
+    values = asdict(cfg)
+    values["global_batch"] = cfg.batch * cfg.dp
+    return {key: values[key] for key in MUST_MATCH}
+
+
+def check_resumable(cfg) -> None:
+    """Raise ValueError if --resume-step cannot be honoured (runs before any process starts)."""
+    if not cfg.checkpoint_dir:
+        raise ValueError("--resume-step needs --checkpoint-dir")
+    if not 0 < cfg.resume_step <= cfg.steps:
+        raise ValueError(f"--resume-step {cfg.resume_step} must lie in 1..--steps ({cfg.steps})")
+    meta_path = os.path.join(step_dir(cfg.checkpoint_dir, cfg.resume_step), "burst.json")
+    if not os.path.exists(meta_path):
+        have = sorted(d for d in os.listdir(cfg.checkpoint_dir) if d.startswith("step-")) \
+            if os.path.isdir(cfg.checkpoint_dir) else []
+        raise ValueError(f"no checkpoint for step {cfg.resume_step} in {cfg.checkpoint_dir!r} "
+                         f"(found: {', '.join(have) or 'none'})")
+    with open(meta_path) as f:
+        saved = json.load(f)["identity"]
+    mine = _identity(cfg)
+    for key in MUST_MATCH:
+        if saved.get(key) != mine[key]:
+            raise ValueError(f"the checkpoint in {cfg.checkpoint_dir!r} is from another config: {key} was "
+                             f"{saved.get(key)!r}, this run has {mine[key]!r}")
+
+
+def save_checkpoint(cfg, step: int, model, optimizer) -> str:
+    """Model, optimizer, step, config and RNG after `step` steps; a collective over the world."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = step_dir(cfg.checkpoint_dir, step)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=path)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    torch.save(torch.get_rng_state(), os.path.join(path, f"rng-{rank}.pt"))
+    if rank == 0:
+        with open(os.path.join(path, "burst.json"), "w") as f:
+            json.dump({"step": step, "identity": _identity(cfg), "config": asdict(cfg)}, f, indent=1)
+    if dist.is_initialized():
+        dist.barrier()  # burst.json last: a step directory with it is complete
+    return path
+
+
+def load_checkpoint(cfg, model, optimizer) -> int:
+    """Load cfg.resume_step's checkpoint into model and optimizer (in place); returns that step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = step_dir(cfg.checkpoint_dir, cfg.resume_step)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    rng = os.path.join(path, f"rng-{rank}.pt")
+    if os.path.exists(rng):  # a world larger than the saving one: new ranks keep their seeded state
+        torch.set_rng_state(torch.load(rng))
+    return cfg.resume_step
+
+
+def load_model_weights(checkpoint_dir: str, step: int | None, model) -> int:
+    """Only the model's weights from a `burst train` checkpoint (the latest step when None), for
+    inference; returns the step loaded. Works in one process or in any world."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    step = latest_step(checkpoint_dir) if step is None else step
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=step_dir(checkpoint_dir, step))
+    set_model_state_dict(model, state["model"])
+    return step
+
+
+def checkpoint_model_name(checkpoint_dir: str, step: int | None = None) -> str:
+    """The model preset a checkpoint was trained with (so `burst generate` builds the right one)."""
+    step = latest_step(checkpoint_dir) if step is None else step
+    with open(os.path.join(step_dir(checkpoint_dir, step), "burst.json")) as f:
+        return json.load(f)["config"]["model"]
