@@ -255,7 +255,9 @@ def _generate_parser(sub) -> None:
     from .engine.model import PRESETS
 
     p = sub.add_parser("generate", help="generate on a sharded KV cache (prefill through burst, exact decode)")
-    p.add_argument("--model", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--model", choices=sorted(PRESETS), default=None, help="default: the checkpoint's, else tiny")
+    p.add_argument("--checkpoint-dir", default=None, help="load the weights `burst train` wrote there")
+    p.add_argument("--checkpoint-step", type=int, default=None, help="which step's checkpoint (default: the latest)")
     p.add_argument("--prompt-len", type=int, default=256, help="tokens of the random prompt (seeded)")
     p.add_argument("--prompt-file", default=None, help="a text file as the prompt (byte-level tokens)")
     p.add_argument("--batch", type=int, default=1, help="random prompts of lengths prompt-len, prompt-len - 1, ...")
@@ -275,8 +277,12 @@ def _generate_on_rank(rank, world, kwargs):
     from .engine.model import PRESETS, Transformer
     from .inference.generate import generate
 
-    torch.manual_seed(kwargs["seed"])  # the same (random) weights on every rank: no checkpoint loading yet
+    torch.manual_seed(kwargs["seed"])  # the same (random) weights on every rank unless a checkpoint is loaded
     model = Transformer(PRESETS[kwargs["model"]]).eval()
+    if kwargs["checkpoint_dir"]:
+        from .engine.resume import load_model_weights
+
+        load_model_weights(kwargs["checkpoint_dir"], kwargs["checkpoint_step"], model)
     result = generate(model, kwargs["prompts"], kwargs["new_tokens"], strategy=kwargs["strategy"],
                       layout=kwargs["layout"], temperature=kwargs["temperature"], top_p=kwargs["top_p"],
                       seed=kwargs["seed"])
@@ -290,17 +296,33 @@ def _run_generate(args) -> int:
 
     from .launch import run_world
 
-    if args.new_tokens <= 0:
-        raise SystemExit("burst generate: --new-tokens must be positive")
+    from .engine.model import PRESETS
+    from .inference.generate import check_request
+
+    model_name = args.model or "tiny"
+    if args.checkpoint_dir:
+        from .engine.resume import checkpoint_model_name, latest_step
+
+        try:
+            step = args.checkpoint_step if args.checkpoint_step is not None else latest_step(args.checkpoint_dir)
+            trained = checkpoint_model_name(args.checkpoint_dir, step)
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"burst generate: --checkpoint-dir {args.checkpoint_dir!r}: {err}")
+        if args.model and args.model != trained:
+            raise SystemExit(f"burst generate: the checkpoint holds model {trained!r}, not --model {args.model!r}")
+        model_name, args.checkpoint_step = trained, step
     if args.prompt_file:
         with open(args.prompt_file, "rb") as f:
             prompts = [list(f.read())]
     else:
         g = torch.Generator().manual_seed(args.seed)
         prompts = [torch.randint(0, 256, (max(1, args.prompt_len - i),), generator=g).tolist() for i in range(args.batch)]
-    if not all(prompts):
-        raise SystemExit("burst generate: the prompt is empty")
-    kwargs = dict(model=args.model, prompts=prompts, new_tokens=args.new_tokens, strategy=args.strategy,
+    try:
+        check_request(prompts, args.new_tokens, PRESETS[model_name].max_seq_len)
+    except ValueError as err:
+        raise SystemExit(f"burst generate: {err}")
+    kwargs = dict(model=model_name, checkpoint_dir=args.checkpoint_dir, checkpoint_step=args.checkpoint_step,
+                  prompts=prompts, new_tokens=args.new_tokens, strategy=args.strategy,
                   layout=args.layout, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     result = run_world(_generate_on_rank, kwargs, nproc=args.nproc)
     if int(os.environ.get("RANK", "0")) == 0:

@@ -67,3 +67,44 @@ def test_greedy_generation_equals_single_process(world):
             # Each rank holds its share (padding of the shorter prompt and turns aside).
             assert cache_bytes <= 1.6 * full_cache / world, (rank, layout, cache_bytes, full_cache)
         assert out["bad"] is not None and "new tokens" in out["bad"]
+
+
+def test_generate_from_a_burst_train_checkpoint(tmp_path):
+    """`burst train` writes a checkpoint; `burst generate --checkpoint-dir` on 2 ranks emits what the
+    no-cache reference emits with those weights loaded in one plain process (and not what the
+    untrained weights would)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from burst.engine.resume import load_model_weights
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    burst_cmd = [sys.executable, "-m", "burst"]
+    train = subprocess.run([*burst_cmd, "train", "--seq-len", "64", "--steps", "3", "--lr", "0.05", "--nproc", "2",
+                            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "3", "--no-progress"],
+                           capture_output=True, text=True, timeout=240, env=env)
+    assert train.returncode == 0, train.stderr[-3000:]
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_bytes(b"sharded caches keep long contexts")
+    gen = subprocess.run([*burst_cmd, "generate", "--checkpoint-dir", str(tmp_path / "ckpt"), "--prompt-file",
+                          str(prompt), "--new-tokens", "5", "--nproc", "2", "--json", str(tmp_path / "out.json")],
+                         capture_output=True, text=True, timeout=240, env=env)
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    tokens = json.loads((tmp_path / "out.json").read_text())["tokens"]
+
+    torch.manual_seed(0)
+    untrained = Transformer(PRESETS["tiny"]).eval()
+    trained = Transformer(PRESETS["tiny"]).eval()
+    assert load_model_weights(str(tmp_path / "ckpt"), None, trained) == 3
+    expected = _reference(trained, list(prompt.read_bytes()), 5)
+    assert tokens == [expected]
+    assert any((a - b).abs().max() > 1e-3 for a, b in zip(trained.parameters(), untrained.parameters()))
+
+    too_long = subprocess.run([*burst_cmd, "generate", "--prompt-len", "100", "--new-tokens", str(1 << 20),
+                               "--nproc", "2"], capture_output=True, text=True, timeout=120, env=env)
+    assert too_long.returncode != 0 and "exceeds the model's" in too_long.stderr, too_long.stderr[-2000:]
+    wrong = subprocess.run([*burst_cmd, "generate", "--checkpoint-dir", str(tmp_path / "nowhere"), "--nproc", "2"],
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert wrong.returncode != 0 and "no complete checkpoint" in wrong.stderr, wrong.stderr[-2000:]

@@ -31,6 +31,7 @@ class ModelConfig:
     ffn_dim: int
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    max_seq_len: int = 1 << 20  # the longest sequence (prompt + generated) the model is meant for
 
     @property
     def head_dim(self) -> int:

@@ -76,7 +76,7 @@ def save_checkpoint(cfg, step: int, model, optimizer) -> str:
 
     path = step_dir(cfg.checkpoint_dir, step)
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=path)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=path, no_dist=not dist.is_initialized())
     rank = dist.get_rank() if dist.is_initialized() else 0
     torch.save(torch.get_rng_state(), os.path.join(path, f"rng-{rank}.pt"))
     if rank == 0:
@@ -95,7 +95,7 @@ def load_checkpoint(cfg, model, optimizer) -> int:
     path = step_dir(cfg.checkpoint_dir, cfg.resume_step)
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=path)
+    dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     rank = dist.get_rank() if dist.is_initialized() else 0
     rng = os.path.join(path, f"rng-{rank}.pt")
@@ -112,7 +112,7 @@ def load_model_weights(checkpoint_dir: str, step: int | None, model) -> int:
 
     step = latest_step(checkpoint_dir) if step is None else step
     state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=step_dir(checkpoint_dir, step))
+    dcp.load(state, checkpoint_id=step_dir(checkpoint_dir, step), no_dist=not dist.is_initialized())
     set_model_state_dict(model, state["model"])
     return step
 

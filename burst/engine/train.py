@@ -67,6 +67,9 @@ class TrainConfig:
         if self.seq_len <= 0 or self.seq_len % need:
             raise ValueError(f"--seq-len {self.seq_len} must be a positive multiple of {need} "
                              f"(layout {self.layout!r} on {sp} sequence-parallel ranks)")
+        if self.seq_len > PRESETS[self.model].max_seq_len:
+            raise ValueError(f"--seq-len {self.seq_len} exceeds model {self.model!r}'s "
+                             f"{PRESETS[self.model].max_seq_len} positions")
         if self.data != "synthetic" and not os.path.exists(self.data):
             raise ValueError(f"--data {self.data!r}: no such file (or use 'synthetic')")
         if self.steps < 1 or self.batch < 1:

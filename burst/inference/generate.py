@@ -32,11 +32,16 @@ class Generated:
     cache_bytes_per_rank: int
 
 
-def _check(prompts, new_tokens: int) -> None:
+def check_request(prompts, new_tokens: int, max_seq_len: int) -> None:
+    """Raise ValueError for a request no rank can serve (before any collective)."""
     if new_tokens <= 0:
         raise ValueError(f"new tokens must be positive, got {new_tokens}")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
+    longest = max(len(p) for p in prompts)
+    if longest + new_tokens > max_seq_len:
+        raise ValueError(f"a prompt of {longest} tokens plus {new_tokens} new ones exceeds the model's "
+                         f"{max_seq_len} positions (max_seq_len)")
 
 
 def _next_token(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None) -> torch.Tensor:
@@ -55,7 +60,7 @@ def _next_token(logits: torch.Tensor, temperature: float, top_p: float, gen: tor
 def generate(model: Transformer, prompts: list[list[int]], new_tokens: int, group=None, strategy: str = "burst",
              layout: str = "contiguous", temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> Generated:
     """Generate `new_tokens` tokens after each prompt, with the KV cache sharded over `group`."""
-    _check(prompts, new_tokens)
+    check_request(prompts, new_tokens, model.cfg.max_seq_len)
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     lengths = [len(p) for p in prompts]
     multiple = world * local_multiple(layout)
