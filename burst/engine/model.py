@@ -45,6 +45,9 @@ class ModelConfig:
 
 PRESETS = {
     "tiny": ModelConfig(vocab_size=256, dim=64, layers=2, heads=4, kv_heads=2, ffn_dim=128),
+    # A LLaMA vocabulary on a narrow model: where the LM head and activations, not the weights,
+    # set the memory (the CPU benchmarks of benchmarks/engine.md).
+    "small": ModelConfig(vocab_size=32000, dim=256, layers=4, heads=4, kv_heads=2, ffn_dim=688),
     "llama-7b": ModelConfig(vocab_size=32000, dim=4096, layers=32, heads=32, kv_heads=32, ffn_dim=11008),
     "llama-14b": ModelConfig(vocab_size=120000, dim=5120, layers=40, heads=40, kv_heads=40, ffn_dim=13824),
 }
