@@ -151,8 +151,8 @@ class StoredAttention:
 
     def _replay(self, call, q, k, v):
         """The recompute's forward: stored rows, and the prefix's rows recomputed (selective)."""
-        if self.keep is None:
-            return self.out, self.lse
+        if self.keep is None:  # fresh aliases: the autograd node this returns into must not become
+            return self.out.detach(), self.lse.detach()  # the stored tensors' grad_fn (it would hold the recompute)
         out, lse = self.attend.prefix(q, k, v, self.split)
         out[:, self.keep], lse[:, :, self.keep] = self.out, self.lse
         return out, lse
