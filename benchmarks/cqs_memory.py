@@ -12,15 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from live_heap import _live_bytes_reader, _watch  # noqa: E402
+from live_heap import measure_worlds  # noqa: E402
 
 
 def _watch_cqs(live, peak):
@@ -46,33 +41,6 @@ def _watch_cqs(live, peak):
     mod.exchange, mod.merge_partial = exchange, merge_partial
 
 
-def _rank(rank, world, port, tokens, heads, dim, strategies, results):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    import burst
-
-    live, peak = _live_bytes_reader(), [0]
-    _watch(live, peak)
-    _watch_cqs(live, peak)
-    unit = tokens // world * heads * dim * 4
-    gen = torch.Generator().manual_seed(rank)
-    for strategy in strategies:
-        for measured in (False, True):  # a warm-up pass first
-            q, k, v, dout = (torch.randn(1, tokens // world, heads, dim, generator=gen) for _ in range(4))
-            for t in (q, k, v):
-                t.requires_grad_()
-            base = live() - 4 * unit
-            peak[0] = 0
-            with burst.CommStats() as stats:
-                burst.attention(q, k, v, strategy=strategy).backward(dout)
-            if measured:
-                results[(strategy, world, rank)] = ((peak[0] - base) / unit, stats.sent("forward") / unit,
-                                                    stats.sent("backward") / unit)
-            del q, k, v, dout
-    dist.destroy_process_group()
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4200)  # divisible by 1..8 except... 4200 = 2^3 3 5^2 7
@@ -84,19 +52,14 @@ def main():
     args = parser.parse_args()
     strategies = args.strategies.split(",")
     worlds = [int(w) for w in args.worlds.split(",")]
-    results = mp.Manager().dict()
-    for world in worlds:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.start_processes(_rank, args=(world, port, args.tokens, args.heads, args.dim, strategies, results),
-                           nprocs=world, start_method="spawn")
+    results = measure_worlds(worlds, args.tokens, args.heads, args.dim, strategies, causal=False,
+                             watch_more=_watch_cqs)
     lines = [f"{args.tokens} tokens, {args.heads} heads, dim {args.dim}, fp32, full mask, forward + backward; "
              "in units of one rank's q shard (tokens/G x heads x dim x 4 bytes), max over ranks.", "",
              "| G | strategy | sent forward | sent backward | live-heap peak |", "|---|---|---|---|---|"]
     for world in worlds:
         for strategy in strategies:
-            rows = [results[(strategy, world, r)] for r in range(world)]
+            rows = [rank_results[strategy] for rank_results in results[world]]
             peak, fwd, bwd = (max(row[i] for row in rows) for i in range(3))
             lines.append(f"| {world} | {strategy} | {fwd:.1f} | {bwd:.1f} | {peak:.1f} |")
     print("\n".join(lines))

@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
-import socket
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 
 class _MallInfo2(ctypes.Structure):
@@ -60,16 +56,19 @@ def _watch(live, peak: list[int]):
         wrap(owner, name)
 
 
-def _rank(rank, world, port, tokens, heads, dim, strategies, results):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def measure(rank, world, tokens, heads, dim, strategies, causal=True, watch_more=None):
+    """On one rank of a world: per strategy, (live-heap peak, units sent forward, units sent backward)
+    of one forward + backward after a warm-up pass, in units of one rank's q shard. watch_more(live,
+    peak) wraps further functions whose exit may be a peak (a strategy's own exchanges)."""
     import burst
 
     live, peak = _live_bytes_reader(), [0]
     _watch(live, peak)
+    if watch_more is not None:
+        watch_more(live, peak)
     unit = tokens // world * heads * dim * 4
     gen = torch.Generator().manual_seed(rank)
+    results = {}
     for strategy in strategies:
         # A warm-up pass first: the first backward leaves ~12 MiB of autograd/thread state behind.
         for measured in (False, True):
@@ -78,11 +77,21 @@ def _rank(rank, world, port, tokens, heads, dim, strategies, results):
                 t.requires_grad_()
             base = live() - 4 * unit  # count the caller's q, k, v, dout as the 4 units they are
             peak[0] = 0
-            burst.attention(q, k, v, strategy=strategy, causal=True).backward(dout)
+            with burst.CommStats() as stats:
+                burst.attention(q, k, v, strategy=strategy, causal=causal).backward(dout)
             if measured:
-                results[(strategy, world, rank)] = (peak[0] - base) / unit
+                results[strategy] = ((peak[0] - base) / unit, stats.sent("forward") / unit,
+                                     stats.sent("backward") / unit)
             del q, k, v, dout
-    dist.destroy_process_group()
+    return results
+
+
+def measure_worlds(worlds, tokens, heads, dim, strategies, causal=True, watch_more=None):
+    """{world: [measure's result of each rank]}, one local world (1 thread per rank) per size."""
+    from burst.launch import spawn_world
+
+    return {world: spawn_world(measure, tokens, heads, dim, strategies, causal, watch_more, nproc=world, threads=1)
+            for world in worlds}
 
 
 def _one_process_sdpa(tokens, heads, dim) -> float:
@@ -124,13 +133,7 @@ def main():
     args = parser.parse_args()
     strategies = args.strategies.split(",")
     worlds = [int(w) for w in args.worlds.split(",")]
-    results = mp.Manager().dict()
-    for world in worlds:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.start_processes(_rank, args=(world, port, args.tokens, args.heads, args.dim, strategies, results),
-                           nprocs=world, start_method="spawn")
+    results = measure_worlds(worlds, args.tokens, args.heads, args.dim, strategies)
     sdpa = _one_process_sdpa(args.tokens, args.heads, args.dim)
     print(f"Live heap at the peak, causal, {args.tokens} tokens, {args.heads} heads, dim {args.dim}, fp32, "
           f"in units of one rank's q shard (max over ranks). One process SDPA: {sdpa:.1f} units of the "
@@ -139,7 +142,7 @@ def main():
     print("|---|---|---|---|---|")
     for world in worlds:
         for strategy in strategies:
-            units = max(results[(strategy, world, r)] for r in range(world))
+            units = max(rank_results[strategy][0] for rank_results in results[world])
             ratio = units / world / sdpa
             print(f"| {world} | {strategy} | {units:.1f} | {ratio:.2f} | {ratio * world:.2f} |")
 
