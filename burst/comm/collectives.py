@@ -8,10 +8,25 @@ from __future__ import annotations
 
 import time
 
+import torch
 import torch.distributed as dist
 
 all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def all_reduce_in_place(tensors, group=None, divide_by: float = 1) -> None:
+    """Sum `tensors` (one dtype) over `group` with one all-reduce of their flattened copy, then
+    divide by `divide_by`; each tensor is overwritten with its result (gradients once per step)."""
+    tensors = list(tensors)
+    if not tensors:
+        return
+    flat = torch._utils._flatten_dense_tensors(tensors)
+    dist.all_reduce(flat, group=group)
+    if divide_by != 1:
+        flat /= divide_by
+    for t, reduced in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):
+        t.copy_(reduced)
 
 
 def record_to_peers(phase: str, nbytes: int, group, topology=None, posted: float | None = None) -> None:

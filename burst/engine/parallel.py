@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..comm.collectives import all_reduce_in_place
+
 FSDP_MODES = ("none", "dp", "mesh")
 
 
@@ -92,10 +94,8 @@ def reduce_gradients(model: torch.nn.Module, par: Parallel) -> None:
     if par.world == 1 or par.fsdp == "mesh" or (par.fsdp == "dp" and par.sp == 1):
         return  # FSDP's reduce-scatter did all of it
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
-    flat = torch._utils._flatten_dense_tensors(local)
-    dist.all_reduce(flat, group=par.sp_group if par.fsdp == "dp" else None)
-    if par.fsdp == "none" and par.dp > 1:
-        flat /= par.dp
-    for g, reduced in zip(local, torch._utils._unflatten_dense_tensors(flat, local)):
-        g.copy_(reduced)
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # FSDP2's shards are DTensors
+    if par.fsdp == "dp":
+        all_reduce_in_place(local, group=par.sp_group)
+    else:
+        all_reduce_in_place(local, divide_by=par.dp)

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from .. import api, layout as layout_mod
 from ..agreement import agree
+from ..comm.collectives import all_reduce_in_place
 
 TESTED_TRANSFORMERS = ">=5,<6"
 
@@ -278,10 +279,4 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
     rank's gradient holds its tokens' share, and the sum is the single-process gradient."""
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return
-    flat = torch._utils._flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=group)
-    for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-        g.copy_(reduced)
+    all_reduce_in_place((p.grad for p in model.parameters() if p.grad is not None), group=group)
