@@ -90,29 +90,31 @@ class SequenceAttention:
         import burst
 
         if self.world == 1:
-            strategy, call = self.prepare(q[:, :split], k[:, :split], v[:, :split])
-            out, lse = strategy.forward(call, q[:, :split], k[:, :split], v[:, :split])
+            prefix = (q[:, :split], k[:, :split], v[:, :split])
+            strategy, call = self.prepare(*prefix)
+            out, lse = strategy.forward(call, *prefix)
             return F.pad(out, (0, 0, 0, 0, 0, q.shape[1] - split)), F.pad(lse, (0, q.shape[1] - split))
         global_len = q.shape[1] * self.world
         sub_layout = prefix_layout(self.layout, self.world, global_len, split)
         if sub_layout is not None:  # the prefix's rows are a layout of the prefix: only they travel
             rows = burst.layout.shard_indices(self.layout, self.rank, self.world, global_len) < split
-            kwargs = self._kwargs(layout=sub_layout, return_lse=True)
-            if sub_layout != "contiguous" and self.strategy == "distflash":
-                kwargs.update(strategy="burst")
-            out_p, lse_p = burst.attention(q[:, rows], k[:, rows], v[:, rows], **kwargs)
-            out, lse = q.new_zeros(q.shape), lse_p.new_zeros((q.shape[0], q.shape[2], q.shape[1]))
-            out[:, rows], lse[:, :, rows] = out_p, lse_p
+            tensors, kwargs = (q[:, rows], k[:, rows], v[:, rows]), self._kwargs(layout=sub_layout)
+        else:
+            rows, blocks = None, -(-global_len // split)
+            only_prefix = torch.zeros(blocks, blocks, dtype=torch.bool)
+            only_prefix[0, 0] = True
+            tensors, kwargs = (q, k, v), self._kwargs(block_sparse=burst.BlockSparseMask(split, only_prefix))
+        if self.strategy == "distflash" and (kwargs["layout"] != "contiguous" or "block_sparse" in kwargs):
+            kwargs["strategy"] = "burst"  # distflash takes contiguous causal only; burst takes any
+        out, lse = burst.attention(*tensors, return_lse=True, **kwargs)
+        if rows is None:
             return out, lse
-        blocks = -(-global_len // split)
-        only_prefix = torch.zeros(blocks, blocks, dtype=torch.bool)
-        only_prefix[0, 0] = True
-        kwargs = self._kwargs(block_sparse=burst.BlockSparseMask(split, only_prefix), return_lse=True)
-        if self.strategy == "distflash":  # takes causal only; burst runs any mask on the same layout
-            kwargs.update(strategy="burst")
-        return burst.attention(q, k, v, **kwargs)
+        full_out, full_lse = q.new_zeros(q.shape), lse.new_zeros((q.shape[0], q.shape[2], q.shape[1]))
+        full_out[:, rows], full_lse[:, :, rows] = out, lse
+        return full_out, full_lse
 
 
+@functools.lru_cache(maxsize=64)  # asked by every layer of every backward with the same numbers
 def prefix_layout(layout: str, world: int, global_len: int, split: int) -> str | None:
     """The layout in which every rank's tokens at global positions < split (in local order) are the
     rank's shard of those `split` tokens (zigzag cut in half: contiguous; striped: striped), or None.
