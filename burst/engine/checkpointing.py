@@ -43,6 +43,17 @@ def local_attention(q, k, v):
     return out.transpose(1, 2)
 
 
+def check_settings(mode: str, split: float, ffn_chunk: int) -> None:
+    """Raise ValueError for a checkpointing mode, selective split or blockwise-feedforward chunk
+    that does not exist (Transformer.set_checkpointing and `burst train` before it starts)."""
+    if mode not in MODES:
+        raise ValueError(f"checkpointing {mode!r}: one of {MODES}")
+    if not 0.0 <= split <= 1.0:
+        raise ValueError(f"checkpoint split {split} must lie in [0, 1]")
+    if ffn_chunk < 0:
+        raise ValueError(f"ffn chunk {ffn_chunk} must be >= 0")
+
+
 class SequenceAttention:
     """The causal attention every layer calls: burst.attention over `group` (strategy, layout and
     options as given), or single-device attention when `world` is 1 (the reference model).

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checkpointing import MODES, SequenceAttention, run_layer
+from .checkpointing import SequenceAttention, check_settings, run_layer
 from .loss import fused_linear_cross_entropy, unfused_cross_entropy
 
 
@@ -172,12 +172,7 @@ class Transformer(nn.Module):
         """Activation checkpointing (engine/checkpointing.py: none | full | remat | selective; `split`
         is the fraction of the sequence `selective` recomputes) and the blockwise feedforward
         (`ffn_chunk` tokens at a time; 0 = whole)."""
-        if mode not in MODES:
-            raise ValueError(f"checkpointing {mode!r}: one of {MODES}")
-        if not 0.0 <= split <= 1.0:
-            raise ValueError(f"checkpoint split {split} must lie in [0, 1]")
-        if ffn_chunk < 0:
-            raise ValueError(f"ffn chunk {ffn_chunk} must be >= 0")
+        check_settings(mode, split, ffn_chunk)
         self.checkpointing, self.checkpoint_split = mode, split
         for block in self.blocks:
             block.feed_forward.chunk = ffn_chunk

@@ -63,12 +63,23 @@ def setup(dp: int, fsdp: str = "none", device: str = "cpu") -> Parallel:
                     sp_group=mesh.get_group("sp"), fsdp=fsdp, mesh=mesh)
 
 
+def check_sharding(fsdp: str, cpu_offload: bool) -> None:
+    """Raise ValueError for an FSDP mode or CPU offload this machine cannot run (shard_parameters and
+    `burst train` before it starts)."""
+    if fsdp not in FSDP_MODES:
+        raise ValueError(f"--fsdp {fsdp!r}: one of {FSDP_MODES}")
+    if cpu_offload and fsdp == "none":
+        raise ValueError("--cpu-offload needs --fsdp dp or mesh (it is FSDP2's offload policy)")
+    if cpu_offload and not torch.cuda.is_available():
+        raise ValueError("--cpu-offload needs a CUDA device (FSDP2 pins host memory for the copies; "
+                         "on a CPU-only machine parameters already live in host memory)")
+
+
 def shard_parameters(model: torch.nn.Module, par: Parallel, cpu_offload: bool = False) -> torch.nn.Module:
     """FSDP2 over the dp dimension or the whole world (par.fsdp), one unit per decoder layer plus the
     root (embeddings, final norm, LM head); CPU offload of parameters, gradients and optimizer state."""
+    check_sharding(par.fsdp, cpu_offload)
     if par.fsdp == "none":
-        if cpu_offload:
-            raise ValueError("--cpu-offload needs --fsdp dp or mesh (it is FSDP2's offload policy)")
         return model
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 from ..layout import local_multiple, shard, shard_indices
-from .checkpointing import MODES
+from .checkpointing import check_settings
 from .model import PRESETS, Transformer, parallelize
-from .parallel import FSDP_MODES, Parallel, reduce_gradients, setup, shard_parameters
+from .parallel import Parallel, check_sharding, reduce_gradients, setup, shard_parameters
 
 
 @dataclass
@@ -74,19 +74,8 @@ class TrainConfig:
             raise ValueError(f"--data {self.data!r}: no such file (or use 'synthetic')")
         if self.steps < 1 or self.batch < 1:
             raise ValueError("--steps and --batch must be at least 1")
-        if self.fsdp not in FSDP_MODES:
-            raise ValueError(f"--fsdp {self.fsdp!r}: one of {FSDP_MODES}")
-        if self.cpu_offload and self.fsdp == "none":
-            raise ValueError("--cpu-offload needs --fsdp dp or mesh (it is FSDP2's offload policy)")
-        if self.cpu_offload and not torch.cuda.is_available():
-            raise ValueError("--cpu-offload needs a CUDA device (FSDP2 pins host memory for the copies; "
-                             "on a CPU-only machine parameters already live in host memory)")
-        if self.checkpointing not in MODES:
-            raise ValueError(f"--checkpointing {self.checkpointing!r}: one of {MODES}")
-        if not 0.0 <= self.checkpoint_split <= 1.0:
-            raise ValueError(f"--checkpoint-split {self.checkpoint_split} must lie in [0, 1]")
-        if self.ffn_chunk < 0:
-            raise ValueError("--ffn-chunk must be >= 0")
+        check_sharding(self.fsdp, self.cpu_offload)
+        check_settings(self.checkpointing, self.checkpoint_split, self.ffn_chunk)
         if self.checkpoint_every < 0 or (self.checkpoint_every and not self.checkpoint_dir):
             raise ValueError("--checkpoint-every needs --checkpoint-dir (and must be >= 0)")
         if self.resume_step is not None:
