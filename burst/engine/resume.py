@@ -29,6 +29,9 @@ MUST_MATCH = ("model", "seq_len", "global_batch", "data", "seed", "lr", "warmup"
               "fused_loss")
 
 
+META = "burst.json"  # written last: a step directory holding it is complete
+
+
 def step_dir(root: str, step: int) -> str:
     return os.path.join(root, f"step-{step}")
 
@@ -36,10 +39,16 @@ def step_dir(root: str, step: int) -> str:
 def latest_step(root: str) -> int:
     """The last complete checkpoint's step under `root` (one whose burst.json was written)."""
     steps = [int(d.split("-", 1)[1]) for d in (os.listdir(root) if os.path.isdir(root) else ())
-             if d.startswith("step-") and os.path.exists(os.path.join(root, d, "burst.json"))]
+             if d.startswith("step-") and os.path.exists(os.path.join(root, d, META))]
     if not steps:
         raise ValueError(f"no complete checkpoint in {root!r}")
     return max(steps)
+
+
+def read_meta(root: str, step: int) -> dict:
+    """burst.json of the checkpoint after `step` steps: step, identity, config."""
+    with open(os.path.join(step_dir(root, step), META)) as f:
+        return json.load(f)
 
 
 def _identity(cfg) -> dict:
@@ -54,14 +63,12 @@ def check_resumable(cfg) -> None:
         raise ValueError("--resume-step needs --checkpoint-dir")
     if not 0 < cfg.resume_step <= cfg.steps:
         raise ValueError(f"--resume-step {cfg.resume_step} must lie in 1..--steps ({cfg.steps})")
-    meta_path = os.path.join(step_dir(cfg.checkpoint_dir, cfg.resume_step), "burst.json")
-    if not os.path.exists(meta_path):
+    if not os.path.exists(os.path.join(step_dir(cfg.checkpoint_dir, cfg.resume_step), META)):
         have = sorted(d for d in os.listdir(cfg.checkpoint_dir) if d.startswith("step-")) \
             if os.path.isdir(cfg.checkpoint_dir) else []
         raise ValueError(f"no checkpoint for step {cfg.resume_step} in {cfg.checkpoint_dir!r} "
                          f"(found: {', '.join(have) or 'none'})")
-    with open(meta_path) as f:
-        saved = json.load(f)["identity"]
+    saved = read_meta(cfg.checkpoint_dir, cfg.resume_step)["identity"]
     mine = _identity(cfg)
     for key in MUST_MATCH:
         if saved.get(key) != mine[key]:
@@ -79,11 +86,13 @@ def save_checkpoint(cfg, step: int, model, optimizer) -> str:
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=path, no_dist=not dist.is_initialized())
     rank = dist.get_rank() if dist.is_initialized() else 0
     torch.save(torch.get_rng_state(), os.path.join(path, f"rng-{rank}.pt"))
+    if dist.is_initialized():
+        dist.barrier()  # every rank's files are written before META marks the step complete
     if rank == 0:
-        with open(os.path.join(path, "burst.json"), "w") as f:
+        with open(os.path.join(path, META), "w") as f:
             json.dump({"step": step, "identity": _identity(cfg), "config": asdict(cfg)}, f, indent=1)
     if dist.is_initialized():
-        dist.barrier()  # burst.json last: a step directory with it is complete
+        dist.barrier()  # and META exists on return, on every rank
     return path
 
 
@@ -119,6 +128,4 @@ def load_model_weights(checkpoint_dir: str, step: int | None, model) -> int:
 
 def checkpoint_model_name(checkpoint_dir: str, step: int | None = None) -> str:
     """The model preset a checkpoint was trained with (so `burst generate` builds the right one)."""
-    step = latest_step(checkpoint_dir) if step is None else step
-    with open(os.path.join(step_dir(checkpoint_dir, step), "burst.json")) as f:
-        return json.load(f)["config"]["model"]
+    return read_meta(checkpoint_dir, latest_step(checkpoint_dir) if step is None else step)["config"]["model"]

@@ -17,7 +17,7 @@ import os
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -219,13 +219,3 @@ def _report(bar, row: dict) -> None:
     else:
         bar.set_postfix(facts, refresh=False)
         bar.update(1)
-
-
-def config_dict(cfg: TrainConfig) -> dict:
-    return asdict(cfg)
-
-
-def config_from_dict(values: dict) -> TrainConfig:
-    """A TrainConfig from a dict, ignoring keys this version does not know (older checkpoints)."""
-    known = {f.name for f in fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in values.items() if k in known})
