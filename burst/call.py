@@ -44,9 +44,28 @@ class AttentionCall:
         """Kernel calls for `q_rank`'s queries against `k_rank`'s keys (empty when the mask skips all)."""
         return self.plan(self.segments(q_rank), self.segments(k_rank))
 
-    def plan(self, q_segs: list[Segment], k_segs: list[Segment]) -> list[Tile]:
-        """Kernel calls for any query runs against any key runs, sized for this call's kernel."""
-        return plan_tiles(q_segs, k_segs, self.spec, max_rows=self.kernel.MAX_ROWS)
+    def plan(self, q_segs: list[Segment], k_segs: list[Segment], max_rows: int | None = None) -> list[Tile]:
+        """Kernel calls for any query runs against any key runs, sized for this call's kernel (at most
+        `max_rows` rows each way when given, to bound each call's fresh outputs)."""
+        cap = self.kernel.MAX_ROWS if max_rows is None else min(max_rows, self.kernel.MAX_ROWS)
+        return plan_tiles(q_segs, k_segs, self.spec, max_rows=cap)
+
+    @cached_property
+    def mask_key(self) -> tuple:
+        """Equal for two calls whose tiles are the same on every rank pair: every rank's segments and
+        the mask (what plans that depend only on those may be cached under)."""
+        return (self.world, tuple(tuple(self.segments(r)) for r in range(self.world)), self.spec.key)
+
+    def chunk_segments(self, rank: int, start: int, stop: int) -> list[Segment]:
+        """The position runs of rows [start, stop) of `rank`'s shard, numbered from `start`: the
+        segments of a chunk that travels on its own (comm/chunk_stream.py)."""
+        chunk = []
+        for seg in self.segments(rank):
+            lo, hi = max(start, seg.local_start), min(stop, seg.local_start + seg.length)
+            if lo < hi:
+                part = seg.sub(lo - seg.local_start, hi - seg.local_start)
+                chunk.append(Segment(part.local_start - start, part.length, part.first, part.stride))
+        return chunk
 
     @cached_property
     def kv_schedule(self):

@@ -75,6 +75,12 @@ class MaskSpec:
     cu_seqlens: tuple[int, ...] | None = None
     block_sparse: BlockSparseMask | None = None
 
+    @cached_property
+    def key(self) -> tuple:
+        """Equal for two specs that allow the same pairs (a hashable stand-in for the spec)."""
+        sparse = self.block_sparse.fingerprint if self.block_sparse is not None else None
+        return (self.causal, self.window, self.cu_seqlens, sparse)
+
     @property
     def is_dense(self) -> bool:
         """True when every pair attends (no mask at all)."""

@@ -35,7 +35,7 @@ def _volumes(rank, world):
     return out
 
 
-def _expected_bytes(strategy, world, kv_heads, dtype):
+def _expected_bytes(strategy, world, kv_heads, dtype, rank=0, causal=False):
     """The papers' per-rank volumes, counted by hand (fp32 accumulators travel as float32)."""
     esize = torch.tensor([], dtype=dtype).element_size()
     kv = B * N * kv_heads * D * esize          # one K (or V) shard
@@ -46,8 +46,10 @@ def _expected_bytes(strategy, world, kv_heads, dtype):
     forward = (world - 1) * 2 * kv
     if strategy == "ring":                      # burstengine.md Alg. 1: K, V, dK, dV travel
         backward = (world - 1) * 2 * kv + world * 2 * kv32
-    elif strategy == "burst":                   # burstengine.md Alg. 2: Q, dO, D, lse, dQ travel
-        backward = (world - 1) * (2 * qrow + 2 * stat) + world * q32
+    elif strategy == "burst":                   # burstengine.md Alg. 2: Q, dO, D, lse to each rank once,
+        backward = (world - 1) * (2 * qrow + 2 * stat + q32)  # served by their owner; dQ parts straight home
+        if causal:  # contiguous: rank r's queries go to the r ranks before it; its dQ parts to those after
+            backward = rank * (2 * qrow + 2 * stat) + (world - 1 - rank) * q32
     else:                                       # all-gather K, V (again); reduce-scatter dK, dV
         backward = (world - 1) * 2 * kv + (world - 1) * 2 * kv32
     return (forward, backward) if world > 1 else (0, 0)
@@ -161,7 +163,7 @@ def _results(world):
 def test_bytes_match_formulas(world):
     for rank, (volumes, _, _) in enumerate(_results(world)):
         for (strategy, kv_heads, dtype, causal), (fwd, bwd, _, _) in volumes.items():
-            expect = _expected_bytes(strategy, world, kv_heads, getattr(torch, dtype.split(".")[1]))
+            expect = _expected_bytes(strategy, world, kv_heads, getattr(torch, dtype.split(".")[1]), rank, causal)
             assert (fwd, bwd) == expect, (rank, strategy, kv_heads, dtype, causal)
 
 
@@ -170,8 +172,8 @@ def test_burst_backward_moves_about_a_quarter_less(world):
     volumes = _results(world)[0][0]
     burst_bwd = volumes[("burst", 4, "torch.float32", False)][1]
     ring_bwd = volumes[("ring", 4, "torch.float32", False)][1]
-    # (G-1)(3d+2) + d  vs  (G-1)·2d + G·2d per row and head: tends to (3d+2)/(4d) as G grows.
-    ratio = ((world - 1) * (2 * D + 2) + world * D) / ((world - 1) * 2 * D + world * 2 * D)
+    # (G-1)(3d+2)  vs  (G-1)·2d + G·2d per row and head: tends to (3d+2)/(4d) as G grows.
+    ratio = ((world - 1) * (3 * D + 2)) / ((world - 1) * 2 * D + world * 2 * D)
     assert burst_bwd / ring_bwd == pytest.approx(ratio)
     assert burst_bwd < ring_bwd
 

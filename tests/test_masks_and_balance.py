@@ -56,7 +56,8 @@ def _correctness(rank, world, layouts, strategies, dtypes):
                 ref = reference_grads(*full, causal=False, mask=allowed)
                 for layout in layouts:
                     for strategy in strategies:
-                        errs = sharded_errors(full, ref, dtype, layout=layout, strategy=strategy, **kwargs)
+                        errs = sharded_errors(full, ref, dtype, layout=layout, **_strategy_kwargs(strategy),
+                                              **kwargs)
                         results.append(((name, layout, strategy, kv_heads, str(dtype)), errs))
     # DistFlashAttn: causal on contiguous shards, its one supported combination.
     full = full_inputs(5, 2, seqlen, H, 2, D, torch.float32)
@@ -64,6 +65,12 @@ def _correctness(rank, world, layouts, strategies, dtypes):
     errs = sharded_errors(full, ref, torch.float32, strategy="distflash", causal=True)
     results.append((("causal", "contiguous", "distflash", 2, "torch.float32"), errs))
     return results
+
+
+def _strategy_kwargs(name: str) -> dict:
+    """"burst:5" is burst with chunk_rows=5: the mask decides chunk by chunk what is served."""
+    strategy, _, rows = name.partition(":")
+    return dict(strategy=strategy, chunk_rows=int(rows)) if rows else dict(strategy=strategy)
 
 
 def _balance(rank, world):
@@ -76,6 +83,10 @@ def _balance(rank, world):
         with burst.CommStats() as stats:
             burst.attention(q, q, q, strategy=strategy, layout=layout, causal=True).sum().backward()
         out[(strategy, layout)] = (stats.pairs("forward"), stats.pairs("backward"))
+    # Chunks of queries are served only where the mask needs them (zigzag causal: often half a block).
+    with burst.CommStats() as stats:
+        burst.attention(q, q, q, strategy="burst", layout="zigzag", causal=True, chunk_rows=16).sum().backward()
+    out[("burst", "zigzag served")] = stats.sent("backward")
     # Early stop: a window shorter than a shard needs only the previous rank's keys.
     k = torch.randn(1, n, 2, 8, requires_grad=True)
     for strategy in ("ring", "burst"):
@@ -90,8 +101,8 @@ def _everything(rank, world, layouts, strategies, dtypes):
 
 
 BF16_MASKS = ("window_causal", "documents_causal", "block_sparse_causal")  # bf16 on a subset, for time
-ALL = (("contiguous", "zigzag", "striped"), ("burst", "ring", "allgather"), (torch.float32, torch.bfloat16))
-SUBSET = (("zigzag", "striped"), ("burst", "ring"), (torch.float32,))
+ALL = (("contiguous", "zigzag", "striped"), ("burst", "burst:5", "ring", "allgather"), (torch.float32, torch.bfloat16))
+SUBSET = (("zigzag", "striped"), ("burst", "burst:5", "burst:0", "ring"), (torch.float32,))
 
 
 @functools.lru_cache(maxsize=None)
@@ -135,14 +146,36 @@ def test_balanced_layouts_and_distflash_even_out_causal_work(world):
     assert max(pairs) / (sum(pairs) / world) > 1.4  # (2G-1)/G: 1.5 at G=2, towards 2
 
 
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
+def test_burst_serves_only_the_query_rows_the_mask_needs(world):
+    """Zigzag causal, 64 rows per rank in chunks of 16: rank r sends Q, dO, D, lse of each row that
+    attends some key of the receiving rank, and the dQ part of each such row of others back home."""
+    n, heads, dim = 64, 2, 8
+    pos = [burst.layout.shard_indices("zigzag", r, world, n * world) for r in range(world)]
+
+    def needed_rows(src, dst):  # src's queries that attend at least one of dst's keys (causal)
+        return int((pos[src] >= pos[dst].min()).sum())
+
+    served, back = 2 * heads * dim * 4 + 2 * heads * 4, heads * dim * 4  # per row: Q, dO, D, lse; dQ
+    whole = (world - 1) * (served + back) * n
+    for rank, (_, balance) in enumerate(_results(world)):
+        expect = sum(needed_rows(rank, d) * served + needed_rows(d, rank) * back for d in range(world) if d != rank)
+        assert balance[("burst", "zigzag served")] == expect, rank
+        assert expect < whole
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_window_stops_the_ring_after_one_step(world):
     n, kv_bytes = 64, 64 * 2 * 8 * 4  # one K (or V) shard, fp32
-    for balance in (b for _, b in _results(world)):
+    for rank, balance in enumerate(b for _, b in _results(world)):
         fwd, bwd = balance[("ring", "window")]
         assert fwd == 2 * kv_bytes                      # K, V move one hop, not G - 1
         assert bwd == 2 * kv_bytes + 2 * 2 * kv_bytes   # K, V once; dK, dV one hop on, one hop home
         fwd, bwd = balance[("burst", "window")]
         assert fwd == 2 * kv_bytes
         q_bytes, stat_bytes = kv_bytes, 64 * 2 * 4
-        assert bwd == 2 * q_bytes + 2 * stat_bytes + 2 * q_bytes  # Q, dO, D, lse once; dQ on and home
+        # Queries are served by their owner only where needed: rank r's to rank r - 1 (none from rank
+        # 0: its queries precede every other key); rank r's dQ part for rank r + 1's queries goes home.
+        serves = 2 * q_bytes + 2 * stat_bytes if rank > 0 else 0
+        returns = q_bytes if rank < world - 1 else 0
+        assert bwd == serves + returns, (rank, bwd)

@@ -125,6 +125,8 @@ def test_bytes_by_link_match_the_formulas(world):
                 travelling = kv if strategy == "ring" else 2 * q + 2 * stat
                 acc = kv if strategy == "ring" else q  # dK, dV or dQ, fp32
                 first_home = acc if L > 1 else 0  # outer step 0's hop home stays in the node (or is a loop-back)
+                if strategy == "burst" and M == 1:  # one node: queries served by their owners, dQ parts home
+                    first_home, acc = 0, q
                 bwd = {"inter": (M - 1) * (travelling + acc), "intra": M * (L - 1) * (travelling + acc) + first_home}
             else:  # flat ring on a multi-node topology: is my next neighbour on another node?
                 crossing = (rank + 1) % world // per_node != rank // per_node

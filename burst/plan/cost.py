@@ -14,8 +14,10 @@ the number of layers. Per device, with n = N/G tokens:
 - collectives (all-gather, all-to-all, CQS's exchange) are not overlapped with compute.
 
 Volumes per device follow our implementations (the same numbers CommStats reports): burst's backward
-moves Q, dO (input dtype), D, lse (fp32) for G-1 steps and dQ (fp32) for G; ring's moves K, V for G-1
-and dK, dV (fp32) for G. Memory is what attention holds per device: the inputs, outputs and lse
+moves Q, dO (input dtype), D, lse (fp32) for G-1 steps and dQ (fp32) for G (across nodes, on the
+ring) or G-1 (one node: the chunk stream sends each dQ part straight home, comm/chunk_stream.py);
+ring's moves K, V for G-1 and dK, dV (fp32) for G. Masks are not modelled: a causal mask makes the
+chunk stream send less than this. Memory is what attention holds per device: the inputs, outputs and lse
 saved for backward in every layer, plus one layer's backward peak (gradients, travelling buffers,
 and whatever the strategy gathers). Model weights and MLP activations are not included.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..comm.chunk_stream import CHUNKS_PER_BLOCK
 from .profiles import Profile
 
 STRATEGIES = ("burst", "ring", "burst-double-ring", "ring-double-ring", "distflash", "allgather", "ulysses", "usp",
@@ -195,7 +198,10 @@ def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     base = name.replace("-double-ring", "")
     g = cluster.gpus
     fwd = _ring_pass(cluster, g, c_fwd, s.kv, double)
-    if base == "burst":  # Q, dO, D, lse travel with dQ (fp32), which also takes the last hop home
+    if base == "burst" and cluster.nodes == 1:  # the chunk stream: a few chunks held, dQ parts go home
+        bwd = _ring_pass(cluster, g, c_bwd, 2 * s.q + 2 * s.stat + s.dq32, False, tail=s.dq32 / CHUNKS_PER_BLOCK)
+        peak = s.dq32 + s.dkv32 + (2 * (2 * s.q + 2 * s.stat) + 3 * s.dq32 + s.q) / CHUNKS_PER_BLOCK
+    elif base == "burst":  # Q, dO, D, lse travel with dQ (fp32), which also takes the last hop home
         bwd = _ring_pass(cluster, g, c_bwd, 2 * s.q + 2 * s.stat + s.dq32, double, tail=s.dq32)
         peak = 2 * (2 * s.q + 2 * s.stat) + 2 * s.dq32 + s.dkv32 + s.q
     else:  # K, V travel with dK, dV (fp32)
