@@ -44,7 +44,9 @@ def attention(
             the KV heads travel between ranks.
         group: the process group the sequence is split over; None = the default group (or a single
             process when torch.distributed is not initialized).
-        strategy: "burst" (BurstAttention: ring forward, backward rotating Q/dQ/dO/D/lse),
+        strategy: "burst" (BurstAttention: ring forward; backward moving Q/dQ/dO/D/lse, on one
+            node served in chunks by their owners so a rank holds ~1/G of one process's memory;
+            option chunk_rows: rows per chunk, 0 = whole blocks on the paper's ring),
             "ring" (RingAttention), "distflash" (DistFlashAttn's balanced causal schedule; contiguous
             layout, causal only), "allgather" (gather K/V once; holds the whole sequence's K/V),
             "ulysses" (all-to-all to head shards), "usp" (Ulysses x ring; option ulysses_degree),

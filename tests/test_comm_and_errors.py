@@ -150,8 +150,39 @@ def _ring_buffers(rank, world):
     return {"two buffer sets": len(seen) <= 2, "arrived": arrived_right, "accumulator freed": gone() is None}
 
 
+def _stream_buffers(rank, world):
+    """burst's backward on the chunk stream holds two received query chunks and two dQ exchanges
+    (the leaving and arriving parts of the previous chunk and of this one) at most, at any shard size."""
+    import burst.comm.chunk_stream as stream
+
+    alive = {"chunks": [], "accs": []}
+    peak = {"chunks": 0, "accs": 0}
+    real = stream.exchange
+
+    def counting(group, phase, sends=(), recvs=(), **kwargs):
+        transfer = real(group, phase, sends, recvs, **kwargs)
+        kind = "accs" if (sends or recvs)[0][2] >= stream.ACC_TAG else "chunks"
+        held = list(transfer.received) + (list(transfer._sending) if kind == "accs" else [])
+        alive[kind].append([weakref.ref(t) for t in held])
+        for name, sets in alive.items():
+            sets[:] = [refs for refs in sets if any(r() is not None for r in refs)]
+            peak[name] = max(peak[name], len(sets))
+        return transfer
+
+    stream.exchange = counting
+    try:
+        n = 64  # 16 chunks of 4 rows per shard: a ring would hold two whole blocks
+        q, k, v = (torch.randn(1, n, 2, 8, requires_grad=True) for _ in range(3))
+        burst.attention(q, k, v, strategy="burst", chunk_rows=4).sum().backward()
+    finally:
+        stream.exchange = real
+    return {"stream: <= 2 query chunks": peak["chunks"] <= 2, "stream: <= 2 dQ exchanges": peak["accs"] <= 2,
+            "stream: chunks moved": peak["chunks"] >= 1 and peak["accs"] >= 1}
+
+
 def _everything(rank, world):
-    return _volumes(rank, world), _bad_inputs(rank, world), (_shard_roundtrip(rank, world) | _ring_buffers(rank, world))
+    return _volumes(rank, world), _bad_inputs(rank, world), (_shard_roundtrip(rank, world) | _ring_buffers(rank, world)
+                                                             | _stream_buffers(rank, world))
 
 
 @functools.lru_cache(maxsize=None)
@@ -206,6 +237,6 @@ def test_bad_input_raises_on_every_rank(world):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_shard_roundtrip_and_ring_buffers(world):
+def test_shard_roundtrip_ring_and_stream_buffers(world):
     for rank, (_, _, ok) in enumerate(_results(world)):
         assert all(ok.values()), (rank, ok)

@@ -69,3 +69,51 @@ def test_tiles_cover_the_mask_exactly(layout, world, monkeypatch):
             assert torch.equal(grid.bool(), want), (kwargs, layout, qr, kr)
             assert sum(t.pairs for t in tiles) == int(want.sum())
             assert all(t.pairs > 0 for t in tiles), "a planned tile attends nothing"
+
+
+def _call(layout, rank, world, n, spec):
+    from burst.call import AttentionCall
+    from burst.kernels import reference
+
+    return AttentionCall(group=None, rank=rank, world=world, layout=layout, local_len=n, spec=spec, scale=1.0,
+                         kernel=reference)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_chunk_stream_plans_agree_and_cover_the_needed_rows(layout, world):
+    """burst's backward stream (comm/chunk_stream.py): what a rank serves at each step is exactly what
+    its peer expects (else ranks would hang or mismatch), every query row that attends a key of the
+    receiving rank travels, chunks never overlap, and every step has the same number of slots."""
+    from burst.comm.chunk_stream import plan_stream
+    from burst.masks import may_attend
+
+    n, rows = 16, 3
+    seqlen = n * world
+    for kwargs in [*_specs(seqlen), {}]:
+        spec = MaskSpec(causal=kwargs.get("causal", False), window=kwargs.get("window"),
+                        cu_seqlens=tuple(kwargs["cu_seqlens"]) if "cu_seqlens" in kwargs else None,
+                        block_sparse=kwargs.get("block_sparse"))
+        allowed = reference_mask(seqlen, **kwargs)
+        plans = []
+        for r in range(world):
+            call = _call(layout, r, world, n, spec)
+
+            def needs(src, dst, a, b, call=call):
+                return may_attend(call.chunk_segments(src, a, b), call.segments(dst), call.spec)
+            plans.append(plan_stream(call.q_schedule, n, rows, needs))
+        assert len({len(p) for p in plans}) == 1 and len({s.slots for p in plans for s in p}) == 1
+        for r, plan in enumerate(plans):
+            for j, step in enumerate(plan):
+                assert step.chunks_out == plans[step.peer][j].chunks_in, (kwargs, r, j)
+                assert len(step.chunks_in) <= step.slots
+                covered = torch.zeros(n, dtype=torch.long)
+                for a, b in step.chunks_in:
+                    covered[a:b] += 1
+                assert covered.max() <= 1, (kwargs, r, j, step.chunks_in)
+                q_pos = shard_indices(layout, step.src, world, seqlen)
+                k_pos = shard_indices(layout, r, world, seqlen)
+                needed = allowed[q_pos][:, k_pos].any(dim=1)
+                assert bool((covered.bool() | ~needed).all()), (kwargs, r, j, step.chunks_in)
+        if kwargs == dict(causal=True) and layout == "zigzag":  # equal work per slot on every rank
+            assert all(len(s.chunks_in) == s.slots for p in plans for s in p[1:])
