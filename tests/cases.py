@@ -32,6 +32,13 @@ def reference_grads(q, k, v, dout, causal, mask=None):
     return out.detach(), lse.detach(), q.grad, k.grad, v.grad
 
 
+def strategy_kwargs(name: str) -> dict:
+    """burst.attention's strategy arguments for a case name: "burst:5" is burst with chunk_rows=5
+    (its backward's queries served in chunks of 5 rows, so short test shards use several chunks)."""
+    strategy, _, rows = name.partition(":")
+    return dict(strategy=strategy, chunk_rows=int(rows)) if rows else dict(strategy=strategy)
+
+
 def sharded_errors(full, ref, dtype, layout="contiguous", **kwargs):
     """Run burst.attention on this rank's shard of `full`; relative errors of out, lse, dq, dk, dv."""
     q, k, v, dout = (burst.shard(t, layout=layout) for t in full)

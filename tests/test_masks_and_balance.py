@@ -15,7 +15,7 @@ import torch
 
 import burst
 import burst.masks
-from cases import full_inputs, reference_grads, reference_mask, sharded_errors
+from cases import full_inputs, reference_grads, reference_mask, sharded_errors, strategy_kwargs
 from world import run_world
 
 N_LOCAL, H, D = 12, 4, 8
@@ -56,7 +56,7 @@ def _correctness(rank, world, layouts, strategies, dtypes):
                 ref = reference_grads(*full, causal=False, mask=allowed)
                 for layout in layouts:
                     for strategy in strategies:
-                        errs = sharded_errors(full, ref, dtype, layout=layout, **_strategy_kwargs(strategy),
+                        errs = sharded_errors(full, ref, dtype, layout=layout, **strategy_kwargs(strategy),
                                               **kwargs)
                         results.append(((name, layout, strategy, kv_heads, str(dtype)), errs))
     # DistFlashAttn: causal on contiguous shards, its one supported combination.
@@ -65,12 +65,6 @@ def _correctness(rank, world, layouts, strategies, dtypes):
     errs = sharded_errors(full, ref, torch.float32, strategy="distflash", causal=True)
     results.append((("causal", "contiguous", "distflash", 2, "torch.float32"), errs))
     return results
-
-
-def _strategy_kwargs(name: str) -> dict:
-    """"burst:5" is burst with chunk_rows=5: the mask decides chunk by chunk what is served."""
-    strategy, _, rows = name.partition(":")
-    return dict(strategy=strategy, chunk_rows=int(rows)) if rows else dict(strategy=strategy)
 
 
 def _balance(rank, world):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import burst
 
-from cases import full_inputs, reference_grads, rel_err, sharded_errors
+from cases import full_inputs, reference_grads, rel_err, sharded_errors, strategy_kwargs
 from world import run_world
 
 WORLD, N_LOCAL, H, D = 8, 32, 4, 32
@@ -42,8 +42,8 @@ def _cases(rank, world):
                 ref = reference_grads(*full, causal=causal)
                 for dtype in (torch.bfloat16, torch.float32):
                     sdpa = _sdpa_errors(full, ref, dtype, causal)
-                    for strategy in ("burst", "ring"):
-                        errs = sharded_errors(full, ref, dtype, strategy=strategy, causal=causal)
+                    for strategy in ("burst", "burst:8", "ring"):  # burst:8: the chunk stream, 4 chunks per shard
+                        errs = sharded_errors(full, ref, dtype, causal=causal, **strategy_kwargs(strategy))
                         results.append(((strategy, kv_heads, logit_scale, causal, str(dtype)), errs, sdpa))
     return results
 
