@@ -20,8 +20,9 @@ node's switch (NVLink/NVSwitch, PCIe switch, a TCP host). Across nodes the doubl
 
 Every rank issues the same sequence of exchanges: labels (step, slot), each step with as many slots
 as a shard has chunks, and per label first the next chunk's exchange, then the finished chunk's
-accumulators. Two ranks' ops
-meet at the same label, so NCCL's in-order matching cannot deadlock and gloo's tags match in order.
+accumulators. Two ranks' matching ops sit at the same label on both, so backends that match in
+issue order (NCCL) pair them right and no two ranks wait on each other in a cycle; gloo matches
+by tag, in order.
 """
 
 from __future__ import annotations
