@@ -36,6 +36,7 @@ def _mismatch_cases(rank, world):
         "block_sparse": (dict(block_sparse=burst.BlockSparseMask(N, other_blocks if first else blocks)), ""),
         "return_lse": (dict(return_lse=first), "True"),
         "option distflash": (dict(strategy="distflash" if first else "burst", causal=True), "'distflash'"),
+        "option chunk_rows": (dict(chunk_rows=4 if first else 0), "4"),
     }
 
 

@@ -85,6 +85,7 @@ def _bad_inputs(rank, world):
         "block_sparse_type": lambda: {**good(), "block_sparse": torch.ones(4, 4, dtype=torch.bool)},
         "scale": lambda: {**good(), "softmax_scale": -1.0},
         "causal_type": lambda: {**good(), "causal": "yes"},
+        "chunk_rows": lambda: {**good(), "chunk_rows": -1} if last else good(),
     }
     results = {}
     for name, build in cases.items():
@@ -114,6 +115,7 @@ EXPECTED = {  # case: (error type on the rank with bad input, words the message 
     "cu_seqlens_order": ("ValueError", "cu_seqlens must rise from 0"),
     "block_sparse_shape": ("ValueError", "block_sparse.layout has shape"),
     "block_sparse_type": ("TypeError", "BlockSparseMask"),
+    "chunk_rows": ("ValueError", "chunk_rows must be a non-negative int"),
 }
 
 
