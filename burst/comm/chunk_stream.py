@@ -19,7 +19,7 @@ Step j's transfers go to the rank j places away rather than to a neighbour: the 
 node's switch (NVLink/NVSwitch, PCIe switch, a TCP host). Across nodes the double ring stays.
 
 Every rank issues the same sequence of exchanges: labels (step, slot), each step with as many slots
-as a shard has chunks, and per label first the next chunk's exchange, then the finished chunk's
+as a shard has chunks (one where every rank is on its own block), and per label first the next chunk's exchange, then the finished chunk's
 accumulators. Two ranks' matching ops sit at the same label on both, so backends that match in
 issue order (NCCL) pair them right and no two ranks wait on each other in a cycle; gloo matches
 by tag, in order.
@@ -59,7 +59,7 @@ class StreamStep:
     """One step of the stream on this rank: whose chunks it computes and whom it serves.
 
     src: the rank whose chunks this rank computes (chunks_in, in order); peer: the rank computing
-    this rank's chunks (chunks_out). slots: the same at every step on every rank.
+    this rank's chunks (chunks_out). slots: the same on every rank at a step.
     """
 
     src: int
@@ -76,7 +76,8 @@ def plan_stream(schedule: RingSchedule, local_len: int, chunk_rows: int,
     needs(src, dst, start, stop): does rank dst compute anything with rows [start, stop) of src's
     block? It must give the same answer on every rank (it decides what is sent and received).
 
-    Every step has as many slots as a shard has chunks, and every pair fills them all when it can:
+    Every step where blocks move has as many slots as a shard has chunks (the step where each rank
+    works on its own block, one slot and one chunk), and every pair fills them all when it can:
     its needed rows (found in quarter chunks) are cut into that many chunks, smaller where a pair
     needs fewer rows (zigzag: half the queries against all the keys on one side, all the queries
     against half the keys on the other). Slots then carry equal work on every rank, and no rank
@@ -93,7 +94,11 @@ def plan_stream(schedule: RingSchedule, local_len: int, chunk_rows: int,
     steps = []
     for _, j in schedule.steps:
         src, peer = schedule.holding(0, j), schedule.holder_of_mine(0, j)
-        steps.append(StreamStep(src, peer, chunks(src, schedule.rank), chunks(schedule.rank, peer), slots))
+        if src == peer == schedule.rank:  # every rank on its own block (step 0): nothing moves, one slot
+            own = _grouped(_needed(fine, lambda a, b: needs(src, src, a, b)), 1)
+            steps.append(StreamStep(src, peer, own, own, 1))
+        else:
+            steps.append(StreamStep(src, peer, chunks(src, schedule.rank), chunks(schedule.rank, peer), slots))
     return steps
 
 

@@ -69,7 +69,9 @@ def _served_backward(call: AttentionCall, rows: int, travelling, out, k, v, dk, 
     def attend(src, chunk, held, accs):
         q_c, dout_c, delta_c, lse_c = held
         out_c = out[:, chunk[0]:chunk[1]] if src == call.rank else None  # others' rebuilt from D per tile
-        tiles = call.plan(call.chunk_segments(src, *chunk), mine, max_rows=rows)
+        # Kernel calls sized to the chunk bound their fresh dQ, dK, dV; our own block (one chunk, nothing
+        # in flight beside it) takes the kernel's full call size, which adds fewer dK, dV partials.
+        tiles = call.plan(call.chunk_segments(src, *chunk), mine, max_rows=None if src == call.rank else rows)
         attend_backward(call.kernel, dout_c, q_c, k, v, out_c, lse_c, tiles, accs[0], dk, dv, call.scale,
                         delta=delta_c)
 
