@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 import burst
 from burst.kernels.reference import attention as reference_attention
+from burst.launch import exit_without_finalizing
 from burst.layout import shard_indices
 from burst.masks import BlockSparseMask, MaskSpec
 
@@ -246,6 +247,7 @@ def _world_entry(rank, world, port, cfg_dict, strategy, outdir):
         dist.barrier()  # no rank closes its connections while a peer still finishes a collective
     finally:
         dist.destroy_process_group()
+    exit_without_finalizing()
 
 
 def _free_port() -> int:
