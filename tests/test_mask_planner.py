@@ -7,6 +7,7 @@ never planned and the pair count matches.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -34,6 +35,13 @@ def _specs(seqlen):
     yield dict(causal=True, block_sparse=burst.BlockSparseMask(8, layout), window=(20, 0))
 
 
+def _spec(kwargs) -> MaskSpec:
+    """The MaskSpec of burst.attention's mask arguments."""
+    return MaskSpec(causal=kwargs.get("causal", False), window=kwargs.get("window"),
+                    cu_seqlens=tuple(kwargs["cu_seqlens"]) if "cu_seqlens" in kwargs else None,
+                    block_sparse=kwargs.get("block_sparse"))
+
+
 def _painted(tiles, n):
     grid = torch.zeros(n, n, dtype=torch.int64)
     for t in tiles:
@@ -54,9 +62,7 @@ def test_tiles_cover_the_mask_exactly(layout, world, monkeypatch):
     n = 16
     seqlen = n * world
     for kwargs in _specs(seqlen):
-        spec = MaskSpec(causal=kwargs.get("causal", False), window=kwargs.get("window"),
-                        cu_seqlens=tuple(kwargs["cu_seqlens"]) if "cu_seqlens" in kwargs else None,
-                        block_sparse=kwargs.get("block_sparse"))
+        spec = _spec(kwargs)
         allowed = reference_mask(seqlen, **kwargs)
         # A cap below the partial-tile size too (the backends cap rows per kernel call).
         for qr, kr, max_rows in itertools.product(range(world), range(world), (burst.masks.MAX_TILE, 5)):
@@ -86,22 +92,17 @@ def test_chunk_stream_plans_agree_and_cover_the_needed_rows(layout, world):
     its peer expects (else ranks would hang or mismatch), every query row that attends a key of the
     receiving rank travels, chunks never overlap, and every rank has the same slots at each step."""
     from burst.comm.chunk_stream import plan_stream
-    from burst.masks import may_attend
+    from burst.strategies.burst import query_chunk_needed
 
     n, rows = 16, 3
     seqlen = n * world
     for kwargs in [*_specs(seqlen), {}]:
-        spec = MaskSpec(causal=kwargs.get("causal", False), window=kwargs.get("window"),
-                        cu_seqlens=tuple(kwargs["cu_seqlens"]) if "cu_seqlens" in kwargs else None,
-                        block_sparse=kwargs.get("block_sparse"))
+        spec = _spec(kwargs)
         allowed = reference_mask(seqlen, **kwargs)
         plans = []
         for r in range(world):
             call = _call(layout, r, world, n, spec)
-
-            def needs(src, dst, a, b, call=call):
-                return may_attend(call.chunk_segments(src, a, b), call.segments(dst), call.spec)
-            plans.append(plan_stream(call.q_schedule, n, rows, needs))
+            plans.append(plan_stream(call.q_schedule, n, rows, functools.partial(query_chunk_needed, call)))
         assert len({len(p) for p in plans}) == 1
         assert all(len({p[j].slots for p in plans}) == 1 for j in range(len(plans[0])))
         for r, plan in enumerate(plans):

@@ -19,10 +19,10 @@ Step j's transfers go to the rank j places away rather than to a neighbour: the 
 node's switch (NVLink/NVSwitch, PCIe switch, a TCP host). Across nodes the double ring stays.
 
 Every rank issues the same sequence of exchanges: labels (step, slot), each step with as many slots
-as a shard has chunks (one where every rank is on its own block), and per label first the next chunk's exchange, then the finished chunk's
-accumulators. Two ranks' matching ops sit at the same label on both, so backends that match in
-issue order (NCCL) pair them right and no two ranks wait on each other in a cycle; gloo matches
-by tag, in order.
+as a shard has chunks (one where every rank is on its own block), and per label first the next
+chunk's exchange, then the finished chunk's accumulators. Two ranks' matching ops sit at the same
+label on both, so backends that match in issue order (NCCL) pair them right and no two ranks wait
+on each other in a cycle; gloo matches by tag, in order.
 """
 
 from __future__ import annotations
@@ -88,17 +88,15 @@ def plan_stream(schedule: RingSchedule, local_len: int, chunk_rows: int,
     slots = len(row_chunks(local_len, chunk_rows))
     fine = row_chunks(local_len, max(1, math.ceil(chunk_rows / 4)))
 
-    def chunks(src, dst):
-        return _grouped(_needed(fine, lambda a, b: needs(src, dst, a, b)), slots)
+    def chunks(src, dst, groups):
+        return _grouped(_needed(fine, lambda a, b: needs(src, dst, a, b)), groups)
 
     steps = []
     for _, j in schedule.steps:
         src, peer = schedule.holding(0, j), schedule.holder_of_mine(0, j)
-        if src == peer == schedule.rank:  # every rank on its own block (step 0): nothing moves, one slot
-            own = _grouped(_needed(fine, lambda a, b: needs(src, src, a, b)), 1)
-            steps.append(StreamStep(src, peer, own, own, 1))
-        else:
-            steps.append(StreamStep(src, peer, chunks(src, schedule.rank), chunks(schedule.rank, peer), slots))
+        # Every rank on its own block (step 0): nothing moves, so one slot and one chunk.
+        n = 1 if src == peer == schedule.rank else slots
+        steps.append(StreamStep(src, peer, chunks(src, schedule.rank, n), chunks(schedule.rank, peer, n), n))
     return steps
 
 

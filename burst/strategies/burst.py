@@ -15,6 +15,8 @@ of whole blocks, neighbour to neighbour. Across nodes the double ring runs (comm
 
 from __future__ import annotations
 
+import functools
+
 import torch.distributed as dist
 
 from ..block import accumulator_zeros_like, attend_backward
@@ -59,12 +61,16 @@ def _on_one_node(call: AttentionCall) -> bool:
     return topo is None or call.group not in (None, dist.group.WORLD) or topo.local_world_size >= call.world
 
 
+def query_chunk_needed(call: AttentionCall, src: int, dst: int, start: int, stop: int) -> bool:
+    """Does any query in rows [start, stop) of rank src's shard attend a key of rank dst's? Only such
+    chunks are served (the same answer on every rank: it decides what is sent and received)."""
+    return may_attend(call.chunk_segments(src, start, stop), call.segments(dst), call.spec)
+
+
 def _served_backward(call: AttentionCall, rows: int, travelling, out, k, v, dk, dv):
     """Chunks of (q, dO, D, lse) from their owners; dQ chunks straight home (comm/chunk_stream.py)."""
     mine = call.segments(call.rank)
-
-    def needs(src, dst, start, stop):  # does any query of this chunk of src's attend a key of dst?
-        return may_attend(call.chunk_segments(src, start, stop), call.segments(dst), call.spec)
+    needs = functools.partial(query_chunk_needed, call)
 
     def attend(src, chunk, held, accs):
         q_c, dout_c, delta_c, lse_c = held
