@@ -22,7 +22,7 @@ def _bench_parser(sub) -> None:
     p.add_argument("--layout", choices=["contiguous", "zigzag", "striped"], default=d.layout)
     p.add_argument("--nproc", type=int, default=d.nproc, help="local processes to spawn (ignored under torchrun)")
     p.add_argument("--threads", type=int, default=None, help="threads per rank; default cores // nproc")
-    p.add_argument("--repeats", type=int, default=d.repeats, help="timed passes after one warm-up (best is kept)")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="timed passes after one warm-up (best is kept); 0 = one cold pass, no warm-up")
     p.add_argument("--strategies", default=",".join(d.strategies), help="comma-separated")
     p.add_argument("--window", default=None, help="sliding window LEFT,RIGHT (-1 = unbounded)")
     p.add_argument("--documents", type=int, default=0, help="pack this many documents of uneven lengths")
