@@ -2,7 +2,7 @@
 # Issue 29 item 3: causal zigzag forward+backward over 1,048,576 tokens on 8 local ranks (burst,
 # 1 head, dim 64, fp32, one cold pass: a warm-up would double an hour-long run). Peak memory per
 # rank, pairs balance and 64 rows per rank against float64 attention come from `burst bench`.
-# Writes benchmarks/million/burst_1m.json and the log; benchmarks/million.md is written from them.
+# Writes benchmarks/million/burst_1048576.json and the log; benchmarks/million.md is written from them.
 # Run alone (it uses both cores for about an hour); `nice` lets lighter work go first.
 set -euo pipefail
 cd "$(dirname "$0")/.."

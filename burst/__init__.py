@@ -4,7 +4,7 @@ Public names: attention, shard, unshard, CommStats, BlockSparseMask, set_agreeme
 """
 
 from . import cqs
-from .agreement import set_agreement_check
+from .agreement import set_agreement_check, set_agreement_timeout
 from .api import attention
 from .comm.stats import CommStats
 from .comm.topology import Topology
@@ -12,5 +12,5 @@ from .layout import shard, unshard
 from .masks import BlockSparseMask
 from .parity import check
 
-__all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask", "set_agreement_check", "check", "Topology"]
+__all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask", "set_agreement_check", "set_agreement_timeout", "check", "Topology"]
 __version__ = "0.1.0"

@@ -13,10 +13,16 @@ The check costs one all_gather of a few dozen bytes per call and, on a GPU, a ho
 when every rank sees the same sequence of call signatures, which the first check of each verifies),
 or "off"; the default "always" is the safe one. The environment variable BURST_AGREEMENT_CHECK sets
 the starting mode.
+
+A call that only some ranks make would leave the others waiting in the check forever (gloo's own
+timeout is 30 minutes). The check waits at most `set_agreement_timeout(seconds)` (default 120 s,
+environment BURST_AGREEMENT_TIMEOUT; 0 = no limit of ours) and then raises TimeoutError on the
+waiting ranks, naming the entry point. The group is unusable after that: a collective is left open.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
 from typing import Any
@@ -30,6 +36,7 @@ MODES = ("always", "first", "off")
 _mode = os.environ.get("BURST_AGREEMENT_CHECK", "always")
 _checked: set[tuple] = set()  # (group key, digests) already agreed on, for mode "first"
 _MAX_REMEMBERED = 4096
+_timeout_s = float(os.environ.get("BURST_AGREEMENT_TIMEOUT", "120"))
 
 
 def set_agreement_check(mode: str) -> str:
@@ -48,8 +55,14 @@ def set_agreement_check(mode: str) -> str:
     return previous
 
 
-def agreement_check_mode() -> str:
-    return _mode
+def set_agreement_timeout(seconds: float) -> float:
+    """Wait at most `seconds` for every rank to reach a call's check (0 = no limit of ours: the
+    process group's own timeout applies). Returns the previous value."""
+    global _timeout_s
+    if not isinstance(seconds, (int, float)) or not seconds >= 0:
+        raise ValueError(f"agreement timeout must be a number of seconds >= 0, got {seconds!r}")
+    previous, _timeout_s = _timeout_s, float(seconds)
+    return previous
 
 
 def digest(value: Any) -> int:
@@ -92,7 +105,7 @@ def agree(entry: str, facts: dict[str, Any] | None, problem: BaseException | Non
     device = collective_device(group)
     mine = torch.tensor([int(ok), digest((tuple(facts), digests)) if ok else 0], dtype=torch.int64, device=device)
     every = torch.empty(world * 2, dtype=torch.int64, device=device)
-    all_gather_flat(every, mine, group=group)
+    _wait_for_every_rank(all_gather_flat(every, mine, group=group, async_op=True), entry)
     rows = every.view(world, 2).cpu().tolist()
     if not all(r[0] for r in rows):
         _raise_bad_input(entry, problem, group, world)
@@ -100,6 +113,24 @@ def agree(entry: str, facts: dict[str, Any] | None, problem: BaseException | Non
         _raise_disagreement(entry, facts, digests, group, world, hints or {})
     if _mode == "first" and len(_checked) < _MAX_REMEMBERED:
         _checked.add(key)
+
+
+def _wait_for_every_rank(work, entry: str) -> None:
+    """Wait for the check's all_gather at most the agreement timeout; past it, some rank never made
+    the call (it is elsewhere in the program): raise here instead of hanging."""
+    if not _timeout_s:
+        work.wait()
+        return
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=_timeout_s))
+    except RuntimeError as err:
+        if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
+            raise
+        raise TimeoutError(
+            f"{entry}: waited {_timeout_s:g} s for the other ranks of the group to make the same call; some "
+            "ranks did not make it (every rank must call it, e.g. model.generate() or forward() on every "
+            "rank, not on rank 0 only). The process group is unusable now. A slow rank that is merely late "
+            "needs a longer wait: burst.set_agreement_timeout(seconds) or BURST_AGREEMENT_TIMEOUT") from err
 
 
 def _group_key(group) -> int:

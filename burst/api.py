@@ -83,10 +83,28 @@ def attention(
     Raises ValueError / TypeError on bad input on every rank of the group, before any communication
     of the strategy starts, so no rank is left waiting.
     """
+    q, k, v = autocast_inputs(q, k, v)
     chosen, call = prepare_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
                                      cu_seqlens, block_sparse, topology, **options)
-    out, lse = chosen(call, *(_unit_stride_last(t) for t in (q, k, v)))
+    with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
+        out, lse = chosen(call, *(_unit_stride_last(t) for t in (q, k, v)))
     return (out, lse) if return_lse else out
+
+
+def autocast_inputs(q, k, v):
+    """q, k, v in torch.autocast's dtype when autocast is on for their device, as SDPA takes them.
+
+    Under bf16 autocast transformers' RoPE returns q, k in float32 beside a bf16 v; attention then
+    runs (and its ring carries) bf16. float64 is left alone, as autocast leaves it. Outside
+    autocast the tensors are returned unchanged.
+    """
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return q, k, v  # _check_tensors names the bad argument
+    device_type = q.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t for t in (q, k, v))
 
 
 def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous", causal=False, window=None,

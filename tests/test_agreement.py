@@ -7,10 +7,13 @@ world must still be exact afterwards. The "first" check mode is exercised too.
 
 from __future__ import annotations
 
+import datetime
 import functools
+import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import burst
 from cases import TOL, full_inputs, reference_grads, sharded_errors
@@ -64,7 +67,36 @@ def _run_mismatches(rank, world):
     results["unshard shape"] = _error_of(lambda: burst.unshard(local[:, : N - 2] if rank == 0 else local))
     results["unshard still works"] = torch.equal(burst.unshard(local), full[0])
     results["first mode"] = _first_mode(rank, world, full, ref)
+    results["only rank 0 calls"] = _only_rank_zero_calls(rank, full)
     return results
+
+
+_BROKEN_GROUPS = []
+
+
+def _only_rank_zero_calls(rank, full, wait_s=2.0):
+    """Rank 0 calls burst.attention while the others wait in a barrier of their own (rank 0 calls
+    generate(), the rest do not): rank 0 raises TimeoutError after the agreement timeout instead
+    of waiting for gloo's 30 minutes. On a side group: the default group stays usable after."""
+    side = dist.new_group(backend="gloo")
+    _BROKEN_GROUPS.append(side)  # freeing a group with a collective left open blocks: keep it to the exit
+    q, k, v = (burst.shard(t).float() for t in full[:3])  # burst.shard agrees on the default group: every rank
+    previous = burst.set_agreement_timeout(wait_s)
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            burst.attention(q, k, v, group=side)
+            outcome = ("no error", "")
+        else:
+            dist.barrier(group=side, async_op=True).wait(timeout=datetime.timedelta(seconds=2 * wait_s))
+            outcome = ("barrier passed", "")
+    except TimeoutError as err:
+        outcome = ("TimeoutError", str(err))
+    except RuntimeError as err:  # the waiting barrier of the other ranks gives up too
+        outcome = ("RuntimeError", str(err))
+    finally:
+        burst.set_agreement_timeout(previous)
+    return outcome + (time.monotonic() - start,)
 
 
 def _error_of(fn):
@@ -144,3 +176,13 @@ def test_first_mode_catches_first_call_and_skips_repeats(world):
         # whose mismatched first call was not remembered, and shard along dim 2 for lse); the shard
         # along dim 1 was agreed by the mismatched call already.
         assert repeated_collectives == 2, (rank, repeated_collectives)
+
+
+def test_a_call_made_by_only_some_ranks_raises_after_the_timeout():
+    for rank, results in enumerate(_results(2)):
+        kind, message, seconds = results["only rank 0 calls"]
+        if rank == 0:
+            assert kind == "TimeoutError" and "burst.attention" in message and "did not make it" in message, message
+            assert 2.0 <= seconds < 10, seconds
+        else:  # not burst's wait: the barrier this rank chose, bounded by the test
+            assert kind == "RuntimeError", (kind, message)
