@@ -1,6 +1,7 @@
 """burst: exact attention over very long sequences split across devices.
 
-Public names: attention, shard, unshard, CommStats, BlockSparseMask, set_agreement_check, check, Topology (see DESIGN.md).
+Public names: attention, shard, unshard, CommStats, BlockSparseMask, set_agreement_check, check, Topology (see DESIGN.md);
+also set_agreement_timeout and context_parallel.
 """
 
 from . import cqs
@@ -8,9 +9,10 @@ from .agreement import set_agreement_check, set_agreement_timeout
 from .api import attention
 from .comm.stats import CommStats
 from .comm.topology import Topology
+from .context_parallel import context_parallel
 from .layout import shard, unshard
 from .masks import BlockSparseMask
 from .parity import check
 
-__all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask", "set_agreement_check", "set_agreement_timeout", "check", "Topology"]
+__all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask", "set_agreement_check", "set_agreement_timeout", "check", "Topology", "context_parallel"]
 __version__ = "0.1.0"

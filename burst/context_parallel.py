@@ -1,0 +1,176 @@
+"""burst.context_parallel: sequence parallelism for a model that calls scaled_dot_product_attention.
+
+    with burst.context_parallel(buffers=[tokens, labels, model.freqs_cis], buffer_seq_dims=[1, 1, 0],
+                                no_restore_buffers={tokens, labels}, layout="zigzag"):
+        loss = loss_fn(model(tokens), labels)
+        loss.backward()
+
+The buffers are cut in place along their sequence dims by the layout (burst.shard's rules), so the
+model sees only this rank's tokens; inside, every `F.scaled_dot_product_attention` call (direct, or
+inside nn.MultiheadAttention / nn.TransformerEncoderLayer) runs burst.attention over the group.
+On exit SDPA is torch's again and the buffers are whole again, except those in no_restore_buffers.
+
+What cannot be honoured raises ValueError on every rank, never a silently local attention: an
+explicit attn_mask (masks are options: is_causal, window=, cu_seqlens=, block_sparse=), dropout,
+a sequence length other than the shards', need_weights=True (nn.MultiheadAttention then builds the
+attention matrix itself). nn.MultiheadAttention's fused inference kernel is switched off inside,
+as it would attend the local tokens only.
+
+Beside torch's own `torch.distributed.tensor.experimental.context_parallel`: that one runs on CUDA
+only, with full or causal masks and one load balancer; this one runs every burst strategy and
+layout, on CPU and GPU, with windows, documents and block-sparse masks, and GQA (enable_gqa).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from . import api
+from .agreement import agree
+from .layout import _check_divisible, check_layout, shard
+
+ENTRY = "burst.context_parallel"
+
+
+@contextlib.contextmanager
+def context_parallel(buffers=(), buffer_seq_dims=(), no_restore_buffers=(), group=None, mesh=None,
+                     layout: str = "zigzag", strategy: str = "burst", **options):
+    """Shard `buffers` along `buffer_seq_dims` and run every SDPA call inside through burst.attention.
+
+    buffers: tensors holding the whole sequence (token ids, labels, position tables), the same on
+        every rank, cut in place (their `.data` becomes this rank's shard); all share one sequence
+        length along their seq dim. buffer_seq_dims: one dim per buffer.
+    no_restore_buffers: those buffers left as shards on exit (inputs you do not need whole again).
+    group / mesh: the process group, or a 1-D DeviceMesh as torch's context_parallel takes it.
+    layout, strategy, **options: as burst.attention (window=, cu_seqlens=, block_sparse=, chunk_rows=...).
+    """
+    if mesh is not None:
+        if group is not None:
+            raise ValueError(f"{ENTRY}: pass group or mesh, not both")
+        if mesh.ndim != 1:
+            raise ValueError(f"{ENTRY}: mesh must be 1-D (the sequence dimension), got {mesh.ndim}-D")
+        group = mesh.get_group()
+    buffers, seq_dims = list(buffers), list(buffer_seq_dims)
+    local_len = _shard_buffers_check(buffers, seq_dims, group, layout, strategy)
+    originals = [t.data for t in buffers]
+    for t, dim in zip(buffers, seq_dims):
+        t.data = shard(t.data, group=group, layout=layout, dim=dim)
+    router = _SDPARouter(group, layout, strategy, options, local_len)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # the fused MHA kernel would attend local tokens only
+    try:
+        with router:
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+        keep = {id(t) for t in no_restore_buffers}
+        for t, whole in zip(buffers, originals):
+            if id(t) not in keep:
+                t.data = whole
+
+
+def _shard_buffers_check(buffers, seq_dims, group, layout, strategy) -> int | None:
+    """Validate the buffers and options on every rank before anything is cut; the local length."""
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    problem, lengths = None, set()
+    try:
+        check_layout(layout)
+        if strategy not in api.STRATEGY_NAMES:
+            raise ValueError(f"strategy must be one of {api.STRATEGY_NAMES}, got {strategy!r}")
+        if len(buffers) != len(seq_dims):
+            raise ValueError(f"{len(buffers)} buffers but {len(seq_dims)} buffer_seq_dims: give one dim per buffer")
+        for i, (t, dim) in enumerate(zip(buffers, seq_dims)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"buffers[{i}] must be a torch.Tensor, got {type(t).__name__}")
+            if not -t.dim() <= dim < t.dim():
+                raise ValueError(f"buffer_seq_dims[{i}]={dim} is out of range for a {t.dim()}-D buffer")
+            lengths.add(t.shape[dim])
+        if len(lengths) > 1:
+            raise ValueError(f"the buffers have sequence lengths {sorted(lengths)} along their seq dims; they must "
+                             "share one (a position table longer than the sequence: slice it to the sequence first)")
+        for n in lengths:
+            _check_divisible(layout, world, n)
+    except (TypeError, ValueError) as err:
+        problem = err
+    facts = {"layout": layout, "strategy": strategy, "lengths": tuple(sorted(lengths)), "buffers": len(buffers)}
+    agree(ENTRY, facts if problem is None else None, problem, group, world)
+    return next(iter(lengths)) // world if lengths else None
+
+
+class _SDPARouter(TorchFunctionMode):
+    """Routes F.scaled_dot_product_attention to burst.attention while the context is open.
+
+    A TorchFunctionMode's handler runs with the mode popped, so SDPA calls nested in another
+    overridable function (nn.MultiheadAttention's functional path) would not reach it: for that
+    one, the name SDPA is looked up under in torch.nn.functional is routed while it runs.
+    """
+
+    def __init__(self, group, layout, strategy, options, local_len):
+        super().__init__()
+        self.group, self.layout, self.strategy, self.options = group, layout, strategy, options
+        self.local_len = local_len
+        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return self.attention(*args, **kwargs)
+        if func is F.multi_head_attention_forward:
+            return self._multi_head_attention(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def _multi_head_attention(self, func, args, kwargs):
+        problem = None
+        if kwargs.get("need_weights", True):
+            problem = ValueError(
+                f"{ENTRY}: nn.MultiheadAttention with need_weights=True builds the attention matrix itself, over "
+                "this rank's tokens only; call it with need_weights=False (then it runs scaled_dot_product_attention)")
+        elif kwargs.get("key_padding_mask") is not None:
+            problem = ValueError(f"{ENTRY}: nn.MultiheadAttention's key_padding_mask is a mask burst cannot apply; "
+                                 "pack the sequences and pass cu_seqlens= to context_parallel instead")
+        agree(f"{ENTRY} (nn.MultiheadAttention)", {} if problem is None else None, problem, self.group, self.world)
+        original = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = self.attention  # the name functional.py calls SDPA by
+        try:
+            return func(*args, **kwargs)
+        finally:
+            F.scaled_dot_product_attention = original
+
+    def attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                  enable_gqa=False):
+        """SDPA's signature on burst.attention. query: (batch, heads, seq_local, head_dim); key, value:
+        (batch, kv_heads, seq_local, head_dim). Returns (batch, heads, seq_local, head_dim)."""
+        problem = self._refusal(query, key, attn_mask, dropout_p, enable_gqa)
+        agree(f"{ENTRY} (scaled_dot_product_attention)", {} if problem is None else None, problem, self.group,
+              self.world)
+        out = api.attention(query.transpose(-3, -2), key.transpose(-3, -2), value.transpose(-3, -2),
+                            group=self.group, strategy=self.strategy, layout=self.layout, causal=bool(is_causal),
+                            softmax_scale=scale, **self.options)
+        return out.transpose(-3, -2)
+
+    def _refusal(self, query, key, attn_mask, dropout_p, enable_gqa) -> ValueError | None:
+        """What this call asks that sharded attention cannot give, as the error every rank raises."""
+        if attn_mask is not None:
+            return ValueError(
+                f"{ENTRY}: scaled_dot_product_attention got an explicit attn_mask (shape {tuple(attn_mask.shape)}), "
+                "which covers this rank's tokens only; express the mask as options instead: is_causal=True, and "
+                "window=, cu_seqlens= or block_sparse= given to context_parallel")
+        if dropout_p:
+            return ValueError(f"{ENTRY}: attention dropout (dropout_p={dropout_p}) is not supported; set it to 0")
+        if query.dim() != 4:
+            return ValueError(f"{ENTRY}: scaled_dot_product_attention got a {query.dim()}-D query; burst takes "
+                              "(batch, heads, seq, head_dim)")
+        if self.local_len is not None and query.shape[-2] != self.local_len:
+            return ValueError(
+                f"{ENTRY}: scaled_dot_product_attention got {query.shape[-2]} tokens but the buffers were cut into "
+                f"{self.local_len} per rank; every tensor that carries the sequence must be in `buffers` (or be "
+                "computed from them)")
+        if query.shape[-3] != key.shape[-3] and not enable_gqa:
+            return ValueError(f"{ENTRY}: query has {query.shape[-3]} heads but key has {key.shape[-3]}; pass "
+                              "enable_gqa=True, as scaled_dot_product_attention requires")
+        return None

@@ -1,0 +1,221 @@
+"""burst.context_parallel on models that call scaled_dot_product_attention, against the one-process model.
+
+Three models: (a) torch's nn.TransformerEncoder with a position buffer, full and causal (the is_causal
+hint path through nn.MultiheadAttention, an SDPA call nested in another overridable function); (b) a
+small RoPE decoder of our own calling F.scaled_dot_product_attention(enable_gqa=True) with a cos/sin
+buffer; (c) a transformers Llama on its own "sdpa" attention (not our code), position ids as a buffer.
+Each at 2 and 3 ranks over contiguous, zigzag and striped: the output (gathered) and every parameter
+gradient (summed over ranks) equal the one-process model's. One world per size, the cases looped in it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from world import run_world
+
+LAYOUTS = ("contiguous", "zigzag", "striped")
+VOCAB, DIM = 32, 32
+N_PER_RANK = 8
+
+
+def _rel(x, ref) -> float:
+    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
+
+
+class _Encoder(nn.Module):
+    """Embedding + a learned position table (a buffer of the whole sequence) + torch's encoder."""
+
+    def __init__(self, seq_len: int, causal: bool):
+        super().__init__()
+        self.causal = causal
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.register_buffer("positions", torch.randn(seq_len, DIM))
+        layer = nn.TransformerEncoderLayer(DIM, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def forward(self, ids):
+        x = self.embed(ids) + self.positions
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1]) if self.causal else None
+        return self.head(self.encoder(x, mask=mask, is_causal=self.causal))
+
+
+class _RopeDecoder(nn.Module):
+    """Two causal attention blocks with rotary positions from a (seq_len, head_dim) cos/sin buffer; GQA."""
+
+    def __init__(self, seq_len: int, heads: int = 4, kv_heads: int = 2):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, DIM // heads
+        self.embed = nn.Embedding(VOCAB, DIM)
+        half = self.head_dim // 2
+        angles = torch.arange(seq_len)[:, None] * (10000.0 ** (-torch.arange(half) / half))[None]
+        self.register_buffer("cos", angles.cos().repeat(1, 2))
+        self.register_buffer("sin", angles.sin().repeat(1, 2))
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict({"q": nn.Linear(DIM, DIM), "kv": nn.Linear(DIM, 2 * kv_heads * self.head_dim),
+                           "o": nn.Linear(DIM, DIM)}) for _ in range(2))
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def _rope(self, x):
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * self.cos + rotated * self.sin
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        b, s, _ = x.shape
+        for block in self.blocks:
+            q = block["q"](x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+            k, v = block["kv"](x).view(b, s, 2, self.kv_heads, self.head_dim).unbind(2)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+            o = F.scaled_dot_product_attention(self._rope(q), self._rope(k), v, is_causal=True, enable_gqa=True)
+            x = x + block["o"](o.transpose(1, 2).reshape(b, s, DIM))
+        return self.head(x)
+
+
+class _HFLlama(nn.Module):
+    """transformers' Llama on attn_implementation="sdpa" (its own SDPA call); position ids are a buffer."""
+
+    def __init__(self, seq_len: int):
+        super().__init__()
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        config = LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+        self.model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        self.register_buffer("position_ids", torch.arange(seq_len)[None])
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, position_ids=self.position_ids).logits
+
+
+def _models(seq_len):
+    models = {"encoder full": lambda: _Encoder(seq_len, causal=False),
+              "encoder causal": lambda: _Encoder(seq_len, causal=True),
+              "rope decoder gqa": lambda: _RopeDecoder(seq_len)}
+    try:
+        import transformers  # noqa: F401
+
+        models["transformers llama (sdpa)"] = lambda: _HFLlama(seq_len)
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+    return models
+
+
+def _buffers(model):
+    """The model's whole-sequence buffers and their sequence dims."""
+    names = {"positions": 0, "cos": 0, "sin": 0, "position_ids": 1}
+    found = [(buf, names[name]) for name, buf in model.named_buffers() if name.split(".")[-1] in names]
+    return [b for b, _ in found], [d for _, d in found]
+
+
+def _one_case(build, layout, world):
+    import burst
+
+    seq_len = N_PER_RANK * world
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, VOCAB, (2, seq_len), generator=g)
+    upstream = torch.randn(2, seq_len, VOCAB, generator=g)
+    torch.manual_seed(0)
+    reference = build()
+    torch.manual_seed(0)
+    model = build()
+    ref_out = reference(ids)
+    (ref_out * upstream).sum().backward()
+
+    tokens = ids.clone()
+    buffers, dims = _buffers(model)
+    whole = [b.clone() for b in buffers]
+    with burst.context_parallel(buffers=[tokens, *buffers], buffer_seq_dims=[1, *dims], no_restore_buffers={tokens},
+                                layout=layout):
+        out = model(tokens)
+        (out * burst.shard(upstream, layout=layout)).sum().backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    named = dict(reference.named_parameters())
+    return {"out": _rel(burst.unshard(out.detach(), layout=layout), ref_out.detach()),
+            "grads": max(_rel(p.grad, named[n].grad) for n, p in model.named_parameters()),
+            "buffers restored": all(torch.equal(b, w) for b, w in zip(buffers, whole)),
+            "tokens left sharded": tokens.shape[1] == N_PER_RANK,
+            "sdpa restored": F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention}
+
+
+def _errors(rank, world):
+    """What cannot be honoured raises ValueError on every rank (some only on rank 0's input)."""
+    import burst
+
+    x = torch.randn(1, 2, N_PER_RANK * world, 8)
+    q, k, v = (x.clone() for _ in range(3))
+    mha = nn.MultiheadAttention(8, 2, batch_first=True)
+    tokens = torch.randn(1, N_PER_RANK * world, 8)
+    cases = {
+        "attn_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(N_PER_RANK, N_PER_RANK,
+                                                                                          dtype=torch.bool)),
+        "dropout on rank 0": lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1 if rank == 0 else 0.0),
+        "length": lambda: F.scaled_dot_product_attention(q[..., :2, :], k[..., :2, :], v[..., :2, :]),
+        "need_weights": lambda: mha(tokens, tokens, tokens),
+        "gqa without enable_gqa": lambda: F.scaled_dot_product_attention(q, k[:, :1], v[:, :1]),
+    }
+    results = {}
+    for name, fn in cases.items():
+        q, k, v = (x.clone() for _ in range(3))
+        tokens = torch.randn(1, N_PER_RANK * world, 8)
+        try:
+            with burst.context_parallel(buffers=[q, k, v, tokens], buffer_seq_dims=[2, 2, 2, 1]):
+                fn()
+            results[name] = None
+        except ValueError as err:
+            results[name] = str(err)
+    results["sdpa restored"] = F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+    results["buffers restored"] = q.shape[2] == N_PER_RANK * world
+    try:
+        with burst.context_parallel(buffers=[torch.randn(1, 5)], buffer_seq_dims=[1]):
+            pass
+        results["indivisible"] = None
+    except ValueError as err:
+        results["indivisible"] = str(err)
+    return results
+
+
+def _everything(rank, world):
+    torch.set_num_threads(1)
+    results = {(name, layout): _one_case(build, layout, world)
+               for name, build in _models(N_PER_RANK * world).items() for layout in LAYOUTS}
+    if world == 2:
+        results["errors"] = _errors(rank, world)
+    return results
+
+
+@functools.lru_cache(maxsize=None)
+def _results(world):
+    return run_world(world, _everything, timeout=400)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_models_calling_sdpa_train_like_one_process(world):
+    for rank, results in enumerate(_results(world)):
+        cases = {k: v for k, v in results.items() if k != "errors"}
+        assert len(cases) >= 9
+        for case, r in cases.items():
+            assert r["out"] < 1e-5 and r["grads"] < 1e-4, (rank, case, r)
+            assert r["buffers restored"] and r["tokens left sharded"] and r["sdpa restored"], (rank, case, r)
+
+
+def test_what_cannot_be_honoured_raises_on_every_rank():
+    expected = {"attn_mask": "attn_mask", "dropout on rank 0": "dropout", "length": "tokens",
+                "need_weights": "need_weights", "gqa without enable_gqa": "enable_gqa",
+                "indivisible": "divisible"}
+    for rank, results in enumerate(_results(2)):
+        errors = results["errors"]
+        for case, words in expected.items():
+            assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
+        assert errors["sdpa restored"] and errors["buffers restored"]
