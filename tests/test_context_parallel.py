@@ -118,7 +118,7 @@ def _buffers(model):
     return [b for b, _ in found], [d for _, d in found]
 
 
-def _one_case(build, layout, world):
+def _one_case(build, layout, world, **cp_options):
     import burst
 
     seq_len = N_PER_RANK * world
@@ -136,7 +136,7 @@ def _one_case(build, layout, world):
     buffers, dims = _buffers(model)
     whole = [b.clone() for b in buffers]
     with burst.context_parallel(buffers=[tokens, *buffers], buffer_seq_dims=[1, *dims], no_restore_buffers={tokens},
-                                layout=layout):
+                                layout=layout, **cp_options):
         out = model(tokens)
         (out * burst.shard(upstream, layout=layout)).sum().backward()
     for p in model.parameters():
@@ -191,6 +191,12 @@ def _everything(rank, world):
     results = {(name, layout): _one_case(build, layout, world)
                for name, build in _models(N_PER_RANK * world).items() for layout in LAYOUTS}
     if world == 2:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world,))
+        for strategy in ("ring", "ulysses", "allgather"):  # any strategy; a DeviceMesh as torch's API takes it
+            results[("rope decoder gqa", f"zigzag {strategy} mesh")] = _one_case(
+                _models(N_PER_RANK * world)["rope decoder gqa"], "zigzag", world, mesh=mesh, strategy=strategy)
         results["errors"] = _errors(rank, world)
     return results
 
