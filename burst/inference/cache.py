@@ -84,10 +84,17 @@ class ShardedKVCache:
         self.decoded += 1
 
     # -- reading -------------------------------------------------------------------------------
-    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(k, v, valid) of the entries this rank holds for `layer` (views, no copy)."""
+    def keys_values(self, layer: int, since: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(k, v, valid) of the entries this rank holds for `layer` (k, v views, no copy).
+
+        since: (batch,) the oldest global position each row may attend (a sliding window), or None:
+        older entries stay stored but are marked invalid.
+        """
         n = self.length + (1 if layer in self._pending else 0)
-        return self._k[layer][:, :n], self._v[layer][:, :n], self._valid[:, :n]
+        valid = self._valid[:, :n]
+        if since is not None:
+            valid = valid & (self._positions[:, :n] >= since.to(self._positions.device)[:, None])
+        return self._k[layer][:, :n], self._v[layer][:, :n], valid
 
     def bytes(self) -> int:
         """Bytes of K, V this rank holds (entries in use)."""

@@ -74,7 +74,7 @@ def generate(model: Transformer, prompts: list[list[int]], new_tokens: int, grou
     start = time.perf_counter()
     positions = cache.prefill_positions(lengths, padded_len)
     hidden = _prefill(model, shard(full, group=group, layout=layout), positions, cache, group, strategy, layout)
-    last = _last_hidden(hidden, positions, lengths, group)
+    last = last_hidden(hidden, positions, lengths, group)
     token = _next_token(model.lm_head(last).float(), temperature, top_p, gen)
     prefill_s = time.perf_counter() - start
     out = [[int(t)] for t in token]
@@ -103,10 +103,15 @@ def _prefill(model, tokens, positions, cache, group, strategy, layout):
     return model.norm(x)
 
 
-def _last_hidden(hidden, positions, lengths, group) -> torch.Tensor:
+def last_hidden(hidden, positions, lengths, group) -> torch.Tensor:
     """(batch, dim): each prompt's last real token's hidden state, on every rank (one all-reduce:
-    the rank holding it contributes it, the others zeros)."""
-    mine = torch.zeros(hidden.shape[0], hidden.shape[2], dtype=hidden.dtype)
+    the rank holding it contributes it, the others zeros, so the sum is exact in any dtype).
+
+    hidden: (batch, local_len, dim) this rank's shard; positions: (batch, local_len) their global
+    positions; lengths: each row's prompt length. Also serves transformers' generate()
+    (burst.integrations.transformers_generate).
+    """
+    mine = hidden.new_zeros(hidden.shape[0], hidden.shape[2])
     for row, n in enumerate(lengths):
         at = (positions[row] == n - 1).nonzero()
         if at.numel():
