@@ -1,9 +1,14 @@
-"""Where a CLI command runs: the world torchrun gave it, or a local gloo world it spawns itself.
+"""Where a CLI command runs: the world torchrun gave it, or a local world it spawns itself.
 
     result = run_world(fn, nproc=2)    # fn(rank, world) on nproc spawned CPU processes -> rank 0's result
     # under torchrun: fn runs once in this process, in the given world
 
-`burst bench | check | train | generate` all take `--nproc N` this way.
+`burst bench | check | train | generate` and the benchmark harness all start their worlds here.
+
+A rank that raises ends the world: it saves its error and leaves at once; the launcher sees it
+leave, kills every other rank (which may be waiting on it in a collective, and would wait for
+ever), and raises WorldError naming the first rank that failed, its one-line message and its
+traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +25,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+POLL_SECONDS = 0.05
+
+
+class WorldError(RuntimeError):
+    """A rank of a spawned world failed. rank: the first rank that failed; summary: its one-line
+    error ("ValueError: ..."); details: its traceback. str() holds all three."""
+
+    def __init__(self, rank: int, summary: str, details: str):
+        super().__init__(f"rank {rank}: {summary}\n{details}")
+        self.rank, self.summary, self.details = rank, summary, details
+
 
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
@@ -31,67 +47,126 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, threads: int | None, fn, args, outdir: str) -> None:
+def one_line(error: BaseException) -> str:
+    """'ExceptionType: first line of its message' (the message alone for a usage-like ValueError
+    would lose what kind of failure it was)."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def _backend(kind: str, world: int) -> str:
+    """gloo, or nccl when asked for "auto" and every rank has a GPU."""
+    if kind == "auto":
+        return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+    return kind
+
+
+def _save(outdir: str, rank: int, result) -> None:
+    """Written under a temporary name, then renamed: the launcher never reads half a file."""
+    path = os.path.join(outdir, f"{rank}.pt")
+    torch.save(result, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def _entry(rank: int, world: int, port: int, threads: int | None, backend: str, env: dict, fn, args,
+           outdir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    os.environ.update(env)
     if threads:
         torch.set_num_threads(threads)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        result = ("ok", fn(rank, world, *args))
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        result = ("error", traceback.format_exc())
-    torch.save(result, os.path.join(outdir, f"{rank}.pt"))
-    if dist.is_initialized():
-        try:  # every rank past its last collective before any closes its connections: a rank that
-            # tears down while a peer still reads the tail of an all-reduce aborts that peer (gloo)
-            dist.barrier()
-        except Exception:  # noqa: BLE001 - a peer that failed is gone; its error is already saved
-            pass
+        dist.init_process_group(_backend(backend, world), rank=rank, world_size=world)
+        result = fn(rank, world, *args)
+    except BaseException as err:  # noqa: BLE001 - reported by the launcher, which ends the world
+        _save(outdir, rank, ("error", one_line(err), traceback.format_exc(), time.time()))
+        leave(1)
+    _save(outdir, rank, ("ok", result))
+    try:  # every rank past its last collective before any closes its connections: a rank that
+        # tears down while a peer still reads the tail of an all-reduce aborts that peer (gloo)
+        dist.barrier()
         dist.destroy_process_group()
-    exit_without_finalizing()
+    except Exception:  # noqa: BLE001 - a peer that failed is gone; the launcher reports it
+        pass
+    leave(0)
 
 
-def exit_without_finalizing() -> None:
+def leave(code: int) -> None:
     """End a spawned rank whose result is saved, skipping interpreter finalization: there gloo's
     worker threads can still drop tensors that need the GIL and abort the process (SIGABRT,
     "terminate called without an active exception", seen about once in 40 worlds), which would
-    fail a world that succeeded."""
+    fail a world that succeeded. A failed rank leaves at once (code 1) without waiting for peers."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def spawn_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | None = None,
-                timeout: float | None = None) -> list[Any]:
-    """fn(rank, world, *args) on `nproc` new local CPU processes (gloo); every rank's result, by rank.
+                timeout: float | None = None, backend: str = "gloo", env: dict | None = None) -> list[Any]:
+    """fn(rank, world, *args) on `nproc` new local processes; every rank's result, by rank.
 
-    threads per process: default cores // nproc. A rank that raises makes this raise RuntimeError
-    with its traceback; a world still running after `timeout` seconds is killed (TimeoutError).
+    threads per process: default cores // nproc. backend: "gloo", "nccl", or "auto" (nccl when
+    every rank has a GPU). env: variables set in each rank before it starts. A rank that raises
+    ends the world promptly (WorldError, a RuntimeError, naming it); a world still running after
+    `timeout` seconds is killed (TimeoutError).
     """
     if nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     with tempfile.TemporaryDirectory() as outdir:
-        ctx = mp.start_processes(_entry, args=(nproc, free_port(), threads, fn, args, outdir), nprocs=nproc,
-                                 join=False, start_method="spawn")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not ctx.join(timeout=1):
-            if deadline is not None and time.monotonic() > deadline:
-                for p in ctx.processes:
-                    p.kill()
-                raise TimeoutError(f"world of {nproc} did not finish in {timeout}s (a rank hung?)")
-        results = [torch.load(os.path.join(outdir, f"{r}.pt"), weights_only=False) for r in range(nproc)]
-    errors = [f"rank {r}:\n{res}" for r, (status, res) in enumerate(results) if status == "error"]
+        context = mp.get_context("spawn")
+        entry_args = (nproc, free_port(), threads, backend, dict(env or {}), fn, args, outdir)
+        ranks = [context.Process(target=_entry, args=(rank, *entry_args), daemon=False) for rank in range(nproc)]
+        for process in ranks:
+            process.start()
+        try:
+            _wait(ranks, timeout)
+        finally:
+            _kill(ranks)
+        results = {r: torch.load(os.path.join(outdir, f"{r}.pt"), weights_only=False)
+                   for r in range(nproc) if os.path.exists(os.path.join(outdir, f"{r}.pt"))}
+    _raise_first_error(ranks, results)
+    return [results[r][1] for r in range(nproc)]
+
+
+def _wait(ranks, timeout: float | None) -> None:
+    """Until every rank has left, or one has left with a failure, or the time is up."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while any(p.exitcode is None for p in ranks):
+        if any(p.exitcode not in (None, 0) for p in ranks):
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"world of {len(ranks)} did not finish in {timeout}s (a rank hung?)")
+        time.sleep(POLL_SECONDS)
+
+
+def _kill(ranks) -> None:
+    for process in ranks:
+        if process.exitcode is None:
+            process.kill()
+    for process in ranks:
+        process.join()
+
+
+def _raise_first_error(ranks, results: dict) -> None:
+    """WorldError for the rank that failed first (the others' errors are mostly its echo: a peer
+    gone in the middle of a collective), else for a rank that died without a word (a signal)."""
+    errors = sorted((res[3], r, res[1], res[2]) for r, res in results.items() if res[0] == "error")
     if errors:
-        raise RuntimeError("\n".join(errors))
-    return [res for _, res in results]
+        _, rank, summary, details = errors[0]
+        raise WorldError(rank, summary, details)
+    for rank, process in enumerate(ranks):
+        if rank not in results:
+            code = process.exitcode
+            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            raise WorldError(rank, f"rank {rank} died without a result ({how})", "")
 
 
-def run_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | None = None) -> Any:
+def run_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | None = None,
+              backend: str = "gloo") -> Any:
     """fn(rank, world, *args) on every rank; returns rank 0's result (this rank's under torchrun).
 
-    Without torchrun, spawns `nproc` local CPU processes on gloo (spawn_world).
+    Without torchrun, spawns `nproc` local processes (spawn_world: gloo, or backend "auto").
     """
     if under_torchrun():
         if not dist.is_initialized():
@@ -99,4 +174,4 @@ def run_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | None
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         return fn(dist.get_rank(), dist.get_world_size(), *args)
-    return spawn_world(fn, *args, nproc=nproc, threads=threads)[0]
+    return spawn_world(fn, *args, nproc=nproc, threads=threads, backend=backend)[0]

@@ -198,8 +198,8 @@ def test_burst_train_checkpoints_and_resumes_exactly(tmp_path):
     for bad, message in ((["--seq-len", "128", "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume-step", "2"],
                           "another config: seq_len was 64"),
                          ([*common, "--resume-step", "3"], "no checkpoint for step 3"),
-                         (["--seq-len", "63"], "seq-len 63"),
-                         (["--seq-len", "64", "--dp", "3"], "--dp 3 must divide"),
+                         (["--seq-len", "63"], "--seq-len: 63"),
+                         (["--seq-len", "64", "--dp", "3"], "--dp: 3 does not divide"),
                          (["--seq-len", "64", "--checkpoint-every", "2"], "needs --checkpoint-dir")):
         with pytest.raises(SystemExit, match=message):
             main(["train", "--model", "tiny", "--nproc", "2", *bad])

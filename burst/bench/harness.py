@@ -12,19 +12,16 @@ from __future__ import annotations
 import json
 import os
 import resource
-import socket
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import burst
 from burst.kernels.reference import attention as reference_attention
-from burst.launch import exit_without_finalizing
+from burst.launch import spawn_world
 from burst.layout import shard_indices
 from burst.masks import BlockSparseMask, MaskSpec
 
@@ -246,41 +243,25 @@ def _check_error_in_turn(cfg, out_local, idx, rank: int, world: int) -> float:
     return err
 
 
-def _world_entry(rank, world, port, cfg_dict, strategy, outdir):
-    cfg = BenchConfig(**cfg_dict)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
-    for link, gbps in (("INTER", cfg.inter_node_gbps), ("INTRA", cfg.intra_node_gbps)):
-        if gbps:
-            os.environ[f"BURST_EMULATE_{link}_GBPS"] = str(gbps)
-    torch.set_num_threads(cfg.resolved_threads())
-    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world)
-    try:
-        result = run_strategy(cfg, strategy, rank, world)
-        torch.save(result, os.path.join(outdir, f"{rank}.pt"))
-        dist.barrier()  # no rank closes its connections while a peer still finishes a collective
-    finally:
-        dist.destroy_process_group()
-    exit_without_finalizing()
+def _strategy_on_rank(rank, world, cfg_dict, strategy):
+    return run_strategy(BenchConfig(**cfg_dict), strategy, rank, world)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _emulated_links(cfg: BenchConfig) -> dict:
+    """The environment comm/emulation.py reads: emulated link bandwidths (GB/s)."""
+    return {f"BURST_EMULATE_{link}_GBPS": str(gbps)
+            for link, gbps in (("INTER", cfg.inter_node_gbps), ("INTRA", cfg.intra_node_gbps)) if gbps}
 
 
 def spawn_strategy(cfg: BenchConfig, strategy: str) -> list[dict]:
-    """Run one strategy on a fresh local world of cfg.nproc processes; per-rank results."""
-    with tempfile.TemporaryDirectory() as outdir:
-        mp.start_processes(_world_entry, args=(cfg.nproc, _free_port(), asdict(cfg), strategy, outdir),
-                           nprocs=cfg.nproc, start_method="spawn")
-        return [torch.load(os.path.join(outdir, f"{r}.pt")) for r in range(cfg.nproc)]
+    """Run one strategy on a fresh local world of cfg.nproc processes (NCCL when every rank has a
+    GPU, else gloo); per-rank results. A failing rank ends the world (burst.launch.WorldError)."""
+    return spawn_world(_strategy_on_rank, asdict(cfg), strategy, nproc=cfg.nproc, threads=cfg.resolved_threads(),
+                       backend="auto", env=_emulated_links(cfg))
 
 
-def _baseline_entry(_, cfg_dict, outdir):
+def _baseline_on_rank(_rank, _world, cfg_dict):
     cfg = BenchConfig(**cfg_dict)
-    torch.set_num_threads(cfg.resolved_threads() * cfg.nproc)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     rss_bare = _rss_bytes()
     q, k, v, dout = (t.transpose(1, 2).to(device, DTYPES[cfg.dtype]).contiguous()
@@ -301,14 +282,12 @@ def _baseline_entry(_, cfg_dict, outdir):
 
     fwd_s, bwd_s, _ = _time_passes(cfg.repeats, device, forward, lambda out: out.backward(dout), next_pass)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss_bytes() - rss_bare
-    torch.save({"fwd_s": fwd_s, "bwd_s": bwd_s, "peak_mem_bytes": peak}, os.path.join(outdir, "0.pt"))
+    return {"fwd_s": fwd_s, "bwd_s": bwd_s, "peak_mem_bytes": peak}
 
 
 def spawn_baseline(cfg: BenchConfig) -> dict:
     """One process, all the world's threads, PyTorch SDPA on the whole sequence."""
-    with tempfile.TemporaryDirectory() as outdir:
-        mp.start_processes(_baseline_entry, args=(asdict(cfg), outdir), nprocs=1, start_method="spawn")
-        return torch.load(os.path.join(outdir, "0.pt"))
+    return spawn_world(_baseline_on_rank, asdict(cfg), nproc=1, threads=cfg.resolved_threads() * cfg.nproc)[0]
 
 
 def summarize(cfg: BenchConfig, strategy: str, per_rank: list[dict], baseline: dict | None) -> dict:
@@ -335,9 +314,12 @@ def summarize(cfg: BenchConfig, strategy: str, per_rank: list[dict], baseline: d
     return row
 
 
-def run_bench(cfg: BenchConfig) -> dict:
-    """Every strategy in cfg (spawned, or in the torchrun world) plus the yardstick; a JSON-able dict."""
+def run_bench(cfg: BenchConfig, on_done=None) -> dict:
+    """Every strategy in cfg (spawned, or in the torchrun world) plus the yardstick; a JSON-able dict.
+
+    on_done(label), when given, is called after the yardstick and after each strategy (progress)."""
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    on_done = on_done or (lambda label: None)
     baseline = None
     rows = []
     if under_torchrun:
@@ -349,18 +331,25 @@ def run_bench(cfg: BenchConfig) -> dict:
             every = [None] * world
             dist.all_gather_object(every, mine)
             rows.append(summarize(cfg, strategy, every, None))
+            on_done(_done_label(rows[-1]))
         dist.destroy_process_group()
     else:
         if cfg.baseline:
             baseline = spawn_baseline(cfg)
+            on_done(f"sdpa (1 process) {baseline['fwd_s'] + baseline['bwd_s']:.3f} s")
         for strategy in cfg.strategies:
             rows.append(summarize(cfg, strategy, spawn_strategy(cfg, strategy), baseline))
+            on_done(_done_label(rows[-1]))
     fwd_flops, bwd_flops = attention_flops(cfg, rows[0]["pairs_total"] if rows else None)
     if baseline:
         baseline = {**baseline, "fwd_tflops": fwd_flops / baseline["fwd_s"] / 1e12,
                     "bwd_tflops": bwd_flops / baseline["bwd_s"] / 1e12}
     return {"config": asdict(cfg), "threads_per_rank": cfg.resolved_threads(), "sdpa_single_process": baseline,
             "strategies": rows, "git_commit": _git_commit(), "torch": torch.__version__}
+
+
+def _done_label(row: dict) -> str:
+    return f"{row['strategy']} on {row['world']} ranks {row['fwd_s'] + row['bwd_s']:.3f} s"
 
 
 def _git_commit() -> str | None:

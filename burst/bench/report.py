@@ -85,13 +85,44 @@ def run_report(outdir: str, seq_lens=(2048, 4096, 8192), strategies=("burst", "r
         step(f"world {g}")
     command = "burst bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None
     results = {"calibration": calibration, "timing": timing, "memory": memory, "command": command,
-               "config": {"heads": heads, "head_dim": head_dim, "causal": causal, "layout": layout, "nproc": nproc}}
+               "config": {"heads": heads, "head_dim": head_dim, "causal": causal, "layout": layout, "nproc": nproc,
+                          "dtype": base.dtype, "device": _device_name(), "memory_seq_len": mid}}
     with open(os.path.join(outdir, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     plots = _plots(outdir, results, strategies)
     with open(os.path.join(outdir, "report.md"), "w") as f:
         f.write(_markdown(results, plots))
     return results
+
+
+def _device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+
+
+def _what(cfg: dict) -> str:
+    """The measured setting, for plot titles: ranks, dtype, device, shape, mask."""
+    return (f"{cfg.get('dtype', 'float32')}, {cfg.get('device', 'CPU')}, {cfg['heads']} heads x {cfg['head_dim']}, "
+            f"{'causal' if cfg['causal'] else 'full'}, {cfg['layout']}")
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def _label_ticks(ax) -> None:
+    """Every axis gets labelled ticks: on a log axis at 1, 2, 5 x 10^k (a range narrower than a
+    decade would otherwise show none), written plainly."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+
+    for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+        if scale != "log":
+            continue
+        axis.set_minor_formatter(NullFormatter())
+        if not isinstance(axis.get_major_locator(), FixedLocator):  # ticks placed by set_xticks stay
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
 
 
 def _plots(outdir: str, results: dict, strategies) -> list[str]:
@@ -105,43 +136,47 @@ def _plots(outdir: str, results: dict, strategies) -> list[str]:
         return []
     made = []
 
-    from matplotlib.ticker import NullFormatter
-
     def save(fig, name):
-        for ax in fig.axes:  # log axes: major ticks only, or their labels collide
-            ax.xaxis.set_minor_formatter(NullFormatter())
-            ax.yaxis.set_minor_formatter(NullFormatter())
+        for ax in fig.axes:
+            _label_ticks(ax)
         fig.tight_layout()
         fig.savefig(os.path.join(outdir, name), dpi=110)
         plt.close(fig)
         made.append(name)
 
-    timing, memory = results["timing"], results["memory"]
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    timing, memory, cfg = results["timing"], results["memory"], results["config"]
+    what = _what(cfg)
+    fig, ax = plt.subplots(figsize=(6, 4.2))
     for s in strategies:
         pts = [(r["seq_len"], r["measured_s"]) for r in timing if r["strategy"] == s]
         ax.plot(*zip(*pts), marker="o", label=s)
-    ax.set(xscale="log", yscale="log", xlabel="global tokens", ylabel="fwd + bwd seconds",
-           title=f"time vs sequence length ({results['config']['nproc']} ranks)")
+    lengths = sorted({r["seq_len"] for r in timing})
+    ax.set(xscale="log", yscale="log", xlabel="global sequence length (tokens)", ylabel="forward + backward (s)",
+           title=f"time vs sequence length, {cfg['nproc']} ranks\n{what}")
+    ax.set_xticks(lengths, [_tokens(n) for n in lengths])
     ax.legend()
     save(fig, "time_vs_seq.png")
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, ax = plt.subplots(figsize=(6, 4.2))
     for s in strategies:
         pts = [(r["world"], r["peak_mem_per_rank"] / 2**20) for r in memory if r["strategy"] == s]
         ax.plot(*zip(*pts), marker="o", label=s)
-    ax.set(xlabel="ranks", ylabel="peak MiB per rank", title="memory per rank vs world size")
+    worlds = sorted({r["world"] for r in memory})
+    ax.set_xticks(worlds, [str(g) for g in worlds])  # world sizes are whole ranks
+    ax.set(xlabel="world size (ranks)", ylabel="peak memory per rank (MiB)",
+           title=f"memory per rank vs world size, {_tokens(cfg.get('memory_seq_len', 0))} tokens\n{what}")
     ax.legend()
     save(fig, "memory_vs_world.png")
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, ax = plt.subplots(figsize=(6, 4.2))
     longest = max(r["seq_len"] for r in timing)
     rows = [r for r in timing if r["seq_len"] == longest]
     ax.bar([r["strategy"] for r in rows], [r["sent_per_rank"] / 2**20 for r in rows])
-    ax.set(ylabel="MiB sent per rank (fwd + bwd)", title=f"bytes per rank, {longest} tokens")
+    ax.set(xlabel="strategy", ylabel="sent per rank, forward + backward (MiB)",
+           title=f"bytes sent per rank, {_tokens(longest)} tokens, {cfg['nproc']} ranks\n{what}")
     save(fig, "bytes_per_rank.png")
 
-    fig, ax = plt.subplots(figsize=(4.5, 4.2))
+    fig, ax = plt.subplots(figsize=(5.5, 5))
     for s in strategies:
         pts = [(r["predicted_s"], r["measured_s"]) for r in timing if r["strategy"] == s]
         ax.scatter(*zip(*pts), label=s)
@@ -149,7 +184,10 @@ def _plots(outdir: str, results: dict, strategies) -> list[str]:
     hi = max(max(r["predicted_s"], r["measured_s"]) for r in timing)
     ax.plot([lo, hi], [lo, hi], "k--", lw=1)
     ax.fill_between([lo, hi], [0.75 * lo, 0.75 * hi], [1.25 * lo, 1.25 * hi], color="grey", alpha=0.2, label="±25%")
-    ax.set(xscale="log", yscale="log", xlabel="predicted s", ylabel="measured s", title="planner vs measurement")
+    ax.set(xscale="log", yscale="log", xlabel="predicted forward + backward (s)",
+           ylabel="measured forward + backward (s)",
+           title=f"planner vs measurement, {cfg['nproc']} ranks, {_tokens(lengths[0])}-{_tokens(lengths[-1])} "
+                 f"tokens\n{what}")
     ax.legend()
     save(fig, "predicted_vs_measured.png")
     return made

@@ -60,20 +60,20 @@ def _identity(cfg) -> dict:
 def check_resumable(cfg) -> None:
     """Raise ValueError if --resume-step cannot be honoured (runs before any process starts)."""
     if not cfg.checkpoint_dir:
-        raise ValueError("--resume-step needs --checkpoint-dir")
+        raise ValueError("--resume-step: needs --checkpoint-dir (where the checkpoints are)")
     if not 0 < cfg.resume_step <= cfg.steps:
-        raise ValueError(f"--resume-step {cfg.resume_step} must lie in 1..--steps ({cfg.steps})")
+        raise ValueError(f"--resume-step: {cfg.resume_step} must lie in 1..--steps ({cfg.steps})")
     if not os.path.exists(os.path.join(step_dir(cfg.checkpoint_dir, cfg.resume_step), META)):
         have = sorted(d for d in os.listdir(cfg.checkpoint_dir) if d.startswith("step-")) \
             if os.path.isdir(cfg.checkpoint_dir) else []
-        raise ValueError(f"no checkpoint for step {cfg.resume_step} in {cfg.checkpoint_dir!r} "
+        raise ValueError(f"--resume-step: no checkpoint for step {cfg.resume_step} in {cfg.checkpoint_dir!r} "
                          f"(found: {', '.join(have) or 'none'})")
     saved = read_meta(cfg.checkpoint_dir, cfg.resume_step)["identity"]
     mine = _identity(cfg)
     for key in MUST_MATCH:
         if saved.get(key) != mine[key]:
-            raise ValueError(f"the checkpoint in {cfg.checkpoint_dir!r} is from another config: {key} was "
-                             f"{saved.get(key)!r}, this run has {mine[key]!r}")
+            raise ValueError(f"--resume-step: the checkpoint in {cfg.checkpoint_dir!r} is from another config: "
+                             f"{key} was {saved.get(key)!r}, this run has {mine[key]!r}")
 
 
 def save_checkpoint(cfg, step: int, model, optimizer) -> str:

@@ -43,7 +43,7 @@ class TrainConfig:
     warmup: int = 2
     weight_decay: float = 0.1
     metrics: str | None = None
-    peak_flops: float = 0.0  # per device, for MFU; 0 = measure nothing, report mfu as 0
+    peak_flops: float = 0.0  # per device, for MFU; 0 = unknown: mfu is None (n/a)
     dp: int = 1  # data-parallel replicas; sequence-parallel ranks = world / dp
     fsdp: str = "none"  # none | dp | mesh (engine/parallel.py)
     cpu_offload: bool = False
@@ -57,31 +57,86 @@ class TrainConfig:
     progress: bool = True
 
     def check(self, world: int) -> None:
-        """Errors a run would otherwise hit only after starting (every rank raises alike)."""
-        if self.model not in PRESETS:
-            raise ValueError(f"unknown model {self.model!r}; presets: {tuple(PRESETS)}")
+        """Errors a run would otherwise hit only after starting (every rank raises alike), before any
+        process starts. Each ValueError names its command-line option first: "--dp: ...".
+        """
+        self._check_values()
         if self.dp < 1 or world % self.dp:
-            raise ValueError(f"--dp {self.dp} must divide the world size {world}")
+            raise ValueError(f"--dp: {self.dp} does not divide the world of {world} ranks "
+                             f"(sequence-parallel ranks = world / dp)")
         sp = world // self.dp
         need = sp * local_multiple(self.layout)
-        if self.seq_len <= 0 or self.seq_len % need:
-            raise ValueError(f"--seq-len {self.seq_len} must be a positive multiple of {need} "
-                             f"(layout {self.layout!r} on {sp} sequence-parallel ranks)")
-        if self.seq_len > PRESETS[self.model].max_seq_len:
-            raise ValueError(f"--seq-len {self.seq_len} exceeds model {self.model!r}'s "
-                             f"{PRESETS[self.model].max_seq_len} positions")
-        if self.data != "synthetic" and not os.path.exists(self.data):
-            raise ValueError(f"--data {self.data!r}: no such file (or use 'synthetic')")
-        if self.steps < 1 or self.batch < 1:
-            raise ValueError("--steps and --batch must be at least 1")
-        check_sharding(self.fsdp, self.cpu_offload)
-        check_settings(self.checkpointing, self.checkpoint_split, self.ffn_chunk)
-        if self.checkpoint_every < 0 or (self.checkpoint_every and not self.checkpoint_dir):
-            raise ValueError("--checkpoint-every needs --checkpoint-dir (and must be >= 0)")
+        if self.seq_len % need:
+            raise ValueError(f"--seq-len: {self.seq_len} does not split over {sp} sequence-parallel ranks with "
+                             f"layout {self.layout!r} (use a multiple of {need})")
+        preset = PRESETS[self.model]
+        if self.seq_len > preset.max_seq_len:
+            raise ValueError(f"--seq-len: {self.seq_len} exceeds model {self.model!r}'s {preset.max_seq_len} positions")
+        self._check_attention(sp, preset)
+        self._check_data(preset.vocab_size)
+        try:
+            check_sharding(self.fsdp, self.cpu_offload)
+        except ValueError as err:
+            option = "--cpu-offload" if str(err).startswith("--cpu-offload") else "--fsdp"
+            raise ValueError(f"{option}: {str(err).removeprefix(option + ' ')}") from None
         if self.resume_step is not None:
             from .resume import check_resumable
 
             check_resumable(self)
+
+    def _check_values(self) -> None:
+        """Each setting on its own."""
+        if self.model not in PRESETS:
+            raise ValueError(f"--model: unknown preset {self.model!r} (presets: {', '.join(PRESETS)})")
+        for option, value in (("--steps", self.steps), ("--batch", self.batch), ("--seq-len", self.seq_len)):
+            if value < 1:
+                raise ValueError(f"{option}: must be at least 1, got {value}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"--lr: must be a positive number, got {self.lr}")
+        for option, value in (("--warmup", self.warmup), ("--peak-flops", self.peak_flops),
+                              ("--checkpoint-every", self.checkpoint_every), ("--ffn-chunk", self.ffn_chunk),
+                              ("weight_decay", self.weight_decay)):
+            if not value >= 0:
+                raise ValueError(f"{option}: must be 0 or more, got {value}")
+        for option, settings in (("--checkpointing", (self.checkpointing, 0.5, 0)),
+                                 ("--checkpoint-split", ("none", self.checkpoint_split, 0))):
+            try:
+                check_settings(*settings)
+            except ValueError as err:
+                raise ValueError(f"{option}: {err}") from None
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ValueError("--checkpoint-every: needs --checkpoint-dir (where to write them)")
+
+    def _check_attention(self, sp: int, preset) -> None:
+        """The strategy takes the model's causal attention in this layout (burst.attention's checks)."""
+        from ..plan.takes import check_call
+
+        try:
+            check_call(sp, self.seq_len, preset.heads, preset.kv_heads, preset.head_dim, strategy=self.strategy,
+                       layout=self.layout, batch=self.batch, causal=True)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"--strategy: {err}") from None
+
+    def _check_data(self, vocab: int) -> None:
+        if self.data == "synthetic":
+            return
+        if not os.path.isfile(self.data):
+            raise ValueError(f"--data: {self.data!r} is not a file (a token file, a text file, or 'synthetic')")
+        count = token_count(self.data)
+        if count < self.seq_len + 1:
+            raise ValueError(f"--data: {self.data!r} holds {count} tokens, fewer than --seq-len + 1 = "
+                             f"{self.seq_len + 1} (a longer file, or a shorter --seq-len)")
+
+
+def token_dtype(path: str):
+    """How a token file stores its ids: .u32.bin uint32, other .bin uint16, anything else bytes."""
+    if path.endswith(".u32.bin"):
+        return np.uint32
+    return np.uint16 if path.endswith(".bin") else np.uint8
+
+
+def token_count(path: str) -> int:
+    return os.path.getsize(path) // np.dtype(token_dtype(path)).itemsize
 
 
 class TokenSource:
@@ -91,16 +146,12 @@ class TokenSource:
         self.cfg, self.vocab = cfg, vocab
         if cfg.data == "synthetic":
             self.tokens = None
-        elif cfg.data.endswith(".bin"):
-            dtype = np.uint32 if os.path.getsize(cfg.data) % 4 == 0 and cfg.data.endswith(".u32.bin") else np.uint16
-            self.tokens = torch.from_numpy(np.fromfile(cfg.data, dtype=dtype).astype(np.int64))
-        else:  # a text file, byte-level
-            with open(cfg.data, "rb") as f:
-                self.tokens = torch.tensor(list(f.read()), dtype=torch.long)
+        else:  # a token file, or a text file as byte-level tokens
+            self.tokens = torch.from_numpy(np.fromfile(cfg.data, dtype=token_dtype(cfg.data)).astype(np.int64))
         if self.tokens is not None and self.tokens.numel() < cfg.seq_len + 1:
-            raise ValueError(f"--data {cfg.data!r} holds {self.tokens.numel()} tokens, fewer than seq_len + 1")
+            raise ValueError(f"--data: {cfg.data!r} holds {self.tokens.numel()} tokens, fewer than --seq-len + 1")
         if self.tokens is not None and int(self.tokens.max()) >= vocab:
-            raise ValueError(f"--data {cfg.data!r} has token ids up to {int(self.tokens.max())}, "
+            raise ValueError(f"--data: {cfg.data!r} has token ids up to {int(self.tokens.max())}, "
                              f"beyond the model's vocabulary of {vocab}")
 
     def batch(self, step: int, replica: int = 0) -> torch.Tensor:
@@ -156,7 +207,7 @@ def train_step(model, optimizer, tokens: torch.Tensor, cfg: TrainConfig, par: Pa
 
 def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
     """The training loop on this rank; returns (and on rank 0 writes) the per-step metrics."""
-    from .resume import load_checkpoint, save_checkpoint
+    from .resume import load_checkpoint, save_checkpoint, step_dir
 
     cfg.check(world)
     par = setup(cfg.dp, cfg.fsdp)
@@ -165,6 +216,8 @@ def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
     first = 0
     if cfg.resume_step is not None:
         first = load_checkpoint(cfg, model, optimizer)
+        if rank == 0:
+            _say(None, f"resumed from {step_dir(cfg.checkpoint_dir, first)} ({cfg.steps - first} step(s) to go)")
     data = TokenSource(cfg, model.cfg.vocab_size)
     tokens_per_device = cfg.batch * cfg.seq_len / par.sp
     flops_per_token = 6 * model.cfg.parameters() + 6 * model.cfg.layers * model.cfg.dim * cfg.seq_len  # causal attn
@@ -179,16 +232,18 @@ def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
         elapsed = time.perf_counter() - start
         row = {"step": step, "loss": loss, "lr": learning_rate(cfg, step), "step_s": elapsed,
                "tokens_per_s_per_device": tokens_per_device / elapsed,
-               "mfu": flops_per_token * tokens_per_device / elapsed / cfg.peak_flops if cfg.peak_flops else 0.0,
+               "mfu": flops_per_token * tokens_per_device / elapsed / cfg.peak_flops if cfg.peak_flops else None,
                "peak_mem_bytes": peak_memory_bytes()}
         rows.append(row)
-        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-            save_checkpoint(cfg, step + 1, model, optimizer)
         if rank == 0:
             _report(bar, row)
             if out:
                 out.write(json.dumps(row) + "\n")
                 out.flush()
+        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+            path = save_checkpoint(cfg, step + 1, model, optimizer)
+            if rank == 0:
+                _say(bar, f"saved checkpoint {path}")
     if bar is not None:
         bar.close()
     if out:
@@ -206,14 +261,28 @@ def peak_memory_bytes() -> int:
 def _progress(cfg: TrainConfig, first: int):
     if not cfg.progress or not sys.stderr.isatty():
         return None  # a line per step (logs, CI) instead of a redrawn bar
+    import threading
+
     from tqdm import tqdm
 
+    # tqdm's default lock holds a multiprocessing semaphore, which a rank leaving with os._exit never
+    # releases: the resource tracker then warned of a leaked semaphore after every run.
+    tqdm.set_lock(threading.RLock())
     return tqdm(total=cfg.steps, initial=first, desc="burst train", unit="step", file=sys.stderr, dynamic_ncols=True)
 
 
+def _say(bar, text: str) -> None:
+    """A line of news (a checkpoint saved or resumed) above the bar, or on stderr."""
+    if bar is None:
+        print(f"burst train: {text}", file=sys.stderr, flush=True)
+    else:
+        bar.write(f"burst train: {text}", file=sys.stderr)
+
+
 def _report(bar, row: dict) -> None:
+    mfu = "n/a" if row["mfu"] is None else f"{row['mfu']:.1%}"
     facts = dict(loss=f"{row['loss']:.4f}", tok_s_dev=f"{row['tokens_per_s_per_device']:.0f}",
-                 mfu=f"{row['mfu']:.1%}", peak_mem=f"{row['peak_mem_bytes'] / 2**20:.0f}MiB")
+                 mfu=mfu, peak_mem=f"{row['peak_mem_bytes'] / 2**20:.0f}MiB")
     if bar is None:
         print(f"step {row['step']} " + " ".join(f"{k} {v}" for k, v in facts.items()), flush=True)
     else:

@@ -14,12 +14,24 @@ from __future__ import annotations
 
 from .cost import STRATEGIES, Cluster, Estimate, Workload, estimate
 from .profiles import PROFILES, Profile, profile
+from .takes import check_call, check_split, refusal
 
 
 def plan(cluster: Cluster, workload: Workload, strategies=None) -> list[Estimate]:
-    """Every modelled strategy's estimate, fitting ones first, fastest first."""
-    rows = [estimate(s, cluster, workload) for s in (strategies or STRATEGIES)]
+    """Every modelled strategy's estimate, fitting ones first, fastest first. A strategy that
+    burst.attention would refuse for this workload (distflash on a zigzag layout, ulysses on heads
+    that do not split) does not fit, and its note says why."""
+    rows = [_mark_refusal(estimate(s, cluster, workload), cluster, workload) for s in (strategies or STRATEGIES)]
     return sorted(rows, key=lambda e: (not e.fits, e.wall_s))
+
+
+def _mark_refusal(est: Estimate, cluster: Cluster, w: Workload) -> Estimate:
+    name = est.strategy.replace("-double-ring", "")
+    why = refusal(name, cluster.gpus, w.seq_len, w.heads, w.kv_heads, w.head_dim, w.layout, w.causal)
+    if why is not None:
+        est.fits = False
+        est.note = "burst.attention refuses: " + why.split(";")[0]
+    return est
 
 
 def choose(cluster: Cluster, workload: Workload, candidates) -> str:
@@ -70,5 +82,5 @@ def auto_choice(candidates, call, q, k) -> str:
     return choose(cluster, workload, candidates)
 
 
-__all__ = ["auto_choice", "device_profile", "plan", "choose", "estimate", "Cluster", "Workload", "Estimate", "Profile", "PROFILES", "profile",
-           "STRATEGIES"]
+__all__ = ["check_call", "check_split", "refusal", "auto_choice", "device_profile", "plan", "choose", "estimate",
+           "Cluster", "Workload", "Estimate", "Profile", "PROFILES", "profile", "STRATEGIES"]

@@ -1,0 +1,274 @@
+"""What every verb shares: one-line usage errors, argument types, file checks, --json, progress.
+
+A bad value ends the command before any process starts, with exit status 2 and one line:
+
+    burst VERB: error: --option: what is wrong (what would be right)
+
+Argument types (positive_int, ...) catch a value on its own at parse time; each verb's
+`validate(args)` checks what depends on several values with the library's own checks (TrainConfig,
+check_request, burst.attention's validation), turning their ValueError into that line with
+`blame("--option")`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+
+DEBUG_ENV = "BURST_DEBUG"
+
+
+class UsageError(SystemExit):
+    """A bad argument: exit status 2; str() is the one line printed (`burst VERB: error: ...`)."""
+
+    def __init__(self, line: str):
+        super().__init__(2)
+        self.line = line
+
+    def __str__(self) -> str:
+        return self.line
+
+
+class BadOption(Exception):
+    """Raised by a verb's validation: `option` (e.g. "--lr") and what is wrong with it."""
+
+    def __init__(self, option: str, problem: str):
+        super().__init__(f"{option}: {problem}")
+        self.option, self.problem = option, problem
+
+
+@contextlib.contextmanager
+def blame(option: str):
+    """Turn a library check's ValueError (or OSError) inside the block into a BadOption for `option`.
+
+    A message that already starts with an option ("--dp: ...") keeps the option it names."""
+    try:
+        yield
+    except (ValueError, OSError) as err:
+        text = str(err)
+        named, sep, rest = text.partition(": ")
+        if sep and named.startswith("--") and " " not in named:
+            raise BadOption(named, rest) from err
+        raise BadOption(option, text) from err
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (`burst VERB: error: --option: ...`, exit 2) and defaults in --help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: error: {message.replace('argument ', '', 1)}")
+
+
+def debug_wanted(args) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+# --- argument types: a value on its own ---------------------------------------------------------
+
+
+def _number(kind, text: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _number(int, text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    value = _number(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(float, text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    value = _number(float, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    """A probability mass in (0, 1] (top-p)."""
+    value = _number(float, text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1], got {text}")
+    return value
+
+
+def int_pair(text: str) -> tuple[int, int]:
+    """LEFT,RIGHT as two ints (a sliding window; -1 = unbounded)."""
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT (two ints, -1 = unbounded), got {text!r}")
+    left, right = (_number(int, p) for p in parts)
+    if left < -1 or right < -1:
+        raise argparse.ArgumentTypeError(f"each side must be -1 (unbounded) or 0 or more, got {text!r}")
+    return left, right
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated positive ints."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected comma-separated positive integers, got nothing")
+    return tuple(positive_int(p) for p in text.split(","))
+
+
+def name_list(choices) -> callable:
+    """Comma-separated names, each one of `choices` (any case)."""
+    by_lower = {c.lower(): c for c in choices}
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = [p.strip() for p in text.split(",") if p.strip()]
+        if not names:
+            raise argparse.ArgumentTypeError(f"expected comma-separated names of {', '.join(choices)}, got nothing")
+        for name in names:
+            if name.lower() not in by_lower:
+                raise argparse.ArgumentTypeError(f"unknown name {name!r} (choose from {', '.join(choices)})")
+        return tuple(by_lower[n.lower()] for n in names)
+
+    return parse
+
+
+def any_case(choices) -> callable:
+    """One of `choices`, in any case (`--profile h100`)."""
+    by_lower = {c.lower(): c for c in choices}
+
+    def parse(text: str) -> str:
+        if text.lower() not in by_lower:
+            raise argparse.ArgumentTypeError(f"unknown {text!r} (choose from {', '.join(choices)})")
+        return by_lower[text.lower()]
+
+    return parse
+
+
+# --- arguments several verbs take ---------------------------------------------------------------
+
+
+def add_common(p: argparse.ArgumentParser, world: bool = True, default_nproc: int = 2) -> None:
+    """--json PATH, --debug, and (for verbs that start a world) --nproc."""
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="also write the results as JSON to PATH ('-' or no PATH: to stdout, instead of the table)")
+    if world:
+        p.add_argument("--nproc", type=positive_int, default=default_nproc,
+                       help="local processes to spawn (ignored under torchrun, which gives the world)")
+    p.add_argument("--debug", action="store_true",
+                   help=f"on a failure print the full traceback (also {DEBUG_ENV}=1)")
+
+
+def world_size(args) -> int:
+    """The world the command will run on: torchrun's, else --nproc."""
+    from ..launch import under_torchrun
+
+    return int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.nproc
+
+
+def is_reporting_rank() -> bool:
+    """Rank 0 of torchrun's world, or the launching process: the one that prints."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+# --- files -------------------------------------------------------------------------------------
+
+
+def check_readable_file(option: str, path: str) -> None:
+    if not os.path.exists(path):
+        raise BadOption(option, f"{path!r} does not exist")
+    if os.path.isdir(path):
+        raise BadOption(option, f"{path!r} is a directory (expected a file)")
+    if not os.access(path, os.R_OK):
+        raise BadOption(option, f"{path!r} is not readable")
+
+
+def check_writable_file(option: str, path: str | None) -> None:
+    """A file we may create or overwrite ('-' is stdout), without creating it."""
+    if path is None or path == "-":
+        return
+    if os.path.isdir(path):
+        raise BadOption(option, f"{path!r} is a directory (expected a file path)")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise BadOption(option, f"the directory {folder!r} does not exist (create it first)")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise BadOption(option, f"{path!r} is not writable")
+
+
+def check_writable_dir(option: str, path: str) -> None:
+    """A directory that exists and is writable, or that we may create (its nearest existing
+    ancestor is a writable directory)."""
+    here = os.path.abspath(path)
+    if os.path.exists(here) and not os.path.isdir(here):
+        raise BadOption(option, f"{path!r} is a file (expected a directory)")
+    while not os.path.exists(here):
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        raise BadOption(option, f"{here!r} is a file, so {path!r} cannot be created")
+    if not os.access(here, os.W_OK):
+        raise BadOption(option, f"{here!r} is not writable")
+
+
+def write_json(path: str, value) -> None:
+    """`value` as JSON to `path`, or to stdout for '-'."""
+    text = json.dumps(value, indent=1)
+    if path == "-":
+        print(text)
+        return
+    with open(path, "w") as f:
+        f.write(text + "\n")
+
+
+def progress(total: int, desc: str, unit: str):
+    """A step callback: a tqdm bar on a terminal, else one line per item on stderr.
+
+    step(label) marks one item done; step.close() ends the bar."""
+    if sys.stderr.isatty():
+        import threading
+
+        from tqdm import tqdm
+
+        tqdm.set_lock(threading.RLock())  # no multiprocessing lock: none is left to leak at exit
+        bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+        def step(label: str) -> None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+
+        step.close = bar.close
+        return step
+    count = [0]
+
+    def line(label: str) -> None:
+        count[0] += 1
+        print(f"{desc}: [{count[0]}/{total}] {label}", file=sys.stderr, flush=True)
+
+    line.close = lambda: None
+    return line
+
+
+def note(desc: str, text: str) -> None:
+    """A line of feedback on stderr (the table or JSON stays alone on stdout)."""
+    print(f"{desc}: {text}", file=sys.stderr, flush=True)

@@ -1,0 +1,111 @@
+"""`burst train`: the LLaMA-style model, sequence-parallel, on a local world or torchrun's."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .common import (BadOption, add_common, any_case, blame, check_readable_file, check_writable_dir,
+                     check_writable_file, nonnegative_float, nonnegative_int, positive_float, positive_int,
+                     world_size)
+
+LAYOUTS = ("contiguous", "zigzag", "striped")
+
+
+def add_parser(sub) -> None:
+    from ..api import STRATEGY_NAMES
+    from ..engine.model import PRESETS
+    from ..engine.train import TrainConfig
+
+    d = TrainConfig()
+    p = sub.add_parser("train", help="train the LLaMA-style model sequence-parallel (a local world or torchrun's)",
+                       description="Train the engine's LLaMA-style model with attention split over the ranks; "
+                                   "one JSON line per step with --metrics, checkpoints with --checkpoint-dir.")
+    p.add_argument("--model", type=any_case(sorted(PRESETS)), default=d.model,
+                   help=f"model preset: {', '.join(sorted(PRESETS))}")
+    p.add_argument("--seq-len", type=positive_int, default=d.seq_len,
+                   help="global tokens per sequence (a multiple of the sequence-parallel ranks; x2 for zigzag)")
+    p.add_argument("--batch", type=positive_int, default=d.batch, help="sequences per data-parallel replica per step")
+    p.add_argument("--steps", type=positive_int, default=d.steps, help="optimizer steps in all (a resumed run too)")
+    p.add_argument("--seed", type=nonnegative_int, default=d.seed, help="seeds the weights and the data")
+    p.add_argument("--data", default=d.data,
+                   help="'synthetic', a token file (.bin: uint16, .u32.bin: uint32) or a text file (bytes)")
+    p.add_argument("--strategy", type=any_case(STRATEGY_NAMES), default=d.strategy,
+                   help=f"attention strategy: {', '.join(STRATEGY_NAMES)}")
+    p.add_argument("--layout", type=any_case(LAYOUTS), default=d.layout,
+                   help=f"how each sequence is split over the ranks: {', '.join(LAYOUTS)}")
+    p.add_argument("--lr", type=positive_float, default=d.lr, help="peak learning rate (AdamW)")
+    p.add_argument("--warmup", type=nonnegative_int, default=d.warmup,
+                   help="steps of linear warm-up before the cosine decay")
+    p.add_argument("--peak-flops", type=nonnegative_float, default=d.peak_flops,
+                   help="per-device peak FLOP/s for MFU; 0 = unknown (mfu n/a)")
+    p.add_argument("--metrics", default=None, metavar="PATH", help="write one JSON object per step to this file")
+    p.add_argument("--dp", type=positive_int, default=d.dp,
+                   help="data-parallel replicas (sequence-parallel ranks = world / dp)")
+    p.add_argument("--fsdp", type=any_case(("none", "dp", "mesh")), default=d.fsdp,
+                   help="FSDP2 parameter sharding: none, over the dp dimension, or over every rank (mesh)")
+    p.add_argument("--cpu-offload", action="store_true", help="FSDP2 CPU offload of parameters and optimizer state")
+    p.add_argument("--checkpointing", type=any_case(("none", "full", "remat", "selective")), default=d.checkpointing,
+                   help="activation checkpointing: none, full (per layer), remat (DistFlashAttn's, at the "
+                        "attention output), selective (BurstEngine's sequence-level)")
+    p.add_argument("--checkpoint-split", type=float, default=d.checkpoint_split,
+                   help="selective: the fraction of the sequence whose attention is recomputed, in [0, 1]")
+    p.add_argument("--ffn-chunk", type=nonnegative_int, default=d.ffn_chunk,
+                   help="blockwise feedforward: tokens per chunk (0 = off)")
+    p.add_argument("--no-fused-loss", dest="fused_loss", action="store_false",
+                   help="build the logits (the baseline of the fused LM head + loss)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="a line per step instead of a bar")
+    p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="where checkpoints are written and read (torch.distributed.checkpoint)")
+    p.add_argument("--checkpoint-every", type=nonnegative_int, default=0,
+                   help="write a checkpoint every K steps (0 = never; needs --checkpoint-dir)")
+    p.add_argument("--resume-step", type=positive_int, default=None,
+                   help="resume from the checkpoint written after K steps")
+    add_common(p)
+
+
+def config(args):
+    from dataclasses import fields
+
+    from ..engine.train import TrainConfig
+
+    keys = {f.name for f in fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in keys})
+
+
+def validate(args) -> None:
+    if args.json is not None:
+        check_writable_file("--json", args.json)
+    if args.metrics is not None:
+        check_writable_file("--metrics", args.metrics)
+    if args.data != "synthetic":
+        check_readable_file("--data", args.data)
+    if args.checkpoint_dir is not None:
+        if args.resume_step is not None and not os.path.isdir(args.checkpoint_dir):
+            raise BadOption("--checkpoint-dir", f"{args.checkpoint_dir!r} is not a directory (nothing to resume)")
+        check_writable_dir("--checkpoint-dir", args.checkpoint_dir)
+    with blame("--nproc"):  # each of TrainConfig's errors names its own option
+        config(args).check(world_size(args))
+
+
+def run(args) -> int:
+    from dataclasses import asdict
+
+    from ..launch import run_world
+    from .common import is_reporting_rank, write_json
+
+    cfg = config(args)
+    if cfg.resume_step is not None and cfg.resume_step == cfg.steps:
+        print(f"burst train: nothing left to train: the checkpoint after step {cfg.resume_step} in "
+              f"{cfg.checkpoint_dir} is the last of --steps {cfg.steps}", file=sys.stderr)
+        return 0
+    rows = run_world(_train_on_rank, asdict(cfg), nproc=args.nproc)
+    if is_reporting_rank() and args.json:
+        write_json(args.json, rows)
+    return 0
+
+
+def _train_on_rank(rank, world, cfg_dict):
+    from ..engine.train import TrainConfig, train
+
+    return train(rank, world, TrainConfig(**cfg_dict))

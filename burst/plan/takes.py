@@ -1,0 +1,56 @@
+"""Which calls a strategy takes, decided by burst.attention's own validation without a world.
+
+    check_call(world=8, seq_len=1 << 20, heads=32, kv_heads=8, head_dim=128, strategy="distflash",
+               layout="zigzag", causal=True)   # ValueError: distflash supports layout='contiguous' ...
+
+The CLI checks its arguments with it before any process starts, and the planner marks the
+strategies that would refuse the workload. The shards are zero-size stand-ins of the right shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..layout import check_layout, local_multiple
+
+
+def check_split(seq_len: int, world: int, layout: str) -> None:
+    """Raise ValueError unless `seq_len` tokens split evenly over `world` ranks in `layout`."""
+    check_layout(layout)
+    need = world * local_multiple(layout)
+    if seq_len < 1 or seq_len % need:
+        raise ValueError(f"{seq_len} tokens do not split over {world} ranks with layout {layout!r} "
+                         f"(use a positive multiple of {need})")
+
+
+def check_call(world: int, seq_len: int, heads: int, kv_heads: int | None, head_dim: int,
+               strategy: str = "burst", layout: str = "contiguous", batch: int = 1, dtype: str = "float32",
+               causal: bool = False, window=None, cu_seqlens=None, block_sparse=None, **options) -> str:
+    """Raise ValueError (or TypeError) for a call burst.attention would refuse on `world` ranks
+    sharing `seq_len` tokens; returns the strategy it would run ("auto" resolved)."""
+    from .. import api
+    from ..comm.topology import Topology
+
+    check_split(seq_len, world, layout)
+    torch_dtype = getattr(torch, dtype)
+    local = seq_len // world
+    q = torch.empty((), dtype=torch_dtype).expand(batch, local, heads, head_dim)
+    k = torch.empty((), dtype=torch_dtype).expand(batch, local, kv_heads or heads, head_dim)
+    # A topology of one rank per node: without a process group the library sees a world of one,
+    # so a real topology is checked apart (burst.Topology.check) against the real world.
+    name, _ = api._prepare_call(q, k, k, None, 0, world, strategy, layout, causal, window, None, cu_seqlens,
+                                block_sparse, options, Topology(local_world_size=1))
+    return name
+
+
+def refusal(strategy: str, world: int, seq_len: int, heads: int, kv_heads: int | None, head_dim: int,
+            layout: str, causal: bool) -> str | None:
+    """Why burst.attention's `strategy` would refuse this workload (None when it takes it). The
+    sequence is rounded up to a length the layout splits: only the strategy's own limits count."""
+    need = world * local_multiple(layout)
+    even = -(-max(seq_len, 1) // need) * need
+    try:
+        check_call(world, even, heads, kv_heads, head_dim, strategy=strategy, layout=layout, causal=causal)
+    except (ValueError, TypeError) as err:
+        return str(err)
+    return None

@@ -1,0 +1,264 @@
+"""The `burst` command as a new user meets it (issue 24).
+
+Bad values: every verb refuses each class of mistake in this process, before any world starts
+(spawning is made to fail the test), with exit status 2 and one line naming the option. A rank
+that fails inside a world ends every rank promptly, and the launcher reports that rank's line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import burst.bench.harness
+import burst.launch
+from burst.cli import main
+from burst.launch import WorldError, spawn_world
+
+PROMPT_MISSING = "/nonexistent-dir/prompt.txt"
+UNWRITABLE = "/nonexistent-dir/out.json"
+
+
+@pytest.fixture
+def no_world(monkeypatch):
+    """Starting any process fails the test: bad values must be refused before that."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a world was started for a bad value")
+
+    for module in (burst.launch, burst.bench.harness):
+        monkeypatch.setattr(module, "spawn_world", refuse)
+    monkeypatch.setattr(burst.launch, "run_world", refuse)
+
+
+def _refusals(capsys, verb: str, base: list[str], cases: list[tuple[list[str], str]]) -> None:
+    """Each case: extra arguments and the option the one-line error must name."""
+    slowest = 0.0
+    for extra, option in cases:
+        start = time.perf_counter()
+        with pytest.raises(SystemExit) as exited:
+            main([verb, *base, *extra])
+        slowest = max(slowest, time.perf_counter() - start)
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert exited.value.code == 2, (extra, err)
+        assert len(lines) == 1, (extra, err)
+        assert lines[0].startswith(f"burst {verb}: error: {option}: "), (extra, lines[0])
+    assert slowest < 5.0, f"a refusal took {slowest:.1f} s: something heavier than validation ran"
+
+
+def test_train_refuses_bad_values(capsys, no_world, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_bytes(b"only a few bytes")
+    folder_as_file = tmp_path / "a-folder"
+    folder_as_file.mkdir()
+    _refusals(capsys, "train", ["--seq-len", "64"], [
+        (["--steps", "0"], "--steps"),
+        (["--batch", "-2"], "--batch"),
+        (["--nproc", "0"], "--nproc"),
+        (["--seq-len", "x"], "--seq-len"),
+        (["--strategy", "nope"], "--strategy"),
+        (["--strategy", "distflash"], "--strategy"),  # the default zigzag layout
+        (["--lr", "-1"], "--lr"),
+        (["--lr", "nan"], "--lr"),
+        (["--warmup", "-1"], "--warmup"),
+        (["--peak-flops", "-5"], "--peak-flops"),
+        (["--metrics", "/nonexistent-dir/m.jsonl"], "--metrics"),  # used to hang
+        (["--metrics", str(folder_as_file)], "--metrics"),
+        (["--json", UNWRITABLE], "--json"),
+        (["--data", "/nonexistent-dir/data.txt"], "--data"),
+        (["--data", str(short)], "--data"),  # shorter than one sample
+        (["--seq-len", "63"], "--seq-len"),
+        (["--seq-len", str(1 << 21)], "--seq-len"),  # beyond the model's positions
+        (["--dp", "3"], "--dp"),
+        (["--model", "huge"], "--model"),
+        (["--checkpointing", "some"], "--checkpointing"),
+        (["--checkpoint-split", "1.5"], "--checkpoint-split"),
+        (["--checkpoint-every", "2"], "--checkpoint-every"),
+        (["--resume-step", "2"], "--resume-step"),
+        (["--resume-step", "2", "--checkpoint-dir", str(tmp_path / "none")], "--checkpoint-dir"),
+        (["--resume-step", "2", "--checkpoint-dir", str(tmp_path)], "--resume-step"),
+        (["--checkpoint-dir", str(short)], "--checkpoint-dir"),
+        (["--cpu-offload"], "--cpu-offload"),  # needs --fsdp dp or mesh
+        (["--strategy", "ulysses", "--nproc", "3", "--layout", "contiguous", "--seq-len", "66"], "--strategy"),
+    ])
+
+
+def test_generate_refuses_bad_values(capsys, no_world, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    _refusals(capsys, "generate", ["--prompt-len", "32"], [
+        (["--prompt-len", "-5"], "--prompt-len"),
+        (["--new-tokens", "0"], "--new-tokens"),
+        (["--new-tokens", str(1 << 21)], "--new-tokens"),  # prompt + new tokens beyond the model
+        (["--batch", "0"], "--batch"),
+        (["--nproc", "0"], "--nproc"),
+        (["--top-p", "1.5"], "--top-p"),
+        (["--top-p", "0"], "--top-p"),
+        (["--temperature", "-1"], "--temperature"),
+        (["--prompt-file", PROMPT_MISSING], "--prompt-file"),
+        (["--prompt-file", str(empty)], "--prompt-file"),
+        (["--json", UNWRITABLE], "--json"),
+        (["--strategy", "nope"], "--strategy"),
+        (["--strategy", "distflash", "--layout", "zigzag"], "--strategy"),
+        (["--strategy", "ulysses", "--nproc", "3"], "--strategy"),  # 4 heads over 3 ranks
+        (["--checkpoint-dir", str(tmp_path / "none")], "--checkpoint-dir"),
+        (["--checkpoint-dir", str(tmp_path)], "--checkpoint-dir"),  # no checkpoint in it
+        (["--checkpoint-step", "3"], "--checkpoint-step"),
+        (["--model", "huge"], "--model"),
+    ])
+
+
+def test_check_refuses_bad_values(capsys, no_world):
+    _refusals(capsys, "check", ["--seq-len", "32", "--heads", "2", "--head-dim", "16"], [
+        (["--seq-len", "0"], "--seq-len"),
+        (["--seq-len", "30"], "--seq-len"),  # not a multiple of 2 x ranks
+        (["--heads", "-1"], "--heads"),
+        (["--nproc", "0"], "--nproc"),
+        (["--strategies", "nope"], "--strategies"),
+        (["--strategies", "distflash", "--layouts", "zigzag"], "--strategies"),  # nothing would run
+        (["--layouts", "diagonal"], "--layouts"),
+        (["--dtype", "float8"], "--dtype"),
+        (["--causal", "maybe"], "--causal"),
+        (["--kv-heads", "3", "--heads", "4"], "--kv-heads"),
+        (["--json", UNWRITABLE], "--json"),
+    ])
+
+
+def test_bench_refuses_bad_values(capsys, no_world, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    _refusals(capsys, "bench", ["--seq-len", "256"], [
+        (["--seq-len", "0"], "--seq-len"),
+        (["--seq-len", "255"], "--seq-len"),  # does not split over 2 ranks
+        (["--heads", "0"], "--heads"),
+        (["--nproc", "0"], "--nproc"),
+        (["--repeats", "-1"], "--repeats"),
+        (["--threads", "0"], "--threads"),
+        (["--strategies", "nope"], "--strategies"),
+        (["--strategies", "distflash", "--causal", "--layout", "zigzag"], "--strategies"),
+        (["--strategies", "distflash"], "--strategies"),  # not causal
+        (["--kv-heads", "3"], "--kv-heads"),
+        (["--inter-node-gbps", "-1"], "--inter-node-gbps"),
+        (["--intra-node-gbps", "0"], "--intra-node-gbps"),
+        (["--ranks-per-node", "3"], "--ranks-per-node"),
+        (["--window", "1"], "--window"),
+        (["--window", "-2,4"], "--window"),
+        (["--block-sparse", "64,2"], "--block-sparse"),
+        (["--documents", "300"], "--documents"),
+        (["--dtype", "float8"], "--dtype"),
+        (["--json", UNWRITABLE], "--json"),
+        (["--report", str(tmp_path / "r"), "--report-seq-lens", "100,0"], "--report-seq-lens"),
+        (["--report", str(tmp_path / "r"), "--report-seq-lens", "101"], "--report-seq-lens"),
+        (["--report", str(a_file / "report")], "--report"),
+        (["--cqs-table2", "4,-1"], "--cqs-table2"),
+    ])
+
+
+def test_plan_refuses_bad_values(capsys, no_world):
+    _refusals(capsys, "plan", ["--gpus", "16", "--seq-len", "65536", "--heads", "32", "--head-dim", "128"], [
+        (["--gpus", "0"], "--gpus"),
+        (["--gpus", "-8"], "--gpus"),
+        (["--gpus-per-node", "3"], "--gpus"),
+        (["--seq-len", "-1"], "--seq-len"),
+        (["--heads", "0"], "--heads"),
+        (["--kv-heads", "5"], "--kv-heads"),
+        (["--layers", "0"], "--layers"),
+        (["--batch", "0"], "--batch"),
+        (["--inter-node-gbps", "-1"], "--inter-node-gbps"),
+        (["--intra-node-gbps", "0"], "--intra-node-gbps"),
+        (["--profile", "X100"], "--profile"),
+        (["--layout", "diagonal"], "--layout"),
+        (["--dtype-bytes", "3"], "--dtype-bytes"),
+        (["--json", UNWRITABLE], "--json"),
+    ])
+
+
+def test_plan_reads_like_it_should(capsys, tmp_path):
+    """Profile names in any case; --json PATH writes rows and - prints them alone; a strategy that
+    cannot take the layout is flagged, not ranked first."""
+    args = ["plan", "--gpus", "8", "--seq-len", "1048576", "--heads", "32", "--head-dim", "128", "--causal",
+            "--profile", "h100", "--layout", "zigzag"]
+    assert main([*args, "--json", str(tmp_path / "rows.json")]) == 0
+    table = capsys.readouterr().out
+    assert "8 x H100" in table
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert rows[0]["fits"] and rows[0]["strategy"] != "distflash"
+    distflash = next(r for r in rows if r["strategy"] == "distflash")
+    assert not distflash["fits"] and "contiguous" in distflash["note"]
+    assert main([*args, "--layout", "contiguous", "--json", "-"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert next(r for r in rows if r["strategy"] == "distflash")["fits"]
+
+
+def test_version_and_help(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.startswith("burst ")
+    for verb in ("bench", "check", "plan", "train", "generate"):
+        with pytest.raises(SystemExit):
+            main([verb, "--help"])
+        text = capsys.readouterr().out
+        assert "--json" in text and "--debug" in text and "(default:" in text, verb
+
+
+def _rank_one_fails(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        raise ValueError("rank one cannot go on")
+    dist.all_reduce(torch.ones(1))  # the others wait here for rank 1, for ever unless the world ends
+    return rank
+
+
+def test_a_failing_rank_ends_the_world_with_its_message():
+    start = time.perf_counter()
+    with pytest.raises(WorldError) as failed:
+        spawn_world(_rank_one_fails, nproc=3, threads=1, timeout=120)
+    elapsed = time.perf_counter() - start
+    assert failed.value.rank == 1 and failed.value.summary == "ValueError: rank one cannot go on"
+    assert "Traceback" in failed.value.details and "_rank_one_fails" in failed.value.details
+    assert elapsed < 60, elapsed  # the start of 3 processes, not the 120 s timeout
+
+
+def test_a_failure_inside_a_train_world_is_one_line(capsys, tmp_path):
+    """Token ids beyond the vocabulary are found by the ranks (reading the whole file is theirs):
+    exit 1, one line naming the rank and the option, no traceback."""
+    data = tmp_path / "tokens.bin"
+    np.full(200, 300, dtype=np.uint16).tofile(data)  # the tiny model's vocabulary is 256
+    assert main(["train", "--seq-len", "64", "--steps", "1", "--nproc", "2", "--data", str(data)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("burst train: error: rank ") and "--data: " in err[0], err
+    assert "beyond the model's vocabulary" in err[0]
+
+
+def test_unwritable_metrics_inside_the_world_ends_it(capsys, tmp_path, monkeypatch):
+    """Rank 0's own open() failing (validation skipped here) used to leave rank 1 waiting for ever;
+    now the world ends, and with --debug the traceback comes before the one line."""
+    from burst.cli import train as train_cli
+
+    monkeypatch.setattr(train_cli, "validate", lambda args: None)
+    start = time.perf_counter()
+    assert main(["train", "--seq-len", "64", "--steps", "2", "--nproc", "2", "--debug",
+                 "--metrics", str(tmp_path / "missing" / "m.jsonl")]) == 1
+    assert time.perf_counter() - start < 120
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert err.strip().splitlines()[-1].startswith("burst train: error: rank 0: FileNotFoundError: ")
+
+
+def test_train_says_when_nothing_is_left(capsys, tmp_path, no_world):
+    step = tmp_path / "step-2"
+    step.mkdir()
+    from burst.engine.resume import _identity
+    from burst.engine.train import TrainConfig
+
+    cfg = TrainConfig(seq_len=64, steps=2, checkpoint_dir=str(tmp_path), resume_step=2)
+    (step / "burst.json").write_text(json.dumps({"step": 2, "identity": _identity(cfg), "config": {}}))
+    assert main(["train", "--seq-len", "64", "--steps", "2", "--checkpoint-dir", str(tmp_path),
+                 "--resume-step", "2"]) == 0
+    assert "nothing left to train" in capsys.readouterr().err
