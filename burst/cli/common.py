@@ -56,11 +56,22 @@ def blame(option: str):
         raise BadOption(option, text) from err
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Each option's sentence, then its default when it has one worth saying."""
+
+    def _get_help_string(self, action):
+        default = action.default
+        if not action.help or default in (None, False, argparse.SUPPRESS) or action.option_strings == ["-h", "--help"]:
+            return action.help
+        shown = ",".join(map(str, default)) if isinstance(default, (tuple, list)) else str(default)
+        return f"{action.help} (default: {shown})".replace("%", "%%")
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors (`burst VERB: error: --option: ...`, exit 2) and defaults in --help."""
 
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
@@ -259,6 +270,7 @@ def progress(total: int, desc: str, unit: str):
 
         step.close = bar.close
         return step
+    print(f"{desc}: {total} {unit}(s) to run", file=sys.stderr, flush=True)
     count = [0]
 
     def line(label: str) -> None:
