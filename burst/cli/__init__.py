@@ -12,7 +12,7 @@ import os
 import sys
 
 from . import bench, check, generate, plan, train
-from .common import BadOption, Parser, UsageError, debug_wanted
+from .common import BadOption, Parser, UsageError, debug_wanted, is_reporting_rank
 
 VERBS = {"bench": bench, "check": check, "plan": plan, "train": train, "generate": generate}
 
@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         except BadOption as bad:
             raise UsageError(f"burst {args.command}: error: {bad.option}: {bad.problem}") from None
     except UsageError as usage:
-        print(usage.line, file=sys.stderr, flush=True)
+        if is_reporting_rank():  # under torchrun every rank refuses alike; one says so
+            print(usage.line, file=sys.stderr, flush=True)
         raise
     return _run(verb, args)
 

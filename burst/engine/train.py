@@ -5,8 +5,10 @@ The world is dp replicas x sp ranks (engine/parallel.py): each sp rank holds 1/s
 sharded by FSDP2. The loss is the fused LM head + cross-entropy over the global tokens; gradients
 are reduced once per step. Activation checkpointing (engine/checkpointing.py: none, full, remat,
 selective) and the blockwise feedforward are settings. AdamW with linear warm-up then cosine
-decay. A progress bar (tqdm) and one JSON line per step (step, loss, tokens_per_s_per_device, mfu,
-peak_mem_bytes); checkpoints with torch.distributed.checkpoint and exact resume (engine/resume.py).
+decay. On stderr a progress bar (tqdm) on a terminal, else a line per step, and a line for each
+checkpoint saved or resumed; one JSON line per step in --metrics (step, loss,
+tokens_per_s_per_device, mfu (None without peak_flops), peak_mem_bytes); checkpoints with
+torch.distributed.checkpoint and exact resume (engine/resume.py).
 """
 
 from __future__ import annotations
@@ -284,7 +286,7 @@ def _report(bar, row: dict) -> None:
     facts = dict(loss=f"{row['loss']:.4f}", tok_s_dev=f"{row['tokens_per_s_per_device']:.0f}",
                  mfu=mfu, peak_mem=f"{row['peak_mem_bytes'] / 2**20:.0f}MiB")
     if bar is None:
-        print(f"step {row['step']} " + " ".join(f"{k} {v}" for k, v in facts.items()), flush=True)
+        print(f"step {row['step']} " + " ".join(f"{k} {v}" for k, v in facts.items()), file=sys.stderr, flush=True)
     else:
         bar.set_postfix(facts, refresh=False)
         bar.update(1)
