@@ -1,7 +1,7 @@
 """burst: exact attention over very long sequences split across devices.
 
 Public names: attention, shard, unshard, CommStats, BlockSparseMask, set_agreement_check, check, Topology (see DESIGN.md);
-also set_agreement_timeout and context_parallel.
+also set_agreement_timeout, context_parallel and DocumentLayout.
 """
 
 from . import cqs
@@ -10,9 +10,9 @@ from .api import attention
 from .comm.stats import CommStats
 from .comm.topology import Topology
 from .context_parallel import context_parallel
-from .layout import shard, unshard
+from .layout import DocumentLayout, shard, unshard
 from .masks import BlockSparseMask
 from .parity import check
 
-__all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask", "set_agreement_check", "set_agreement_timeout", "check", "Topology", "context_parallel"]
+__all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask", "set_agreement_check", "set_agreement_timeout", "check", "Topology", "context_parallel", "DocumentLayout"]
 __version__ = "0.1.0"

@@ -11,7 +11,7 @@ from .call import AttentionCall
 from .comm.topology import Topology, default_world_size
 from .agreement import agree
 from .kernels import select_kernel
-from .layout import LAYOUTS, local_multiple
+from .layout import DOCUMENT_LAYOUTS, DocumentLayout, check_layout, local_multiple, resolve_layout
 from .masks import BlockSparseMask, MaskSpec
 from .strategies import STRATEGIES
 
@@ -25,7 +25,7 @@ def attention(
     v: torch.Tensor,
     group: dist.ProcessGroup | None = None,
     strategy: str = "burst",
-    layout: str = "contiguous",
+    layout="contiguous",
     causal: bool = False,
     window: tuple[int, int] | None = None,
     softmax_scale: float | None = None,
@@ -53,7 +53,9 @@ def attention(
             "cqs" (CQS-Attention; option lost_workers), or "auto" (the fastest strategy that takes
             the call by burst.plan's cost model, for this group, shape and device).
         layout: "contiguous" | "zigzag" | "striped": which global tokens this rank holds
-            (see burst.layout; use burst.shard to cut a full tensor).
+            (see burst.layout; use burst.shard to cut a full tensor). Packed documents cut one by
+            one (the peers' varlen / THD convention): "doc_contiguous" | "doc_zigzag" with
+            cu_seqlens (global, or each rank's local offsets), or a burst.DocumentLayout.
         causal: each query attends keys at global positions <= its own.
         window: (left, right) sliding window in tokens: query i attends keys i-left .. i+right;
             -1 = unbounded on that side (flash_attn's window_size). None = no window.
@@ -152,9 +154,12 @@ def _prepare_call(q, k, v, group, rank, world, strategy, layout, causal, window,
                   block_sparse, options, topology=None) -> tuple[str, AttentionCall]:
     """Validate this rank's arguments (local facts only) and build its AttentionCall."""
     _check_tensors(q, k, v)
+    layout, cu_seqlens = _document_layout(layout, cu_seqlens, world, q.shape[1])
     _check_options(strategy, layout, causal, window, softmax_scale)
     _check_local_length(q.shape[1], layout)
     global_len = q.shape[1] * world
+    if isinstance(layout, DocumentLayout):
+        layout.check(world, global_len)
     _check_documents(cu_seqlens, global_len)
     _check_block_sparse(block_sparse, global_len)
     spec = MaskSpec(causal=causal, window=_normalized_window(window),
@@ -174,6 +179,20 @@ def _prepare_call(q, k, v, group, rank, world, strategy, layout, causal, window,
     if chosen.check is not None:
         chosen.check(call, q, k)
     return name, call
+
+
+def _document_layout(layout, cu_seqlens, world: int, local_len: int):
+    """(layout, global cu_seqlens): a per-document layout named with cu_seqlens (global or the peers'
+    local form) becomes a DocumentLayout, whose documents are also the call's document mask."""
+    if not isinstance(layout, DocumentLayout) and layout not in DOCUMENT_LAYOUTS:
+        return layout, cu_seqlens
+    resolved = resolve_layout(layout, cu_seqlens, world, local_len)
+    if cu_seqlens is not None:
+        given = resolve_layout(f"doc_{resolved.split}", cu_seqlens, world, local_len).cu_seqlens
+        if given != resolved.cu_seqlens:
+            raise ValueError(f"cu_seqlens {list(given)[:6]} differ from the DocumentLayout's documents "
+                             f"{list(resolved.cu_seqlens)[:6]}; pass one of them")
+    return resolved, list(resolved.cu_seqlens)
 
 
 def _resolved_topology(topology) -> Topology:
@@ -252,8 +271,7 @@ def _check_tensors(q, k, v) -> None:
 def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
     if strategy not in STRATEGY_NAMES:
         raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    check_layout(layout)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if window is not None and not (isinstance(window, (tuple, list)) and len(window) == 2

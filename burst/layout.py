@@ -5,6 +5,13 @@ Global token indices held by rank r of G, in local order (DESIGN.md):
 - zigzag:     chunks r and 2G-1-r of 2G equal chunks (burstengine.md eq. 11): balances causal work.
 - striped:    tokens r, r+G, r+2G, ... (burstengine.md eq. 13): balances causal work token by token.
 
+Per document (packed sequences, the peers' convention: ring-flash-attention's varlen functions,
+TransformerEngine's and Megatron's THD format): a `DocumentLayout(cu_seqlens, split)` cuts each
+document on its own, "contiguous" into G equal parts (rank r holds part r of every document) or
+"zigzag" into 2G parts (parts r and 2G-1-r), so every document's causal triangle is split evenly
+whatever the document lengths. Each document's length must be a multiple of G (or 2G). Strings
+"doc_contiguous" / "doc_zigzag" name them where the documents come separately (cu_seqlens=).
+
 A rank's shard is described as a list of `Segment`s, arithmetic runs of global positions, so that
 mask planning (masks.py) can reason about whole runs instead of token by token.
 """
@@ -19,6 +26,8 @@ import torch.distributed as dist
 from .agreement import agree
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
+DOCUMENT_SPLITS = ("contiguous", "zigzag")
+DOCUMENT_LAYOUTS = tuple(f"doc_{split}" for split in DOCUMENT_SPLITS)
 
 
 @dataclass(frozen=True)
@@ -46,19 +55,93 @@ class Segment:
         return Segment(self.local_start + start, stop - start, self.first + self.stride * start, self.stride)
 
 
-def check_layout(layout: str) -> None:
+@dataclass(frozen=True)
+class DocumentLayout:
+    """Packed documents, each cut across the ranks on its own (see the module docstring).
+
+    cu_seqlens: (ndocs + 1,) global offsets from 0 to the packed length. split: "contiguous" (each
+    document in G equal parts) or "zigzag" (2G parts, rank r holding parts r and 2G-1-r).
+    """
+
+    cu_seqlens: tuple[int, ...]
+    split: str = "zigzag"
+
+    def __post_init__(self):
+        if self.split not in DOCUMENT_SPLITS:
+            raise ValueError(f"DocumentLayout split must be one of {DOCUMENT_SPLITS}, got {self.split!r}")
+        cu = tuple(int(x) for x in self.cu_seqlens)
+        if len(cu) < 2 or cu[0] != 0 or any(b <= a for a, b in zip(cu, cu[1:])):
+            raise ValueError(f"DocumentLayout cu_seqlens must rise strictly from 0 (one entry per document "
+                             f"boundary), got {list(cu)[:6]}")
+        object.__setattr__(self, "cu_seqlens", cu)
+
+    @property
+    def parts(self) -> int:
+        """Parts per document and rank: 1 (contiguous) or 2 (zigzag)."""
+        return 2 if self.split == "zigzag" else 1
+
+    def check(self, world: int, seq_len: int) -> None:
+        """Raise ValueError unless these documents cover seq_len tokens and each cuts into its parts."""
+        if self.cu_seqlens[-1] != seq_len:
+            raise ValueError(f"the documents (cu_seqlens ending {self.cu_seqlens[-1]}) must cover the global "
+                             f"sequence of {seq_len} tokens")
+        need = world * self.parts
+        bad = [(i, b - a) for i, (a, b) in enumerate(zip(self.cu_seqlens, self.cu_seqlens[1:])) if (b - a) % need]
+        if bad:
+            i, n = bad[0]
+            raise ValueError(
+                f"layout doc_{self.split} on {world} ranks cuts every document into {need} equal parts: document {i} "
+                f"has {n} tokens ({len(bad)} documents are not multiples of {need}); pad each document to a "
+                f"multiple of {need} (as TransformerEngine requires), or use a layout over the whole sequence")
+
+    def segments(self, rank: int, world: int) -> list[Segment]:
+        out, at = [], 0
+        for start, stop in zip(self.cu_seqlens, self.cu_seqlens[1:]):
+            part = (stop - start) // (world * self.parts)
+            chosen = (rank,) if self.parts == 1 else (rank, 2 * world - 1 - rank)
+            for index in chosen:
+                out.append(Segment(at, part, start + index * part))
+                at += part
+        return out
+
+
+def resolve_layout(layout, cu_seqlens=None, world: int = 1, local_len: int | None = None):
+    """`layout` as the layouts below take it: a name of LAYOUTS, or a DocumentLayout; "doc_contiguous"
+    and "doc_zigzag" become one from cu_seqlens, given over the global sequence or in the peers'
+    local form (each rank's own offsets, ending at local_len: every document is cut alike, so the
+    global offsets are G times the local ones)."""
+    if isinstance(layout, DocumentLayout) or layout not in DOCUMENT_LAYOUTS:
+        return layout
+    if cu_seqlens is None:
+        raise ValueError(f"layout={layout!r} cuts each packed document on its own: pass the documents' cu_seqlens")
+    cu = [int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+    if world > 1 and local_len is not None and cu and cu[-1] == local_len:
+        cu = [x * world for x in cu]  # the local form
+    return DocumentLayout(tuple(cu), layout.removeprefix("doc_"))
+
+
+def check_layout(layout) -> None:
+    if isinstance(layout, DocumentLayout):
+        return
+    if layout in DOCUMENT_LAYOUTS:
+        raise ValueError(f"layout={layout!r} needs the documents: pass burst.DocumentLayout(cu_seqlens, "
+                         f"{layout.removeprefix('doc_')!r}) (or cu_seqlens= to burst.attention)")
     if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        raise ValueError(f"layout must be one of {LAYOUTS + DOCUMENT_LAYOUTS} or a burst.DocumentLayout, "
+                         f"got {layout!r}")
 
 
-def local_multiple(layout: str) -> int:
-    """The local shard length must be a multiple of this (zigzag holds two equal chunks)."""
+def local_multiple(layout) -> int:
+    """The local shard length must be a multiple of this (zigzag holds two equal chunks; a
+    DocumentLayout checks its documents instead: DocumentLayout.check)."""
     return 2 if layout == "zigzag" else 1
 
 
-def segments(layout: str, rank: int, world: int, local_len: int) -> list[Segment]:
+def segments(layout, rank: int, world: int, local_len: int) -> list[Segment]:
     """The runs of global positions held by `rank` when each rank holds `local_len` tokens."""
     check_layout(layout)
+    if isinstance(layout, DocumentLayout):
+        return layout.segments(rank, world)
     if layout == "contiguous":
         return [Segment(0, local_len, rank * local_len)]
     if layout == "zigzag":
@@ -74,7 +157,10 @@ def shard_indices(layout: str, rank: int, world: int, seq_len: int, device=None)
     return torch.cat([s.positions(device) for s in segs])
 
 
-def _check_divisible(layout: str, world: int, seq_len: int) -> None:
+def _check_divisible(layout, world: int, seq_len: int) -> None:
+    if isinstance(layout, DocumentLayout):
+        layout.check(world, seq_len)
+        return
     need = world * local_multiple(layout)
     if seq_len % need:
         raise ValueError(
@@ -105,13 +191,15 @@ def _agree_on_layout(entry: str, x, group, layout: str, dim: int, facts) -> tupl
     return world, rank, dim
 
 
-def shard(x: torch.Tensor, group=None, layout: str = "contiguous", dim: int = 1) -> torch.Tensor:
+def shard(x: torch.Tensor, group=None, layout="contiguous", dim: int = 1, cu_seqlens=None) -> torch.Tensor:
     """This rank's shard of the full tensor `x` along `dim`.
 
-    Every rank must pass the same layout and a tensor of the same length along `dim`: one small
-    collective checks that (see burst.agreement), so a rank that differs raises on every rank
-    instead of holding tokens the others think it does not.
+    layout: a name of LAYOUTS, a DocumentLayout, or "doc_contiguous" / "doc_zigzag" with the
+    documents' global cu_seqlens. Every rank must pass the same layout and a tensor of the same
+    length along `dim`: one small collective checks that (see burst.agreement), so a rank that
+    differs raises on every rank instead of holding tokens the others think it does not.
     """
+    layout = resolve_layout(layout, cu_seqlens)
     world, rank, dim = _agree_on_layout(
         "burst.shard", x, group, layout, dim,
         lambda d: {"layout": layout, "dim": d, "length": x.shape[d], "ndim": x.dim()})
@@ -119,11 +207,14 @@ def shard(x: torch.Tensor, group=None, layout: str = "contiguous", dim: int = 1)
     return x.index_select(dim, idx)
 
 
-def unshard(x_local: torch.Tensor, group=None, layout: str = "contiguous", dim: int = 1) -> torch.Tensor:
+def unshard(x_local: torch.Tensor, group=None, layout="contiguous", dim: int = 1, cu_seqlens=None) -> torch.Tensor:
     """The full tensor from every rank's shard along `dim` (an all-gather; every rank gets it all).
 
-    Every rank must pass the same layout and shards of one shape and dtype (checked first).
+    layout and cu_seqlens as in shard (cu_seqlens global, or local). Every rank must pass the same
+    layout and shards of one shape and dtype (checked first).
     """
+    if isinstance(x_local, torch.Tensor) and -x_local.dim() <= dim < x_local.dim():
+        layout = resolve_layout(layout, cu_seqlens, _world_and_rank(group)[0], x_local.shape[dim])
     world, rank, dim = _agree_on_layout(
         "burst.unshard", x_local, group, layout, dim,
         lambda d: {"layout": layout, "dim": d, "shape": tuple(x_local.shape), "dtype": str(x_local.dtype)})
