@@ -211,7 +211,7 @@ def test_packed_documents_and_sliding_window(world):
 def test_unsupported_raises_on_every_rank():
     expected = {"padding on one rank": "padding", "padding in shard_batch": "padding",
                 "output_attentions": "output_attentions", "default positions": "global positions",
-                "cached decoding": "burst generate", "dropout": "dropout"}
+                "cached decoding": "ShardedCache", "dropout": "dropout"}
     for rank, results in enumerate(_results(2)):
         errors = results["errors"]
         for case, words in expected.items():

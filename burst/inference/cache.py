@@ -84,7 +84,8 @@ class ShardedKVCache:
         self.decoded += 1
 
     # -- reading -------------------------------------------------------------------------------
-    def keys_values(self, layer: int, since: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def keys_values(self, layer: int, since: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(k, v, valid) of the entries this rank holds for `layer` (k, v views, no copy).
 
         since: (batch,) the oldest global position each row may attend (a sliding window), or None:

@@ -99,6 +99,9 @@ def burst_attention_forward(module, query, key, value, attention_mask, dropout: 
     this rank's shard. Returns (out (batch, seq_local, heads, head_dim), None).
     """
     name, backend = _backend_of(module)
+    from . import transformers_generate  # generate(): decode steps on a ShardedCache (imports transformers)
+    if (decoded := transformers_generate.generate_attention(name, module, query, scaling, sliding_window)) is not None:
+        return decoded
     _refuse_unsupported(name, query, key, attention_mask, dropout, kwargs)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     window = None
@@ -125,8 +128,8 @@ def _refuse_unsupported(name, query, key, attention_mask, dropout, kwargs) -> No
     if query.shape[2] != key.shape[2]:
         raise ValueError(
             f"attn_implementation={name!r} got {query.shape[2]} queries against {key.shape[2]} cached keys: "
-            "cached decoding (generate() with a KV cache) is not supported by this backend; call "
-            "generate(..., use_cache=False) or use `burst generate`, which decodes on a sharded KV cache")
+            "cached decoding needs burst's sharded KV cache: model.generate(ids, past_key_values="
+            "bt.ShardedCache(model)) (import burst.integrations.transformers as bt)")
     if attention_mask is not None:
         raise ValueError(f"attn_implementation={name!r} got an attention mask it cannot apply "
                          f"(shape {tuple(attention_mask.shape)}); pass no mask, or packed position_ids")
@@ -280,3 +283,11 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
     all_reduce_in_place((p.grad for p in model.parameters() if p.grad is not None), group=group)
+
+def __getattr__(attr: str):
+    # ShardedCache subclasses transformers' Cache: imported on first use, like transformers itself here.
+    if attr == "ShardedCache":
+        from .transformers_generate import ShardedCache
+
+        return ShardedCache
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

@@ -1,0 +1,250 @@
+"""transformers' `model.generate()` on burst: the prompt's prefill runs sequence-parallel and decoding
+runs on a sharded KV cache.
+
+    import burst.integrations.transformers as bt
+
+    name = bt.register(layout="zigzag")
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=name)
+    out = model.generate(ids, past_key_values=bt.ShardedCache(model), max_new_tokens=32)
+
+Every rank calls generate() with the same full prompt, as on one device. `ShardedCache` is a
+transformers `Cache` around burst's ShardedKVCache. Building one installs two hooks on the model's
+decoder (once per model). They do something only when a forward's `past_key_values` is a
+ShardedCache:
+
+- Prefill (the first forward): the prompt is padded at the end to a length the layout can split.
+  Each rank keeps its shard of input_ids (or inputs_embeds) at global position_ids, and the layers
+  run burst.attention as in training. `update` stores this rank's K, V, with the padding marked
+  invalid. After the decoder, last_hidden_state becomes the hidden state of the prompt's last real
+  token, (batch, 1, dim), the same on every rank (one all-reduce). So the LM head and generate's
+  `logits[:, -1]` match one process.
+- Decode (each later forward, one token): every rank runs the token, and its K, V are stored on one
+  rank in turn. Attention is burst.inference.decode_attention over the ranks' shards: exact, and
+  the same bits on every rank, so greedy search and seeded sampling pick the same token everywhere.
+
+`get_seq_length()` is the global number of tokens seen (prompt + decoded), so positions made by
+generate or by the model are global positions. A ShardedCache serves one generate() call; beam
+search, assisted decoding and padded batches (an attention_mask with zeros) are refused.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+
+import torch
+import torch.distributed as dist
+from transformers import GenerationMixin
+from transformers.cache_utils import Cache
+
+from ..inference import ShardedKVCache, decode_attention
+from ..inference.generate import last_hidden
+from ..layout import local_multiple, shard
+from . import transformers as _hf  # a cycle: transformers.py imports this module lazily; read at call time
+
+_active: ShardedCache | None = None  # the cache whose model forward is running (set by the decoder hooks)
+_GENERATE_CODE = inspect.unwrap(GenerationMixin.generate).__code__
+
+
+class ShardedCache(Cache):
+    """transformers' KV cache for `model.generate()` on burst: each rank keeps the K, V of its prompt
+    shard (the registered layout) and of every G-th decoded token.
+
+    model: a transformers model whose attn_implementation was registered with burst; the group and
+    layout are that registration's. chunk: entries the storage grows by. Pass a new one to each
+    generate() call: `model.generate(ids, past_key_values=ShardedCache(model), ...)`.
+    """
+
+    def __init__(self, model: torch.nn.Module, chunk: int = 256):
+        name, backend = _hf._backend_of(model)
+        super().__init__(layers=[])  # per-layer storage is burst's ShardedKVCache, not transformers' layers
+        layers = model.config.get_text_config(decoder=True).num_hidden_layers
+        self.name, self.group, self.layout = name, backend.group, backend.layout
+        self.world = dist.get_world_size(self.group) if dist.is_initialized() else 1
+        self.kv = ShardedKVCache(layers, group=self.group, layout=self.layout, chunk=chunk)
+        self.seen = 0           # tokens of each row seen so far (prompt + decoded), on all ranks together
+        self.prompt_length = 0
+        self.phase: str | None = None  # "prefill" or "decode" while a forward runs
+        self._batch = 0
+        self._prefill_positions = None  # (batch, padded / G) global positions of this rank's prompt shard
+        self._step = None       # decode: (batch,) global position of the token being run
+        self._install_hooks(model)
+
+    # -- what transformers asks of a Cache -----------------------------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Store this forward's K, V for layer `layer_idx` and hand them back unchanged.
+
+        key_states, value_states: (batch, kv_heads, tokens, head_dim): this rank's prompt shard in the
+        prefill (the attention runs on the shards, as in training), the one new token in decode (the
+        attention reads the whole sharded cache, in decode_attention).
+        """
+        k, v = key_states.transpose(1, 2), value_states.transpose(1, 2)  # burst's (batch, entries, kv_heads, d)
+        if self.phase == "prefill":
+            self.kv.store_prefill(layer_idx, k, v)
+        elif self.phase == "decode":
+            self.kv.append(layer_idx, k, v, self._step)
+        else:
+            raise ValueError("this ShardedCache was built for another model: pass ShardedCache(model) of the model "
+                             "that runs (it hooks that model's decoder)")
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Tokens seen by the whole sequence (not this rank's share): the next token's global position."""
+        return self.seen
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.seen + query_length, 0  # burst builds no mask; sizes for transformers' bookkeeping only
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1
+
+    def bytes(self) -> int:
+        """Bytes of K, V this rank holds."""
+        return self.kv.bytes()
+
+    def reset(self) -> None:
+        self.kv = ShardedKVCache(self.kv.layers, group=self.group, layout=self.layout, chunk=self.kv.chunk)
+        self.seen = self.prompt_length = 0
+
+    def reorder_cache(self, beam_idx):
+        self._refuse("beam search (num_beams > 1)")
+
+    def crop(self, tokens_to_remove: int):
+        self._refuse("cropping (assisted or speculative decoding)")
+
+    def batch_repeat_interleave(self, repeats: int):
+        self._refuse("expanding the batch (num_return_sequences > 1 with beams, contrastive search)")
+
+    def batch_select_indices(self, indices):
+        self._refuse("selecting batch rows")
+
+    def _refuse(self, what: str):
+        raise ValueError(f"ShardedCache does not support {what}: generate() on burst runs greedy search or "
+                         "sampling, one token per step")
+
+    # -- the decoder hooks ---------------------------------------------------------------------
+    @staticmethod
+    def _install_hooks(model: torch.nn.Module) -> None:
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+        if getattr(decoder, "_burst_sharded_cache_hooks", None) is None:
+            decoder._burst_sharded_cache_hooks = (
+                decoder.register_forward_pre_hook(_before_decoder, with_kwargs=True),
+                decoder.register_forward_hook(_after_decoder, with_kwargs=True, always_call=True))
+
+    def _begin(self, kwargs: dict) -> None:
+        """Rewrite the decoder's inputs for this rank (kwargs, in place) and enter prefill or decode."""
+        key = "input_ids" if kwargs.get("input_ids") is not None else "inputs_embeds"
+        tokens = kwargs[key]
+        batch, length = tokens.shape[:2]
+        _drop_all_ones_mask(kwargs, self.name)
+        positions = kwargs.get("position_ids")
+        if self.seen == 0:
+            expected = torch.arange(length, device=tokens.device)
+            if positions is not None and not bool((positions == expected).all()):
+                raise ValueError("generate() with a ShardedCache runs whole prompts at positions 0..n-1 "
+                                 "(packed prompts or custom position_ids are not supported)")
+            multiple = self.world * local_multiple(self.layout)
+            padded = -(-length // multiple) * multiple
+            full = torch.cat([tokens, tokens.new_zeros(batch, padded - length, *tokens.shape[2:])], dim=1)
+            self._prefill_positions = self.kv.prefill_positions([length] * batch, padded, device=tokens.device)
+            kwargs[key] = shard(full, group=self.group, layout=self.layout, dim=1)
+            kwargs["position_ids"] = self._prefill_positions
+            self.prompt_length, self._batch, self.phase = length, batch, "prefill"
+            return
+        if length != 1 or batch != self._batch:
+            raise ValueError(
+                f"a ShardedCache that has seen {self.seen} tokens got a forward of {batch} x {length} tokens; it "
+                f"decodes one token per row of the prompt's batch ({self._batch}) per step. Use a new "
+                "ShardedCache for each generate() call, and keep use_cache on")
+        if positions is not None and not bool((positions == self.seen).all()):
+            raise ValueError(f"position_ids {positions.flatten().tolist()} in decode: the next position is {self.seen}")
+        self._step = torch.full((batch,), self.seen, dtype=torch.long, device=tokens.device)
+        kwargs["position_ids"] = self._step[:, None]
+        self.phase = "decode"
+
+    def _end(self, output, phase: str):
+        """After the decoder: the prompt's last hidden state on every rank (prefill), or close the step."""
+        if phase == "decode":
+            self.kv.advance()
+            self.seen += 1
+            return output
+        hidden = output[0]  # last_hidden_state: (batch, padded / G, dim) of this rank's shard
+        last = last_hidden(hidden, self._prefill_positions, [self.prompt_length] * self._batch, self.group)[:, None]
+        self.seen = self.prompt_length
+        if isinstance(output, tuple):
+            return (last, *output[1:])
+        output["last_hidden_state"] = last
+        return output
+
+    def attend(self, layer: int, query: torch.Tensor, scaling: float | None, sliding_window: int | None):
+        """Decode attention of the new token over the sharded cache: (batch, 1, heads, head_dim).
+
+        query: (batch, heads, 1, head_dim), the same on every rank.
+        """
+        since = None
+        if sliding_window is not None:  # transformers: key j attends query i when j > i - sliding_window
+            since = self._step - sliding_window + 1
+        k, v, valid = self.kv.keys_values(layer, since=since)
+        return decode_attention(query.transpose(1, 2), k, v, valid, scale=scaling, group=self.group)
+
+
+def _drop_all_ones_mask(kwargs: dict, name: str) -> None:
+    mask = kwargs.pop("attention_mask", None)
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or not bool(mask.bool().all()):
+        raise ValueError(f"attn_implementation={name!r}: generate() with a ShardedCache runs unpadded prompts; "
+                         "the attention_mask has padding (zeros) or is not 2-D. Generate each length's prompts "
+                         "as their own batch")
+
+
+def _before_decoder(module, args, kwargs):
+    global _active
+    cache = kwargs.get("past_key_values")
+    if not isinstance(cache, ShardedCache):
+        return None
+    if args:
+        raise ValueError("with past_key_values=ShardedCache(...), pass the decoder's inputs by keyword (input_ids=...)")
+    kwargs = dict(kwargs)
+    cache._begin(kwargs)
+    _active = cache
+    return args, kwargs
+
+
+def _after_decoder(module, args, kwargs, output):
+    global _active
+    cache = kwargs.get("past_key_values")
+    if not isinstance(cache, ShardedCache):
+        return None
+    phase, cache.phase, _active = cache.phase, None, None
+    if output is None:  # the forward raised (this hook runs anyway, always_call): leave no forward active
+        return None
+    return cache._end(output, phase)
+
+
+def generate_attention(name: str, module, query: torch.Tensor, scaling: float | None, sliding_window: int | None):
+    """What burst_attention_forward runs inside generate(): (out (batch, 1, heads, head_dim), None)
+    in a ShardedCache decode step; None where burst's sequence-parallel path runs (a ShardedCache
+    prefill, or any forward outside generate()). generate() without a ShardedCache raises."""
+    cache = _active
+    if cache is not None:
+        if cache.phase != "decode":
+            return None
+        return cache.attend(module.layer_idx, query, scaling, sliding_window), None
+    if not torch.is_grad_enabled() and _inside_generate():  # generate runs under no_grad: training skips the walk
+        raise ValueError(
+            f"attn_implementation={name!r}: model.generate() needs past_key_values=bt.ShardedCache(model) "
+            "(import burst.integrations.transformers as bt). Without it every rank would run the whole prompt and "
+            "decode against a whole, unsharded cache")
+    return None
+
+
+def _inside_generate() -> bool:
+    """Whether transformers' generate() is on the call stack. Nothing else tells the attention function:
+    generate's DynamicCache is not passed to it, and its inputs look like any forward's."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _GENERATE_CODE:
+            return True
+        frame = frame.f_back
+    return False
