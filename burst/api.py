@@ -86,6 +86,13 @@ def attention(
     of the strategy starts, so no rank is left waiting.
     """
     q, k, v = autocast_inputs(q, k, v)
+    return _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
+                              cu_seqlens, block_sparse, topology, **options)
+
+
+@torch.compiler.disable  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
+def _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens,
+                       block_sparse, topology, **options):
     chosen, call = prepare_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
                                      cu_seqlens, block_sparse, topology, **options)
     with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast

@@ -32,7 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import api
 from .agreement import agree
-from .layout import _check_divisible, check_layout, shard
+from .layout import _check_divisible, check_layout, resolve_layout, shard
 
 ENTRY = "burst.context_parallel"
 
@@ -47,7 +47,8 @@ def context_parallel(buffers=(), buffer_seq_dims=(), no_restore_buffers=(), grou
         length along their seq dim. buffer_seq_dims: one dim per buffer.
     no_restore_buffers: those buffers left as shards on exit (inputs you do not need whole again).
     group / mesh: the process group, or a 1-D DeviceMesh as torch's context_parallel takes it.
-    layout, strategy, **options: as burst.attention (window=, cu_seqlens=, block_sparse=, chunk_rows=...).
+    layout, strategy, **options: as burst.attention (window=, cu_seqlens=, block_sparse=, chunk_rows=...);
+        layout="doc_zigzag" / "doc_contiguous" with cu_seqlens= cuts each packed document on its own.
     """
     if mesh is not None:
         if group is not None:
@@ -55,6 +56,7 @@ def context_parallel(buffers=(), buffer_seq_dims=(), no_restore_buffers=(), grou
         if mesh.ndim != 1:
             raise ValueError(f"{ENTRY}: mesh must be 1-D (the sequence dimension), got {mesh.ndim}-D")
         group = mesh.get_group()
+    layout = resolve_layout(layout, options.get("cu_seqlens"))  # "doc_zigzag" + the documents' cu_seqlens
     buffers, seq_dims = list(buffers), list(buffer_seq_dims)
     local_len = _shard_buffers_check(buffers, seq_dims, group, layout, strategy)
     originals = [t.data for t in buffers]

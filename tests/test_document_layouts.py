@@ -50,6 +50,33 @@ def _own_cases(world):
     return tuple(cu)
 
 
+def _compiled_and_context_parallel(cu):
+    """The same doc_zigzag attention three ways: burst.attention, torch.compile'd (dynamo must not trace
+    into the per-tile kernel calls: one graph, no recompiles), and an SDPA call in burst.context_parallel."""
+    import torch._dynamo
+
+    full = full_inputs(4, 1, cu[-1], 4, 2, 8, torch.float32)
+    layout = DocumentLayout(cu, "zigzag")
+    q, k, v = (burst.shard(t, layout=layout) for t in full[:3])
+    eager = burst.attention(q, k, v, layout=layout, causal=True)
+    torch._dynamo.reset()
+    previous = torch._dynamo.config.error_on_recompile
+    torch._dynamo.config.error_on_recompile = True
+    try:
+        compiled = torch.compile(lambda a, b, c: burst.attention(a, b, c, layout=layout, causal=True) * 2,
+                                 backend="aot_eager")
+        twice = [compiled(q, k, v), compiled(q + 1, k, v)]
+    finally:
+        torch._dynamo.config.error_on_recompile = previous
+    heads_first = [t.transpose(1, 2).contiguous() for t in full[:3]]
+    with burst.context_parallel(buffers=heads_first, buffer_seq_dims=[2, 2, 2], layout="doc_zigzag",
+                                cu_seqlens=list(cu)):
+        routed = torch.nn.functional.scaled_dot_product_attention(*heads_first, is_causal=True, enable_gqa=True)
+    return {"compiled": (twice[0] / 2 - eager).abs().max().item(),
+            "compiled again": (twice[1] / 2 - burst.attention(q + 1, k, v, layout=layout, causal=True)).abs().max().item(),
+            "context_parallel": (routed.transpose(1, 2) - eager).abs().max().item()}
+
+
 def _run(rank, world):
     torch.set_num_threads(1)
     results = {}
@@ -59,6 +86,8 @@ def _run(rank, world):
             results[f"peers {name}"] = _case(world, cu, split, ("burst", "ring"))
             results[f"peers {name} local form"] = _case(world, cu, split, ("burst",), local_form=True)
     cu = _own_cases(world)
+    if world == 2:
+        results["compiled and context_parallel"] = _compiled_and_context_parallel(cu)
     for split in ("contiguous", "zigzag"):
         results[f"own {split}"] = _case(world, cu, split, STRATEGIES, heads=4, kv_heads=2)
         results[f"own {split} bf16"] = _case(world, cu, split, ("burst", "ring"), dtype=torch.bfloat16, heads=4,
@@ -76,10 +105,16 @@ def _ok(errors, dtype) -> bool:
         and errors["lse"] < 1e3 * TOL[dtype]
 
 
+def test_compiled_and_context_parallel_take_document_layouts():
+    for rank, results in enumerate(_results(2)):
+        r = results["compiled and context_parallel"]
+        assert max(r.values()) < 1e-6, (rank, r)
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_per_document_layouts_equal_float64(world):
     for rank, results in enumerate(_results(world)):
-        for name, (errors, _) in results.items():
+        for name, (errors, _) in ((n, r) for n, r in results.items() if n != "compiled and context_parallel"):
             dtype = torch.bfloat16 if name.endswith("bf16") else torch.float32
             for strategy, e in errors.items():
                 if strategy in ("ulysses", "usp") and isinstance(e, str):
