@@ -39,7 +39,7 @@ from transformers.cache_utils import Cache
 
 from ..inference import ShardedKVCache, decode_attention
 from ..inference.generate import last_hidden
-from ..layout import local_multiple, shard
+from ..layout import LAYOUTS, local_multiple, shard
 from . import transformers as _hf  # a cycle: transformers.py imports this module lazily; read at call time
 
 _active: ShardedCache | None = None  # the cache whose model forward is running (set by the decoder hooks)
@@ -57,6 +57,9 @@ class ShardedCache(Cache):
 
     def __init__(self, model: torch.nn.Module, chunk: int = 256):
         name, backend = _hf._backend_of(model)
+        if backend.layout not in LAYOUTS:  # a DocumentLayout cuts packed documents: no prompt is one
+            raise ValueError(f"ShardedCache needs attn_implementation={name!r} registered with a layout of {LAYOUTS}, "
+                             f"got {backend.layout!r}")
         super().__init__(layers=[])  # per-layer storage is burst's ShardedKVCache, not transformers' layers
         layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self.name, self.group, self.layout = name, backend.group, backend.layout
