@@ -1,14 +1,20 @@
-"""A transformers Llama (random weights from a config) trained sequence-parallel through burst.
+"""Long-context fine-tuning of a transformers Llama (random weights from a config) through burst.
 
     torchrun --nproc-per-node 2 examples/transformers_train.py [--steps 2] [--seq-len 256]
+    torchrun --nproc-per-node 4 examples/transformers_train.py --bf16 --checkpointing --fsdp   # the long-context recipe
 
 Every rank holds 1/G of each sequence; rank 0 prints the global loss of each step, which equals what
-one process training the same model on the whole sequence prints (`--nproc-per-node 1`).
+one process training the same model on the whole sequence prints (`--nproc-per-node 1`), to float
+rounding (bf16 rounding with --bf16). The recipe's parts, each optional:
+  --bf16           torch.autocast(bfloat16): attention runs, and its ring carries, bf16
+  --checkpointing  transformers' gradient checkpointing (each layer, burst's ring included, re-run)
+  --fsdp           FSDP2 over the sequence-parallel ranks (bt.fully_shard: per decoder layer + root)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -18,11 +24,14 @@ import burst.integrations.transformers as bt
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--strategy", default="burst")
-    parser.add_argument("--layout", default="zigzag")
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps")
+    parser.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (global)")
+    parser.add_argument("--strategy", default="burst", help="burst.attention strategy")
+    parser.add_argument("--layout", default="zigzag", help="how the sequence is cut across ranks")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
+    parser.add_argument("--fsdp", action="store_true", help="FSDP2 over the ranks (bt.fully_shard)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -30,18 +39,26 @@ def main() -> None:
     torch.manual_seed(0)  # the same weights on every rank
     name = bt.register(strategy=args.strategy, layout=args.layout)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=name)
+    if args.checkpointing:
+        model.gradient_checkpointing_enable()
+    if args.fsdp:
+        bt.fully_shard(model)  # gradients come out of FSDP's reduce-scatter as one process's
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    autocast = torch.autocast("cpu", torch.bfloat16) if args.bf16 else contextlib.nullcontext()
     data = torch.Generator().manual_seed(1)  # the same batch on every rank; each keeps its shard
+    model.train()
     for step in range(args.steps):
         ids = torch.randint(0, config.vocab_size, (1, args.seq_len), generator=data)
-        out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, layout=args.layout))
+        with autocast:
+            out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, layout=args.layout))
         out.loss.backward()
-        bt.reduce_gradients(model)
+        bt.reduce_gradients(model)  # sums the ranks' shares (FSDP-managed parameters: only what FSDP left)
         optimizer.step()
         optimizer.zero_grad()
         loss = bt.reduce_loss(out.loss)
         if dist.get_rank() == 0:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
+    dist.barrier()  # no rank closes its connections while a peer still finishes a collective
     dist.destroy_process_group()
 
 

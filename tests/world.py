@@ -13,3 +13,18 @@ from burst.launch import spawn_world
 def run_world(world: int, fn, *args, timeout: float = 600):
     """fn(rank, world, *args) on `world` local processes of one thread each; the results by rank."""
     return spawn_world(fn, *args, nproc=world, threads=1, timeout=timeout)
+
+
+def run_torchrun(script, nproc: int, *args: str, timeout: float = 240) -> str:
+    """`torchrun --standalone --nproc-per-node nproc script args` as a user runs it (one thread per
+    rank); its stdout. Fails with the tail of stderr when it exits non-zero."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    torchrun = pathlib.Path(sys.executable).parent / "torchrun"
+    done = subprocess.run([str(torchrun), "--standalone", f"--nproc-per-node={nproc}", str(script), *args],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
