@@ -218,11 +218,11 @@ def _rank_one_fails(rank, world):
 def test_a_failing_rank_ends_the_world_with_its_message():
     start = time.perf_counter()
     with pytest.raises(WorldError) as failed:
-        spawn_world(_rank_one_fails, nproc=3, threads=1, timeout=120)
+        spawn_world(_rank_one_fails, nproc=2, threads=1, timeout=120)
     elapsed = time.perf_counter() - start
     assert failed.value.rank == 1 and failed.value.summary == "ValueError: rank one cannot go on"
     assert "Traceback" in failed.value.details and "_rank_one_fails" in failed.value.details
-    assert elapsed < 60, elapsed  # the start of 3 processes, not the 120 s timeout
+    assert elapsed < 60, elapsed  # the start of 2 processes, not the 120 s timeout
 
 
 def test_a_failure_inside_a_train_world_is_one_line(capsys, tmp_path):
@@ -262,3 +262,24 @@ def test_train_says_when_nothing_is_left(capsys, tmp_path, no_world):
     assert main(["train", "--seq-len", "64", "--steps", "2", "--checkpoint-dir", str(tmp_path),
                  "--resume-step", "2"]) == 0
     assert "nothing left to train" in capsys.readouterr().err
+
+
+def test_bench_runs_one_small_world(capsys, tmp_path):
+    """The harness starts its world through burst.launch; --json PATH beside the table, progress on stderr."""
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--seq-len", "64", "--heads", "1", "--head-dim", "8", "--strategies", "Burst",
+                 "--repeats", "0", "--no-baseline", "--nproc", "2", "--json", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "| burst |" in captured.out
+    assert "burst bench: [1/1] burst on 2 ranks" in captured.err
+    result = json.loads(out.read_text())
+    assert [r["strategy"] for r in result["strategies"]] == ["burst"] and result["strategies"][0]["max_err"] < 1e-4
+
+
+def test_generate_prints_text_beside_ids():
+    from burst.cli.generate import decode_bytes, summary
+
+    assert decode_bytes([72, 105, 0xC3, 0xA9, 300]) == "Hi\u00e9\ufffd"
+    text = summary({"prefill_s": 0.1, "decode_s_per_token": 0.01, "cache_bytes_per_rank": 2**20,
+                    "tokens": [[72, 105]], "text": ["Hi"]})
+    assert "[0] ids:  72 105" in text and "[0] text: 'Hi'" in text
