@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import os
 
 import pytest
@@ -104,6 +105,34 @@ def _packed(rank, world):
     return worst
 
 
+def _packed_per_document(rank, world):
+    """Packed documents cut one by one (doc_zigzag, the peers' THD convention): logits and every
+    gradient equal one process running each document on its own (transformers' SDPA path does not
+    mask packed documents), with the packed row's loss on the concatenated logits."""
+    import burst.integrations.transformers as bt
+
+    name = bt.register("burst-doc-zigzag", strategy="burst", layout="doc_zigzag")
+    reference, model = _models(_llama_config, name)
+    unit = 2 * world
+    lengths = (unit, 2 * unit, 5 * unit)  # each a multiple of 2G; the last longer than a shard
+    ids = torch.randint(0, VOCAB, (1, sum(lengths)), generator=torch.Generator().manual_seed(9))
+    positions = torch.cat([torch.arange(length) for length in lengths])[None]
+    starts = [0, unit, 3 * unit]
+    ref_logits = torch.cat([reference(input_ids=ids[:, s:s + n]).logits for s, n in zip(starts, lengths)], dim=1)
+    ref_loss = torch.nn.functional.cross_entropy(ref_logits[0, :-1], ids[0, 1:])
+    ref_loss.backward()
+    batch = bt.shard_batch({"input_ids": ids, "position_ids": positions, "labels": ids}, layout="doc_zigzag")
+    out = model(**batch)
+    out.loss.backward()
+    bt.reduce_gradients(model)
+    import burst
+
+    cu = (0, *itertools.accumulate(lengths))
+    logits = burst.unshard(out.logits, layout=burst.DocumentLayout(cu, "zigzag"))
+    return {"logits": _rel(logits, ref_logits), "loss": abs(bt.reduce_loss(out.loss).item() - ref_loss.item()),
+            "grads": _grads_error(model, reference)}
+
+
 def _sliding_window(rank, world):
     """A Mistral model whose layers use a sliding window shorter than the sequence."""
     import burst
@@ -181,6 +210,7 @@ def _everything(rank, world):
     results = {"parity": {combo: _parity(rank, world, *combo) for combo in COMBOS}}
     if world in (2, 3):
         results["packed"] = _packed(rank, world)
+        results["packed per document"] = _packed_per_document(rank, world)
         results["window"] = _sliding_window(rank, world)
     if world == 2:
         results["errors"] = _errors(rank, world)
@@ -204,6 +234,8 @@ def test_llama_logits_grads_and_adamw_step_match_single_process(world):
 def test_packed_documents_and_sliding_window(world):
     for rank, results in enumerate(_results(world)):
         assert results["packed"] < 1e-4, (rank, results["packed"])
+        per_doc = results["packed per document"]
+        assert per_doc["logits"] < 1e-4 and per_doc["grads"] < 1e-4 and per_doc["loss"] < 1e-5, (rank, per_doc)
         window = results["window"]
         assert window["logits"] < 1e-4 and window["grads"] < 1e-4 and window["window effect"] > 1e-3, (rank, window)
 

@@ -58,10 +58,11 @@ def register(name: str = "burst", *, strategy: str = "burst", layout: str = "con
     with the same layout and group (`shard_batch`). Registering a name again replaces its settings.
     """
     interfaces = _transformers_interfaces()
+    if layout not in layout_mod.DOCUMENT_LAYOUTS:  # doc_*: the documents come with each batch's position_ids
+        layout_mod.check_layout(layout)
     if "flash" in name or "/" in name or ":" in name:  # transformers routes such names to its flash / hub kernels
         raise ValueError(f"name {name!r}: transformers treats names containing 'flash', '/' or ':' as its own "
                          "flash-attention or hub kernels; choose another (e.g. 'burst')")
-    layout_mod.check_layout(layout)
     if strategy not in api.STRATEGY_NAMES:
         raise ValueError(f"strategy must be one of {api.STRATEGY_NAMES}, got {strategy!r}")
     _BACKENDS[name] = _Backend(strategy, layout, group, dict(options))
@@ -199,10 +200,54 @@ def _documents(position_ids, batch: int, local_len: int, backend: _Backend):
         return value
     world = dist.get_world_size(backend.group) if dist.is_initialized() else 1
     local = position_ids.expand(batch, local_len).to(torch.long)
-    full = layout_mod.unshard(local.contiguous(), group=backend.group, layout=backend.layout, dim=1)
-    value = documents_from_positions(full, world, backend.layout)
+    if backend.layout in layout_mod.DOCUMENT_LAYOUTS:
+        value = _documents_cut_per_document(local, world, backend)
+    else:
+        full = layout_mod.unshard(local.contiguous(), group=backend.group, layout=backend.layout, dim=1)
+        value = documents_from_positions(full, world, backend.layout)
     _document_cache.put(position_ids, value)
     return value
+
+
+def _documents_cut_per_document(local: torch.Tensor, world: int, backend: _Backend) -> list[int]:
+    """Global cu_seqlens when each document is cut on its own (doc_contiguous / doc_zigzag).
+
+    Rank 0 holds the first part of every document, so its positions restart at 0 once per document,
+    and it holds 1/G of each: document d has G times the tokens rank 0 holds of it. Every rank's
+    positions are then checked against that layout (the model's own 0..n-1 would not pass).
+    """
+    gathered = layout_mod.unshard(local.contiguous(), group=backend.group, layout="contiguous", dim=1)
+    n = local.shape[1]
+    first = gathered[0, :n]
+    starts = (first == 0).nonzero().flatten().tolist()
+    cu = [0]
+    for start, stop in zip(starts, starts[1:] + [n]):
+        cu.append(cu[-1] + (stop - start) * world)
+    split = backend.layout.removeprefix("doc_")
+    expected = None
+    if starts[:1] == [0] and cu[-1] == n * world:
+        try:
+            doc_layout = layout_mod.DocumentLayout(tuple(cu), split)
+            doc_layout.check(world, cu[-1])
+            expected = _positions_in_documents(doc_layout, world, n)
+        except ValueError:
+            expected = None
+    if expected is None or not bool((gathered == expected).all()):
+        raise ValueError(
+            f"position_ids are not global positions in layout={backend.layout!r} order: each document's positions "
+            "must restart at 0 and rise by 1, cut per document. Shard the batch with "
+            f"burst.integrations.transformers.shard_batch(batch, layout={backend.layout!r})")
+    return cu
+
+
+def _positions_in_documents(doc_layout, world: int, n: int) -> torch.Tensor:
+    """(world * n,) every rank's tokens' positions inside their documents, rank after rank."""
+    starts = torch.tensor(doc_layout.cu_seqlens[:-1])
+    out = []
+    for r in range(world):
+        g = torch.cat([seg.positions() for seg in layout_mod.segments(doc_layout, r, world, n)])
+        out.append(g - starts[torch.bucketize(g, starts, right=True) - 1])
+    return torch.cat(out)
 
 
 def documents_from_positions(positions: torch.Tensor, world: int, layout: str) -> list[int] | None:
@@ -247,13 +292,15 @@ def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_inde
     batch: `input_ids` (batch, seq_len), optional `labels` (same shape), `position_ids` (made as
     0..seq_len-1 when absent; give them restarting at 0 per document for packed rows) and
     `attention_mask` (all ones only). Returns input_ids and position_ids sharded along the sequence
-    by `layout` (position ids keep their global values); with labels, `labels`/`shift_labels` are the
+    by `layout` (position ids keep their global values; "doc_zigzag" / "doc_contiguous" cut each
+    packed document on its own, its length a multiple of 2G / G); with labels, `labels`/`shift_labels` are the
     labels shifted on the *global* sequence (each token's next token; shifting a shard would pair
     tokens across shard boundaries) and `num_items_in_batch` is the global count of labelled
     tokens, so the model's loss is this rank's share of the global mean (see reduce_loss). Other
     entries are passed through unchanged.
     """
-    layout_mod.check_layout(layout)
+    if layout not in layout_mod.DOCUMENT_LAYOUTS:
+        layout_mod.check_layout(layout)
     ids = batch["input_ids"]
     if ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(ids.shape)}")
@@ -265,6 +312,9 @@ def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_inde
     positions = batch.get("position_ids")
     if positions is None:
         positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    if layout in layout_mod.DOCUMENT_LAYOUTS:  # each packed document cut on its own
+        cu = documents_from_positions(positions.expand_as(ids), 1, "contiguous") or [0, ids.shape[1]]
+        layout = layout_mod.DocumentLayout(tuple(cu), layout.removeprefix("doc_"))
     out = {k: v for k, v in batch.items() if k not in ("input_ids", "labels", "position_ids", "attention_mask")}
     out["input_ids"] = layout_mod.shard(ids, group=group, layout=layout, dim=1)
     out["position_ids"] = layout_mod.shard(positions.expand_as(ids), group=group, layout=layout, dim=1)
