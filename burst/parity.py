@@ -78,13 +78,14 @@ class CheckReport:
 
 def check(strategies=None, layouts=None, causal=(False, True), seq_len: int = 1024, heads: int = 4,
           kv_heads: int | None = None, head_dim: int = 64, dtype: str = "float32", group=None, batch: int = 1,
-          seed: int = 0) -> CheckReport:
+          seed: int = 0, device=None) -> CheckReport:
     """Run every case on the caller's world and compare with float64 single-device attention.
 
     strategies / layouts: names, or None for every registered strategy / every layout. causal: the
     values to try. dtype: "float32" | "bfloat16" | "float16" | "float64" (or a tuple of them).
     seq_len is the global length (a multiple of 2 x world, so every layout applies). Every rank must
-    call it with the same arguments (checked, like every burst call). Tensors live on this rank's GPU
+    call it with the same arguments (checked, like every burst call). Tensors live on `device` when
+    given (e.g. CUDA tensors on a gloo group, several ranks sharing one GPU), else on this rank's GPU
     when CUDA is available and the group is not gloo, else on the CPU.
     """
     world = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -94,7 +95,7 @@ def check(strategies=None, layouts=None, causal=(False, True), seq_len: int = 10
     dtypes = (dtype,) if isinstance(dtype, str) else tuple(dtype)
     kv_heads = kv_heads or heads
     _validate(strategies, layouts, dtypes, seq_len, heads, kv_heads, world)
-    device = _device(group)
+    device = torch.device(device) if device is not None else _device(group)
     rows = []
     for dt in dtypes:
         for is_causal in causals:
