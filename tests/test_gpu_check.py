@@ -1,0 +1,199 @@
+"""scripts/gpu_check.sh in its CPU mode, end to end, and the checks it relies on (issue 27).
+
+The GPU run itself needs a CUDA machine; here the same code paths run at tiny sizes on the CPU
+(BURST_DEVICE=cpu), so the script cannot rot, and the CUDA SDPA adapter runs against stand-ins
+for aten's efficient-attention ops that enforce the CUDA kernels' alignment rules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+import torch
+
+from burst import parity
+from burst.bench import gpu_check
+from burst.kernels import cpu_flash, cuda_sdpa, reference
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def cpu_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check")
+    env = {**os.environ, "BURST_DEVICE": "cpu", "PYTHON": sys.executable}
+    done = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), str(out)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open(out / "report.json") as f:
+        data = json.load(f)
+    return data, (out / "report.md").read_text(), (out / "log.txt").read_text()
+
+
+def _section(data, sid):
+    return next(s for s in data["sections"] if s["id"] == sid)
+
+
+def _table(section, name_start):
+    return next(t for t in section["tables"] if t["name"].startswith(name_start))
+
+
+def test_cpu_mode_writes_every_section_and_all_pass(cpu_report):
+    data, md, log = cpu_report
+    assert data["mode"] == "cpu" and data["ok"], [(s["id"], s["status"], s["notes"]) for s in data["sections"]]
+    assert [s["id"] for s in data["sections"]] == ["1", "2", "3", "4", "5"]
+    for s in data["sections"]:
+        assert s["status"] == "ok" and not s["error"], s
+        assert f"## {s['id']}. {s['title']}" in md
+    assert "all sections ok" in log
+
+
+def test_cpu_mode_kernel_rows_cover_every_mask_and_dtype_within_bounds(cpu_report):
+    rows = _table(_section(cpu_report[0], "1"), "block step")["rows"]
+    covered = {(r["kernel"], r["dtype"], r["mask"]) for r in rows}
+    for kernel, dtypes in (("cpu_flash", ("float32", "bfloat16")), ("reference", ("float64",))):
+        for dtype in dtypes:
+            assert {(kernel, dtype, m) for m in gpu_check.MASK_KINDS} <= covered
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert all(r[q] <= parity.BOUNDS[r["dtype"]] for q in gpu_check.QUANTITIES), r
+        assert "->" in r["tiles"]  # which kernel served which tile is reported
+    causal = next(r for r in rows if r["mask"] == "causal" and r["kernel"] == "cpu_flash")
+    assert "DIAG" in causal["tiles"] and "FULL" in causal["tiles"]  # split: diagonal and off-diagonal tiles
+    sdpa = _table(_section(cpu_report[0], "1"), "torch SDPA")["rows"]
+    assert any(r["backend"] == "MATH" and r["status"] == "ok" for r in sdpa)
+
+
+def test_cpu_mode_worlds_check_every_strategy_and_layout(cpu_report):
+    section = _section(cpu_report[0], "2")
+    for label in ("1 rank (gloo)", "2 ranks (gloo)"):
+        checked = _table(section, f"{label}: burst.check")["rows"]
+        masks = _table(section, f"{label}: masks")["rows"]
+        assert not [r for r in checked + masks if r["status"] == "FAIL"]
+        ran = {(r["strategy"], r["layout"]) for r in checked if r["status"] == "ok"}
+        assert {s for s, _ in ran} == set(gpu_check.api.STRATEGIES)
+        assert {m for m in ("window", "documents", "block_sparse")} == {r["mask"] for r in masks if r["status"] == "ok"}
+    probes = _table(section, "several ranks")["rows"]
+    assert probes[0]["backend"] == "gloo" and probes[0]["isend/irecv"] is True
+
+
+def test_cpu_mode_speed_memory_and_features(cpu_report):
+    data = cpu_report[0]
+    speed = _table(_section(data, "3"), "one device")["rows"]
+    assert len(speed) == 2 * len(gpu_check.CPU_SIZES.speed_lens)
+    assert all(isinstance(r["block_step TFLOP/s"], float) and r["block_step TFLOP/s"] > 0 for r in speed)
+    assert all(isinstance(r["burst.attention x SDPA"], float) for r in speed)
+    memory = _section(data, "4")
+    longest = _table(memory, "longest sequence")["rows"]
+    assert {r["what"] for r in longest} == {"sdpa at one rank", "burst.attention at one rank"}
+    assert all(r["fits"] for r in longest)
+    trained = _table(memory, "engine")["rows"]
+    assert [r["checkpointing"] for r in trained] == ["none", "full", "remat", "selective"]
+    assert all(r["longest trained"] for r in trained)
+    features = {r["feature"]: r for r in _table(_section(data, "5"), "features")["rows"]}
+    assert features["burst.attention under torch.autocast(bf16)"]["status"] == "ok"
+    assert next(r for f, r in features.items() if "burst check" in f)["status"] == "ok"
+
+
+def test_compare_catches_a_perturbed_output():
+    g = torch.Generator().manual_seed(0)
+    ref = [torch.randn(1, 8, 2, 4, generator=g, dtype=torch.float64), torch.randn(1, 2, 8, generator=g, dtype=torch.float64)]
+    ref += [torch.randn(1, 8, 2, 4, generator=g, dtype=torch.float64) for _ in range(3)]
+    mine = [t.float() for t in ref]
+    assert gpu_check.compare(mine, ref, "float32")[1]
+    wrong = list(mine)
+    wrong[0] = wrong[0].clone()
+    wrong[0][0, 3, 1, 2] += 1e-2 * ref[0].abs().max()  # one entry off by 1% of the largest
+    errors, ok = gpu_check.compare(wrong, ref, "float32")
+    assert not ok and errors["out"] > parity.BOUNDS["float32"]
+    nan = list(mine)
+    nan[2] = torch.full_like(mine[2], float("nan"))
+    assert not gpu_check.compare(nan, ref, "float32")[1]
+    empty_row = list(mine)
+    empty_row[1] = mine[1].clone()
+    empty_row[1][0, 0, 0] = float("-inf")  # a row called empty that is not
+    assert not gpu_check.compare(empty_row, ref, "float32")[1]
+
+
+def _planted(forward_scale=1.0, grad_scale=1.0):
+    """cpu_flash with its output or its dq scaled: a wrong kernel the check must catch."""
+    def forward(*args):
+        out, lse = cpu_flash.forward(*args)
+        return out * forward_scale, lse
+
+    def backward(*args):
+        dq, dk, dv = cpu_flash.backward(*args)
+        return dq * grad_scale, dk, dv
+
+    return types.SimpleNamespace(__name__="planted", forward=forward, backward=backward, MAX_ROWS=cpu_flash.MAX_ROWS)
+
+
+@pytest.mark.parametrize("planted", [_planted(forward_scale=1.01), _planted(grad_scale=1.01)], ids=["out", "dq"])
+def test_a_planted_wrong_kernel_fails_its_rows(planted):
+    sec = gpu_check.Section("1", "planted", time.monotonic() + 60)
+    rows = gpu_check.kernel_rows(sec, torch.device("cpu"), gpu_check.CPU_SIZES, [("planted", planted, (torch.float32,))])
+    assert len(rows) == len(gpu_check.MASK_KINDS)
+    assert all(r["status"] == "FAIL" for r in rows), rows
+    assert sec.status == "FAIL"
+
+
+# --- the CUDA SDPA adapter against stand-ins for aten's efficient-attention ops ----------------------
+
+
+def _standin_forward(q, k, v, bias, compute_lse, dropout_p, causal, *, scale):
+    """aten._scaled_dot_product_efficient_attention on (b, h, s, d), with the CUDA kernel's checks."""
+    assert compute_lse and dropout_p == 0.0 and k.shape[1] == q.shape[1]  # equal heads: the adapter expands KV
+    mask = _checked_bias(bias, q)
+    out, lse = reference.forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, causal, mask)
+    b, h, sq = lse.shape
+    padded = torch.zeros(b, h, -(-sq // 32) * 32, dtype=torch.float32)  # as the CUDA op returns it
+    padded[..., :sq] = lse
+    return out.transpose(1, 2), padded, torch.zeros(()), torch.zeros(())
+
+
+def _standin_backward(dout, q, k, v, bias, out, lse, seed, offset, dropout_p, grad_mask, causal, *, scale):
+    assert list(grad_mask) == [True, True, True, False]
+    assert lse.dtype == torch.float32 and lse.stride(1) % 8 == 0 and lse.stride(0) % 8 == 0, \
+        "LSE is not correctly aligned"
+    mask = _checked_bias(bias, q)
+    sq = q.shape[2]
+    grads = reference.backward(dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                               out.transpose(1, 2), lse[..., :sq], scale, causal, mask)
+    return (*(g.transpose(1, 2) for g in grads), None)
+
+
+def _checked_bias(bias, q):
+    if bias is None:
+        return None
+    assert bias.device == q.device and bias.dtype == q.dtype
+    assert bias.stride(2) % cuda_sdpa.BIAS_ALIGN == 0, "attn_bias is not correctly aligned (strideM)"
+    return bias[0, 0] == 0
+
+
+def test_cuda_sdpa_adapter_is_exact_through_the_block_step(monkeypatch):
+    monkeypatch.setattr(cuda_sdpa, "_forward_op", _standin_forward)
+    monkeypatch.setattr(cuda_sdpa, "_backward_op", _standin_backward)
+    sizes = gpu_check.CPU_SIZES
+    sizes = type(sizes)(**{**gpu_check.dataclasses.asdict(sizes), "kernel_len": 120})  # rows not a multiple of 8
+    sec = gpu_check.Section("1", "stand-in", time.monotonic() + 60)
+    rows = gpu_check.kernel_rows(sec, torch.device("cpu"), sizes, [("cuda_sdpa", cuda_sdpa, (torch.float32,))])
+    assert len(rows) == len(gpu_check.MASK_KINDS)
+    assert all(r["status"] == "ok" for r in rows), rows
+    assert any("cuda_sdpa(efficient)+bias" in r["tiles"] for r in rows)  # partial tiles took the bias path
+
+
+def test_cuda_sdpa_bias_is_padded_and_lse_aligned():
+    q = torch.zeros(1, 5, 3, 8)
+    mask = torch.rand(5, 13) > 0.5
+    bias = cuda_sdpa._bias(mask, q)
+    assert bias.shape == (1, 3, 5, 13) and bias.stride(2) == 16
+    assert torch.equal(bias[0, 2] == 0, mask)
+    lse = torch.randn(2, 3, 13)
+    padded = cuda_sdpa._padded_lse(lse)
+    assert padded.shape == (2, 3, 32) and torch.equal(padded[..., :13], lse)
