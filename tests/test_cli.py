@@ -194,6 +194,19 @@ def test_plan_reads_like_it_should(capsys, tmp_path):
     assert next(r for r in rows if r["strategy"] == "distflash")["fits"]
 
 
+def test_mistakes_of_any_verb(capsys, no_world):
+    """An unknown option, a missing required one, a missing value, an unknown verb: one line each."""
+    for argv, line in ((["train", "--stepz", "3"], "burst train: error: --stepz: unknown option"),
+                       (["plan", "--gpus", "4"], "burst plan: error: --seq-len: required"),
+                       (["train", "--steps"], "burst train: error: --steps: expected one argument"),
+                       (["nope"], "burst: error: VERB: invalid choice: 'nope'"),
+                       ([], "burst: error: VERB: missing")):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exited.value.code == 2 and len(err) == 1 and err[0].startswith(line), (argv, err)
+
+
 def test_version_and_help(capsys):
     with pytest.raises(SystemExit) as exited:
         main(["--version"])

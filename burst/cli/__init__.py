@@ -22,8 +22,8 @@ def build_parser() -> Parser:
 
     parser = Parser(prog="burst", description="Exact attention over long sequences split across processes.")
     parser.add_argument("--version", action="version", version=f"burst {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(VERBS) + "}",
-                                parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="VERB", parser_class=Parser,
+                                title="verbs (burst VERB --help for each)")
     for module in VERBS.values():
         module.add_parser(sub)
     return parser
@@ -33,7 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     """Run `burst ARGV`; returns the exit status (a bad argument raises UsageError, a SystemExit(2))."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        if not (sys.argv[1:] if argv is None else argv):
+            raise UsageError(f"burst: error: VERB: missing (one of {', '.join(VERBS)}; see burst --help)")
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            raise UsageError(f"burst {args.command}: error: {unknown[0]}: unknown option "
+                             f"(see burst {args.command} --help)")
         verb = VERBS[args.command]
         try:
             verb.validate(args)

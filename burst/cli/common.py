@@ -61,7 +61,8 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         default = action.default
-        if not action.help or default in (None, False, argparse.SUPPRESS) or action.option_strings == ["-h", "--help"]:
+        if not action.help or default is None or default is False or default is argparse.SUPPRESS \
+                or "--help" in action.option_strings:
             return action.help
         shown = ",".join(map(str, default)) if isinstance(default, (tuple, list)) else str(default)
         return f"{action.help} (default: {shown})".replace("%", "%%")
@@ -75,6 +76,10 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
+        required = "the following arguments are required: "
+        if message.startswith(required):  # name the first missing option first, as every other error does
+            missing = message[len(required):]
+            message = f"{missing.split(', ')[0]}: required (missing: {missing})"
         raise UsageError(f"{self.prog}: error: {message.replace('argument ', '', 1)}")
 
 
