@@ -70,11 +70,13 @@ def merge_across_ranks(out: torch.Tensor, lse: torch.Tensor, group=None) -> torc
     return merged_out
 
 
-def decode_attention(q, k, v, valid, scale: float | None = None, group=None) -> torch.Tensor:
+def decode_attention(q, k, v, valid, scale: float | None = None, group=None, agreed: bool = False) -> torch.Tensor:
     """Exact attention of new queries over a KV cache sharded across `group`; q's dtype out.
 
     q: (batch, t, heads, head_dim), the same on every rank; k, v, valid: this rank's cache shard
     (ShardedKVCache.keys_values). Heads of q must be a multiple of the cache's kv_heads.
+    agreed: the caller already checked, once for a whole generation (`agree_on_decoding`), that every
+    rank decodes the same shapes; then this call is one collective (the merge's all-gather), not two.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     world = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -83,7 +85,17 @@ def decode_attention(q, k, v, valid, scale: float | None = None, group=None) -> 
         problem = ValueError(f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, valid "
                              f"{tuple(valid.shape)}: want q (batch, t, heads, d), k = v (batch, entries, kv_heads, d) "
                              "with heads a multiple of kv_heads, valid (batch, entries)")
-    facts = {"q shape": tuple(q.shape), "dtype": str(q.dtype), "kv_heads": k.shape[2], "scale": float(scale)}
-    agree("burst decode_attention", facts if problem is None else None, problem, group, world)
+    if agreed and problem is not None:
+        raise problem  # the shapes were agreed for the whole generation: a bad one here is a bug of the caller's
+    if not agreed:
+        agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, group, problem)
     out, lse = partial_attention(q, k, v, valid, scale)
     return merge_across_ranks(out, lse, group).to(q.dtype)
+
+
+def agree_on_decoding(q_shape, dtype, kv_heads: int, scale: float, group=None, problem=None) -> None:
+    """Check once that every rank decodes the same query shape, dtype, KV heads and scale (raises on
+    every rank otherwise); each decode_attention(..., agreed=True) of the generation then skips it."""
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    facts = {"q shape": tuple(q_shape), "dtype": str(dtype), "kv_heads": int(kv_heads), "scale": float(scale)}
+    agree("burst decode_attention", facts if problem is None else None, problem, group, world)

@@ -21,7 +21,7 @@ from .. import api
 from ..layout import local_multiple, shard
 from ..engine.model import Transformer, rotary
 from .cache import ShardedKVCache
-from .decode import decode_attention
+from .decode import agree_on_decoding, decode_attention
 
 
 @dataclass
@@ -80,6 +80,10 @@ def generate(model: Transformer, prompts: list[list[int]], new_tokens: int, grou
     out = [[int(t)] for t in token]
 
     start = time.perf_counter()
+    cfg = model.cfg
+    # One check for the whole decode (its shapes do not change between tokens): each layer of each
+    # token is then one collective, the merge's all-gather.
+    agree_on_decoding((len(prompts), 1, cfg.heads, cfg.head_dim), last.dtype, cfg.kv_heads, cfg.head_dim ** -0.5, group)
     for step in range(1, new_tokens):
         pos = torch.tensor(lengths) + step - 1  # the position of the token just produced
         hidden = _decode_step(model, token, pos, cache, group)
@@ -128,7 +132,7 @@ def _decode_step(model, token, positions, cache, group) -> torch.Tensor:
     for layer, block in enumerate(model.blocks):
         q, k, v = block.attention.project(block.attention_norm(x), cos, sin)
         cache.append(layer, k, v, positions)  # on the rank whose turn it is; attended from this layer on
-        o = decode_attention(q, *cache.keys_values(layer), group=group)
+        o = decode_attention(q, *cache.keys_values(layer), group=group, agreed=True)
         x = x + block.attention.wo(o.flatten(2))
         x = x + block.feed_forward(block.ffn_norm(x))
     cache.advance()
