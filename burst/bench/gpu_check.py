@@ -100,7 +100,7 @@ CUDA_SIZES = Sizes(
     world_len=4096, world_heads=8, world_kv_heads=2, world_dim=128,
     world_dtypes=("float32", "bfloat16", "float16"), world_ranks=(2, 4),
     speed_lens=(8192, 16384, 32768, 65536, 131072), speed_dims=(64, 128), speed_hidden=2048,
-    speed_dtype="bfloat16", speed_repeats=2, world_speed_len=32768,
+    speed_dtype="bfloat16", speed_repeats=1, world_speed_len=32768,
     mem_batch=8, mem_heads=32, mem_dim=128, mem_start=8192, mem_limit=1 << 21, mem_cap_bytes=None,
     train_model="small", train_start=65536, train_limit=1 << 20,
     budgets={"1": 50, "2": 120, "3": 120, "4": 170, "5": 60}, spawn_timeout=120.0, threads=None,
@@ -231,7 +231,7 @@ def environment(device: torch.device) -> dict:
         "mode": device.type, "device_name": torch.cuda.get_device_name(0) if cuda else f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
         "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
         "flash_attn": cuda_flash_attn.available(), "git_commit": _git_commit(), "python": sys.version.split()[0],
-        "command": " ".join(["python3 -m burst.bench.gpu_check", *sys.argv[1:]]),
+        "command": " ".join(["scripts/gpu_check.sh", *sys.argv[1:]]),
         "selected_kernels": {DTYPE_NAMES[dt]: select_kernel(device, dt).__name__.rsplit(".", 1)[-1]
                              for dt in DTYPE_NAMES},
         "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory if cuda else None,
@@ -826,14 +826,15 @@ def fwd_bwd_once(name: str, n: int, sizes: Sizes, device) -> None:
     backward(forward())
 
 
-def train_steps(sizes: Sizes, device, mode: str, n: int, steps: int = 2) -> dict:
-    """The engine's model (engine/train.build) on this device under bf16 autocast, `steps` AdamW steps
-    at n tokens with checkpointing `mode`. `burst train` itself places nothing on a device (the model
-    stays on the CPU), so the steps are driven here as engine/train.train_step does."""
+def train_steps(sizes: Sizes, device, mode: str, n: int, steps: int = 2, model=None) -> dict:
+    """The engine's model (engine/train.build, or `model` as given: FSDP2-sharded) on this device under
+    bf16 autocast, `steps` AdamW steps at n tokens with checkpointing `mode`. `burst train` itself
+    places nothing on a device (the model stays on the CPU), so the steps are driven here as
+    engine/train.train_step does."""
     from burst.engine.train import TokenSource, TrainConfig, build
 
     cfg = TrainConfig(model=sizes.train_model, seq_len=n, steps=steps, checkpointing=mode, progress=False)
-    model = build(cfg).to(device)
+    model = build(cfg).to(device) if model is None else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     data = TokenSource(cfg, model.cfg.vocab_size)
     positions = torch.arange(n, device=device).expand(cfg.batch, -1)
@@ -907,6 +908,8 @@ def _peak_per_rank(sec: Section, sizes: Sizes, device, several: str | None) -> N
 def _train_lengths(sec: Section, sizes: Sizes, device) -> None:
     from burst.engine.checkpointing import MODES
 
+    sec.note("the engine on one device attends with torch SDPA (SequenceAttention at world 1); remat and "
+             "selective replay the stored output through burst's single-device strategy and kernels")
     rows, stats = [], {}
     for i, mode in enumerate(MODES):
         def fits(n, mode=mode):
@@ -932,33 +935,60 @@ def _train_lengths(sec: Section, sizes: Sizes, device) -> None:
 # ---------------------------------------------------------------- 5. CUDA-only features
 
 
-def _train_rank(rank, world, cfg_dict):
-    from burst.engine.train import TrainConfig, train
+def _fsdp_world(rank, world, sizes_dict, device_kind):
+    """FSDP2 CPU offload on a one-rank world: first through `burst train`'s own entry point
+    (engine.train.train), then through the engine's pieces (engine.parallel.shard_parameters over an
+    explicit (dp, sp) mesh) with the model's steps on this device. On the CPU offload is refused by
+    design, so there the second runs FSDP2 without it. Returns feature rows."""
+    from torch.distributed.device_mesh import init_device_mesh
 
-    _rank_device("cuda" if torch.cuda.is_available() else "cpu")
-    return train(rank, world, TrainConfig(**cfg_dict))
+    from burst.engine.parallel import Parallel, shard_parameters
+    from burst.engine.train import TrainConfig, build, train
+
+    sizes, device = Sizes(**sizes_dict), _rank_device(device_kind)
+    rows = []
+    cfg = TrainConfig(model="tiny", seq_len=256, steps=2, fsdp="dp", cpu_offload=True, progress=False)
+    feature = "burst train --fsdp dp --cpu-offload on 1 rank (engine.train.train)"
+    try:
+        got = train(rank, world, cfg)
+        rows.append({"feature": feature, "status": "ok", "detail": "losses " + ", ".join(f"{r['loss']:.3f}" for r in got)})
+    except Exception as err:  # noqa: BLE001 - recorded
+        refused = device_kind == "cpu" and isinstance(err, ValueError)
+        rows.append({"feature": feature, "status": "refused on CPU (as designed)" if refused else "FAIL",
+                     "detail": _first_line(err)[:200]})
+    offload = device_kind == "cuda"
+    feature = f"engine model, FSDP2 over a (1, 1) mesh{', CPU offload' if offload else ''}, steps on {device_kind}"
+    try:
+        mesh = init_device_mesh(device_kind, (1, 1), mesh_dim_names=("dp", "sp"))
+        tcfg = TrainConfig(model=sizes.train_model, seq_len=sizes.train_start, progress=False)
+        model = shard_parameters(build(tcfg), Parallel(fsdp="dp", mesh=mesh), cpu_offload=offload)
+        if not offload:
+            model.to(device)
+        where = next(model.parameters()).device
+        got = train_steps(sizes, device, "none", sizes.train_start, model=model)
+        peak = torch.cuda.max_memory_allocated() / 2**20 if offload else None
+        kept_on_host = where.type == "cpu"  # what offload promises; without it they follow the model
+        rows.append({"feature": feature, "status": "ok" if kept_on_host or not offload else "FAIL",
+                     "detail": f"parameters on {where}; losses " + ", ".join(f"{x:.3f}" for x in got["losses"])
+                     + (f"; GPU peak {peak:.0f} MiB" if peak is not None else "")})
+    except Exception as err:  # noqa: BLE001 - recorded
+        rows.append({"feature": feature, "status": "FAIL", "detail": _first_line(err)[:200]})
+    return rows
 
 
 def section_features(rep: Report) -> None:
     with rep.section("5", "CUDA-only features: FSDP2 CPU offload, bf16 autocast, burst check") as sec:
         sizes, device = rep.sizes, rep.device
         rows = []
-        # FSDP2 CPU offload through burst train's own entry point (engine.train.train), one rank.
-        from burst.engine.train import TrainConfig
-
-        cfg = TrainConfig(model="tiny", seq_len=256, steps=2, fsdp="dp", cpu_offload=True, progress=False)
-        try:
-            cfg.check(1)
-            out = spawn_world(_train_rank, dataclasses.asdict(cfg), nproc=1, threads=sizes.threads,
-                              backend="nccl" if device.type == "cuda" else "gloo", timeout=min(sec.left(), 120))
-            rows.append({"feature": "burst train --fsdp dp --cpu-offload (1 rank)", "status": "ok",
-                         "detail": "losses " + ", ".join(f"{r['loss']:.3f}" for r in out[0])})
+        try:  # FSDP2 CPU offload, on a one-rank world
+            rows += spawn_world(_fsdp_world, dataclasses.asdict(sizes), device.type, nproc=1, threads=sizes.threads,
+                                backend="nccl" if device.type == "cuda" else "gloo",
+                                timeout=max(10.0, min(sec.left(), sizes.spawn_timeout)))[0]
         except Exception as err:  # noqa: BLE001
-            refused = isinstance(err, ValueError) and device.type == "cpu"
-            rows.append({"feature": "burst train --fsdp dp --cpu-offload (1 rank)",
-                         "status": "refused on CPU (as designed)" if refused else "FAIL", "detail": _first_line(err)[:200]})
-            if not refused:
-                sec.fail(f"FSDP2 CPU offload: {_first_line(err)}")
+            rows.append({"feature": "FSDP2 world", "status": "FAIL", "detail": _first_line(err)[:200]})
+        for row in rows:
+            if row["status"] == "FAIL":
+                sec.fail(f"{row['feature']}: {row['detail']}")
         # bf16 autocast: float32 q, k, v under torch.autocast run attention in bf16, as SDPA does.
         n = sizes.world_len
         q, k, v, dout = random_inputs(1, n, sizes.world_heads, sizes.world_kv_heads, sizes.world_dim, torch.float32,
@@ -976,7 +1006,7 @@ def section_features(rep: Report) -> None:
         if not ok:
             sec.fail(f"autocast: {rows[-1]['detail']}")
         # `burst check` as a user runs it.
-        command = [sys.executable, "-m", "burst", "check", "--nproc", "1", "--seq-len", str(sizes.world_len),
+        command = [sys.executable, "-m", "burst", "check", "--nproc", "1", "--seq-len", str(min(sizes.world_len, 1024)),
                    "--heads", str(sizes.world_heads), "--head-dim", str(sizes.world_dim), "--dtype", "float32,bfloat16",
                    "--strategies", "burst,ring,allgather", "--json", os.path.join(rep.outdir, "burst_check.json")]
         try:
