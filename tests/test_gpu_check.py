@@ -197,3 +197,42 @@ def test_cuda_sdpa_bias_is_padded_and_lse_aligned():
     lse = torch.randn(2, 3, 13)
     padded = cuda_sdpa._padded_lse(lse)
     assert padded.shape == (2, 3, 32) and torch.equal(padded[..., :13], lse)
+
+
+# --- the longest-length search and its out-of-memory handling ----------------------------------------
+
+
+def test_longest_doubles_then_bisects_to_the_granularity():
+    notes = []
+    got = gpu_check.longest(lambda n: n <= 5000, 256, 1 << 20, 128, time.monotonic() + 60, notes.append, "x")
+    assert (got["fits"], got["does not fit"], got["stopped by"]) == (4992, 5120, "memory")
+    assert "longest that ran 4992" in notes[0]
+    assert gpu_check.longest(lambda n: True, 256, 1024, 128, time.monotonic() + 60, notes.append, "x")["stopped by"] == "limit"
+
+
+def test_longest_stops_for_time_and_records_errors():
+    got = gpu_check.longest(lambda n: True, 256, 1 << 20, 128, time.monotonic() - 1, lambda _: None, "x")
+    assert got["fits"] is None and got["stopped by"] == "time"
+
+    def broken(n):
+        if n > 512:
+            raise ValueError("not a memory problem")
+        return True
+
+    got = gpu_check.longest(broken, 256, 1 << 20, 128, time.monotonic() + 60, lambda _: None, "x")
+    assert got["fits"] == 512 and got["stopped by"].startswith("error at 1024: ValueError")
+
+
+def test_memory_trial_counts_a_cuda_oom_as_does_not_fit(monkeypatch):
+    for name, value in (("reset_peak_memory_stats", None), ("memory_allocated", 0), ("max_memory_allocated", 7),
+                        ("synchronize", None), ("empty_cache", None)):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, value=value: value)
+    cuda = torch.device("cuda")
+
+    def oom():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    assert gpu_check.memory_trial(cuda, None, oom) == (False, -1)
+    assert gpu_check.memory_trial(cuda, None, lambda: None) == (True, 7)
+    with pytest.raises(ValueError):
+        gpu_check.memory_trial(cuda, None, lambda: (_ for _ in ()).throw(ValueError("a bug, not memory")))

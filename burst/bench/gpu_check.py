@@ -181,7 +181,10 @@ class Report:
             sec.note(f"error: {type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
         finally:
             sec.seconds = time.monotonic() - began
-            release_memory(self.device)
+            try:
+                release_memory(self.device)
+            except Exception as err:  # noqa: BLE001 - a sticky CUDA error: every later section will say so too
+                sec.note(f"could not free device memory after this section: {_first_line(err)}")
             self.write()
 
     def as_dict(self) -> dict:
@@ -202,7 +205,8 @@ def markdown(data: dict) -> str:
     lines = [f"# burst GPU check: {data['device_name']}", "",
              f"Command: `{data['command']}`  ", f"burst commit {data['git_commit']}, torch {data['torch']}, "
              f"CUDA {data['cuda']}, flash_attn {data['flash_attn']}, mode {data['mode']}, "
-             f"{data['total_s']:.0f} s of a {data['budget_s']:.0f} s budget.", "",
+             f"{data['total_s']:.0f} s of a {data['budget_s']:.0f} s budget"
+             + (f", {data['gpu_memory_bytes'] / 2**30:.0f} GiB of GPU memory." if data["gpu_memory_bytes"] else "."), "",
              "| section | status | seconds |", "|---|---|---|"]
     lines += [f"| {s['id']}. {s['title']} | {s['status']} | {s['seconds']:.0f} |" for s in data["sections"]]
     for s in data["sections"]:
@@ -317,11 +321,14 @@ def float64_reference(q, k, v, dout, spec: MaskSpec, scale: float):
     return out, lse, dq, dk, dv
 
 
-def random_inputs(batch, n, heads, kv_heads, dim, dtype, device, seed=0):
-    """q, k, v, dout drawn on the CPU from the seed (the same on every rank), then moved."""
-    g = torch.Generator().manual_seed(seed)
+def random_inputs(batch, n, heads, kv_heads, dim, dtype, device, seed=0, on_device=False):
+    """q, k, v, dout drawn on the CPU from the seed (the same on every rank), then moved; on_device:
+    drawn on `device` itself (the long timing and memory runs, where CPU draws would take seconds)."""
+    where = device if on_device else torch.device("cpu")
+    g = torch.Generator(device=where).manual_seed(seed)
     shapes = [(batch, n, heads, dim), (batch, n, kv_heads, dim), (batch, n, kv_heads, dim), (batch, n, heads, dim)]
-    return [torch.randn(s, generator=g).to(device=device, dtype=dtype) for s in shapes]
+    draw = dtype if on_device else torch.float32  # drawn in its dtype on the device: no float32 temporary
+    return [torch.randn(s, generator=g, device=where, dtype=draw).to(device=device, dtype=dtype) for s in shapes]
 
 
 # ---------------------------------------------------------------- 1. kernels
@@ -668,10 +675,12 @@ def attention_runner(q, k, v, dout, causal: bool, device):
 RUNNERS = {"sdpa": sdpa_runner, "block_step": block_step_runner, "burst.attention": attention_runner}
 
 
-def measure(name: str, n: int, heads: int, dim: int, dtype, causal: bool, device, repeats: int) -> dict:
-    q, k, v, dout = random_inputs(1, n, heads, heads, dim, dtype, device)
-    fwd_s, bwd_s = time_fwd_bwd(device, repeats, *RUNNERS[name](q, k, v, dout, causal, device))
-    fwd_flops, bwd_flops = attention_flops(BenchConfig(seq_len=n, heads=heads, head_dim=dim, causal=causal))
+def measure(name: str, inputs, causal: bool, device, repeats: int) -> dict:
+    """Best fwd and bwd seconds of runner `name` on inputs q, k, v, dout (batch 1, MHA), and TFLOP/s."""
+    q = inputs[0]
+    fwd_s, bwd_s = time_fwd_bwd(device, repeats, *RUNNERS[name](*inputs, causal, device))
+    fwd_flops, bwd_flops = attention_flops(BenchConfig(seq_len=q.shape[1], heads=q.shape[2], head_dim=q.shape[3],
+                                                       causal=causal))
     return {"fwd_s": fwd_s, "bwd_s": bwd_s, "tflops": (fwd_flops + bwd_flops) / (fwd_s + bwd_s) / 1e12}
 
 
@@ -698,9 +707,10 @@ def section_speed(rep: Report, several: str | None) -> None:
                     began = time.monotonic()
                     heads = max(1, sizes.speed_hidden // dim)
                     row = {"head_dim": dim, "heads": heads, "causal": causal, "tokens": n}
+                    inputs = random_inputs(1, n, heads, heads, dim, dtype, device, on_device=True)
                     for name in RUNNERS:
                         try:
-                            got = measure(name, n, heads, dim, dtype, causal, device, sizes.speed_repeats)
+                            got = measure(name, inputs, causal, device, sizes.speed_repeats)
                             row[f"{name} TFLOP/s"] = got["tflops"]
                             row[f"{name} s"] = got["fwd_s"] + got["bwd_s"]
                         except Exception as err:  # noqa: BLE001 - OOM or a kernel error: noted, the rest runs
@@ -708,6 +718,7 @@ def section_speed(rep: Report, several: str | None) -> None:
                             if not is_oom(err):
                                 sec.fail(f"{name} at {n} tokens dim {dim}: {_first_line(err)}")
                         release_memory(device)
+                    del inputs
                     for name in ("block_step", "burst.attention"):
                         if isinstance(row.get(f"{name} s"), float) and isinstance(row.get("sdpa s"), float):
                             row[f"{name} x SDPA"] = row["sdpa s"] / row[f"{name} s"]
@@ -821,7 +832,8 @@ def memory_trial(device: torch.device, cap: int | None, run) -> tuple[bool, int]
 
 def fwd_bwd_once(name: str, n: int, sizes: Sizes, device) -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    q, k, v, dout = random_inputs(sizes.mem_batch, n, sizes.mem_heads, sizes.mem_heads, sizes.mem_dim, dtype, device)
+    q, k, v, dout = random_inputs(sizes.mem_batch, n, sizes.mem_heads, sizes.mem_heads, sizes.mem_dim, dtype, device,
+                                  on_device=True)
     forward, backward, _ = RUNNERS[name](q, k, v, dout, True, device)
     backward(forward())
 
