@@ -18,8 +18,11 @@ with `position_ids` at their *global* positions (so RoPE is right under zigzag /
 shifted on the global sequence. Packed sequences (position_ids restarting at 0 for each document in
 a row, transformers' packing convention) become burst's `cu_seqlens`, computed on the global
 positions, so packed training needs no padding. What the backend cannot do raises on every rank:
-padding masks with holes, dropout, `output_attentions=True`, and cached decoding (use
-`burst generate`, which decodes on a sharded KV cache).
+padding masks with holes, dropout and `output_attentions=True`. Generation: `model.generate(ids,
+past_key_values=ShardedCache(model))` prefills sequence-parallel and decodes on a sharded KV cache
+(transformers_generate.py); generate() without it raises. FSDP2: `fully_shard(model)` here, or
+torch's own, with `reduce_gradients` (which sees FSDP-managed gradients). Under torch.autocast q, k,
+v run in the autocast dtype. layout="doc_zigzag" / "doc_contiguous" cut each packed document on its own.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 
 from ..inference import ShardedKVCache, decode_attention
+from ..inference.decode import agree_on_decoding
 from ..inference.generate import last_hidden
 from ..layout import LAYOUTS, local_multiple, shard
 from . import transformers as _hf  # a cycle: transformers.py imports this module lazily; read at call time
@@ -65,6 +66,7 @@ class ShardedCache(Cache):
         self.name, self.group, self.layout = name, backend.group, backend.layout
         self.world = dist.get_world_size(self.group) if dist.is_initialized() else 1
         self.kv = ShardedKVCache(layers, group=self.group, layout=self.layout, chunk=chunk)
+        self._agreed: set[tuple] = set()  # decode signatures every rank has agreed on (agree_on_decoding)
         self.seen = 0           # tokens of each row seen so far (prompt + decoded), on all ranks together
         self.prompt_length = 0
         self.phase: str | None = None  # "prefill" or "decode" while a forward runs
@@ -188,7 +190,13 @@ class ShardedCache(Cache):
         if sliding_window is not None:  # transformers: key j attends query i when j > i - sliding_window
             since = self._step - sliding_window + 1
         k, v, valid = self.kv.keys_values(layer, since=since)
-        return decode_attention(query.transpose(1, 2), k, v, valid, scale=scaling, group=self.group)
+        q = query.transpose(1, 2)
+        scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+        signature = (tuple(q.shape), q.dtype, k.shape[2], float(scale))
+        if signature not in self._agreed:  # once per generation (and per shape): then one collective per layer
+            agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, self.group)
+            self._agreed.add(signature)
+        return decode_attention(q, k, v, valid, scale=scale, group=self.group, agreed=True)
 
 
 def _drop_all_ones_mask(kwargs: dict, name: str) -> None:
