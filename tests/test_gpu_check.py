@@ -20,6 +20,7 @@ import torch
 from burst import parity
 from burst.bench import gpu_check
 from burst.kernels import cpu_flash, cuda_sdpa, reference
+from world import run_world
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,7 +81,7 @@ def test_cpu_mode_worlds_check_every_strategy_and_layout(cpu_report):
         assert {s for s, _ in ran} == set(gpu_check.api.STRATEGIES)
         assert {m for m in ("window", "documents", "block_sparse")} == {r["mask"] for r in masks if r["status"] == "ok"}
     probes = _table(section, "several ranks")["rows"]
-    assert probes[0]["backend"] == "gloo" and probes[0]["isend/irecv"] is True
+    assert probes[0]["backend"] == "gloo" and probes[0]["exchange"] is True
 
 
 def test_cpu_mode_speed_memory_and_features(cpu_report):
@@ -197,6 +198,25 @@ def test_cuda_sdpa_bias_is_padded_and_lse_aligned():
     lse = torch.randn(2, 3, 13)
     padded = cuda_sdpa._padded_lse(lse)
     assert padded.shape == (2, 3, 32) and torch.equal(padded[..., :13], lse)
+
+
+# --- several ranks on one GPU: gloo with device tensors goes through host copies (comm/p2p.py) --------
+
+
+def _check_through_host(rank, world):
+    """burst.check with every exchange forced through host copies, as gloo does with CUDA tensors."""
+    from burst.comm import p2p
+
+    staged = []
+    p2p.through_host = lambda group, tensors: staged.append(len(tensors)) or True
+    report = parity.check(strategies=("burst", "ring", "distflash", "cqs", "usp"), seq_len=32, heads=2, head_dim=8,
+                          dtype=("float32", "bfloat16"))
+    return report.ok, [r.status for r in report.rows], len(staged)
+
+
+def test_exchange_through_host_copies_is_exact_on_two_ranks():
+    for ok, statuses, staged in run_world(2, _check_through_host, timeout=300):
+        assert ok and "FAIL" not in statuses and staged > 0, statuses
 
 
 # --- the longest-length search and its out-of-memory handling ----------------------------------------

@@ -527,7 +527,10 @@ def masked_api_rows(group, world: int, device, sizes: Sizes, strategies=None) ->
 
 
 def _probe_world(rank, world, device_kind):
-    """Can ranks sharing this device talk? A collective and a ring of isend/irecv on device tensors."""
+    """Can ranks sharing this device talk? Collectives, and a ring step through burst's own exchange
+    (comm/p2p.py, which takes device tensors through host copies on gloo), on device tensors."""
+    from burst.comm.p2p import exchange
+
     device = _rank_device(device_kind)
     x = torch.full((1024,), float(rank + 1), device=device)
     dist.all_reduce(x)
@@ -535,13 +538,10 @@ def _probe_world(rank, world, device_kind):
     gathered = [torch.empty(4, device=device) for _ in range(world)]
     dist.all_gather(gathered, torch.full((4,), float(rank), device=device))
     done["all_gather"] = [float(t[0]) for t in gathered] == [float(r) for r in range(world)]
-    got = torch.empty(1024, device=device)
-    ops = [dist.P2POp(dist.isend, torch.full((1024,), float(rank), device=device), (rank + 1) % world),
-           dist.P2POp(dist.irecv, got, (rank - 1) % world)]
-    for req in dist.batch_isend_irecv(ops):
-        req.wait()
+    mine = torch.full((1024,), float(rank), device=device)
+    got = exchange(None, "forward", [(mine, (rank + 1) % world, 0)], [(mine, (rank - 1) % world, 0)]).wait()[0]
     sync(device)
-    done["isend/irecv"] = float(got[0]) == float((rank - 1) % world)
+    done["exchange"] = got.device == device and float(got[0]) == float((rank - 1) % world)
     return done
 
 
@@ -583,11 +583,11 @@ def section_worlds(rep: Report) -> dict:
             if got["check"] is not None:
                 found["backend"] = backend
                 sec.note(f"several ranks on one device run with {backend}: communication is copies on the device "
-                         "(gloo stages them through host memory), not a network")
+                         "(with gloo, through host memory: comm/p2p.py), not a network")
                 _world_table(sec, f"{first} ranks ({backend})", got["check"])
                 break
-        sec.table("several ranks on one device: what the backends took", ["backend", "ranks", "tensors", "all_reduce",
-                  "all_gather", "isend/irecv", "result"], tried)
+        sec.table("several ranks on one device: what the backends took (exchange = burst.comm.p2p's isend/irecv)",
+                  ["backend", "ranks", "tensors", "all_reduce", "all_gather", "exchange", "result"], tried)
         if found["backend"] is None:
             sec.note(f"no backend ran {first} ranks on one {kind} device with {kind} tensors (see the table); the "
                      "several-rank checks did not run")

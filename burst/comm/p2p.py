@@ -2,6 +2,11 @@
 
 `exchange` posts every send and receive of one step at once (`batch_isend_irecv`) and returns a
 `Transfer`; the caller computes, then calls `Transfer.wait()`. Ranks are ranks of `group`.
+
+gloo sends and receives host memory only (it hands the tensor's pointer to its TCP transport), so
+on a gloo group device tensors travel through host copies: sent from a host copy, received into a
+host buffer and copied onto the device buffer in `wait()`. That lets several ranks share one GPU
+(NCCL refuses two ranks on one device), at host-copy speed: for checking, not for speed.
 """
 
 from __future__ import annotations
@@ -25,19 +30,28 @@ def global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
 class Transfer:
     """Posted sends and receives; `received` is filled once `wait()` returns."""
 
-    def __init__(self, requests, sending, received, deadline: float = 0.0):
+    def __init__(self, requests, sending, received, deadline: float = 0.0, host_received=None):
         self._requests = requests
         self._sending = sending  # kept alive until the transfer is done
         self.received = received
         self._deadline = deadline  # emulated slow links: not done before this (comm/emulation.py)
+        self._host_received = host_received  # gloo with device tensors: copied onto `received` on wait
 
     def wait(self) -> list[torch.Tensor]:
         for req in self._requests:
             req.wait()
         if self._deadline:
             emulation.wait_until(self._deadline)
-        self._requests, self._sending, self._deadline = [], [], 0.0
+        if self._host_received is not None:
+            for buf, host in zip(self.received, self._host_received):
+                buf.copy_(host)
+        self._requests, self._sending, self._deadline, self._host_received = [], [], 0.0, None
         return self.received
+
+
+def through_host(group: dist.ProcessGroup | None, tensors: Sequence[torch.Tensor]) -> bool:
+    """True when `tensors` must travel through host copies: device tensors on a gloo group."""
+    return any(t.device.type != "cpu" for t in tensors) and dist.get_backend(group) == "gloo"
 
 
 def exchange(
@@ -61,10 +75,14 @@ def exchange(
     # (batch, heads, seq, dim) model, a slice): gloo and NCCL refuse strided buffers.
     received = list(into) if into is not None else [
         torch.empty(like.shape, dtype=like.dtype, device=like.device) for like, _, _ in recvs]
+    wire_sent, wire_received, host_received = sending, received, None
+    if through_host(group, sending + received):
+        wire_sent = [t.to("cpu", copy=True) for t in sending]
+        wire_received = host_received = [torch.empty(b.shape, dtype=b.dtype) for b in received]
     ops = [dist.P2POp(dist.isend, t, global_rank(group, peer), group, tag)
-           for t, (_, peer, tag) in zip(sending, sends)]
+           for t, (_, peer, tag) in zip(wire_sent, sends)]
     ops += [dist.P2POp(dist.irecv, buf, global_rank(group, peer), group, tag)
-            for buf, (_, peer, tag) in zip(received, recvs)]
+            for buf, (_, peer, tag) in zip(wire_received, recvs)]
     requests = dist.batch_isend_irecv(ops) if ops else []
     deadline = 0.0
     for t, (_, peer, _) in zip(sending, sends):
@@ -76,4 +94,4 @@ def exchange(
         for buf, (_, peer, _) in zip(received, recvs):
             deadline = max(deadline, emulation.reserve(link_between(topology, group, peer), tensor_bytes(buf),
                                                        posted, "in"))
-    return Transfer(requests, sending, received, deadline)
+    return Transfer(requests, wire_sent, received, deadline, host_received)
