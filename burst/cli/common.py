@@ -257,8 +257,9 @@ def write_json(path: str, value) -> None:
         f.write(text + "\n")
 
 
-def progress(total: int, desc: str, unit: str):
-    """A step callback: a tqdm bar on a terminal, else one line per item on stderr.
+def progress(total: int, desc: str, unit: str, lines: int | None = None):
+    """A step callback: a tqdm bar on a terminal, else one line per item on stderr (or about
+    `lines` lines in all, for many small items).
 
     step(label) marks one item done; step.close() ends the bar."""
     if sys.stderr.isatty():
@@ -277,10 +278,12 @@ def progress(total: int, desc: str, unit: str):
         return step
     print(f"{desc}: {total} {unit}(s) to run", file=sys.stderr, flush=True)
     count = [0]
+    every = max(1, -(-total // lines)) if lines else 1
 
     def line(label: str) -> None:
         count[0] += 1
-        print(f"{desc}: [{count[0]}/{total}] {label}", file=sys.stderr, flush=True)
+        if count[0] % every == 0 or count[0] in (1, total):
+            print(f"{desc}: [{count[0]}/{total}] {label}", file=sys.stderr, flush=True)
 
     line.close = lambda: None
     return line

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .common import (BadOption, add_common, any_case, blame, check_readable_file, check_writable_file,
-                     is_reporting_rank, nonnegative_float, nonnegative_int, note, positive_int, probability,
+                     is_reporting_rank, nonnegative_float, nonnegative_int, note, positive_int, probability, progress,
                      world_size, write_json)
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
@@ -150,7 +150,24 @@ def _generate_on_rank(rank, world, kwargs):
         from ..engine.resume import load_model_weights
 
         load_model_weights(kwargs["checkpoint_dir"], kwargs["checkpoint_step"], model)
+    step = _token_progress(model, kwargs["new_tokens"]) if rank == 0 else None
     result = generate(model, kwargs["prompts"], kwargs["new_tokens"], strategy=kwargs["strategy"],
                       layout=kwargs["layout"], temperature=kwargs["temperature"], top_p=kwargs["top_p"],
                       seed=kwargs["seed"])
+    if step:
+        step.close()
     return result.__dict__
+
+
+def _token_progress(model, new_tokens: int):
+    """Progress by generated token: the LM head runs once per token (the prefill's first, then
+    each decode step's), so a forward hook on it counts them."""
+    step = progress(new_tokens, "burst generate", "token", lines=10)
+    count = [0]
+
+    def on_token(*_):
+        count[0] += 1
+        step("prefill (first token)" if count[0] == 1 else "decode")
+
+    model.lm_head.register_forward_hook(on_token)
+    return step
