@@ -154,6 +154,7 @@ def test_bench_refuses_bad_values(capsys, no_world, tmp_path):
         (["--report", str(tmp_path / "r"), "--report-seq-lens", "100,0"], "--report-seq-lens"),
         (["--report", str(tmp_path / "r"), "--report-seq-lens", "101"], "--report-seq-lens"),
         (["--report", str(a_file / "report")], "--report"),
+        (["--report", str(tmp_path / "r"), "--report-worlds", "1,3"], "--report-worlds"),  # 4096 over 3 ranks
         (["--cqs-table2", "4,-1"], "--cqs-table2"),
     ])
 

@@ -110,6 +110,7 @@ def validate(args) -> None:
         check_writable_dir("--report", args.report)
         for n in args.report_seq_lens:
             _check_strategies(args, n, "--report-seq-lens")
+        _check_report_worlds(args)
         return
     if args.documents > args.seq_len:
         raise BadOption("--documents", f"{args.documents} documents do not fit in {args.seq_len} tokens")
@@ -136,6 +137,16 @@ def _check_strategies(args, seq_len: int, length_option: str) -> None:
         with blame("--strategies"):
             check_call(world, seq_len, args.heads, args.kv_heads, args.head_dim, strategy=strategy.partition(":")[0],
                        layout=args.layout, batch=args.batch, dtype=args.dtype, **masks)
+
+
+def _check_report_worlds(args) -> None:
+    """The memory sweep runs the middle length on each world (contiguous where the layout does not
+    split it: bench/report.py)."""
+    middle = args.report_seq_lens[len(args.report_seq_lens) // 2]
+    for world in args.report_worlds:
+        if middle % world:
+            raise BadOption("--report-worlds", f"{world} ranks do not split the memory sweep's {middle} tokens "
+                                               "(the middle of --report-seq-lens; use world sizes that divide it)")
 
 
 def run(args) -> int:
