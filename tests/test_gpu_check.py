@@ -60,13 +60,16 @@ def test_cpu_mode_kernel_rows_cover_every_mask_and_dtype_within_bounds(cpu_repor
     covered = {(r["kernel"], r["dtype"], r["mask"]) for r in rows}
     for kernel, dtypes in (("cpu_flash", ("float32", "bfloat16")), ("reference", ("float64",))):
         for dtype in dtypes:
-            assert {(kernel, dtype, m) for m in gpu_check.MASK_KINDS} <= covered
+            assert {(kernel, dtype, m) for m in gpu_check.KERNEL_CASES} <= covered
     for r in rows:
         assert r["status"] == "ok", r
         assert all(r[q] <= parity.BOUNDS[r["dtype"]] for q in gpu_check.QUANTITIES), r
         assert "->" in r["tiles"]  # which kernel served which tile is reported
     causal = next(r for r in rows if r["mask"] == "causal" and r["kernel"] == "cpu_flash")
     assert "DIAG" in causal["tiles"] and "FULL" in causal["tiles"]  # split: diagonal and off-diagonal tiles
+    striped = next(r for r in rows if r["mask"] == "causal_striped" and r["kernel"] == "cpu_flash")
+    n = gpu_check.CPU_SIZES.kernel_len // 2
+    assert f"DIAG {n - 1}x{n - 1}" in striped["tiles"]  # j < i: one causal tile one row short
     sdpa = _table(_section(cpu_report[0], "1"), "torch SDPA")["rows"]
     assert any(r["backend"] == "MATH" and r["status"] == "ok" for r in sdpa)
 
@@ -139,7 +142,7 @@ def _planted(forward_scale=1.0, grad_scale=1.0):
 def test_a_planted_wrong_kernel_fails_its_rows(planted):
     sec = gpu_check.Section("1", "planted", time.monotonic() + 60)
     rows = gpu_check.kernel_rows(sec, torch.device("cpu"), gpu_check.CPU_SIZES, [("planted", planted, (torch.float32,))])
-    assert len(rows) == len(gpu_check.MASK_KINDS)
+    assert len(rows) == len(gpu_check.KERNEL_CASES)
     assert all(r["status"] == "FAIL" for r in rows), rows
     assert sec.status == "FAIL"
 
@@ -184,7 +187,7 @@ def test_cuda_sdpa_adapter_is_exact_through_the_block_step(monkeypatch):
     sizes = type(sizes)(**{**gpu_check.dataclasses.asdict(sizes), "kernel_len": 120})  # rows not a multiple of 8
     sec = gpu_check.Section("1", "stand-in", time.monotonic() + 60)
     rows = gpu_check.kernel_rows(sec, torch.device("cpu"), sizes, [("cuda_sdpa", cuda_sdpa, (torch.float32,))])
-    assert len(rows) == len(gpu_check.MASK_KINDS)
+    assert len(rows) == len(gpu_check.KERNEL_CASES)
     assert all(r["status"] == "ok" for r in rows), rows
     assert any("cuda_sdpa(efficient)+bias" in r["tiles"] for r in rows)  # partial tiles took the bias path
 

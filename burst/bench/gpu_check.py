@@ -55,6 +55,10 @@ from burst.layout import Segment
 from burst.masks import BlockSparseMask, MaskSpec, plan_tiles
 
 MASK_KINDS = ("full", "causal", "window", "documents", "block_sparse")
+# Section 1 also runs striped causal across ranks: rank 0's queries (positions 0, 2, ...) against rank
+# 1's keys (1, 3, ...), j < i, which the planner turns into an (n-1) x (n-1) causal tile (odd sizes,
+# unaligned strides) and whose first query attends nothing (an empty row).
+KERNEL_CASES = MASK_KINDS + ("causal_striped",)
 DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
                torch.float64: "float64"}
 
@@ -310,11 +314,12 @@ def api_mask_kwargs(spec: MaskSpec) -> dict:
             "block_sparse": spec.block_sparse}
 
 
-def float64_reference(q, k, v, dout, spec: MaskSpec, scale: float):
-    """out, lse, dq, dk, dv of attention on the whole sequence in float64 (kernels/reference.py)."""
-    n = q.shape[1]
-    pos = torch.arange(n, device=q.device)
-    mask = None if spec.is_dense else spec.allowed(pos, pos)
+def float64_reference(q, k, v, dout, spec: MaskSpec, scale: float, q_pos=None, k_pos=None):
+    """out, lse, dq, dk, dv of attention in float64 (kernels/reference.py); q and k hold the global
+    positions q_pos, k_pos (default: the whole sequence, 0..n-1)."""
+    q_pos = torch.arange(q.shape[1]) if q_pos is None else q_pos
+    k_pos = torch.arange(k.shape[1]) if k_pos is None else k_pos
+    mask = None if spec.is_dense else spec.allowed(q_pos.to(q.device), k_pos.to(q.device))
     q, k, v, dout = (t.to(torch.float64) for t in (q, k, v, dout))
     out, lse = reference.forward(q, k, v, scale, False, mask)
     dq, dk, dv = reference.backward(dout, q, k, v, out, lse_for_backward(lse), scale, False, mask)
@@ -334,11 +339,13 @@ def random_inputs(batch, n, heads, kv_heads, dim, dtype, device, seed=0, on_devi
 # ---------------------------------------------------------------- 1. kernels
 
 
-def block_step(kernel, q, k, v, dout, spec: MaskSpec, scale: float, max_rows: int):
-    """The whole sequence as one block pair through the block step, as the strategies run it:
-    tiles planned by masks.plan_tiles, merged forward, BurstAttention's delta backward."""
-    segs = [Segment(0, q.shape[1], 0)]
-    tiles = plan_tiles(segs, segs, spec, max_rows)
+def block_step(kernel, q, k, v, dout, spec: MaskSpec, scale: float, max_rows: int, q_segs=None, k_segs=None):
+    """One block pair through the block step, as the strategies run it: tiles planned by
+    masks.plan_tiles, merged forward, BurstAttention's delta backward. q_segs / k_segs: the global
+    positions the blocks hold (layout.Segment runs; default the whole sequence)."""
+    q_segs = q_segs or [Segment(0, q.shape[1], 0)]
+    k_segs = k_segs or [Segment(0, k.shape[1], 0)]
+    tiles = plan_tiles(q_segs, k_segs, spec, max_rows)
     out_acc, lse = empty_accumulators(q)
     attend_forward(kernel, q, k, v, tiles, out_acc, lse, scale)
     out = out_acc.to(q.dtype)
@@ -388,17 +395,26 @@ def kernel_rows(sec: Section, device: torch.device, sizes: Sizes, paths) -> list
                 n = min(sizes.kernel_len, 1024) if dtype == torch.float64 else sizes.kernel_len
                 base = random_inputs(1, n, sizes.kernel_heads, sizes.kernel_kv_heads, dim, dtype, device, seed=dim)
                 scale = dim ** -0.5
-                for kind in MASK_KINDS:
+                for kind in KERNEL_CASES:
                     if sec.skip_for_time(f"{label} dim {dim} {DTYPE_NAMES[dtype]} {kind}", 2.0):
                         return rows
-                    spec = mask_spec(kind, n)
                     row = {"kernel": label, "dtype": DTYPE_NAMES[dtype], "head_dim": dim, "mask": kind,
                            "shape": f"{n} tok, {sizes.kernel_heads}/{sizes.kernel_kv_heads} heads"}
+                    tensors, where = base, {}
+                    if kind == "causal_striped":  # rank 0's queries and dO, rank 1's keys and values, G = 2
+                        spec = MaskSpec(causal=True)
+                        tensors = [base[0][:, 0::2], base[1][:, 1::2], base[2][:, 1::2], base[3][:, 0::2]]
+                        where = {"q_segs": layout_mod.segments("striped", 0, 2, n // 2),
+                                 "k_segs": layout_mod.segments("striped", 1, 2, n // 2)}
+                    else:
+                        spec = mask_spec(kind, n)
                     try:
-                        mine, tiles = block_step(kernel, *base, spec, scale, max(n // 2, 1))
-                        ref = float64_reference(*base, spec, scale)
+                        mine, tiles = block_step(kernel, *tensors, spec, scale, max(n // 2, 1), **where)
+                        positions = {f"{x}_pos": torch.cat([s.positions() for s in where[f"{x}_segs"]])
+                                     for x in "qk"} if where else {}
+                        ref = float64_reference(*tensors, spec, scale, **positions)
                         errors, ok = compare(mine, ref, DTYPE_NAMES[dtype])
-                        row.update(errors, status="ok" if ok else "FAIL", tiles=tile_summary(kernel, base[0], base[1], tiles))
+                        row.update(errors, status="ok" if ok else "FAIL", tiles=tile_summary(kernel, tensors[0], tensors[1], tiles))
                         del mine, ref
                     except Exception as err:  # noqa: BLE001 - the row records it; the others still run
                         row.update(status="FAIL", tiles=f"raised {_first_line(err)}")
