@@ -4,8 +4,10 @@ or partial, and plan the kernel calls ("tiles") that compute it.
 Strategies never look at a mask themselves: they ask `plan_tiles` for the tiles of a block pair and
 hand them to the kernel. A block pair with no attended entry yields no tile (no compute); a pair
 that is a clean lower triangle uses the kernel's causal path (which skips the upper half); a
-partial pair is cut into tiles of `TILE` rows so that empty tiles are skipped and only truly partial
-tiles carry a dense boolean mask (the CPU kernel spends full time on a masked tile).
+partial pair is cut into tiles of `TILE` rows, and a partial tile again into sub-tiles of `SUB_TILE`
+rows, so that empty ones are skipped, whole ones run without a mask (coalesced along the keys) or on
+the causal path, and only the sub-tiles on a mask's edge carry a dense boolean mask (the CPU kernel
+spends full time on a masked tile, and building the mask costs too).
 
 Mask kinds (combined with AND):
 - causal: key position <= query position.
@@ -27,6 +29,8 @@ import torch
 from .layout import Segment
 
 TILE = 512  # rows per tile when a block pair is partial: small enough to skip, big enough to run fast
+SUB_TILE = 128  # a partial tile is cut again into sub-tiles of this many rows: only those on a mask's
+# edge carry a mask, the rest run full (coalesced along the keys) or causal, or are skipped
 MAX_TILE = 4096  # default cap on rows per kernel call (each backend sets its own, kernels.*.MAX_ROWS)
 
 
@@ -236,10 +240,12 @@ def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, max_rows: int, by_block
         # j < i is the causal triangle of queries 1.. against keys ..n-2; query 0 attends nothing here.
         n = qs.length
         return [Tile(qs.sub(1, n), ks.sub(0, n - 1), Cover.DIAG, spec)] if n > 1 else []
-    if cover is not Cover.PARTIAL or (qs.length <= TILE and ks.length <= TILE):
+    if cover is not Cover.PARTIAL or (qs.length <= SUB_TILE and ks.length <= SUB_TILE):
         return _checked(Tile(qs, ks, cover, spec))
     if spec.block_sparse is not None and by_blocks:
         return _plan_by_blocks(qs, ks, spec, max_rows)
+    if qs.length <= TILE and ks.length <= TILE:  # a partial tile: its edge in sub-tiles
+        return _split_pair(qs, ks, spec, SUB_TILE, max_rows, by_blocks)
     return _split_pair(qs, ks, spec, min(TILE, max_rows), max_rows, by_blocks)
 
 
