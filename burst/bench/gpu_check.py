@@ -213,6 +213,10 @@ def markdown(data: dict) -> str:
              + (f", {data['gpu_memory_bytes'] / 2**30:.0f} GiB of GPU memory." if data["gpu_memory_bytes"] else "."), "",
              "| section | status | seconds |", "|---|---|---|"]
     lines += [f"| {s['id']}. {s['title']} | {s['status']} | {s['seconds']:.0f} |" for s in data["sections"]]
+    found = [f"- {s['id']}: {n}" for s in data["sections"] for n in s["notes"]
+             if n.startswith(("FAIL", "error", "skipped for time", "could not"))]
+    if found:
+        lines += ["", "What to look at (failures, errors, what ran out of time):", "", *found]
     for s in data["sections"]:
         lines += ["", f"## {s['id']}. {s['title']} ({s['status']})", ""]
         lines += [f"- {n}" for n in s["notes"]]
