@@ -189,7 +189,7 @@ def test_cuda_sdpa_adapter_is_exact_through_the_block_step(monkeypatch):
     rows = gpu_check.kernel_rows(sec, torch.device("cpu"), sizes, [("cuda_sdpa", cuda_sdpa, (torch.float32,))])
     assert len(rows) == len(gpu_check.KERNEL_CASES)
     assert all(r["status"] == "ok" for r in rows), rows
-    assert any("cuda_sdpa(efficient)+bias" in r["tiles"] for r in rows)  # partial tiles took the bias path
+    assert any("cuda_sdpa(efficient)+mask" in r["tiles"] for r in rows)  # partial tiles took the bias path
 
 
 def test_cuda_sdpa_bias_is_padded_and_lse_aligned():

@@ -6,11 +6,12 @@ leaves what it measured):
 
 1. kernels: every kernel path burst selects on this device, through the block step (masks.plan_tiles,
    block.attend_forward/attend_backward), against float64 (kernels/reference.py) for full, causal,
-   window, documents and block-sparse masks, each dtype, GQA; which kernel served which tile; and
-   torch SDPA's own backends (the speed yardstick) on full and causal.
+   window, documents and block-sparse masks and striped causal across two ranks, each dtype, GQA;
+   which kernel served which tile; and torch SDPA's own backends (the speed yardstick).
 2. worlds: burst.check (every strategy x layout x causal x dtype) and the masks through
    burst.attention on a one-rank world (NCCL on a GPU), then 2-4 ranks sharing the device with
-   whichever backend takes it (probed: NCCL, gloo with CUDA tensors).
+   whichever backend takes it (probed: NCCL, then gloo with CUDA tensors, whose point-to-point
+   transfers burst stages through host memory: comm/p2p.py).
 3. speed: the block step and one-rank burst.attention fwd+bwd against torch SDPA's flash path.
 4. memory: the longest sequence whose fwd+bwd fits, burst vs SDPA; peak per rank vs the 1/G share;
    the engine's model trained two steps at the longest length each checkpointing mode reaches.
@@ -369,7 +370,7 @@ def tile_backend(kernel, q, k, tile) -> str:
         name = "flash_attn" if cuda_flash_attn._handles(qt, kt, tile.causal, tile.mask) else "cuda_sdpa(efficient)"
     elif kernel is cuda_sdpa:
         name = "cuda_sdpa(efficient)"
-    return name + ("+bias" if tile.mask is not None else "") + (" causal" if tile.causal else "")
+    return name + ("+mask" if tile.mask is not None else "") + (" causal" if tile.causal else "")
 
 
 def tile_summary(kernel, q, k, tiles) -> str:
