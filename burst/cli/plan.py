@@ -1,4 +1,5 @@
-"""`burst plan`: each strategy's modelled time, traffic and memory on a described cluster (no world)."""
+"""`burst plan`: each strategy's modelled time, traffic and memory on a described cluster (no world):
+attention alone (--heads, --head-dim), or the whole model's step (--model, or --hidden ...)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ LAYOUTS = ("contiguous", "zigzag", "striped")
 
 
 def add_parser(sub) -> None:
-    from ..plan import PROFILES
+    from ..plan import PROFILES, model_presets
+    from ..plan.model_cost import CHECKPOINTING, MODES
 
     p = sub.add_parser("plan", help="estimate each strategy's time, traffic and memory on a described cluster",
                        description="Model forward + backward of attention for every strategy on a described "
@@ -21,11 +23,32 @@ def add_parser(sub) -> None:
                    help=f"hardware profile, any case: {', '.join(sorted(PROFILES))} ('local' = this machine, "
                         "calibrated by `burst bench --calibrate`)")
     p.add_argument("--seq-len", type=positive_int, required=True, help="global sequence length (tokens)")
-    p.add_argument("--heads", type=positive_int, required=True, help="query heads")
+    p.add_argument("--model", type=any_case(sorted(model_presets())), default=None,
+                   help="plan the whole model (FFN, projections, LM head, FSDP, optimizer): a preset, any case: "
+                        + ", ".join(sorted(model_presets())) + "; the shape flags below override its fields")
+    p.add_argument("--hidden", type=positive_int, default=None,
+                   help="whole model without a preset: hidden size (with --ffn-hidden, --vocab, --heads, --layers)")
+    p.add_argument("--ffn-hidden", type=positive_int, default=None, help="SwiGLU hidden size (whole model)")
+    p.add_argument("--vocab", type=positive_int, default=None, help="vocabulary size (whole model)")
+    p.add_argument("--heads", type=positive_int, default=None, help="query heads (required without --model)")
     p.add_argument("--kv-heads", type=positive_int, default=None, help="KV heads (GQA); default: --heads")
-    p.add_argument("--head-dim", type=positive_int, required=True, help="dimension of each head")
-    p.add_argument("--batch", type=positive_int, default=1, help="sequences per step")
-    p.add_argument("--layers", type=positive_int, default=1, help="attention layers (time and memory scale by it)")
+    p.add_argument("--head-dim", type=positive_int, default=None,
+                   help="dimension of each head (required for attention alone; whole model: --hidden / --heads)")
+    p.add_argument("--batch", type=positive_int, default=1, help="sequences per step (per data-parallel replica)")
+    p.add_argument("--layers", type=positive_int, default=None,
+                   help="layers (time and memory scale by it); default: the model's, else 1")
+    p.add_argument("--attention-only", action="store_true", help="with --model: plan its attention alone")
+    p.add_argument("--mode", type=any_case(MODES), default="train",
+                   help="whole model: train (forward + backward + optimizer) or prefill (one forward)")
+    p.add_argument("--checkpointing", type=any_case(CHECKPOINTING), default="full",
+                   help="whole model: activation checkpointing, as `burst train`'s: " + ", ".join(CHECKPOINTING))
+    p.add_argument("--dp", type=positive_int, default=1,
+                   help="whole model: data-parallel replicas; each runs the sequence over --gpus / --dp devices")
+    p.add_argument("--unfused-loss", action="store_true", help="whole model: LM head builds the full logits")
+    p.add_argument("--no-fsdp", action="store_true", help="whole model: weights and optimizer state replicated")
+    p.add_argument("--offload-optimizer", action="store_true", help="whole model: Adam state and step on the host")
+    p.add_argument("--gpu-mem-gib", type=positive_float, default=None,
+                   help="device memory in GiB that decides fits; default: the profile's")
     p.add_argument("--causal", action="store_true", help="causal mask (default: full attention)")
     p.add_argument("--layout", type=any_case(LAYOUTS), default="zigzag", help="how the sequence is split: "
                    + ", ".join(LAYOUTS))
@@ -39,6 +62,30 @@ def add_parser(sub) -> None:
 
 
 def validate(args) -> None:
+    whole = args.model is not None or args.hidden is not None
+    if args.model is None and args.attention_only:
+        raise BadOption("--attention-only", "needs --model (without one, attention alone is planned)")
+    if args.hidden is not None and args.model is None:
+        for option in ("ffn_hidden", "vocab", "heads", "layers"):
+            if getattr(args, option) is None:
+                raise BadOption(f"--{option.replace('_', '-')}", "required with --hidden (or give --model)")
+    if not whole:
+        for option in ("heads", "head_dim"):
+            if getattr(args, option) is None:
+                raise BadOption(f"--{option.replace('_', '-')}", "required without --model or --hidden")
+        for option in ("ffn_hidden", "vocab"):
+            if getattr(args, option) is not None:
+                raise BadOption(f"--{option.replace('_', '-')}", "describes a whole model: give --hidden or --model")
+    if whole:
+        cfg = _model(args)
+        if args.head_dim is not None and args.head_dim * cfg.heads != cfg.dim:
+            raise BadOption("--head-dim", f"{args.head_dim} x {cfg.heads} heads is not the hidden size {cfg.dim}")
+        if cfg.dim % cfg.heads:
+            raise BadOption("--heads", f"{cfg.heads} does not divide the hidden size {cfg.dim}")
+        if args.kv_heads is None and cfg.heads % cfg.kv_heads:
+            raise BadOption("--heads", f"{cfg.heads} is not a multiple of the model's {cfg.kv_heads} KV heads")
+    if args.gpus % args.dp:
+        raise BadOption("--dp", f"{args.dp} does not divide --gpus {args.gpus}")
     per_node = min(args.gpus, args.gpus_per_node)
     if args.gpus % per_node:
         raise BadOption("--gpus", f"{args.gpus} is not a multiple of --gpus-per-node {args.gpus_per_node} "
@@ -52,15 +99,49 @@ def validate(args) -> None:
     check_writable_file("--json", args.json)
 
 
-def run(args) -> int:
-    from ..plan import Cluster, Workload, plan, profile
+def _model(args):
+    """The ModelConfig of --model / --hidden with the shape flags given applied."""
+    from dataclasses import replace
 
-    cluster = Cluster(gpus=args.gpus, gpus_per_node=min(args.gpus, args.gpus_per_node), profile=profile(args.profile),
+    from ..engine.model import ModelConfig
+    from ..plan import model_config
+
+    if args.model is not None:
+        cfg = model_config(args.model)
+    else:
+        cfg = ModelConfig(vocab_size=args.vocab, dim=args.hidden, layers=args.layers, heads=args.heads,
+                          kv_heads=args.kv_heads or args.heads, ffn_dim=args.ffn_hidden)
+    given = {"vocab_size": args.vocab, "dim": args.hidden, "layers": args.layers, "heads": args.heads,
+             "kv_heads": args.kv_heads, "ffn_dim": args.ffn_hidden}
+    cfg = replace(cfg, **{k: v for k, v in given.items() if v is not None})
+    if args.heads is not None and args.kv_heads is None and cfg.heads % cfg.kv_heads:
+        cfg = replace(cfg, kv_heads=cfg.heads)
+    return cfg
+
+
+def run(args) -> int:
+    from dataclasses import replace
+
+    from ..plan import Cluster, Training, Workload, plan, profile
+
+    prof = profile(args.profile)
+    if args.gpu_mem_gib:
+        prof = replace(prof, memory_bytes=args.gpu_mem_gib * 2**30)
+    cluster = Cluster(gpus=args.gpus, gpus_per_node=min(args.gpus, args.gpus_per_node), profile=prof,
                       inter_bw=args.inter_node_gbps * 1e9 if args.inter_node_gbps else None,
                       intra_bw=args.intra_node_gbps * 1e9 if args.intra_node_gbps else None)
-    workload = Workload(seq_len=args.seq_len, heads=args.heads, head_dim=args.head_dim, kv_heads=args.kv_heads,
-                        batch=args.batch, layers=args.layers, causal=args.causal, dtype_bytes=args.dtype_bytes,
-                        layout=args.layout)
+    if args.model is not None or args.hidden is not None:
+        cfg = _model(args)
+        args.heads, args.kv_heads, args.head_dim, args.layers = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.layers
+    if args.model is not None and not args.attention_only or args.hidden is not None:
+        workload = Training(cfg, args.seq_len, batch=args.batch, dp=args.dp, mode=args.mode,
+                            checkpointing=args.checkpointing, fused_loss=not args.unfused_loss, fsdp=not args.no_fsdp,
+                            offload_optimizer=args.offload_optimizer, causal=args.causal, layout=args.layout,
+                            dtype_bytes=args.dtype_bytes)
+    else:
+        workload = Workload(seq_len=args.seq_len, heads=args.heads, head_dim=args.head_dim, kv_heads=args.kv_heads,
+                            batch=args.batch, layers=args.layers or 1, causal=args.causal,
+                            dtype_bytes=args.dtype_bytes, layout=args.layout, forward_only=args.mode == "prefill")
     rows = [e.row() for e in plan(cluster, workload)]
     if args.json:
         write_json(args.json, rows)
@@ -70,16 +151,21 @@ def run(args) -> int:
 
 
 def table(args, cluster, rows) -> str:
+    scope = rows[0]["scope"] if rows else "attention only"
+    passes = "a prefill (forward)" if args.mode == "prefill" else "a training step (forward + backward)"
+    what = (f"whole model{' ' + args.model if args.model else ''}, {passes}, checkpointing {args.checkpointing}"
+            + (f", dp {args.dp}" if args.dp > 1 else "") if scope == "whole model" else f"attention only, {passes}")
     lines = [
         f"{args.gpus} x {args.profile} ({cluster.nodes} node(s) of {cluster.gpus_per_node}), {args.seq_len} tokens, "
-        f"{args.heads} heads ({args.kv_heads or args.heads} kv) x {args.head_dim}, {args.layers} layer(s), "
-        f"{'causal' if args.causal else 'full'}, layout {args.layout}; forward + backward of attention, modelled",
-        "| rank | strategy | fits | wall (s) | compute (s) | comm hidden | memory/device (GiB) | inter-node GB/device "
-        "| note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"{args.heads} heads ({args.kv_heads or args.heads} kv) x {args.head_dim}, {args.layers or 1} layer(s), "
+        f"{'causal' if args.causal else 'full'}, layout {args.layout}; {what}, modelled",
+        "| rank | strategy | fits | step (s) | tokens/s/device | compute (s) | comm hidden | memory/device (GiB) "
+        "| inter-node GB/device | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(rows, 1):
-        lines.append(f"| {i} | {r['strategy']} | {'yes' if r['fits'] else 'no'} | {r['wall_s']:.3g} | "
+        lines.append(f"| {i} | {r['strategy']} | {'yes' if r['fits'] else 'no'} | {r['step_s']:.3g} | "
+                     f"{r['tokens_per_s_per_device'] or 0:.4g} | "
                      f"{r['compute_s']:.3g} | {r['overlap']:.0%} | {r['mem_bytes_per_device'] / 2**30:.2f} | "
                      f"{r['inter_node_bytes_per_device'] / 1e9:.3g} | {r['note']} |")
     return "\n".join(lines)

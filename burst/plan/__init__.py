@@ -5,23 +5,37 @@
                 Workload(seq_len=1 << 20, heads=40, head_dim=128, layers=40, causal=True))
     rows[0].strategy, rows[0].wall_s, rows[0].fits
 
-Estimates come from an analytic model (cost.py: compute, bytes per link, overlap, memory per
-device) with hardware profiles (profiles.py: A100, A800, H100, H200, and `local`, calibrated by
+Estimates come from an analytic model (cost.py: attention's compute, bytes per link, overlap,
+memory per device; model_cost.py: the whole model's step, FSDP, checkpointing and memory) with hardware profiles (profiles.py: A100, A800, H100, H200, and `local`, calibrated by
 `burst bench --calibrate`). papers.py holds the papers' own formulas the model is tested against.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .cost import STRATEGIES, Cluster, Estimate, Workload, estimate
+from .model_cost import Training, attention_step, model_config, model_presets, whole_model
 from .profiles import PROFILES, Profile, profile
 from .takes import check_call, check_split, refusal
 
 
-def plan(cluster: Cluster, workload: Workload, strategies=None) -> list[Estimate]:
-    """Every modelled strategy's estimate, fitting ones first, fastest first. A strategy that
-    burst.attention would refuse for this workload (distflash on a zigzag layout, ulysses on heads
-    that do not split) does not fit, and its note says why."""
-    rows = [_mark_refusal(estimate(s, cluster, workload), cluster, workload) for s in (strategies or STRATEGIES)]
+def plan(cluster: Cluster, workload, strategies=None, memory_bytes=None) -> list[Estimate]:
+    """Every modelled strategy's estimate, fitting ones first, fastest first. `workload` is a
+    Workload (attention alone) or a Training (the whole model: model_cost.whole_model). A strategy
+    that burst.attention would refuse for this workload (distflash on a zigzag layout, ulysses on
+    heads that do not split) does not fit, and its note says why."""
+    if isinstance(workload, Training):
+        m = workload.model
+        shape = Workload(workload.seq_len, m.heads, m.head_dim, m.kv_heads, workload.batch, m.layers,
+                         workload.causal, workload.dtype_bytes, workload.layout)
+        sp = replace(cluster, gpus=cluster.gpus // workload.dp,
+                     gpus_per_node=min(cluster.gpus // workload.dp, cluster.gpus_per_node))
+        rows = [_mark_refusal(whole_model(s, cluster, workload, memory_bytes), sp, shape)
+                for s in (strategies or STRATEGIES)]
+    else:
+        rows = [_mark_refusal(attention_step(s, cluster, workload), cluster, workload)
+                for s in (strategies or STRATEGIES)]
     return sorted(rows, key=lambda e: (not e.fits, e.wall_s))
 
 
@@ -41,7 +55,7 @@ def choose(cluster: Cluster, workload: Workload, candidates) -> str:
     for name in candidates:
         modelled = f"{name}-double-ring" if name in ("burst", "ring") and cluster.nodes > 1 else name
         if modelled in STRATEGIES:
-            costed[name] = estimate(modelled, cluster, workload)
+            costed[name] = attention_step(modelled, cluster, workload)
     if not costed:
         raise ValueError(f"no modelled strategy among {tuple(candidates)}")
     return min(costed, key=lambda n: (not costed[n].fits, costed[n].wall_s, n))
@@ -82,5 +96,5 @@ def auto_choice(candidates, call, q, k) -> str:
     return choose(cluster, workload, candidates)
 
 
-__all__ = ["check_call", "check_split", "refusal", "auto_choice", "device_profile", "plan", "choose", "estimate",
+__all__ = ["Training", "whole_model", "attention_step", "model_config", "model_presets", "check_call", "check_split", "refusal", "auto_choice", "device_profile", "plan", "choose", "estimate",
            "Cluster", "Workload", "Estimate", "Profile", "PROFILES", "profile", "STRATEGIES"]

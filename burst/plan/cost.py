@@ -76,6 +76,7 @@ class Workload:
     causal: bool = True
     dtype_bytes: int | None = None  # default: the profile's
     layout: str = "zigzag"          # contiguous shards leave causal work unbalanced on ring strategies
+    forward_only: bool = False      # a prefill: attention's forward pass alone
 
     @property
     def kv(self) -> int:
@@ -106,7 +107,10 @@ class Estimate:
                 "comm_s": self.comm_s, "exposed_comm_s": self.exposed_comm_s, "overlap": self.overlap,
                 "mem_bytes_per_device": self.mem_bytes_per_device,
                 "inter_node_bytes_per_device": self.inter_node_bytes_per_device,
-                "intra_node_bytes_per_device": self.intra_node_bytes_per_device, "note": self.note}
+                "intra_node_bytes_per_device": self.intra_node_bytes_per_device, "note": self.note,
+                "step_s": self.extra.get("step_s", self.wall_s),
+                "tokens_per_s_per_device": self.extra.get("tokens_per_s_per_device"),
+                "scope": self.extra.get("scope", "attention only")}
 
 
 class _Sizes:
@@ -129,14 +133,15 @@ def attention_flops(w: Workload) -> tuple[float, float]:
 
 
 def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
-    """The modelled cost of `strategy` on `cluster` for `w` (all layers, forward + backward)."""
+    """The modelled cost of `strategy` on `cluster` for `w` (all layers, forward + backward; the
+    forward alone when w.forward_only)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; modelled: {STRATEGIES}")
     dtype_bytes = w.dtype_bytes or cluster.profile.dtype_bytes
     s = _Sizes(w, cluster.gpus, dtype_bytes)
     fwd_flops, bwd_flops = attention_flops(w)
     c_fwd = fwd_flops / cluster.gpus / cluster.profile.flops  # per device, one layer
-    c_bwd = bwd_flops / cluster.gpus / cluster.profile.flops
+    c_bwd = 0.0 if w.forward_only else bwd_flops / cluster.gpus / cluster.profile.flops
     if w.causal and w.layout == "contiguous" and strategy in _BY_SHARD:
         # The last rank's queries see G - 1/2 blocks where the average sees G/2: it sets the pace.
         straggler = (2 * cluster.gpus - 1) / cluster.gpus
@@ -199,19 +204,28 @@ def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     g = cluster.gpus
     fwd = _ring_pass(cluster, g, c_fwd, s.kv, double)
     if base == "burst" and cluster.nodes == 1:  # the chunk stream: a few chunks held, dQ parts go home
-        bwd = _ring_pass(cluster, g, c_bwd, 2 * s.q + 2 * s.stat + s.dq32, False, tail=s.dq32 / CHUNKS_PER_BLOCK)
+        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, 2 * s.q + 2 * s.stat + s.dq32, False,
+                                              tail=s.dq32 / CHUNKS_PER_BLOCK))
         peak = s.dq32 + s.dkv32 + (2 * (2 * s.q + 2 * s.stat) + 3 * s.dq32 + s.q) / CHUNKS_PER_BLOCK
     elif base == "burst":  # Q, dO, D, lse travel with dQ (fp32), which also takes the last hop home
-        bwd = _ring_pass(cluster, g, c_bwd, 2 * s.q + 2 * s.stat + s.dq32, double, tail=s.dq32)
+        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, 2 * s.q + 2 * s.stat + s.dq32, double, tail=s.dq32))
         peak = 2 * (2 * s.q + 2 * s.stat) + 2 * s.dq32 + s.dkv32 + s.q
     else:  # K, V travel with dK, dV (fp32)
-        bwd = _ring_pass(cluster, g, c_bwd, s.kv + s.dkv32, double, tail=s.dkv32)
+        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, s.kv + s.dkv32, double, tail=s.dkv32))
         peak = 2 * s.kv + 2 * s.dkv32 + s.dq32 + s.q
     est = _sum(name, fwd, bwd, c_fwd + c_bwd)
     est.mem_bytes_per_device = peak
     if double and cluster.nodes == 1:
         est.note = "one node: same as the flat ring"
     return est
+
+
+_NO_PASS = (0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def _backward(w: Workload, run):
+    """The backward pass's (wall, link, exposed, inter, intra), or nothing in a prefill."""
+    return _NO_PASS if w.forward_only else run()
 
 
 def _sum(name, fwd, bwd, compute) -> Estimate:
@@ -234,11 +248,12 @@ def _allgather(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     g = cluster.gpus
     share = 0.0 if cluster.nodes == 1 else (g - cluster.gpus_per_node) / (g - 1) if g > 1 else 0.0
     gather = _collective_time(cluster, (g - 1) * s.kv, share)
-    scatter = _collective_time(cluster, (g - 1) * s.dkv32, share)
-    comm = 2 * gather[0] + scatter[0]
+    scatter = _collective_time(cluster, 0.0 if w.forward_only else (g - 1) * s.dkv32, share)
+    gathers = 1 if w.forward_only else 2  # the backward gathers K, V again
+    comm = gathers * gather[0] + scatter[0]
     est = Estimate(name, compute_s=c_fwd + c_bwd, comm_s=comm, exposed_comm_s=comm, wall_s=c_fwd + c_bwd + comm,
-                   inter_node_bytes_per_device=2 * gather[1] + scatter[1],
-                   intra_node_bytes_per_device=2 * gather[2] + scatter[2])
+                   inter_node_bytes_per_device=gathers * gather[1] + scatter[1],
+                   intra_node_bytes_per_device=gathers * gather[2] + scatter[2])
     est.mem_bytes_per_device = g * (s.kv + s.dkv32) + s.dq32 + s.q
     est.note = "holds the whole sequence's K, V"
     return est
@@ -264,6 +279,7 @@ def _ulysses(name, cluster, w, s, c_fwd, c_bwd, degree=None) -> Estimate:
     if w.heads % g:
         est.fits, est.note = False, f"{w.heads} heads do not split over {g} ranks"
     fwd, bwd = _ulysses_volumes(s, w, g)
+    bwd = 0.0 if w.forward_only else bwd
     share = 0.0 if g <= cluster.gpus_per_node else (g - cluster.gpus_per_node) / (g - 1)
     t_f, t_b = _collective_time(cluster, fwd, share), _collective_time(cluster, bwd, share)
     est.comm_s = est.exposed_comm_s = t_f[0] + t_b[0]
@@ -284,8 +300,8 @@ def _usp(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
                                  w.causal, None), r, s.dtype_bytes)
     ring_cluster = Cluster(r, 1, cluster.profile, cluster.intra_bw, cluster.inter_bw) if r > 1 else cluster
     fwd = _ring_pass(ring_cluster, r, c_fwd, ring_sizes.kv, False)
-    bwd = _ring_pass(ring_cluster, r, c_bwd, 2 * ring_sizes.q + 2 * ring_sizes.stat + ring_sizes.dq32, False,
-                     tail=ring_sizes.dq32)
+    bwd = _backward(w, lambda: _ring_pass(ring_cluster, r, c_bwd, 2 * ring_sizes.q + 2 * ring_sizes.stat
+                                          + ring_sizes.dq32, False, tail=ring_sizes.dq32))
     est = _sum(name, fwd, bwd, c_fwd + c_bwd)
     est.wall_s += inner.comm_s
     est.comm_s += inner.comm_s
@@ -303,7 +319,8 @@ def _distflash(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     g = cluster.gpus
     steps = g // 2 + 1
     fwd = _ring_pass(cluster, steps, c_fwd, s.kv + 0.5 * (s.q + s.dq32 + s.stat), False)
-    bwd = _ring_pass(cluster, steps, c_bwd, s.kv + s.dkv32 + 0.5 * (2 * s.q + 2 * s.stat + s.dq32), False)
+    bwd = _backward(w, lambda: _ring_pass(cluster, steps, c_bwd, s.kv + s.dkv32 + 0.5 * (2 * s.q + 2 * s.stat
+                                                                                     + s.dq32), False))
     est = _sum(name, fwd, bwd, c_fwd + c_bwd)
     est.mem_bytes_per_device = 2 * s.kv + 2 * s.dkv32 + s.dq32 + 2 * s.q
     if not w.causal:
@@ -330,8 +347,8 @@ def _cqs(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     fetch = (k - 1) * (s.q + s.kv)
     back = (k - 1) * (s.dq32 + s.stat)
     t_f = [_collective_time(cluster, fetch, share), _collective_time(cluster, back, share)]
-    bwd_fetch = (k - 1) * (2 * s.q + s.kv + 2 * s.stat)
-    bwd_back = (k - 1) * (s.dq32 + s.dkv32)
+    bwd_fetch = 0.0 if w.forward_only else (k - 1) * (2 * s.q + s.kv + 2 * s.stat)
+    bwd_back = 0.0 if w.forward_only else (k - 1) * (s.dq32 + s.dkv32)
     t_b = [_collective_time(cluster, bwd_fetch, share), _collective_time(cluster, bwd_back, share)]
     comm = sum(t[0] for t in t_f + t_b)
     est = Estimate(name, compute_s=c_fwd + c_bwd, comm_s=comm, exposed_comm_s=comm, wall_s=c_fwd + c_bwd + comm,

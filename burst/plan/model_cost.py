@@ -1,0 +1,215 @@
+"""Whole-model cost: one training step (or one prefill) of a LLaMA-style decoder, per device.
+
+Units: seconds, bytes. The model runs on `gpus` devices: `dp` data-parallel replicas of a
+sequence-parallel group of sp = gpus / dp devices; each replica takes `batch` sequences of
+`seq_len` tokens, split over its group by `strategy` (cost.py models that attention). FSDP (ZeRO-3)
+shards weights, gradients and optimizer state over all `gpus` devices.
+
+Time, per device:
+
+- matmuls (projections, SwiGLU FFN, LM head): 2 FLOPs per weight per token forward, twice that
+  backward, at GEMM_SHARE_OF_PEAK of the profile's peak; attention's FLOPs and ring come from
+  cost.estimate (one formula: cost.attention_flops);
+- checkpointing recomputes in the backward (engine/checkpointing.py's modes, same names): `full`
+  the whole layer (attention's forward and its ring too), `remat` the matmuls only, `selective`
+  the matmuls plus attention over the first `split` of the sequence (split² of causal work);
+- overlap as it is: every second a transfer runs under compute slows that compute by CONTENTION
+  seconds (NCCL kernels take SMs and HBM bandwidth); FSDP's gathers and reduce-scatters use the
+  links only while attention's ring leaves them idle, the rest is exposed; each layer's forward,
+  backward and recompute end in a wait for the slowest rank (LAYER_SYNC_S); the step ends with the
+  gradient-norm all-reduce and the optimizer (STEP_SYNC_S plus Adam's HBM traffic, or the PCIe
+  round trip and host Adam when the optimizer is offloaded).
+
+Memory, per device (the peak the allocator hands out; `fits` adds FRAMEWORK_RESERVE_BYTES):
+weights + gradients + Adam state / gpus (FSDP), two gathered layers and the gathered embedding or
+LM head, the activations each checkpointing mode keeps for every layer, one layer's full
+activations during its backward, the attention strategy's own buffers for one layer
+(cost.estimate), and the LM head's logits (unfused) or one chunk of them (fused loss).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .cost import Cluster, Estimate, Workload, estimate
+
+# --- constants: one value for every paper and profile; each a physical quantity ---
+GEMM_SHARE_OF_PEAK = 0.70       # share of dense peak that large bf16 GEMMs sustain (cuBLAS on A100/H100)
+ATTENTION_SHARE_OF_PEAK = 0.60  # profiles.py's flash-attention share; peak = profile.flops / this
+CONTENTION = 0.15               # compute seconds lost per second of transfer running under it
+LAYER_SYNC_S = 1e-3             # per layer and pass: launch gaps and the wait for the slowest rank
+STEP_SYNC_S = 0.05              # per step: gradient-norm all-reduce, optimizer launch, data
+HBM_BYTES_PER_S = 1.6e12        # device memory bandwidth the optimizer's elementwise kernels reach
+HOST_LINK_BYTES_PER_S = 12e9    # PCIe 4.0 x16 per device, one direction, as DMA reaches it
+HOST_ADAM_PARAMS_PER_S = 1e9    # host (CPU) Adam updates per second for one device's shard
+ADAM_STATE_BYTES = 12           # fp32 master weights, first and second moments
+FUSED_LOSS_CHUNK = 4096         # tokens of logits the fused LM head + loss holds at once
+FRAMEWORK_RESERVE_BYTES = 3 * 2**30  # CUDA context, NCCL buffers, allocator fragmentation
+
+MODES = ("train", "prefill")
+CHECKPOINTING = ("none", "full", "remat", "selective")
+
+
+def model_presets() -> dict:
+    """The engine's presets (burst.engine.model.PRESETS) and the papers' models."""
+    from ..engine.model import PRESETS, ModelConfig
+
+    papers = {
+        # OpenLLaMA-3B (ring-attention.md Table 3): 26 layers, 32 heads x 100
+        "llama-3b": ModelConfig(vocab_size=32000, dim=3200, layers=26, heads=32, kv_heads=32, ffn_dim=8640),
+        "llama-13b": ModelConfig(vocab_size=32000, dim=5120, layers=40, heads=40, kv_heads=40, ffn_dim=13824),
+        # distflashattn.md §4: LLaMA-7B with 8 KV heads, and with 33 heads of 128
+        "llama-7b-gqa": ModelConfig(vocab_size=32000, dim=4096, layers=32, heads=32, kv_heads=8, ffn_dim=11008),
+        "llama-33h": ModelConfig(vocab_size=32000, dim=4224, layers=32, heads=33, kv_heads=33, ffn_dim=11008),
+    }
+    return {**PRESETS, **papers}
+
+
+def model_config(name: str):
+    presets = model_presets()
+    if name not in presets:
+        raise ValueError(f"unknown model {name!r}; presets: {', '.join(presets)}")
+    return presets[name]
+
+
+@dataclass(frozen=True)
+class Training:
+    """What one step runs. model: a burst.engine.model.ModelConfig."""
+
+    model: object
+    seq_len: int
+    batch: int = 1                  # sequences per data-parallel replica
+    dp: int = 1                     # data-parallel replicas; sp = gpus / dp
+    mode: str = "train"             # train | prefill
+    checkpointing: str = "full"     # none | full | remat | selective
+    split: float = 0.5              # selective: share of the sequence whose attention is recomputed
+    fused_loss: bool = True         # LM head + loss a chunk of tokens at a time
+    fsdp: bool = True               # shard weights, gradients, optimizer state over all devices
+    offload_optimizer: bool = False  # Adam state and step on the host
+    causal: bool = True
+    layout: str = "zigzag"
+    dtype_bytes: int | None = None  # default: the profile's
+
+    def check(self, gpus: int) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r}: one of {MODES}")
+        if self.checkpointing not in CHECKPOINTING:
+            raise ValueError(f"checkpointing {self.checkpointing!r}: one of {CHECKPOINTING}")
+        if gpus % self.dp:
+            raise ValueError(f"dp {self.dp} does not divide {gpus} devices")
+
+
+def layer_weights(m) -> int:
+    """Matmul weights of one decoder layer (q, k, v, o projections and the SwiGLU FFN)."""
+    return m.dim * m.head_dim * (2 * m.heads + 2 * m.kv_heads) + 3 * m.dim * m.ffn_dim
+
+
+def activation_bytes_per_token(m, checkpointing: str, dtype_bytes: int, split: float = 0.5) -> float:
+    """Bytes one layer keeps per token from its forward to its backward (engine/checkpointing.py)."""
+    d, kv, f, b = m.dim, m.kv_heads * m.head_dim, m.ffn_dim, dtype_bytes
+    lse = 4 * m.heads
+    if checkpointing == "none":
+        # input, norm out, q, k, v, attention out (+lse), residual, FFN norm out, w1, w3, silu, product
+        return b * (6 * d + 2 * kv + 4 * f) + lse
+    if checkpointing == "full":
+        return b * d
+    if checkpointing == "remat":
+        return 2 * b * d + lse
+    return b * d + (1 - split) * (b * d + lse)  # selective: attention output of the later part only
+
+
+def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: float | None = None) -> Estimate:
+    """The cost of one step of `t` with attention by `strategy`: an Estimate whose wall_s and
+    mem_bytes_per_device are the whole model's; extra holds step_s, tokens_per_s_per_device and
+    the attention-only figures."""
+    t.check(cluster.gpus)
+    m, p = t.model, cluster.profile
+    b = t.dtype_bytes or p.dtype_bytes
+    sp = cluster.gpus // t.dp
+    sp_cluster = replace(cluster, gpus=sp, gpus_per_node=min(sp, cluster.gpus_per_node))
+    train = t.mode == "train"
+    attn_w = Workload(seq_len=t.seq_len, heads=m.heads, head_dim=m.head_dim, kv_heads=m.kv_heads, batch=t.batch,
+                      layers=m.layers, causal=t.causal, dtype_bytes=b, layout=t.layout, forward_only=not train)
+    attn = estimate(strategy, sp_cluster, attn_w)
+    one_layer = estimate(strategy, sp_cluster, replace(attn_w, layers=1))
+
+    tokens = t.batch * t.seq_len / sp  # per device
+    gemm_rate = p.flops / ATTENTION_SHARE_OF_PEAK * GEMM_SHARE_OF_PEAK * (2 / b if b > 2 else 1)
+    layer_fwd = 2 * layer_weights(m) * tokens * m.layers / gemm_rate
+    head_fwd = 2 * m.dim * m.vocab_size * tokens / gemm_rate
+    # attention: cost.estimate's wall (ring overlap inside), plus what checkpointing recomputes
+    fwd_only = estimate(strategy, sp_cluster, replace(attn_w, forward_only=True))
+    recompute_attn = {"full": fwd_only.wall_s, "selective": fwd_only.compute_s * t.split ** 2}.get(
+        t.checkpointing, 0.0) if train else 0.0
+    recompute_layers = layer_fwd if train and t.checkpointing != "none" else 0.0
+    passes = (3 if t.checkpointing != "none" else 2) if train else 1
+    matmul = (3 if train else 1) * (layer_fwd + head_fwd) + recompute_layers
+
+    # FSDP: each layer's weights gathered for the forward and again for the backward, gradients
+    # reduce-scattered; prefill gathers once. Ring collectives over all devices.
+    g, per_node = cluster.gpus, min(cluster.gpus, cluster.gpus_per_node)
+    shard = g if t.fsdp else 1
+    weights = layer_weights(m) * m.layers + 2 * m.vocab_size * m.dim
+    fsdp_s = 0.0
+    if t.fsdp and g > 1:
+        volume = weights * b * (3 if train else 1) * (g - 1) / g
+        fsdp_s = max(cluster.t_intra(volume), cluster.t_inter(volume / per_node) if cluster.nodes > 1 else 0.0)
+        fsdp_s += (3 if train else 1) * m.layers * (g - 1) * (p.inter_latency if cluster.nodes > 1 else p.intra_latency)
+    compute = matmul + attn.compute_s + recompute_attn
+    busy_links = attn.comm_s + (fwd_only.comm_s if t.checkpointing == "full" and train else 0.0)
+    wall_no_fsdp = matmul + attn.wall_s + recompute_attn
+    idle_links = max(0.0, wall_no_fsdp - busy_links)
+    exposed_fsdp = max(0.0, fsdp_s - idle_links)
+    hidden = (busy_links - attn.exposed_comm_s) + (fsdp_s - exposed_fsdp)
+    sync = passes * m.layers * LAYER_SYNC_S + (STEP_SYNC_S if train else 0.0)
+    optimizer = 0.0
+    if train:
+        local = weights / shard
+        optimizer = (local * 4 * (b + 4) / HOST_LINK_BYTES_PER_S / 2 + local / HOST_ADAM_PARAMS_PER_S
+                     if t.offload_optimizer else local * 2 * (ADAM_STATE_BYTES + 2 * b) / HBM_BYTES_PER_S)
+    step = wall_no_fsdp + exposed_fsdp + CONTENTION * min(hidden, compute) + sync + optimizer
+
+    # memory
+    grads = b if train else 0
+    adam = 0 if not train or t.offload_optimizer else (ADAM_STATE_BYTES if b <= 2 else 8)  # fp32: weights are the master
+    state = weights * (b + grads + adam) / shard
+    gathered = (2 * layer_weights(m) + m.vocab_size * m.dim) * b if t.fsdp else 0.0
+    kept = activation_bytes_per_token(m, t.checkpointing if train else "full", b, t.split) * tokens * m.layers
+    if not train:
+        kept = 0.0  # a prefill keeps nothing between layers
+    working = activation_bytes_per_token(m, "none", b) * tokens
+    attn_buffers = one_layer.mem_bytes_per_device
+    logits = (min(tokens, FUSED_LOSS_CHUNK) * 4 if t.fused_loss else tokens * b) * m.vocab_size
+    if not train:
+        logits = m.vocab_size * 4 * t.batch  # only the last token's logits
+    mem = state + gathered + kept + working + attn_buffers + logits
+    capacity = memory_bytes or p.memory_bytes
+    est = Estimate(strategy, compute_s=compute, comm_s=busy_links + fsdp_s, exposed_comm_s=step - compute,
+                   wall_s=step, mem_bytes_per_device=mem,
+                   inter_node_bytes_per_device=attn.inter_node_bytes_per_device,
+                   intra_node_bytes_per_device=attn.intra_node_bytes_per_device, fits=attn.fits, note=attn.note)
+    if not attn.fits and "does not fit" in attn.note:
+        est.fits, est.note = True, attn.note.replace("does not fit in device memory", "").strip("; ")
+    if mem + FRAMEWORK_RESERVE_BYTES > capacity:
+        est.fits = False
+        est.note = (est.note + "; " if est.note else "") + "does not fit in device memory"
+    est.extra = {**attn.extra, "scope": "whole model", "step_s": step, "tokens_per_s_per_device": tokens / step,
+                 "attention_wall_s": attn.wall_s, "attention_mem_bytes_per_device": attn.mem_bytes_per_device,
+                 "memory": {"states": state, "gathered_weights": gathered, "kept_activations": kept,
+                            "layer_working": working, "attention_buffers": attn_buffers, "logits": logits},
+                 "time": {"matmul": matmul, "attention": attn.wall_s, "recompute_attention": recompute_attn,
+                          "fsdp_exposed": exposed_fsdp, "contention": CONTENTION * min(hidden, compute),
+                          "sync": sync, "optimizer": optimizer}}
+    return est
+
+
+def attention_step(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
+    """Attention alone under the same overlap terms as whole_model: cost.estimate's time plus
+    CONTENTION on the hidden transfers and LAYER_SYNC_S per layer and pass (`burst plan` without
+    a model, and strategy="auto")."""
+    est = estimate(strategy, cluster, w)
+    hidden = est.comm_s - est.exposed_comm_s
+    est.wall_s += CONTENTION * min(hidden, est.compute_s) + (1 if w.forward_only else 2) * w.layers * LAYER_SYNC_S
+    tokens = w.batch * w.seq_len / cluster.gpus
+    est.extra = {**est.extra, "step_s": est.wall_s, "tokens_per_s_per_device": tokens / est.wall_s if est.wall_s else 0.0}
+    return est
