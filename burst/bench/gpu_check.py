@@ -595,8 +595,9 @@ def section_worlds(rep: Report) -> dict:
             if sec.skip_for_time(f"probe {backend} with {first} ranks", 30):
                 break
             try:
+                limit = 90.0 if backend == "nccl" else sizes.spawn_timeout * 2  # NCCL is expected to refuse: fast
                 got = spawn_world(_probe_then_check, dataclasses.asdict(sizes), kind, nproc=first, backend=backend,
-                                  threads=sizes.threads, timeout=min(sizes.spawn_timeout * 2, sec.left()))[0]
+                                  threads=sizes.threads, timeout=max(10.0, min(limit, sec.left())))[0]
                 tried.append({"backend": backend, "ranks": first, "tensors": kind, **got["probe"], "result": "ran"})
             except Exception as err:  # noqa: BLE001 - the probe is there to find out
                 tried.append({"backend": backend, "ranks": first, "tensors": kind, "result": _first_line(err)[:160]})
@@ -1013,47 +1014,17 @@ def section_features(rep: Report) -> None:
     with rep.section("5", "CUDA-only features: FSDP2 CPU offload, bf16 autocast, burst check") as sec:
         sizes, device = rep.sizes, rep.device
         rows = []
-        try:  # FSDP2 CPU offload, on a one-rank world
-            rows += spawn_world(_fsdp_world, dataclasses.asdict(sizes), device.type, nproc=1, threads=sizes.threads,
-                                backend="nccl" if device.type == "cuda" else "gloo",
-                                timeout=max(10.0, min(sec.left(), sizes.spawn_timeout)))[0]
-        except Exception as err:  # noqa: BLE001
-            rows.append({"feature": "FSDP2 world", "status": "FAIL", "detail": _first_line(err)[:200]})
+        for what, need, feature in (("FSDP2 CPU offload", 40, _fsdp_rows), ("bf16 autocast", 2, _autocast_rows),
+                                    ("burst check", 30, _cli_rows)):
+            if sec.skip_for_time(what, need):
+                continue
+            try:
+                rows += feature(sec, sizes, device, rep.outdir)
+            except Exception as err:  # noqa: BLE001 - recorded; the next feature still runs
+                rows.append({"feature": what, "status": "FAIL", "detail": _first_line(err)[:200]})
         for row in rows:
             if row["status"] == "FAIL":
                 sec.fail(f"{row['feature']}: {row['detail']}")
-        # bf16 autocast: float32 q, k, v under torch.autocast run attention in bf16, as SDPA does.
-        n = sizes.world_len
-        q, k, v, dout = random_inputs(1, n, sizes.world_heads, sizes.world_kv_heads, sizes.world_dim, torch.float32,
-                                      device, seed=3)
-        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            out, lse = burst.attention(qq, kk, vv, causal=True, return_lse=True)
-        out.float().backward(dout)
-        as_bf16 = [t.to(torch.bfloat16) for t in (q, k, v, dout)]
-        errors, ok = compare((out, lse, qq.grad, kk.grad, vv.grad),
-                             float64_reference(*as_bf16, MaskSpec(causal=True), sizes.world_dim ** -0.5), "bfloat16")
-        ok = ok and out.dtype == torch.bfloat16 and qq.grad.dtype == torch.float32
-        rows.append({"feature": "burst.attention under torch.autocast(bf16)", "status": "ok" if ok else "FAIL",
-                     "detail": f"out {out.dtype}, dq {qq.grad.dtype}; errors " + ", ".join(f"{k} {e:.1e}" for k, e in errors.items())})
-        if not ok:
-            sec.fail(f"autocast: {rows[-1]['detail']}")
-        # `burst check` as a user runs it.
-        command = [sys.executable, "-m", "burst", "check", "--nproc", "1", "--seq-len", str(min(sizes.world_len, 1024)),
-                   "--heads", str(sizes.world_heads), "--head-dim", str(sizes.world_dim), "--dtype", "float32,bfloat16",
-                   "--strategies", "burst,ring,allgather", "--json", os.path.join(rep.outdir, "burst_check.json")]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=max(10.0, min(sec.left(), 150)),
-                                  env={**os.environ, "PYTHONPATH": _repo_root()})
-            tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
-            status = "ok" if done.returncode == 0 else "FAIL"
-            rows.append({"feature": "`" + " ".join(["python -m burst"] + command[3:-2]) + "`", "status": status,
-                         "detail": f"exit {done.returncode}: {tail[0][:200]}"})
-            if status != "ok":
-                sec.fail(f"burst check exited {done.returncode}: {(done.stdout + done.stderr)[-500:]}")
-        except subprocess.TimeoutExpired:
-            rows.append({"feature": "burst check", "status": "FAIL", "detail": "timed out"})
-            sec.fail("burst check timed out")
         import inspect
 
         from burst.launch import run_world
@@ -1063,6 +1034,48 @@ def section_features(rep: Report) -> None:
                      "puts tensors on the CPU for a gloo group: as shipped, `burst check` checks the CPU path even "
                      "on a GPU machine (section 2 runs burst.check on NCCL and CUDA instead)")
         sec.table("features", ["feature", "status", "detail"], rows)
+
+
+def _fsdp_rows(sec: Section, sizes: Sizes, device, outdir) -> list:
+    """FSDP2 CPU offload on a one-rank world (_fsdp_world)."""
+    return spawn_world(_fsdp_world, dataclasses.asdict(sizes), device.type, nproc=1, threads=sizes.threads,
+                       backend="nccl" if device.type == "cuda" else "gloo",
+                       timeout=max(10.0, min(sec.left(), sizes.spawn_timeout)))[0]
+
+
+def _autocast_rows(sec: Section, sizes: Sizes, device, outdir) -> list:
+    """float32 q, k, v under torch.autocast(bf16): burst.attention runs in bf16, as SDPA does."""
+    n = sizes.world_len
+    q, k, v, dout = random_inputs(1, n, sizes.world_heads, sizes.world_kv_heads, sizes.world_dim, torch.float32,
+                                  device, seed=3)
+    qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        out, lse = burst.attention(qq, kk, vv, causal=True, return_lse=True)
+    out.float().backward(dout)
+    as_bf16 = [t.to(torch.bfloat16) for t in (q, k, v, dout)]
+    errors, ok = compare((out, lse, qq.grad, kk.grad, vv.grad),
+                         float64_reference(*as_bf16, MaskSpec(causal=True), sizes.world_dim ** -0.5), "bfloat16")
+    ok = ok and out.dtype == torch.bfloat16 and qq.grad.dtype == torch.float32
+    return [{"feature": "burst.attention under torch.autocast(bf16)", "status": "ok" if ok else "FAIL",
+             "detail": f"out {out.dtype}, dq {qq.grad.dtype}; errors " + ", ".join(f"{x} {e:.1e}" for x, e in errors.items())}]
+
+
+def _cli_rows(sec: Section, sizes: Sizes, device, outdir) -> list:
+    """`burst check` as a user runs it, in a subprocess."""
+    command = [sys.executable, "-m", "burst", "check", "--nproc", "1", "--seq-len", str(min(sizes.world_len, 1024)),
+               "--heads", str(sizes.world_heads), "--head-dim", str(sizes.world_dim), "--dtype", "float32,bfloat16",
+               "--strategies", "burst,ring,allgather", "--json", os.path.join(outdir, "burst_check.json")]
+    feature = "`" + " ".join(["python -m burst"] + command[3:-2]) + "`"
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=max(10.0, min(sec.left(), 150)),
+                              env={**os.environ, "PYTHONPATH": _repo_root()})
+    except subprocess.TimeoutExpired:
+        return [{"feature": feature, "status": "FAIL", "detail": "timed out"}]
+    text = (done.stdout + done.stderr).strip()
+    detail = f"exit {done.returncode}: " + (text.splitlines()[-1][:200] if text else "")
+    if done.returncode:
+        sec.note(f"burst check output: {text[-500:]}")
+    return [{"feature": feature, "status": "ok" if done.returncode == 0 else "FAIL", "detail": detail}]
 
 
 def _repo_root() -> str:
