@@ -20,8 +20,8 @@ def _scores(q, k, scale, causal, mask):
     allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
     if causal:
         allowed = torch.tril(allowed)
-    if mask is not None:
-        allowed = allowed & mask
+    if mask is not None:  # tiles plan their masks on the CPU; float64 on a GPU runs here
+        allowed = allowed & mask.to(q.device)
     return s.masked_fill(~allowed, float("-inf")), group
 
 
