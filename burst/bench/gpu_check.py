@@ -168,6 +168,7 @@ class Report:
         self._planned = self.start
         self.facts = environment(device)
         self.facts["budget_s"] = budget
+        self.facts["sizes"] = dataclasses.asdict(sizes)
 
     @contextlib.contextmanager
     def section(self, sid: str, title: str):
