@@ -259,3 +259,11 @@ def test_memory_trial_counts_a_cuda_oom_as_does_not_fit(monkeypatch):
     assert gpu_check.memory_trial(cuda, None, lambda: None) == (True, 7)
     with pytest.raises(ValueError):
         gpu_check.memory_trial(cuda, None, lambda: (_ for _ in ()).throw(ValueError("a bug, not memory")))
+
+
+def test_the_gpu_run_fits_a_lent_machines_ten_minutes():
+    """Budgets plus start-up and one overrunning trial stay under the script's hard stop, which stays
+    under the 600 s a lent machine gives one command."""
+    script = open(os.path.join(ROOT, "scripts", "gpu_check.sh")).read()
+    hard_stop = int(script.split("BURST_GPU_CHECK_TIMEOUT:-")[1].split("}")[0])
+    assert sum(gpu_check.CUDA_SIZES.budgets.values()) + 45 <= hard_stop <= 590
