@@ -48,7 +48,7 @@ def counts(rows):
             sign = 1 if a.metric in HIGHER_IS_FASTER else -1
             paper_a_faster = sign * (a.value - b.value) > 0
             plan_a_faster = sign * (va - vb) > 0
-            orders.append((group, a, b, paper_a_faster, plan_a_faster))
+            orders.append((group, a, b, paper_a_faster, plan_a_faster, a.value / b.value, va / vb))
     return absolute, within, verdicts, right, orders
 
 
@@ -103,10 +103,15 @@ def markdown(rows) -> str:
                 out.append(f"| {r.label}{extra} | {r.strategy} | {r.value:g} {UNITS[r.metric]} | {v:.4g} | "
                            f"{ratio:.2f}{flag} | {cmd} |")
         out.append("")
-    out += ["## Orderings", "", "| comparison | paper | plan | |", "|---|---|---|---|"]
-    for group, a, b, paper, plan in orders:
-        out.append(f"| {group}: {a.label} vs {b.label} | {'first' if paper else 'second'} faster | "
-                   f"{'first' if plan else 'second'} faster | {'right' if paper == plan else '**wrong**'} |")
+    out += ["## Orderings", "",
+            "Pairs of runs the paper compares whose times differ by at least "
+            f"{ORDER_MIN:.0%}. The ratios are first / second in the metric's own terms (tokens/s or speedup: "
+            "higher is faster; seconds: lower is faster); a plan ratio near 1 is a near-tie in the plan.", "",
+            "| comparison | paper | paper ratio | plan | plan ratio | |", "|---|---|---|---|---|---|"]
+    for group, a, b, paper, plan, paper_ratio, plan_ratio in orders:
+        out.append(f"| {group}: {a.label} vs {b.label} | {'first' if paper else 'second'} faster | {paper_ratio:.3f} | "
+                   f"{'first' if plan else 'second'} faster | {plan_ratio:.3f} | "
+                   f"{'right' if paper == plan else '**wrong**'} |")
     out.append("")
     return "\n".join(out)
 

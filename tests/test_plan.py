@@ -119,3 +119,121 @@ def test_cli_json_rows():
     assert {r["strategy"] for r in rows} == set(STRATEGIES)
     for r in rows:
         assert {"strategy", "fits", "wall_s", "mem_bytes_per_device", "inter_node_bytes_per_device"} <= set(r)
+
+
+# --- the whole model (model_cost.py) ---
+
+from burst.cli import main  # noqa: E402
+from burst.engine.model import PRESETS  # noqa: E402
+from burst.plan import Training, attention_step, model_config, whole_model  # noqa: E402
+from burst.plan.model_cost import CHECKPOINTING, activation_bytes_per_token  # noqa: E402
+
+A800 = profile("A800")
+
+
+def test_presets_are_the_engine_configs_and_the_papers_models():
+    assert model_config("llama-7b") is PRESETS["llama-7b"] and model_config("llama-14b") is PRESETS["llama-14b"]
+    m3 = model_config("llama-3b")
+    assert (m3.layers, m3.heads, m3.head_dim) == (26, 32, 100)  # OpenLLaMA-3B
+    m14 = model_config("llama-14b")
+    assert (m14.layers, m14.heads, m14.head_dim) == (40, 40, 128)  # burstengine.md §4.1's 14B
+
+
+@pytest.mark.parametrize("strategy", ["burst", "ring-double-ring", "usp", "distflash", "ulysses"])
+def test_whole_model_monotone(strategy):
+    """More bandwidth never slower; a longer sequence never less memory; more checkpointing never
+    more activation memory (none > remat > selective > full), and never faster."""
+    m = model_config("llama-7b")
+    layout = "contiguous" if strategy == "distflash" else "zigzag"
+    for mode in ("train", "prefill"):
+        t = Training(m, 1 << 18, mode=mode, layout=layout)
+        steps = [whole_model(strategy, Cluster(16, 8, A800, inter_bw=bw * 1e9, intra_bw=bw * 4e9), t).wall_s
+                 for bw in (1, 5, 25, 100)]
+        assert all(a >= b for a, b in zip(steps, steps[1:])), (mode, steps)
+        mems = [whole_model(strategy, Cluster(16, 8, A800), replace(t, seq_len=n)).mem_bytes_per_device
+                for n in (1 << 16, 1 << 18, 1 << 20)]
+        assert all(a <= b for a, b in zip(mems, mems[1:])), (mode, mems)
+    by_mode = {c: whole_model(strategy, Cluster(16, 8, A800), Training(m, 1 << 18, checkpointing=c, layout=layout))
+               for c in CHECKPOINTING}
+    kept = [by_mode[c].extra["memory"]["kept_activations"] for c in ("none", "remat", "selective", "full")]
+    assert kept == sorted(kept, reverse=True) and kept[0] > kept[-1]
+    steps = [by_mode[c].wall_s for c in ("none", "remat", "selective", "full")]
+    assert steps == sorted(steps)
+    assert activation_bytes_per_token(m, "full", 2) == 2 * m.dim
+
+
+def test_fits_is_decided_by_whole_model_memory():
+    """burstengine.md §4.2: BurstEngine trained 7B at 2M tokens on 32 A800; without FSDP the 14B's
+    states alone (16 bytes per parameter) exceed 80 GB; a small --gpu-mem-gib flips the verdict."""
+    t = Training(model_config("llama-7b"), 1 << 21, checkpointing="remat")
+    est = whole_model("burst-double-ring", Cluster(32, 8, A800), t)
+    assert est.fits and est.mem_bytes_per_device < A800.memory_bytes
+    assert not whole_model("burst-double-ring", Cluster(32, 8, A800), t, memory_bytes=30 * 2**30).fits
+    no_fsdp = whole_model("ring", Cluster(32, 8, A800), Training(model_config("llama-14b"), 1 << 20, fsdp=False))
+    assert not no_fsdp.fits and no_fsdp.extra["memory"]["states"] > 16 * 13e9
+    fused = whole_model("burst", Cluster(8, 8, A800), Training(model_config("llama-14b"), 1 << 18))
+    unfused = whole_model("burst", Cluster(8, 8, A800), Training(model_config("llama-14b"), 1 << 18, fused_loss=False))
+    # the full logits (32K tokens per device, bf16) against one 4096-token fp32 chunk of them
+    assert unfused.mem_bytes_per_device - fused.mem_bytes_per_device == pytest.approx((32768 * 2 - 4096 * 4) * 120000)
+
+
+def test_overlap_is_not_perfect_and_prefill_is_cheaper():
+    """A hidden ring still costs (contention, per-layer sync); a prefill is one forward, no optimizer."""
+    w = Workload(seq_len=1 << 20, heads=40, head_dim=128, layers=40)
+    raw, real = estimate("burst-double-ring", Cluster(32, 8, A800), w), attention_step("burst-double-ring",
+                                                                                      Cluster(32, 8, A800), w)
+    assert real.wall_s > raw.wall_s
+    t = Training(model_config("llama-14b"), 1 << 20)
+    train, prefill = (whole_model("burst", Cluster(32, 8, A800), replace(t, mode=mode)) for mode in ("train", "prefill"))
+    assert prefill.wall_s < train.wall_s / 2 and prefill.mem_bytes_per_device < train.mem_bytes_per_device
+    assert estimate("burst-double-ring", Cluster(32, 8, A800), replace(w, forward_only=True)).wall_s < raw.wall_s / 3
+
+
+def test_auto_uses_the_same_model():
+    cluster, w = Cluster(32, 8, A800), Workload(seq_len=1 << 18, heads=32, head_dim=128, causal=True)
+    picked = choose(cluster, w, ["burst", "ring", "usp", "ulysses"])
+    costs = {n: attention_step(f"{n}-double-ring" if n in ("burst", "ring") else n, cluster, w)
+             for n in ("burst", "ring", "usp", "ulysses")}
+    assert picked == min(costs, key=lambda n: (not costs[n].fits, costs[n].wall_s, n))
+
+
+def test_papers_counts_and_every_run_expressible():
+    """benchmarks/planner_vs_papers.md's counts, recomputed (a regression guard on the model)."""
+    sys.path.insert(0, "benchmarks")
+    import planner_vs_papers as report
+
+    rows = report.evaluate()
+    absolute, within, verdicts, right, orders = report.counts(rows)
+    assert len(within) >= 0.75 * len(absolute), (len(within), len(absolute))
+    assert sum(o[3] == o[4] for o in orders) >= 0.85 * len(orders)
+    assert len(right) >= 0.7 * len(verdicts)
+
+
+def test_cli_whole_model(capsys, tmp_path):
+    base = ["plan", "--gpus", "32", "--profile", "a800", "--seq-len", "1048576", "--causal"]
+    assert main([*base, "--model", "llama-14b", "--checkpointing", "remat", "--json", "-"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    for r in rows:
+        assert {"step_s", "tokens_per_s_per_device", "mem_bytes_per_device", "wall_s", "fits"} <= set(r)
+        assert r["scope"] == "whole model"
+    burst = next(r for r in rows if r["strategy"] == "burst-double-ring")
+    assert burst["fits"] and burst["tokens_per_s_per_device"] == pytest.approx(118.36, rel=0.25)  # Table 4
+    assert main([*base, "--hidden", "5120", "--ffn-hidden", "13824", "--vocab", "120000", "--heads", "40",
+                 "--layers", "40", "--mode", "prefill"]) == 0
+    assert "whole model" in capsys.readouterr().out
+    assert main([*base, "--model", "llama-14b", "--attention-only"]) == 0
+    assert "attention only" in capsys.readouterr().out
+    assert main([*base, "--model", "llama-7b", "--gpu-mem-gib", "10", "--json", "-"]) == 0
+    assert not any(r["fits"] for r in json.loads(capsys.readouterr().out))
+    for argv, option in ((["--hidden", "4096"], "--ffn-hidden"), (["--model", "llama-7b", "--dp", "3"], "--dp"),
+                         (["--model", "llama-7b", "--head-dim", "64"], "--head-dim"),
+                         (["--model", "llama-7b", "--checkpointing", "some"], "--checkpointing"),
+                         (["--model", "llama-7b", "--mode", "decode"], "--mode"),
+                         (["--model", "gpt-5"], "--model"), (["--attention-only", "--heads", "8", "--head-dim", "64"],
+                                                             "--attention-only"),
+                         (["--model", "llama-7b", "--gpu-mem-gib", "0"], "--gpu-mem-gib"),
+                         ([], "--heads")):
+        with pytest.raises(SystemExit) as exited:
+            main([*base, *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exited.value.code == 2 and len(err) == 1 and err[0].startswith(f"burst plan: error: {option}"), (argv, err)

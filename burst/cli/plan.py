@@ -47,6 +47,8 @@ def add_parser(sub) -> None:
     p.add_argument("--unfused-loss", action="store_true", help="whole model: LM head builds the full logits")
     p.add_argument("--no-fsdp", action="store_true", help="whole model: weights and optimizer state replicated")
     p.add_argument("--offload-optimizer", action="store_true", help="whole model: Adam state and step on the host")
+    p.add_argument("--no-backward-overlap", action="store_true",
+                   help="whole model: ring transfers of the backward wait for compute (LoongTrain's double ring)")
     p.add_argument("--gpu-mem-gib", type=positive_float, default=None,
                    help="device memory in GiB that decides fits; default: the profile's")
     p.add_argument("--causal", action="store_true", help="causal mask (default: full attention)")
@@ -137,7 +139,7 @@ def run(args) -> int:
         workload = Training(cfg, args.seq_len, batch=args.batch, dp=args.dp, mode=args.mode,
                             checkpointing=args.checkpointing, fused_loss=not args.unfused_loss, fsdp=not args.no_fsdp,
                             offload_optimizer=args.offload_optimizer, causal=args.causal, layout=args.layout,
-                            dtype_bytes=args.dtype_bytes)
+                            dtype_bytes=args.dtype_bytes, backward_overlap=not args.no_backward_overlap)
     else:
         workload = Workload(seq_len=args.seq_len, heads=args.heads, head_dim=args.head_dim, kv_heads=args.kv_heads,
                             batch=args.batch, layers=args.layers or 1, causal=args.causal,

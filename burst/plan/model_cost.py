@@ -37,7 +37,7 @@ from .cost import Cluster, Estimate, Workload, estimate
 GEMM_SHARE_OF_PEAK = 0.70       # share of dense peak that large bf16 GEMMs sustain (cuBLAS on A100/H100)
 ATTENTION_SHARE_OF_PEAK = 0.60  # profiles.py's flash-attention share; peak = profile.flops / this
 CONTENTION = 0.15               # compute seconds lost per second of transfer running under it
-LAYER_SYNC_S = 1e-3             # per layer and pass: launch gaps and the wait for the slowest rank
+LAYER_SYNC_S = 3e-3             # per layer and pass: launch gaps and the wait for the slowest rank
 STEP_SYNC_S = 0.05              # per step: gradient-norm all-reduce, optimizer launch, data
 HBM_BYTES_PER_S = 1.6e12        # device memory bandwidth the optimizer's elementwise kernels reach
 HOST_LINK_BYTES_PER_S = 12e9    # PCIe 4.0 x16 per device, one direction, as DMA reaches it
@@ -89,6 +89,7 @@ class Training:
     causal: bool = True
     layout: str = "zigzag"
     dtype_bytes: int | None = None  # default: the profile's
+    backward_overlap: bool = True   # False: the backward's ring transfers wait (LoongTrain's double ring)
 
     def check(self, gpus: int) -> None:
         if self.mode not in MODES:
@@ -131,6 +132,7 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     attn_w = Workload(seq_len=t.seq_len, heads=m.heads, head_dim=m.head_dim, kv_heads=m.kv_heads, batch=t.batch,
                       layers=m.layers, causal=t.causal, dtype_bytes=b, layout=t.layout, forward_only=not train)
     attn = estimate(strategy, sp_cluster, attn_w)
+    fwd_only = estimate(strategy, sp_cluster, replace(attn_w, forward_only=True))
     one_layer = estimate(strategy, sp_cluster, replace(attn_w, layers=1))
 
     tokens = t.batch * t.seq_len / sp  # per device
@@ -138,9 +140,10 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     layer_fwd = 2 * layer_weights(m) * tokens * m.layers / gemm_rate
     head_fwd = 2 * m.dim * m.vocab_size * tokens / gemm_rate
     # attention: cost.estimate's wall (ring overlap inside), plus what checkpointing recomputes
-    fwd_only = estimate(strategy, sp_cluster, replace(attn_w, forward_only=True))
     recompute_attn = {"full": fwd_only.wall_s, "selective": fwd_only.compute_s * t.split ** 2}.get(
         t.checkpointing, 0.0) if train else 0.0
+    if train and not t.backward_overlap:  # every backward transfer waits for its compute to end
+        attn.wall_s += (attn.comm_s - attn.exposed_comm_s) - (fwd_only.comm_s - fwd_only.exposed_comm_s)
     recompute_layers = layer_fwd if train and t.checkpointing != "none" else 0.0
     passes = (3 if t.checkpointing != "none" else 2) if train else 1
     matmul = (3 if train else 1) * (layer_fwd + head_fwd) + recompute_layers
@@ -158,8 +161,17 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     compute = matmul + attn.compute_s + recompute_attn
     busy_links = attn.comm_s + (fwd_only.comm_s if t.checkpointing == "full" and train else 0.0)
     wall_no_fsdp = matmul + attn.wall_s + recompute_attn
-    idle_links = max(0.0, wall_no_fsdp - busy_links)
-    exposed_fsdp = max(0.0, fsdp_s - idle_links)
+    # FSDP overlaps layer by layer (the next layer's gather under this layer's compute): per pass,
+    # each layer's collectives hide behind that layer's time minus its own ring's link time.
+    collectives = 3 if train else 1
+    per_collective = fsdp_s / collectives / m.layers if m.layers else 0.0
+    fwd_layer = (layer_fwd + fwd_only.wall_s) / m.layers
+    fwd_idle = max(0.0, fwd_layer - fwd_only.comm_s / m.layers)
+    exposed_fsdp = m.layers * max(0.0, per_collective - fwd_idle)
+    if train:
+        bwd_layer = (wall_no_fsdp - layer_fwd - head_fwd - fwd_only.wall_s - 2 * head_fwd) / m.layers
+        bwd_idle = max(0.0, bwd_layer - (busy_links - fwd_only.comm_s) / m.layers)
+        exposed_fsdp += m.layers * max(0.0, 2 * per_collective - bwd_idle)
     hidden = (busy_links - attn.exposed_comm_s) + (fsdp_s - exposed_fsdp)
     sync = passes * m.layers * LAYER_SYNC_S + (STEP_SYNC_S if train else 0.0)
     optimizer = 0.0

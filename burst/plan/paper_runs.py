@@ -53,6 +53,7 @@ class Run:
     inter_gbps: float | None = None
     intra_gbps: float | None = None
     attention_only: bool = False
+    backward_overlap: bool = True  # False: LoongTrain's double ring (no backward overlap)
     counted: bool = True        # False: the same measurement printed again elsewhere, or an order only
 
     def argv(self) -> list[str]:
@@ -61,8 +62,10 @@ class Run:
              "--model", self.model, "--seq-len", str(self.seq_len)]
         if self.attention_only:
             a += ["--attention-only"]
+        elif self.mode == "prefill":
+            a += ["--mode", "prefill"]
         else:
-            a += ["--mode", self.mode, "--checkpointing", self.checkpointing]
+            a += ["--checkpointing", self.checkpointing]
             if self.dp > 1:
                 a += ["--dp", str(self.dp)]
             if not self.fused_loss:
@@ -71,6 +74,8 @@ class Run:
                 a += ["--no-fsdp"]
             if self.offload_optimizer:
                 a += ["--offload-optimizer"]
+            if not self.backward_overlap:
+                a += ["--no-backward-overlap"]
         if self.causal:
             a += ["--causal"]
         if self.layout != "zigzag":
@@ -126,7 +131,7 @@ RUNS.append(_be("§4.2 DeepSpeed-Ulysses 14B 1M (40 heads)", "ulysses", 32, "lla
 for model, seq in (("llama-7b", 4 * M), ("llama-14b", 2 * M)):
     for strategy in ("usp", "ring-double-ring"):
         RUNS.append(_be(f"§4.2 LoongTrain {strategy} {model} {seq // M}M", strategy, 64, model, seq, "fits", 0,
-                        checkpointing="full", fused_loss=False))
+                        checkpointing="full", fused_loss=False, backward_overlap=strategy == "usp"))
 # §4.2 / Fig. 12 in words: BurstEngine 1.19x / 1.15x LoongTrain-USP's TGS; USP > DoubleRing > Ulysses (7B)
 for model, seq, speedup in (("llama-7b", 2 * M, 1.19), ("llama-14b", M, 1.15)):
     RUNS.append(_be(f"Fig. 12 BurstEngine {model}", "burst-double-ring", 32, model, seq, "speedup", speedup,
@@ -134,7 +139,7 @@ for model, seq, speedup in (("llama-7b", 2 * M, 1.19), ("llama-14b", M, 1.15)):
     RUNS.append(_be(f"Fig. 12 LoongTrain-USP {model}", "usp", 32, model, seq, "speedup", 1.0, f"BE Fig12 {model}",
                     checkpointing="full", fused_loss=False))
 RUNS.append(_be("Fig. 12 LoongTrain-DoubleRing llama-7b (order only)", "ring-double-ring", 32, "llama-7b", 2 * M,
-                "speedup", 0.9, "BE Fig12 order 7B", checkpointing="full", fused_loss=False))
+                "speedup", 0.9, "BE Fig12 order 7B", checkpointing="full", fused_loss=False, backward_overlap=False))
 RUNS.append(_be("Fig. 12 DeepSpeed-Ulysses llama-7b (order only)", "ulysses", 32, "llama-7b", 2 * M,
                 "speedup", 0.8, "BE Fig12 order 7B", checkpointing="full", fused_loss=False))
 RUNS.append(_be("Fig. 12 LoongTrain-USP llama-7b (order only)", "usp", 32, "llama-7b", 2 * M,
@@ -163,10 +168,11 @@ RUNS.append(_df("T3 1 node, 32K", "distflash", 8, "llama-7b", 32 * K, "step_s", 
 RUNS.append(_df("T3 2 nodes, 64K", "distflash", 16, "llama-7b", 64 * K, "step_s", 6.85))
 RUNS.append(_df("T3 1 node 256K trains", "distflash", 8, "llama-7b", 256 * K, "fits", 1))
 RUNS.append(_df("T3 2 nodes 512K trains", "distflash", 16, "llama-7b", 512 * K, "fits", 1))
-# Table 4: DeepSpeed-Ulysses, 7B, 2x8 (its 33-head runs pad heads: not expressible)
+# Table 4: DeepSpeed-Ulysses, 7B, 2x8, with the standard (HF) full checkpointing: the
+# rematerialization-aware one is DistFlashAttn's own (its 33-head runs pad heads: not expressible)
 for per_gpu, value, ours in ((16, 37.53, 30.21), (32, 134.09, 106.37)):
     RUNS.append(_df(f"T4 Ulysses 2x8 {per_gpu}K/GPU", "ulysses", 16, "llama-7b", 16 * per_gpu * K, "step_s", value,
-                    f"DF T4 {per_gpu}K", layout="zigzag"))
+                    f"DF T4 {per_gpu}K", layout="zigzag", checkpointing="full"))
     RUNS.append(_df(f"T4 DistFlashAttn 2x8 {per_gpu}K/GPU (= T1)", "distflash", 16, "llama-7b", 16 * per_gpu * K,
                     "step_s", ours, f"DF T4 {per_gpu}K", counted=False))
 # Table 5: HF checkpointing (full) against rematerialization-aware (remat), 8 A100, 7B
@@ -212,7 +218,7 @@ def planned(run: Run) -> tuple[float, bool]:
         return {"speedup": 1 / e.wall_s, "step_s": e.wall_s}.get(run.metric, e.wall_s), e.fits
     t = Training(m, run.seq_len, dp=run.dp, mode=run.mode, checkpointing=run.checkpointing,
                  fused_loss=run.fused_loss, fsdp=run.fsdp, offload_optimizer=run.offload_optimizer, causal=run.causal,
-                 layout=run.layout, dtype_bytes=run.dtype_bytes)
+                 layout=run.layout, dtype_bytes=run.dtype_bytes, backward_overlap=run.backward_overlap)
     e = whole_model(run.strategy, cluster, t)
     value = {"tgs": e.extra["tokens_per_s_per_device"], "speedup": e.extra["tokens_per_s_per_device"],
              "step_s": e.wall_s, "prefill_s": e.wall_s, "mem_gb": e.mem_bytes_per_device / 1e9,
