@@ -19,8 +19,9 @@ from burst.plan.profiles import PROFILES  # noqa: E402
 
 TOLERANCE = 0.25   # an absolute figure is "within" when plan / paper lies in [0.75, 1.25]
 ORDER_MIN = 0.05   # the paper's difference that makes an ordering (smaller: a tie, not counted)
-UNITS = {"tgs": "tokens/s/GPU", "step_s": "s/step", "prefill_s": "s (prefill)", "mem_gb": "GB/GPU"}
-HIGHER_IS_FASTER = {"tgs", "speedup"}
+UNITS = {"tgs": "tokens/s/GPU", "step_s": "s/step", "prefill_s": "s (prefill)", "mem_gb": "GB/GPU",
+         "over_1gpu": "x over 1 GPU"}
+HIGHER_IS_FASTER = {"tgs", "speedup", "over_1gpu"}
 
 
 def evaluate():
@@ -103,6 +104,18 @@ def markdown(rows) -> str:
                 out.append(f"| {r.label}{extra} | {r.strategy} | {r.value:g} {UNITS[r.metric]} | {v:.4g} | "
                            f"{ratio:.2f}{flag} | {cmd} |")
         out.append("")
+    out += ["## Figures the planner does not express", "",
+            "- distflashattn.md Table 1's Megatron-LM rows (18), Table 2 (Megatron TP+DP/PP longest lengths), Table 3's "
+            "RSA rows, Table 4's Ulysses on 33 heads (head padding), Table 6: tensor and pipeline parallelism and "
+            "materialised attention are not modelled; Fig. 5 (right)'s 105% / 44% overheads need a no-overlap ring.",
+            "- burstattention.md Tables 2-3's RingAttention (Li et al.'s, scores materialised), TP and w/o-LAO rows "
+            "and their OOMs; Figs. 2-4 (plots without printed values).",
+            "- burstengine.md: the MFU columns (the TGS columns times a constant); Table 3 (attention masking and SWA "
+            "are not planned masks); Figs. 12-14's bars beyond the ratios and orders the text states; Megatron-CP's "
+            "attention OOM above 256K in Fig. 14 (Megatron's implementation, not a modelled strategy).",
+            "- ring-attention.md Table 3's TPU rows (no TPU profile) and the vanilla / memory-efficient / BPT columns.",
+            "- cqs-attention.md: its tables are one A100 simulating W workers with non-flash attention and no "
+            "communication (compute-time ratios), not runs of a distributed system.", ""]
     out += ["## Orderings", "",
             "Pairs of runs the paper compares whose times differ by at least "
             f"{ORDER_MIN:.0%}. The ratios are first / second in the metric's own terms (tokens/s or speedup: "

@@ -1,7 +1,7 @@
 """Cost model: time, bytes per link and memory per device of each strategy for one workload.
 
-Units: seconds, bytes. One attention layer's forward and backward is modelled, then multiplied by
-the number of layers. Per device, with n = N/G tokens:
+Units: seconds, bytes. One attention layer's forward and backward (the forward alone for a
+prefill: Workload.forward_only) is modelled, then multiplied by the number of layers. Per device, with n = N/G tokens:
 
 - compute: forward 4·B·N²·H·d FLOPs (half with a causal mask; zigzag/striped balance it), backward
   2.5x the forward (flash backward: five matmuls against two), split evenly over G devices;
@@ -19,7 +19,8 @@ ring) or G-1 (one node: the chunk stream sends each dQ part straight home, comm/
 ring's moves K, V for G-1 and dK, dV (fp32) for G. Masks are not modelled: a causal mask makes the
 chunk stream send less than this. Memory is what attention holds per device: the inputs, outputs and lse
 saved for backward in every layer, plus one layer's backward peak (gradients, travelling buffers,
-and whatever the strategy gathers). Model weights and MLP activations are not included.
+and whatever the strategy gathers). Model weights and MLP activations are not included here:
+model_cost.py adds the rest of the model, contention and synchronisation on top of this.
 """
 
 from __future__ import annotations
