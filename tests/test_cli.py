@@ -149,6 +149,7 @@ def test_bench_refuses_bad_values(capsys, no_world, tmp_path):
         (["--window", "-2,4"], "--window"),
         (["--block-sparse", "64,2"], "--block-sparse"),
         (["--documents", "300"], "--documents"),
+        (["--layout", "doc_zigzag"], "--layout"),  # per-document layouts need --documents
         (["--dtype", "float8"], "--dtype"),
         (["--json", UNWRITABLE], "--json"),
         (["--report", str(tmp_path / "r"), "--report-seq-lens", "100,0"], "--report-seq-lens"),

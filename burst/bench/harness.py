@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import burst
 from burst.kernels.reference import attention as reference_attention
 from burst.launch import spawn_world
-from burst.layout import shard_indices
+from burst.layout import DOCUMENT_LAYOUTS, resolve_layout, shard_indices
 from burst.masks import BlockSparseMask, MaskSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -63,12 +63,18 @@ class BenchConfig:
         return BlockSparseMask(int(size), layout)
 
     def cu_seqlens(self) -> list[int] | None:
-        """Document boundaries: `documents` uneven lengths drawn from the seed, summing to seq_len."""
+        """Document boundaries: `documents` uneven lengths drawn from the seed, summing to seq_len
+        (under a per-document layout each a multiple of the parts it is cut into)."""
         if self.documents <= 0:
             return None
+        unit = self.nproc * (2 if self.layout == "doc_zigzag" else 1) if self.layout in DOCUMENT_LAYOUTS else 1
         g = torch.Generator().manual_seed(self.seed + 1)
-        cuts = torch.randperm(self.seq_len - 1, generator=g)[: self.documents - 1] + 1
-        return [0, *sorted(int(c) for c in cuts), self.seq_len]
+        cuts = torch.randperm(self.seq_len // unit - 1, generator=g)[: self.documents - 1] + 1
+        return [0, *sorted(int(c) * unit for c in cuts), self.seq_len]
+
+    def resolved_layout(self):
+        """The layout shard_indices takes: a DocumentLayout for doc_contiguous / doc_zigzag."""
+        return resolve_layout(self.layout, self.cu_seqlens())
 
     def mask_kwargs(self) -> dict:
         return {"causal": self.causal, "window": tuple(self.window) if self.window else None,
@@ -149,7 +155,7 @@ def _input_rows(cfg: BenchConfig, rows: torch.Tensor) -> list[torch.Tensor]:
 
 def _local_inputs(cfg: BenchConfig, rank: int, world: int, device):
     """This rank's shards of q, k, v, dout, and their global token indices."""
-    idx = shard_indices(cfg.layout, rank, world, cfg.seq_len)
+    idx = shard_indices(cfg.resolved_layout(), rank, world, cfg.seq_len)
     order = torch.argsort(idx)  # _input_rows returns rows in ascending order
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(len(idx))

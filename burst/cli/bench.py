@@ -9,7 +9,9 @@ from .common import (BadOption, add_common, any_case, blame, check_writable_dir,
                      int_pair, is_reporting_rank, nonnegative_int, positive_float, positive_int, progress,
                      world_size, write_json)
 
-LAYOUTS = ("contiguous", "zigzag", "striped")
+from ..layout import DOCUMENT_LAYOUTS, LAYOUTS as WHOLE_SEQUENCE_LAYOUTS
+
+LAYOUTS = WHOLE_SEQUENCE_LAYOUTS + DOCUMENT_LAYOUTS
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
@@ -55,7 +57,8 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", type=any_case(DTYPES), default=d.dtype, help="dtype of q, k, v: " + ", ".join(DTYPES))
     p.add_argument("--causal", action="store_true", help="causal mask")
     p.add_argument("--layout", type=any_case(LAYOUTS), default=d.layout,
-                   help="how the sequence is split over the ranks: " + ", ".join(LAYOUTS))
+                   help="how the sequence is split over the ranks: " + ", ".join(LAYOUTS)
+                   + " (doc_*: each packed document cut on its own; needs --documents)")
     p.add_argument("--threads", type=positive_int, default=None, help="threads per rank; default: cores // nproc")
     p.add_argument("--repeats", type=nonnegative_int, default=d.repeats,
                    help="timed passes after one warm-up (the best is kept); 0 = one cold pass, no warm-up")
@@ -114,6 +117,13 @@ def validate(args) -> None:
         return
     if args.documents > args.seq_len:
         raise BadOption("--documents", f"{args.documents} documents do not fit in {args.seq_len} tokens")
+    if args.layout in DOCUMENT_LAYOUTS:
+        parts = world_size(args) * (2 if args.layout == "doc_zigzag" else 1)
+        if args.documents < 1:
+            raise BadOption("--layout", f"{args.layout} cuts packed documents: give --documents N")
+        if args.documents > args.seq_len // parts:
+            raise BadOption("--documents", f"{args.documents} documents of multiples of {parts} tokens do not fit "
+                            f"in {args.seq_len} tokens")
     if args.ranks_per_node is not None:
         from ..comm.topology import Topology
 

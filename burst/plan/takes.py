@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import torch
 
-from ..layout import check_layout, local_multiple
+from ..layout import DOCUMENT_LAYOUTS, check_layout, local_multiple
 
 
 def check_split(seq_len: int, world: int, layout: str) -> None:
     """Raise ValueError unless `seq_len` tokens split evenly over `world` ranks in `layout`."""
-    check_layout(layout)
-    need = world * local_multiple(layout)
+    if layout in DOCUMENT_LAYOUTS:  # the documents come apart (cu_seqlens): the parts must split the length
+        need = world * (2 if layout == "doc_zigzag" else 1)
+    else:
+        check_layout(layout)
+        need = world * local_multiple(layout)
     if seq_len < 1 or seq_len % need:
         raise ValueError(f"{seq_len} tokens do not split over {world} ranks with layout {layout!r} "
                          f"(use a positive multiple of {need})")
