@@ -165,20 +165,22 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     # each layer's collectives hide behind that layer's time minus its own ring's link time.
     collectives = 3 if train else 1
     per_collective = fsdp_s / collectives / m.layers if m.layers else 0.0
-    fwd_layer = (layer_fwd + fwd_only.wall_s) / m.layers
+    fwd_layer = (layer_fwd + fwd_only.wall_s) / m.layers  # one layer's forward
     fwd_idle = max(0.0, fwd_layer - fwd_only.comm_s / m.layers)
     exposed_fsdp = m.layers * max(0.0, per_collective - fwd_idle)
-    if train:
-        bwd_layer = (wall_no_fsdp - layer_fwd - head_fwd - fwd_only.wall_s - 2 * head_fwd) / m.layers
+    if train:  # one layer's backward (recompute included): the step less every forward and the LM head
+        bwd_layer = (wall_no_fsdp - fwd_layer * m.layers - 3 * head_fwd) / m.layers
         bwd_idle = max(0.0, bwd_layer - (busy_links - fwd_only.comm_s) / m.layers)
-        exposed_fsdp += m.layers * max(0.0, 2 * per_collective - bwd_idle)
+        exposed_fsdp += m.layers * max(0.0, 2 * per_collective - bwd_idle)  # a gather and a reduce-scatter
     hidden = (busy_links - attn.exposed_comm_s) + (fsdp_s - exposed_fsdp)
     sync = passes * m.layers * LAYER_SYNC_S + (STEP_SYNC_S if train else 0.0)
     optimizer = 0.0
     if train:
         local = weights / shard
-        optimizer = (local * 4 * (b + 4) / HOST_LINK_BYTES_PER_S / 2 + local / HOST_ADAM_PARAMS_PER_S
-                     if t.offload_optimizer else local * 2 * (ADAM_STATE_BYTES + 2 * b) / HBM_BYTES_PER_S)
+        if t.offload_optimizer:  # gradients down and weights up at once over PCIe, then host Adam
+            optimizer = local * b / HOST_LINK_BYTES_PER_S + local / HOST_ADAM_PARAMS_PER_S
+        else:  # Adam reads and writes its state, the weights and the gradients once
+            optimizer = local * 2 * (ADAM_STATE_BYTES + 2 * b) / HBM_BYTES_PER_S
     step = wall_no_fsdp + exposed_fsdp + CONTENTION * min(hidden, compute) + sync + optimizer
 
     # memory
@@ -186,14 +188,14 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     adam = 0 if not train or t.offload_optimizer else (ADAM_STATE_BYTES if b <= 2 else 8)  # fp32: weights are the master
     state = weights * (b + grads + adam) / shard
     gathered = (2 * layer_weights(m) + m.vocab_size * m.dim) * b if t.fsdp else 0.0
-    kept = activation_bytes_per_token(m, t.checkpointing if train else "full", b, t.split) * tokens * m.layers
-    if not train:
-        kept = 0.0  # a prefill keeps nothing between layers
+    # a prefill keeps nothing between layers
+    kept = activation_bytes_per_token(m, t.checkpointing, b, t.split) * tokens * m.layers if train else 0.0
     working = activation_bytes_per_token(m, "none", b) * tokens
     attn_buffers = one_layer.mem_bytes_per_device
-    logits = (min(tokens, FUSED_LOSS_CHUNK) * 4 if t.fused_loss else tokens * b) * m.vocab_size
-    if not train:
-        logits = m.vocab_size * 4 * t.batch  # only the last token's logits
+    # unfused: the logits, whose gradient is written over them; fused: one fp32 chunk; a prefill:
+    # the last token's logits
+    logits = ((min(tokens, FUSED_LOSS_CHUNK) * 4 if t.fused_loss else tokens * b) * m.vocab_size if train
+              else m.vocab_size * 4 * t.batch)
     mem = state + gathered + kept + working + attn_buffers + logits
     capacity = memory_bytes or p.memory_bytes
     est = Estimate(strategy, compute_s=compute, comm_s=busy_links + fsdp_s, exposed_comm_s=step - compute,
