@@ -39,9 +39,10 @@ def add_parser(sub) -> None:
                    help="layers (time and memory scale by it); default: the model's, else 1")
     p.add_argument("--attention-only", action="store_true", help="with --model: plan its attention alone")
     p.add_argument("--mode", type=any_case(MODES), default="train",
-                   help="whole model: train (forward + backward + optimizer) or prefill (one forward)")
-    p.add_argument("--checkpointing", type=any_case(CHECKPOINTING), default="full",
-                   help="whole model: activation checkpointing, as `burst train`'s: " + ", ".join(CHECKPOINTING))
+                   help="train (forward + backward, and the optimizer for a whole model) or prefill (one forward)")
+    p.add_argument("--checkpointing", type=any_case(CHECKPOINTING), default="none",
+                   help="whole model: activation checkpointing, as `burst train`'s (same default): "
+                        + ", ".join(CHECKPOINTING))
     p.add_argument("--dp", type=positive_int, default=1,
                    help="whole model: data-parallel replicas; each runs the sequence over --gpus / --dp devices")
     p.add_argument("--unfused-loss", action="store_true", help="whole model: LM head builds the full logits")
@@ -86,6 +87,8 @@ def validate(args) -> None:
             raise BadOption("--heads", f"{cfg.heads} does not divide the hidden size {cfg.dim}")
         if args.kv_heads is None and cfg.heads % cfg.kv_heads:
             raise BadOption("--heads", f"{cfg.heads} is not a multiple of the model's {cfg.kv_heads} KV heads")
+    if args.dp > 1 and not whole:
+        raise BadOption("--dp", "needs --model or --hidden (attention alone runs on all --gpus)")
     if args.gpus % args.dp:
         raise BadOption("--dp", f"{args.dp} does not divide --gpus {args.gpus}")
     per_node = min(args.gpus, args.gpus_per_node)

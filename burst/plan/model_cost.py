@@ -81,7 +81,7 @@ class Training:
     batch: int = 1                  # sequences per data-parallel replica
     dp: int = 1                     # data-parallel replicas; sp = gpus / dp
     mode: str = "train"             # train | prefill
-    checkpointing: str = "full"     # none | full | remat | selective
+    checkpointing: str = "none"     # none | full | remat | selective (burst train's default)
     split: float = 0.5              # selective: share of the sequence whose attention is recomputed
     fused_loss: bool = True         # LM head + loss a chunk of tokens at a time
     fsdp: bool = True               # shard weights, gradients, optimizer state over all devices
