@@ -85,7 +85,8 @@ def markdown(rows) -> str:
     import burst.plan.paper_runs as pr
     out += ["## How each paper's setup is read", "", pr.__doc__.split("stated once:")[1].strip(), ""]
     for source in dict.fromkeys(r.source for r, _, _ in rows):
-        out += [f"## {source}", "", "| figure | strategy | paper | plan | plan / paper | command |", "|---|---|---|---|---|---|"]
+        out += [f"## {source}", "", "| figure | strategy | paper | plan | plan / paper | command |",
+                "|---|---|---|---|---|---|"]
         for r, v, f in rows:
             if r.source != source:
                 continue
@@ -105,7 +106,8 @@ def markdown(rows) -> str:
                            f"{ratio:.2f}{flag} | {cmd} |")
         out.append("")
     out += ["## Figures the planner does not express", "",
-            "- distflashattn.md Table 1's Megatron-LM rows (18), Table 2 (Megatron TP+DP/PP longest lengths), Table 3's "
+            "- distflashattn.md Table 1's Megatron-LM rows (18), Table 2 (Megatron TP+DP/PP longest lengths), "
+            "Table 3's "
             "RSA rows, Table 4's Ulysses on 33 heads (head padding), Table 6: tensor and pipeline parallelism and "
             "materialised attention are not modelled; Fig. 5 (right)'s 105% / 44% overheads need a no-overlap ring.",
             "- burstattention.md Tables 2-3's RingAttention (Li et al.'s, scores materialised), TP and w/o-LAO rows "

@@ -184,7 +184,8 @@ def test_overlap_is_not_perfect_and_prefill_is_cheaper():
                                                                                       Cluster(32, 8, A800), w)
     assert real.wall_s > raw.wall_s
     t = Training(model_config("llama-14b"), 1 << 20)
-    train, prefill = (whole_model("burst", Cluster(32, 8, A800), replace(t, mode=mode)) for mode in ("train", "prefill"))
+    train, prefill = (whole_model("burst", Cluster(32, 8, A800), replace(t, mode=mode))
+                      for mode in ("train", "prefill"))
     assert prefill.wall_s < train.wall_s / 2 and prefill.mem_bytes_per_device < train.mem_bytes_per_device
     assert estimate("burst-double-ring", Cluster(32, 8, A800), replace(w, forward_only=True)).wall_s < raw.wall_s / 3
 
@@ -236,4 +237,5 @@ def test_cli_whole_model(capsys, tmp_path):
         with pytest.raises(SystemExit) as exited:
             main([*base, *argv])
         err = capsys.readouterr().err.strip().splitlines()
-        assert exited.value.code == 2 and len(err) == 1 and err[0].startswith(f"burst plan: error: {option}"), (argv, err)
+        assert exited.value.code == 2 and len(err) == 1, (argv, err)
+        assert err[0].startswith(f"burst plan: error: {option}"), (argv, err)

@@ -6,7 +6,8 @@
     rows[0].strategy, rows[0].wall_s, rows[0].fits
 
 Estimates come from an analytic model (cost.py: attention's compute, bytes per link, overlap,
-memory per device; model_cost.py: the whole model's step, FSDP, checkpointing and memory) with hardware profiles (profiles.py: A100, A800, H100, H200, and `local`, calibrated by
+memory per device; model_cost.py: the whole model's step, FSDP, checkpointing and memory) with
+hardware profiles (profiles.py: A100, A800, H100, H200, and `local`, calibrated by
 `burst bench --calibrate`). papers.py holds the papers' own formulas the model is tested against.
 """
 
@@ -96,5 +97,6 @@ def auto_choice(candidates, call, q, k) -> str:
     return choose(cluster, workload, candidates)
 
 
-__all__ = ["Training", "whole_model", "attention_step", "model_config", "model_presets", "check_call", "check_split", "refusal", "auto_choice", "device_profile", "plan", "choose", "estimate",
+__all__ = ["Training", "whole_model", "attention_step", "model_config", "model_presets", "check_call", "check_split",
+           "refusal", "auto_choice", "device_profile", "plan", "choose", "estimate",
            "Cluster", "Workload", "Estimate", "Profile", "PROFILES", "profile", "STRATEGIES"]

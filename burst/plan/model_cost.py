@@ -185,7 +185,8 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
 
     # memory
     grads = b if train else 0
-    adam = 0 if not train or t.offload_optimizer else (ADAM_STATE_BYTES if b <= 2 else 8)  # fp32: weights are the master
+    # fp32 runs: the weights are the master copy, Adam adds its two moments
+    adam = 0 if not train or t.offload_optimizer else (ADAM_STATE_BYTES if b <= 2 else 8)
     state = weights * (b + grads + adam) / shard
     gathered = (2 * layer_weights(m) + m.vocab_size * m.dim) * b if t.fsdp else 0.0
     # a prefill keeps nothing between layers
@@ -225,5 +226,6 @@ def attention_step(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
     hidden = est.comm_s - est.exposed_comm_s
     est.wall_s += CONTENTION * min(hidden, est.compute_s) + (1 if w.forward_only else 2) * w.layers * LAYER_SYNC_S
     tokens = w.batch * w.seq_len / cluster.gpus
-    est.extra = {**est.extra, "step_s": est.wall_s, "tokens_per_s_per_device": tokens / est.wall_s if est.wall_s else 0.0}
+    est.extra = {**est.extra, "step_s": est.wall_s,
+                 "tokens_per_s_per_device": tokens / est.wall_s if est.wall_s else 0.0}
     return est
