@@ -239,3 +239,19 @@ def test_cli_whole_model(capsys, tmp_path):
         err = capsys.readouterr().err.strip().splitlines()
         assert exited.value.code == 2 and len(err) == 1, (argv, err)
         assert err[0].startswith(f"burst plan: error: {option}"), (argv, err)
+
+
+def test_each_papers_command_gives_the_planned_value(capsys):
+    """planner_vs_papers.md prints a `burst plan` command per figure: it must give the figure's plan."""
+    from burst.plan.paper_runs import RUNS, planned
+
+    for run in RUNS:
+        if run.metric in ("over_1gpu", "speedup"):
+            continue  # ratios of two plans
+        assert main(["plan", *run.argv(), "--json", "-"]) == 0
+        row = next(r for r in json.loads(capsys.readouterr().out) if r["strategy"] == run.strategy)
+        value, fits = planned(run)
+        cli = {"tgs": row["tokens_per_s_per_device"], "step_s": row["step_s"], "prefill_s": row["step_s"],
+               "mem_gb": row["mem_bytes_per_device"] / 1e9, "fits": float(row["fits"])}[run.metric]
+        assert cli == pytest.approx(value, rel=1e-9), run.label
+        assert row["fits"] == fits, run.label

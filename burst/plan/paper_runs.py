@@ -62,10 +62,8 @@ class Run:
              "--model", self.model, "--seq-len", str(self.seq_len)]
         if self.attention_only:
             a += ["--attention-only"] + (["--mode", "prefill"] if self.mode == "prefill" else [])
-        elif self.mode == "prefill":
-            a += ["--mode", "prefill"]
         else:
-            a += ["--checkpointing", self.checkpointing]
+            a += ["--mode", "prefill"] if self.mode == "prefill" else ["--checkpointing", self.checkpointing]
             if self.dp > 1:
                 a += ["--dp", str(self.dp)]
             if not self.fused_loss:
@@ -110,9 +108,9 @@ for label, strategy, kw, tgs, mem in _T2:
     RUNS.append(_be(label, strategy, 32, "llama-14b", M, "mem_gb", mem, **kw))
 # Table 4: 32K tokens per GPU over 2, 4, 8 nodes (14B)
 for nodes, tgs, mem in ((2, 223.25, 63.13), (4, 118.36, 53.96), (8, 60.49, 50.96)):
-    RUNS.append(_be(f"T4 {nodes} nodes, {nodes * 8 * 32 // 1024}M", "burst-double-ring", 8 * nodes, "llama-14b",
+    RUNS.append(_be(f"T4 {nodes} nodes, {nodes * 8 * 32 / 1024:g}M", "burst-double-ring", 8 * nodes, "llama-14b",
                     nodes * 8 * 32 * K, "tgs", tgs))
-    RUNS.append(_be(f"T4 {nodes} nodes, {nodes * 8 * 32 // 1024}M", "burst-double-ring", 8 * nodes, "llama-14b",
+    RUNS.append(_be(f"T4 {nodes} nodes, {nodes * 8 * 32 / 1024:g}M", "burst-double-ring", 8 * nodes, "llama-14b",
                     nodes * 8 * 32 * K, "mem_gb", mem))
 # Table 5: one node, CP = 1..8 (dp = 8 / CP), optimizer offloaded
 for cp, tgs, mem in ((1, 1201.14, 57.71), (2, 928.24, 55.18), (4, 639.43, 55.58), (8, 393.44, 53.56)):
@@ -211,9 +209,9 @@ for gpus, model, longest in ((8, "llama-3b", 512 * K), (8, "llama-7b", 256 * K),
 
 def planned(run: Run) -> tuple[float, bool]:
     """(the plan's value of run.metric, whether the plan says it fits) for one Run."""
-    from . import profile
+    from . import plan, profile
     from .cost import Cluster, Workload, estimate
-    from .model_cost import Training, attention_step, model_config, whole_model
+    from .model_cost import Training, attention_step, model_config
 
     cluster = Cluster(run.gpus, min(run.gpus, run.gpus_per_node), profile(run.profile),
                       inter_bw=run.inter_gbps * 1e9 if run.inter_gbps else None,
@@ -229,7 +227,7 @@ def planned(run: Run) -> tuple[float, bool]:
     t = Training(m, run.seq_len, dp=run.dp, mode=run.mode, checkpointing=run.checkpointing,
                  fused_loss=run.fused_loss, fsdp=run.fsdp, offload_optimizer=run.offload_optimizer, causal=run.causal,
                  layout=run.layout, dtype_bytes=run.dtype_bytes, backward_overlap=run.backward_overlap)
-    e = whole_model(run.strategy, cluster, t)
+    e = plan(cluster, t, strategies=[run.strategy])[0]  # as `burst plan` ranks it: refusals included
     value = {"tgs": e.extra["tokens_per_s_per_device"], "speedup": e.extra["tokens_per_s_per_device"],
              "step_s": e.wall_s, "prefill_s": e.wall_s, "mem_gb": e.mem_bytes_per_device / 1e9,
              "fits": float(e.fits)}[run.metric]
