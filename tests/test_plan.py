@@ -233,6 +233,9 @@ def test_cli_whole_model(capsys, tmp_path):
                          (["--model", "gpt-5"], "--model"), (["--attention-only", "--heads", "8", "--head-dim", "64"],
                                                              "--attention-only"),
                          (["--model", "llama-7b", "--gpu-mem-gib", "0"], "--gpu-mem-gib"),
+                         (["--model", "llama-7b", "--kv-heads", "5"], "--kv-heads"),
+                         (["--model", "llama-7b", "--heads", "7"], "--heads"),
+                         (["--model", "llama-7b", "--dp", "2", "--attention-only"], "--dp"),
                          ([], "--heads")):
         with pytest.raises(SystemExit) as exited:
             main([*base, *argv])

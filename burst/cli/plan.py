@@ -95,8 +95,9 @@ def validate(args) -> None:
     if args.gpus % per_node:
         raise BadOption("--gpus", f"{args.gpus} is not a multiple of --gpus-per-node {args.gpus_per_node} "
                                   "(whole nodes only)")
-    if args.kv_heads is not None and args.heads % args.kv_heads:
-        raise BadOption("--kv-heads", f"{args.kv_heads} does not divide --heads {args.heads} (use a divisor)")
+    heads = _model(args).heads if whole else args.heads
+    if args.kv_heads is not None and heads % args.kv_heads:
+        raise BadOption("--kv-heads", f"{args.kv_heads} does not divide {heads} query heads (use a divisor)")
     with blame("--profile"):
         from ..plan import profile
 
