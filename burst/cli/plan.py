@@ -87,7 +87,7 @@ def validate(args) -> None:
             raise BadOption("--heads", f"{cfg.heads} does not divide the hidden size {cfg.dim}")
         if args.kv_heads is None and cfg.heads % cfg.kv_heads:
             raise BadOption("--heads", f"{cfg.heads} is not a multiple of the model's {cfg.kv_heads} KV heads")
-    if args.dp > 1 and not whole:
+    if args.dp > 1 and (not whole or args.attention_only):
         raise BadOption("--dp", "needs --model or --hidden (attention alone runs on all --gpus)")
     if args.gpus % args.dp:
         raise BadOption("--dp", f"{args.dp} does not divide --gpus {args.gpus}")
