@@ -5,10 +5,16 @@
                 Workload(seq_len=1 << 20, heads=40, head_dim=128, layers=40, causal=True))
     rows[0].strategy, rows[0].wall_s, rows[0].fits
 
+    # the whole model: a training step of BurstEngine's 14B (FSDP, checkpointing, LM head, optimizer)
+    rows = plan(Cluster(32, 8, profile("A800")), Training(model_config("llama-14b"), 1 << 20, checkpointing="remat"))
+    rows[0].extra["step_s"], rows[0].extra["tokens_per_s_per_device"], rows[0].mem_bytes_per_device
+
 Estimates come from an analytic model (cost.py: attention's compute, bytes per link, overlap,
-memory per device; model_cost.py: the whole model's step, FSDP, checkpointing and memory) with
-hardware profiles (profiles.py: A100, A800, H100, H200, and `local`, calibrated by
-`burst bench --calibrate`). papers.py holds the papers' own formulas the model is tested against.
+memory per device; model_cost.py: the whole model's step, FSDP, checkpointing and memory, with
+the contention and synchronisation that keep overlap from being perfect) with hardware profiles
+(profiles.py: A100, A800, H100, H200, and `local`, calibrated by `burst bench --calibrate`).
+papers.py holds the papers' own formulas the model is tested against; paper_runs.py their measured
+GPU runs (benchmarks/planner_vs_papers.md compares them with the plan).
 """
 
 from __future__ import annotations
@@ -79,9 +85,10 @@ def device_profile(device) -> Profile:
 def auto_choice(candidates, call, q, k) -> str:
     """strategy="auto": the planner's choice among `candidates` for this call's shapes and group.
 
-    Nodes come from the call's topology when it has one, else LOCAL_WORLD_SIZE (torchrun), else
-    one node. Every input is the same on every rank of an SPMD program; the agreement check catches
-    the rest.
+    Costed by model_cost.attention_step: attention alone (the call knows no model) under the same
+    contention and per-layer synchronisation as `burst plan --model`. Nodes come from the call's
+    topology when it has one, else LOCAL_WORLD_SIZE (torchrun), else one node. Every input is the
+    same on every rank of an SPMD program; the agreement check catches the rest.
     """
     import os
 
