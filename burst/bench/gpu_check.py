@@ -268,9 +268,7 @@ def release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+from .harness import _sync as sync  # noqa: E402 - one device sync for the bench and this check
 
 
 def is_oom(err: BaseException) -> bool:
@@ -628,21 +626,12 @@ def section_worlds(rep: Report) -> dict:
 
 
 def time_fwd_bwd(device, repeats: int, forward, backward, reset) -> tuple[float, float]:
-    """Best forward and backward seconds over `repeats` passes after one warm-up pass."""
-    fwd, bwd = [], []
-    for _ in range(repeats + 1):
-        reset()
-        sync(device)
-        t0 = time.perf_counter()
-        out = forward()
-        sync(device)
-        t1 = time.perf_counter()
-        backward(out)
-        sync(device)
-        fwd.append(t1 - t0)
-        bwd.append(time.perf_counter() - t1)
-        del out
-    return min(fwd[1:]), min(bwd[1:])
+    """Best forward and backward seconds over `repeats` passes after one warm-up pass (the bench's
+    own timing loop)."""
+    from .harness import _time_passes
+
+    fwd_s, bwd_s, _ = _time_passes(repeats, device, forward, backward, reset)
+    return fwd_s, bwd_s
 
 
 def sdpa_runner(q, k, v, dout, causal: bool, device):
