@@ -139,7 +139,7 @@ def test_presets_are_the_engine_configs_and_the_papers_models():
     assert (m14.layers, m14.heads, m14.head_dim) == (40, 40, 128)  # burstengine.md §4.1's 14B
 
 
-@pytest.mark.parametrize("strategy", ["burst", "ring-double-ring", "usp", "distflash", "ulysses"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_whole_model_monotone(strategy):
     """More bandwidth never slower; a longer sequence never less memory; more checkpointing never
     more activation memory (none > remat > selective > full), and never faster."""
