@@ -159,7 +159,8 @@ def run(args) -> int:
 def table(args, cluster, rows) -> str:
     scope = rows[0]["scope"] if rows else "attention only"
     passes = "a prefill (forward)" if args.mode == "prefill" else "a training step (forward + backward)"
-    what = (f"whole model{' ' + args.model if args.model else ''}, {passes}, checkpointing {args.checkpointing}"
+    checkpointing = f", checkpointing {args.checkpointing}" if args.mode == "train" else ""
+    what = (f"whole model{' ' + args.model if args.model else ''}, {passes}{checkpointing}"
             + (f", dp {args.dp}" if args.dp > 1 else "") if scope == "whole model" else f"attention only, {passes}")
     lines = [
         f"{args.gpus} x {args.profile} ({cluster.nodes} node(s) of {cluster.gpus_per_node}), {args.seq_len} tokens, "
