@@ -193,8 +193,9 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     kept = activation_bytes_per_token(m, t.checkpointing, b, t.split) * tokens * m.layers if train else 0.0
     working = activation_bytes_per_token(m, "none", b) * tokens
     attn_buffers = one_layer.mem_bytes_per_device
-    # unfused: the logits, whose gradient is written over them; fused: one fp32 chunk; a prefill:
-    # the last token's logits
+    # unfused: the logits in the model's dtype, their gradient written over them (BurstEngine Table
+    # 2's unfused-to-fused step: 7.5 GB for 32K x 120K logits; engine/loss.py's unfused baseline also
+    # keeps an fp32 log-softmax, twice that); fused: one fp32 chunk; a prefill: the last token's
     logits = ((min(tokens, FUSED_LOSS_CHUNK) * 4 if t.fused_loss else tokens * b) * m.vocab_size if train
               else m.vocab_size * 4 * t.batch)
     mem = state + gathered + kept + working + attn_buffers + logits
