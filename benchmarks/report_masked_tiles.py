@@ -1,0 +1,44 @@
+"""Per-pair cost of masked attention vs full, from run_masked_tiles.sh's JSON (one or two trees).
+
+    .venv/bin/python benchmarks/report_masked_tiles.py benchmarks/masks [BEFORE_DIR]
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+MASKS = ("causal", "window", "documents")
+
+
+def _cost(directory: pathlib.Path, mask: str, n: int) -> tuple[float, float]:
+    """(seconds per pair relative to full's, fwd+bwd seconds)."""
+    def load(name):
+        row = json.loads((directory / f"tiles_{name}_{n}.json").read_text())["strategies"][0]
+        return row["fwd_s"] + row["bwd_s"], row["pairs_total"]
+
+    t_full, p_full = load("full")
+    t, p = load(mask)
+    return (t / p) / (t_full / p_full), t
+
+
+def main() -> None:
+    now = pathlib.Path(sys.argv[1])
+    before = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else None
+    head = "| tokens | mask | fwd+bwd s | time per pair vs full's | speed vs a full pair |"
+    if before:
+        head += " before: time per pair vs full's |"
+    print(head)
+    print("|---|---|---|---|---|" + ("---|" if before else ""))
+    for n in (8192, 16384):
+        for mask in MASKS:
+            cost, t = _cost(now, mask, n)
+            line = f"| {n} | {mask} | {t:.2f} | {cost:.2f} | {1 / cost:.2f} |"
+            if before:
+                line += f" {_cost(before, mask, n)[0]:.2f} |"
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
