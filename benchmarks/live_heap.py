@@ -35,7 +35,7 @@ def _live_bytes_reader():
 
 def _watch(live, peak: list[int]):
     """Wrap the functions where memory peaks so that each records live bytes at entry and exit."""
-    import burst.block
+    import burst.kernels.attend
     import burst.comm.ring
     import burst.kernels.cpu_flash
 
@@ -51,7 +51,7 @@ def _watch(live, peak: list[int]):
         setattr(owner, name, watched)
 
     for owner, name in [(burst.kernels.cpu_flash, "forward"), (burst.kernels.cpu_flash, "backward"),
-                        (burst.block, "merge_partial"), (burst.block, "out_from_delta"),
+                        (burst.kernels.attend, "merge_partial"), (burst.kernels.attend, "out_from_delta"),
                         (burst.comm.ring.RingComm, "send_recv"), (burst.comm.ring.RingComm, "wait")]:
         wrap(owner, name)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -175,14 +176,11 @@ def _prepare_call(q, k, v, group, rank, world, strategy, layout, causal, window,
     call = AttentionCall(
         group=group, rank=rank, world=world, layout=layout, local_len=q.shape[1], spec=spec,
         scale=float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5,
-        kernel=select_kernel(q.device, q.dtype), options=dict(options), topology=_resolved_topology(topology),
+        kernel=select_kernel(q.device, q.dtype), topology=_resolved_topology(topology),
     )
-    name = _auto_strategy(call, q, k) if strategy == "auto" else strategy
+    name = _auto_strategy(call, q, k, options) if strategy == "auto" else strategy
     chosen = STRATEGIES[name]
-    unknown = sorted(set(options) - set(chosen.options))
-    if unknown:
-        accepted = ", ".join(chosen.options) or "none"
-        raise ValueError(f"strategy {name!r} takes no option {', '.join(map(repr, unknown))} (its options: {accepted})")
+    call = replace(call, options=chosen.parse_options(options))
     if chosen.check is not None:
         chosen.check(call, q, k)
     return name, call
@@ -213,18 +211,18 @@ def _resolved_topology(topology) -> Topology:
     return resolved
 
 
-def _auto_strategy(call: AttentionCall, q, k) -> str:
+def _auto_strategy(call: AttentionCall, q, k, options: dict) -> str:
     """The planner's fastest strategy (burst.plan) among those that take this call, from facts every
     rank shares (shapes, world, topology, device kind), so "auto" resolves alike everywhere."""
     from .plan import auto_choice
 
     takes = []
     for name, strategy in STRATEGIES.items():
-        if set(call.options) - set(strategy.options):
+        if not strategy.takes(options):
             continue
         try:
             if strategy.check is not None:
-                strategy.check(call, q, k)
+                strategy.check(replace(call, options=strategy.parse_options(options)), q, k)
         except (ValueError, NotImplementedError):
             continue
         takes.append(name)
@@ -242,7 +240,7 @@ def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool) -> dict:
         "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
         "topology": (call.topology.local_world_size, call.topology.double_ring),
     }
-    facts.update((f"option {key}", call.options[key]) for key in sorted(call.options))
+    facts.update((f"option {key}", value) for key, value in sorted(call.options.as_dict().items()))
     return facts
 
 

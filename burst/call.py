@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 from functools import cached_property
 
@@ -11,6 +11,20 @@ import torch.distributed as dist
 from .comm.topology import Topology
 from .layout import Segment, segments
 from .masks import MaskSpec, Tile, may_attend, plan_tiles
+from .schedules.ring import RingSchedule
+
+
+@dataclass(frozen=True)
+class Options:
+    """A strategy's own options: none here. A strategy with options subclasses this with one field per
+    option (default: the strategy's choice) and validates the values in __post_init__."""
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True, eq=False)
@@ -18,7 +32,7 @@ class AttentionCall:
     """One call's setting, fixed on every rank: the group, how the sequence is laid out, the mask.
 
     local_len: tokens per rank. kernel: a backend module from burst.kernels. options: the
-    strategy's own keyword options (Strategy.options), as the caller gave them. topology: which
+    strategy's own options (its Strategy.options dataclass, built from the caller's keywords). topology: which
     ranks share a node (burst.Topology, resolved).
     """
 
@@ -30,7 +44,7 @@ class AttentionCall:
     spec: MaskSpec
     scale: float
     kernel: object
-    options: dict = field(default_factory=dict)
+    options: Options = field(default_factory=Options)
     topology: Topology | None = None
     shard_segments: Callable[[int], list[Segment]] | None = None  # overrides the layout (USP's ring)
 
@@ -58,7 +72,7 @@ class AttentionCall:
 
     def chunk_segments(self, rank: int, start: int, stop: int) -> list[Segment]:
         """The position runs of rows [start, stop) of `rank`'s shard, numbered from `start`: the
-        segments of a chunk that travels on its own (comm/chunk_stream.py)."""
+        segments of a chunk that travels on its own (strategies/burst_stream.py)."""
         chunk = []
         for seg in self.segments(rank):
             lo, hi = max(start, seg.local_start), min(stop, seg.local_start + seg.length)
@@ -72,16 +86,24 @@ class AttentionCall:
         """The (double) ring schedule on which K, V blocks travel: rank r's queries meet the keys it
         holds. Steps end after the last one whose block pair the mask needs on some rank (a sliding
         window or local documents end the ring early, distflashattn.md App. D)."""
-        from .comm.double_ring import RingSchedule, ring_per_node
-
-        return RingSchedule.build(self.rank, self.world, ring_per_node(self), 1,
+        return RingSchedule.build(self.rank, self.world, self.ranks_per_node, 1,
                                   lambda r, src: may_attend(self.segments(r), self.segments(src), self.spec))
 
     @cached_property
     def q_schedule(self):
         """The schedule on which query blocks travel (BurstAttention's backward): the opposite
         direction, so that the same block pairs meet in the same order as in kv_schedule."""
-        from .comm.double_ring import RingSchedule, ring_per_node
-
-        return RingSchedule.build(self.rank, self.world, ring_per_node(self), -1,
+        return RingSchedule.build(self.rank, self.world, self.ranks_per_node, -1,
                                   lambda r, src: may_attend(self.segments(src), self.segments(r), self.spec))
+
+    @cached_property
+    def ranks_per_node(self) -> int:
+        """Ranks per node of this call's ring: the topology's when the double ring applies (several
+        nodes, double_ring on, the default group), else the whole world (the flat ring)."""
+        topo = self.topology
+        if topo is None or not topo.double_ring or self.world == 1:
+            return self.world
+        if self.group is not None and self.group is not dist.group.WORLD:
+            return self.world  # nodes are blocks of global ranks: a subgroup runs the flat ring
+        per_node = topo.local_world_size
+        return per_node if per_node < self.world and self.world % per_node == 0 else self.world

@@ -155,7 +155,8 @@ def _ring_buffers(rank, world):
 def _stream_buffers(rank, world):
     """burst's backward on the chunk stream holds two received query chunks and two dQ exchanges
     (the leaving and arriving parts of the previous chunk and of this one) at most, at any shard size."""
-    import burst.comm.chunk_stream as stream
+    import burst.strategies.burst_stream as stream
+    from burst.comm import tags
 
     alive = {"chunks": [], "accs": []}
     peak = {"chunks": 0, "accs": 0}
@@ -163,7 +164,7 @@ def _stream_buffers(rank, world):
 
     def counting(group, phase, sends=(), recvs=(), **kwargs):
         transfer = real(group, phase, sends, recvs, **kwargs)
-        kind = "accs" if (sends or recvs)[0][2] >= stream.ACC_TAG else "chunks"
+        kind = "accs" if (sends or recvs)[0][2] >= tags.STREAM_ACCUMULATORS else "chunks"
         held = list(transfer.received) + (list(transfer._sending) if kind == "accs" else [])
         alive[kind].append([weakref.ref(t) for t in held])
         for name, sets in alive.items():

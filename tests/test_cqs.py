@@ -160,7 +160,7 @@ def test_simulation_runs_the_distributed_plan_and_is_exact():
 
 
 def test_self_distillation_reproduces_the_papers_table1_and_covers_every_pair_once():
-    from burst.cqs import self_distillation
+    from burst.schedules.cqs_paper import self_distillation
 
     assert self_distillation(4) == [[(0, 1), (0, 2)], [(1, 2), (1, 3)], [(2, 3)], [(0, 3)]]
     for w in range(2, 41):
@@ -169,7 +169,7 @@ def test_self_distillation_reproduces_the_papers_table1_and_covers_every_pair_on
 
 
 def test_token_level_lists_reproduce_the_papers_table2_and_partition_p():
-    from burst.cqs import ban_list, material_lists, max_subsequence_length, slr, task_list, tg_tk_map
+    from burst.schedules.cqs_paper import ban_list, material_lists, max_subsequence_length, slr, task_list, tg_tk_map
 
     # Table 2's m_Tk (the straggler's subsequence) for W = 1, 4, 7, 8, 31.
     table2 = {10000: (10000, 7500, 4287, 5000, 1937), 20000: (20000, 15000, 8572, 10000, 3873),

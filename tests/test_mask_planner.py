@@ -88,11 +88,11 @@ def _call(layout, rank, world, n, spec):
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_chunk_stream_plans_agree_and_cover_the_needed_rows(layout, world):
-    """burst's backward stream (comm/chunk_stream.py): what a rank serves at each step is exactly what
+    """burst's backward stream (schedules/chunk_stream.py): what a rank serves at each step is exactly what
     its peer expects (else ranks would hang or mismatch), every query row that attends a key of the
     receiving rank travels, chunks never overlap, and every rank has the same slots at each step."""
-    from burst.comm.chunk_stream import plan_stream
-    from burst.strategies.burst import query_chunk_needed
+    from burst.schedules.chunk_stream import plan_stream
+    from burst.strategies.burst_stream import query_chunk_needed
 
     n, rows = 16, 3
     seqlen = n * world

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import torch
 
 from ..call import AttentionCall
-from ..cqs import sequence_length_ratio
+from ..schedules.cqs import sequence_length_ratio
 from ..kernels import select_kernel
 from ..masks import MaskSpec
 from ..merge import merge_partial
-from ..strategies.cqs import call_schedule, worker_forward
+from ..strategies.cqs import CQSOptions, call_schedule, worker_forward
 
 
 @dataclass
@@ -54,7 +54,7 @@ def simulate(workers: int, seq_len: int, heads: int = 8, head_dim: int = 64, cau
 
     def call_for(w: int) -> AttentionCall:
         return AttentionCall(group=None, rank=w, world=workers, layout="contiguous", local_len=n, spec=spec,
-                             scale=head_dim ** -0.5, kernel=kernel)
+                             scale=head_dim ** -0.5, kernel=kernel, options=CQSOptions())
 
     def group(t, x):
         return t[:, x * n:(x + 1) * n]

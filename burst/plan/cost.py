@@ -15,7 +15,7 @@ prefill: Workload.forward_only) is modelled, then multiplied by the number of la
 
 Volumes per device follow our implementations (the same numbers CommStats reports): burst's backward
 moves Q, dO (input dtype), D, lse (fp32) for G-1 steps and dQ (fp32) for G (across nodes, on the
-ring) or G-1 (one node: the chunk stream sends each dQ part straight home, comm/chunk_stream.py);
+ring) or G-1 (one node: the chunk stream sends each dQ part straight home, strategies/burst_stream.py);
 ring's moves K, V for G-1 and dK, dV (fp32) for G. Masks are not modelled: a causal mask makes the
 chunk stream send less than this. Memory is what attention holds per device: the inputs, outputs and lse
 saved for backward in every layer, plus one layer's backward peak (gradients, travelling buffers,
@@ -28,7 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..comm.chunk_stream import CHUNKS_PER_BLOCK
+from ..schedules.chunk_stream import CHUNKS_PER_BLOCK
+from ..schedules.cqs import interest_set
 from .profiles import Profile
 
 STRATEGIES = ("burst", "ring", "burst-double-ring", "ring-double-ring", "distflash", "allgather", "ulysses", "usp",
@@ -127,10 +128,17 @@ class _Sizes:
         self.dkv32 = 2 * w.batch * n * w.kv * w.head_dim * 4
 
 
-def attention_flops(w: Workload) -> tuple[float, float]:
-    """(forward, backward) FLOPs of one attention layer over the whole sequence."""
-    fwd = 4.0 * w.batch * w.seq_len ** 2 * w.heads * w.head_dim * (0.5 if w.causal else 1.0)
+def pair_flops(pairs: float, batch: int, heads: int, head_dim: int) -> tuple[float, float]:
+    """(forward, backward) FLOPs of attending `pairs` (query, key) pairs: 4·batch·heads·head_dim per
+    pair forward (QK^T and PV, a multiply-add each), BACKWARD_FLOPS_RATIO times that backward. The
+    one formula: the planner, `burst bench` and the calibration all count with it."""
+    fwd = 4.0 * batch * heads * head_dim * pairs
     return fwd, BACKWARD_FLOPS_RATIO * fwd
+
+
+def attention_flops(w: Workload) -> tuple[float, float]:
+    """(forward, backward) FLOPs of one attention layer over the whole sequence (causal: half the pairs)."""
+    return pair_flops(w.seq_len ** 2 * (0.5 if w.causal else 1.0), w.batch, w.heads, w.head_dim)
 
 
 def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
@@ -330,13 +338,8 @@ def _distflash(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
 
 
 def quorum_size(g: int) -> int:
-    """Size of CQS's interest set for g workers (burst.cqs when available; else the lower bound)."""
-    try:
-        from ..cqs import interest_set
-
-        return len(interest_set(g))
-    except ImportError:  # the CQS module is not in this build
-        return max(1, math.ceil((1 + math.sqrt(4 * g - 3)) / 2))
+    """Size of CQS's interest set for g workers."""
+    return len(interest_set(g))
 
 
 def _cqs(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:

@@ -5,10 +5,11 @@ A strategy is a pair of loops over this rank's shards:
     forward(call, q, k, v) -> out, lse
     backward(call, dout, q, k, v, out, lse) -> dq, dk, dv
 
-plus what it accepts beyond the common arguments: `options`, the extra keyword options
-`burst.attention` takes for it (e.g. a Ulysses degree; `call.options` holds them), and `check`, which
-raises ValueError for a combination it cannot run. `check(call, q, k)` may look at local facts only
-(it runs before any communication, on every rank; the agreement check then makes every rank raise).
+plus what it accepts beyond the common arguments: `options`, a frozen dataclass of the extra keyword
+options `burst.attention` takes for it (e.g. a Ulysses degree), which checks its own values when built
+(`call.options` is one, read as fields), and `check`, which raises ValueError for a combination it
+cannot run. `check(call, q, k)` may look at local facts only (it runs before any communication, on
+every rank; the agreement check then makes every rank raise).
 
 Forward saves exactly what backward needs (q, k, v, out, lse), as flash-attention does.
 """
@@ -20,7 +21,13 @@ from typing import Callable
 
 import torch
 
-from ..call import AttentionCall
+from ..call import AttentionCall, Options
+
+
+def non_negative_int(name: str, value, meaning: str = "") -> None:
+    """Raise ValueError unless value is an int >= 0 (bool excluded: True is not a row count)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int{meaning}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -28,8 +35,20 @@ class Strategy:
     name: str
     forward: Callable
     backward: Callable
-    options: tuple[str, ...] = ()
+    options: type[Options] = Options
     check: Callable[[AttentionCall, torch.Tensor, torch.Tensor], None] | None = None
+
+    def parse_options(self, given: dict) -> Options:
+        """The caller's keyword options as this strategy's Options (ValueError naming any it does not take)."""
+        unknown = sorted(set(given) - set(self.options.names()))
+        if unknown:
+            accepted = ", ".join(self.options.names()) or "none"
+            raise ValueError(f"strategy {self.name!r} takes no option {', '.join(map(repr, unknown))} "
+                             f"(its options: {accepted})")
+        return self.options(**given)
+
+    def takes(self, given: dict) -> bool:
+        return set(given) <= set(self.options.names())
 
     def __call__(self, call: AttentionCall, q, k, v):
         """Differentiable (out, lse) for this rank's shards; lse is not differentiable."""

@@ -1,6 +1,6 @@
 """CQS-Attention (cqs-attention.md): quorum-scheduled attention with no talk during compute.
 
-Each rank owns its shard (its token group) and is also a worker. The distilled schedule (burst/cqs.py)
+Each rank owns its shard (its token group) and is also a worker. The distilled schedule (schedules/cqs.py)
 gives every block pair the mask needs to exactly one worker whose cyclic quorum holds both groups.
 Forward, in three phases:
 
@@ -24,28 +24,35 @@ gives the straggler the least possible number of block pairs (ceil(pairs / worke
 
 from __future__ import annotations
 
-from ..block import accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
+from dataclasses import dataclass
+
+from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward, row_delta
+from ..kernels.attend import attend_backward, attend_forward
 from ..call import AttentionCall
-from ..comm import exchange
-from ..cqs import Schedule, schedule
-from ..kernels import lse_for_backward, row_delta
+from ..comm import exchange, tags
 from ..masks import may_attend
 from ..merge import merge_partial
-from .base import Strategy
-
-# Tags: query-side materials 0..3, key-side 4..5, results 8..9 (dQ, or out and lse) and 12..13 (dK, dV).
-Q_TAG, KV_TAG, RESULT_TAG = 0, 4, 8
+from ..schedules.cqs import Schedule, schedule
+from .base import Options, Strategy
 
 
-def lost_workers(call: AttentionCall) -> tuple[int, ...]:
-    return tuple(sorted(set(call.options.get("lost_workers") or ())))
+@dataclass(frozen=True)
+class CQSOptions(Options):
+    """lost_workers: ranks that compute nothing (their pairs go to survivors), kept sorted and distinct."""
+
+    lost_workers: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        lost = self.lost_workers or ()
+        if isinstance(lost, int) or not all(isinstance(r, int) and not isinstance(r, bool) for r in lost):
+            raise ValueError(f"lost_workers={lost!r} must be a sequence of ranks")
+        object.__setattr__(self, "lost_workers", tuple(sorted(set(lost))))
 
 
 def check_cqs(call: AttentionCall, q, k) -> None:
-    lost = call.options.get("lost_workers") or ()
-    if not all(isinstance(r, int) for r in lost) or any(not 0 <= r < call.world for r in lost) \
-            or len(set(lost)) >= call.world:
-        raise ValueError(f"lost_workers={tuple(lost)!r} must be distinct ranks of 0..{call.world - 1}, "
+    lost = call.options.lost_workers
+    if any(not 0 <= r < call.world for r in lost) or len(lost) >= call.world:
+        raise ValueError(f"lost_workers={lost!r} must be distinct ranks of 0..{call.world - 1}, "
                          "leaving at least one worker")
 
 
@@ -53,7 +60,7 @@ def call_schedule(call: AttentionCall) -> Schedule:
     """The distilled schedule for this call's mask (pairs the mask skips are never given out)."""
     needed = frozenset((x, y) for x in range(call.world) for y in range(call.world)
                        if may_attend(call.segments(x), call.segments(y), call.spec))
-    return schedule(call.world, lost=lost_workers(call), needed=needed)
+    return schedule(call.world, lost=call.options.lost_workers, needed=needed)
 
 
 def _fetch(call: AttentionCall, sched: Schedule, phase: str, q_side: list, kv_side: list):
@@ -67,13 +74,13 @@ def _fetch(call: AttentionCall, sched: Schedule, phase: str, q_side: list, kv_si
         if w == me:
             continue
         if me in sched.q_materials[w]:
-            sends += [(t, w, Q_TAG + i) for i, t in enumerate(q_side)]
+            sends += [(t, w, tags.CQS_QUERIES + i) for i, t in enumerate(q_side)]
         if me in sched.kv_materials[w]:
-            sends += [(t, w, KV_TAG + i) for i, t in enumerate(kv_side)]
+            sends += [(t, w, tags.CQS_KV + i) for i, t in enumerate(kv_side)]
     q_from = [x for x in sched.q_materials[me] if x != me]
     kv_from = [y for y in sched.kv_materials[me] if y != me]
-    recvs += [(t, x, Q_TAG + i) for x in q_from for i, t in enumerate(q_side)]
-    recvs += [(t, y, KV_TAG + i) for y in kv_from for i, t in enumerate(kv_side)]
+    recvs += [(t, x, tags.CQS_QUERIES + i) for x in q_from for i, t in enumerate(q_side)]
+    recvs += [(t, y, tags.CQS_KV + i) for y in kv_from for i, t in enumerate(kv_side)]
     got = iter(exchange(call.group, phase, sends, recvs, topology=call.topology).wait())
     q_groups = {x: [next(got) for _ in q_side] for x in q_from}
     kv_groups = {y: [next(got) for _ in kv_side] for y in kv_from}
@@ -82,7 +89,7 @@ def _fetch(call: AttentionCall, sched: Schedule, phase: str, q_side: list, kv_si
 
 
 def _return_partials(call: AttentionCall, sched: Schedule, phase: str, mine_by_group: dict, likes: list,
-                     role: int, tag: int = RESULT_TAG):
+                     role: int, tag: int = tags.CQS_RESULTS):
     """One exchange: send each owner its partial results; return those sent to us, in worker order.
 
     mine_by_group: {group: [tensors]} computed here (our own group included, kept). role: 0 for the
@@ -139,10 +146,10 @@ def cqs_backward(call: AttentionCall, dout, q, k, v, out, lse):
     dk, dv = dkv_parts.pop(call.rank, None) or [accumulator_zeros_like(k), accumulator_zeros_like(v)]
     for (part,) in _return_partials(call, sched, "backward", dq_parts, [dq], role=0):
         dq += part
-    for part_k, part_v in _return_partials(call, sched, "backward", dkv_parts, [dk, dv], role=1, tag=RESULT_TAG + 4):
+    for part_k, part_v in _return_partials(call, sched, "backward", dkv_parts, [dk, dv], role=1, tag=tags.CQS_KV_RESULTS):
         dk += part_k
         dv += part_v
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-CQS = Strategy("cqs", forward=cqs_forward, backward=cqs_backward, options=("lost_workers",), check=check_cqs)
+CQS = Strategy("cqs", forward=cqs_forward, backward=cqs_backward, options=CQSOptions, check=check_cqs)

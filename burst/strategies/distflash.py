@@ -19,50 +19,14 @@ collected after step t+1's compute, so communication overlaps computation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ..block import accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
+from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward, row_delta
+from ..kernels.attend import attend_backward, attend_forward
 from ..call import AttentionCall
 from ..layout import Segment
-from ..comm import Transfer, exchange
-from ..kernels import lse_for_backward, row_delta
+from ..comm import Transfer, exchange, tags
 from ..merge import merge_partial
+from ..schedules.distflash import Step, schedule
 from .base import Strategy
-
-
-@dataclass(frozen=True)
-class Step:
-    """Who this rank meets at step t. None where there is nothing to do.
-
-    own_rows: the rows of our queries that owner work covers; help_rows: the rows of the helped
-    rank's queries that helper work covers (both all rows except at an even world's last step).
-    """
-
-    t: int
-    kv_from: int | None    # owner work: attend our queries against this rank's K, V
-    kv_to: int | None      # ... and this rank needs our K, V
-    helped_by: int | None  # a helper attends our queries (against its K, V) and returns the result
-    help_for: int | None   # helper work: we attend this rank's queries against our K, V
-    own_rows: slice = field(default_factory=lambda: slice(None))
-    help_rows: slice = field(default_factory=lambda: slice(None))
-
-
-def schedule(rank: int, world: int, local_len: int) -> list[Step]:
-    """Steps 1..world//2 of the balanced schedule for `rank` (step 0 is the own diagonal)."""
-    steps = []
-    for t in range(1, world // 2 + 1):
-        owner = dict(t=t, kv_from=rank - t if rank >= t else None, kv_to=rank + t if rank + t < world else None)
-        if 2 * t == world:
-            # Even world, last step: the keys' rank (idle in the paper) takes the second half of
-            # the owner's query rows, so both do half a block.
-            half = local_len // 2
-            steps.append(Step(**owner, helped_by=owner["kv_from"], help_for=owner["kv_to"],
-                              own_rows=slice(0, half), help_rows=slice(half, local_len)))
-        else:
-            helping = 2 * t < world  # helpers are needed for distances > world/2 only
-            steps.append(Step(**owner, helped_by=rank + t - world if helping and rank + t >= world else None,
-                              help_for=rank + world - t if helping and rank < t else None))
-    return steps
 
 
 def _query_tiles(call: AttentionCall, q_rank: int, rows: slice, k_rank: int, rebase: bool):
@@ -76,10 +40,6 @@ def _query_tiles(call: AttentionCall, q_rank: int, rows: slice, k_rank: int, reb
     return call.plan([sub], call.segments(k_rank))
 
 
-# Message tags: K, V = 0, 1; queries and their extras = 2..5; results back = 8..10.
-KV_TAG, Q_TAG, RESULT_TAG = 0, 2, 8
-
-
 def _post_inputs(call: AttentionCall, step: Step, phase: str, mine_kv: list, mine_q: list) -> Transfer:
     """Post the step's inputs: K, V for owner work, query rows (and extras) for helper work.
 
@@ -87,13 +47,13 @@ def _post_inputs(call: AttentionCall, step: Step, phase: str, mine_kv: list, min
     """
     sends, recvs = [], []
     if step.kv_to is not None:
-        sends += [(t, step.kv_to, KV_TAG + i) for i, t in enumerate(mine_kv)]
+        sends += [(t, step.kv_to, tags.DISTFLASH_KV + i) for i, t in enumerate(mine_kv)]
     if step.helped_by is not None:
-        sends += [(t, step.helped_by, Q_TAG + i) for i, t in enumerate(_rows(mine_q, step.help_rows))]
+        sends += [(t, step.helped_by, tags.DISTFLASH_QUERIES + i) for i, t in enumerate(_rows(mine_q, step.help_rows))]
     if step.kv_from is not None:
-        recvs += [(t, step.kv_from, KV_TAG + i) for i, t in enumerate(mine_kv)]
+        recvs += [(t, step.kv_from, tags.DISTFLASH_KV + i) for i, t in enumerate(mine_kv)]
     if step.help_for is not None:
-        recvs += [(t, step.help_for, Q_TAG + i) for i, t in enumerate(_rows(mine_q, step.help_rows))]
+        recvs += [(t, step.help_for, tags.DISTFLASH_QUERIES + i) for i, t in enumerate(_rows(mine_q, step.help_rows))]
     return exchange(call.group, phase, sends, recvs, topology=call.topology)
 
 
@@ -128,10 +88,10 @@ def distflash_forward(call: AttentionCall, q, k, v):
             o_h, lse_h = empty_accumulators(helped_q[0])
             tiles = _query_tiles(call, step.help_for, step.help_rows, call.rank, rebase=True)
             attend_forward(call.kernel, helped_q[0], k, v, tiles, o_h, lse_h, call.scale)
-            sends = [(o_h, step.help_for, RESULT_TAG), (lse_h, step.help_for, RESULT_TAG + 1)]
+            sends = [(o_h, step.help_for, tags.DISTFLASH_RESULTS), (lse_h, step.help_for, tags.DISTFLASH_RESULTS + 1)]
         if step.helped_by is not None:
             rows = _rows([out_acc, lse_acc], step.help_rows)
-            recvs = [(rows[0], step.helped_by, RESULT_TAG), (rows[1], step.helped_by, RESULT_TAG + 1)]
+            recvs = [(rows[0], step.helped_by, tags.DISTFLASH_RESULTS), (rows[1], step.helped_by, tags.DISTFLASH_RESULTS + 1)]
         _merge_result(results, out_acc, lse_acc)
         results = (exchange(call.group, "forward", sends, recvs, topology=call.topology), step)
     _merge_result(results, out_acc, lse_acc)
@@ -169,18 +129,18 @@ def distflash_backward(call: AttentionCall, dout, q, k, v, out, lse):
             dk_r, dv_r = accumulator_zeros_like(k), accumulator_zeros_like(v)
             tiles = _query_tiles(call, call.rank, step.own_rows, step.kv_from, rebase=False)
             attend_backward(call.kernel, dout, q, kv[0], kv[1], out, lse, tiles, dq, dk_r, dv_r, call.scale)
-            sends += [(dk_r, step.kv_from, RESULT_TAG), (dv_r, step.kv_from, RESULT_TAG + 1)]
+            sends += [(dk_r, step.kv_from, tags.DISTFLASH_RESULTS), (dv_r, step.kv_from, tags.DISTFLASH_RESULTS + 1)]
         if helped is not None:  # helper work: our dK, dV here, their dQ goes back
             q_r, dout_r, delta_r, lse_r = helped
             dq_r = accumulator_zeros_like(q_r)
             tiles = _query_tiles(call, step.help_for, step.help_rows, call.rank, rebase=True)
             attend_backward(call.kernel, dout_r, q_r, k, v, None, lse_r, tiles, dq_r, dk, dv, call.scale,
                             delta=delta_r)
-            sends += [(dq_r, step.help_for, RESULT_TAG + 2)]
+            sends += [(dq_r, step.help_for, tags.DISTFLASH_RESULTS + 2)]
         if step.kv_to is not None:
-            recvs += [(dk, step.kv_to, RESULT_TAG), (dv, step.kv_to, RESULT_TAG + 1)]
+            recvs += [(dk, step.kv_to, tags.DISTFLASH_RESULTS), (dv, step.kv_to, tags.DISTFLASH_RESULTS + 1)]
         if step.helped_by is not None:
-            recvs += [(dq[:, step.help_rows], step.helped_by, RESULT_TAG + 2)]
+            recvs += [(dq[:, step.help_rows], step.helped_by, tags.DISTFLASH_RESULTS + 2)]
         _add_returned(returning, dq, dk, dv)
         returning = (exchange(call.group, "backward", sends, recvs, topology=call.topology), step)
     _add_returned(returning, dq, dk, dv)

@@ -9,21 +9,30 @@ plus 2·G gradient blocks (float32), i.e. about 4Nd for large G.
 Transfers are double-buffered: the next block is posted before the current one is computed. When
 the mask leaves nothing to do beyond s ring steps (sliding windows, local documents), the ring stops
 after s steps and the gradients take one direct hop home. On a topology with several nodes the same
-loops run on the double ring (comm/double_ring.py: intra-node rings inside inter-node steps).
+loops run on the double ring (schedules/ring.py: intra-node rings inside inter-node steps).
+
+`visit_blocks` is the loop itself, shared by BurstAttention's forward and its cross-node backward:
+the schedule (schedules/ring.py) says who holds which block when; RingComm (comm/ring.py) moves them.
 """
 
 from __future__ import annotations
 
-from ..block import accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
+from typing import Callable, Sequence
+
+import torch
+
 from ..call import AttentionCall
-from ..comm.double_ring import visit_blocks
-from ..kernels import lse_for_backward
+from ..comm import tags
+from ..comm.ring import RingComm
+from ..kernels.accumulators import ArrivingAccumulators, accumulator_zeros_like, empty_accumulators, lse_for_backward
+from ..kernels.attend import attend_backward, attend_forward
+from ..schedules.ring import RingSchedule
 from .base import Strategy
 
 
 def ring_forward(call: AttentionCall, q, k, v):
     """Forward pass with K, V rotating (burstattention.md Alg. 1-2, forward), on the flat ring or,
-    across nodes, the double ring (comm/double_ring.py).
+    across nodes, the double ring (schedules/ring.py).
 
     q: (batch, seqlen, nheads, headdim); k, v: (batch, seqlen, nheads_k, headdim), this rank's shard.
     Returns out in q's dtype and lse (batch, nheads, seqlen) float32.
@@ -48,6 +57,66 @@ def ring_backward(call: AttentionCall, dout, q, k, v, out, lse):
 
     dk, dv = visit_blocks(call, call.kv_schedule, "backward", [k, v], attend, acc_likes=[k, v])
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def visit_blocks(call, schedule: RingSchedule, phase: str, block: Sequence[torch.Tensor],
+                 compute: Callable, acc_likes: Sequence[torch.Tensor] | None = None):
+    """Run `compute(src, held, accs)` for every step of `schedule` while blocks move.
+
+    block: this rank's tensors that travel. held: the block of rank `src` at that step. accs: when
+    acc_likes is given, an ArrivingAccumulators for the held block's float32 accumulators
+    (shaped like acc_likes), which travel with it inside the node and then go home; else None.
+    Returns the sum of the accumulators that came home for this rank's own block (acc_likes given).
+    """
+    s = schedule
+    intra = RingComm(call.group, phase, tag=tags.RING_INTRA, topology=call.topology)
+    inter = RingComm(call.group, phase, tag=tags.RING_INTER, topology=call.topology)
+    accs_comm = RingComm(call.group, phase, tag=tags.RING_ACCUMULATORS, topology=call.topology) if acc_likes else None
+    mine, home, pending_home = None, None, False
+    outer_block = list(block)
+    plan = s.by_outer()
+    for n_outer, (o, inner) in enumerate(plan):
+        more_outer = n_outer + 1 < len(plan)
+        if more_outer:  # posted first: it has the whole inner ring to arrive
+            next_outer = inter.send_recv(outer_block, to=s.inter_next, frm=s.inter_prev)
+        held, incoming = outer_block, None
+        for n_inner, j in enumerate(inner):
+            more_inner = n_inner + 1 < len(inner)
+            if more_inner:
+                next_held = intra.send_recv(held, to=s.intra_next, frm=s.intra_prev)
+            src = s.holding(o, j)
+            accs = ArrivingAccumulators(list(acc_likes), accs_comm, incoming if n_inner > 0 else None) \
+                if acc_likes else None
+            compute(src, held, accs)
+            if acc_likes:
+                done = accs()  # (fetched already unless this step had no tile)
+                if pending_home:  # the previous node's gradients, home while this step computed
+                    mine = _add_home(mine, home, accs_comm)
+                    pending_home = False
+                if more_inner:
+                    incoming = accs_comm.send_recv(done, to=s.intra_next, frm=s.intra_prev)
+                else:  # straight home to the block's owner
+                    home = accs_comm.send_recv(done, to=src, frm=s.holder_of_mine(o, j))
+                    pending_home = True
+                del accs, done
+            if more_inner:
+                intra.wait()
+                held = next_held
+        if more_outer:
+            inter.wait()
+            outer_block = next_outer
+    if pending_home:
+        mine = _add_home(mine, home, accs_comm)
+    return mine
+
+
+def _add_home(mine, arrived, comm: RingComm):
+    comm.wait()
+    if mine is None:
+        return list(arrived)
+    for acc, part in zip(mine, arrived):
+        acc.add_(part)
+    return mine
 
 
 RING = Strategy("ring", forward=ring_forward, backward=ring_backward)

@@ -14,15 +14,15 @@ over the ring, and dQ, dK, dV come back. Every layout and mask the ring takes, G
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 
 from ..call import AttentionCall
 from ..layout import Segment
-from .base import Strategy
-from .burst import burst_backward
+from .base import Options, Strategy
+from .burst import BurstOptions, burst_backward
 from .ring import ring_forward
 from .ulysses import HeadExchange, head_groups, kv_grads_home, valid_degrees
 
@@ -31,7 +31,7 @@ _SUBGROUPS: dict = {}
 
 def ulysses_degree(call: AttentionCall, heads: int, kv_heads: int) -> int:
     """The option, or the default: the ranks per node, reduced to a degree that splits the heads."""
-    asked = call.options.get("ulysses_degree")
+    asked = call.options.ulysses_degree
     if asked is not None:
         return asked
     per_node = call.topology.local_world_size if call.topology is not None else call.world
@@ -39,10 +39,23 @@ def ulysses_degree(call: AttentionCall, heads: int, kv_heads: int) -> int:
     return max(fits) if fits else 1
 
 
+@dataclass(frozen=True)
+class USPOptions(Options):
+    """ulysses_degree: ranks per Ulysses (head) group; the rest form the ring (None: the ranks per node,
+    reduced to a degree that splits the heads)."""
+
+    ulysses_degree: int | None = None
+
+    def __post_init__(self):
+        u = self.ulysses_degree
+        if u is not None and (isinstance(u, bool) or not isinstance(u, int) or u < 1):
+            raise ValueError(f"ulysses_degree={u!r} must be a positive int")
+
+
 def check_usp(call: AttentionCall, q, k) -> None:
-    u = call.options.get("ulysses_degree")
+    u = call.options.ulysses_degree
     heads, kv_heads = q.shape[2], k.shape[2]
-    if u is not None and (not isinstance(u, int) or u < 1 or call.world % u):
+    if u is not None and call.world % u:
         raise ValueError(f"ulysses_degree={u!r} must be a positive divisor of the world size {call.world}")
     u = ulysses_degree(call, heads, kv_heads)
     if u not in valid_degrees(heads, kv_heads, limit=max(u, 1)):
@@ -80,7 +93,7 @@ def _calls(call: AttentionCall, q, k):
                 for p in range(u) for s in call.segments(j * u + p)]
 
     ring = replace(call, group=ring_group, rank=call.rank // u, world=call.world // u, local_len=u * n,
-                   shard_segments=ring_member_segments)
+                   shard_segments=ring_member_segments, options=BurstOptions())
     return exchange, ring, u
 
 
@@ -105,4 +118,4 @@ def usp_backward(call: AttentionCall, dout, q, k, v, out, lse):
     return dq, dk, dv
 
 
-USP = Strategy("usp", forward=usp_forward, backward=usp_backward, options=("ulysses_degree",), check=check_usp)
+USP = Strategy("usp", forward=usp_forward, backward=usp_backward, options=USPOptions, check=check_usp)

@@ -1,4 +1,4 @@
-"""The topology-aware double ring (burstengine.md §3.1, Fig. 4-5), and the flat ring as its one-node case.
+"""The topology-aware double ring's schedule (burstengine.md §3.1, Fig. 4-5), and the flat ring as its one-node case.
 
 Ranks are numbered node-major: rank = node * L + local, M nodes of L ranks. A block (K, V for the
 forward; Q, dO, D, lse for BurstAttention's backward) visits every rank in M outer steps of L inner
@@ -17,20 +17,15 @@ Per rank and pass: (M - 1) blocks cross nodes and M(L - 1) stay inside; the flat
 nodes sends all G - 1 across the boundary. With M = 1 this is exactly the flat ring (RingAttention,
 BurstAttention forward), with its early stop: steps past the last one whose block pair the mask
 needs on some rank are never run.
+
+Plans only: who holds which block at which step. The loop that moves the blocks is RingAttention's
+(strategies/ring.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
-
-import torch
-import torch.distributed as dist
-
-from .ring import RingComm
-
-# Message tags: inner ring 0..7, outer ring 8..15, accumulators 16..23 (gloo matches by tag).
-INTRA_TAG, INTER_TAG, ACC_TAG = 0, 8, 16
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -102,77 +97,3 @@ class RingSchedule:
             if any(needed(r, full.holding(o, j, r)) for r in range(world)):
                 last = n
         return RingSchedule(rank, world, per_node, direction, tuple(order[: last + 1]))
-
-
-def ring_per_node(call) -> int:
-    """Ranks per node for this call's ring: the topology's when the double ring applies (several
-    nodes, double_ring on, the default group), else the whole world (the flat ring)."""
-    topo = call.topology
-    if topo is None or not topo.double_ring or call.world == 1:
-        return call.world
-    if call.group is not None and call.group is not dist.group.WORLD:
-        return call.world  # nodes are blocks of global ranks: a subgroup runs the flat ring
-    per_node = topo.local_world_size
-    return per_node if per_node < call.world and call.world % per_node == 0 else call.world
-
-
-def visit_blocks(call, schedule: RingSchedule, phase: str, block: Sequence[torch.Tensor],
-                 compute: Callable, acc_likes: Sequence[torch.Tensor] | None = None):
-    """Run `compute(src, held, accs)` for every step of `schedule` while blocks move.
-
-    block: this rank's tensors that travel. held: the block of rank `src` at that step. accs: when
-    acc_likes is given, a block.ArrivingAccumulators for the held block's float32 accumulators
-    (shaped like acc_likes), which travel with it inside the node and then go home; else None.
-    Returns the sum of the accumulators that came home for this rank's own block (acc_likes given).
-    """
-    from ..block import ArrivingAccumulators
-
-    s = schedule
-    intra = RingComm(call.group, phase, tag=INTRA_TAG, topology=call.topology)
-    inter = RingComm(call.group, phase, tag=INTER_TAG, topology=call.topology)
-    accs_comm = RingComm(call.group, phase, tag=ACC_TAG, topology=call.topology) if acc_likes else None
-    mine, home, pending_home = None, None, False
-    outer_block = list(block)
-    plan = s.by_outer()
-    for n_outer, (o, inner) in enumerate(plan):
-        more_outer = n_outer + 1 < len(plan)
-        if more_outer:  # posted first: it has the whole inner ring to arrive
-            next_outer = inter.send_recv(outer_block, to=s.inter_next, frm=s.inter_prev)
-        held, incoming = outer_block, None
-        for n_inner, j in enumerate(inner):
-            more_inner = n_inner + 1 < len(inner)
-            if more_inner:
-                next_held = intra.send_recv(held, to=s.intra_next, frm=s.intra_prev)
-            src = s.holding(o, j)
-            accs = ArrivingAccumulators(list(acc_likes), accs_comm, incoming if n_inner > 0 else None) \
-                if acc_likes else None
-            compute(src, held, accs)
-            if acc_likes:
-                done = accs()  # (fetched already unless this step had no tile)
-                if pending_home:  # the previous node's gradients, home while this step computed
-                    mine = _add_home(mine, home, accs_comm)
-                    pending_home = False
-                if more_inner:
-                    incoming = accs_comm.send_recv(done, to=s.intra_next, frm=s.intra_prev)
-                else:  # straight home to the block's owner
-                    home = accs_comm.send_recv(done, to=src, frm=s.holder_of_mine(o, j))
-                    pending_home = True
-                del accs, done
-            if more_inner:
-                intra.wait()
-                held = next_held
-        if more_outer:
-            inter.wait()
-            outer_block = next_outer
-    if pending_home:
-        mine = _add_home(mine, home, accs_comm)
-    return mine
-
-
-def _add_home(mine, arrived, comm: RingComm):
-    comm.wait()
-    if mine is None:
-        return list(arrived)
-    for acc, part in zip(mine, arrived):
-        acc.add_(part)
-    return mine

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import time
 
-import torch
-
-from .comm.stats import active as stats_active
-from .comm.stats import record_compute, record_pairs
-from .kernels import accumulator_dtype, out_from_delta
-from .masks import Tile
-from .merge import merge_partial
+from ..comm.stats import active as stats_active
+from ..comm.stats import record_compute, record_pairs
+from ..masks import Tile
+from ..merge import merge_partial
+from .accumulators import out_from_delta
 
 
 def attend_forward(kernel, q, k, v, tiles: list[Tile], out_acc, lse_acc, scale: float) -> None:
@@ -49,7 +47,7 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
     (batch, nheads, seqlen_q): pass out=None and delta, and the kernel's stand-in for out is rebuilt
     once per tile row (kernels.out_from_delta), never for the whole block at once.
     dq_acc is shaped like q, dk_acc/dv_acc like k/v, all float32. Any of them may instead be a
-    function returning it, called after the first kernel call (see ArrivingAccumulators).
+    function returning it, called after the first kernel call (see kernels/accumulators.py, ArrivingAccumulators).
     """
     start = time.perf_counter()
     rebuilt_for, out_rows = None, None
@@ -70,46 +68,3 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
         dv_acc[:, kr] += dv
         del dq, dk, dv  # free this tile's gradients before the next kernel call
     _account("backward", tiles, start)
-
-
-class ArrivingAccumulators:
-    """The gradient accumulators of the block a rank holds in a ring: what the ranks before it added.
-
-    They arrive on `comm` from the previous step's send_recv (`arriving`; None on the first step, which
-    starts from zeros shaped like `likes`). attend_backward asks for them after its first kernel call:
-    the transfer was posted a whole step earlier, so it has normally finished by then (a tile's compute
-    outlasts a block's transfer) and the wait is free. The kernel's gradients then add straight onto
-    the received buffers: two buffer sets per rank (one arriving, one leaving, swapped by RingComm)
-    instead of three (a fresh one, the arriving one and the leaving one).
-    """
-
-    def __init__(self, likes: list[torch.Tensor], comm, arriving: list[torch.Tensor] | None):
-        self._likes, self._comm, self._arriving = likes, comm, arriving
-        self._accs: list[torch.Tensor] | None = None
-
-    def __call__(self) -> list[torch.Tensor]:
-        if self._accs is None:
-            if self._arriving is None:
-                self._accs = [accumulator_zeros_like(t) for t in self._likes]
-            else:
-                self._comm.wait()
-                self._accs, self._arriving = list(self._arriving), None
-        return self._accs
-
-    def part(self, i: int):
-        """The i-th accumulator, deferred: a function for attend_backward."""
-        return lambda: self()[i]
-
-
-def accumulator_zeros_like(t: torch.Tensor) -> torch.Tensor:
-    """A float32 accumulator shaped like `t` (float64 stays float64)."""
-    return torch.zeros(t.shape, dtype=accumulator_dtype(t.dtype), device=t.device)
-
-
-def empty_accumulators(q: torch.Tensor):
-    """(out_acc, lse_acc) for q's rows: zeros and -inf, float32 (float64 for float64 input)."""
-    acc = accumulator_dtype(q.dtype)
-    b, s, h, _ = q.shape
-    out_acc = torch.zeros(q.shape, dtype=acc, device=q.device)
-    lse_acc = torch.full((b, h, s), float("-inf"), dtype=acc, device=q.device)
-    return out_acc, lse_acc

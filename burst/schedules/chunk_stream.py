@@ -1,0 +1,112 @@
+"""The owner-served chunk stream's plan (BurstAttention's backward on one node): which chunks of
+whose block a rank computes at each step, and which of its own it serves.
+
+Plans only, no process group: strategies/burst_stream.py runs them (why the stream exists, and its
+memory, are said there). A step of the plan is a step of the ring schedule (schedules/ring.py): rank r
+works on the block of holding(j), in the ring's order, chunk by chunk, and only the chunks the mask
+needs are planned.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from .ring import RingSchedule
+
+MIN_CHUNK_ROWS = 256  # below this per-call overheads show (kernel calls, messages); shards this short go whole
+CHUNKS_PER_BLOCK = 8  # by default a block travels as 8 chunks: a rank holds ~11/8 of a block above its own
+
+
+def default_chunk_rows(local_len: int, kernel_max_rows: int) -> int:
+    """Rows per chunk: an eighth of the shard, at least MIN_CHUNK_ROWS, at most a kernel call's rows."""
+    return min(kernel_max_rows, max(MIN_CHUNK_ROWS, math.ceil(local_len / CHUNKS_PER_BLOCK)))
+
+
+def row_chunks(local_len: int, chunk_rows: int) -> list[tuple[int, int]]:
+    """[start, stop) row ranges of at most chunk_rows rows, as equal as can be, covering the shard."""
+    count = math.ceil(local_len / chunk_rows)
+    bounds = [round(i * local_len / count) for i in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+@dataclass(frozen=True)
+class StreamStep:
+    """One step of the stream on this rank: whose chunks it computes and whom it serves.
+
+    src: the rank whose chunks this rank computes (chunks_in, in order); peer: the rank computing
+    this rank's chunks (chunks_out). slots: the same on every rank at a step.
+    """
+
+    src: int
+    peer: int
+    chunks_in: tuple[tuple[int, int], ...]
+    chunks_out: tuple[tuple[int, int], ...]
+    slots: int
+
+
+def plan_stream(schedule: RingSchedule, local_len: int, chunk_rows: int,
+                needs: Callable[[int, int, int, int], bool]) -> list[StreamStep]:
+    """The steps of a flat schedule, with the chunks this rank receives and serves.
+
+    needs(src, dst, start, stop): does rank dst compute anything with rows [start, stop) of src's
+    block? It must give the same answer on every rank (it decides what is sent and received).
+
+    Every step where blocks move has as many slots as a shard has chunks (the step where each rank
+    works on its own block, one slot and one chunk), and every pair fills them all when it can:
+    its needed rows (found in quarter chunks) are cut into that many chunks, smaller where a pair
+    needs fewer rows (zigzag: half the queries against all the keys on one side, all the queries
+    against half the keys on the other). Slots then carry equal work on every rank, and no rank
+    waits on a sender that paces slower.
+    """
+    if schedule.nodes != 1:
+        raise ValueError("the chunk stream runs on one flat ring; several nodes take the double ring")
+    slots = len(row_chunks(local_len, chunk_rows))
+    fine = row_chunks(local_len, max(1, math.ceil(chunk_rows / 4)))
+
+    def chunks(src, dst, groups):
+        return _grouped(_needed(fine, lambda a, b: needs(src, dst, a, b)), groups)
+
+    steps = []
+    for _, j in schedule.steps:
+        src, peer = schedule.holding(0, j), schedule.holder_of_mine(0, j)
+        # Every rank on its own block (step 0): nothing moves, so one slot and one chunk.
+        n = 1 if src == peer == schedule.rank else slots
+        steps.append(StreamStep(src, peer, chunks(src, schedule.rank, n), chunks(schedule.rank, peer, n), n))
+    return steps
+
+
+def _needed(parts: list[tuple[int, int]], needs: Callable[[int, int], bool]) -> list[tuple[int, int]]:
+    """The parts for which needs(start, stop) holds, asking about whole runs of parts first: a run
+    nothing of which is needed is dropped in one question (masks leave long runs of either kind)."""
+    if not parts or not needs(parts[0][0], parts[-1][1]):
+        return []
+    if len(parts) == 1:
+        return list(parts)
+    half = len(parts) // 2
+    return _needed(parts[:half], needs) + _needed(parts[half:], needs)
+
+
+def _grouped(parts: list[tuple[int, int]], groups: int) -> tuple[tuple[int, int], ...]:
+    """Consecutive parts in at most `groups` chunks, each spanning its first part's start to its last's stop."""
+    groups = min(groups, len(parts))
+    if groups == 0:
+        return ()
+    bounds = [round(i * len(parts) / groups) for i in range(groups + 1)]
+    return tuple((parts[lo][0], parts[hi - 1][1]) for lo, hi in zip(bounds[:-1], bounds[1:]))
+
+
+_PLANS: dict = {}  # plan_stream's results by (plan_key, schedule, local_len, chunk_rows)
+
+
+def cached_plan(plan_key, schedule: RingSchedule, local_len: int, chunk_rows: int, needs) -> list[StreamStep]:
+    """plan_stream, once per key: every layer of a model asks for the same plan at every step, and
+    planning asks `needs` up to a few thousand times. plan_key must fix what `needs` answers."""
+    key = (plan_key, schedule, local_len, chunk_rows)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        plan = _PLANS[key] = plan_stream(schedule, local_len, chunk_rows, needs)
+    return plan
