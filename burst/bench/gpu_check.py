@@ -48,7 +48,8 @@ import burst
 from burst import api, parity
 from burst import layout as layout_mod
 from burst.bench.harness import BenchConfig, attention_flops, run_strategy
-from burst.block import accumulator_zeros_like, attend_backward, attend_forward, empty_accumulators
+from burst.kernels.accumulators import accumulator_zeros_like, empty_accumulators
+from burst.kernels.attend import attend_backward, attend_forward
 from burst.kernels import (cpu_flash, cuda_flash_attn, cuda_sdpa, lse_for_backward, reference, row_delta,
                            select_kernel)
 from burst.launch import spawn_world
