@@ -11,18 +11,16 @@ Writes benchmarks/agreement.md. Run alone (it uses both cores):
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import burst
 from burst import agreement
+from burst.launch import spawn_world
 
 LENGTHS = (4096, 16384)
 HEADS, DIM = 8, 64
@@ -39,10 +37,7 @@ def _time_attention(q, k, v, dout, repeats: int) -> float:
     return best
 
 
-def _rank(rank, world, port, outdir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _rank(rank, world) -> list[tuple]:
     rows = []
     for n in LENGTHS:
         local = n // world
@@ -64,18 +59,11 @@ def _rank(rank, world, port, outdir):
         without = _time_attention(q, k, v, dout, repeats=3)
         burst.set_agreement_check("always")
         rows.append((n, check_s, with_check, without))
-    if rank == 0:
-        torch.save(rows, os.path.join(outdir, "rows.pt"))
-    dist.destroy_process_group()
+    return rows
 
 
 def main() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as outdir:
-        mp.start_processes(_rank, args=(2, port, outdir), nprocs=2, start_method="spawn")
-        rows = torch.load(os.path.join(outdir, "rows.pt"))
+    rows = spawn_world(_rank, nproc=2, threads=1)[0]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [
         "# Agreement check: cost per call",

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import socket
 import subprocess
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from burst.bench.memory import peak_bytes
+from burst.launch import spawn_world
 
 
 def _model(attn_implementation: str):
@@ -41,16 +40,13 @@ def _step(model, batch) -> tuple[float, float]:
     return time.perf_counter() - start, out.loss.item()
 
 
-def _rank(rank, world, port, seq_len, repeats, outdir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(2 if world == 1 else 1)
+def _rank(rank, world, seq_len, repeats) -> dict:
     ids = torch.randint(0, 1024, (1, seq_len), generator=torch.Generator().manual_seed(1))
     if world == 1:
         model, batch = _model("sdpa"), {"input_ids": ids, "labels": ids}
     else:
         import burst.integrations.transformers as bt
 
-        dist.init_process_group("gloo", rank=rank, world_size=world)
         model = _model(bt.register(strategy="burst", layout="zigzag"))
         batch = bt.shard_batch({"input_ids": ids, "labels": ids}, layout="zigzag")
     times, loss = [], None
@@ -63,19 +59,12 @@ def _rank(rank, world, port, seq_len, repeats, outdir):
         total = torch.tensor([loss])
         dist.all_reduce(total)
         loss = total.item()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    torch.save({"time": min(times[1:]), "loss": loss, "peak": peak}, os.path.join(outdir, f"{rank}.pt"))
-    if world > 1:
-        dist.destroy_process_group()
+    return {"time": min(times[1:]), "loss": loss, "peak": peak_bytes(torch.device("cpu"))}
 
 
 def _run(world: int, seq_len: int, repeats: int) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as outdir:
-        mp.start_processes(_rank, args=(world, port, seq_len, repeats, outdir), nprocs=world, start_method="spawn")
-        return [torch.load(os.path.join(outdir, f"{r}.pt")) for r in range(world)]
+    """The one process (world 1: 2 threads) or each rank of 2 x 1 thread; results by rank."""
+    return spawn_world(_rank, seq_len, repeats, nproc=world, threads=2 if world == 1 else 1)
 
 
 def main() -> None:

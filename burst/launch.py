@@ -1,9 +1,12 @@
-"""Where a CLI command runs: the world torchrun gave it, or a local world it spawns itself.
+"""The one way burst starts a world: the one torchrun gave this process, or a local one it spawns.
 
     result = run_world(fn, nproc=2)    # fn(rank, world) on nproc spawned CPU processes -> rank 0's result
     # under torchrun: fn runs once in this process, in the given world
+    results = spawn_world(fn, nproc=4) # always spawned: every rank's result, by rank
 
-`burst bench | check | train | generate` and the benchmark harness all start their worlds here.
+`burst bench | check | train | generate`, the benchmark harness, the benchmark scripts and the
+tests (tests/world.py) all start their worlds here, so all get the same backend choice and the
+same teardown (every rank past its last collective before any closes; see _close_world, leave).
 
 A rank that raises ends the world: it saves its error and leaves at once; the launcher sees it
 leave, kills every other rank (which may be waiting on it in a collective, and would wait for
@@ -82,13 +85,18 @@ def _entry(rank: int, world: int, port: int, threads: int | None, backend: str, 
         _save(outdir, rank, ("error", one_line(err), traceback.format_exc(), time.time()))
         leave(1)
     _save(outdir, rank, ("ok", result))
-    try:  # every rank past its last collective before any closes its connections: a rank that
-        # tears down while a peer still reads the tail of an all-reduce aborts that peer (gloo)
+    _close_world()
+    leave(0)
+
+
+def _close_world() -> None:
+    """Every rank past its last collective before any closes its connections: a rank that tears
+    down while a peer still reads the tail of an all-reduce aborts that peer (gloo)."""
+    try:
         dist.barrier()
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - a peer that failed is gone; the launcher reports it
         pass
-    leave(0)
 
 
 def leave(code: int) -> None:
@@ -163,15 +171,30 @@ def _raise_first_error(ranks, results: dict) -> None:
 
 
 def run_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | None = None,
-              backend: str = "gloo") -> Any:
+              backend: str = "gloo", env: dict | None = None) -> Any:
     """fn(rank, world, *args) on every rank; returns rank 0's result (this rank's under torchrun).
 
-    Without torchrun, spawns `nproc` local processes (spawn_world: gloo, or backend "auto").
+    Without torchrun, spawns `nproc` local processes (spawn_world: gloo, or backend "auto"; env set
+    in each). Under torchrun, joins its world in this process (nproc, backend and env are torchrun's
+    business; threads still apply).
     """
     if under_torchrun():
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        return fn(dist.get_rank(), dist.get_world_size(), *args)
-    return spawn_world(fn, *args, nproc=nproc, threads=threads, backend=backend)[0]
+        return _in_torchrun_world(fn, args, threads)
+    return spawn_world(fn, *args, nproc=nproc, threads=threads, backend=backend, env=env)[0]
+
+
+def _in_torchrun_world(fn: Callable[..., Any], args: tuple, threads: int | None) -> Any:
+    """fn(rank, world, *args) in torchrun's world: NCCL on this rank's GPU when there is one, else
+    gloo. A group this call starts, it also closes (after a barrier, as a spawned rank does); one
+    the caller started stays open."""
+    starts = not dist.is_initialized()
+    if starts:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if threads:
+        torch.set_num_threads(threads)
+    result = fn(dist.get_rank(), dist.get_world_size(), *args)
+    if starts:
+        _close_world()
+    return result
