@@ -12,7 +12,7 @@ from .comm.topology import Topology
 from .context_parallel import context_parallel
 from .layout import DocumentLayout, shard, unshard
 from .masks import BlockSparseMask
-from .parity import check
+from .check import check
 
 __all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask", "set_agreement_check", "set_agreement_timeout", "check", "Topology", "context_parallel", "DocumentLayout"]
 __version__ = "0.1.0"

@@ -1,35 +1,24 @@
-"""Shared test data: full-sequence inputs made identically on every rank, and error measures."""
+"""Shared test data: what every test module compares against, and how it runs a case.
+
+Inputs, the float64 reference on the full sequence, the error measures and the per-dtype bounds are
+burst/kernels/reference.py's (the same `burst.check` and `burst bench` use); this file adds the
+test-side pieces: running burst.attention on this rank's shard, and a mask built independently of
+burst.masks.
+"""
 
 from __future__ import annotations
 
 import torch
 
 import burst
-from burst.kernels.reference import attention as reference_attention
+from burst.kernels.reference import BOUNDS, DTYPES, full_inputs, lse_error, within_bounds
+from burst.kernels.reference import full_reference as reference_grads  # (q, k, v, dout, causal, mask=None)
+from burst.kernels.reference import relative_error as rel_err
 
-TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
+TOL = {DTYPES[name]: bound for name, bound in BOUNDS.items()}  # torch dtype -> reference.BOUNDS
 
-
-def full_inputs(seed, batch, seqlen, heads, kv_heads, dim, dtype):
-    """q, k, v, dout on the full sequence, the same on every rank (float64 master copies)."""
-    g = torch.Generator().manual_seed(seed)
-    shapes = [(batch, seqlen, heads, dim), (batch, seqlen, kv_heads, dim), (batch, seqlen, kv_heads, dim),
-              (batch, seqlen, heads, dim)]
-    return [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).double() for s in shapes]
-
-
-def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |x - ref| / max |ref| (an all-zero reference compares absolutely)."""
-    scale = ref.abs().max().item()
-    return (x.double() - ref).abs().max().item() / (scale if scale > 0 else 1.0)
-
-
-def reference_grads(q, k, v, dout, causal, mask=None):
-    """float64 out, lse and q/k/v grads of attention on the full sequence."""
-    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
-    out, lse = reference_attention(q, k, v, causal=causal, mask=mask)
-    out.backward(dout.double())
-    return out.detach(), lse.detach(), q.grad, k.grad, v.grad
+__all__ = ["TOL", "full_inputs", "reference_grads", "rel_err", "within_bounds", "strategy_kwargs", "sharded_errors",
+           "reference_mask", "over_tolerance"]
 
 
 def strategy_kwargs(name: str) -> dict:
@@ -46,11 +35,8 @@ def sharded_errors(full, ref, dtype, layout="contiguous", **kwargs):
     out, lse = burst.attention(q, k, v, layout=layout, return_lse=True, **kwargs)
     out.backward(dout.to(dtype))
     r_out, r_lse, r_dq, r_dk, r_dv = (burst.shard(t, layout=layout, dim=2 if t.dim() == 3 else 1) for t in ref)
-    finite = torch.isfinite(r_lse)
-    lse_err = (lse.double()[finite] - r_lse[finite]).abs().max().item() if finite.any() else 0.0
-    lse_err = max(lse_err, 0.0 if torch.equal(torch.isfinite(lse), finite) else float("inf"))
     return {
-        "out": rel_err(out, r_out), "lse": lse_err, "dq": rel_err(q.grad, r_dq),
+        "out": rel_err(out, r_out), "lse": lse_error(lse, r_lse), "dq": rel_err(q.grad, r_dq),
         "dk": rel_err(k.grad, r_dk), "dv": rel_err(v.grad, r_dv),
         "nan": any(bool(torch.isnan(t).any()) for t in (out, q.grad, k.grad, v.grad)),
     }
@@ -82,15 +68,15 @@ def reference_mask(seqlen, causal=False, window=None, cu_seqlens=None, block_spa
 
 
 def over_tolerance(cases_by_rank, dtype_of) -> list[str]:
-    """The cases whose errors (from sharded_errors) exceed their dtype's bound, as messages.
+    """The cases whose errors (from sharded_errors) exceed their dtype's bound (reference.BOUNDS), as
+    messages.
 
     cases_by_rank: per rank, a list of (key, errs); dtype_of(key) -> the dtype's name ("torch.float32").
     """
     failures = []
     for rank, cases in enumerate(cases_by_rank):
         for key, errs in cases:
-            tol = TOL[getattr(torch, dtype_of(key).split(".")[1])]
-            worst = max(errs[n] for n in ("out", "dq", "dk", "dv"))
-            if errs["nan"] or worst > tol or errs["lse"] > max(tol, 1e-5):
+            measured = {n: errs[n] for n in ("out", "lse", "dq", "dk", "dv")}
+            if errs["nan"] or not within_bounds(measured, dtype_of(key)):
                 failures.append(f"rank {rank} {key}: {errs}")
     return failures

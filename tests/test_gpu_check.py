@@ -17,9 +17,10 @@ import types
 import pytest
 import torch
 
-from burst import parity
+import burst
 from burst.bench import gpu_check
 from burst.kernels import cpu_flash, cuda_sdpa, reference
+from burst.kernels.reference import BOUNDS
 from world import run_world
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,7 +64,7 @@ def test_cpu_mode_kernel_rows_cover_every_mask_and_dtype_within_bounds(cpu_repor
             assert {(kernel, dtype, m) for m in gpu_check.KERNEL_CASES} <= covered
     for r in rows:
         assert r["status"] == "ok", r
-        assert all(r[q] <= parity.BOUNDS[r["dtype"]] for q in gpu_check.QUANTITIES), r
+        assert all(r[q] <= BOUNDS[r["dtype"]] for q in gpu_check.QUANTITIES), r
         assert "->" in r["tiles"]  # which kernel served which tile is reported
     causal = next(r for r in rows if r["mask"] == "causal" and r["kernel"] == "cpu_flash")
     assert "DIAG" in causal["tiles"] and "FULL" in causal["tiles"]  # split: diagonal and off-diagonal tiles
@@ -115,7 +116,7 @@ def test_compare_catches_a_perturbed_output():
     wrong[0] = wrong[0].clone()
     wrong[0][0, 3, 1, 2] += 1e-2 * ref[0].abs().max()  # one entry off by 1% of the largest
     errors, ok = gpu_check.compare(wrong, ref, "float32")
-    assert not ok and errors["out"] > parity.BOUNDS["float32"]
+    assert not ok and errors["out"] > BOUNDS["float32"]
     nan = list(mine)
     nan[2] = torch.full_like(mine[2], float("nan"))
     assert not gpu_check.compare(nan, ref, "float32")[1]
@@ -212,8 +213,8 @@ def _check_through_host(rank, world):
 
     staged = []
     p2p.through_host = lambda group, tensors: staged.append(len(tensors)) or True
-    report = parity.check(strategies=("burst", "ring", "distflash", "cqs", "usp"), seq_len=32, heads=2, head_dim=8,
-                          dtype=("float32", "bfloat16"))
+    report = burst.check(strategies=("burst", "ring", "distflash", "cqs", "usp"), seq_len=32, heads=2, head_dim=8,
+                         dtype=("float32", "bfloat16"))
     return report.ok, [r.status for r in report.rows], len(staged)
 
 

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from ..kernels import cpu_flash
 from ..launch import run_world
+from ..plan.cost import pair_flops
 from ..plan.profiles import CALIBRATION_FILE
 
 
@@ -33,8 +34,7 @@ def measure_flops(tokens: int = 2048, heads: int = 8, head_dim: int = 64, repeat
         out, lse = cpu_flash.forward(q, k, v, scale, False)
         cpu_flash.backward(dout, q, k, v, out, lse, scale, False)
         best = min(best, time.perf_counter() - start)
-    fwd_flops = 4.0 * tokens * tokens * heads * head_dim
-    return fwd_flops * 3.5 / best  # backward counts 2.5x the forward (the planner's convention)
+    return sum(pair_flops(tokens * tokens, 1, heads, head_dim)) / best
 
 
 def _exchange_seconds(nbytes: int, repeats: int) -> float:
@@ -69,7 +69,7 @@ def measure_ring_flops(tokens: int = 4096, heads: int = 8, head_dim: int = 64, r
         start = time.perf_counter()
         burst.attention(q, k, v, strategy="burst").backward(dout)
         best = min(best, time.perf_counter() - start)
-    return 4.0 * tokens * tokens * heads * head_dim * 3.5 / world / best
+    return sum(pair_flops(tokens * tokens, 1, heads, head_dim)) / world / best
 
 
 def _link_on_rank(rank, world, sizes):

@@ -45,13 +45,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import burst
-from burst import api, parity
+from burst import api
 from burst import layout as layout_mod
 from burst.bench.harness import BenchConfig, attention_flops, run_strategy
 from burst.kernels.accumulators import accumulator_zeros_like, empty_accumulators
 from burst.kernels.attend import attend_backward, attend_forward
 from burst.kernels import (cpu_flash, cuda_flash_attn, cuda_sdpa, lse_for_backward, reference, row_delta,
                            select_kernel)
+from burst.check import max_over_ranks
 from burst.launch import spawn_world
 from burst.layout import Segment
 from burst.masks import BlockSparseMask, MaskSpec, plan_tiles
@@ -61,8 +62,7 @@ MASK_KINDS = ("full", "causal", "window", "documents", "block_sparse")
 # 1's keys (1, 3, ...), j < i, which the planner turns into an (n-1) x (n-1) causal tile (odd sizes,
 # unaligned strides) and whose first query attends nothing (an empty row).
 KERNEL_CASES = MASK_KINDS + ("causal_striped",)
-DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-               torch.float64: "float64"}
+DTYPE_NAMES = {dtype: name for name, dtype in reference.DTYPES.items()}
 
 
 @dataclass
@@ -285,15 +285,14 @@ QUANTITIES = ("out", "lse", "dq", "dk", "dv")
 
 def compare(mine, ref, dtype: str) -> tuple[dict, bool]:
     """burst.check's measure: max |x - ref| / max |ref| for out, dq, dk, dv, absolute for lse (whose
-    -inf entries must match); within parity.BOUNDS[dtype]. mine / ref: (out, lse, dq, dk, dv), ref in
+    -inf entries must match); within reference.BOUNDS[dtype]. mine / ref: (out, lse, dq, dk, dv), ref in
     float64; lse may be None on both (SDPA returns none). Returns (errors, ok)."""
     errors = {}
     for name, x, r in zip(QUANTITIES, mine, ref):
         if x is None or r is None:
             continue
-        errors[name] = parity._lse_error(x, r) if name == "lse" else parity._relative_error(x, r)
-    ok = all(not math.isnan(e) and e <= parity.BOUNDS[dtype] for e in errors.values())
-    return errors, ok
+        errors[name] = reference.lse_error(x, r) if name == "lse" else reference.relative_error(x, r)
+    return errors, reference.within_bounds(errors, dtype)
 
 
 def mask_spec(kind: str, n: int, seed: int = 0) -> MaskSpec:
@@ -423,7 +422,7 @@ def kernel_rows(sec: Section, device: torch.device, sizes: Sizes, paths) -> list
                         del mine, ref
                     except Exception as err:  # noqa: BLE001 - the row records it; the others still run
                         row.update(status="FAIL", tiles=f"raised {_first_line(err)}")
-                    row["bound"] = parity.BOUNDS[DTYPE_NAMES[dtype]]
+                    row["bound"] = reference.BOUNDS[DTYPE_NAMES[dtype]]
                     if row["status"] != "ok":
                         sec.fail(f"{label} {row['dtype']} dim {dim} {kind}: {row.get('tiles')}")
                     rows.append(row)
@@ -491,9 +490,9 @@ def _check_world(rank, world, sizes_dict, device_kind, strategies):
     """On every rank: burst.check plus the masks through burst.attention; rank 0's result returned."""
     sizes = Sizes(**sizes_dict)
     device = _rank_device(device_kind)
-    report = parity.check(strategies=strategies, seq_len=sizes.world_len, heads=sizes.world_heads,
-                          kv_heads=sizes.world_kv_heads, head_dim=sizes.world_dim, dtype=sizes.world_dtypes,
-                          device=device)
+    report = burst.check(strategies=strategies, seq_len=sizes.world_len, heads=sizes.world_heads,
+                         kv_heads=sizes.world_kv_heads, head_dim=sizes.world_dim, dtype=sizes.world_dtypes,
+                         device=device)
     return {"check": report.as_dict(), "masks": masked_api_rows(None, world, device, sizes, strategies),
             "backend": dist.get_backend(), "device": str(device)}
 
@@ -539,10 +538,9 @@ def masked_api_rows(group, world: int, device, sizes: Sizes, strategies=None) ->
                     out.backward(dout)
                     theirs = [layout_mod.shard(t, group=group, layout=lay, dim=2 if t.dim() == 3 else 1) for t in ref]
                     errors, _ = compare((out, lse, q.grad, k.grad, v.grad), theirs, dtype_name)
-                    worst = parity._max_over_ranks([errors[x] for x in QUANTITIES], group, world, out.device)
+                    worst = max_over_ranks([errors[x] for x in QUANTITIES], group, world, out.device)
                     errors = dict(zip(QUANTITIES, worst))
-                    ok = all(not math.isnan(e) and e <= parity.BOUNDS[dtype_name] for e in errors.values())
-                    row.update(errors, status="ok" if ok else "FAIL")
+                    row.update(errors, status="ok" if reference.within_bounds(errors, dtype_name) else "FAIL")
                     rows.append(row)
     return rows
 
@@ -818,15 +816,11 @@ def longest(fits, start: int, limit: int, granularity: int, deadline: float, not
 def memory_trial(device: torch.device, cap: int | None, run) -> tuple[bool, int]:
     """Run `run()` once; (fit, peak bytes above what was allocated before). On CUDA fit = no
     torch.cuda.OutOfMemoryError; on the CPU fit = peak RSS growth under `cap` (no OOM to hit)."""
-    from burst.bench.harness import _peak_rss_bytes, _reset_peak_rss, _rss_bytes
+    from burst.bench.memory import held_bytes, peak_bytes, reset_peak
 
     release_memory(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        _reset_peak_rss()
-        base = _rss_bytes()
+    reset_peak(device)
+    base = held_bytes(device)
     out_of_memory = False
     try:
         run()
@@ -838,7 +832,7 @@ def memory_trial(device: torch.device, cap: int | None, run) -> tuple[bool, int]
     if out_of_memory:
         release_memory(device)
         return False, -1
-    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss_bytes()) - base
+    peak = peak_bytes(device) - base
     release_memory(device)
     return (cap is None or peak <= cap), peak
 

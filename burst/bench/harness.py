@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -20,13 +19,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import burst
+from burst.bench.memory import held_bytes, peak_bytes, reset_peak
+from burst.kernels.reference import DTYPES, absolute_error
 from burst.kernels.reference import attention as reference_attention
-from burst.launch import spawn_world
+from burst.launch import run_world, spawn_world, under_torchrun
 from burst.layout import DOCUMENT_LAYOUTS, resolve_layout, shard_indices
 from burst.masks import BlockSparseMask, MaskSpec
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
+from burst.plan.cost import pair_flops
 
 @dataclass
 class BenchConfig:
@@ -85,38 +84,11 @@ class BenchConfig:
 
 
 def attention_flops(cfg: BenchConfig, pairs: int | None = None) -> tuple[float, float]:
-    """Useful FLOPs of forward and backward: 4·batch·heads·head_dim per attended (query, key) pair
-    (pairs counted by the strategies; without them, causal counts half), backward 2.5x forward."""
+    """Useful FLOPs of forward and backward (plan.cost.pair_flops) of the attended (query, key) pairs
+    the strategies counted; without them, the whole sequence's (causal: half)."""
     if pairs is None:
         pairs = cfg.seq_len ** 2 / (2 if cfg.causal else 1)
-    fwd = 4.0 * cfg.batch * cfg.heads * cfg.head_dim * pairs
-    return fwd, 2.5 * fwd
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
-def _reset_peak_rss() -> None:
-    """Start a new peak-RSS window (Linux >= 4.0: writing 5 to clear_refs resets VmHWM)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def _peak_rss_bytes() -> int:
-    """The process's peak RSS since the last _reset_peak_rss (or since start)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return pair_flops(pairs, cfg.batch, cfg.heads, cfg.head_dim)
 
 
 def _device() -> torch.device:
@@ -170,7 +142,7 @@ def _check_error(cfg, out_local, idx, rows: int) -> float:
     positions = idx[pick]
     mask = MaskSpec(**cfg.mask_kwargs()).allowed(positions, torch.arange(cfg.seq_len))
     ref, _ = reference_attention(q[:, positions], k, v, mask=mask)
-    return (out_local[:, pick].double().cpu() - ref).abs().max().item()
+    return absolute_error(out_local[:, pick], ref)
 
 
 def _time_passes(repeats: int, device, forward, backward, next_pass):
@@ -199,12 +171,10 @@ def _time_passes(repeats: int, device, forward, backward, next_pass):
 def run_strategy(cfg: BenchConfig, strategy: str, rank: int, world: int) -> dict:
     """Timed forward/backward of `strategy` on this rank; returns this rank's measurements."""
     device = _device()
-    rss_bare = _rss_bytes()  # torch loaded, no tensors yet: memory above this is the call's
+    floor = held_bytes(device)  # torch loaded, no tensors yet: memory above this is the call's
     (q, k, v, dout), idx = _local_inputs(cfg, rank, world, device)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    _reset_peak_rss()
+    reset_peak(device)
     stats = burst.CommStats()
 
     name, _, variant = strategy.partition(":")  # "burst:flat" = burst on the flat ring of a multi-node topology
@@ -226,7 +196,7 @@ def run_strategy(cfg: BenchConfig, strategy: str, rank: int, world: int) -> dict
             dist.barrier()  # every rank starts the timed pass together
 
     fwd_s, bwd_s, out = _time_passes(cfg.repeats, device, forward, backward, next_pass)
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss_bytes() - rss_bare
+    peak = peak_bytes(device) - floor
     return {
         "fwd_s": fwd_s, "bwd_s": bwd_s,
         "sent_fwd": stats.sent("forward"), "sent_bwd": stats.sent("backward"),
@@ -269,7 +239,7 @@ def spawn_strategy(cfg: BenchConfig, strategy: str) -> list[dict]:
 def _baseline_on_rank(_rank, _world, cfg_dict):
     cfg = BenchConfig(**cfg_dict)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    rss_bare = _rss_bytes()
+    floor = held_bytes(device)
     q, k, v, dout = (t.transpose(1, 2).to(device, DTYPES[cfg.dtype]).contiguous()
                      for t in _input_rows(cfg, torch.arange(cfg.seq_len)))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
@@ -278,7 +248,8 @@ def _baseline_on_rank(_rank, _world, cfg_dict):
     if cfg.window or cfg.documents or cfg.block_sparse:  # one process runs the mask densely, as SDPA would
         pos = torch.arange(cfg.seq_len)
         mask = MaskSpec(**cfg.mask_kwargs()).allowed(pos, pos).to(device)
-    _reset_peak_rss()
+    reset_peak(device)
+
     def forward():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=cfg.causal and mask is None,
                                               enable_gqa=kvh != cfg.heads)
@@ -287,7 +258,7 @@ def _baseline_on_rank(_rank, _world, cfg_dict):
         q.grad = k.grad = v.grad = None
 
     fwd_s, bwd_s, _ = _time_passes(cfg.repeats, device, forward, lambda out: out.backward(dout), next_pass)
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss_bytes() - rss_bare
+    peak = peak_bytes(device) - floor
     return {"fwd_s": fwd_s, "bwd_s": bwd_s, "peak_mem_bytes": peak}
 
 
@@ -324,21 +295,11 @@ def run_bench(cfg: BenchConfig, on_done=None) -> dict:
     """Every strategy in cfg (spawned, or in the torchrun world) plus the yardstick; a JSON-able dict.
 
     on_done(label), when given, is called after the yardstick and after each strategy (progress)."""
-    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     on_done = on_done or (lambda label: None)
     baseline = None
     rows = []
-    if under_torchrun:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        torch.set_num_threads(cfg.resolved_threads())
-        rank, world = dist.get_rank(), dist.get_world_size()
-        for strategy in cfg.strategies:
-            mine = run_strategy(cfg, strategy, rank, world)
-            every = [None] * world
-            dist.all_gather_object(every, mine)
-            rows.append(summarize(cfg, strategy, every, None))
-            on_done(_done_label(rows[-1]))
-        dist.destroy_process_group()
+    if under_torchrun():
+        rows = run_world(_every_strategy_in_this_world, cfg, on_done, threads=cfg.resolved_threads())
     else:
         if cfg.baseline:
             baseline = spawn_baseline(cfg)
@@ -352,6 +313,17 @@ def run_bench(cfg: BenchConfig, on_done=None) -> dict:
                     "bwd_tflops": bwd_flops / baseline["bwd_s"] / 1e12}
     return {"config": asdict(cfg), "threads_per_rank": cfg.resolved_threads(), "sdpa_single_process": baseline,
             "strategies": rows, "git_commit": _git_commit(), "torch": torch.__version__}
+
+
+def _every_strategy_in_this_world(rank: int, world: int, cfg: BenchConfig, on_done) -> list[dict]:
+    """Each strategy in turn on torchrun's world; its summary row (the same on every rank)."""
+    rows = []
+    for strategy in cfg.strategies:
+        every = [None] * world
+        dist.all_gather_object(every, run_strategy(cfg, strategy, rank, world))
+        rows.append(summarize(cfg, strategy, every, None))
+        on_done(_done_label(rows[-1]))
+    return rows
 
 
 def _done_label(row: dict) -> str:

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from .common import (BadOption, add_common, any_case, blame, check_writable_dir, check_writable_file, int_list,
-                     int_pair, is_reporting_rank, nonnegative_int, positive_float, positive_int, progress,
-                     world_size, write_json)
-
+from ..kernels.reference import DTYPES
 from ..layout import DOCUMENT_LAYOUTS, LAYOUTS as WHOLE_SEQUENCE_LAYOUTS
+from .common import (BadOption, add_common, any_case, blame, check_writable_dir, check_writable_file, int_list,
+                     int_pair, nonnegative_int, positive_float, positive_int, progress, publish, world_size,
+                     write_json)
 
 LAYOUTS = WHOLE_SEQUENCE_LAYOUTS + DOCUMENT_LAYOUTS
-DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def strategy_list(text: str) -> tuple[str, ...]:
@@ -54,7 +53,7 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-heads", type=positive_int, default=None, help="KV heads (GQA); default: --heads")
     p.add_argument("--head-dim", type=positive_int, default=d.head_dim, help="dimension of each head")
     p.add_argument("--batch", type=positive_int, default=d.batch, help="sequences")
-    p.add_argument("--dtype", type=any_case(DTYPES), default=d.dtype, help="dtype of q, k, v: " + ", ".join(DTYPES))
+    p.add_argument("--dtype", type=any_case(tuple(DTYPES)), default=d.dtype, help="dtype of q, k, v: " + ", ".join(DTYPES))
     p.add_argument("--causal", action="store_true", help="causal mask")
     p.add_argument("--layout", type=any_case(LAYOUTS), default=d.layout,
                    help="how the sequence is split over the ranks: " + ", ".join(LAYOUTS)
@@ -169,16 +168,10 @@ def run(args) -> int:
     from ..bench import format_table, run_bench
 
     cfg = config(args)
-    reporting = is_reporting_rank()
-    step = progress(len(cfg.strategies) + bool(cfg.baseline), "burst bench", "world") if reporting else None
+    step = progress(len(cfg.strategies) + bool(cfg.baseline), "burst bench", "world")
     result = run_bench(cfg, on_done=step)
-    if step:
-        step.close()
-    if reporting:
-        if args.json:
-            write_json(args.json, result)
-        if args.json != "-":
-            print(format_table(result))
+    step.close()
+    publish(args, result, format_table(result))
     return 0
 
 

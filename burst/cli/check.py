@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from .common import (BadOption, add_common, any_case, blame, check_writable_file, is_reporting_rank, name_list,
-                     positive_int, progress, world_size, write_json)
+from ..kernels.reference import DTYPES
+from ..layout import LAYOUTS
+from .common import (BadOption, add_common, any_case, blame, check_writable_file, name_list, positive_int, progress,
+                     publish, world_size)
 
-LAYOUTS = ("contiguous", "zigzag", "striped")
-DTYPES = ("float32", "bfloat16", "float16", "float64")
 CAUSAL = {"both": (False, True), "yes": (True,), "no": (False,)}
 
 
@@ -27,21 +27,21 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-heads", type=positive_int, default=None, help="KV heads (GQA); default: --heads")
     p.add_argument("--head-dim", type=positive_int, default=64, help="dimension of each head")
     p.add_argument("--batch", type=positive_int, default=1, help="sequences")
-    p.add_argument("--dtype", type=name_list(DTYPES), default=("float32",), help="comma-separated: " + ",".join(DTYPES))
+    p.add_argument("--dtype", type=name_list(tuple(DTYPES)), default=("float32",), help="comma-separated: " + ",".join(DTYPES))
     add_common(p)
 
 
 def validate(args) -> None:
     """Also sets args.refused: {(strategy, layout, causal): why} for the cases that will be skipped."""
-    from .. import parity
+    from ..check import validate_arguments
 
     check_writable_file("--json", args.json)
     world = world_size(args)
     kv_heads = args.kv_heads or args.heads
-    with blame("--kv-heads"):  # parity's own rules, one value at a time
-        parity._validate((), (), (), 2 * world, args.heads, kv_heads, world)
+    with blame("--kv-heads"):  # burst.check's own rules, one value at a time
+        validate_arguments((), (), (), 2 * world, args.heads, kv_heads, world)
     with blame("--seq-len"):
-        parity._validate((), (), (), args.seq_len, 1, 1, world)
+        validate_arguments((), (), (), args.seq_len, 1, 1, world)
     args.refused = _refusals(args, world, kv_heads)
     cases = len(args.strategies) * len(args.layouts) * len(CAUSAL[args.causal])
     if len(args.refused) == cases:
@@ -71,12 +71,7 @@ def run(args) -> int:
                   heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, batch=args.batch,
                   dtypes=args.dtype)
     report = run_world(_check_on_rank, kwargs, nproc=args.nproc)
-    if not is_reporting_rank():
-        return 0 if report.ok else 1
-    if args.json:
-        write_json(args.json, report.as_dict())
-    if args.json != "-":
-        print(verdict(report, args.refused))
+    publish(args, report.as_dict(), verdict(report, args.refused))
     return 0 if report.ok else 1
 
 
@@ -99,21 +94,19 @@ def verdict(report, refused: dict) -> str:
 
 def _check_on_rank(rank, world, kwargs):
     """burst.check one strategy, mask and dtype at a time, so rank 0 can show progress."""
-    from ..parity import CheckReport, check
+    from ..check import CheckReport, check
 
     cases = [(dtype, causal, strategy) for dtype in kwargs["dtypes"] for causal in kwargs["causal"]
              for strategy in kwargs["strategies"]]
-    step = progress(len(cases), "burst check", "case") if rank == 0 else None
+    step = progress(len(cases), "burst check", "case")
     rows, report = [], None
     for dtype, causal, strategy in cases:
         report = check(strategies=(strategy,), layouts=kwargs["layouts"], causal=causal, seq_len=kwargs["seq_len"],
                        heads=kwargs["heads"], kv_heads=kwargs["kv_heads"], head_dim=kwargs["head_dim"],
                        batch=kwargs["batch"], dtype=dtype)
         rows += report.rows
-        if step:
-            step(f"{strategy} causal={causal} {dtype}: {_outcome(report.rows)}")
-    if step:
-        step.close()
+        step(f"{strategy} causal={causal} {dtype}: {_outcome(report.rows)}")
+    step.close()
     return CheckReport(rows=rows, world=report.world, shape=report.shape)
 
 

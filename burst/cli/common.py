@@ -204,8 +204,20 @@ def world_size(args) -> int:
 
 
 def is_reporting_rank() -> bool:
-    """Rank 0 of torchrun's world, or the launching process: the one that prints."""
+    """Rank 0 of torchrun's world or of a spawned one (the launcher sets RANK), or the launching
+    process: the ones that print. Every other rank stays silent (publish, progress, note)."""
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def publish(args, value, text: str | None = None) -> None:
+    """A verb's result, on the reporting rank only: `value` as JSON to --json's path (or stdout),
+    and `text` on stdout unless the JSON went there."""
+    if not is_reporting_rank():
+        return
+    if args.json:
+        write_json(args.json, value)
+    if text is not None and args.json != "-":
+        print(text)
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -259,9 +271,15 @@ def write_json(path: str, value) -> None:
 
 def progress(total: int, desc: str, unit: str, lines: int | None = None):
     """A step callback: a tqdm bar on a terminal, else one line per item on stderr (or about
-    `lines` lines in all, for many small items).
+    `lines` lines in all, for many small items); silent off the reporting rank.
 
     step(label) marks one item done; step.close() ends the bar."""
+    if not is_reporting_rank():
+        def silent(label: str) -> None:
+            pass
+
+        silent.close = lambda: None
+        return silent
     if sys.stderr.isatty():
         import threading
 
@@ -290,5 +308,6 @@ def progress(total: int, desc: str, unit: str, lines: int | None = None):
 
 
 def note(desc: str, text: str) -> None:
-    """A line of feedback on stderr (the table or JSON stays alone on stdout)."""
-    print(f"{desc}: {text}", file=sys.stderr, flush=True)
+    """A line of feedback on stderr (the table or JSON stays alone on stdout); the reporting rank's."""
+    if is_reporting_rank():
+        print(f"{desc}: {text}", file=sys.stderr, flush=True)

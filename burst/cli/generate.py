@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from ..layout import LAYOUTS
 from .common import (BadOption, add_common, any_case, blame, check_readable_file, check_writable_file,
-                     is_reporting_rank, nonnegative_float, nonnegative_int, note, positive_int, probability, progress,
-                     world_size, write_json)
-
-LAYOUTS = ("contiguous", "zigzag", "striped")
+                     nonnegative_float, nonnegative_int, note, positive_int, probability, progress, publish,
+                     world_size)
 
 
 def add_parser(sub) -> None:
@@ -105,21 +104,15 @@ def _prompts(args) -> list[list[int]]:
 def run(args) -> int:
     from ..launch import run_world
 
-    if is_reporting_rank():
-        lengths = sorted({len(p) for p in args.prompts})
-        note("burst generate", f"{len(args.prompts)} prompt(s) of {'-'.join(map(str, lengths))} tokens, "
-                               f"{args.new_tokens} new tokens each, on {world_size(args)} rank(s)")
+    lengths = sorted({len(p) for p in args.prompts})
+    note("burst generate", f"{len(args.prompts)} prompt(s) of {'-'.join(map(str, lengths))} tokens, "
+                           f"{args.new_tokens} new tokens each, on {world_size(args)} rank(s)")
     kwargs = dict(model=args.model_name, checkpoint_dir=args.checkpoint_dir, checkpoint_step=args.checkpoint_step,
                   prompts=args.prompts, new_tokens=args.new_tokens, strategy=args.strategy,
                   layout=args.layout, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     result = run_world(_generate_on_rank, kwargs, nproc=args.nproc)
-    if not is_reporting_rank():
-        return 0
     result["text"] = [decode_bytes(row) for row in result["tokens"]]
-    if args.json:
-        write_json(args.json, result)
-    if args.json != "-":
-        print(summary(result))
+    publish(args, result, summary(result))
     return 0
 
 
@@ -150,12 +143,11 @@ def _generate_on_rank(rank, world, kwargs):
         from ..engine.resume import load_model_weights
 
         load_model_weights(kwargs["checkpoint_dir"], kwargs["checkpoint_step"], model)
-    step = _token_progress(model, kwargs["new_tokens"]) if rank == 0 else None
+    step = _token_progress(model, kwargs["new_tokens"])
     result = generate(model, kwargs["prompts"], kwargs["new_tokens"], strategy=kwargs["strategy"],
                       layout=kwargs["layout"], temperature=kwargs["temperature"], top_p=kwargs["top_p"],
                       seed=kwargs["seed"])
-    if step:
-        step.close()
+    step.close()
     return result.__dict__
 
 

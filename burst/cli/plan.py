@@ -3,10 +3,9 @@ attention alone (--heads, --head-dim), or the whole model's step (--model, or --
 
 from __future__ import annotations
 
+from ..layout import LAYOUTS
 from .common import (BadOption, add_common, any_case, blame, check_writable_file, positive_float, positive_int,
-                     write_json)
-
-LAYOUTS = ("contiguous", "zigzag", "striped")
+                     publish)
 
 
 def add_parser(sub) -> None:
@@ -89,8 +88,10 @@ def validate(args) -> None:
             raise BadOption("--heads", f"{cfg.heads} is not a multiple of the model's {cfg.kv_heads} KV heads")
     if args.dp > 1 and (not whole or args.attention_only):
         raise BadOption("--dp", "needs --model or --hidden (attention alone runs on all --gpus)")
-    if args.gpus % args.dp:
-        raise BadOption("--dp", f"{args.dp} does not divide --gpus {args.gpus}")
+    with blame("--dp"):
+        from ..engine.parallel import check_dp
+
+        check_dp(args.dp, args.gpus)
     per_node = min(args.gpus, args.gpus_per_node)
     if args.gpus % per_node:
         raise BadOption("--gpus", f"{args.gpus} is not a multiple of --gpus-per-node {args.gpus_per_node} "
@@ -149,10 +150,7 @@ def run(args) -> int:
                             batch=args.batch, layers=args.layers or 1, causal=args.causal,
                             dtype_bytes=args.dtype_bytes, layout=args.layout, forward_only=args.mode == "prefill")
     rows = [e.row() for e in plan(cluster, workload)]
-    if args.json:
-        write_json(args.json, rows)
-    if args.json != "-":
-        print(table(args, cluster, rows))
+    publish(args, rows, table(args, cluster, rows))
     return 0
 
 

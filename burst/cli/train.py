@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import sys
 
+from ..layout import LAYOUTS
 from .common import (BadOption, add_common, any_case, blame, check_readable_file, check_writable_dir,
-                     check_writable_file, nonnegative_float, nonnegative_int, positive_float, positive_int,
+                     check_writable_file, nonnegative_float, nonnegative_int, positive_float, positive_int, publish,
                      world_size)
-
-LAYOUTS = ("contiguous", "zigzag", "striped")
 
 
 def add_parser(sub) -> None:
@@ -92,7 +91,6 @@ def run(args) -> int:
     from dataclasses import asdict
 
     from ..launch import run_world
-    from .common import is_reporting_rank, write_json
 
     cfg = config(args)
     if cfg.resume_step is not None and cfg.resume_step == cfg.steps:
@@ -100,8 +98,7 @@ def run(args) -> int:
               f"{cfg.checkpoint_dir} is the last of --steps {cfg.steps}", file=sys.stderr)
         return 0
     rows = run_world(_train_on_rank, asdict(cfg), nproc=args.nproc)
-    if is_reporting_rank() and args.json:
-        write_json(args.json, rows)
+    publish(args, rows)
     return 0
 
 

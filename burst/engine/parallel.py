@@ -46,11 +46,17 @@ class Parallel:
         return (self.sp_group or dist.group.WORLD) if self.sp > 1 else None
 
 
+def check_dp(dp: int, world: int) -> None:
+    """ValueError unless `dp` data-parallel replicas split a world of `world` ranks (`burst train`
+    before it starts, `burst plan` over --gpus, and setup)."""
+    if dp < 1 or world % dp:
+        raise ValueError(f"--dp: {dp} does not divide the world of {world} ranks (sequence-parallel ranks = world / dp)")
+
+
 def setup(dp: int, fsdp: str = "none", device: str = "cpu") -> Parallel:
     """This rank's Parallel for the initialized world split into dp replicas of world / dp ranks."""
     world = dist.get_world_size() if dist.is_initialized() else 1
-    if dp < 1 or world % dp:
-        raise ValueError(f"--dp {dp} must divide the world size {world}")
+    check_dp(dp, world)
     sp = world // dp
     if world == 1:
         return Parallel(fsdp=fsdp)

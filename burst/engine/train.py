@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ import torch.distributed as dist
 from ..layout import local_multiple, shard, shard_indices
 from .checkpointing import check_settings
 from .model import PRESETS, Transformer, parallelize
-from .parallel import Parallel, check_sharding, reduce_gradients, setup, shard_parameters
+from .parallel import Parallel, check_dp, check_sharding, reduce_gradients, setup, shard_parameters
 
 
 @dataclass
@@ -63,9 +62,7 @@ class TrainConfig:
         process starts. Each ValueError names its command-line option first: "--dp: ...".
         """
         self._check_values()
-        if self.dp < 1 or world % self.dp:
-            raise ValueError(f"--dp: {self.dp} does not divide the world of {world} ranks "
-                             f"(sequence-parallel ranks = world / dp)")
+        check_dp(self.dp, world)
         sp = world // self.dp
         need = sp * local_multiple(self.layout)
         if self.seq_len % need:
@@ -254,10 +251,12 @@ def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
 
 
 def peak_memory_bytes() -> int:
-    """This process's peak memory: CUDA's allocator peak on a GPU, else the peak resident set."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return int(torch.cuda.max_memory_allocated())
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's peak memory since it started (bench/memory.py): CUDA's allocator peak on a
+    GPU, else the peak resident set."""
+    from ..bench.memory import peak_bytes
+
+    on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return int(peak_bytes(torch.device("cuda" if on_gpu else "cpu")))
 
 
 def _progress(cfg: TrainConfig, first: int):

@@ -1,10 +1,21 @@
-"""Reference attention on explicit score matrices: the test oracle, and a fallback backend.
+"""Reference attention on explicit score matrices: a fallback backend, and everything a check needs.
 
-Used in float64 by the tests as the independent reference on the full sequence. It materializes the
-(seqlen_q, seqlen_k) scores, so it is for checking and for small blocks, not for long sequences.
+Two parts, one truth. The kernel (forward, backward, attention) materializes the (seqlen_q,
+seqlen_k) scores, so it serves small blocks and float64 on a GPU, not long sequences. The
+verification part below is the one place that says what "right" means, for `burst.check`
+(burst/check.py), `burst bench`'s error column (bench/harness.py) and the tests (tests/cases.py):
+
+    DTYPES         dtype names -> torch dtypes ("float32": torch.float32, ...)
+    BOUNDS         the largest error each dtype may show
+    full_inputs    q, k, v, dout on the full sequence, the same on every rank
+    full_reference float64 out, lse, dq, dk, dv on the full sequence (autograd through `attention`,
+                   so it does not share the hand-written backward any backend uses)
+    relative_error, lse_error, absolute_error, within_bounds
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -63,3 +74,88 @@ def attention(q, k, v, scale: float | None = None, causal: bool = False, mask: t
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return forward(q.to(dtype), k.to(dtype), v.to(dtype), scale, causal, mask)
+
+
+# --- verification: inputs, the float64 reference on the full sequence, errors and bounds ----------
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+# Largest error allowed, relative to the reference's largest magnitude (lse: absolute). float64's is
+# far above its rounding (~1e-15) and far below any real defect; bfloat16's is over single-device
+# SDPA's own error in bf16 (~1e-2).
+BOUNDS = {"float64": 1e-10, "float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
+
+REFERENCE_CHUNK_ELEMENTS = 1 << 22  # scores per query chunk of full_reference (32 MiB in float64)
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """"float32" for torch.float32 (or for "float32" / "torch.float32")."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {name!r}")
+    return name
+
+
+def full_inputs(seed: int, batch: int, seq_len: int, heads: int, kv_heads: int, head_dim: int,
+                dtype: torch.dtype, device="cpu") -> list[torch.Tensor]:
+    """q, dout: (batch, seq_len, heads, head_dim); k, v: (batch, seq_len, kv_heads, head_dim).
+
+    Seeded on the CPU, so identical on every rank; values of `dtype` held in float64, so the reference
+    sees exactly the inputs a strategy sees once they are cast to `dtype`. Order: q, k, v, dout.
+    """
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(batch, seq_len, heads, head_dim), (batch, seq_len, kv_heads, head_dim),
+              (batch, seq_len, kv_heads, head_dim), (batch, seq_len, heads, head_dim)]
+    return [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).to(device, torch.float64) for s in shapes]
+
+
+def full_reference(q, k, v, dout, causal: bool = False, mask: torch.Tensor | None = None):
+    """float64 out (b, n, h, d), lse (b, h, n), dq, dk, dv of attention on the full sequence.
+
+    q, dout: (batch, seq_len, heads, head_dim); k, v: (batch, seq_len, kv_heads, head_dim); mask:
+    optional bool (seq_len, seq_len), True = attend, combined with `causal`. Query rows go a chunk at
+    a time against all keys, so no more than REFERENCE_CHUNK_ELEMENTS scores are held at once; the
+    gradients come from autograd through `attention`, each chunk adding its share to dk and dv.
+    """
+    q, k, v = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
+    dout = dout.to(torch.float64)
+    b, n, h, _ = q.shape
+    rows = max(1, min(n, REFERENCE_CHUNK_ELEMENTS // max(1, b * h * k.shape[1])))
+    positions = torch.arange(n, device=q.device)
+    outs, lses = [], []
+    for start in range(0, n, rows):
+        chunk = slice(start, min(n, start + rows))
+        allowed = positions[chunk, None] >= positions[None, :] if causal else None
+        if mask is not None:
+            allowed = mask[chunk].to(q.device) if allowed is None else allowed & mask[chunk].to(q.device)
+        out, lse = attention(q[:, chunk], k, v, mask=allowed)
+        out.backward(dout[:, chunk])
+        outs.append(out.detach())
+        lses.append(lse.detach())
+    return torch.cat(outs, 1), torch.cat(lses, 2), q.grad, k.grad, v.grad
+
+
+def absolute_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |x - ref|, in float64 (x on any device; ref's device)."""
+    return (x.detach().to(ref.device, torch.float64) - ref).abs().max().item()
+
+
+def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |x - ref| / max |ref| (an all-zero reference compares absolutely)."""
+    scale = ref.abs().max().item()
+    return absolute_error(x, ref) / (scale if scale > 0 else 1.0)
+
+
+def lse_error(lse: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |lse - ref| over the rows that attend something; inf when a row attends nothing in one
+    and something in the other (-inf in one place only)."""
+    finite = torch.isfinite(ref)
+    if not torch.equal(torch.isfinite(lse).to(ref.device), finite):
+        return float("inf")
+    return (lse.detach().to(ref.device, torch.float64)[finite] - ref[finite]).abs().max().item() if finite.any() else 0.0
+
+
+def within_bounds(errors: dict, dtype: torch.dtype | str) -> bool:
+    """Every error (relative_error's, lse_error's) at most the dtype's bound, and none NaN."""
+    bound = BOUNDS[dtype_name(dtype)]
+    return all(not math.isnan(e) and e <= bound for e in errors.values())

@@ -96,8 +96,9 @@ class Training:
             raise ValueError(f"mode {self.mode!r}: one of {MODES}")
         if self.checkpointing not in CHECKPOINTING:
             raise ValueError(f"checkpointing {self.checkpointing!r}: one of {CHECKPOINTING}")
-        if gpus % self.dp:
-            raise ValueError(f"dp {self.dp} does not divide {gpus} devices")
+        from ..engine.parallel import check_dp
+
+        check_dp(self.dp, gpus)
 
 
 def layer_weights(m) -> int:

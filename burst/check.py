@@ -10,8 +10,12 @@ never raises on a mismatch: `report.ok` says whether every case is within its dt
     report = burst.check(strategies=("burst", "ring"), seq_len=4096, heads=8, head_dim=64)
     print(report.table()); assert report.ok
 
-Bounds, relative to the reference's largest magnitude (max |x - ref| / max |ref|; lse absolute):
-float64 1e-9, float32 1e-4, float16 5e-3, bfloat16 3e-2 (bf16 single-device SDPA itself errs ~1e-2).
+Inputs, the float64 reference, the error measures and the bounds (float64 1e-10, float32 1e-4,
+float16 5e-3, bfloat16 3e-2; relative to the reference's largest magnitude, lse absolute) are
+burst/kernels/reference.py's, the same the tests and `burst bench` use.
+
+(This module is burst.check; `burst.check` itself is the function. Import names from it with
+`from burst.check import CheckReport`: `import burst.check as m` would give the function.)
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from . import api, layout as layout_mod
-from .kernels import reference
+from .kernels.reference import (BOUNDS, DTYPES, full_inputs, full_reference, lse_error, relative_error,
+                                within_bounds)
 
-BOUNDS = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}
 _QUANTITIES = ("out", "lse", "dq", "dk", "dv")
 
 
@@ -94,13 +98,13 @@ def check(strategies=None, layouts=None, causal=(False, True), seq_len: int = 10
     causals = (causal,) if isinstance(causal, bool) else tuple(causal)
     dtypes = (dtype,) if isinstance(dtype, str) else tuple(dtype)
     kv_heads = kv_heads or heads
-    _validate(strategies, layouts, dtypes, seq_len, heads, kv_heads, world)
+    validate_arguments(strategies, layouts, dtypes, seq_len, heads, kv_heads, world)
     device = torch.device(device) if device is not None else _device(group)
     rows = []
     for dt in dtypes:
         for is_causal in causals:
-            full = _inputs(seed, batch, seq_len, heads, kv_heads, head_dim, getattr(torch, dt), device)
-            ref = _reference(*full, causal=is_causal)
+            full = full_inputs(seed, batch, seq_len, heads, kv_heads, head_dim, DTYPES[dt], device)
+            ref = full_reference(*full, causal=is_causal)
             for strategy in strategies:
                 for lay in layouts:
                     rows.append(_run_case(full, ref, strategy, lay, is_causal, dt, group, world))
@@ -108,7 +112,8 @@ def check(strategies=None, layouts=None, causal=(False, True), seq_len: int = 10
     return CheckReport(rows=rows, world=world, shape=shape)
 
 
-def _validate(strategies, layouts, dtypes, seq_len, heads, kv_heads, world) -> None:
+def validate_arguments(strategies, layouts, dtypes, seq_len, heads, kv_heads, world) -> None:
+    """ValueError for a request check() cannot run (`burst check` checks its options with it)."""
     for s in strategies:
         if s not in api.STRATEGIES:
             raise ValueError(f"unknown strategy {s!r}; available: {tuple(api.STRATEGIES)}")
@@ -129,40 +134,9 @@ def _device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def _inputs(seed, batch, seq_len, heads, kv_heads, head_dim, dtype, device):
-    """q, k, v, dout on the full sequence, identical on every rank (seeded on the CPU): values of
-    `dtype`, held in float64, so the reference sees exactly the inputs the strategy sees."""
-    g = torch.Generator().manual_seed(seed)
-    shapes = [(batch, seq_len, heads, head_dim), (batch, seq_len, kv_heads, head_dim),
-              (batch, seq_len, kv_heads, head_dim), (batch, seq_len, heads, head_dim)]
-    return [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).to(device, torch.float64) for s in shapes]
-
-
-def _reference(q, k, v, dout, causal: bool):
-    """float64 out, lse, dq, dk, dv of attention on the full sequence, query rows a chunk at a time
-    (each chunk against all keys, so its scores are chunk x seq_len, never seq_len x seq_len)."""
-    b, n, h, _ = q.shape
-    scale = q.shape[-1] ** -0.5
-    rows = max(1, min(n, (1 << 24) // max(1, b * h * n)))
-    out, lse = torch.empty_like(q), torch.empty(b, h, n, dtype=torch.float64, device=q.device)
-    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    positions = torch.arange(n, device=q.device)
-    for start in range(0, n, rows):
-        sl = slice(start, min(n, start + rows))
-        mask = positions[sl, None] >= positions[None, :] if causal else None
-        o, l = reference.forward(q[:, sl], k, v, scale, False, mask)
-        out[:, sl], lse[:, :, sl] = o, l
-        gq, gk, gv = reference.backward(dout[:, sl], q[:, sl], k, v, o, l, scale, False, mask)
-        dq[:, sl] = gq
-        dk += gk
-        dv += gv
-    return out, lse, dq, dk, dv
-
-
 def _run_case(full, ref, strategy, lay, causal, dtype, group, world) -> CheckRow:
     row = CheckRow(strategy=strategy, layout=lay, causal=causal, dtype=dtype, bound=BOUNDS[dtype])
-    torch_dtype = getattr(torch, dtype)
-    q, k, v, dout = (layout_mod.shard(t, group=group, layout=lay).to(torch_dtype) for t in full)
+    q, k, v, dout = (layout_mod.shard(t, group=group, layout=lay).to(DTYPES[dtype]) for t in full)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     try:
         out, lse = api.attention(q, k, v, group=group, strategy=strategy, layout=lay, causal=causal, return_lse=True)
@@ -172,10 +146,10 @@ def _run_case(full, ref, strategy, lay, causal, dtype, group, world) -> CheckRow
     out.backward(dout)
     mine = [out, lse, q.grad, k.grad, v.grad]
     theirs = [layout_mod.shard(t, group=group, layout=lay, dim=2 if t.dim() == 3 else 1) for t in ref]
-    local = [_lse_error(lse, theirs[1]) if name == "lse" else _relative_error(x, r)
+    local = [lse_error(lse, theirs[1]) if name == "lse" else relative_error(x, r)
              for name, x, r in zip(_QUANTITIES, mine, theirs)]
-    row.errors = dict(zip(_QUANTITIES, _max_over_ranks(local, group, world, out.device)))
-    if any(math.isnan(e) or e > row.bound for e in row.errors.values()):
+    row.errors = dict(zip(_QUANTITIES, max_over_ranks(local, group, world, out.device)))
+    if not within_bounds(row.errors, dtype):
         row.status = "FAIL"
     return row
 
@@ -185,20 +159,7 @@ def _short(message: str) -> str:
     return first if len(first) <= 70 else first[:67] + "..."
 
 
-def _relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
-    scale = ref.abs().max().item()
-    err = (x.double() - ref).abs().max().item()
-    return err / scale if scale > 0 else err
-
-
-def _lse_error(lse: torch.Tensor, ref: torch.Tensor) -> float:
-    finite = torch.isfinite(ref)
-    if not torch.equal(torch.isfinite(lse), finite):
-        return float("inf")
-    return (lse.double()[finite] - ref[finite]).abs().max().item() if finite.any() else 0.0
-
-
-def _max_over_ranks(values: list[float], group, world: int, device) -> list[float]:
+def max_over_ranks(values: list[float], group, world: int, device) -> list[float]:
     """The largest error of each quantity over the ranks (NaN wins), identical on every rank."""
     t = torch.tensor([float("inf") if math.isnan(x) else x for x in values], dtype=torch.float64,
                      device=device if device.type == "cuda" else "cpu")
