@@ -100,40 +100,27 @@ def _number(kind, text: str):
     return value
 
 
-def positive_int(text: str) -> int:
-    value = _number(int, text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _number_where(kind, holds, expectation: str, name: str, doc: str):
+    """An argument type: a number of `kind` for which holds(value), else "EXPECTATION, got TEXT"."""
+
+    def parse(text: str):
+        value = _number(kind, text)
+        if not holds(value):
+            raise argparse.ArgumentTypeError(f"{expectation}, got {value if kind is int else text}")
+        return value
+
+    parse.__name__, parse.__doc__ = name, doc
+    return parse
 
 
-def nonnegative_int(text: str) -> int:
-    value = _number(int, text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = _number(float, text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def nonnegative_float(text: str) -> float:
-    value = _number(float, text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
-
-
-def probability(text: str) -> float:
-    """A probability mass in (0, 1] (top-p)."""
-    value = _number(float, text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must lie in (0, 1], got {text}")
-    return value
+positive_int = _number_where(int, lambda v: v >= 1, "must be at least 1", "positive_int", "An int of 1 or more.")
+nonnegative_int = _number_where(int, lambda v: v >= 0, "must be 0 or more", "nonnegative_int", "An int of 0 or more.")
+positive_float = _number_where(float, lambda v: v > 0, "must be a positive number", "positive_float",
+                               "A finite number above 0.")
+nonnegative_float = _number_where(float, lambda v: v >= 0, "must be 0 or more", "nonnegative_float",
+                                  "A finite number of 0 or more.")
+probability = _number_where(float, lambda v: 0 < v <= 1, "must lie in (0, 1]", "probability",
+                            "A probability mass in (0, 1] (top-p).")
 
 
 def int_pair(text: str) -> tuple[int, int]:
