@@ -18,7 +18,7 @@ from burst.kernels.reference import relative_error as rel_err
 TOL = {DTYPES[name]: bound for name, bound in BOUNDS.items()}  # torch dtype -> reference.BOUNDS
 
 __all__ = ["TOL", "full_inputs", "reference_grads", "rel_err", "within_bounds", "strategy_kwargs", "sharded_errors",
-           "reference_mask", "over_tolerance"]
+           "reference_mask", "assert_within_bounds"]
 
 
 def strategy_kwargs(name: str) -> dict:
@@ -67,9 +67,9 @@ def reference_mask(seqlen, causal=False, window=None, cu_seqlens=None, block_spa
     return allowed
 
 
-def over_tolerance(cases_by_rank, dtype_of) -> list[str]:
-    """The cases whose errors (from sharded_errors) exceed their dtype's bound (reference.BOUNDS), as
-    messages.
+def assert_within_bounds(cases_by_rank, dtype_of) -> None:
+    """Fail, naming each, if any case's errors (from sharded_errors) exceed its dtype's bound
+    (reference.BOUNDS) or are NaN.
 
     cases_by_rank: per rank, a list of (key, errs); dtype_of(key) -> the dtype's name ("torch.float32").
     """
@@ -79,4 +79,4 @@ def over_tolerance(cases_by_rank, dtype_of) -> list[str]:
             measured = {n: errs[n] for n in ("out", "lse", "dq", "dk", "dv")}
             if errs["nan"] or not within_bounds(measured, dtype_of(key)):
                 failures.append(f"rank {rank} {key}: {errs}")
-    return failures
+    assert not failures, "\n".join(failures)

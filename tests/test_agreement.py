@@ -8,7 +8,6 @@ world must still be exact afterwards. The "first" check mode is exercised too.
 from __future__ import annotations
 
 import datetime
-import functools
 import time
 
 import pytest
@@ -17,7 +16,7 @@ import torch.distributed as dist
 
 import burst
 from cases import TOL, full_inputs, reference_grads, sharded_errors
-from world import run_world
+from world import results_by_world
 
 B, N, H, D = 1, 8, 2, 8  # batch, local tokens, heads, head dim
 
@@ -132,9 +131,7 @@ def _first_mode(rank, world, full, ref):
     return caught, errs, repeated_collectives
 
 
-@functools.lru_cache(maxsize=None)
-def _results(world):
-    return run_world(world, _run_mismatches, timeout=240)
+_results = results_by_world(_run_mismatches, timeout=240)
 
 
 def _exact(errs) -> bool:

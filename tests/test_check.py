@@ -6,7 +6,6 @@ defect (dq 0.1% off on one rank's kernel) runs in the world of 2 and, through th
 
 from __future__ import annotations
 
-import functools
 import os
 import pathlib
 import subprocess
@@ -15,7 +14,7 @@ import sys
 import pytest
 
 import burst
-from world import run_world
+from world import results_by_world
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -37,9 +36,7 @@ def _checks(rank, world):
     return report.as_dict(), planted.as_dict() if planted else None
 
 
-@functools.lru_cache(maxsize=None)
-def _results(world):
-    return run_world(world, _checks, timeout=300)
+_results = results_by_world(_checks, timeout=300)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

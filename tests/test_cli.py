@@ -31,13 +31,15 @@ def no_world(monkeypatch):
 
     for module in (burst.launch, burst.bench.harness):
         monkeypatch.setattr(module, "spawn_world", refuse)
-    monkeypatch.setattr(burst.launch, "run_world", refuse)
+        monkeypatch.setattr(module, "run_world", refuse)
 
 
-def _refusals(capsys, verb: str, base: list[str], cases: list[tuple[list[str], str]]) -> None:
-    """Each case: extra arguments and the option the one-line error must name."""
+def _refusals(capsys, verb: str, base: list[str], cases: list) -> None:
+    """Each case: extra arguments and the option the one-line error must name, written as
+    (["--a", "1", "--b", "2"], "--b"), or as one string "--a 1" where that option is the first."""
     slowest = 0.0
-    for extra, option in cases:
+    for case in cases:
+        extra, option = (case.split(), case.split()[0]) if isinstance(case, str) else case
         start = time.perf_counter()
         with pytest.raises(SystemExit) as exited:
             main([verb, *base, *extra])
@@ -56,29 +58,17 @@ def test_train_refuses_bad_values(capsys, no_world, tmp_path):
     folder_as_file = tmp_path / "a-folder"
     folder_as_file.mkdir()
     _refusals(capsys, "train", ["--seq-len", "64"], [
-        (["--steps", "0"], "--steps"),
-        (["--batch", "-2"], "--batch"),
-        (["--nproc", "0"], "--nproc"),
-        (["--seq-len", "x"], "--seq-len"),
-        (["--strategy", "nope"], "--strategy"),
-        (["--strategy", "distflash"], "--strategy"),  # the default zigzag layout
-        (["--lr", "-1"], "--lr"),
-        (["--lr", "nan"], "--lr"),
-        (["--warmup", "-1"], "--warmup"),
-        (["--peak-flops", "-5"], "--peak-flops"),
-        (["--metrics", "/nonexistent-dir/m.jsonl"], "--metrics"),  # used to hang
+        "--steps 0", "--batch -2", "--nproc 0", "--seq-len x", "--strategy nope",
+        "--strategy distflash",  # the default zigzag layout
+        "--lr -1", "--lr nan", "--warmup -1", "--peak-flops -5",
+        "--metrics /nonexistent-dir/m.jsonl",  # used to hang
         (["--metrics", str(folder_as_file)], "--metrics"),
-        (["--json", UNWRITABLE], "--json"),
-        (["--data", "/nonexistent-dir/data.txt"], "--data"),
+        f"--json {UNWRITABLE}", "--data /nonexistent-dir/data.txt",
         (["--data", str(short)], "--data"),  # shorter than one sample
-        (["--seq-len", "63"], "--seq-len"),
+        "--seq-len 63",
         (["--seq-len", str(1 << 21)], "--seq-len"),  # beyond the model's positions
-        (["--dp", "3"], "--dp"),
-        (["--model", "huge"], "--model"),
-        (["--checkpointing", "some"], "--checkpointing"),
-        (["--checkpoint-split", "1.5"], "--checkpoint-split"),
-        (["--checkpoint-every", "2"], "--checkpoint-every"),
-        (["--resume-step", "2"], "--resume-step"),
+        "--dp 3", "--model huge", "--checkpointing some", "--checkpoint-split 1.5", "--checkpoint-every 2",
+        "--resume-step 2",
         (["--resume-step", "2", "--checkpoint-dir", str(tmp_path / "none")], "--checkpoint-dir"),
         (["--resume-step", "2", "--checkpoint-dir", str(tmp_path)], "--resume-step"),
         (["--checkpoint-dir", str(short)], "--checkpoint-dir"),
@@ -91,40 +81,28 @@ def test_generate_refuses_bad_values(capsys, no_world, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
     _refusals(capsys, "generate", ["--prompt-len", "32"], [
-        (["--prompt-len", "-5"], "--prompt-len"),
-        (["--new-tokens", "0"], "--new-tokens"),
+        "--prompt-len -5", "--new-tokens 0",
         (["--new-tokens", str(1 << 21)], "--new-tokens"),  # prompt + new tokens beyond the model
-        (["--batch", "0"], "--batch"),
-        (["--nproc", "0"], "--nproc"),
-        (["--top-p", "1.5"], "--top-p"),
-        (["--top-p", "0"], "--top-p"),
-        (["--temperature", "-1"], "--temperature"),
-        (["--prompt-file", PROMPT_MISSING], "--prompt-file"),
+        "--batch 0", "--nproc 0", "--top-p 1.5", "--top-p 0", "--temperature -1", f"--prompt-file {PROMPT_MISSING}",
         (["--prompt-file", str(empty)], "--prompt-file"),
-        (["--json", UNWRITABLE], "--json"),
-        (["--strategy", "nope"], "--strategy"),
+        f"--json {UNWRITABLE}", "--strategy nope",
         (["--strategy", "distflash", "--layout", "zigzag"], "--strategy"),
         (["--strategy", "ulysses", "--nproc", "3"], "--strategy"),  # 4 heads over 3 ranks
         (["--checkpoint-dir", str(tmp_path / "none")], "--checkpoint-dir"),
         (["--checkpoint-dir", str(tmp_path)], "--checkpoint-dir"),  # no checkpoint in it
-        (["--checkpoint-step", "3"], "--checkpoint-step"),
-        (["--model", "huge"], "--model"),
+        "--checkpoint-step 3", "--model huge",
     ])
 
 
 def test_check_refuses_bad_values(capsys, no_world):
     _refusals(capsys, "check", ["--seq-len", "32", "--heads", "2", "--head-dim", "16"], [
-        (["--seq-len", "0"], "--seq-len"),
-        (["--seq-len", "30"], "--seq-len"),  # not a multiple of 2 x ranks
-        (["--heads", "-1"], "--heads"),
-        (["--nproc", "0"], "--nproc"),
-        (["--strategies", "nope"], "--strategies"),
+        "--seq-len 0",
+        "--seq-len 30",  # not a multiple of 2 x ranks
+        "--heads -1", "--nproc 0", "--strategies nope",
         (["--strategies", "distflash", "--layouts", "zigzag"], "--strategies"),  # nothing would run
-        (["--layouts", "diagonal"], "--layouts"),
-        (["--dtype", "float8"], "--dtype"),
-        (["--causal", "maybe"], "--causal"),
+        "--layouts diagonal", "--dtype float8", "--causal maybe",
         (["--kv-heads", "3", "--heads", "4"], "--kv-heads"),
-        (["--json", UNWRITABLE], "--json"),
+        f"--json {UNWRITABLE}",
     ])
 
 
@@ -132,50 +110,29 @@ def test_bench_refuses_bad_values(capsys, no_world, tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     _refusals(capsys, "bench", ["--seq-len", "256"], [
-        (["--seq-len", "0"], "--seq-len"),
-        (["--seq-len", "255"], "--seq-len"),  # does not split over 2 ranks
-        (["--heads", "0"], "--heads"),
-        (["--nproc", "0"], "--nproc"),
-        (["--repeats", "-1"], "--repeats"),
-        (["--threads", "0"], "--threads"),
-        (["--strategies", "nope"], "--strategies"),
+        "--seq-len 0",
+        "--seq-len 255",  # does not split over 2 ranks
+        "--heads 0", "--nproc 0", "--repeats -1", "--threads 0", "--strategies nope",
         (["--strategies", "distflash", "--causal", "--layout", "zigzag"], "--strategies"),
-        (["--strategies", "distflash"], "--strategies"),  # not causal
-        (["--kv-heads", "3"], "--kv-heads"),
-        (["--inter-node-gbps", "-1"], "--inter-node-gbps"),
-        (["--intra-node-gbps", "0"], "--intra-node-gbps"),
-        (["--ranks-per-node", "3"], "--ranks-per-node"),
-        (["--window", "1"], "--window"),
-        (["--window", "-2,4"], "--window"),
-        (["--block-sparse", "64,2"], "--block-sparse"),
-        (["--documents", "300"], "--documents"),
-        (["--layout", "doc_zigzag"], "--layout"),  # per-document layouts need --documents
-        (["--dtype", "float8"], "--dtype"),
-        (["--json", UNWRITABLE], "--json"),
+        "--strategies distflash",  # not causal
+        "--kv-heads 3", "--inter-node-gbps -1", "--intra-node-gbps 0", "--ranks-per-node 3", "--window 1",
+        "--window -2,4", "--block-sparse 64,2", "--documents 300",
+        "--layout doc_zigzag",  # per-document layouts need --documents
+        "--dtype float8", f"--json {UNWRITABLE}",
         (["--report", str(tmp_path / "r"), "--report-seq-lens", "100,0"], "--report-seq-lens"),
         (["--report", str(tmp_path / "r"), "--report-seq-lens", "101"], "--report-seq-lens"),
         (["--report", str(a_file / "report")], "--report"),
         (["--report", str(tmp_path / "r"), "--report-worlds", "1,3"], "--report-worlds"),  # 4096 over 3 ranks
-        (["--cqs-table2", "4,-1"], "--cqs-table2"),
+        "--cqs-table2 4,-1",
     ])
 
 
 def test_plan_refuses_bad_values(capsys, no_world):
     _refusals(capsys, "plan", ["--gpus", "16", "--seq-len", "65536", "--heads", "32", "--head-dim", "128"], [
-        (["--gpus", "0"], "--gpus"),
-        (["--gpus", "-8"], "--gpus"),
+        "--gpus 0", "--gpus -8",
         (["--gpus-per-node", "3"], "--gpus"),
-        (["--seq-len", "-1"], "--seq-len"),
-        (["--heads", "0"], "--heads"),
-        (["--kv-heads", "5"], "--kv-heads"),
-        (["--layers", "0"], "--layers"),
-        (["--batch", "0"], "--batch"),
-        (["--inter-node-gbps", "-1"], "--inter-node-gbps"),
-        (["--intra-node-gbps", "0"], "--intra-node-gbps"),
-        (["--profile", "X100"], "--profile"),
-        (["--layout", "diagonal"], "--layout"),
-        (["--dtype-bytes", "3"], "--dtype-bytes"),
-        (["--json", UNWRITABLE], "--json"),
+        "--seq-len -1", "--heads 0", "--kv-heads 5", "--layers 0", "--batch 0", "--inter-node-gbps -1",
+        "--intra-node-gbps 0", "--profile X100", "--layout diagonal", "--dtype-bytes 3", f"--json {UNWRITABLE}",
     ])
 
 

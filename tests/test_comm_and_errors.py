@@ -5,7 +5,6 @@ One world per size (2, 3, 4); the volume and error cases loop inside it.
 
 from __future__ import annotations
 
-import functools
 import weakref
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 
 import burst
 import burst.layout
-from world import run_world
+from world import results_by_world
 
 B, N, H, D = 2, 8, 4, 8  # batch, local tokens, q heads, head dim
 
@@ -188,9 +187,7 @@ def _everything(rank, world):
                                                              | _stream_buffers(rank, world))
 
 
-@functools.lru_cache(maxsize=None)
-def _results(world):
-    return run_world(world, _everything, timeout=300)
+_results = results_by_world(_everything, timeout=300)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

@@ -10,7 +10,6 @@ gradient (summed over ranks) equal the one-process model's. One world per size, 
 
 from __future__ import annotations
 
-import functools
 import os
 
 import pytest
@@ -19,7 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from world import run_world
+from world import results_by_world
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
 VOCAB, DIM = 32, 32
@@ -201,9 +200,7 @@ def _everything(rank, world):
     return results
 
 
-@functools.lru_cache(maxsize=None)
-def _results(world):
-    return run_world(world, _everything, timeout=400)
+_results = results_by_world(_everything, timeout=400)
 
 
 @pytest.mark.parametrize("world", [2, 3])

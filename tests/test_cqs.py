@@ -9,7 +9,6 @@ run with BURST_CQS_LARGE=1.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import time
 
@@ -18,8 +17,8 @@ import torch
 
 import burst
 from burst.cqs import interest_set, is_difference_cover, lower_bound, schedule, sequence_length_ratio
-from cases import over_tolerance, full_inputs, reference_grads, sharded_errors
-from world import run_world
+from cases import assert_within_bounds, full_inputs, reference_grads, sharded_errors
+from world import results_by_world, run_world
 
 N_LOCAL, H, D = 4, 4, 8
 
@@ -118,15 +117,12 @@ def _compute_watch(stats):
         mod.attend_forward, mod.attend_backward = originals["attend_forward"], originals["attend_backward"]
 
 
-@functools.lru_cache(maxsize=None)
-def _results(world):
-    return run_world(world, _cases, timeout=300)
+_results = results_by_world(_cases, timeout=300)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
 def test_cqs_matches_float64(world):
-    failures = over_tolerance([r[0] for r in _results(world)], lambda key: key[2])
-    assert not failures, "\n".join(failures)
+    assert_within_bounds([r[0] for r in _results(world)], lambda key: key[2])
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
@@ -206,5 +202,4 @@ def _large_cases(rank, world):
                     reason="~20 s each on 2 cores (spawning 7-8 processes); set BURST_CQS_LARGE=1")
 @pytest.mark.parametrize("world", [7, 8])
 def test_cqs_matches_float64_at_7_and_8_ranks(world):
-    failures = over_tolerance(run_world(world, _large_cases, timeout=300), lambda key: key[2])
-    assert not failures, "\n".join(failures)
+    assert_within_bounds(run_world(world, _large_cases, timeout=300), lambda key: key[2])

@@ -9,15 +9,13 @@ float64 attention on the whole packed sequence. Also the planner's balance and b
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
 import burst
 from burst.layout import DocumentLayout, segments
 from cases import TOL, full_inputs, reference_grads, reference_mask, sharded_errors
-from world import run_world
+from world import results_by_world
 
 PEERS = {"doc_contiguous": (0, 120, 1248, 4232), "doc_zigzag": (0, 128, 1248, 4240)}
 STRATEGIES = ("burst", "ring", "allgather", "ulysses", "usp")
@@ -95,9 +93,7 @@ def _run(rank, world):
     return results
 
 
-@functools.lru_cache(maxsize=None)
-def _results(world):
-    return run_world(world, _run, timeout=500)
+_results = results_by_world(_run, timeout=500)
 
 
 def _ok(errors, dtype) -> bool:

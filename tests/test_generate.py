@@ -7,14 +7,12 @@ process); the sharded run prefills through burst and decodes on the cache. One w
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
 from burst.engine.model import PRESETS, Transformer
 from burst.inference.generate import generate
-from world import run_world
+from world import results_by_world
 
 NEW = 6
 
@@ -49,9 +47,7 @@ def _run(rank, world):
     return out, None
 
 
-@functools.lru_cache(maxsize=None)
-def _results(world):
-    return run_world(world, _run, timeout=300)
+_results = results_by_world(_run, timeout=300)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

@@ -7,14 +7,12 @@ ranks in turn. Every rank must get the same, exact output; the cache holds ~1/G 
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
 from burst.inference import ShardedKVCache, decode_attention
 from burst.kernels.reference import attention as reference_attention
-from world import run_world
+from world import results_by_world
 
 H, KVH, D, STEPS = 4, 2, 16, 5
 
@@ -55,9 +53,7 @@ def _all(rank, world):
             for layout in ("contiguous", "zigzag", "striped") for dtype in (torch.float32, torch.bfloat16)}
 
 
-@functools.lru_cache(maxsize=None)
-def _results(world):
-    return run_world(world, _all, timeout=240)
+_results = results_by_world(_all, timeout=240)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

@@ -7,21 +7,15 @@ every strategy x layout, packed documents, sliding windows, an AdamW step and th
 from __future__ import annotations
 
 import copy
-import functools
 import itertools
-import os
 
 import pytest
 import torch
 
-from world import run_torchrun, run_world
+from requires import transformers_or_skip
+from world import results_by_world, run_torchrun
 
-try:
-    import transformers  # noqa: F401
-except ImportError:  # outside CI only: the suite's set-up installs burst[hf]
-    if os.environ.get("CI"):
-        raise
-    pytest.skip("transformers is not installed (pip install 'burst[hf]')", allow_module_level=True)
+transformers_or_skip()
 
 VOCAB = 64
 COMBOS = (("burst", "contiguous"), ("burst", "zigzag"), ("burst", "striped"), ("ring", "contiguous"),
@@ -217,9 +211,7 @@ def _everything(rank, world):
     return results
 
 
-@functools.lru_cache(maxsize=None)
-def _results(world):
-    return run_world(world, _everything, timeout=400)
+_results = results_by_world(_everything, timeout=400)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

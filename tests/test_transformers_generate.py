@@ -10,20 +10,15 @@ One more test runs examples/transformers_generate.py under torchrun at 1 and 2 r
 from __future__ import annotations
 
 import copy
-import functools
 import os
 
 import pytest
 import torch
 
-from world import run_world
+from requires import transformers_or_skip
+from world import results_by_world
 
-try:
-    import transformers  # noqa: F401
-except ImportError:  # outside CI only: the suite's set-up installs burst[hf]
-    if os.environ.get("CI"):
-        raise
-    pytest.skip("transformers is not installed (pip install 'burst[hf]')", allow_module_level=True)
+transformers_or_skip()
 
 VOCAB, NEW = 64, 6
 LAYOUTS = ("contiguous", "zigzag", "striped")
@@ -180,9 +175,7 @@ def _everything(rank, world):
     return results
 
 
-@functools.lru_cache(maxsize=None)
-def _results(world):
-    return run_world(world, _everything, timeout=400)
+_results = results_by_world(_everything, timeout=400)
 
 
 def _same_on_every_rank(per_rank, key):

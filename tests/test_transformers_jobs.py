@@ -8,20 +8,12 @@ off by a constant factor hides behind Adam. One world per size (2 and 4), the ca
 
 from __future__ import annotations
 
-import functools
-import os
-
-import pytest
 import torch
 
-from world import run_world
+from requires import transformers_or_skip
+from world import results_by_world
 
-try:
-    import transformers  # noqa: F401
-except ImportError:  # outside CI only: the suite's set-up installs burst[hf]
-    if os.environ.get("CI"):
-        raise
-    pytest.skip("transformers is not installed (pip install 'burst[hf]')", allow_module_level=True)
+transformers_or_skip()
 
 VOCAB = 64
 STEPS = 3
@@ -198,9 +190,7 @@ def _everything(rank, world):
             "compile": _compiled(rank, world)}
 
 
-@functools.lru_cache(maxsize=None)
-def _results(world):
-    return run_world(world, _everything, timeout=400)
+_results = results_by_world(_everything, timeout=400)
 
 
 def test_bf16_autocast_with_checkpointing_matches_one_process_and_carries_bf16():

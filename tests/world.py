@@ -7,12 +7,25 @@ parent raises it, so a failure shows where it happened. The same launcher runs t
 
 from __future__ import annotations
 
+import functools
+
 from burst.launch import spawn_world
 
 
 def run_world(world: int, fn, *args, timeout: float = 600):
     """fn(rank, world, *args) on `world` local processes of one thread each; the results by rank."""
     return spawn_world(fn, *args, nproc=world, threads=1, timeout=timeout)
+
+
+def results_by_world(fn, *args, timeout: float = 600):
+    """results(world): run_world(world, fn, *args) the first time a world size is asked for, the
+    same results after, so every test of a module reads one world per size."""
+
+    @functools.lru_cache(maxsize=None)
+    def results(world: int):
+        return run_world(world, fn, *args, timeout=timeout)
+
+    return results
 
 
 def run_torchrun(script, nproc: int, *args: str, timeout: float = 240) -> str:

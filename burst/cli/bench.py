@@ -53,7 +53,8 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-heads", type=positive_int, default=None, help="KV heads (GQA); default: --heads")
     p.add_argument("--head-dim", type=positive_int, default=d.head_dim, help="dimension of each head")
     p.add_argument("--batch", type=positive_int, default=d.batch, help="sequences")
-    p.add_argument("--dtype", type=any_case(tuple(DTYPES)), default=d.dtype, help="dtype of q, k, v: " + ", ".join(DTYPES))
+    p.add_argument("--dtype", type=any_case(tuple(DTYPES)), default=d.dtype,
+                   help="dtype of q, k, v: " + ", ".join(DTYPES))
     p.add_argument("--causal", action="store_true", help="causal mask")
     p.add_argument("--layout", type=any_case(LAYOUTS), default=d.layout,
                    help="how the sequence is split over the ranks: " + ", ".join(LAYOUTS)

@@ -27,7 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-heads", type=positive_int, default=None, help="KV heads (GQA); default: --heads")
     p.add_argument("--head-dim", type=positive_int, default=64, help="dimension of each head")
     p.add_argument("--batch", type=positive_int, default=1, help="sequences")
-    p.add_argument("--dtype", type=name_list(tuple(DTYPES)), default=("float32",), help="comma-separated: " + ",".join(DTYPES))
+    p.add_argument("--dtype", type=name_list(tuple(DTYPES)), default=("float32",),
+                   help="comma-separated: " + ",".join(DTYPES))
     add_common(p)
 
 

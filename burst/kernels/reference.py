@@ -152,7 +152,9 @@ def lse_error(lse: torch.Tensor, ref: torch.Tensor) -> float:
     finite = torch.isfinite(ref)
     if not torch.equal(torch.isfinite(lse).to(ref.device), finite):
         return float("inf")
-    return (lse.detach().to(ref.device, torch.float64)[finite] - ref[finite]).abs().max().item() if finite.any() else 0.0
+    if not finite.any():
+        return 0.0
+    return (lse.detach().to(ref.device, torch.float64)[finite] - ref[finite]).abs().max().item()
 
 
 def within_bounds(errors: dict, dtype: torch.dtype | str) -> bool:
