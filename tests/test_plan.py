@@ -13,7 +13,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from burst.api import _prepare_call
+from burst.plan.auto import auto_choice
+from burst.validation import checked_call
 from burst.plan import Cluster, Workload, choose, estimate, plan, profile
 from burst.plan import papers
 from burst.plan.cost import STRATEGIES, _ring_pass
@@ -103,7 +104,8 @@ def test_auto_picks_a_strategy_that_takes_the_call():
     q, kv = torch.randn(1, 64, 4, 16), torch.randn(1, 64, 2, 16)
     for layout in ("contiguous", "zigzag", "striped"):
         for causal in (False, True):
-            name, _ = _prepare_call(q, kv, kv, None, 0, 1, "auto", layout, causal, None, None, None, None, {})
+            name, _ = checked_call(q, kv, kv, None, 0, 1, "auto", layout, causal, None, None, None, None, {},
+                                   auto=auto_choice)
             if name == "distflash":
                 assert layout == "contiguous" and causal
     assert choose(Cluster(8, 8, H100), Workload(seq_len=8192, heads=8, head_dim=64, causal=False),

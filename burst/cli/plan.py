@@ -89,7 +89,7 @@ def validate(args) -> None:
     if args.dp > 1 and (not whole or args.attention_only):
         raise BadOption("--dp", "needs --model or --hidden (attention alone runs on all --gpus)")
     with blame("--dp"):
-        from ..engine.parallel import check_dp
+        from ..plan.models import check_dp
 
         check_dp(args.dp, args.gpus)
     per_node = min(args.gpus, args.gpus_per_node)

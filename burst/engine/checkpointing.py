@@ -31,6 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..api import attention, prepare_attention, prepare_single_device
+from ..layout import LAYOUTS, local_multiple, shard_indices
+from ..masks import BlockSparseMask
 from ..strategies.base import Strategy
 
 MODES = ("none", "full", "remat", "selective")
@@ -80,13 +83,9 @@ class SequenceAttention:
     def __call__(self, q, k, v):
         if self.world == 1:
             return local_attention(q, k, v)
-        import burst
-
-        return burst.attention(q, k, v, **self._kwargs())
+        return attention(q, k, v, **self._kwargs())
 
     def prepare(self, q, k, v):
-        from ..api import prepare_attention, prepare_single_device
-
         if self.world == 1:
             return prepare_single_device(q, k, causal=True)
         return prepare_attention(q, k, v, **self._kwargs())
@@ -98,8 +97,6 @@ class SequenceAttention:
         When the prefix's rows form a layout of the prefix on every rank (zigzag at split = half,
         striped), attention runs on those rows alone, so only the prefix's K/V travel; otherwise the
         whole shards run under a one-block BlockSparseMask, which computes no key past the prefix."""
-        import burst
-
         if self.world == 1:
             prefix = (q[:, :split], k[:, :split], v[:, :split])
             strategy, call = self.prepare(*prefix)
@@ -108,16 +105,16 @@ class SequenceAttention:
         global_len = q.shape[1] * self.world
         sub_layout = prefix_layout(self.layout, self.world, global_len, split)
         if sub_layout is not None:  # the prefix's rows are a layout of the prefix: only they travel
-            rows = burst.layout.shard_indices(self.layout, self.rank, self.world, global_len) < split
+            rows = shard_indices(self.layout, self.rank, self.world, global_len) < split
             tensors, kwargs = (q[:, rows], k[:, rows], v[:, rows]), self._kwargs(layout=sub_layout)
         else:
             rows, blocks = None, -(-global_len // split)
             only_prefix = torch.zeros(blocks, blocks, dtype=torch.bool)
             only_prefix[0, 0] = True
-            tensors, kwargs = (q, k, v), self._kwargs(block_sparse=burst.BlockSparseMask(split, only_prefix))
+            tensors, kwargs = (q, k, v), self._kwargs(block_sparse=BlockSparseMask(split, only_prefix))
         if self.strategy == "distflash" and (kwargs["layout"] != "contiguous" or "block_sparse" in kwargs):
             kwargs["strategy"] = "burst"  # distflash takes contiguous causal only; burst takes any
-        out, lse = burst.attention(*tensors, return_lse=True, **kwargs)
+        out, lse = attention(*tensors, return_lse=True, **kwargs)
         if rows is None:
             return out, lse
         full_out, full_lse = q.new_zeros(q.shape), lse.new_zeros((q.shape[0], q.shape[2], q.shape[1]))
@@ -130,8 +127,6 @@ def prefix_layout(layout: str, world: int, global_len: int, split: int) -> str |
     """The layout in which every rank's tokens at global positions < split (in local order) are the
     rank's shard of those `split` tokens (zigzag cut in half: contiguous; striped: striped), or None.
     Computed for every rank from shared facts, so all ranks take the same path."""
-    from ..layout import LAYOUTS, local_multiple, shard_indices
-
     if split == 0:
         return None
     for candidate in LAYOUTS:

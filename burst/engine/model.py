@@ -11,46 +11,14 @@ head's weight goes to the fused loss (engine/loss.py), so the N x V logits are n
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..plan.models import PRESETS, ModelConfig
 from .checkpointing import SequenceAttention, check_settings, run_layer
 from .loss import fused_linear_cross_entropy, unfused_cross_entropy
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    dim: int
-    layers: int
-    heads: int
-    kv_heads: int
-    ffn_dim: int
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    max_seq_len: int = 1 << 20  # the longest sequence (prompt + generated) the model is meant for
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.heads
-
-    def parameters(self) -> int:
-        """Parameter count (embeddings and LM head untied)."""
-        attn = self.dim * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        return self.layers * (attn + 3 * self.dim * self.ffn_dim + 2 * self.dim) + 2 * self.vocab_size * self.dim + self.dim
-
-
-PRESETS = {
-    "tiny": ModelConfig(vocab_size=256, dim=64, layers=2, heads=4, kv_heads=2, ffn_dim=128),
-    # A LLaMA vocabulary on a narrow model: where the LM head and activations, not the weights,
-    # set the memory (the CPU benchmarks of benchmarks/engine.md).
-    "small": ModelConfig(vocab_size=32000, dim=256, layers=4, heads=4, kv_heads=2, ffn_dim=688),
-    "llama-7b": ModelConfig(vocab_size=32000, dim=4096, layers=32, heads=32, kv_heads=32, ffn_dim=11008),
-    "llama-14b": ModelConfig(vocab_size=120000, dim=5120, layers=40, heads=40, kv_heads=40, ffn_dim=13824),
-}
 
 
 def rotary(positions: torch.Tensor, head_dim: int, theta: float):

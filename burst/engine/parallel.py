@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.collectives import all_reduce_in_place
+from ..plan.models import check_dp
 
 FSDP_MODES = ("none", "dp", "mesh")
 
@@ -44,13 +45,6 @@ class Parallel:
     def loss_group(self):
         """The group the fused loss takes its global token count over (None on one sp rank)."""
         return (self.sp_group or dist.group.WORLD) if self.sp > 1 else None
-
-
-def check_dp(dp: int, world: int) -> None:
-    """ValueError unless `dp` data-parallel replicas split a world of `world` ranks (`burst train`
-    before it starts, `burst plan` over --gpus, and setup)."""
-    if dp < 1 or world % dp:
-        raise ValueError(f"--dp: {dp} does not divide the world of {world} ranks (sequence-parallel ranks = world / dp)")
 
 
 def setup(dp: int, fsdp: str = "none", device: str = "cpu") -> Parallel:

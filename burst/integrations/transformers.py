@@ -28,7 +28,6 @@ v run in the autocast dtype. layout="doc_zigzag" / "doc_contiguous" cut each pac
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -36,21 +35,9 @@ import torch.distributed as dist
 from .. import api, layout as layout_mod
 from ..agreement import agree
 from ..comm.collectives import all_reduce_in_place
+from .hf_backends import BACKENDS, Backend, backend_of
 
 TESTED_TRANSFORMERS = ">=5,<6"
-
-
-@dataclass(frozen=True)
-class _Backend:
-    """What one registered name runs: strategy, layout, group and strategy options."""
-
-    strategy: str
-    layout: str
-    group: dist.ProcessGroup | None
-    options: dict = field(default_factory=dict)
-
-
-_BACKENDS: dict[str, _Backend] = {}
 
 
 def register(name: str = "burst", *, strategy: str = "burst", layout: str = "contiguous", group=None,
@@ -68,7 +55,7 @@ def register(name: str = "burst", *, strategy: str = "burst", layout: str = "con
                          "flash-attention or hub kernels; choose another (e.g. 'burst')")
     if strategy not in api.STRATEGY_NAMES:
         raise ValueError(f"strategy must be one of {api.STRATEGY_NAMES}, got {strategy!r}")
-    _BACKENDS[name] = _Backend(strategy, layout, group, dict(options))
+    BACKENDS[name] = Backend(strategy, layout, group, dict(options))
     attention_interface, mask_interface = interfaces
     attention_interface.register(name, burst_attention_forward)
     mask_interface.register(name, burst_attention_mask)
@@ -86,14 +73,6 @@ def _transformers_interfaces():
     return AttentionInterface, AttentionMaskInterface
 
 
-def _backend_of(module) -> tuple[str, _Backend]:
-    name = getattr(getattr(module, "config", None), "_attn_implementation", None)
-    if name not in _BACKENDS:
-        raise ValueError(f"attention implementation {name!r} was not registered with burst "
-                         f"(registered: {sorted(_BACKENDS)}); call burst.integrations.transformers.register first")
-    return name, _BACKENDS[name]
-
-
 def burst_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                             scaling: float | None = None, is_causal: bool | None = None,
                             sliding_window: int | None = None, **kwargs):
@@ -102,7 +81,7 @@ def burst_attention_forward(module, query, key, value, attention_mask, dropout: 
     query: (batch, heads, seq_local, head_dim); key, value: (batch, kv_heads, seq_local, head_dim),
     this rank's shard. Returns (out (batch, seq_local, heads, head_dim), None).
     """
-    name, backend = _backend_of(module)
+    name, backend = backend_of(module)
     from . import transformers_generate  # generate(): decode steps on a ShardedCache (imports transformers)
     if (decoded := transformers_generate.generate_attention(name, module, query, scaling, sliding_window)) is not None:
         return decoded
@@ -158,7 +137,7 @@ def burst_attention_mask(batch_size: int, q_length: int, kv_length: int, q_offse
     Called once per forward on every rank, so the padding check is agreed on here, not per layer.
     """
     name = getattr(config, "_attn_implementation", None)
-    backend = _BACKENDS.get(name)
+    backend = BACKENDS.get(name)
     problem = None
     if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
         problem = ValueError(
@@ -190,7 +169,7 @@ class _DocumentCache:
 _document_cache = _DocumentCache()
 
 
-def _documents(position_ids, batch: int, local_len: int, backend: _Backend):
+def _documents(position_ids, batch: int, local_len: int, backend: Backend):
     """burst's cu_seqlens from transformers' packing convention, on the global positions, or None.
 
     position_ids: (batch or 1, seq_local) at global positions in the layout's order (shard_batch).
@@ -212,7 +191,7 @@ def _documents(position_ids, batch: int, local_len: int, backend: _Backend):
     return value
 
 
-def _documents_cut_per_document(local: torch.Tensor, world: int, backend: _Backend) -> list[int]:
+def _documents_cut_per_document(local: torch.Tensor, world: int, backend: Backend) -> list[int]:
     """Global cu_seqlens when each document is cut on its own (doc_contiguous / doc_zigzag).
 
     Rank 0 holds the first part of every document, so its positions restart at 0 once per document,

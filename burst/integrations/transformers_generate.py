@@ -41,7 +41,7 @@ from ..inference import ShardedKVCache, decode_attention
 from ..inference.decode import agree_on_decoding
 from ..inference.generate import last_hidden
 from ..layout import LAYOUTS, local_multiple, shard
-from . import transformers as _hf  # a cycle: transformers.py imports this module lazily; read at call time
+from .hf_backends import backend_of
 
 _active: ShardedCache | None = None  # the cache whose model forward is running (set by the decoder hooks)
 _GENERATE_CODE = inspect.unwrap(GenerationMixin.generate).__code__
@@ -57,7 +57,7 @@ class ShardedCache(Cache):
     """
 
     def __init__(self, model: torch.nn.Module, chunk: int = 256):
-        name, backend = _hf._backend_of(model)
+        name, backend = backend_of(model)
         if backend.layout not in LAYOUTS:  # a DocumentLayout cuts packed documents: no prompt is one
             raise ValueError(f"ShardedCache needs attn_implementation={name!r} registered with a layout of {LAYOUTS}, "
                              f"got {backend.layout!r}")

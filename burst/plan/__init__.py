@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from .cost import STRATEGIES, Cluster, Estimate, Workload, estimate
 from .model_cost import Training, attention_step, model_config, model_presets, whole_model
+from .auto import auto_choice, choose, device_profile
 from .profiles import PROFILES, Profile, profile
 from .takes import check_call, check_split, refusal
 
@@ -53,55 +54,6 @@ def _mark_refusal(est: Estimate, cluster: Cluster, w: Workload) -> Estimate:
         est.fits = False
         est.note = "burst.attention refuses: " + why.split(";")[0]
     return est
-
-
-def choose(cluster: Cluster, workload: Workload, candidates) -> str:
-    """The fastest of `candidates` (burst.attention strategy names) that fits; the double ring is
-    what "burst" and "ring" run on a multi-node topology, so it is costed under their names."""
-    costed = {}
-    for name in candidates:
-        modelled = f"{name}-double-ring" if name in ("burst", "ring") and cluster.nodes > 1 else name
-        if modelled in STRATEGIES:
-            costed[name] = attention_step(modelled, cluster, workload)
-    if not costed:
-        raise ValueError(f"no modelled strategy among {tuple(candidates)}")
-    return min(costed, key=lambda n: (not costed[n].fits, costed[n].wall_s, n))
-
-
-def device_profile(device) -> Profile:
-    """The profile for tensors on `device`: `local` on CPU, the matching GPU by name on CUDA (H100
-    when the name is not one we profile)."""
-    import torch
-
-    if device.type != "cuda":
-        return profile("local")
-    name = torch.cuda.get_device_name(device)
-    for known in ("H200", "H100", "A800", "A100"):
-        if known in name:
-            return profile(known)
-    return profile("H100")
-
-
-def auto_choice(candidates, call, q, k) -> str:
-    """strategy="auto": the planner's choice among `candidates` for this call's shapes and group.
-
-    Costed by model_cost.attention_step: attention alone (the call knows no model) under the same
-    contention and per-layer synchronisation as `burst plan --model`. Nodes come from the call's
-    topology when it has one, else LOCAL_WORLD_SIZE (torchrun), else one node. Every input is the
-    same on every rank of an SPMD program; the agreement check catches the rest.
-    """
-    import os
-
-    if not candidates:
-        raise ValueError("strategy='auto': no strategy takes this combination of layout, mask and options")
-    topology = getattr(call, "topology", None)
-    per_node = getattr(topology, "local_world_size", None) or int(os.environ.get("LOCAL_WORLD_SIZE", call.world))
-    per_node = per_node if per_node > 0 and call.world % per_node == 0 else call.world
-    cluster = Cluster(gpus=call.world, gpus_per_node=per_node, profile=device_profile(q.device))
-    workload = Workload(seq_len=call.local_len * call.world, heads=q.shape[2], head_dim=q.shape[3],
-                        kv_heads=k.shape[2], batch=q.shape[0], causal=call.spec.causal,
-                        dtype_bytes=q.element_size(), layout=call.layout)
-    return choose(cluster, workload, candidates)
 
 
 __all__ = ["Training", "whole_model", "attention_step", "model_config", "model_presets", "check_call", "check_split",

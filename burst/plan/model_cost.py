@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .cost import Cluster, Estimate, Workload, estimate
+from .models import check_dp, model_presets
 
 # --- constants: one value for every paper and profile; each a physical quantity ---
 GEMM_SHARE_OF_PEAK = 0.70       # share of dense peak that large bf16 GEMMs sustain (cuBLAS on A100/H100)
@@ -48,21 +49,6 @@ FRAMEWORK_RESERVE_BYTES = 3 * 2**30  # CUDA context, NCCL buffers, allocator fra
 
 MODES = ("train", "prefill")
 CHECKPOINTING = ("none", "full", "remat", "selective")
-
-
-def model_presets() -> dict:
-    """The engine's presets (burst.engine.model.PRESETS) and the papers' models."""
-    from ..engine.model import PRESETS, ModelConfig
-
-    papers = {
-        # OpenLLaMA-3B (ring-attention.md Table 3): 26 layers, 32 heads x 100
-        "llama-3b": ModelConfig(vocab_size=32000, dim=3200, layers=26, heads=32, kv_heads=32, ffn_dim=8640),
-        "llama-13b": ModelConfig(vocab_size=32000, dim=5120, layers=40, heads=40, kv_heads=40, ffn_dim=13824),
-        # distflashattn.md §4: LLaMA-7B with 8 KV heads, and with 33 heads of 128
-        "llama-7b-gqa": ModelConfig(vocab_size=32000, dim=4096, layers=32, heads=32, kv_heads=8, ffn_dim=11008),
-        "llama-33h": ModelConfig(vocab_size=32000, dim=4224, layers=32, heads=33, kv_heads=33, ffn_dim=11008),
-    }
-    return {**PRESETS, **papers}
 
 
 def model_config(name: str):
@@ -96,8 +82,6 @@ class Training:
             raise ValueError(f"mode {self.mode!r}: one of {MODES}")
         if self.checkpointing not in CHECKPOINTING:
             raise ValueError(f"checkpointing {self.checkpointing!r}: one of {CHECKPOINTING}")
-        from ..engine.parallel import check_dp
-
         check_dp(self.dp, gpus)
 
 

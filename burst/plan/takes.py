@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from ..comm.topology import Topology
 from ..layout import DOCUMENT_LAYOUTS, check_layout, local_multiple
+from ..validation import checked_call
+from .auto import auto_choice
 
 
 def check_split(seq_len: int, world: int, layout: str) -> None:
@@ -31,9 +34,6 @@ def check_call(world: int, seq_len: int, heads: int, kv_heads: int | None, head_
                causal: bool = False, window=None, cu_seqlens=None, block_sparse=None, **options) -> str:
     """Raise ValueError (or TypeError) for a call burst.attention would refuse on `world` ranks
     sharing `seq_len` tokens; returns the strategy it would run ("auto" resolved)."""
-    from .. import api
-    from ..comm.topology import Topology
-
     check_split(seq_len, world, layout)
     torch_dtype = getattr(torch, dtype)
     local = seq_len // world
@@ -41,8 +41,8 @@ def check_call(world: int, seq_len: int, heads: int, kv_heads: int | None, head_
     k = torch.empty((), dtype=torch_dtype).expand(batch, local, kv_heads or heads, head_dim)
     # A topology of one rank per node: without a process group the library sees a world of one,
     # so a real topology is checked apart (burst.Topology.check) against the real world.
-    name, _ = api._prepare_call(q, k, k, None, 0, world, strategy, layout, causal, window, None, cu_seqlens,
-                                block_sparse, options, Topology(local_world_size=1))
+    name, _ = checked_call(q, k, k, None, 0, world, strategy, layout, causal, window, None, cu_seqlens,
+                           block_sparse, options, Topology(local_world_size=1), auto=auto_choice)
     return name
 
 

@@ -12,11 +12,11 @@ import time
 
 import torch
 
-from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward
-from ..kernels.attend import attend_backward, attend_forward
 from ..call import AttentionCall
 from ..comm import tensor_bytes
 from ..comm.collectives import all_gather_flat, record_to_peers, reduce_scatter_flat
+from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward
+from ..kernels.attend import attend_backward, attend_forward
 from .base import Strategy
 
 

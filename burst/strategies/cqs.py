@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward, row_delta
-from ..kernels.attend import attend_backward, attend_forward
 from ..call import AttentionCall
 from ..comm import exchange, tags
+from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward, row_delta
+from ..kernels.attend import attend_backward, attend_forward
 from ..masks import may_attend
 from ..merge import merge_partial
 from ..schedules.cqs import Schedule, schedule

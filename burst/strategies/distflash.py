@@ -13,17 +13,18 @@ even P the paper leaves half the ranks idle at the last step (1/(2P)); we split 
 by query rows instead: the owner attends the first half of its rows, the keys' rank (idle otherwise)
 the second half, so every rank does the same work for every P. The backward follows the schedule:
 the owner sends dK, dV back to the keys' rank, the helper sends dQ back to the queries' rank.
+The schedule (who meets whom at each step) is schedules/distflash.py; this file runs it.
 Every transfer of step t+1 is posted before step t is computed, and the results of step t are
 collected after step t+1's compute, so communication overlaps computation.
 """
 
 from __future__ import annotations
 
+from ..call import AttentionCall
+from ..comm import Transfer, exchange, tags
 from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward, row_delta
 from ..kernels.attend import attend_backward, attend_forward
-from ..call import AttentionCall
 from ..layout import Segment
-from ..comm import Transfer, exchange, tags
 from ..merge import merge_partial
 from ..schedules.distflash import Step, schedule
 from .base import Strategy

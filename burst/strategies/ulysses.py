@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward, row_delta
-from ..kernels.attend import attend_backward, attend_forward
 from ..call import AttentionCall
 from ..comm.collectives import all_to_all_blocks
+from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward, row_delta
+from ..kernels.attend import attend_backward, attend_forward
 from ..layout import Segment, shard_indices
 from .base import Strategy
 

@@ -1,0 +1,185 @@
+"""The local checks of one burst.attention call, and the AttentionCall they build.
+
+Local facts only (shapes, dtypes, options, layout, masks, the strategy's own limits): they run on
+every rank before any collective; api.py then makes every rank agree on the outcome. The planner
+(plan/takes.py) runs the same checks on stand-in shapes to say which strategies take a workload.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from .call import AttentionCall
+from .comm.topology import Topology, default_world_size
+from .kernels import reference, select_kernel
+from .layout import DOCUMENT_LAYOUTS, DocumentLayout, check_layout, local_multiple, resolve_layout
+from .masks import BlockSparseMask, MaskSpec
+from .strategies import STRATEGIES
+
+STRATEGY_NAMES = tuple(STRATEGIES) + ("auto",)
+DTYPES = tuple(reference.DTYPES.values())  # what burst.attention takes
+
+
+def checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale, cu_seqlens,
+                 block_sparse, options, topology=None, auto=None) -> tuple[str, AttentionCall]:
+    """Validate this rank's arguments (local facts only) and build its AttentionCall: (strategy name,
+    call). strategy="auto" is resolved by `auto(candidates, call, q, k)` (burst.attention passes the
+    planner's burst.plan.auto_choice); without one, "auto" raises."""
+    check_tensors(q, k, v)
+    layout, cu_seqlens = _document_layout(layout, cu_seqlens, world, q.shape[1])
+    _check_options(strategy, layout, causal, window, softmax_scale)
+    _check_local_length(q.shape[1], layout)
+    global_len = q.shape[1] * world
+    if isinstance(layout, DocumentLayout):
+        layout.check(world, global_len)
+    _check_documents(cu_seqlens, global_len)
+    _check_block_sparse(block_sparse, global_len)
+    spec = MaskSpec(causal=causal, window=_normalized_window(window),
+                    cu_seqlens=tuple(int(x) for x in cu_seqlens) if cu_seqlens is not None else None,
+                    block_sparse=block_sparse)
+    call = AttentionCall(
+        group=group, rank=rank, world=world, layout=layout, local_len=q.shape[1], spec=spec,
+        scale=float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5,
+        kernel=select_kernel(q.device, q.dtype), topology=_resolved_topology(topology),
+    )
+    name = _auto_strategy(call, q, k, options, auto) if strategy == "auto" else strategy
+    chosen = STRATEGIES[name]
+    call = replace(call, options=chosen.parse_options(options))
+    if chosen.check is not None:
+        chosen.check(call, q, k)
+    return name, call
+
+
+def _document_layout(layout, cu_seqlens, world: int, local_len: int):
+    """(layout, global cu_seqlens): a per-document layout named with cu_seqlens (global or the peers'
+    local form) becomes a DocumentLayout, whose documents are also the call's document mask."""
+    if not isinstance(layout, DocumentLayout) and layout not in DOCUMENT_LAYOUTS:
+        return layout, cu_seqlens
+    resolved = resolve_layout(layout, cu_seqlens, world, local_len)
+    if cu_seqlens is not None:
+        given = resolve_layout(f"doc_{resolved.split}", cu_seqlens, world, local_len).cu_seqlens
+        if given != resolved.cu_seqlens:
+            raise ValueError(f"cu_seqlens {list(given)[:6]} differ from the DocumentLayout's documents "
+                             f"{list(resolved.cu_seqlens)[:6]}; pass one of them")
+    return resolved, list(resolved.cu_seqlens)
+
+
+def _resolved_topology(topology) -> Topology:
+    if topology is None:
+        topology = Topology()
+    if not isinstance(topology, Topology):
+        raise TypeError(f"topology must be a burst.Topology or None, got {type(topology).__name__}")
+    world = default_world_size()
+    resolved = topology.resolved(world)
+    resolved.check(world)
+    return resolved
+
+
+def _auto_strategy(call: AttentionCall, q, k, options: dict, auto) -> str:
+    """`auto`'s choice among the strategies that take this call, from facts every rank shares
+    (shapes, world, topology, device kind), so "auto" resolves alike everywhere."""
+    if auto is None:
+        raise ValueError("strategy='auto' needs the planner's choice here; name a strategy")
+    takes = []
+    for name, strategy in STRATEGIES.items():
+        if not strategy.takes(options):
+            continue
+        try:
+            if strategy.check is not None:
+                strategy.check(replace(call, options=strategy.parse_options(options)), q, k)
+        except (ValueError, NotImplementedError):
+            continue
+        takes.append(name)
+    return auto(takes, call, q, k)
+
+
+def check_tensors(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, headdim), got shape {tuple(t.shape)}")
+    if q.dtype not in DTYPES:
+        raise TypeError(f"q has dtype {q.dtype}; supported: float32, bfloat16, float16, float64")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; q, k, v must share one dtype")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; q, k, v must be on one device")
+    if k.shape != v.shape:
+        raise ValueError(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; they must match")
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"q has batch {q.shape[0]} but k has {k.shape[0]}")
+    if k.shape[1] != q.shape[1]:
+        raise ValueError(
+            f"q holds {q.shape[1]} tokens but k holds {k.shape[1]}; q, k, v must be shards of one sequence"
+        )
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"q has head_dim {q.shape[3]} but k has {k.shape[3]}; they must match")
+    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+        raise ValueError(
+            f"q has {q.shape[2]} heads but k has {k.shape[2]}; q heads must be a multiple of k heads"
+        )
+
+
+def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
+    if strategy not in STRATEGY_NAMES:
+        raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}")
+    check_layout(layout)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if window is not None and not (isinstance(window, (tuple, list)) and len(window) == 2
+                                   and all(isinstance(w, int) and w >= -1 for w in window)):
+        raise ValueError(f"window must be None or (left, right) ints >= -1 (-1 = unbounded), got {window!r}")
+    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)
+                                          and softmax_scale > 0):
+        raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
+
+
+def _check_local_length(local_len: int, layout: str) -> None:
+    if local_len == 0:
+        raise ValueError("q holds 0 tokens; every rank needs at least one")
+    need = local_multiple(layout)
+    if local_len % need:
+        raise ValueError(
+            f"layout={layout!r} needs the local sequence length to be a multiple of {need}, got {local_len}"
+        )
+
+
+def _check_documents(cu_seqlens, global_len: int) -> None:
+    if cu_seqlens is None:
+        return
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+            raise ValueError("cu_seqlens must be a 1-D integer tensor or a sequence of ints")
+        cu_seqlens = cu_seqlens.tolist()
+    values = list(cu_seqlens)
+    if not values or not all(isinstance(x, int) for x in values):
+        raise ValueError("cu_seqlens must be a non-empty 1-D sequence of ints")
+    if values[0] != 0 or values[-1] != global_len or any(b < a for a, b in zip(values, values[1:])):
+        raise ValueError(
+            f"cu_seqlens must rise from 0 to the global sequence length {global_len} "
+            f"(ranks x local tokens), got {values[:4]}{'...' if len(values) > 4 else ''} ending {values[-1]}"
+        )
+
+
+def _check_block_sparse(block_sparse, global_len: int) -> None:
+    if block_sparse is None:
+        return
+    if not isinstance(block_sparse, BlockSparseMask):
+        raise TypeError(f"block_sparse must be a burst.BlockSparseMask, got {type(block_sparse).__name__}")
+    nblocks = -(-global_len // block_sparse.block_size)
+    if tuple(block_sparse.layout.shape) != (nblocks, nblocks):
+        raise ValueError(
+            f"block_sparse.layout has shape {tuple(block_sparse.layout.shape)} but a global length of "
+            f"{global_len} in blocks of {block_sparse.block_size} needs ({nblocks}, {nblocks})"
+        )
+
+
+def _normalized_window(window) -> tuple[int, int] | None:
+    if window is None or tuple(window) == (-1, -1):
+        return None
+    return (int(window[0]), int(window[1]))
