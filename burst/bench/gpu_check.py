@@ -319,25 +319,23 @@ def api_mask_kwargs(spec: MaskSpec) -> dict:
 
 
 def float64_reference(q, k, v, dout, spec: MaskSpec, scale: float, q_pos=None, k_pos=None):
-    """out, lse, dq, dk, dv of attention in float64 (kernels/reference.py); q and k hold the global
-    positions q_pos, k_pos (default: the whole sequence, 0..n-1)."""
+    """out, lse, dq, dk, dv of attention in float64 (kernels/reference.py: full_reference); q and k
+    hold the global positions q_pos, k_pos (default: the whole sequence, 0..n-1)."""
     q_pos = torch.arange(q.shape[1]) if q_pos is None else q_pos
     k_pos = torch.arange(k.shape[1]) if k_pos is None else k_pos
     mask = None if spec.is_dense else spec.allowed(q_pos.to(q.device), k_pos.to(q.device))
-    q, k, v, dout = (t.to(torch.float64) for t in (q, k, v, dout))
-    out, lse = reference.forward(q, k, v, scale, False, mask)
-    dq, dk, dv = reference.backward(dout, q, k, v, out, lse_for_backward(lse), scale, False, mask)
-    return out, lse, dq, dk, dv
+    return reference.full_reference(q, k, v, dout, mask=mask, scale=scale)
 
 
 def random_inputs(batch, n, heads, kv_heads, dim, dtype, device, seed=0, on_device=False):
-    """q, k, v, dout drawn on the CPU from the seed (the same on every rank), then moved; on_device:
-    drawn on `device` itself (the long timing and memory runs, where CPU draws would take seconds)."""
-    where = device if on_device else torch.device("cpu")
-    g = torch.Generator(device=where).manual_seed(seed)
+    """q, k, v, dout in `dtype` on `device`: reference.full_inputs (drawn on the CPU from the seed, the
+    same on every rank); on_device: drawn on `device` itself (the long timing and memory runs, where
+    CPU draws would take seconds)."""
+    if not on_device:
+        return [t.to(dtype) for t in reference.full_inputs(seed, batch, n, heads, kv_heads, dim, dtype, device)]
+    g = torch.Generator(device=device).manual_seed(seed)
     shapes = [(batch, n, heads, dim), (batch, n, kv_heads, dim), (batch, n, kv_heads, dim), (batch, n, heads, dim)]
-    draw = dtype if on_device else torch.float32  # drawn in its dtype on the device: no float32 temporary
-    return [torch.randn(s, generator=g, device=where, dtype=draw).to(device=device, dtype=dtype) for s in shapes]
+    return [torch.randn(s, generator=g, device=device, dtype=dtype) for s in shapes]
 
 
 # ---------------------------------------------------------------- 1. kernels

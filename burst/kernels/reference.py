@@ -109,11 +109,13 @@ def full_inputs(seed: int, batch: int, seq_len: int, heads: int, kv_heads: int, 
     return [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).to(device, torch.float64) for s in shapes]
 
 
-def full_reference(q, k, v, dout, causal: bool = False, mask: torch.Tensor | None = None):
+def full_reference(q, k, v, dout, causal: bool = False, mask: torch.Tensor | None = None,
+                   scale: float | None = None):
     """float64 out (b, n, h, d), lse (b, h, n), dq, dk, dv of attention on the full sequence.
 
-    q, dout: (batch, seq_len, heads, head_dim); k, v: (batch, seq_len, kv_heads, head_dim); mask:
-    optional bool (seq_len, seq_len), True = attend, combined with `causal`. Query rows go a chunk at
+    q, dout: (batch, seq_len, heads, head_dim); k, v: (batch, seq_len_k, kv_heads, head_dim); mask:
+    optional bool (seq_len, seq_len_k), True = attend, combined with `causal`; scale: default
+    head_dim ** -0.5. Query rows go a chunk at
     a time against all keys, so no more than REFERENCE_CHUNK_ELEMENTS scores are held at once; the
     gradients come from autograd through `attention`, each chunk adding its share to dk and dv.
     """
@@ -128,7 +130,7 @@ def full_reference(q, k, v, dout, causal: bool = False, mask: torch.Tensor | Non
         allowed = positions[chunk, None] >= positions[None, :] if causal else None
         if mask is not None:
             allowed = mask[chunk].to(q.device) if allowed is None else allowed & mask[chunk].to(q.device)
-        out, lse = attention(q[:, chunk], k, v, mask=allowed)
+        out, lse = attention(q[:, chunk], k, v, scale=scale, mask=allowed)
         out.backward(dout[:, chunk])
         outs.append(out.detach())
         lses.append(lse.detach())
