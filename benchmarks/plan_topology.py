@@ -18,8 +18,6 @@ here = os.path.dirname(os.path.abspath(__file__))
 cal = json.load(open(os.path.join(here, "report", "results.json")))["calibration"]
 local = replace(PROFILES["local"], flops=cal["flops"] / 2, intra_bw=cal["bandwidth"], inter_bw=cal["bandwidth"],
                 intra_latency=cal["latency"], inter_latency=cal["latency"])
-MODEL = {"burst:flat": "burst", "burst": "burst-double-ring", "ring:flat": "ring", "ring": "ring-double-ring",
-         "ulysses": "ulysses", "usp": "usp"}
 print("\n## The planner against these runs\n")
 print("`burst.plan` with the calibrated local profile (FLOP/s halved: 4 ranks on 2 cores) and the emulated")
 print("inter-node bandwidth; measured / predicted fwd+bwd wall time.\n")
@@ -35,7 +33,7 @@ for path in sorted(glob.glob(os.path.join(here, "topology", "inter_*.json")), ke
                  dtype_bytes=4, layout=cfg["layout"])
     for s in r["strategies"]:
         measured = s["fwd_s"] + s["bwd_s"]
-        predicted = estimate(MODEL[s["strategy"]], cluster, w).wall_s
+        predicted = estimate(s["strategy"], cluster, w).wall_s
         ratios.append(measured / predicted)
         print(f"| {cfg['inter_node_gbps']} | {s['strategy']} | {measured:.2f} | {predicted:.2f} | {measured / predicted:.2f} |")
 within = sum(0.75 <= x <= 1.25 for x in ratios)

@@ -99,11 +99,11 @@ BF16_MASKS = ("window_causal", "documents_causal", "block_sparse_causal")  # bf1
 # (layouts, strategies, dtypes, KV heads) per world size: everything up to 3 ranks, and with GQA at 4;
 # at 5 the layouts that balance and both of burst's backward paths, with GQA; at 8 (8 processes on the
 # suite's 2 cores) the deepest ring with GQA, zigzag only.
-ALL = (("contiguous", "zigzag", "striped"), ("burst", "burst:5", "ring", "allgather"), (torch.float32, torch.bfloat16),
-       (4, 2))
+ALL = (("contiguous", "zigzag", "striped"), ("burst", "burst:chunk_rows=5", "ring", "allgather"),
+       (torch.float32, torch.bfloat16), (4, 2))
 ALL_GQA = (*ALL[:3], (2,))
-SUBSET = (("zigzag", "striped"), ("burst", "burst:5", "burst:0", "ring"), (torch.float32,), (2,))
-DEEP = (("zigzag",), ("burst", "burst:5", "ring"), (torch.float32,), (2,))
+SUBSET = (("zigzag", "striped"), ("burst", "burst:chunk_rows=5", "burst:chunk_rows=0", "ring"), (torch.float32,), (2,))
+DEEP = (("zigzag",), ("burst", "burst:chunk_rows=5", "ring"), (torch.float32,), (2,))
 
 
 @functools.lru_cache(maxsize=None)

@@ -42,7 +42,8 @@ def _cases(rank, world):
                 ref = reference_grads(*full, causal=causal)
                 for dtype in (torch.bfloat16, torch.float32):
                     sdpa = _sdpa_errors(full, ref, dtype, causal)
-                    for strategy in ("burst", "burst:8", "ring"):  # burst:8: the chunk stream, 4 chunks per shard
+                    # burst:chunk_rows=8: the chunk stream, 4 chunks per shard
+                    for strategy in ("burst", "burst:chunk_rows=8", "ring"):
                         errs = sharded_errors(full, ref, dtype, causal=causal, **strategy_kwargs(strategy))
                         results.append(((strategy, kv_heads, logit_scale, causal, str(dtype)), errs, sdpa))
     return results

@@ -69,7 +69,7 @@ def test_burstengine_table1_ordering_and_link_bytes():
     assert t["BurstAttention"] < t["DoubleRing"] < t["RingAttention"]
     slow = Cluster(gpus=8, gpus_per_node=4, profile=H100, inter_bw=1e9)
     w = Workload(seq_len=32768, heads=8, head_dim=64, causal=False)
-    flat, double = estimate("burst", slow, w), estimate("burst-double-ring", slow, w)
+    flat, double = estimate("burst:flat", slow, w), estimate("burst", slow, w)
     block = 2 * (32768 / 8) * 8 * 64 * 2
     fwd_inter_double = (slow.nodes - 1) * block
     assert double.inter_node_bytes_per_device < flat.inter_node_bytes_per_device
@@ -168,9 +168,9 @@ def test_fits_is_decided_by_whole_model_memory():
     """burstengine.md §4.2: BurstEngine trained 7B at 2M tokens on 32 A800; without FSDP the 14B's
     states alone (16 bytes per parameter) exceed 80 GB; a small --gpu-mem-gib flips the verdict."""
     t = Training(model_config("llama-7b"), 1 << 21, checkpointing="remat")
-    est = whole_model("burst-double-ring", Cluster(32, 8, A800), t)
+    est = whole_model("burst", Cluster(32, 8, A800), t)
     assert est.fits and est.mem_bytes_per_device < A800.memory_bytes
-    assert not whole_model("burst-double-ring", Cluster(32, 8, A800), t, memory_bytes=30 * 2**30).fits
+    assert not whole_model("burst", Cluster(32, 8, A800), t, memory_bytes=30 * 2**30).fits
     no_fsdp = whole_model("ring", Cluster(32, 8, A800), Training(model_config("llama-14b"), 1 << 20, fsdp=False))
     assert not no_fsdp.fits and no_fsdp.extra["memory"]["states"] > 16 * 13e9
     fused = whole_model("burst", Cluster(8, 8, A800), Training(model_config("llama-14b"), 1 << 18))
@@ -182,21 +182,20 @@ def test_fits_is_decided_by_whole_model_memory():
 def test_overlap_is_not_perfect_and_prefill_is_cheaper():
     """A hidden ring still costs (contention, per-layer sync); a prefill is one forward, no optimizer."""
     w = Workload(seq_len=1 << 20, heads=40, head_dim=128, layers=40)
-    raw, real = estimate("burst-double-ring", Cluster(32, 8, A800), w), attention_step("burst-double-ring",
+    raw, real = estimate("burst", Cluster(32, 8, A800), w), attention_step("burst",
                                                                                       Cluster(32, 8, A800), w)
     assert real.wall_s > raw.wall_s
     t = Training(model_config("llama-14b"), 1 << 20)
     train, prefill = (whole_model("burst", Cluster(32, 8, A800), replace(t, mode=mode))
                       for mode in ("train", "prefill"))
     assert prefill.wall_s < train.wall_s / 2 and prefill.mem_bytes_per_device < train.mem_bytes_per_device
-    assert estimate("burst-double-ring", Cluster(32, 8, A800), replace(w, forward_only=True)).wall_s < raw.wall_s / 3
+    assert estimate("burst", Cluster(32, 8, A800), replace(w, forward_only=True)).wall_s < raw.wall_s / 3
 
 
 def test_auto_uses_the_same_model():
     cluster, w = Cluster(32, 8, A800), Workload(seq_len=1 << 18, heads=32, head_dim=128, causal=True)
     picked = choose(cluster, w, ["burst", "ring", "usp", "ulysses"])
-    costs = {n: attention_step(f"{n}-double-ring" if n in ("burst", "ring") else n, cluster, w)
-             for n in ("burst", "ring", "usp", "ulysses")}
+    costs = {n: attention_step(n, cluster, w) for n in ("burst", "ring", "usp", "ulysses")}
     assert picked == min(costs, key=lambda n: (not costs[n].fits, costs[n].wall_s, n))
 
 
@@ -219,7 +218,7 @@ def test_cli_whole_model(capsys, tmp_path):
     for r in rows:
         assert {"step_s", "tokens_per_s_per_device", "mem_bytes_per_device", "wall_s", "fits"} <= set(r)
         assert r["scope"] == "whole model"
-    burst = next(r for r in rows if r["strategy"] == "burst-double-ring")
+    burst = next(r for r in rows if r["strategy"] == "burst")
     assert burst["fits"] and burst["tokens_per_s_per_device"] == pytest.approx(118.36, rel=0.25)  # Table 4
     assert main([*base, "--hidden", "5120", "--ffn-hidden", "13824", "--vocab", "120000", "--heads", "40",
                  "--layers", "40", "--mode", "prefill"]) == 0

@@ -13,7 +13,7 @@ from cases import full_inputs, reference_grads, rel_err, strategy_kwargs, within
 from world import results_by_world
 
 B, H, KV, D = 2, 4, 2, 8
-STRATEGIES = (("burst", "zigzag"), ("burst:1", "striped"), ("ring", "striped"), ("allgather", "contiguous"),
+STRATEGIES = (("burst", "zigzag"), ("burst:chunk_rows=1", "striped"), ("ring", "striped"), ("allgather", "contiguous"),
               ("distflash", "contiguous"))  # burst:1: its queries served as 1-row chunks of strided views
 
 

@@ -26,6 +26,7 @@ from burst.launch import run_world, spawn_world, under_torchrun
 from burst.layout import DOCUMENT_LAYOUTS, resolve_layout, shard_indices
 from burst.masks import BlockSparseMask, MaskSpec
 from burst.plan.cost import pair_flops
+from burst.strategies import split_variant
 
 @dataclass
 class BenchConfig:
@@ -177,7 +178,7 @@ def run_strategy(cfg: BenchConfig, strategy: str, rank: int, world: int) -> dict
     reset_peak(device)
     stats = burst.CommStats()
 
-    name, _, variant = strategy.partition(":")  # "burst:flat" = burst on the flat ring of a multi-node topology
+    name, variant = split_variant(strategy)  # "burst:flat" = burst on the flat ring of a multi-node topology
     topology = burst.Topology(cfg.ranks_per_node, double_ring=variant != "flat") if cfg.ranks_per_node else None
 
     def forward():

@@ -16,16 +16,20 @@ LAYOUTS = WHOLE_SEQUENCE_LAYOUTS + DOCUMENT_LAYOUTS
 
 def strategy_list(text: str) -> tuple[str, ...]:
     """Comma-separated burst.attention strategies; "burst:flat" / "ring:flat" keep the flat ring on a
-    multi-node topology."""
+    multi-node topology (strategies.split_variant)."""
     from ..api import STRATEGY_NAMES
+    from ..strategies import split_variant
 
     names = []
-    for item in (p.strip() for p in text.split(",")):
-        name, colon, variant = item.lower().partition(":")
-        if name not in STRATEGY_NAMES or (colon and (variant != "flat" or name not in ("burst", "ring"))):
+    for item in (p.strip().lower() for p in text.split(",")):
+        try:
+            base, _ = split_variant(item)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        if base not in STRATEGY_NAMES:
             raise argparse.ArgumentTypeError(f"unknown strategy {item!r} (choose from {', '.join(STRATEGY_NAMES)}; "
                                              "burst:flat and ring:flat keep the flat ring)")
-        names.append(item.lower())
+        names.append(item)
     return tuple(names)
 
 
@@ -137,6 +141,7 @@ def _check_strategies(args, seq_len: int, length_option: str) -> None:
     from dataclasses import replace
 
     from ..plan.takes import check_call, check_split
+    from ..strategies import split_variant
 
     world = world_size(args)
     with blame(length_option):
@@ -145,7 +150,7 @@ def _check_strategies(args, seq_len: int, length_option: str) -> None:
     masks = cfg.mask_kwargs()
     for strategy in args.strategies:
         with blame("--strategies"):
-            check_call(world, seq_len, args.heads, args.kv_heads, args.head_dim, strategy=strategy.partition(":")[0],
+            check_call(world, seq_len, args.heads, args.kv_heads, args.head_dim, strategy=split_variant(strategy)[0],
                        layout=args.layout, batch=args.batch, dtype=args.dtype, **masks)
 
 

@@ -54,6 +54,12 @@ def through_host(group: dist.ProcessGroup | None, tensors: Sequence[torch.Tensor
     return any(t.device.type != "cpu" for t in tensors) and dist.get_backend(group) == "gloo"
 
 
+def tagged(tensors: Sequence[torch.Tensor], peer: int, tag: int) -> list[tuple[torch.Tensor, int, int]]:
+    """(tensor, peer, tag + i) for the i-th tensor: one transfer of several tensors, as `exchange`
+    takes it (comm/tags.py leaves room after each base tag for a loop's largest set)."""
+    return [(t, peer, tag + i) for i, t in enumerate(tensors)]
+
+
 def exchange(
     group: dist.ProcessGroup | None,
     phase: str,

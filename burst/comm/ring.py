@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .p2p import Transfer, exchange
+from .p2p import Transfer, exchange, tagged
 
 
 class RingComm:
@@ -62,8 +62,7 @@ class RingComm:
         if to == self.rank and frm == self.rank:
             return list(tensors)
         into, self._spare = self._spare, None
-        self._transfer = exchange(self.group, self.phase, [(t, to, self.tag + i) for i, t in enumerate(tensors)],
-                                  [(t, frm, self.tag + i) for i, t in enumerate(tensors)],
+        self._transfer = exchange(self.group, self.phase, tagged(tensors, to, self.tag), tagged(tensors, frm, self.tag),
                                   into=into if into is not None and _same_layout(into, tensors) else None,
                                   topology=self.topology)
         self._sent = list(tensors)

@@ -26,6 +26,7 @@ from .model_cost import Training, attention_step, model_config, model_presets, w
 from .auto import auto_choice, choose, device_profile
 from .profiles import PROFILES, Profile, profile
 from .takes import check_call, check_split, refusal
+from ..strategies import split_variant
 
 
 def plan(cluster: Cluster, workload, strategies=None, memory_bytes=None) -> list[Estimate]:
@@ -48,7 +49,7 @@ def plan(cluster: Cluster, workload, strategies=None, memory_bytes=None) -> list
 
 
 def _mark_refusal(est: Estimate, cluster: Cluster, w: Workload) -> Estimate:
-    name = est.strategy.replace("-double-ring", "")
+    name = split_variant(est.strategy)[0]
     why = refusal(name, cluster.gpus, w.seq_len, w.heads, w.kv_heads, w.head_dim, w.layout, w.causal)
     if why is not None:
         est.fits = False

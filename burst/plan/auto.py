@@ -16,13 +16,12 @@ from .profiles import Profile, profile
 
 
 def choose(cluster: Cluster, workload: Workload, candidates) -> str:
-    """The fastest of `candidates` (burst.attention strategy names) that fits; the double ring is
-    what "burst" and "ring" run on a multi-node topology, so it is costed under their names."""
+    """The fastest of `candidates` (burst.attention strategy names) that fits; the planner's names are
+    burst.attention's ("burst" and "ring" run the double ring on a multi-node topology, as modelled)."""
     costed = {}
     for name in candidates:
-        modelled = f"{name}-double-ring" if name in ("burst", "ring") and cluster.nodes > 1 else name
-        if modelled in STRATEGIES:
-            costed[name] = attention_step(modelled, cluster, workload)
+        if name in STRATEGIES:
+            costed[name] = attention_step(name, cluster, workload)
     if not costed:
         raise ValueError(f"no modelled strategy among {tuple(candidates)}")
     return min(costed, key=lambda n: (not costed[n].fits, costed[n].wall_s, n))

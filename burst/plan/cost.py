@@ -30,14 +30,15 @@ from dataclasses import dataclass, field
 
 from ..schedules.chunk_stream import CHUNKS_PER_BLOCK
 from ..schedules.cqs import interest_set
+from ..strategies import split_variant
 from .profiles import Profile
 
-STRATEGIES = ("burst", "ring", "burst-double-ring", "ring-double-ring", "distflash", "allgather", "ulysses", "usp",
+STRATEGIES = ("burst", "ring", "burst:flat", "ring:flat", "distflash", "allgather", "ulysses", "usp",
               "cqs")
 BACKWARD_FLOPS_RATIO = 2.5
 # Strategies whose work per rank follows the layout's shard (Ulysses and CQS rebalance by design,
 # DistFlashAttn's schedule balances contiguous shards).
-_BY_SHARD = ("burst", "ring", "burst-double-ring", "ring-double-ring", "allgather")
+_BY_SHARD = ("burst", "ring", "burst:flat", "ring:flat", "allgather")
 
 
 @dataclass(frozen=True)
@@ -155,8 +156,7 @@ def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
         # The last rank's queries see G - 1/2 blocks where the average sees G/2: it sets the pace.
         straggler = (2 * cluster.gpus - 1) / cluster.gpus
         c_fwd, c_bwd = c_fwd * straggler, c_bwd * straggler
-    est = _MODELS[strategy.replace("-double-ring", "") if strategy.endswith("double-ring") else strategy](
-        strategy, cluster, w, s, c_fwd, c_bwd)
+    est = _MODELS[split_variant(strategy)[0]](strategy, cluster, w, s, c_fwd, c_bwd)
     saved = w.layers * (3 * s.q + s.kv + s.stat) if w.kv == w.heads else w.layers * (2 * s.q + s.kv + s.stat)
     est.mem_bytes_per_device += saved
     for attr in ("compute_s", "comm_s", "exposed_comm_s", "wall_s", "inter_node_bytes_per_device",
@@ -207,9 +207,10 @@ def _ring_pass(cluster: Cluster, steps: int, compute: float, block: float, doubl
 
 
 def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
-    """burst and ring, flat or double ring: the forward is the same K, V ring for both."""
-    double = name.endswith("double-ring")
-    base = name.replace("-double-ring", "")
+    """burst and ring, on the double ring (across nodes; the flat ring on one) or, as "burst:flat" /
+    "ring:flat", the flat ring: the forward is the same K, V ring for both."""
+    base, variant = split_variant(name)
+    double = variant != "flat"
     g = cluster.gpus
     fwd = _ring_pass(cluster, g, c_fwd, s.kv, double)
     if base == "burst" and cluster.nodes == 1:  # the chunk stream: a few chunks held, dQ parts go home
@@ -224,8 +225,8 @@ def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
         peak = 2 * s.kv + 2 * s.dkv32 + s.dq32 + s.q
     est = _sum(name, fwd, bwd, c_fwd + c_bwd)
     est.mem_bytes_per_device = peak
-    if double and cluster.nodes == 1:
-        est.note = "one node: same as the flat ring"
+    if not double and cluster.nodes == 1:
+        est.note = f"one node: the same ring as {base}"
     return est
 
 

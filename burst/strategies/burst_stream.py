@@ -1,5 +1,5 @@
-"""BurstAttention's backward on one node, the owner-served chunk stream: a ring's block pairs, in its order, holding a few chunks instead of
-two blocks.
+"""BurstAttention's backward on one node, the owner-served chunk stream: a ring's block pairs, in
+its order, holding a few chunks instead of two blocks.
 
 A ring (strategies/ring.py) forwards each block from rank to rank, so a rank holds two whole travelling
 blocks (the one computed, the one arriving) and two accumulators (the one arriving, the one
@@ -16,7 +16,8 @@ previous one leaving and the one arriving home): about (2·|block| + 3·|acc|)·
 every block whole; here a chunk no query row of which is needed is never sent).
 
 Step j's transfers go to the rank j places away rather than to a neighbour: the same cost on one
-node's switch (NVLink/NVSwitch, PCIe switch, a TCP host). Across nodes the double ring stays (strategies/burst.py picks).
+node's switch (NVLink/NVSwitch, PCIe switch, a TCP host). Across nodes the double ring stays
+(strategies/burst.py picks).
 The plan (who serves which chunk when) is schedules/chunk_stream.py; this file runs it.
 
 Every rank issues the same sequence of exchanges: labels (step, slot), each step with as many slots
@@ -35,7 +36,7 @@ import torch
 
 from ..call import AttentionCall
 from ..comm import tags
-from ..comm.p2p import Transfer, exchange
+from ..comm.p2p import Transfer, exchange, tagged
 from ..kernels.accumulators import accumulator_zeros_like
 from ..kernels.attend import attend_backward
 from ..masks import may_attend
@@ -99,18 +100,18 @@ def stream_chunks(call, schedule: RingSchedule, phase: str, block: Sequence[torc
         step, slot = label
         sends = recvs = ()
         if step.peer != me and slot < len(step.chunks_out):
-            sends = [(t, step.peer, tags.STREAM_CHUNKS + i) for i, t in enumerate(rows_of(block, row_dims, step.chunks_out[slot]))]
+            sends = tagged(rows_of(block, row_dims, step.chunks_out[slot]), step.peer, tags.STREAM_CHUNKS)
         if step.src != me and slot < len(step.chunks_in):
-            recvs = [(t, step.src, tags.STREAM_CHUNKS + i) for i, t in enumerate(rows_of(block, row_dims, step.chunks_in[slot]))]
+            recvs = tagged(rows_of(block, row_dims, step.chunks_in[slot]), step.src, tags.STREAM_CHUNKS)
         return exchange(call.group, phase, sends, recvs, topology=call.topology) if sends or recvs else None
 
     def post_accs(label, built) -> tuple[Transfer, tuple[int, int]] | None:
         step, slot = label
-        sends = [(t, step.src, tags.STREAM_ACCUMULATORS + i) for i, t in enumerate(built)] if built is not None else ()
+        sends = tagged(built, step.src, tags.STREAM_ACCUMULATORS) if built is not None else ()
         recvs, chunk = (), None
         if step.peer != me and slot < len(step.chunks_out):
             chunk = step.chunks_out[slot]
-            recvs = [(t, step.peer, tags.STREAM_ACCUMULATORS + i) for i, t in enumerate(rows_of(homes, acc_dims, chunk))]
+            recvs = tagged(rows_of(homes, acc_dims, chunk), step.peer, tags.STREAM_ACCUMULATORS)
         if not sends and not recvs:
             return None
         return exchange(call.group, phase, sends, recvs, topology=call.topology), chunk

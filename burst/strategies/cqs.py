@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..call import AttentionCall
-from ..comm import exchange, tags
+from ..comm import exchange, tagged, tags
 from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward, row_delta
 from ..kernels.attend import attend_backward, attend_forward
 from ..masks import may_attend
@@ -74,13 +74,13 @@ def _fetch(call: AttentionCall, sched: Schedule, phase: str, q_side: list, kv_si
         if w == me:
             continue
         if me in sched.q_materials[w]:
-            sends += [(t, w, tags.CQS_QUERIES + i) for i, t in enumerate(q_side)]
+            sends += tagged(q_side, w, tags.CQS_QUERIES)
         if me in sched.kv_materials[w]:
-            sends += [(t, w, tags.CQS_KV + i) for i, t in enumerate(kv_side)]
+            sends += tagged(kv_side, w, tags.CQS_KV)
     q_from = [x for x in sched.q_materials[me] if x != me]
     kv_from = [y for y in sched.kv_materials[me] if y != me]
-    recvs += [(t, x, tags.CQS_QUERIES + i) for x in q_from for i, t in enumerate(q_side)]
-    recvs += [(t, y, tags.CQS_KV + i) for y in kv_from for i, t in enumerate(kv_side)]
+    recvs += [r for x in q_from for r in tagged(q_side, x, tags.CQS_QUERIES)]
+    recvs += [r for y in kv_from for r in tagged(kv_side, y, tags.CQS_KV)]
     got = iter(exchange(call.group, phase, sends, recvs, topology=call.topology).wait())
     q_groups = {x: [next(got) for _ in q_side] for x in q_from}
     kv_groups = {y: [next(got) for _ in kv_side] for y in kv_from}
@@ -96,9 +96,9 @@ def _return_partials(call: AttentionCall, sched: Schedule, phase: str, mine_by_g
     query side (results for query groups), 1 for the key side.
     """
     me = call.rank
-    sends = [(t, g, tag + i) for g, parts in mine_by_group.items() if g != me for i, t in enumerate(parts)]
+    sends = [s for g, parts in mine_by_group.items() if g != me for s in tagged(parts, g, tag)]
     senders = [w for w in range(call.world) if w != me and any(p[role] == me for p in sched.tasks[w])]
-    recvs = [(t, w, tag + i) for w in senders for i, t in enumerate(likes)]
+    recvs = [r for w in senders for r in tagged(likes, w, tag)]
     got = iter(exchange(call.group, phase, sends, recvs, topology=call.topology).wait())
     return [[next(got) for _ in likes] for _ in senders]
 

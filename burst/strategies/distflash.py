@@ -21,7 +21,7 @@ collected after step t+1's compute, so communication overlaps computation.
 from __future__ import annotations
 
 from ..call import AttentionCall
-from ..comm import Transfer, exchange, tags
+from ..comm import Transfer, exchange, tagged, tags
 from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward, row_delta
 from ..kernels.attend import attend_backward, attend_forward
 from ..layout import Segment
@@ -48,13 +48,13 @@ def _post_inputs(call: AttentionCall, step: Step, phase: str, mine_kv: list, min
     """
     sends, recvs = [], []
     if step.kv_to is not None:
-        sends += [(t, step.kv_to, tags.DISTFLASH_KV + i) for i, t in enumerate(mine_kv)]
+        sends += tagged(mine_kv, step.kv_to, tags.DISTFLASH_KV)
     if step.helped_by is not None:
-        sends += [(t, step.helped_by, tags.DISTFLASH_QUERIES + i) for i, t in enumerate(_rows(mine_q, step.help_rows))]
+        sends += tagged(_rows(mine_q, step.help_rows), step.helped_by, tags.DISTFLASH_QUERIES)
     if step.kv_from is not None:
-        recvs += [(t, step.kv_from, tags.DISTFLASH_KV + i) for i, t in enumerate(mine_kv)]
+        recvs += tagged(mine_kv, step.kv_from, tags.DISTFLASH_KV)
     if step.help_for is not None:
-        recvs += [(t, step.help_for, tags.DISTFLASH_QUERIES + i) for i, t in enumerate(_rows(mine_q, step.help_rows))]
+        recvs += tagged(_rows(mine_q, step.help_rows), step.help_for, tags.DISTFLASH_QUERIES)
     return exchange(call.group, phase, sends, recvs, topology=call.topology)
 
 
