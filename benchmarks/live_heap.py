@@ -6,6 +6,8 @@ read at the entry and exit of every kernel call, merge and transfer, where the p
 
     .venv/bin/python benchmarks/live_heap.py [--tokens 16384] [--worlds 1,2,4,8] [--strategies burst,ring]
 
+A strategy may carry one integer option: burst:chunk_rows=512.
+
 One unit = one shard of q (tokens/G x heads x dim x 4 bytes). The caller's q, k, v and dO are 4 units,
 the output 1, the gradients 3: 8 units are the floor for any strategy. Linux/glibc only.
 """
@@ -78,12 +80,21 @@ def measure(rank, world, tokens, heads, dim, strategies, causal=True, watch_more
             base = live() - 4 * unit  # count the caller's q, k, v, dout as the 4 units they are
             peak[0] = 0
             with burst.CommStats() as stats:
-                burst.attention(q, k, v, strategy=strategy, causal=causal).backward(dout)
+                burst.attention(q, k, v, causal=causal, **_strategy_kwargs(strategy)).backward(dout)
             if measured:
                 results[strategy] = ((peak[0] - base) / unit, stats.sent("forward") / unit,
                                      stats.sent("backward") / unit)
             del q, k, v, dout
     return results
+
+
+def _strategy_kwargs(name: str) -> dict:
+    """"burst:chunk_rows=512" -> strategy burst with chunk_rows=512 (one integer option after ":")."""
+    strategy, _, option = name.partition(":")
+    if not option:
+        return {"strategy": strategy}
+    key, value = option.split("=")
+    return {"strategy": strategy, key: int(value)}
 
 
 def measure_worlds(worlds, tokens, heads, dim, strategies, causal=True, watch_more=None):
