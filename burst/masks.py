@@ -3,11 +3,14 @@ or partial, and plan the kernel calls ("tiles") that compute it.
 
 Strategies never look at a mask themselves: they ask `plan_tiles` for the tiles of a block pair and
 hand them to the kernel. A block pair with no attended entry yields no tile (no compute); a pair
-that is a clean lower triangle uses the kernel's causal path (which skips the upper half); a
-partial pair is cut into tiles of `TILE` rows, and a partial tile again into sub-tiles of `SUB_TILE`
-rows, so that empty ones are skipped, whole ones run without a mask (coalesced along the keys) or on
-the causal path, and only the sub-tiles on a mask's edge carry a dense boolean mask (the CPU kernel
-spends full time on a masked tile, and building the mask costs too).
+that is a clean lower triangle uses the kernel's causal path (which skips the upper half). A partial
+pair of consecutive positions under causal and document masks is cut exactly where the mask changes
+(the other run's ends, the documents' bounds): every piece is then skipped, full or a clean triangle,
+and no tile carries a mask. Other partial pairs (windows, block-sparse, strided runs) are cut into tiles
+of `TILE` rows, and a partial tile again into sub-tiles of `SUB_TILE` rows, so that empty ones are
+skipped, whole ones run without a mask (coalesced along the keys) or on the causal path, and only the
+sub-tiles on a mask's edge carry a dense boolean mask (the CPU kernel spends full time on a masked
+tile, and building the mask costs too).
 
 Mask kinds (combined with AND):
 - causal: key position <= query position.
@@ -230,7 +233,8 @@ def may_attend(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec) -> 
     return any(spec.cover(qs, ks) is not Cover.SKIP for qs in q_segs for ks in k_segs)
 
 
-def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, max_rows: int, by_blocks: bool = True) -> list[Tile]:
+def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, max_rows: int, by_blocks: bool = True,
+               exact: bool = True) -> list[Tile]:
     cover = Cover.FULL if spec.is_dense else spec.cover(qs, ks)
     if cover is Cover.SKIP:
         return []
@@ -240,6 +244,8 @@ def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, max_rows: int, by_block
         # j < i is the causal triangle of queries 1.. against keys ..n-2; query 0 attends nothing here.
         n = qs.length
         return [Tile(qs.sub(1, n), ks.sub(0, n - 1), Cover.DIAG, spec)] if n > 1 else []
+    if cover is Cover.PARTIAL and exact and _cuts_exactly(qs, ks, spec):
+        return _plan_cut(qs, ks, spec, max_rows)
     if cover is not Cover.PARTIAL or (qs.length <= SUB_TILE and ks.length <= SUB_TILE):
         return _checked(Tile(qs, ks, cover, spec))
     if spec.block_sparse is not None and by_blocks:
@@ -247,6 +253,44 @@ def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, max_rows: int, by_block
     if qs.length <= TILE and ks.length <= TILE:  # a partial tile: its edge in sub-tiles
         return _split_pair(qs, ks, spec, SUB_TILE, max_rows, by_blocks)
     return _split_pair(qs, ks, spec, min(TILE, max_rows), max_rows, by_blocks)
+
+
+def _cuts_exactly(qs: Segment, ks: Segment, spec: MaskSpec) -> bool:
+    """Causal and document masks on runs of consecutive positions change only at known positions (the
+    other run's ends, the documents' bounds): cut there, every piece is skipped, full or a clean
+    triangle, and no tile needs a mask. Windows and block-sparse masks take the sub-tiles."""
+    return qs.stride == 1 and ks.stride == 1 and not spec.window and spec.block_sparse is None
+
+
+def _plan_cut(qs: Segment, ks: Segment, spec: MaskSpec, max_rows: int) -> list[Tile]:
+    """`qs` x `ks` cut where the mask changes. With query positions [a, b] and key positions [c, d],
+    causal: queries cut at c and d + 1, keys at a and b + 1, so each piece of keys lies before, on or
+    after each piece of queries (full, the same positions: a triangle, or skipped); documents: both
+    cut at the documents' bounds, so a piece pair lies in one document (or in two: skipped)."""
+    q_cuts, k_cuts = set(), set()
+    if spec.causal:
+        q_cuts |= {ks.first, ks.last + 1}
+        k_cuts |= {qs.first, qs.last + 1}
+    if spec.cu_seqlens:
+        q_cuts |= set(spec.cu_seqlens)
+        k_cuts |= set(spec.cu_seqlens)
+    q_parts, k_parts = _cut(qs, q_cuts), _cut(ks, k_cuts)
+    if len(q_parts) == 1 and len(k_parts) == 1:  # nothing to cut at: the sub-tiles decide
+        return _plan_pair(qs, ks, spec, max_rows, exact=False)
+    tiles = []
+    for qp in q_parts:
+        row = []
+        for kp in k_parts:
+            row.extend(_plan_pair(qp, kp, spec, max_rows))
+        tiles.extend(_coalesce_full(row, max_rows))
+    return tiles
+
+
+def _cut(seg: Segment, positions: set[int]) -> list[Segment]:
+    """A run of consecutive positions cut before each of `positions` that falls strictly inside it."""
+    inside = sorted(p - seg.first for p in positions if seg.first < p <= seg.last)
+    bounds = [0, *inside, seg.length]
+    return [seg.sub(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def _split_pair(qs: Segment, ks: Segment, spec: MaskSpec, size: int, max_rows: int, by_blocks: bool) -> list[Tile]:
