@@ -9,7 +9,7 @@ import json
 import pathlib
 import sys
 
-MASKS = ("causal", "window", "documents")
+MASKS = ("causal", "window", "documents", "docbalanced")  # docbalanced: the documents, layout doc_zigzag
 
 
 def _cost(directory: pathlib.Path, mask: str, n: int) -> tuple[float, float]:
@@ -36,7 +36,8 @@ def main() -> None:
             cost, t = _cost(now, mask, n)
             line = f"| {n} | {mask} | {t:.2f} | {cost:.2f} | {1 / cost:.2f} |"
             if before:
-                line += f" {_cost(before, mask, n)[0]:.2f} |"
+                known = (before / f"tiles_{mask}_{n}.json").exists()
+                line += f" {_cost(before, mask, n)[0]:.2f} |" if known else " - |"
             print(line)
 
 
