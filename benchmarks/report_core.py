@@ -45,6 +45,8 @@ LABELS = {"_burst": " (after the dQ change)", "_agreement_2": " (same, run again
           "_chunk_stream": " (burst's backward on the chunk stream)",
           "_own_block": " (chunk stream, own block in one chunk)",
           "_schedules_2": " (same, run again)",
+          "_exact_cuts_2": " (same, run again)",
+          "_exact_cuts": " (after comm.tagged and the masks' exact cuts)",
           "_schedules": " (after the issue-25 layout: schedules/, typed options, validation.py)"}
 for name in ("recheck_full_16384.json", "recheck_zigzag_16384.json", "recheck_full_16384_burst.json",
              "recheck_zigzag_16384_burst.json", "recheck_full_16384_agreement.json",
@@ -52,7 +54,9 @@ for name in ("recheck_full_16384.json", "recheck_zigzag_16384.json", "recheck_fu
              "recheck_full_16384_double_ring.json", "recheck_zigzag_16384_double_ring.json",
              "recheck_zigzag_16384_chunk_stream.json", "recheck_full_16384_own_block.json",
              "recheck_zigzag_16384_own_block.json", "recheck_full_16384_schedules.json",
-             "recheck_zigzag_16384_schedules.json", "recheck_zigzag_16384_schedules_2.json"):
+             "recheck_zigzag_16384_schedules.json", "recheck_zigzag_16384_schedules_2.json",
+             "recheck_full_16384_exact_cuts.json", "recheck_zigzag_16384_exact_cuts.json",
+             "recheck_full_16384_exact_cuts_2.json"):
     if os.path.exists(os.path.join(here, "core", name)):
         r = load(name)
         base = r["sdpa_single_process"]
