@@ -88,6 +88,10 @@ def _balance(rank, world):
         with burst.CommStats() as stats:
             burst.attention(q, k, k, strategy=strategy, causal=True, window=(n // 2, 0)).sum().backward()
         out[(strategy, "window")] = (stats.sent("forward"), stats.sent("backward"))
+    # In chunks of 16 rows, burst's forward is served too: only the keys the window sees travel.
+    with burst.CommStats() as stats:
+        burst.attention(q, k, k, strategy="burst", causal=True, window=(n // 2, 0), chunk_rows=16).sum().backward()
+    out[("burst", "window served")] = stats.sent("forward")
     return out
 
 
@@ -173,3 +177,6 @@ def test_window_stops_the_ring_after_one_step(world):
         serves = 2 * q_bytes + 2 * stat_bytes if rank > 0 else 0
         returns = q_bytes if rank < world - 1 else 0
         assert bwd == serves + returns, (rank, bwd)
+        # The window sees the last n / 2 rows of the rank before: half of K, V, and none of the last
+        # rank's (rank 0's queries precede them).
+        assert balance[("burst", "window served")] == (kv_bytes if rank < world - 1 else 0), rank

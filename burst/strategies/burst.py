@@ -1,6 +1,7 @@
 """BurstAttention (burstattention.md; burstengine.md §3.1, Alg. 2).
 
-Forward: the same K, V ring with online softmax as RingAttention (strategies/ring.py).
+Forward: the same K, V ring with online softmax as RingAttention (strategies/ring.py); on one node,
+when a mask needs only part of some rank's keys (a sliding window), those served in chunks instead.
 Backward: K, V, dK, dV stay home; Q, dO, D = rowsum(dO∘O) and lse travel (read-only), and dQ travels
 as a float32 accumulator that arrives home. Per row and head that is 3d + 2 numbers against
 RingAttention's 4d: about 25% less backward traffic for fp32 and MHA. (With GQA, Q has more heads
@@ -23,8 +24,18 @@ from ..call import AttentionCall
 from ..kernels.accumulators import accumulator_zeros_like, lse_for_backward, row_delta
 from ..kernels.attend import attend_backward
 from .base import Options, Strategy, non_negative_int
-from .burst_stream import chunk_rows, served_backward
+from .burst_stream import chunk_rows, keys_partly_needed, served_backward, served_forward
 from .ring import ring_forward, visit_blocks
+
+
+def burst_forward(call: AttentionCall, q, k, v):
+    """RingAttention's forward (strategies/ring.py), or on one node, when a mask needs only part of some
+    rank's keys (a sliding window, local documents), those keys served in chunks by their owners
+    (strategies/burst_stream.py): the same block pairs, fewer bytes. Shapes as ring_forward's."""
+    rows = chunk_rows(call)
+    if rows and not call.spec.is_dense and _on_one_node(call) and keys_partly_needed(call, rows):
+        return served_forward(call, rows, q, k, v)
+    return ring_forward(call, q, k, v)
 
 
 def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
@@ -79,4 +90,4 @@ class BurstOptions(Options):
             non_negative_int("chunk_rows", self.chunk_rows, " (0: whole blocks on the ring)")
 
 
-BURST = Strategy("burst", forward=ring_forward, backward=burst_backward, options=BurstOptions)
+BURST = Strategy("burst", forward=burst_forward, backward=burst_backward, options=BurstOptions)

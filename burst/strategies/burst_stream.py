@@ -37,10 +37,10 @@ import torch
 from ..call import AttentionCall
 from ..comm import tags
 from ..comm.p2p import Transfer, exchange, tagged
-from ..kernels.accumulators import accumulator_zeros_like
-from ..kernels.attend import attend_backward
+from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators
+from ..kernels.attend import attend_backward, attend_forward
 from ..masks import may_attend
-from ..schedules.chunk_stream import cached_plan, default_chunk_rows, plan_stream
+from ..schedules.chunk_stream import cached_plan, default_chunk_rows, plan_stream, row_chunks
 from ..schedules.ring import RingSchedule
 
 
@@ -54,6 +54,44 @@ def query_chunk_needed(call: AttentionCall, src: int, dst: int, start: int, stop
     """Does any query in rows [start, stop) of rank src's shard attend a key of rank dst's? Only such
     chunks are served (the same answer on every rank: it decides what is sent and received)."""
     return may_attend(call.chunk_segments(src, start, stop), call.segments(dst), call.spec)
+
+
+def key_chunk_needed(call: AttentionCall, src: int, dst: int, start: int, stop: int) -> bool:
+    """Does any query of rank dst attend a key in rows [start, stop) of rank src's shard?"""
+    return may_attend(call.segments(dst), call.chunk_segments(src, start, stop), call.spec)
+
+
+_PARTLY_NEEDED: dict = {}  # keys_partly_needed's answers by (mask_key, rows)
+
+
+def keys_partly_needed(call: AttentionCall, rows: int) -> bool:
+    """Whether some rank needs only part of another's keys (a sliding window needs the last rows of
+    the rank before, local documents a few). Decided from every rank's segments, so every rank takes
+    the same forward. Then the forward serves key chunks like the backward serves query chunks."""
+    key = (call.mask_key, rows)
+    if key not in _PARTLY_NEEDED:
+        chunks = row_chunks(call.local_len, rows)
+        _PARTLY_NEEDED[key] = any(
+            may_attend(call.segments(dst), call.segments(src), call.spec)
+            and not all(key_chunk_needed(call, src, dst, a, b) for a, b in chunks)
+            for dst in range(call.world) for src in range(call.world) if src != dst)
+    return _PARTLY_NEEDED[key]
+
+
+def served_forward(call: AttentionCall, rows: int, q, k, v):
+    """K, V chunks from their owners, only those our queries attend: the ring's block pairs in the
+    ring's order (call.kv_schedule), holding a few chunks instead of a whole travelling block, and
+    sending a window only the rows it sees. Out and lse stay home. Shapes as ring_forward's."""
+    out_acc, lse_acc = empty_accumulators(q)
+    mine = call.segments(call.rank)
+
+    def attend(src, chunk, held, _accs):
+        tiles = call.plan(mine, call.chunk_segments(src, *chunk))
+        attend_forward(call.kernel, q, held[0], held[1], tiles, out_acc, lse_acc, call.scale)
+
+    stream_chunks(call, call.kv_schedule, "forward", [k, v], (1, 1), rows, functools.partial(key_chunk_needed, call),
+                  attend, acc_likes=[], plan_key=("keys", call.mask_key))
+    return out_acc.to(q.dtype), lse_acc
 
 
 def served_backward(call: AttentionCall, rows: int, travelling, out, k, v, dk, dv):
