@@ -9,7 +9,7 @@ from .agreement import agree
 from .call import AttentionCall
 from .plan.auto import auto_choice
 from .strategies import STRATEGIES
-from .validation import DTYPES, STRATEGY_NAMES, check_tensors, checked_call
+from .validation import DTYPES, STRATEGY_NAMES, check_tensors, checked_call  # the names, here too for callers
 
 
 def attention(
@@ -101,7 +101,7 @@ def autocast_inputs(q, k, v):
     autocast the tensors are returned unchanged.
     """
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-        return q, k, v  # _check_tensors names the bad argument
+        return q, k, v  # check_tensors names the bad argument
     device_type = q.device.type
     if not torch.is_autocast_enabled(device_type):
         return q, k, v

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..plan.models import PRESETS, ModelConfig
+from ..plan.models import PRESETS, ModelConfig  # burst.engine.model.PRESETS, as the engine's callers read them
 from .checkpointing import SequenceAttention, check_settings, run_layer
 from .loss import fused_linear_cross_entropy, unfused_cross_entropy
 

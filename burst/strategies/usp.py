@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
 import torch.distributed as dist
 
 from ..call import AttentionCall
