@@ -1,5 +1,7 @@
-"""BurstAttention's backward on one node, the owner-served chunk stream: a ring's block pairs, in
-its order, holding a few chunks instead of two blocks.
+"""BurstAttention on one node, the owner-served chunk stream: a ring's block pairs, in its order,
+holding a few chunks instead of two blocks. The backward serves query chunks (q, dO, D, lse) and sends
+their dQ home (served_backward); the forward serves key chunks (k, v) when a mask needs only part of
+some rank's keys, a sliding window above all, and its out, lse stay home (served_forward).
 
 A ring (strategies/ring.py) forwards each block from rank to rank, so a rank holds two whole travelling
 blocks (the one computed, the one arriving) and two accumulators (the one arriving, the one
