@@ -1,7 +1,8 @@
 """RingAttention (ring-attention.md; burstengine.md Alg. 1).
 
 Forward: K, V travel around the ring; each rank merges its queries' attention against every block
-with online softmax (merge.py). This forward is shared by BurstAttention (strategies/burst.py).
+with online softmax (merge.py). BurstAttention (strategies/burst.py) runs this forward too, except on
+one node when a mask needs only part of some rank's keys (then they are served in chunks).
 Backward: K, V, dK, dV travel; each rank adds its queries' contribution to the visiting dK, dV, which
 arrive home after a full turn. Bytes per rank: forward 2·(G-1) KV blocks; backward 2·(G-1) KV blocks
 plus 2·G gradient blocks (float32), i.e. about 4Nd for large G.
