@@ -27,10 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import api, layout as layout_mod
-from .kernels.reference import (BOUNDS, DTYPES, full_inputs, full_reference, lse_error, relative_error,
-                                within_bounds)
-
-_QUANTITIES = ("out", "lse", "dq", "dk", "dv")
+from .kernels.reference import BOUNDS, DTYPES, QUANTITIES, errors_against, full_inputs, full_reference, within_bounds
 
 
 @dataclass
@@ -70,7 +67,7 @@ class CheckReport:
         head = "| strategy | layout | causal | dtype | out | lse | dq | dk | dv | bound | status |"
         lines = [f"burst check on {self.world} ranks, shape {self.shape}", "", head, "|---" * (head.count("|") - 1) + "|"]
         for r in self.rows:
-            errs = [f"{r.errors[q]:.1e}" if q in r.errors else "-" for q in _QUANTITIES]
+            errs = [f"{r.errors[q]:.1e}" if q in r.errors else "-" for q in QUANTITIES]
             status = r.status if not r.note else f"{r.status}: {r.note}"
             lines.append(f"| {r.strategy} | {r.layout} | {r.causal} | {r.dtype} | " + " | ".join(errs)
                          + f" | {r.bound:.0e} | {status} |")
@@ -146,9 +143,8 @@ def _run_case(full, ref, strategy, lay, causal, dtype, group, world) -> CheckRow
     out.backward(dout)
     mine = [out, lse, q.grad, k.grad, v.grad]
     theirs = [layout_mod.shard(t, group=group, layout=lay, dim=2 if t.dim() == 3 else 1) for t in ref]
-    local = [lse_error(lse, theirs[1]) if name == "lse" else relative_error(x, r)
-             for name, x, r in zip(_QUANTITIES, mine, theirs)]
-    row.errors = dict(zip(_QUANTITIES, max_over_ranks(local, group, world, out.device)))
+    local = errors_against(mine, theirs)
+    row.errors = dict(zip(QUANTITIES, max_over_ranks([local[x] for x in QUANTITIES], group, world, out.device)))
     if not within_bounds(row.errors, dtype):
         row.status = "FAIL"
     return row

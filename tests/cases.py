@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import burst
-from burst.kernels.reference import BOUNDS, DTYPES, full_inputs, lse_error, within_bounds
+from burst.kernels.reference import BOUNDS, DTYPES, errors_against, full_inputs, within_bounds
 from burst.kernels.reference import full_reference as reference_grads  # (q, k, v, dout, causal, mask=None)
 from burst.kernels.reference import relative_error as rel_err
 
@@ -38,12 +38,10 @@ def sharded_errors(full, ref, dtype, layout="contiguous", **kwargs):
     q, k, v = (t.to(dtype).requires_grad_() for t in (q, k, v))
     out, lse = burst.attention(q, k, v, layout=layout, return_lse=True, **kwargs)
     out.backward(dout.to(dtype))
-    r_out, r_lse, r_dq, r_dk, r_dv = (burst.shard(t, layout=layout, dim=2 if t.dim() == 3 else 1) for t in ref)
-    return {
-        "out": rel_err(out, r_out), "lse": lse_error(lse, r_lse), "dq": rel_err(q.grad, r_dq),
-        "dk": rel_err(k.grad, r_dk), "dv": rel_err(v.grad, r_dv),
-        "nan": any(bool(torch.isnan(t).any()) for t in (out, q.grad, k.grad, v.grad)),
-    }
+    theirs = [burst.shard(t, layout=layout, dim=2 if t.dim() == 3 else 1) for t in ref]
+    errors = errors_against((out, lse, q.grad, k.grad, v.grad), theirs)
+    errors["nan"] = any(bool(torch.isnan(t).any()) for t in (out, q.grad, k.grad, v.grad))
+    return errors
 
 
 def reference_mask(seqlen, causal=False, window=None, cu_seqlens=None, block_sparse=None):

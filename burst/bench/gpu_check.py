@@ -280,18 +280,14 @@ def is_oom(err: BaseException) -> bool:
 # ---------------------------------------------------------------- comparison with float64
 
 
-QUANTITIES = ("out", "lse", "dq", "dk", "dv")
+QUANTITIES = reference.QUANTITIES
 
 
 def compare(mine, ref, dtype: str) -> tuple[dict, bool]:
-    """burst.check's measure: max |x - ref| / max |ref| for out, dq, dk, dv, absolute for lse (whose
-    -inf entries must match); within reference.BOUNDS[dtype]. mine / ref: (out, lse, dq, dk, dv), ref in
-    float64; lse may be None on both (SDPA returns none). Returns (errors, ok)."""
-    errors = {}
-    for name, x, r in zip(QUANTITIES, mine, ref):
-        if x is None or r is None:
-            continue
-        errors[name] = reference.lse_error(x, r) if name == "lse" else reference.relative_error(x, r)
+    """burst.check's measure (reference.errors_against) and its verdict within reference.BOUNDS[dtype].
+    mine / ref: (out, lse, dq, dk, dv), ref in float64; lse may be None on both (SDPA returns none).
+    Returns (errors, ok)."""
+    errors = reference.errors_against(mine, ref)
     return errors, reference.within_bounds(errors, dtype)
 
 

@@ -10,8 +10,9 @@ reuse each other's numbers; within a loop they must not overlap.
 # The (double) ring (strategies/ring.py): blocks around the node, blocks across nodes, accumulators.
 RING_INTRA, RING_INTER, RING_ACCUMULATORS = 0, 8, 16
 
-# BurstAttention's owner-served chunk stream (strategies/burst_stream.py): query chunks (q, dO, D, lse),
-# and their dQ chunks going home. Apart from the ring's: the stream runs after the forward's ring.
+# BurstAttention's owner-served chunk stream (strategies/burst_stream.py): key chunks (k, v) forward, or
+# query chunks (q, dO, D, lse) and their dQ chunks going home backward. Apart from the ring's: a call
+# may run the ring forward and the stream backward.
 STREAM_CHUNKS, STREAM_ACCUMULATORS = 24, 32
 
 # DistFlashAttn (strategies/distflash.py): K, V; a helped rank's query rows and their extras (q, dO, D,

@@ -10,7 +10,7 @@ verification part below is the one place that says what "right" means, for `burs
     full_inputs    q, k, v, dout on the full sequence, the same on every rank
     full_reference float64 out, lse, dq, dk, dv on the full sequence (autograd through `attention`,
                    so it does not share the hand-written backward any backend uses)
-    relative_error, lse_error, absolute_error, within_bounds
+    relative_error, lse_error, absolute_error, errors_against (all five quantities), within_bounds
 """
 
 from __future__ import annotations
@@ -157,6 +157,17 @@ def lse_error(lse: torch.Tensor, ref: torch.Tensor) -> float:
     if not finite.any():
         return 0.0
     return (lse.detach().to(ref.device, torch.float64)[finite] - ref[finite]).abs().max().item()
+
+
+QUANTITIES = ("out", "lse", "dq", "dk", "dv")  # what a check compares, in this order
+
+
+def errors_against(mine, ref) -> dict:
+    """{quantity: error} of (out, lse, dq, dk, dv) against the float64 reference of the same rows:
+    lse_error for lse, relative_error for the others. A quantity None on either side is left out
+    (SDPA returns no lse)."""
+    return {name: lse_error(x, r) if name == "lse" else relative_error(x, r)
+            for name, x, r in zip(QUANTITIES, mine, ref) if x is not None and r is not None}
 
 
 def within_bounds(errors: dict, dtype: torch.dtype | str) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from .ring import RingSchedule
 
@@ -97,16 +97,24 @@ def _grouped(parts: list[tuple[int, int]], groups: int) -> tuple[tuple[int, int]
     return tuple((parts[lo][0], parts[hi - 1][1]) for lo, hi in zip(bounds[:-1], bounds[1:]))
 
 
+CACHE_LIMIT = 256  # entries a plan cache keeps: a model's layers share a few, each new mask adds one
+
+
+def memoized(cache: dict, key, make: Callable[[], Any]) -> Any:
+    """cache[key], made by make() the first time. The cache is emptied when it holds CACHE_LIMIT
+    entries: packed documents bring a new mask with every batch, which would grow it without end."""
+    if key not in cache:
+        if len(cache) >= CACHE_LIMIT:
+            cache.clear()
+        cache[key] = make()
+    return cache[key]
+
+
 _PLANS: dict = {}  # plan_stream's results by (plan_key, schedule, local_len, chunk_rows)
 
 
 def cached_plan(plan_key, schedule: RingSchedule, local_len: int, chunk_rows: int, needs) -> list[StreamStep]:
     """plan_stream, once per key: every layer of a model asks for the same plan at every step, and
     planning asks `needs` up to a few thousand times. plan_key must fix what `needs` answers."""
-    key = (plan_key, schedule, local_len, chunk_rows)
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) >= 256:
-            _PLANS.clear()
-        plan = _PLANS[key] = plan_stream(schedule, local_len, chunk_rows, needs)
-    return plan
+    return memoized(_PLANS, (plan_key, schedule, local_len, chunk_rows),
+                    lambda: plan_stream(schedule, local_len, chunk_rows, needs))

@@ -24,10 +24,11 @@ import torch
 from ..call import AttentionCall, Options
 
 
-def non_negative_int(name: str, value, meaning: str = "") -> None:
-    """Raise ValueError unless value is an int >= 0 (bool excluded: True is not a row count)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int{meaning}, got {value!r}")
+def int_at_least(name: str, value, low: int, meaning: str = "") -> None:
+    """Raise ValueError unless value is an int >= low (0 or 1; bool excluded: True is not a count)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        kind = "non-negative" if low == 0 else "positive"
+        raise ValueError(f"{name} must be a {kind} int{meaning}, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ..call import AttentionCall
 from ..kernels.accumulators import accumulator_zeros_like, lse_for_backward, row_delta
 from ..kernels.attend import attend_backward
-from .base import Options, Strategy, non_negative_int
+from .base import Options, Strategy, int_at_least
 from .burst_stream import chunk_rows, keys_partly_needed, served_backward, served_forward
 from .ring import ring_forward, visit_blocks
 
@@ -80,14 +80,15 @@ def _ring_backward(call: AttentionCall, travelling, out, k, v, dk, dv):
 
 @dataclass(frozen=True)
 class BurstOptions(Options):
-    """chunk_rows: rows per served query chunk in the backward on one node (None: an eighth of the
-    shard, 256 to the kernel's call size; 0: the paper's ring of whole blocks)."""
+    """chunk_rows: rows per served chunk on one node, query chunks in the backward and key chunks in a
+    masked forward (None: an eighth of the shard, 256 to the kernel's call size; 0: the paper's ring
+    of whole blocks)."""
 
     chunk_rows: int | None = None
 
     def __post_init__(self):
         if self.chunk_rows is not None:
-            non_negative_int("chunk_rows", self.chunk_rows, " (0: whole blocks on the ring)")
+            int_at_least("chunk_rows", self.chunk_rows, 0, " (0: whole blocks on the ring)")
 
 
 BURST = Strategy("burst", forward=burst_forward, backward=burst_backward, options=BurstOptions)

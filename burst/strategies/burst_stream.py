@@ -42,12 +42,12 @@ from ..comm.p2p import Transfer, exchange, tagged
 from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators
 from ..kernels.attend import attend_backward, attend_forward
 from ..masks import may_attend
-from ..schedules.chunk_stream import cached_plan, default_chunk_rows, plan_stream, row_chunks
+from ..schedules.chunk_stream import cached_plan, default_chunk_rows, memoized, plan_stream, row_chunks
 from ..schedules.ring import RingSchedule
 
 
 def chunk_rows(call: AttentionCall) -> int:
-    """Rows per served chunk of queries (0: whole blocks on the ring)."""
+    """Rows per served chunk of queries or keys (0: whole blocks on the ring)."""
     rows = call.options.chunk_rows
     return default_chunk_rows(call.local_len, call.kernel.MAX_ROWS) if rows is None else rows
 
@@ -70,14 +70,13 @@ def keys_partly_needed(call: AttentionCall, rows: int) -> bool:
     """Whether some rank needs only part of another's keys (a sliding window needs the last rows of
     the rank before, local documents a few). Decided from every rank's segments, so every rank takes
     the same forward. Then the forward serves key chunks like the backward serves query chunks."""
-    key = (call.mask_key, rows)
-    if key not in _PARTLY_NEEDED:
+    def decide() -> bool:
         chunks = row_chunks(call.local_len, rows)
-        _PARTLY_NEEDED[key] = any(
-            may_attend(call.segments(dst), call.segments(src), call.spec)
-            and not all(key_chunk_needed(call, src, dst, a, b) for a, b in chunks)
-            for dst in range(call.world) for src in range(call.world) if src != dst)
-    return _PARTLY_NEEDED[key]
+        return any(may_attend(call.segments(dst), call.segments(src), call.spec)
+                   and not all(key_chunk_needed(call, src, dst, a, b) for a, b in chunks)
+                   for dst in range(call.world) for src in range(call.world) if src != dst)
+
+    return memoized(_PARTLY_NEEDED, (call.mask_key, rows), decide)
 
 
 def served_forward(call: AttentionCall, rows: int, q, k, v):

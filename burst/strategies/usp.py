@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from ..call import AttentionCall
 from ..layout import Segment
-from .base import Options, Strategy
+from .base import Options, Strategy, int_at_least
 from .burst import BurstOptions, burst_backward
 from .ring import ring_forward
 from .ulysses import HeadExchange, head_groups, kv_grads_home, valid_degrees
@@ -46,9 +46,8 @@ class USPOptions(Options):
     ulysses_degree: int | None = None
 
     def __post_init__(self):
-        u = self.ulysses_degree
-        if u is not None and (isinstance(u, bool) or not isinstance(u, int) or u < 1):
-            raise ValueError(f"ulysses_degree={u!r} must be a positive int")
+        if self.ulysses_degree is not None:
+            int_at_least("ulysses_degree", self.ulysses_degree, 1)
 
 
 def check_usp(call: AttentionCall, q, k) -> None:
