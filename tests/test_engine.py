@@ -157,17 +157,44 @@ def test_checkpointing_on_one_device_and_blockwise_feedforward():
     plain = model(tokens, positions)
     plain.sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
-    model.set_checkpointing("none", ffn_chunk=16)
-    chunked = model(tokens, positions)
-    chunked.sum().backward()
-    assert (chunked - plain).abs().max() < 1e-5 * plain.abs().max()
     assert len(grads) > 10
-    for n, p in model.named_parameters():
-        if n in grads:
-            assert (p.grad - grads[n]).abs().max() <= 1e-5 * grads[n].abs().max(), n
+    for mode in ("none", "full", "remat", "selective"):  # each chunk checkpointed, inside the layer's own
+        model.zero_grad()
+        model.set_checkpointing(mode, ffn_chunk=16)
+        chunked = model(tokens, positions)
+        chunked.sum().backward()
+        assert (chunked - plain).abs().max() < 1e-5 * plain.abs().max(), mode
+        for n, p in model.named_parameters():
+            if n in grads:
+                assert (p.grad - grads[n]).abs().max() <= 1e-5 * grads[n].abs().max(), (mode, n)
     with pytest.raises(ValueError, match="checkpointing 'some'"):
         model.set_checkpointing("some")
+
+
+def test_rotary_and_rmsnorm_backward_match_their_formulas():
+    """The engine's rotary and RMSNorm save less than autograd would (engine/model.py); their
+    backward against float64 finite differences, and against autograd through the formula."""
+    from burst.engine.model import RMSNorm, apply_rotary, rotary
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, 3, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    cos, sin = (t.double() for t in rotary(torch.arange(6).expand(2, -1), 8, 10000.0))
+    weight = torch.randn(8, dtype=torch.float64, generator=gen, requires_grad=True)
+    norm = RMSNorm(8, 1e-5).double()
+    assert torch.autograd.gradcheck(lambda t: apply_rotary(t, cos, sin), (x,))
+    assert torch.autograd.gradcheck(lambda t, w: torch.nn.functional.linear(norm(t), torch.eye(8).double()) * w,
+                                    (x, weight))
+    norm.weight.data = torch.randn(8, dtype=torch.float64, generator=gen)
+    g = torch.randn_like(x)
+    for fused, formula in (
+            (lambda t: norm(t),
+             lambda t: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight),
+            (lambda t: apply_rotary(t, cos, sin),
+             lambda t: torch.stack([t[..., 0::2] * cos - t[..., 1::2] * sin,
+                                    t[..., 0::2] * sin + t[..., 1::2] * cos], -1).flatten(-2))):
+        got = torch.autograd.grad(fused(x), x, g)[0]
+        want = torch.autograd.grad(formula(x), x, g)[0]
+        assert (got - want).abs().max() < 1e-12 * want.abs().max()
 
 
 def _burst_train(*args):

@@ -11,9 +11,12 @@ which also counts the allocator's and the runtime's own pages.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import resource
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def held_bytes(device: torch.device) -> int:
@@ -48,3 +51,55 @@ def peak_bytes(device: torch.device) -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+@functools.lru_cache(maxsize=1)
+def _mallinfo2():
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    return libc.mallinfo2
+
+
+def live_heap_bytes() -> int:
+    """Bytes malloc has handed out and not got back (glibc mallinfo2: in-use arena chunks + mmapped
+    chunks): what this process's CPU tensors (and Python objects) hold now, without the pages glibc
+    keeps after frees that the resident set also counts. Linux/glibc only (OSError elsewhere)."""
+    info = _mallinfo2()()
+    return info.uordblks + info.hblkhd
+
+
+class HeapPeak(TorchDispatchMode):
+    """The live heap's peak over a region, read after every tensor op (a ruler that sees tensors).
+
+        with HeapPeak() as ruler:
+            loss = model(x); loss.backward()
+        ruler.peak["forward"], ruler.peak["backward"], ruler.peak_op[...], ruler.at_backward
+
+    Peaks are kept apart for ops run outside and inside an autograd backward ("forward" and
+    "backward"); at_backward is the live heap when the first backward op ran, i.e. what the forward
+    keeps for the backward (plus the loss). Reading mallinfo2 after each op costs microseconds per
+    op: a measurement tool, not for timed runs. A peak inside one op (its scratch) is not seen, only
+    what the op returns while its inputs are alive.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.start = live_heap_bytes()
+        self.peak = {"forward": self.start, "backward": self.start}
+        self.peak_op = {"forward": None, "backward": None}
+        self.at_backward = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        phase = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+        if phase == "backward" and self.at_backward is None:
+            self.at_backward = live_heap_bytes()
+        out = func(*args, **(kwargs or {}))
+        live = live_heap_bytes()
+        if live > self.peak[phase]:
+            self.peak[phase], self.peak_op[phase] = live, str(func)
+        return out

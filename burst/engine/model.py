@@ -15,6 +15,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from ..plan.models import PRESETS, ModelConfig  # burst.engine.model.PRESETS, as the engine's callers read them
 from .checkpointing import SequenceAttention, check_settings, run_layer
@@ -28,10 +29,51 @@ def rotary(positions: torch.Tensor, head_dim: int, theta: float):
     return torch.cos(angles)[:, :, None].float(), torch.sin(angles)[:, :, None].float()
 
 
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    acc = torch.promote_types(x.dtype, torch.float32)  # low precision rotates in float32
+    x1, x2 = x[..., 0::2].to(acc), x[..., 1::2].to(acc)
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2).to(x.dtype)
+
+
+class _Rotary(torch.autograd.Function):
+    """Rotary embedding whose backward rotates the gradient back (by -angle): it saves cos and sin
+    only, where autograd through _rotate would keep the unrotated q and k of every token."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, -sin), None, None
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
-    out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-    return out.to(x.dtype)
+    """x (batch, seq, heads, head_dim) rotated pairwise by the angles of cos, sin (rotary())."""
+    return _Rotary.apply(x, cos, sin)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """x * rsqrt(mean(x^2) + eps) * weight, saving x and one float per row: autograd through the
+    formula would also keep the normalized x, a second copy of the input per norm."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps: float):
+        acc = torch.promote_types(x.dtype, torch.float32)  # low precision normalizes in float32
+        rstd = torch.rsqrt(x.to(acc).pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x.to(acc) * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.to(rstd.dtype) * rstd
+        grad_weight = (grad * normed.to(x.dtype)).reshape(-1, weight.shape[0]).sum(0).to(weight.dtype)
+        grad_normed = (grad * weight).to(rstd.dtype)
+        grad_x = rstd * (grad_normed - normed * (grad_normed * normed).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_weight, None
 
 
 class RMSNorm(nn.Module):
@@ -41,7 +83,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        return _RMSNormFunction.apply(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -70,7 +112,10 @@ class Attention(nn.Module):
 
 class FeedForward(nn.Module):
     """SwiGLU. `chunk` > 0 runs it over that many tokens at a time (RingAttention's blockwise
-    feedforward: the hidden activations of one chunk at a time)."""
+    feedforward): each chunk under its own checkpoint, so that the backward holds the (tokens x
+    ffn_dim) hidden activations of one chunk at a time, not of every chunk (3 ffn_dim-wide tensors
+    per token: 8 KiB per token in fp32 at ffn_dim 688, against 1 KiB for the layer's input). The
+    price is one more forward of the feedforward."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -85,7 +130,10 @@ class FeedForward(nn.Module):
     def forward(self, x):
         if not self.chunk or x.shape[1] <= self.chunk:
             return self._swiglu(x)
-        return torch.cat([self._swiglu(part) for part in x.split(self.chunk, dim=1)], dim=1)
+        if not torch.is_grad_enabled():
+            return torch.cat([self._swiglu(part) for part in x.split(self.chunk, dim=1)], dim=1)
+        return torch.cat([checkpoint(self._swiglu, part, use_reentrant=False) for part in x.split(self.chunk, dim=1)],
+                         dim=1)
 
 
 class Block(nn.Module):
