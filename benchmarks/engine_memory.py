@@ -1,7 +1,8 @@
 """The engine's activation memory with a ruler that sees tensors, and the longest sequence in 4 GiB.
 
     .venv/bin/python benchmarks/engine_memory.py --lengths 8192,16384,32768 --modes none,full,remat,selective
-    .venv/bin/python benchmarks/engine_memory.py --lengths 180224 --modes selective   # one run at a length
+    .venv/bin/python benchmarks/engine_memory.py --lengths 131072 --modes selective   # one run at a length
+    .venv/bin/python benchmarks/engine_memory.py --report      # the tables of benchmarks/engine_memory.md
 
 Each point is a fresh 2-rank world (1 thread per rank) training `burst train --model small`'s model
 (burst zigzag, fused loss, fp32): one warm-up step at 256 tokens (it creates the gradients and AdamW's
@@ -28,6 +29,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "benchmarks", "engine", "heap.jsonl")
 MIB = 2**20
+BUDGET_MIB = 4096  # the live heap a rank may hold: weights, gradients, AdamW state, activations
 
 
 def measure(rank: int, world: int, mode: str, seq_len: int, model: str, ffn_chunk: int) -> dict:
@@ -57,6 +59,42 @@ def measure(rank: int, world: int, mode: str, seq_len: int, model: str, ffn_chun
             "rss_peak_mib": peak_bytes(torch.device("cpu")) / MIB, "step_s": seconds}
 
 
+def _slope(points: list[tuple[int, float]]) -> float:
+    """Least-squares MiB per 1K tokens through (seq_len, MiB) points."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    return 1024 * sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+
+
+def report(rows: list[dict]) -> str:
+    """Markdown: every measured point, then per code version and mode the growth per 1K tokens and
+    the length at which the step's peak live heap reaches BUDGET_MIB (a line through the points)."""
+    lines = ["| code | checkpointing | ffn chunk | tokens | kept | forward peak | backward peak | peak live heap "
+             "(total) | peak RSS | step s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['commit']} | {r['mode']} | {r['ffn_chunk']} | {r['seq_len']} | {r['kept_mib']:.0f} | "
+                     f"{r['forward_peak_mib']:.0f} | {r['backward_peak_mib']:.0f} | {r['total_peak_mib']:.0f} | "
+                     f"{r['rss_peak_mib']:.0f} | {r['step_s']:.0f} |")
+    lines += ["", "| code | checkpointing | kept MiB per 1K tokens | backward peak MiB per 1K tokens | "
+              f"tokens at {BUDGET_MIB} MiB of live heap (line through the points) | longest run |", "|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["commit"], r["mode"]), []).append(r)
+    for (commit, mode), points in groups.items():
+        if len({p["seq_len"] for p in points}) < 2:
+            continue
+        kept = _slope([(p["seq_len"], p["kept_mib"]) for p in points])
+        fits, grows = [], {}
+        for phase in ("forward", "backward"):  # each phase's peak on its own line; the first to reach the budget
+            line = [(p["seq_len"], p["start_mib"] + p[f"{phase}_peak_mib"]) for p in points]
+            grows[phase] = _slope(line)
+            last_len, last_peak = max(line)
+            fits.append(last_len + (BUDGET_MIB - last_peak) / grows[phase] * 1024)
+        lines.append(f"| {commit} | {mode} | {kept:.1f} | {grows['backward']:.1f} | {min(fits) / 1000:.0f}K | "
+                     f"{max(p['seq_len'] for p in points)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="8192,16384,32768")
@@ -65,7 +103,11 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--ffn-chunk", type=int, default=0, help="blockwise feedforward: tokens per chunk (0 = off)")
     parser.add_argument("--commit", default="", help="recorded with each row")
+    parser.add_argument("--report", action="store_true", help="print the tables from the recorded points")
     args = parser.parse_args()
+    if args.report:
+        print(report([json.loads(line) for line in open(OUT)]))
+        return
     sys.path.insert(0, ROOT)
     from burst.launch import run_world
 

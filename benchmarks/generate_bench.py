@@ -12,7 +12,7 @@ from burst.launch import run_world
 
 PROMPTS = (4096, 16384, 65536)
 WORLDS = (1, 2, 4)
-NEW = 8
+NEW = 32
 
 
 def _on_rank(rank, world, prompt_len):
@@ -41,13 +41,16 @@ def main():
             prefill, decode, cache, tokens = run_world(_on_rank, n, nproc=g, threads=1)
             reference = reference or tokens
             lines.append(f"| {n} | {g} | {prefill:.2f} | {decode * 1e3:.1f} | {cache / 1024:.0f} | {tokens == reference} |")
-    lines += ["", "Each layer of a decoded token is one collective (the all-gather of the ranks' partial out and lse;",
-              "the agreement check runs once per generation). With this tiny model that collective is the decode",
-              "step's cost beyond one process: measured per layer at 64K tokens on 2 ranks, partial attention 1.36 ms",
-              "(2.65 ms on one process) and the all-gather + merge 1.55 ms (0.44 ms in a tight loop on gloo; in a decode",
-              "step the ranks wake from compute), so G = 2 decodes at about one process's speed here (64K: 6.4 vs",
-              "6.3 ms) while each rank holds 1/G of the cache, and G = 4 shares the 2 cores. A faster collective",
-              "(NCCL on GPUs) is what makes decode scale; on gloo the target of 0.75x one process is not reached.",
+    lines += ["", "Decode ms/token: the mean over the 31 decoded tokens after the first (32 new tokens).", "",
+              "Each layer of a decoded token is one all-gather of the ranks' partial out and lse (the shapes are",
+              "agreed once per generation). On one host it goes through shared memory (burst/comm/shm.py): on",
+              "2 local ranks a gather takes ~5 us at the median and 10-20 us on average, against gloo's 0.25 ms",
+              "median and 0.7-1.4 ms mean (a long tail after compute; measured in a loop of partial attention +",
+              "gather). With gloo, G = 2 decoded at one process's speed (64K: 6.4 vs 6.3 ms, commit 196d18d);",
+              "through shared memory G = 2 takes ~0.6x one process's time at 64K, where the partial attention",
+              "(each rank reads 1/G of the cache) is most of a step. At 4K-16K a step is mostly the model's",
+              "small ops, which every rank runs whole, so G = 2 is not faster there; G = 4 shares the 2 cores",
+              "(spinning ranks yield after a while, but still take turns on a core).",
               "Time to first token: at 16K and 64K attention dominates and G = 2 (one core per rank) halves it.", "",
               "Command: `.venv/bin/python benchmarks/generate_bench.py`"]
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "generate.md"), "w") as f:

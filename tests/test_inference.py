@@ -3,6 +3,8 @@
 One world per size (2, 3, 4): a batch of two prompts of different lengths (padded to the layout's
 multiple), prefilled into the sharded cache, then several decode steps whose K, V land on the
 ranks in turn. Every rank must get the same, exact output; the cache holds ~1/G of the tokens.
+The merges run through the process group's all-gather and through shared memory (comm/shm.py),
+which must give the same bits.
 """
 
 from __future__ import annotations
@@ -10,14 +12,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from burst.comm.shm import HostAllGather
 from burst.inference import ShardedKVCache, decode_attention
+from burst.inference.decode import decode_exchange
 from burst.kernels.reference import attention as reference_attention
 from world import results_by_world
 
 H, KVH, D, STEPS = 4, 2, 16, 5
 
 
-def _decode(rank, world, layout, dtype):
+def _decode(rank, world, layout, dtype, shared_memory=False):
     g = torch.Generator().manual_seed(world)
     lengths = [7 * world - 3, 4 * world + 1]
     padded = -(-max(lengths) // (2 * world)) * 2 * world
@@ -29,6 +33,8 @@ def _decode(rank, world, layout, dtype):
     rows_k = [k_full[b, :lengths[b]] for b in range(2)]
     rows_v = [v_full[b, :lengths[b]] for b in range(2)]
     errors, outs = [], []
+    exchange = decode_exchange((2, 1, H, D), dtype, torch.device("cpu")) if shared_memory else None
+    assert (exchange is not None) == shared_memory  # one host, Linux x86-64: the suite's machines
     for step in range(STEPS):
         q = torch.randn(2, 1, H, D, generator=g, dtype=torch.float64)
         k_new = torch.randn(2, 1, KVH, D, generator=g, dtype=torch.float64)
@@ -37,7 +43,7 @@ def _decode(rank, world, layout, dtype):
         cache.advance()
         rows_k = [torch.cat([rows_k[b], k_new[b]]) for b in range(2)]
         rows_v = [torch.cat([rows_v[b], v_new[b]]) for b in range(2)]
-        out = decode_attention(q.to(dtype), *cache.keys_values(0))
+        out = decode_attention(q.to(dtype), *cache.keys_values(0), agreed=shared_memory, exchange=exchange)
         for b in range(2):
             ref, _ = reference_attention(q[b:b + 1].to(dtype).double(), rows_k[b][None].to(dtype).double(),
                                          rows_v[b][None].to(dtype).double())
@@ -48,9 +54,31 @@ def _decode(rank, world, layout, dtype):
     return max(errors), torch.stack(outs), held, total
 
 
+def _host_all_gather(rank, world):
+    """Rank-dependent tensors of two dtypes and sizes through one gather each; then the fallback:
+    one rank that cannot use shared memory makes every rank get None."""
+    got = []
+    for dtype in (torch.float32, torch.float64):
+        gather = HostAllGather.create(7, dtype)
+        for call in range(5):  # more calls than the two slots: each slot is reused
+            n = 3 + call % 5
+            got.append((dtype, n, call, gather(torch.arange(n, dtype=dtype) + 100 * rank + call)))
+        gather.close()
+    real = HostAllGather.supported
+    HostAllGather.supported = staticmethod(lambda: rank != world - 1)
+    try:
+        fallback = HostAllGather.create(7)
+    finally:
+        HostAllGather.supported = real
+    return got, fallback is None
+
+
 def _all(rank, world):
-    return {(layout, str(dtype)): _decode(rank, world, layout, dtype)
-            for layout in ("contiguous", "zigzag", "striped") for dtype in (torch.float32, torch.bfloat16)}
+    out = {(layout, str(dtype), shm): _decode(rank, world, layout, dtype, shm)
+           for layout in ("contiguous", "zigzag", "striped") for dtype in (torch.float32, torch.bfloat16)
+           for shm in (False, True)}
+    out["host_all_gather"] = _host_all_gather(rank, world)
+    return out
 
 
 _results = results_by_world(_all, timeout=240)
@@ -60,6 +88,10 @@ _results = results_by_world(_all, timeout=240)
 def test_decode_attention_exact_and_identical_on_every_rank(world):
     per_rank = _results(world)
     for key in per_rank[0]:
+        if key == "host_all_gather":
+            continue
+        if key[2]:  # through shared memory: the process group's bits
+            assert torch.equal(per_rank[0][key][1], per_rank[0][key[:2] + (False,)][1]), key
         bound = 1e-5 if "float32" in key[1] else 2e-2
         for rank in range(world):
             err, outs, _, _ = per_rank[rank][key]
@@ -69,3 +101,12 @@ def test_decode_attention_exact_and_identical_on_every_rank(world):
         total = per_rank[0][key][3]
         assert sum(held) == total, (key, held, total)      # every real token is somewhere, once
         assert max(held) <= total / world + 2 * world + 2, (key, held)  # ~1/G each (padding and turns aside)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_host_all_gather_in_rank_order_and_falls_back_together(world):
+    for rank, (got, fell_back) in enumerate(r["host_all_gather"] for r in _results(world)):
+        for dtype, n, call, every in got:
+            want = torch.stack([torch.arange(n, dtype=dtype) + 100 * r + call for r in range(world)])
+            assert every.dtype == dtype and torch.equal(every, want), (rank, dtype, call)
+        assert fell_back, rank  # one rank unsupported: None on every rank, none waits on shared memory

@@ -52,6 +52,8 @@ class _Rotary(torch.autograd.Function):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (batch, seq, heads, head_dim) rotated pairwise by the angles of cos, sin (rotary())."""
+    if not (torch.is_grad_enabled() and x.requires_grad):  # inference: no autograd node to pay for
+        return _rotate(x, cos, sin)
     return _Rotary.apply(x, cos, sin)
 
 
@@ -63,7 +65,8 @@ class _RMSNormFunction(torch.autograd.Function):
     def forward(ctx, x, weight, eps: float):
         acc = torch.promote_types(x.dtype, torch.float32)  # low precision normalizes in float32
         rstd = torch.rsqrt(x.to(acc).pow(2).mean(-1, keepdim=True) + eps)
-        ctx.save_for_backward(x, weight, rstd)
+        if ctx is not None:
+            ctx.save_for_backward(x, weight, rstd)
         return (x.to(acc) * rstd).to(x.dtype) * weight
 
     @staticmethod
@@ -83,7 +86,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        return _RMSNormFunction.apply(x, self.weight, self.eps)
+        if torch.is_grad_enabled():
+            return _RMSNormFunction.apply(x, self.weight, self.eps)
+        return _RMSNormFunction.forward(None, x, self.weight, self.eps)  # inference: no autograd node
 
 
 class Attention(nn.Module):

@@ -5,6 +5,10 @@ against the cache entries it holds (the kernel of burst.kernels, float32 statist
 all-gather the partials (batch x heads x (head_dim + 1) floats per rank: small) and merge them in
 rank order with the online-softmax merge of merge.py. Every rank thus gets the same, exact result,
 bit for bit, which keeps greedy decoding in step across ranks.
+
+A generation checks its shapes once (agree_on_decoding) and, when every rank runs on one host's
+CPUs, takes its all-gathers through shared memory (decode_exchange: comm/shm.py, ~10 us against
+~1 ms for gloo's), since each layer of each token waits on one.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch.distributed as dist
 from ..agreement import agree
 from ..comm import tensor_bytes
 from ..comm.collectives import all_gather_flat, record_to_peers
+from ..comm.shm import HostAllGather
 from ..kernels import accumulator_dtype, select_kernel
 from ..merge import merge_partial
 
@@ -49,17 +54,22 @@ def partial_attention(q, k, v, valid, scale: float):
     return out, lse
 
 
-def merge_across_ranks(out: torch.Tensor, lse: torch.Tensor, group=None) -> torch.Tensor:
+def merge_across_ranks(out: torch.Tensor, lse: torch.Tensor, group=None, exchange: HostAllGather | None = None
+                       ) -> torch.Tensor:
     """All-gather every rank's partial (out, lse) and merge them in rank order; float32 result.
 
-    out: (batch, t, heads, head_dim) float32; lse: (batch, heads, t) float32.
+    out: (batch, t, heads, head_dim) float32; lse: (batch, heads, t) float32. exchange: the
+    generation's shared-memory all-gather (decode_exchange), or None for the process group's.
     """
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     if world == 1:
         return out
     packed = torch.cat([out.flatten(), lse.flatten()])
-    every = packed.new_empty(world * packed.numel())
-    all_gather_flat(every, packed, group=group)
+    if exchange is not None:
+        every = exchange(packed)
+    else:
+        every = packed.new_empty(world * packed.numel())
+        all_gather_flat(every, packed, group=group)
     record_to_peers("decode", tensor_bytes(packed), group)
     every = every.view(world, -1)
     n_out = out.numel()
@@ -70,13 +80,15 @@ def merge_across_ranks(out: torch.Tensor, lse: torch.Tensor, group=None) -> torc
     return merged_out
 
 
-def decode_attention(q, k, v, valid, scale: float | None = None, group=None, agreed: bool = False) -> torch.Tensor:
+def decode_attention(q, k, v, valid, scale: float | None = None, group=None, agreed: bool = False,
+                     exchange: HostAllGather | None = None) -> torch.Tensor:
     """Exact attention of new queries over a KV cache sharded across `group`; q's dtype out.
 
     q: (batch, t, heads, head_dim), the same on every rank; k, v, valid: this rank's cache shard
     (ShardedKVCache.keys_values). Heads of q must be a multiple of the cache's kv_heads.
     agreed: the caller already checked, once for a whole generation (`agree_on_decoding`), that every
     rank decodes the same shapes; then this call is one collective (the merge's all-gather), not two.
+    exchange: the generation's decode_exchange (after the agreement), or None.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     world = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -90,7 +102,7 @@ def decode_attention(q, k, v, valid, scale: float | None = None, group=None, agr
     if not agreed:
         agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, group, problem)
     out, lse = partial_attention(q, k, v, valid, scale)
-    return merge_across_ranks(out, lse, group).to(q.dtype)
+    return merge_across_ranks(out, lse, group, exchange).to(q.dtype)
 
 
 def agree_on_decoding(q_shape, dtype, kv_heads: int, scale: float, group=None, problem=None) -> None:
@@ -99,3 +111,14 @@ def agree_on_decoding(q_shape, dtype, kv_heads: int, scale: float, group=None, p
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     facts = {"q shape": tuple(q_shape), "dtype": str(dtype), "kv_heads": int(kv_heads), "scale": float(scale)}
     agree("burst decode_attention", facts if problem is None else None, problem, group, world)
+
+
+def decode_exchange(q_shape, dtype: torch.dtype, device: torch.device, group=None) -> HostAllGather | None:
+    """Collective, once per generation after agree_on_decoding: the shared-memory all-gather for the
+    merges of queries of shape q_shape (batch, t, heads, head_dim) when the world has several ranks,
+    all on this host and decoding on CPU; None otherwise (then the process group's all-gather)."""
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    if world == 1 or device.type != "cpu":  # the same on every rank: the shapes and dtype were agreed
+        return None
+    b, t, h, d = q_shape
+    return HostAllGather.create(b * t * h * (d + 1), accumulator_dtype(dtype), group)

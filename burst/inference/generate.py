@@ -21,7 +21,7 @@ from .. import api
 from ..layout import local_multiple, shard
 from ..engine.model import Transformer, rotary
 from .cache import ShardedKVCache
-from .decode import agree_on_decoding, decode_attention
+from .decode import agree_on_decoding, decode_attention, decode_exchange
 
 
 @dataclass
@@ -82,11 +82,13 @@ def generate(model: Transformer, prompts: list[list[int]], new_tokens: int, grou
     start = time.perf_counter()
     cfg = model.cfg
     # One check for the whole decode (its shapes do not change between tokens): each layer of each
-    # token is then one collective, the merge's all-gather.
-    agree_on_decoding((len(prompts), 1, cfg.heads, cfg.head_dim), last.dtype, cfg.kv_heads, cfg.head_dim ** -0.5, group)
+    # token is then one collective, the merge's all-gather (through shared memory on one host).
+    q_shape = (len(prompts), 1, cfg.heads, cfg.head_dim)
+    agree_on_decoding(q_shape, last.dtype, cfg.kv_heads, cfg.head_dim ** -0.5, group)
+    exchange = decode_exchange(q_shape, last.dtype, last.device, group) if new_tokens > 1 else None
     for step in range(1, new_tokens):
         pos = torch.tensor(lengths) + step - 1  # the position of the token just produced
-        hidden = _decode_step(model, token, pos, cache, group)
+        hidden = _decode_step(model, token, pos, cache, group, exchange)
         token = _next_token(model.lm_head(hidden).float(), temperature, top_p, gen)
         for row, t in enumerate(token.tolist()):
             out[row].append(t)
@@ -125,14 +127,14 @@ def last_hidden(hidden, positions, lengths, group) -> torch.Tensor:
     return mine
 
 
-def _decode_step(model, token, positions, cache, group) -> torch.Tensor:
+def _decode_step(model, token, positions, cache, group, exchange=None) -> torch.Tensor:
     """One new token per prompt through every layer; returns its hidden state (batch, dim)."""
     cos, sin = rotary(positions[:, None], model.cfg.head_dim, model.cfg.rope_theta)
     x = model.embed(token[:, None])
     for layer, block in enumerate(model.blocks):
         q, k, v = block.attention.project(block.attention_norm(x), cos, sin)
         cache.append(layer, k, v, positions)  # on the rank whose turn it is; attended from this layer on
-        o = decode_attention(q, *cache.keys_values(layer), group=group, agreed=True)
+        o = decode_attention(q, *cache.keys_values(layer), group=group, agreed=True, exchange=exchange)
         x = x + block.attention.wo(o.flatten(2))
         x = x + block.feed_forward(block.ffn_norm(x))
     cache.advance()

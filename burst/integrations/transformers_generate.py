@@ -38,7 +38,7 @@ from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 
 from ..inference import ShardedKVCache, decode_attention
-from ..inference.decode import agree_on_decoding
+from ..inference.decode import agree_on_decoding, decode_exchange
 from ..inference.generate import last_hidden
 from ..layout import LAYOUTS, local_multiple, shard
 from .hf_backends import backend_of
@@ -66,7 +66,7 @@ class ShardedCache(Cache):
         self.name, self.group, self.layout = name, backend.group, backend.layout
         self.world = dist.get_world_size(self.group) if dist.is_initialized() else 1
         self.kv = ShardedKVCache(layers, group=self.group, layout=self.layout, chunk=chunk)
-        self._agreed: set[tuple] = set()  # decode signatures every rank has agreed on (agree_on_decoding)
+        self._agreed: dict[tuple, object] = {}  # decode signature every rank agreed on -> its decode_exchange
         self.seen = 0           # tokens of each row seen so far (prompt + decoded), on all ranks together
         self.prompt_length = 0
         self.phase: str | None = None  # "prefill" or "decode" while a forward runs
@@ -195,8 +195,9 @@ class ShardedCache(Cache):
         signature = (tuple(q.shape), q.dtype, k.shape[2], float(scale))
         if signature not in self._agreed:  # once per generation (and per shape): then one collective per layer
             agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, self.group)
-            self._agreed.add(signature)
-        return decode_attention(q, k, v, valid, scale=scale, group=self.group, agreed=True)
+            self._agreed[signature] = decode_exchange(q.shape, q.dtype, q.device, self.group)
+        return decode_attention(q, k, v, valid, scale=scale, group=self.group, agreed=True,
+                                exchange=self._agreed[signature])
 
 
 def _drop_all_ones_mask(kwargs: dict, name: str) -> None:
