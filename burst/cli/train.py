@@ -50,7 +50,8 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint-split", type=float, default=d.checkpoint_split,
                    help="selective: the fraction of the sequence whose attention is recomputed, in [0, 1]")
     p.add_argument("--ffn-chunk", type=nonnegative_int, default=d.ffn_chunk,
-                   help="blockwise feedforward: tokens per chunk (0 = off)")
+                   help="blockwise feedforward: tokens per chunk, each checkpointed, so the backward holds one "
+                        "chunk's hidden activations (0 = off)")
     p.add_argument("--no-fused-loss", dest="fused_loss", action="store_false",
                    help="build the logits (the baseline of the fused LM head + loss)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="a line per step instead of a bar")
