@@ -122,6 +122,13 @@ def markdown(rows) -> str:
             "- BurstEngine's baselines at 64 GPUs (7B 4M, 14B 2M) ran out of memory at the same tokens per GPU "
             "as their 32-GPU runs that trained; the paper gives no mechanism that grows with the global length, "
             "and the planner's memory does not grow with it.",
+            "- These six fits verdicts do not all hold under a memory model in which a GPU holds its shard of the "
+            "weights and state (W/G), what its own tokens need (a per token) and a fixed c. ring-attention.md's 7B "
+            "rows (W = 16 bytes x 7B in full precision): 8 A100s train 32K tokens per GPU but not 64K, so 14 GB + "
+            "64K a + c > 80 GB; 32 A100s train 128K per GPU, so 3.5 GB + 128K a + c <= 80 GB. Both hold only if "
+            "c > 55 GB (with c = 0: a > 1.0 MB and a < 0.59 MB per token). BurstEngine's baselines: 64 GPUs hold "
+            "fewer weights each than 32 at the same tokens per GPU, so such a model fits them wherever it fits the "
+            "32-GPU runs. The planner sides with the 8-GPU rows and the 32-GPU runs.",
             "- Orderings: DeepSpeed-Ulysses vs LoongTrain's double ring (7B, 2M) and BurstAttention vs USP "
             "attention alone (1M) are near-ties in the plan (ratios 0.97-1.00); DistFlashAttn vs Ulysses at 16K "
             "follows the DistFlashAttn miss above; DistFlashAttn's Table 5 at 2K (HF checkpointing 5% faster) is "
