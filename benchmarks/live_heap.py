@@ -1,7 +1,7 @@
 """Live heap at the peak of a sharded attention call, in shard-sized units: what the algorithm holds.
 
 RSS (run_memory.sh) also counts what glibc keeps after frees and fixed per-process costs; this counts
-the bytes malloc has handed out and not got back (glibc mallinfo2: in-use arena + mmapped chunks),
+the bytes malloc has handed out and not got back (burst.bench.memory.live_heap_bytes: glibc mallinfo2),
 read at the entry and exit of every kernel call, merge and transfer, where the peaks are.
 
     .venv/bin/python benchmarks/live_heap.py [--tokens 16384] [--worlds 1,2,4,8] [--strategies burst,ring]
@@ -15,24 +15,14 @@ the output 1, the gradients 3: 8 units are the floor for any strategy. Linux/gli
 from __future__ import annotations
 
 import argparse
-import ctypes
 
 import torch
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-
-
 def _live_bytes_reader():
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
+    from burst.bench.memory import live_heap_bytes
 
-    def live() -> int:
-        info = libc.mallinfo2()
-        return info.uordblks + info.hblkhd
-    return live
+    return live_heap_bytes
 
 
 def _watch(live, peak: list[int]):
