@@ -7,6 +7,10 @@ which also counts the allocator's and the runtime's own pages.
     reset_peak(device)
     run()
     peak = peak_bytes(device) - floor
+
+On the CPU the resident set moves with glibc's retained pages, not only with what a step holds; the
+ruler that sees tensors there is the live heap (live_heap_bytes: bytes malloc has handed out and not
+got back), read after every op by HeapPeak (benchmarks/engine_memory.py, benchmarks/live_heap.py).
 """
 
 from __future__ import annotations
