@@ -1,7 +1,7 @@
 """The engine's activation memory with a ruler that sees tensors, and the longest sequence in 4 GiB.
 
-    .venv/bin/python benchmarks/engine_memory.py --lengths 8192,16384,32768 --modes none,full,remat,selective
-    .venv/bin/python benchmarks/engine_memory.py --lengths 131072 --modes selective   # one run at a length
+    .venv/bin/python benchmarks/engine_memory.py --lengths 8192,16384,32768 --modes full,remat,selective --ffn-chunk 2048
+    .venv/bin/python benchmarks/engine_memory.py --lengths 262144 --modes selective --ffn-chunk 2048  # one length
     .venv/bin/python benchmarks/engine_memory.py --report      # the tables of benchmarks/engine_memory.md
 
 Each point is a fresh 2-rank world (1 thread per rank) training `burst train --model small`'s model
@@ -9,9 +9,9 @@ Each point is a fresh 2-rank world (1 thread per rank) training `burst train --m
 state), then one step at the length under bench.memory.HeapPeak, which reads glibc's live heap after
 every tensor op. Rank 0's numbers, in MiB: `start` (weights, gradients, optimizer state, process
 heap), `kept` (what the forward leaves for the backward: the live heap at the backward's first op,
-minus start), `forward_peak` and `backward_peak` (the peaks of the step's forward and backward ops, minus
-start) and the ops they came after. Appends one JSON
-line per point to benchmarks/engine/heap.jsonl.
+minus start), `forward_peak` and `backward_peak` (the peaks of the step's forward and backward ops,
+minus start) and the ops they came after, and peak RSS. Appends one JSON line per point to
+benchmarks/engine/heap.jsonl.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def measure(rank: int, world: int, mode: str, seq_len: int, model: str, ffn_chun
     with HeapPeak() as ruler:
         train_step(net, optimizer, batch, cfg, par)
     seconds = time.perf_counter() - started
-    return {"model": model, "mode": mode, "ffn_chunk": ffn_chunk, "seq_len": seq_len, "world": world, "start_mib": ruler.start / MIB,
-            "kept_mib": (ruler.at_backward - ruler.start) / MIB,
+    return {"model": model, "mode": mode, "ffn_chunk": ffn_chunk, "seq_len": seq_len, "world": world,
+            "start_mib": ruler.start / MIB, "kept_mib": (ruler.at_backward - ruler.start) / MIB,
             **{f"{phase}_peak_mib": (ruler.peak[phase] - ruler.start) / MIB for phase in ruler.peak},
             **{f"{phase}_peak_op": ruler.peak_op[phase] for phase in ruler.peak},
             "total_peak_mib": max(ruler.peak.values()) / MIB,
