@@ -10,6 +10,7 @@ head's weight goes to the fused loss (engine/loss.py), so the N x V logits are n
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -57,17 +58,22 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return _Rotary.apply(x, cos, sin)
 
 
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x * rsqrt(mean(x^2) + eps) * weight, the rsqrt per row); low precision normalizes in float32."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    rstd = torch.rsqrt(x.to(acc).pow(2).mean(-1, keepdim=True) + eps)
+    return (x.to(acc) * rstd).to(x.dtype) * weight, rstd
+
+
 class _RMSNormFunction(torch.autograd.Function):
-    """x * rsqrt(mean(x^2) + eps) * weight, saving x and one float per row: autograd through the
-    formula would also keep the normalized x, a second copy of the input per norm."""
+    """_rms_norm saving x and one float per row: autograd through the formula would also keep the
+    normalized x, a second copy of the input per norm."""
 
     @staticmethod
     def forward(ctx, x, weight, eps: float):
-        acc = torch.promote_types(x.dtype, torch.float32)  # low precision normalizes in float32
-        rstd = torch.rsqrt(x.to(acc).pow(2).mean(-1, keepdim=True) + eps)
-        if ctx is not None:
-            ctx.save_for_backward(x, weight, rstd)
-        return (x.to(acc) * rstd).to(x.dtype) * weight
+        out, rstd = _rms_norm(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -88,7 +94,7 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         if torch.is_grad_enabled():
             return _RMSNormFunction.apply(x, self.weight, self.eps)
-        return _RMSNormFunction.forward(None, x, self.weight, self.eps)  # inference: no autograd node
+        return _rms_norm(x, self.weight, self.eps)[0]  # inference: no autograd node to pay for
 
 
 class Attention(nn.Module):
@@ -135,10 +141,10 @@ class FeedForward(nn.Module):
     def forward(self, x):
         if not self.chunk or x.shape[1] <= self.chunk:
             return self._swiglu(x)
-        if not torch.is_grad_enabled():
-            return torch.cat([self._swiglu(part) for part in x.split(self.chunk, dim=1)], dim=1)
-        return torch.cat([checkpoint(self._swiglu, part, use_reentrant=False) for part in x.split(self.chunk, dim=1)],
-                         dim=1)
+        swiglu = self._swiglu
+        if torch.is_grad_enabled():
+            swiglu = functools.partial(checkpoint, self._swiglu, use_reentrant=False)
+        return torch.cat([swiglu(part) for part in x.split(self.chunk, dim=1)], dim=1)
 
 
 class Block(nn.Module):
