@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from .comm.topology import Topology
 from .layout import Segment, segments
-from .masks import MaskSpec, Tile, may_attend, plan_tiles
+from .masks import SUB_TILE, MaskSpec, Tile, TileSizes, may_attend, plan_tiles
 from .schedules.ring import RingSchedule
 
 
@@ -62,7 +62,9 @@ class AttentionCall:
         """Kernel calls for any query runs against any key runs, sized for this call's kernel (at most
         `max_rows` rows each way when given, to bound each call's fresh outputs)."""
         cap = self.kernel.MAX_ROWS if max_rows is None else min(max_rows, self.kernel.MAX_ROWS)
-        return plan_tiles(q_segs, k_segs, self.spec, max_rows=cap)
+        sizes = TileSizes(cap, getattr(self.kernel, "LEAF_ROWS", SUB_TILE),
+                          getattr(self.kernel, "SPLITS_TRIANGLES", False))
+        return plan_tiles(q_segs, k_segs, self.spec, sizes=sizes)
 
     @cached_property
     def mask_key(self) -> tuple:

@@ -7,10 +7,12 @@ that is a clean lower triangle uses the kernel's causal path (which skips the up
 pair of consecutive positions under causal and document masks is cut exactly where the mask changes
 (the other run's ends, the documents' bounds): every piece is then skipped, full or a clean triangle,
 and no tile carries a mask. Other partial pairs (windows, block-sparse, strided runs) are cut into tiles
-of `TILE` rows, and a partial tile again into sub-tiles of `SUB_TILE` rows, so that empty ones are
-skipped, whole ones run without a mask (coalesced along the keys) or on the causal path, and only the
-sub-tiles on a mask's edge carry a dense boolean mask (the CPU kernel spends full time on a masked
-tile, and building the mask costs too).
+of `TILE` rows, and a partial tile is halved each way until its pieces are skipped, whole or a clean
+triangle, or small (`SUB_TILE` rows, or the kernel's `LEAF_ROWS`): empty pieces are skipped, whole ones
+run without a mask (as large as they come, coalesced along the keys) or on the causal path, and only
+the small pieces on a mask's edge carry a dense boolean mask (the CPU kernel spends full time on a
+masked tile, and building the mask costs too). A kernel whose causal path pays for much of the masked
+half (the CPU one) has its triangles halved the same way (`TileSizes.split_triangles`).
 
 Mask kinds (combined with AND):
 - causal: key position <= query position.
@@ -32,9 +34,25 @@ import torch
 from .layout import Segment
 
 TILE = 512  # rows per tile when a block pair is partial: small enough to skip, big enough to run fast
-SUB_TILE = 128  # a partial tile is cut again into sub-tiles of this many rows: only those on a mask's
-# edge carry a mask, the rest run full (coalesced along the keys) or causal, or are skipped
+SUB_TILE = 128  # a partial tile is halved each way until its pieces have at most this many rows: only
+# those on a mask's edge carry a mask, the rest run full (coalesced along the keys) or causal, or are
+# skipped (a kernel may ask for smaller leaves, kernels.*.LEAF_ROWS)
 MAX_TILE = 4096  # default cap on rows per kernel call (each backend sets its own, kernels.*.MAX_ROWS)
+
+
+@dataclass(frozen=True)
+class TileSizes:
+    """How a kernel wants its calls sized.
+
+    max_rows: query or key rows per call at most (bounds each call's fresh outputs).
+    leaf_rows: a partial tile is halved until its pieces have at most this many rows each way.
+    split_triangles: halve causal triangles too (the square between the halves runs full), for a
+    kernel whose causal path pays for much of the masked half.
+    """
+
+    max_rows: int = MAX_TILE
+    leaf_rows: int = SUB_TILE
+    split_triangles: bool = False
 
 
 class Cover(enum.Enum):
@@ -127,7 +145,7 @@ class MaskSpec:
         rest = [c for c in kinds if c is not Cover.FULL]
         if not rest:
             return Cover.FULL
-        if len(rest) == 1 and rest[0] in (Cover.DIAG, Cover.SHIFTED):
+        if len(set(rest)) == 1 and rest[0] in (Cover.DIAG, Cover.SHIFTED):
             return rest[0]
         return Cover.PARTIAL
 
@@ -149,8 +167,11 @@ def _causal_cover(qs: Segment, ks: Segment) -> Cover:
 def _window_cover(qs: Segment, ks: Segment, left: int, right: int) -> Cover:
     if (left >= 0 and ks.last < qs.first - left) or (right >= 0 and ks.first > qs.last + right):
         return Cover.SKIP
-    if (left < 0 or ks.first >= qs.last - left) and (right < 0 or ks.last <= qs.first + right):
+    left_whole = left < 0 or ks.first >= qs.last - left
+    if left_whole and (right < 0 or ks.last <= qs.first + right):
         return Cover.FULL
+    if left_whole and right == 0:  # the right bound is the causal one (key <= query)
+        return _causal_cover(qs, ks)
     return Cover.PARTIAL
 
 
@@ -213,16 +234,19 @@ class Tile:
         return int(self.mask.sum())
 
 
-def plan_tiles(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec, max_rows: int = MAX_TILE) -> list[Tile]:
+def plan_tiles(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec, max_rows: int = MAX_TILE,
+               sizes: TileSizes | None = None) -> list[Tile]:
     """The kernel calls that compute queries `q_segs` against keys `k_segs` under `spec`.
 
     No call has more than `max_rows` query or key rows: kernels return fresh outputs and gradients
     per call, so the cap bounds those temporaries (a tile's dq, dk, dv instead of a whole shard's).
+    `sizes` (whose max_rows then applies instead) also sets the leaves of partial tiles and triangles.
     """
+    sizes = TileSizes(max_rows) if sizes is None else sizes
     tiles: list[Tile] = []
     for qs in q_segs:
         for ks in k_segs:
-            tiles.extend(_plan_pair(qs, ks, spec, max_rows))
+            tiles.extend(_plan_pair(qs, ks, spec, sizes))
     return tiles
 
 
@@ -233,26 +257,28 @@ def may_attend(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec) -> 
     return any(spec.cover(qs, ks) is not Cover.SKIP for qs in q_segs for ks in k_segs)
 
 
-def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, max_rows: int, by_blocks: bool = True,
+def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes, by_blocks: bool = True,
                exact: bool = True) -> list[Tile]:
     cover = Cover.FULL if spec.is_dense else spec.cover(qs, ks)
     if cover is Cover.SKIP:
         return []
-    if qs.length > max_rows or ks.length > max_rows:
-        return _split_pair(qs, ks, spec, max_rows, max_rows, by_blocks)
+    if qs.length > sizes.max_rows or ks.length > sizes.max_rows:
+        return _split_pair(qs, ks, spec, sizes.max_rows, sizes, by_blocks)
     if cover is Cover.SHIFTED:
         # j < i is the causal triangle of queries 1.. against keys ..n-2; query 0 attends nothing here.
         n = qs.length
-        return [Tile(qs.sub(1, n), ks.sub(0, n - 1), Cover.DIAG, spec)] if n > 1 else []
+        return _plan_pair(qs.sub(1, n), ks.sub(0, n - 1), spec, sizes, by_blocks) if n > 1 else []
     if cover is Cover.PARTIAL and exact and _cuts_exactly(qs, ks, spec):
-        return _plan_cut(qs, ks, spec, max_rows)
-    if cover is not Cover.PARTIAL or (qs.length <= SUB_TILE and ks.length <= SUB_TILE):
+        return _plan_cut(qs, ks, spec, sizes)
+    cut = cover is Cover.PARTIAL or (cover is Cover.DIAG and sizes.split_triangles)
+    if not cut or (qs.length <= sizes.leaf_rows and ks.length <= sizes.leaf_rows):
         return _checked(Tile(qs, ks, cover, spec))
     if spec.block_sparse is not None and by_blocks:
-        return _plan_by_blocks(qs, ks, spec, max_rows)
-    if qs.length <= TILE and ks.length <= TILE:  # a partial tile: its edge in sub-tiles
-        return _split_pair(qs, ks, spec, SUB_TILE, max_rows, by_blocks)
-    return _split_pair(qs, ks, spec, min(TILE, max_rows), max_rows, by_blocks)
+        return _plan_by_blocks(qs, ks, spec, sizes)
+    if qs.length <= TILE and ks.length <= TILE:  # halves, so that whole pieces stay as large as can be
+        half = max(sizes.leaf_rows, -(-max(qs.length, ks.length) // 2))
+        return _split_pair(qs, ks, spec, half, sizes, by_blocks)
+    return _split_pair(qs, ks, spec, min(TILE, sizes.max_rows), sizes, by_blocks)
 
 
 def _cuts_exactly(qs: Segment, ks: Segment, spec: MaskSpec) -> bool:
@@ -262,7 +288,7 @@ def _cuts_exactly(qs: Segment, ks: Segment, spec: MaskSpec) -> bool:
     return qs.stride == 1 and ks.stride == 1 and not spec.window and spec.block_sparse is None
 
 
-def _plan_cut(qs: Segment, ks: Segment, spec: MaskSpec, max_rows: int) -> list[Tile]:
+def _plan_cut(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes) -> list[Tile]:
     """`qs` x `ks` cut where the mask changes. With query positions [a, b] and key positions [c, d],
     causal: queries cut at c and d + 1, keys at a and b + 1, so each piece of keys lies before, on or
     after each piece of queries (full, the same positions: a triangle, or skipped); documents: both
@@ -276,13 +302,13 @@ def _plan_cut(qs: Segment, ks: Segment, spec: MaskSpec, max_rows: int) -> list[T
         k_cuts |= set(spec.cu_seqlens)
     q_parts, k_parts = _cut(qs, q_cuts), _cut(ks, k_cuts)
     if len(q_parts) == 1 and len(k_parts) == 1:  # nothing to cut at: the sub-tiles decide
-        return _plan_pair(qs, ks, spec, max_rows, exact=False)
+        return _plan_pair(qs, ks, spec, sizes, exact=False)
     tiles = []
     for qp in q_parts:
         row = []
         for kp in k_parts:
-            row.extend(_plan_pair(qp, kp, spec, max_rows))
-        tiles.extend(_coalesce_full(row, max_rows))
+            row.extend(_plan_pair(qp, kp, spec, sizes))
+        tiles.extend(_coalesce_full(row, sizes.max_rows))
     return tiles
 
 
@@ -293,7 +319,7 @@ def _cut(seg: Segment, positions: set[int]) -> list[Segment]:
     return [seg.sub(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
-def _split_pair(qs: Segment, ks: Segment, spec: MaskSpec, size: int, max_rows: int, by_blocks: bool) -> list[Tile]:
+def _split_pair(qs: Segment, ks: Segment, spec: MaskSpec, size: int, sizes: TileSizes, by_blocks: bool) -> list[Tile]:
     """Plan `qs` x `ks` as sub-pairs of at most `size` rows each way."""
     tiles = []
     for qi in range(0, qs.length, size):
@@ -301,12 +327,12 @@ def _split_pair(qs: Segment, ks: Segment, spec: MaskSpec, size: int, max_rows: i
         row = []
         for ki in range(0, ks.length, size):
             kt = ks.sub(ki, min(ki + size, ks.length))
-            row.extend(_plan_pair(qt, kt, spec, max_rows, by_blocks))
-        tiles.extend(_coalesce_full(row, max_rows))
+            row.extend(_plan_pair(qt, kt, spec, sizes, by_blocks))
+        tiles.extend(_coalesce_full(row, sizes.max_rows))
     return tiles
 
 
-def _plan_by_blocks(qs: Segment, ks: Segment, spec: MaskSpec, max_rows: int) -> list[Tile]:
+def _plan_by_blocks(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes) -> list[Tile]:
     """Tiles along the block-sparse grid: one tile per attended (query block, key block) pair.
 
     Cut at block boundaries, every tile lies inside one block pair, so the block layout alone says
@@ -321,8 +347,8 @@ def _plan_by_blocks(qs: Segment, ks: Segment, spec: MaskSpec, max_rows: int) -> 
     for i, (q_sub, _) in enumerate(q_parts):
         row = []
         for j in attended[i].nonzero().flatten().tolist():
-            row.extend(_plan_pair(q_sub, k_parts[j][0], spec, max_rows, by_blocks=False))
-        tiles.extend(_coalesce_full(row, max_rows))
+            row.extend(_plan_pair(q_sub, k_parts[j][0], spec, sizes, by_blocks=False))
+        tiles.extend(_coalesce_full(row, sizes.max_rows))
     return tiles
 
 

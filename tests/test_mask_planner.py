@@ -16,7 +16,7 @@ import torch
 import burst
 import burst.masks
 from burst.layout import segments, shard_indices
-from burst.masks import MaskSpec, plan_tiles
+from burst.masks import MaskSpec, TileSizes, plan_tiles
 from cases import reference_mask
 
 
@@ -55,6 +55,9 @@ def _painted(tiles, n):
     return grid
 
 
+_SIZES = (TileSizes(burst.masks.MAX_TILE), TileSizes(5), TileSizes(5, 2, True), TileSizes(burst.masks.MAX_TILE, 3, True))
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_tiles_cover_the_mask_exactly(layout, world, monkeypatch):
@@ -64,10 +67,13 @@ def test_tiles_cover_the_mask_exactly(layout, world, monkeypatch):
     for kwargs in _specs(seqlen):
         spec = _spec(kwargs)
         allowed = reference_mask(seqlen, **kwargs)
-        # A cap below the partial-tile size too (the backends cap rows per kernel call).
-        for qr, kr, max_rows in itertools.product(range(world), range(world), (burst.masks.MAX_TILE, 5)):
-            tiles = plan_tiles(segments(layout, qr, world, n), segments(layout, kr, world, n), spec, max_rows)
-            assert all(t.q.length <= max_rows and t.k.length <= max_rows for t in tiles)
+        # A cap below the partial-tile size too (the backends cap rows per kernel call), and partial
+        # tiles and triangles halved down to small leaves (the CPU kernel's sizes, scaled down).
+        for qr, kr, sizes in itertools.product(range(world), range(world), _SIZES):
+            tiles = plan_tiles(segments(layout, qr, world, n), segments(layout, kr, world, n), spec, sizes=sizes)
+            assert all(t.q.length <= sizes.max_rows and t.k.length <= sizes.max_rows for t in tiles)
+            if sizes.split_triangles:
+                assert all(t.q.length <= sizes.leaf_rows for t in tiles if t.causal or t.mask is not None)
             q_idx, k_idx = shard_indices(layout, qr, world, seqlen), shard_indices(layout, kr, world, seqlen)
             want = allowed[q_idx][:, k_idx]
             grid = _painted(tiles, n)

@@ -14,6 +14,12 @@ from .masking import additive_mask, clear_empty_rows
 # Rows per call at most: the op returns fresh out/dq/dk/dv per call, so smaller calls hold less, and
 # on CPU 1024-row calls run as fast as 4096-row ones (measured, 1 thread, 8 heads, dim 64).
 MAX_ROWS = 1024
+# Masked tiles and causal triangles are halved down to 64-row leaves (masks.TileSizes): this op's
+# causal path costs about a whole square up to 512 rows (2.0-2.2x a full pair per attended pair) and
+# 1.5x at 1024; halved to 64-row leaves a 1024-row triangle costs 1.15x, a 256-row one 1.5x (1 thread,
+# 8 heads, dim 64, fwd + bwd, measured).
+LEAF_ROWS = 64
+SPLITS_TRIANGLES = True
 _forward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
