@@ -1,4 +1,8 @@
-"""Turn benchmarks/masks/*.json into benchmarks/masks.md."""
+"""Turn benchmarks/masks/*.json into benchmarks/masks.md (printed; run_masks.sh writes it).
+
+The sections from "## Masked tiles" on are written by hand around report_masked_tiles.py's table:
+they are read from the current benchmarks/masks.md and printed again unchanged.
+"""
 
 import json
 import os
@@ -60,3 +64,9 @@ for layout in ("contiguous", "striped"):
     t = s["fwd_s"] + s["bwd_s"]
     print(f"| {layout} | {s['pairs_total']:,} | {t:.2f} | {s['pairs_fwd_max_over_mean']:.2f} | "
           f"{s['compute_max_over_min']:.2f} | {4 * 8 * 64 * s['pairs_total'] * 3.5 / t / 1e12:.3f} |")
+
+kept_from = "## Masked tiles"
+md = os.path.join(os.path.dirname(here), "masks.md")
+written = open(md).read() if os.path.exists(md) else ""
+if kept_from in written:
+    print("\n" + written[written.index(kept_from):].rstrip())

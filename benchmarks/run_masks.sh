@@ -18,4 +18,5 @@ $B --strategies ring,burst --causal --layout striped --no-baseline --json $out/c
 # Block-sparse (random 25% of 512-token block pairs, diagonal kept) under causal: contiguous vs striped (Fig. 11).
 $B --strategies burst --block-sparse 512,0.25 --causal --layout contiguous --no-baseline --json $out/block_sparse_contiguous.json
 $B --strategies burst --block-sparse 512,0.25 --causal --layout striped --no-baseline --json $out/block_sparse_striped.json
-.venv/bin/python benchmarks/report_masks.py > benchmarks/masks.md
+.venv/bin/python benchmarks/report_masks.py > benchmarks/masks.md.new  # it keeps masks.md's hand-written sections
+mv benchmarks/masks.md.new benchmarks/masks.md
