@@ -15,9 +15,9 @@ from .masking import additive_mask, clear_empty_rows
 # on CPU 1024-row calls run as fast as 4096-row ones (measured, 1 thread, 8 heads, dim 64).
 MAX_ROWS = 1024
 # Masked tiles and causal triangles are halved down to 64-row leaves (masks.TileSizes): this op's
-# causal path costs about a whole square up to 512 rows (2.0-2.2x a full pair per attended pair) and
-# 1.5x at 1024; halved to 64-row leaves a 1024-row triangle costs 1.15x, a 256-row one 1.5x (1 thread,
-# 8 heads, dim 64, fwd + bwd, measured).
+# causal path costs about a whole square up to 512 rows (2.0x a full pair per attended pair) and 1.46x
+# at 1024; halved to 64-row leaves a 1024-row triangle costs 1.11x, a 256-row one 1.53x (1 thread,
+# 8 heads, dim 64, fwd + bwd: benchmarks/triangle_leaves.py, table in benchmarks/masks.md).
 LEAF_ROWS = 64
 SPLITS_TRIANGLES = True
 _forward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
