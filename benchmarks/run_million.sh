@@ -10,6 +10,7 @@ out=benchmarks/million
 mkdir -p "$out"
 n=${BURST_MILLION_TOKENS:-1048576}
 { date -u +"start %Y-%m-%dT%H:%M:%SZ"
+  echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- burst || echo ' (burst/ modified)')"
   MALLOC_MMAP_THRESHOLD_=1048576 nice -n 10 .venv/bin/burst bench --seq-len "$n" --heads 1 --head-dim 64 \
     --dtype float32 --causal --layout zigzag --nproc 8 --threads 1 --strategies burst --repeats 0 \
     --no-baseline --json "$out/burst_$n.json"
