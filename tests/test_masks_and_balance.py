@@ -1,8 +1,9 @@
 """Layouts (zigzag, striped), masks (windows, packed documents, block-sparse) and DistFlashAttn,
 on local gloo worlds against float64 attention with the same mask; work balance and early stop.
 
-One world per size; every strategy x layout x mask runs inside it. burst.masks.TILE is lowered so
-that these short sequences exercise the tiling of partial blocks (skip / full / partial tiles).
+One world per size; every strategy x layout x mask runs inside it. burst.masks.TILE and the CPU
+kernel's leaf size are lowered so that these short sequences exercise the tiling of partial blocks
+(skip / full / partial tiles, halved down to leaves) and the halving of causal triangles.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 import burst
+import burst.kernels.cpu_flash
 import burst.masks
 from cases import (assert_within_bounds, full_inputs, reference_grads, reference_mask, sharded_errors,
                    strategy_kwargs)
@@ -46,6 +48,7 @@ def _masks(seqlen):
 
 def _correctness(rank, world, layouts, strategies, dtypes, kv_heads_list):
     burst.masks.TILE = 4
+    burst.kernels.cpu_flash.LEAF_ROWS = 2
     results = []
     seqlen = N_LOCAL * world
     for name, kwargs in _masks(seqlen).items():
