@@ -51,6 +51,8 @@ def main() -> None:
     lens = [int(x) for x in sys.argv[1].split(",")]
     chunks = sys.argv[2].split(",")
     repeats = int(sys.argv[3]) if len(sys.argv) > 3 else 9
+    if repeats < 2:
+        sys.exit("chunk_sweep.py: REPEATS must be at least 2 (a cell is a median with quartiles)")
     ratios = run_world(_rank, lens, chunks, repeats, nproc=2, threads=1)
     names = [f"burst:{c}" for c in chunks]
     print(f"| rows per shard | mask | {' | '.join(chunks)} | ring bwd s (median) |")
