@@ -29,9 +29,10 @@ class Options:
 
 # Planned tiles by (mask, query runs, key runs, sizes): every layer of a model plans the same block
 # pairs at every step, and a masked plan takes milliseconds (a window's 8K-row shard: ~4 ms per block
-# pair). Bounded by the bytes its plans hold (a partial tile's mask is q x k bools), not by entries.
+# pair). Bounded by the bytes its plans hold (a partial tile's mask is q x k bools), not by entries;
+# a plan over 1/16 of the bound is not kept (huge shards plan in a negligible share of their compute).
 _TILE_CACHE: dict = {}
-TILE_CACHE_BYTES = 64 << 20  # past it the cache is emptied
+TILE_CACHE_BYTES = 16 << 20  # past it the cache is emptied
 TILE_BYTES = 400  # a Tile, its two Segments and its dict, roughly
 _cached_bytes = 0
 
@@ -47,6 +48,8 @@ def _cached_tiles(key, make: Callable[[], tuple[Tile, ...]]) -> tuple[Tile, ...]
     if tiles is None:
         tiles = make()
         nbytes = _plan_bytes(tiles)
+        if nbytes > TILE_CACHE_BYTES // 16:
+            return tiles
         if _cached_bytes + nbytes > TILE_CACHE_BYTES:
             _TILE_CACHE.clear()
             _cached_bytes = 0
