@@ -11,6 +11,7 @@ import torch.distributed as dist
 from .comm.topology import Topology
 from .layout import Segment, segments
 from .masks import SUB_TILE, Cover, MaskSpec, Tile, TileSizes, may_attend, plan_tiles
+from .schedules.chunk_stream import BoundedCache
 from .schedules.ring import RingSchedule
 
 
@@ -27,35 +28,19 @@ class Options:
         return asdict(self)
 
 
-# Planned tiles by (mask, query runs, key runs, sizes): every layer of a model plans the same block
-# pairs at every step, and a masked plan takes milliseconds (a window's 8K-row shard: ~4 ms per block
-# pair). Bounded by the bytes its plans hold (a partial tile's mask is q x k bools), not by entries;
-# a plan over 1/16 of the bound is not kept (huge shards plan in a negligible share of their compute).
-_TILE_CACHE: dict = {}
-TILE_CACHE_BYTES = 16 << 20  # past it the cache is emptied
 TILE_BYTES = 400  # a Tile, its two Segments and its dict, roughly
-_cached_bytes = 0
 
 
 def _plan_bytes(tiles) -> int:
+    """What a plan holds: its tiles, and each partial tile's mask (q x k bools)."""
     return sum(TILE_BYTES + (t.q.length * t.k.length if t.cover is Cover.PARTIAL else 0) for t in tiles)
 
 
-def _cached_tiles(key, make: Callable[[], tuple[Tile, ...]]) -> tuple[Tile, ...]:
-    """make()'s plan, made once per key (the tuple is shared: callers only read it)."""
-    global _cached_bytes
-    tiles = _TILE_CACHE.get(key)
-    if tiles is None:
-        tiles = make()
-        nbytes = _plan_bytes(tiles)
-        if nbytes > TILE_CACHE_BYTES // 16:
-            return tiles
-        if _cached_bytes + nbytes > TILE_CACHE_BYTES:
-            _TILE_CACHE.clear()
-            _cached_bytes = 0
-        _TILE_CACHE[key] = tiles
-        _cached_bytes += nbytes
-    return tiles
+# Planned tiles by (mask, query runs, key runs, sizes): every layer of a model plans the same block
+# pairs at every step, and a masked plan takes milliseconds (a window's 8K-row shard: ~4 ms per block
+# pair). Bounded by the bytes its plans hold; a plan over 1 MiB is not kept (huge shards plan in a
+# negligible share of their compute).
+_TILES = BoundedCache(16 << 20, size=_plan_bytes, largest=1 << 20)
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,7 +81,7 @@ class AttentionCall:
         sizes = TileSizes(cap, getattr(self.kernel, "LEAF_ROWS", SUB_TILE),
                           getattr(self.kernel, "SPLITS_TRIANGLES", False))
         key = (self.spec.key, tuple(q_segs), tuple(k_segs), sizes)
-        return _cached_tiles(key, lambda: tuple(plan_tiles(q_segs, k_segs, self.spec, sizes=sizes)))
+        return _TILES.get(key, lambda: tuple(plan_tiles(q_segs, k_segs, self.spec, sizes=sizes)))  # shared: read only
 
     @cached_property
     def mask_key(self) -> tuple:

@@ -100,21 +100,41 @@ def _grouped(parts: list[tuple[int, int]], groups: int) -> tuple[tuple[int, int]
 CACHE_LIMIT = 256  # entries a plan cache keeps: a model's layers share a few, each new mask adds one
 
 
-def memoized(cache: dict, key, make: Callable[[], Any]) -> Any:
-    """cache[key], made by make() the first time. The cache is emptied when it holds CACHE_LIMIT
-    entries: packed documents bring a new mask with every batch, which would grow it without end."""
-    if key not in cache:
-        if len(cache) >= CACHE_LIMIT:
-            cache.clear()
-        cache[key] = make()
-    return cache[key]
+class BoundedCache:
+    """Values made once per key, all dropped at once when what they hold would pass `limit`: packed
+    documents bring a new mask with every batch, which would grow a plain cache without end.
+
+    size(value): what a value counts against the limit (default 1: the limit counts entries).
+    largest: a value counting more is made every time and never kept (default: no such bound).
+    """
+
+    def __init__(self, limit: int, size: Callable[[Any], int] | None = None, largest: int | None = None):
+        self.limit, self.largest = limit, largest
+        self._size = size or (lambda value: 1)
+        self._values: dict = {}
+        self._held = 0
+
+    def get(self, key, make: Callable[[], Any]) -> Any:
+        """The value under `key`, made by make() the first time."""
+        if key in self._values:
+            return self._values[key]
+        value = make()
+        size = self._size(value)
+        if self.largest is not None and size > self.largest:
+            return value
+        if self._held + size > self.limit:
+            self._values.clear()
+            self._held = 0
+        self._values[key] = value
+        self._held += size
+        return value
 
 
-_PLANS: dict = {}  # plan_stream's results by (plan_key, schedule, local_len, chunk_rows)
+_PLANS = BoundedCache(CACHE_LIMIT)  # plan_stream's results by (plan_key, schedule, local_len, chunk_rows)
 
 
 def cached_plan(plan_key, schedule: RingSchedule, local_len: int, chunk_rows: int, needs) -> list[StreamStep]:
     """plan_stream, once per key: every layer of a model asks for the same plan at every step, and
     planning asks `needs` up to a few thousand times. plan_key must fix what `needs` answers."""
-    return memoized(_PLANS, (plan_key, schedule, local_len, chunk_rows),
-                    lambda: plan_stream(schedule, local_len, chunk_rows, needs))
+    return _PLANS.get((plan_key, schedule, local_len, chunk_rows),
+                      lambda: plan_stream(schedule, local_len, chunk_rows, needs))

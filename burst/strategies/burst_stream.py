@@ -42,7 +42,7 @@ from ..comm.p2p import Transfer, exchange, tagged
 from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators
 from ..kernels.attend import attend_backward, attend_forward
 from ..masks import may_attend
-from ..schedules.chunk_stream import cached_plan, default_chunk_rows, memoized, plan_stream, row_chunks
+from ..schedules.chunk_stream import CACHE_LIMIT, BoundedCache, cached_plan, default_chunk_rows, plan_stream, row_chunks
 from ..schedules.ring import RingSchedule
 
 
@@ -63,7 +63,7 @@ def key_chunk_needed(call: AttentionCall, src: int, dst: int, start: int, stop: 
     return may_attend(call.segments(dst), call.chunk_segments(src, start, stop), call.spec)
 
 
-_PARTLY_NEEDED: dict = {}  # keys_partly_needed's answers by (mask_key, rows)
+_PARTLY_NEEDED = BoundedCache(CACHE_LIMIT)  # keys_partly_needed's answers by (mask_key, rows)
 
 
 def keys_partly_needed(call: AttentionCall, rows: int) -> bool:
@@ -76,7 +76,7 @@ def keys_partly_needed(call: AttentionCall, rows: int) -> bool:
                    and not all(key_chunk_needed(call, src, dst, a, b) for a, b in chunks)
                    for dst in range(call.world) for src in range(call.world) if src != dst)
 
-    return memoized(_PARTLY_NEEDED, (call.mask_key, rows), decide)
+    return _PARTLY_NEEDED.get((call.mask_key, rows), decide)
 
 
 def served_forward(call: AttentionCall, rows: int, q, k, v):
