@@ -234,15 +234,14 @@ class Tile:
         return int(self.mask.sum())
 
 
-def plan_tiles(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec, max_rows: int = MAX_TILE,
-               sizes: TileSizes | None = None) -> list[Tile]:
+def plan_tiles(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec,
+               sizes: TileSizes = TileSizes()) -> list[Tile]:
     """The kernel calls that compute queries `q_segs` against keys `k_segs` under `spec`.
 
-    No call has more than `max_rows` query or key rows: kernels return fresh outputs and gradients
-    per call, so the cap bounds those temporaries (a tile's dq, dk, dv instead of a whole shard's).
-    `sizes` (whose max_rows then applies instead) also sets the leaves of partial tiles and triangles.
+    No call has more than `sizes.max_rows` query or key rows: kernels return fresh outputs and
+    gradients per call, so the cap bounds those temporaries (a tile's dq, dk, dv instead of a whole
+    shard's). `sizes` also sets the leaves of partial tiles and triangles.
     """
-    sizes = TileSizes(max_rows) if sizes is None else sizes
     tiles: list[Tile] = []
     for qs in q_segs:
         for ks in k_segs:

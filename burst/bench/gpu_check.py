@@ -55,7 +55,7 @@ from burst.kernels import (cpu_flash, cuda_flash_attn, cuda_sdpa, lse_for_backwa
 from burst.check import max_over_ranks
 from burst.launch import spawn_world
 from burst.layout import Segment
-from burst.masks import BlockSparseMask, MaskSpec, plan_tiles
+from burst.masks import BlockSparseMask, MaskSpec, TileSizes, plan_tiles
 
 MASK_KINDS = ("full", "causal", "window", "documents", "block_sparse")
 # Section 1 also runs striped causal across ranks: rank 0's queries (positions 0, 2, ...) against rank
@@ -343,7 +343,7 @@ def block_step(kernel, q, k, v, dout, spec: MaskSpec, scale: float, max_rows: in
     positions the blocks hold (layout.Segment runs; default the whole sequence)."""
     q_segs = q_segs or [Segment(0, q.shape[1], 0)]
     k_segs = k_segs or [Segment(0, k.shape[1], 0)]
-    tiles = plan_tiles(q_segs, k_segs, spec, max_rows)
+    tiles = plan_tiles(q_segs, k_segs, spec, TileSizes(max_rows))
     out_acc, lse = empty_accumulators(q)
     attend_forward(kernel, q, k, v, tiles, out_acc, lse, scale)
     out = out_acc.to(q.dtype)
@@ -649,7 +649,7 @@ def block_step_runner(q, k, v, dout, causal: bool, device):
     """The whole sequence as one block pair through the block step, tiles of the kernel's call size."""
     kernel = select_kernel(device, q.dtype)
     segs = [Segment(0, q.shape[1], 0)]
-    tiles = plan_tiles(segs, segs, MaskSpec(causal=causal), kernel.MAX_ROWS)
+    tiles = plan_tiles(segs, segs, MaskSpec(causal=causal), TileSizes(kernel.MAX_ROWS))
     scale = q.shape[-1] ** -0.5
     state = {}
 
