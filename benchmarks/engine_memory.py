@@ -32,7 +32,27 @@ MIB = 2**20
 BUDGET_MIB = 4096  # the live heap a rank may hold: weights, gradients, AdamW state, activations
 
 
-def measure(rank: int, world: int, mode: str, seq_len: int, model: str, ffn_chunk: int) -> dict:
+def _row(ruler, model: str, mode: str, ffn_chunk: int, seq_len: int, world: int) -> dict:
+    """What the ruler has measured, in MiB above the step's start (totals where named so)."""
+    return {"model": model, "mode": mode, "ffn_chunk": ffn_chunk, "seq_len": seq_len, "world": world,
+            "start_mib": ruler.start / MIB,
+            "kept_mib": None if ruler.at_backward is None else (ruler.at_backward - ruler.start) / MIB,
+            **{f"{phase}_peak_mib": (ruler.peak[phase] - ruler.start) / MIB for phase in ruler.peak},
+            **{f"{phase}_peak_op": ruler.peak_op[phase] for phase in ruler.peak},
+            **{f"{phase}_peak_s": ruler.peak_s[phase] for phase in ruler.peak},
+            "total_peak_mib": max(ruler.peak.values()) / MIB,
+            "timeline": [(round(t, 1), phase, round(live / MIB, 1)) for t, phase, live in ruler.timeline]}
+
+
+def _write_partial(path: str, row: dict) -> None:
+    """Replace `path` with the row so far (a run stopped before the step ends leaves this)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(row, f)
+    os.replace(path + ".tmp", path)
+
+
+def measure(rank: int, world: int, mode: str, seq_len: int, model: str, ffn_chunk: int,
+            interval_s: float = 0.0) -> dict:
     from burst.bench.memory import HeapPeak, peak_bytes, reset_peak
     from burst.engine.parallel import setup
     from burst.engine.train import TokenSource, TrainConfig, build, train_step
@@ -47,15 +67,21 @@ def measure(rank: int, world: int, mode: str, seq_len: int, model: str, ffn_chun
     batch = TokenSource(cfg, net.cfg.vocab_size).batch(1)
     gc.collect()
     reset_peak(torch.device("cpu"))
+    partial = os.path.join(os.path.dirname(OUT), f"partial-{mode}-{seq_len}.json")
+
+    def progress(ruler):
+        if rank == 0:
+            _write_partial(partial, {**_row(ruler, model, mode, ffn_chunk, seq_len, world), "finished": False,
+                                     "rss_peak_mib": peak_bytes(torch.device("cpu")) / MIB,
+                                     "elapsed_s": time.perf_counter() - started})
+
     started = time.perf_counter()
-    with HeapPeak() as ruler:
+    with HeapPeak(interval_s, progress if interval_s > 0 else None) as ruler:
         train_step(net, optimizer, batch, cfg, par)
     seconds = time.perf_counter() - started
-    return {"model": model, "mode": mode, "ffn_chunk": ffn_chunk, "seq_len": seq_len, "world": world,
-            "start_mib": ruler.start / MIB, "kept_mib": (ruler.at_backward - ruler.start) / MIB,
-            **{f"{phase}_peak_mib": (ruler.peak[phase] - ruler.start) / MIB for phase in ruler.peak},
-            **{f"{phase}_peak_op": ruler.peak_op[phase] for phase in ruler.peak},
-            "total_peak_mib": max(ruler.peak.values()) / MIB,
+    if rank == 0 and os.path.exists(partial):
+        os.remove(partial)  # the step ended: its row goes to heap.jsonl
+    return {**_row(ruler, model, mode, ffn_chunk, seq_len, world),
             "rss_peak_mib": peak_bytes(torch.device("cpu")) / MIB, "step_s": seconds}
 
 
@@ -103,6 +129,9 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--ffn-chunk", type=int, default=0, help="blockwise feedforward: tokens per chunk (0 = off)")
     parser.add_argument("--commit", default="", help="recorded with each row")
+    parser.add_argument("--interval", type=float, default=0.0,
+                        help="seconds per timeline interval of the live heap; > 0 also writes "
+                             "benchmarks/engine/partial-MODE-LEN.json as the step goes (0 = off)")
     parser.add_argument("--report", action="store_true", help="print the tables from the recorded points")
     args = parser.parse_args()
     if args.report:
@@ -114,7 +143,7 @@ def main() -> None:
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     for seq_len in (int(n) for n in args.lengths.split(",")):
         for mode in args.modes.split(","):
-            row = run_world(measure, mode, seq_len, args.model, args.ffn_chunk, nproc=args.nproc, threads=1,
+            row = run_world(measure, mode, seq_len, args.model, args.ffn_chunk, args.interval, nproc=args.nproc, threads=1,
                             env={"MALLOC_MMAP_THRESHOLD_": "1048576"})
             row["commit"] = args.commit
             print(json.dumps(row), flush=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import resource
+import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -86,17 +87,26 @@ class HeapPeak(TorchDispatchMode):
 
     Peaks are kept apart for ops run outside and inside an autograd backward ("forward" and
     "backward"); at_backward is the live heap when the first backward op ran, i.e. what the forward
-    keeps for the backward (plus the loss). Reading mallinfo2 after each op costs microseconds per
-    op: a measurement tool, not for timed runs. A peak inside one op (its scratch) is not seen, only
-    what the op returns while its inputs are alive.
+    keeps for the backward (plus the loss). peak_s says when each peak came (seconds from the start).
+    Reading mallinfo2 after each op costs microseconds per op: a measurement tool, not for timed runs.
+    A peak inside one op (its scratch) is not seen, only what the op returns while its inputs are alive.
+
+    With `interval_s`, the ruler also keeps a timeline: each interval's highest live heap, as
+    (seconds at the interval's end, phase, bytes), and calls `on_interval(ruler)` after each, so a
+    run too long to finish can leave what it measured so far.
     """
 
-    def __init__(self):
+    def __init__(self, interval_s: float = 0.0, on_interval=None):
         super().__init__()
+        self._t0 = time.perf_counter()
         self.start = live_heap_bytes()
         self.peak = {"forward": self.start, "backward": self.start}
         self.peak_op = {"forward": None, "backward": None}
+        self.peak_s = {"forward": 0.0, "backward": 0.0}
         self.at_backward = None
+        self.interval_s, self.on_interval = interval_s, on_interval
+        self.timeline: list[tuple[float, str, int]] = []
+        self._interval_top, self._interval_end = 0, interval_s
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         phase = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
@@ -106,4 +116,16 @@ class HeapPeak(TorchDispatchMode):
         live = live_heap_bytes()
         if live > self.peak[phase]:
             self.peak[phase], self.peak_op[phase] = live, str(func)
+            self.peak_s[phase] = time.perf_counter() - self._t0
+        if self.interval_s > 0:
+            self._keep_timeline(phase, live)
         return out
+
+    def _keep_timeline(self, phase: str, live: int) -> None:
+        self._interval_top = max(self._interval_top, live)
+        now = time.perf_counter() - self._t0
+        if now >= self._interval_end:
+            self.timeline.append((now, phase, self._interval_top))
+            self._interval_top, self._interval_end = 0, now + self.interval_s
+            if self.on_interval is not None:
+                self.on_interval(self)
