@@ -43,3 +43,29 @@ def test_calibration_is_saved_and_read_by_the_local_profile(tmp_path):
     assert result["flops"] > 1e8 and result["bandwidth"] > 1e6 and result["latency"] >= 0
     local = calibrated_local(path)
     assert local.flops == result["flops"] and local.inter_bw == result["bandwidth"]
+
+
+def test_heap_peak_sees_a_tensor_held_in_each_phase_and_keeps_a_timeline():
+    """The engine's memory ruler (benchmarks/engine_memory.py): a 64 MiB tensor alive during the forward
+    and a 32 MiB one made in the backward show in each phase's peak; the timeline and progress calls
+    come as the region goes."""
+    import torch
+
+    from burst.bench.memory import HeapPeak
+
+    mib = 2**20
+    x = torch.ones(1024, requires_grad=True)
+    calls = []
+    with HeapPeak(interval_s=1e-9, on_interval=calls.append) as ruler:
+        held = torch.ones(16 * mib)  # 64 MiB of float32, alive until after the backward
+        y = (x * 2).sum()
+        x.register_hook(lambda g: g + torch.zeros(8 * mib).sum())  # 32 MiB made inside the backward
+        y.backward()
+        del held
+    assert ruler.peak["forward"] - ruler.start >= 64 * mib
+    assert ruler.peak["backward"] - ruler.at_backward >= 32 * mib - mib
+    assert ruler.at_backward - ruler.start >= 64 * mib  # what the forward left alive
+    assert 0 <= ruler.peak_s["forward"] <= ruler.peak_s["backward"]
+    assert calls and len(ruler.timeline) == len(calls)
+    assert {phase for _, phase, _ in ruler.timeline} == {"forward", "backward"}
+    assert max(live for _, _, live in ruler.timeline) == max(ruler.peak.values())
