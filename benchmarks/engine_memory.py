@@ -3,6 +3,10 @@
     .venv/bin/python benchmarks/engine_memory.py --lengths 8192,16384,32768 --modes full,remat,selective --ffn-chunk 2048
     .venv/bin/python benchmarks/engine_memory.py --lengths 262144 --modes selective --ffn-chunk 2048  # one length
     .venv/bin/python benchmarks/engine_memory.py --report      # the tables of benchmarks/engine_memory.md
+    .venv/bin/python benchmarks/engine_memory.py --lengths 417792 --modes remat --ffn-chunk 2048 --interval 20
+    .venv/bin/python benchmarks/engine_memory.py --keep-partial benchmarks/engine/partial-remat-417792.json --commit C
+        # a step too long for a session: stopped once its top layer's backward has passed (the step's peak,
+        # see the timeline table), its partial row kept
 
 Each point is a fresh 2-rank world (1 thread per rank) training `burst train --model small`'s model
 (burst zigzag, fused loss, fp32): one warm-up step at 256 tokens (it creates the gradients and AdamW's
@@ -98,14 +102,16 @@ def report(rows: list[dict]) -> str:
     lines = ["| code | checkpointing | ffn chunk | tokens | kept | forward peak | backward peak | peak live heap "
              "(total) | peak RSS | step s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        step = f"{r['step_s']:.0f}" if r.get("finished", True) else f"stopped at {r['elapsed_s']:.0f}"
         lines.append(f"| {r['commit']} | {r['mode']} | {r['ffn_chunk']} | {r['seq_len']} | {r['kept_mib']:.0f} | "
                      f"{r['forward_peak_mib']:.0f} | {r['backward_peak_mib']:.0f} | {r['total_peak_mib']:.0f} | "
-                     f"{r['rss_peak_mib']:.0f} | {r['step_s']:.0f} |")
+                     f"{r['rss_peak_mib']:.0f} | {step} |")
     lines += ["", "| code | checkpointing | kept MiB per 1K tokens | backward peak MiB per 1K tokens | "
               f"tokens at {BUDGET_MIB} MiB of live heap (line through the points) | longest run |", "|---|---|---|---|---|---|"]
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["commit"], r["mode"]), []).append(r)
+        if r.get("finished", True):  # a stopped step is not on the line (its own rows say what it reached)
+            groups.setdefault((r["commit"], r["mode"]), []).append(r)
     for (commit, mode), points in groups.items():
         if len({p["seq_len"] for p in points}) < 2:
             continue
@@ -118,7 +124,23 @@ def report(rows: list[dict]) -> str:
             fits.append(last_len + (BUDGET_MIB - last_peak) / grows[phase] * 1024)
         lines.append(f"| {commit} | {mode} | {kept:.1f} | {grows['backward']:.1f} | {min(fits) / 1000:.0f}K | "
                      f"{max(p['seq_len'] for p in points)} |")
+    lines += ["", "| code | checkpointing | tokens | backward under way by (s) | each layer's backward peak, live heap MiB "
+              "(seconds) | step s |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("timeline"):
+            began = next((t for t, phase, _ in r["timeline"] if phase == "backward"), None)
+            spikes = ", ".join(f"{mib:.0f} ({t:.0f})" for t, mib in layer_spikes(r["timeline"]))
+            step = f"{r['step_s']:.0f}" if r.get("finished", True) else f"stopped at {r['elapsed_s']:.0f}"
+            lines.append(f"| {r['commit']} | {r['mode']} | {r['seq_len']} | {began} | {spikes} | {step} |")
     return "\n".join(lines)
+
+
+def layer_spikes(timeline: list, drop_mib: float = 16.0) -> list[tuple[float, float]]:
+    """The backward's sawtooth tops: each interval whose live heap the next interval undercuts by more than
+    `drop_mib` (a layer's recompute and gradients freed), as (seconds, MiB). The backward walks the
+    layers top-down, so the i-th top is the i-th layer from the top."""
+    back = [(t, mib) for t, phase, mib in timeline if phase == "backward"]
+    return [(t, mib) for (t, mib), (_, after) in zip(back, back[1:]) if mib > after + drop_mib]
 
 
 def main() -> None:
@@ -133,7 +155,16 @@ def main() -> None:
                         help="seconds per timeline interval of the live heap; > 0 also writes "
                              "benchmarks/engine/partial-MODE-LEN.json as the step goes (0 = off)")
     parser.add_argument("--report", action="store_true", help="print the tables from the recorded points")
+    parser.add_argument("--keep-partial", metavar="FILE",
+                        help="append a stopped step's partial-MODE-LEN.json to the recorded points (with --commit)")
     args = parser.parse_args()
+    if args.keep_partial:
+        with open(args.keep_partial) as f:
+            row = {**json.load(f), "commit": args.commit}
+        with open(OUT, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        os.remove(args.keep_partial)
+        return
     if args.report:
         print(report([json.loads(line) for line in open(OUT)]))
         return
