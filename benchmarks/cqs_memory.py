@@ -1,9 +1,8 @@
 """benchmarks/cqs.md, measured section: bytes sent and live-heap peak per rank, cqs vs burst vs ring.
 
 Real ranks (gloo, one thread each), forward + backward, full mask, fp32. Bytes are CommStats's count
-(forward and backward phases); the peak is benchmarks/live_heap.py's count (glibc live heap at entry
-and exit of every kernel call, merge and transfer; for cqs also its exchanges' waits and its merges),
-in units of one rank's q shard; the caller's q, k, v, dO count as the 4 units they are.
+(forward and backward phases); the peak is benchmarks/live_heap.py's count (glibc live heap after every
+tensor op, burst.bench.memory.HeapPeak), in units of one rank's q shard; the caller's q, k, v, dO count as the 4 units they are.
 
     flock /tmp/burst_bench.lock .venv/bin/python benchmarks/cqs_memory.py --worlds 1,2,3,4,5,7,8
 """
@@ -18,29 +17,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from live_heap import measure_worlds  # noqa: E402
 
 
-def _watch_cqs(live, peak):
-    import burst.strategies.cqs as mod
-
-    inner_exchange, inner_merge = mod.exchange, mod.merge_partial
-
-    def exchange(*args, **kwargs):
-        handle = inner_exchange(*args, **kwargs)
-        inner_wait = handle.wait
-
-        def wait(*a, **k):
-            try:
-                return inner_wait(*a, **k)
-            finally:
-                peak[0] = max(peak[0], live())
-        handle.wait = wait
-        return handle
-
-    def merge_partial(*args, **kwargs):
-        peak[0] = max(peak[0], live())
-        return inner_merge(*args, **kwargs)
-    mod.exchange, mod.merge_partial = exchange, merge_partial
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4200)  # divisible by 1..8 except... 4200 = 2^3 3 5^2 7
@@ -52,8 +28,7 @@ def main():
     args = parser.parse_args()
     strategies = args.strategies.split(",")
     worlds = [int(w) for w in args.worlds.split(",")]
-    results = measure_worlds(worlds, args.tokens, args.heads, args.dim, strategies, causal=False,
-                             watch_more=_watch_cqs)
+    results = measure_worlds(worlds, args.tokens, args.heads, args.dim, strategies, causal=False)
     lines = [f"{args.tokens} tokens, {args.heads} heads, dim {args.dim}, fp32, full mask, forward + backward; "
              "in units of one rank's q shard (tokens/G x heads x dim x 4 bytes), max over ranks.", "",
              "| G | strategy | sent forward | sent backward | live-heap peak |", "|---|---|---|---|---|"]

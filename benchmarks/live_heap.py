@@ -1,8 +1,8 @@
 """Live heap at the peak of a sharded attention call, in shard-sized units: what the algorithm holds.
 
 RSS (run_memory.sh) also counts what glibc keeps after frees and fixed per-process costs; this counts
-the bytes malloc has handed out and not got back (burst.bench.memory.live_heap_bytes: glibc mallinfo2),
-read at the entry and exit of every kernel call, merge and transfer, where the peaks are.
+the bytes malloc has handed out and not got back (glibc mallinfo2), read after every tensor op by
+burst.bench.memory.HeapPeak (the ruler of benchmarks/engine_memory.py).
 
     .venv/bin/python benchmarks/live_heap.py [--tokens 16384] [--worlds 1,2,4,8] [--strategies burst,ring]
 
@@ -19,45 +19,12 @@ import argparse
 import torch
 
 
-def _live_bytes_reader():
-    from burst.bench.memory import live_heap_bytes
-
-    return live_heap_bytes
-
-
-def _watch(live, peak: list[int]):
-    """Wrap the functions where memory peaks so that each records live bytes at entry and exit."""
-    import burst.kernels.attend
-    import burst.comm.ring
-    import burst.kernels.cpu_flash
-
-    def wrap(owner, name):
-        inner = getattr(owner, name)
-
-        def watched(*args, **kwargs):
-            peak[0] = max(peak[0], live())
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                peak[0] = max(peak[0], live())
-        setattr(owner, name, watched)
-
-    for owner, name in [(burst.kernels.cpu_flash, "forward"), (burst.kernels.cpu_flash, "backward"),
-                        (burst.kernels.attend, "merge_partial"), (burst.kernels.attend, "out_from_delta"),
-                        (burst.comm.ring.RingComm, "send_recv"), (burst.comm.ring.RingComm, "wait")]:
-        wrap(owner, name)
-
-
-def measure(rank, world, tokens, heads, dim, strategies, causal=True, watch_more=None):
+def measure(rank, world, tokens, heads, dim, strategies, causal=True):
     """On one rank of a world: per strategy, (live-heap peak, units sent forward, units sent backward)
-    of one forward + backward after a warm-up pass, in units of one rank's q shard. watch_more(live,
-    peak) wraps further functions whose exit may be a peak (a strategy's own exchanges)."""
+    of one forward + backward after a warm-up pass, in units of one rank's q shard."""
     import burst
+    from burst.bench.memory import HeapPeak, live_heap_bytes
 
-    live, peak = _live_bytes_reader(), [0]
-    _watch(live, peak)
-    if watch_more is not None:
-        watch_more(live, peak)
     unit = tokens // world * heads * dim * 4
     gen = torch.Generator().manual_seed(rank)
     results = {}
@@ -67,12 +34,11 @@ def measure(rank, world, tokens, heads, dim, strategies, causal=True, watch_more
             q, k, v, dout = (torch.randn(1, tokens // world, heads, dim, generator=gen) for _ in range(4))
             for t in (q, k, v):
                 t.requires_grad_()
-            base = live() - 4 * unit  # count the caller's q, k, v, dout as the 4 units they are
-            peak[0] = 0
-            with burst.CommStats() as stats:
+            base = live_heap_bytes() - 4 * unit  # count the caller's q, k, v, dout as the 4 units they are
+            with burst.CommStats() as stats, HeapPeak() as ruler:
                 burst.attention(q, k, v, causal=causal, **_strategy_kwargs(strategy)).backward(dout)
             if measured:
-                results[strategy] = ((peak[0] - base) / unit, stats.sent("forward") / unit,
+                results[strategy] = ((max(ruler.peak.values()) - base) / unit, stats.sent("forward") / unit,
                                      stats.sent("backward") / unit)
             del q, k, v, dout
     return results
@@ -87,11 +53,11 @@ def _strategy_kwargs(name: str) -> dict:
     return {"strategy": strategy, key: int(value)}
 
 
-def measure_worlds(worlds, tokens, heads, dim, strategies, causal=True, watch_more=None):
+def measure_worlds(worlds, tokens, heads, dim, strategies, causal=True):
     """{world: [measure's result of each rank]}, one local world (1 thread per rank) per size."""
     from burst.launch import spawn_world
 
-    return {world: spawn_world(measure, tokens, heads, dim, strategies, causal, watch_more, nproc=world, threads=1)
+    return {world: spawn_world(measure, tokens, heads, dim, strategies, causal, nproc=world, threads=1)
             for world in worlds}
 
 
@@ -101,8 +67,10 @@ def _one_process_sdpa(tokens, heads, dim) -> float:
     import time
     import torch.nn.functional as F
 
+    from burst.bench.memory import live_heap_bytes as live
+
     torch.set_num_threads(1)
-    live, peak, stop = _live_bytes_reader(), [0], threading.Event()
+    peak, stop = [0], threading.Event()
     unit = tokens * heads * dim * 4
 
     def sample():  # SDPA's peak is inside one op, so sample instead of wrapping
