@@ -69,3 +69,7 @@ def test_heap_peak_sees_a_tensor_held_in_each_phase_and_keeps_a_timeline():
     assert calls and len(ruler.timeline) == len(calls)
     assert {phase for _, phase, _ in ruler.timeline} == {"forward", "backward"}
     assert max(live for _, _, live in ruler.timeline) == max(ruler.peak.values())
+    with HeapPeak(interval_s=3600.0) as long_ruler:  # no interval ends inside: the exit keeps the last one
+        kept = torch.ones(4 * mib)
+    assert [(phase, live >= long_ruler.start + 16 * mib) for _, phase, live in long_ruler.timeline] == [("forward", True)]
+    del kept

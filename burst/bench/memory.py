@@ -106,7 +106,7 @@ class HeapPeak(TorchDispatchMode):
         self.at_backward = None
         self.interval_s, self.on_interval = interval_s, on_interval
         self.timeline: list[tuple[float, str, int]] = []
-        self._interval_top, self._interval_end = 0, interval_s
+        self._interval_top, self._interval_end, self._phase = 0, interval_s, "forward"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         phase = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
@@ -121,11 +121,16 @@ class HeapPeak(TorchDispatchMode):
             self._keep_timeline(phase, live)
         return out
 
-    def _keep_timeline(self, phase: str, live: int) -> None:
-        self._interval_top = max(self._interval_top, live)
+    def _keep_timeline(self, phase: str, live: int, closing: bool = False) -> None:
+        self._interval_top, self._phase = max(self._interval_top, live), phase
         now = time.perf_counter() - self._t0
-        if now >= self._interval_end:
+        if now >= self._interval_end or closing:
             self.timeline.append((now, phase, self._interval_top))
             self._interval_top, self._interval_end = 0, now + self.interval_s
             if self.on_interval is not None:
                 self.on_interval(self)
+
+    def __exit__(self, *exc):
+        if self.interval_s > 0 and self._interval_top:  # the last, unfinished interval
+            self._keep_timeline(self._phase, live_heap_bytes(), closing=True)
+        return super().__exit__(*exc)
