@@ -1,8 +1,9 @@
 """benchmarks/cqs.md, measured section: bytes sent and live-heap peak per rank, cqs vs burst vs ring.
 
 Real ranks (gloo, one thread each), forward + backward, full mask, fp32. Bytes are CommStats's count
-(forward and backward phases); the peak is benchmarks/live_heap.py's count (glibc live heap after every
-tensor op, burst.bench.memory.HeapPeak), in units of one rank's q shard; the caller's q, k, v, dO count as the 4 units they are.
+(forward and backward phases); the peak is benchmarks/live_heap.py's count (glibc live heap after
+every tensor op, burst.bench.memory.HeapPeak), in units of one rank's q shard; the caller's q, k, v,
+dO count as the 4 units they are.
 
     flock /tmp/burst_bench.lock .venv/bin/python benchmarks/cqs_memory.py --worlds 1,2,3,4,5,7,8
 """

@@ -102,10 +102,9 @@ def report(rows: list[dict]) -> str:
     lines = ["| code | checkpointing | ffn chunk | tokens | kept | forward peak | backward peak | peak live heap "
              "(total) | peak RSS | step s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        step = f"{r['step_s']:.0f}" if r.get("finished", True) else f"stopped at {r['elapsed_s']:.0f}"
         lines.append(f"| {r['commit']} | {r['mode']} | {r['ffn_chunk']} | {r['seq_len']} | {r['kept_mib']:.0f} | "
                      f"{r['forward_peak_mib']:.0f} | {r['backward_peak_mib']:.0f} | {r['total_peak_mib']:.0f} | "
-                     f"{r['rss_peak_mib']:.0f} | {step} |")
+                     f"{r['rss_peak_mib']:.0f} | {_step_cell(r)} |")
     lines += ["", "| code | checkpointing | kept MiB per 1K tokens | backward peak MiB per 1K tokens | "
               f"tokens at {BUDGET_MIB} MiB of live heap (line through the points) | longest run |", "|---|---|---|---|---|---|"]
     groups: dict[tuple[str, str], list[dict]] = {}
@@ -130,9 +129,13 @@ def report(rows: list[dict]) -> str:
         if r.get("timeline"):
             began = next((t for t, phase, _ in r["timeline"] if phase == "backward"), None)
             spikes = ", ".join(f"{mib:.0f} ({t:.0f})" for t, mib in layer_spikes(r["timeline"]))
-            step = f"{r['step_s']:.0f}" if r.get("finished", True) else f"stopped at {r['elapsed_s']:.0f}"
-            lines.append(f"| {r['commit']} | {r['mode']} | {r['seq_len']} | {began} | {spikes} | {step} |")
+            lines.append(f"| {r['commit']} | {r['mode']} | {r['seq_len']} | {began} | {spikes} | {_step_cell(r)} |")
     return "\n".join(lines)
+
+
+def _step_cell(row: dict) -> str:
+    """A step's seconds, or where a stopped step (--keep-partial) was stopped."""
+    return f"{row['step_s']:.0f}" if row.get("finished", True) else f"stopped at {row['elapsed_s']:.0f}"
 
 
 def layer_spikes(timeline: list, drop_mib: float = 16.0) -> list[tuple[float, float]]:

@@ -73,7 +73,7 @@ def _one_process_sdpa(tokens, heads, dim) -> float:
     peak, stop = [0], threading.Event()
     unit = tokens * heads * dim * 4
 
-    def sample():  # SDPA's peak is inside one op, so sample instead of wrapping
+    def sample():  # SDPA's peak is inside one op, where HeapPeak does not look: sample instead
         while not stop.is_set():
             peak[0] = max(peak[0], live())
             time.sleep(0.0002)
