@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from .agreement import agree
+from .comm.p2p import open_host_channels
 from .call import AttentionCall
 from .plan.auto import auto_choice
 from .strategies import STRATEGIES
@@ -128,6 +129,8 @@ def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous"
         problem = err
     facts = _call_facts(q, k, name, call, return_lse) if problem is None else None
     agree("burst.attention", facts, problem, group, world, hints=_HINTS)
+    if world > 1:
+        open_host_channels(group)  # collective on a group's first call: every rank has agreed to run it
     return STRATEGIES[name], call
 
 

@@ -7,6 +7,10 @@ gloo sends and receives host memory only (it hands the tensor's pointer to its T
 on a gloo group device tensors travel through host copies: sent from a host copy, received into a
 host buffer and copied onto the device buffer in `wait()`. That lets several ranks share one GPU
 (NCCL refuses two ranks on one device), at host-copy speed: for checking, not for speed.
+
+CPU tensors between ranks of one host travel through shared memory instead, once
+`open_host_channels(group)` has set that up (comm/shm_p2p.py; burst.attention does it on its first
+call on a gloo group): one copy in, one copy out, instead of gloo's socket round.
 """
 
 from __future__ import annotations
@@ -18,8 +22,27 @@ import torch
 import torch.distributed as dist
 
 from . import emulation
+from .shm_p2p import HostChannels
 from .stats import record_sent, tensor_bytes
 from .topology import link_between
+
+_CHANNELS: dict = {}  # process group -> its HostChannels, or None where they cannot be had
+
+
+def open_host_channels(group: dist.ProcessGroup | None) -> None:
+    """Collective over `group`, the first time for each group (later calls return at once): set up
+    shared-memory channels for `exchange` between its ranks when they are all on this host and the
+    group is gloo's. Every rank of the group must call it at the same point of its program."""
+    key = group or dist.group.WORLD
+    if key in _CHANNELS:
+        return
+    usable = dist.get_world_size(group) > 1 and dist.get_backend(group) == "gloo"
+    _CHANNELS[key] = HostChannels.create(group) if usable else None
+
+
+def host_channels(group: dist.ProcessGroup | None) -> HostChannels | None:
+    """The group's shared-memory channels, if open_host_channels set them up."""
+    return _CHANNELS.get(group or dist.group.WORLD) if _CHANNELS else None
 
 
 def global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
@@ -30,14 +53,18 @@ def global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
 class Transfer:
     """Posted sends and receives; `received` is filled once `wait()` returns."""
 
-    def __init__(self, requests, sending, received, deadline: float = 0.0, host_received=None):
+    def __init__(self, requests, sending, received, deadline: float = 0.0, host_received=None, channels=None,
+                 shared=()):
         self._requests = requests
+        self._channels, self._shared = channels, shared  # receives posted on HostChannels
         self._sending = sending  # kept alive until the transfer is done
         self.received = received
         self._deadline = deadline  # emulated slow links: not done before this (comm/emulation.py)
         self._host_received = host_received  # gloo with device tensors: copied onto `received` on wait
 
     def wait(self) -> list[torch.Tensor]:
+        for recv in self._shared:
+            self._channels.complete(recv)
         for req in self._requests:
             req.wait()
         if self._deadline:
@@ -46,6 +73,7 @@ class Transfer:
             for buf, host in zip(self.received, self._host_received):
                 buf.copy_(host)
         self._requests, self._sending, self._deadline, self._host_received = [], [], 0.0, None
+        self._shared = ()
         return self.received
 
 
@@ -85,11 +113,15 @@ def exchange(
     if through_host(group, sending + received):
         wire_sent = [t.to("cpu", copy=True) for t in sending]
         wire_received = host_received = [torch.empty(b.shape, dtype=b.dtype) for b in received]
+    channels = host_channels(group) if host_received is None else None
+    carried = channels.carries if channels is not None else lambda t: False
+    requests = [channels.send(t, peer, tag) for t, (_, peer, tag) in zip(wire_sent, sends) if carried(t)]
+    shared = [channels.post_recv(buf, peer, tag) for buf, (_, peer, tag) in zip(wire_received, recvs) if carried(buf)]
     ops = [dist.P2POp(dist.isend, t, global_rank(group, peer), group, tag)
-           for t, (_, peer, tag) in zip(wire_sent, sends)]
+           for t, (_, peer, tag) in zip(wire_sent, sends) if not carried(t)]
     ops += [dist.P2POp(dist.irecv, buf, global_rank(group, peer), group, tag)
-            for buf, (_, peer, tag) in zip(wire_received, recvs)]
-    requests = dist.batch_isend_irecv(ops) if ops else []
+            for buf, (_, peer, tag) in zip(wire_received, recvs) if not carried(buf)]
+    requests = [r for r in requests if r is not None] + (dist.batch_isend_irecv(ops) if ops else [])
     deadline = 0.0
     for t, (_, peer, _) in zip(sending, sends):
         link = link_between(topology, group, peer)
@@ -100,4 +132,4 @@ def exchange(
         for buf, (_, peer, _) in zip(received, recvs):
             deadline = max(deadline, emulation.reserve(link_between(topology, group, peer), tensor_bytes(buf),
                                                        posted, "in"))
-    return Transfer(requests, wire_sent, received, deadline, host_received)
+    return Transfer(requests, wire_sent, received, deadline, host_received, channels, shared)

@@ -1,0 +1,118 @@
+"""Shared-memory point-to-point channels (comm/shm_p2p.py): what arrives is what was sent, by (peer, tag),
+whatever the order receives are posted in, when the ring is full (redirected through gloo), for
+messages too large for it, and off one host (no channels on any rank).
+
+One world of 3 ranks; the cases loop inside it. Every strategy's exactness tests run through the
+channels too (burst.attention opens them on a gloo group's first call).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from burst.comm.p2p import exchange, host_channels, open_host_channels
+from burst.comm.shm import HostAllGather
+from burst.comm.shm_p2p import HostChannels
+from world import results_by_world
+
+DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.float64)
+
+
+def _message(src: int, dst: int, tag: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """What src sends dst under tag: drawn from a seed both sides know."""
+    g = torch.Generator().manual_seed(1000 * src + 100 * dst + tag)
+    return (torch.randn(numel, generator=g) * 50).to(dtype)
+
+
+def _ring_exchange(rank, world):
+    """Each rank sends every dtype (and an empty tensor) to the next rank and receives from the previous."""
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    shapes = [(dtype, 1000 + 7 * i) for i, dtype in enumerate(DTYPES)] + [(torch.float32, 0)]
+    sends = [(_message(rank, nxt, tag, n, dt), nxt, tag) for tag, (dt, n) in enumerate(shapes)]
+    recvs = [(torch.empty(n, dtype=dt), prev, tag) for tag, (dt, n) in enumerate(shapes)]
+    got = exchange(None, "forward", sends, recvs).wait()
+    return all(torch.equal(g, _message(prev, rank, tag, n, dt)) for tag, (g, (dt, n)) in enumerate(zip(got, shapes)))
+
+
+def _out_of_order(rank, world):
+    """Rank 0 sends tags 5, 6, 7 to rank 1; rank 1 posts 7, then 5, then 6, each waited on alone."""
+    if rank == 0:
+        transfer = exchange(None, "forward", [(_message(0, 1, t, 300, torch.float32), 1, t) for t in (5, 6, 7)])
+        transfer.wait()
+        return True
+    if rank == 1:
+        ok = True
+        for t in (7, 5, 6):
+            (got,) = exchange(None, "forward", recvs=[(torch.empty(300), 0, t)]).wait()
+            ok &= torch.equal(got, _message(0, 1, t, 300, torch.float32))
+        return ok
+    return True
+
+
+def _full_ring_redirects(rank, world, channels):
+    """A 1 MiB ring: rank 0 posts ten 200 KiB messages before rank 1 reads any; the ones that do not
+    fit go through gloo. All arrive, in tag order or not."""
+    numel, tags = 50 * 1024, list(range(40, 50))
+    if rank == 0:
+        requests = [channels.send(_message(0, 1, t, numel, torch.float32), 1, t) for t in tags]
+        redirected = sum(r is not None for r in requests)
+        dist.barrier()
+        for r in requests:
+            if r is not None:
+                r.wait()
+        return redirected
+    dist.barrier()
+    if rank != 1:
+        return None
+    order = tags[::-1]
+    posted = {t: channels.post_recv(torch.empty(numel), 0, t) for t in order}
+    return all(torch.equal(channels.complete(posted[t]), _message(0, 1, t, numel, torch.float32)) for t in order)
+
+
+def _channels_cases(rank, world):
+    open_host_channels(None)
+    opened = host_channels(None) is not None
+    out = {"opened": opened, "ring": _ring_exchange(rank, world), "out_of_order": _out_of_order(rank, world)}
+    small = HostChannels.create(None, capacity_mb=1)
+    out["largest"] = (small.carries(torch.empty(64 * 1024)), small.carries(torch.empty(64 * 1024 + 1)))
+    out["redirects"] = _full_ring_redirects(rank, world, small)
+    # Too large for the small rings: through gloo, by the same exchange call.
+    big = _message(rank, (rank + 1) % world, 3, 300_000, torch.float32)
+    got = exchange(None, "forward", [(big, (rank + 1) % world, 3)], [(torch.empty(300_000), (rank - 1) % world, 3)])
+    out["large"] = torch.equal(got.wait()[0], _message((rank - 1) % world, rank, 3, 300_000, torch.float32))
+    real = HostAllGather.supported
+    HostAllGather.supported = staticmethod(lambda: rank != world - 1)  # one rank cannot: none may
+    try:
+        out["fallback_none"] = HostChannels.create(None) is None
+    finally:
+        HostAllGather.supported = real
+    return out
+
+
+results = results_by_world(_channels_cases)
+
+
+def test_channels_open_on_a_local_gloo_world_and_carry_every_dtype():
+    for r in results(3):
+        assert r["opened"] and r["ring"]
+
+
+def test_receives_match_by_tag_whatever_order_they_are_posted_in():
+    assert all(r["out_of_order"] for r in results(3))
+
+
+def test_a_full_ring_sends_through_gloo_and_every_message_arrives():
+    by_rank = results(3)
+    assert by_rank[0]["redirects"] >= 5  # 1 MiB holds four 200 KiB messages beside its reserve
+    assert by_rank[1]["redirects"] is True
+
+
+def test_messages_larger_than_a_quarter_ring_go_through_gloo():
+    for r in results(3):
+        assert r["largest"] == (True, False)
+        assert r["large"]
+
+
+def test_no_rank_opens_channels_when_one_cannot():
+    assert all(r["fallback_none"] for r in results(3))
