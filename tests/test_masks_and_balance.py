@@ -174,9 +174,10 @@ def test_window_stops_the_ring_after_one_step(world):
         assert bwd == 2 * kv_bytes + 2 * 2 * kv_bytes   # K, V once; dK, dV one hop on, one hop home
         fwd, bwd = balance[("burst", "window")]
         assert fwd == 2 * kv_bytes
-        q_bytes, stat_bytes = kv_bytes, 64 * 2 * 4
-        # Queries are served by their owner only where needed: rank r's to rank r - 1 (none from rank
-        # 0: its queries precede every other key); rank r's dQ part for rank r + 1's queries goes home.
+        q_bytes, stat_bytes = kv_bytes // 2, 32 * 2 * 4  # the window's rows: the first n / 2 of a shard
+        # Queries are served by their owner only where needed: rank r's first n / 2 rows to rank r - 1
+        # (none from rank 0: its queries precede every other key), found at a quarter of the default
+        # chunk (128 rows: 32-row parts); rank r's dQ part for rank r + 1's queries goes home.
         serves = 2 * q_bytes + 2 * stat_bytes if rank > 0 else 0
         returns = q_bytes if rank < world - 1 else 0
         assert bwd == serves + returns, (rank, bwd)

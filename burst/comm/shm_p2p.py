@@ -16,7 +16,8 @@ Sends complete at once: the message is copied into the ring when posted. When th
 (the receiver has not read what came before), the message goes through gloo instead and a header-only
 "redirect" in the ring tells the receiver to post a gloo receive for it, so a sender never waits on
 its receiver, as with gloo. Receives match by (peer, tag) in order, as gloo's do: a message whose
-receive is not posted yet is copied aside until it is. Messages larger than `largest` bytes always
+receive is not posted yet waits in the ring, and is copied aside only when a receive waits for a
+message behind it. Messages larger than `largest` bytes always
 go through gloo (both sides know a message's size, so both decide alike); so do device tensors.
 
     channels = HostChannels.create(group)        # collective; None off one host or unsupported
@@ -112,6 +113,7 @@ class HostChannels:
         self.group, self.rank, self.world, self.capacity = group, rank, world, capacity
         self.largest = capacity // 4  # larger messages go through gloo
         self.timeout_s = timeout_s
+        self.sleeps = world * torch.get_num_threads() > len(os.sched_getaffinity(0))
         self._out = outgoing  # peer -> _Ring we write
         self._in = {peer: _Inbox(ring) for peer, ring in incoming.items()}  # peer -> what it sent us
 
@@ -191,44 +193,45 @@ class HostChannels:
             self._deliver(recv, early.popleft())
         else:
             inbox.posted[tag].append(recv)
-            self._drain(inbox, peer)
+            self._drain(inbox)
         return recv
 
     def complete(self, recv: Receive) -> torch.Tensor:
         """Wait until `recv`'s message is in its buffer."""
         inbox, spins, started = self._in[recv.peer], 0, None
         while not recv.done:
-            if not self._drain(inbox, recv.peer):
+            # Messages not asked for yet stay in the ring (no copy) unless ours may be behind them.
+            if not (self._drain(inbox) or self._drain(inbox, aside=True)):
                 spins, started = self._spin(spins, started, f"no message with tag {recv.tag} from rank {recv.peer}")
         if recv.work is not None:
             recv.work.wait()
             recv.work = None
         return recv.buf
 
-    def _drain(self, inbox: _Inbox, peer: int) -> bool:
-        """Take every message the peer has written: into its posted receive, or aside. True if any."""
+    def _drain(self, inbox: _Inbox, aside: bool = False) -> bool:
+        """Take the peer's messages in order into their posted receives, stopping at one not asked for
+        yet, or (`aside`) copying such a one aside when another message follows it. True if any taken."""
         ring, took = inbox.ring, False
-        read = ring.read
-        while read < ring.written:
+        read, written = ring.read, ring.written
+        while read < written:
             tag, nbytes, kind = ring.header(read)
-            size = HEADER + _round_up(nbytes)
-            if kind == DATA:
-                start = read % self.capacity + HEADER
-                payload = ring.data[start:start + nbytes]
-                waiting = inbox.posted.get(tag)
-                if waiting:
-                    recv = waiting.popleft()
-                    _bytes_of(recv.buf).copy_(payload)
+            size = HEADER + _round_up(nbytes) if kind != REDIRECT else HEADER
+            waiting = inbox.posted.get(tag) if kind != PAD else None
+            if kind == PAD:
+                pass
+            elif waiting:
+                recv = waiting.popleft()
+                if kind == DATA:
+                    start = read % self.capacity + HEADER
+                    _bytes_of(recv.buf).copy_(ring.data[start:start + nbytes])
                     recv.done = True
                 else:
-                    inbox.early[tag].append(payload.clone())
-            elif kind == REDIRECT:
-                size = HEADER
-                waiting = inbox.posted.get(tag)
-                if waiting:
-                    self._deliver(waiting.popleft(), REDIRECT)
-                else:
-                    inbox.early[tag].append(REDIRECT)
+                    self._deliver(recv, REDIRECT)
+            elif aside and read + size < written:
+                start = read % self.capacity + HEADER
+                inbox.early[tag].append(ring.data[start:start + nbytes].clone() if kind == DATA else REDIRECT)
+            else:
+                break
             read += size
             ring.counters[1, 0] = read
             took = True
@@ -243,8 +246,9 @@ class HostChannels:
         recv.done = True
 
     def _spin(self, spins: int, started: float | None, what: str) -> tuple[int, float | None]:
-        """One look more: spin, then yield, then (past SLEEP_AFTER_S of waiting) sleep between looks, so
-        that ranks sharing a core with waiting ones keep it."""
+        """One look more: spin, then yield; where the host's ranks have fewer cores than threads, sleep
+        between looks past SLEEP_AFTER_S of waiting, so that ranks sharing a core with waiting ones keep
+        it (a sleep wakes up to ~0.1 ms late: on the critical path where every rank has its core)."""
         spins += 1
         if spins <= SPINS_BEFORE_YIELD:
             return spins, started
@@ -254,7 +258,7 @@ class HostChannels:
         waited = now - started
         if waited > self.timeout_s:
             raise RuntimeError(f"HostChannels (rank {self.rank}): {what} ({self.timeout_s:.0f} s)")
-        if waited > SLEEP_AFTER_S:
+        if self.sleeps and waited > SLEEP_AFTER_S:
             time.sleep(SLEEP_S)
         else:
             os.sched_yield()

@@ -15,7 +15,11 @@ from typing import Any, Callable
 
 from .ring import RingSchedule
 
-MIN_CHUNK_ROWS = 256  # below this per-call overheads show (kernel calls, messages); shards this short go whole
+# Below this per-call overheads show (kernel calls, messages); shards this short go whole. 128 since
+# CPU messages go through shared memory (comm/shm_p2p.py): at 1K-row shards 128-row chunks run at
+# 0.95x ring's backward with the live heap at 1.06x the ideal share (256: 0.92x, 1.14x);
+# benchmarks/small_shards.md.
+MIN_CHUNK_ROWS = 128
 CHUNKS_PER_BLOCK = 8  # by default a block travels as 8 chunks: a rank holds ~11/8 of a block above its own
 
 
