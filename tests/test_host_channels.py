@@ -8,6 +8,9 @@ channels too (burst.attention opens them on a gloo group's first call).
 
 from __future__ import annotations
 
+import subprocess
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -70,6 +73,23 @@ def _full_ring_redirects(rank, world, channels):
     return all(torch.equal(channels.complete(posted[t]), _message(0, 1, t, numel, torch.float32)) for t in order)
 
 
+def _waiting_on_an_exited_peer(rank, channels):
+    """A wait on a rank whose process has gone raises within seconds (gloo's socket would close)
+    instead of spinning until the timeout. The peer's pid is swapped for one that has exited."""
+    if rank != 0:
+        return None
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    channels._pids[1] = gone.pid
+    channels.timeout_s = 20  # without the check, the wait ends here with another message
+    started = time.monotonic()
+    try:
+        channels.complete(channels.post_recv(torch.empty(4), 1, 99))  # never sent
+    except RuntimeError as err:
+        return "has exited" in str(err) and time.monotonic() - started < 10
+    return False
+
+
 def _channels_cases(rank, world):
     open_host_channels(None)
     opened = host_channels(None) is not None
@@ -81,6 +101,7 @@ def _channels_cases(rank, world):
     big = _message(rank, (rank + 1) % world, 3, 300_000, torch.float32)
     got = exchange(None, "forward", [(big, (rank + 1) % world, 3)], [(torch.empty(300_000), (rank - 1) % world, 3)])
     out["large"] = torch.equal(got.wait()[0], _message((rank - 1) % world, rank, 3, 300_000, torch.float32))
+    out["dead_peer"] = _waiting_on_an_exited_peer(rank, small)
     real = HostAllGather.supported
     HostAllGather.supported = staticmethod(lambda: rank != world - 1)  # one rank cannot: none may
     try:
@@ -112,6 +133,10 @@ def test_messages_larger_than_a_quarter_ring_go_through_gloo():
     for r in results(3):
         assert r["largest"] == (True, False)
         assert r["large"]
+
+
+def test_a_wait_on_a_peer_that_exited_raises_within_seconds():
+    assert results(3)[0]["dead_peer"] is True
 
 
 def test_no_rank_opens_channels_when_one_cannot():

@@ -50,6 +50,7 @@ DATA, REDIRECT, PAD = 0, 1, 2
 REDIRECT_ROOM = 64 * HEADER  # kept free for redirect headers when data would fill the ring
 DEFAULT_CAPACITY_MB = int(os.environ.get("BURST_HOST_CHANNELS_MB", "4"))
 SLEEP_AFTER_S, SLEEP_S = 0.002, 0.0002  # a wait longer than this is long: sleep between looks
+LIVENESS_S = 1.0  # how often a long wait checks that its peer's process still runs
 
 
 def _round_up(n: int, to: int = HEADER) -> int:
@@ -109,11 +110,13 @@ class HostChannels:
     """Shared-memory point-to-point channels between the ranks of `group` (all on this host)."""
 
     def __init__(self, group, rank: int, world: int, capacity: int, outgoing: dict, incoming: dict,
-                 timeout_s: float):
+                 timeout_s: float, pids: list[int]):
         self.group, self.rank, self.world, self.capacity = group, rank, world, capacity
         self.largest = capacity // 4  # larger messages go through gloo
         self.timeout_s = timeout_s
         self.sleeps = world * torch.get_num_threads() > len(os.sched_getaffinity(0))
+        self._pids = pids  # by group rank: a peer that exits fails our wait at once, as gloo's socket would
+        self._checked = 0.0  # when a long wait last looked at its peer's process
         self._out = outgoing  # peer -> _Ring we write
         self._in = {peer: _Inbox(ring) for peer, ring in incoming.items()}  # peer -> what it sent us
 
@@ -130,14 +133,14 @@ class HostChannels:
             with open(path, "wb") as f:
                 f.truncate(COUNTERS + capacity)
         facts = [None] * world
-        dist.all_gather_object(facts, (socket.gethostname(), ok, prefix), group=group)
-        usable = len({host for host, _, _ in facts}) == 1 and all(fine for _, fine, _ in facts)
+        dist.all_gather_object(facts, (socket.gethostname(), ok, prefix, os.getpid()), group=group)
+        usable = len({host for host, _, _, _ in facts}) == 1 and all(fine for _, fine, _, _ in facts)
         channels = None
         if usable:
             incoming = {src: _Ring(_map(path, COUNTERS + capacity), capacity) for src, path in paths.items()}
             outgoing = {dst: _Ring(_map(f"{facts[dst][2]}-from-{rank}", COUNTERS + capacity), capacity)
                         for dst in range(world) if dst != rank}
-            channels = cls(group, rank, world, capacity, outgoing, incoming, timeout_s)
+            channels = cls(group, rank, world, capacity, outgoing, incoming, timeout_s, [f[3] for f in facts])
         dist.barrier(group=group)  # every rank has mapped its outgoing rings
         for path in paths.values():
             os.unlink(path)  # mapped where needed: the memory lives until the last unmaps it
@@ -160,13 +163,13 @@ class HostChannels:
             ring.put_header(position, tag, nbytes, DATA)
             ring.counters[0, 0] = position + HEADER + _round_up(nbytes)
             return None
-        position = self._make_room(ring, HEADER, HEADER, wait=True)
+        position = self._make_room(ring, HEADER, HEADER, wait=True, peer=peer)
         ring.put_header(position, tag, nbytes, REDIRECT)
         ring.counters[0, 0] = position + HEADER
         return dist.isend(t, dist.get_global_rank(self.group, peer) if self.group is not None else peer,
                           self.group, tag)
 
-    def _make_room(self, ring: _Ring, size: int, needed: int, wait: bool = False) -> int | None:
+    def _make_room(self, ring: _Ring, size: int, needed: int, wait: bool = False, peer: int = -1) -> int | None:
         """The position to write a record of `size` bytes at, padding to the ring's start when it would
         straddle the end, once `needed` bytes (with the padding) are free; None when they are not and
         not `wait`."""
@@ -176,7 +179,7 @@ class HostChannels:
         while self.capacity - (written - ring.read) < pad + needed:
             if not wait:
                 return None
-            spins, started = self._spin(spins, started, "ring to a peer stays full: is it still receiving?")
+            spins, started = self._spin(spins, started, peer, "its ring stays full: is it still receiving?")
         if pad:
             ring.put_header(written, -1, pad - HEADER, PAD)
             written += pad
@@ -202,7 +205,7 @@ class HostChannels:
         while not recv.done:
             # Messages not asked for yet stay in the ring (no copy) unless ours may be behind them.
             if not (self._drain(inbox) or self._drain(inbox, aside=True)):
-                spins, started = self._spin(spins, started, f"no message with tag {recv.tag} from rank {recv.peer}")
+                spins, started = self._spin(spins, started, recv.peer, f"no message with tag {recv.tag} from it")
         if recv.work is not None:
             recv.work.wait()
             recv.work = None
@@ -245,24 +248,41 @@ class HostChannels:
             recv.work = dist.irecv(recv.buf, src, self.group, recv.tag)
         recv.done = True
 
-    def _spin(self, spins: int, started: float | None, what: str) -> tuple[int, float | None]:
+    def _spin(self, spins: int, started: float | None, peer: int, what: str) -> tuple[int, float | None]:
         """One look more: spin, then yield; where the host's ranks have fewer cores than threads, sleep
         between looks past SLEEP_AFTER_S of waiting, so that ranks sharing a core with waiting ones keep
-        it (a sleep wakes up to ~0.1 ms late: on the critical path where every rank has its core)."""
+        it (a sleep wakes up to ~0.1 ms late: on the critical path where every rank has its core).
+        Every LIVENESS_S of waiting, raise if the peer's process has exited."""
         spins += 1
         if spins <= SPINS_BEFORE_YIELD:
             return spins, started
         now = time.monotonic()
         if started is None:
-            started = now
+            started = self._checked = now
         waited = now - started
         if waited > self.timeout_s:
-            raise RuntimeError(f"HostChannels (rank {self.rank}): {what} ({self.timeout_s:.0f} s)")
+            raise RuntimeError(f"HostChannels (rank {self.rank}): rank {peer}: {what} ({self.timeout_s:.0f} s)")
+        if now - self._checked > LIVENESS_S:
+            self._checked = now
+            if not _alive(self._pids[peer]):
+                raise RuntimeError(f"HostChannels (rank {self.rank}): rank {peer} (pid {self._pids[peer]}) has exited "
+                                   f"while this rank waited on it ({what})")
         if self.sleeps and waited > SLEEP_AFTER_S:
             time.sleep(SLEEP_S)
         else:
             os.sched_yield()
         return spins, started
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (an exited one not yet reaped by its parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
 
 
 def _map(path: str, size: int) -> mmap.mmap:
