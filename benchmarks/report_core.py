@@ -48,6 +48,7 @@ LABELS = {"_burst": " (after the dQ change)", "_agreement_2": " (same, run again
           "_exact_cuts_2": " (same, run again)",
           "_exact_cuts": " (after comm.tagged and the masks' exact cuts)",
           "_served_forward": " (burst's forward on served key chunks)",
+          "_host_channels": " (CPU messages through shared memory, 128-row chunks at least)",
           "_schedules": " (after the issue-25 layout: schedules/, typed options, validation.py)"}
 for name in ("recheck_full_16384.json", "recheck_zigzag_16384.json", "recheck_full_16384_burst.json",
              "recheck_zigzag_16384_burst.json", "recheck_full_16384_agreement.json",
@@ -57,7 +58,8 @@ for name in ("recheck_full_16384.json", "recheck_zigzag_16384.json", "recheck_fu
              "recheck_zigzag_16384_own_block.json", "recheck_full_16384_schedules.json",
              "recheck_zigzag_16384_schedules.json", "recheck_zigzag_16384_schedules_2.json",
              "recheck_full_16384_exact_cuts.json", "recheck_zigzag_16384_exact_cuts.json",
-             "recheck_full_16384_exact_cuts_2.json", "recheck_zigzag_16384_served_forward.json"):
+             "recheck_full_16384_exact_cuts_2.json", "recheck_zigzag_16384_served_forward.json",
+             "recheck_full_16384_host_channels.json", "recheck_zigzag_16384_host_channels.json"):
     if os.path.exists(os.path.join(here, "core", name)):
         r = load(name)
         base = r["sdpa_single_process"]
