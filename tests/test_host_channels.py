@@ -8,6 +8,8 @@ channels too (burst.attention opens them on a gloo group's first call).
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import time
 
@@ -108,6 +110,17 @@ def _channels_cases(rank, world):
         out["fallback_none"] = HostChannels.create(None) is None
     finally:
         HostAllGather.supported = real
+    real_fallocate = os.posix_fallocate
+
+    def full_shm(fd, offset, length):  # /dev/shm out of room on one rank (a container's 64 MiB)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if rank == 1:
+        os.posix_fallocate = full_shm
+    try:
+        out["no_room_none"] = HostChannels.create(None) is None
+    finally:
+        os.posix_fallocate = real_fallocate
     return out
 
 
@@ -141,3 +154,7 @@ def test_a_wait_on_a_peer_that_exited_raises_within_seconds():
 
 def test_no_rank_opens_channels_when_one_cannot():
     assert all(r["fallback_none"] for r in results(3))
+
+
+def test_no_rank_opens_channels_when_shared_memory_lacks_room_on_one():
+    assert all(r["no_room_none"] for r in results(3))

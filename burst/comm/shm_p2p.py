@@ -25,8 +25,9 @@ go through gloo (both sides know a message's size, so both decide alike); so do 
     r = channels.post_recv(buf, peer, tag)
     channels.complete(r)                         # buf holds the message
 
-The rings take capacity bytes per ordered pair of ranks that talk (pages are only touched when
-used). Environment: BURST_HOST_CHANNELS_MB sets the capacity (0 turns the transport off).
+The rings take `capacity` bytes of shared memory per ordered pair of ranks, reserved when the
+channels are made; where /dev/shm cannot hold them (a container's 64 MiB default, with many ranks)
+no rank uses channels. Environment: BURST_HOST_CHANNELS_MB sets the capacity (0 turns them off).
 """
 
 from __future__ import annotations
@@ -129,9 +130,8 @@ class HostChannels:
         ok = capacity > 0 and HostAllGather.supported()
         prefix = os.path.join(SHM_DIR, f"burst-p2p-{uuid.uuid4().hex}") if ok else ""
         paths = {src: f"{prefix}-from-{src}" for src in range(world) if src != rank} if ok else {}
-        for path in paths.values():  # our incoming rings, made before anyone looks for them
-            with open(path, "wb") as f:
-                f.truncate(COUNTERS + capacity)
+        # Our incoming rings, made (and their memory reserved) before anyone looks for them.
+        ok = all([_reserve(path, COUNTERS + capacity) for path in paths.values()]) if ok else False
         facts = [None] * world
         dist.all_gather_object(facts, (socket.gethostname(), ok, prefix, os.getpid()), group=group)
         usable = len({host for host, _, _, _ in facts}) == 1 and all(fine for _, fine, _, _ in facts)
@@ -143,7 +143,7 @@ class HostChannels:
             channels = cls(group, rank, world, capacity, outgoing, incoming, timeout_s, [f[3] for f in facts])
         dist.barrier(group=group)  # every rank has mapped its outgoing rings
         for path in paths.values():
-            os.unlink(path)  # mapped where needed: the memory lives until the last unmaps it
+            _remove(path)  # mapped where needed: the memory lives until the last unmaps it
         return channels
 
     def carries(self, t: torch.Tensor) -> bool:
@@ -283,6 +283,25 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:
         return True
+
+
+def _reserve(path: str, size: int) -> bool:
+    """Create a ring's file with its memory allocated. False where /dev/shm lacks the room (a
+    container's 64 MiB default): writing to a mapped page the filesystem cannot back would kill
+    the process (SIGBUS), so every rank then keeps the process group's transport."""
+    with open(path, "wb") as f:
+        try:
+            os.posix_fallocate(f.fileno(), 0, size)
+        except OSError:
+            return False
+    return True
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _map(path: str, size: int) -> mmap.mmap:
