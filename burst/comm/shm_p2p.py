@@ -124,7 +124,8 @@ class HostChannels:
     @classmethod
     def create(cls, group=None, capacity_mb: int | None = None, timeout_s: float = 1800.0) -> "HostChannels | None":
         """Collective over `group`: the channels, or None on every rank when the ranks are not all on
-        this host, the platform lacks shared memory in program order, or the capacity is 0."""
+        this host, the platform lacks shared memory in program order, /dev/shm cannot hold the rings,
+        or the capacity is 0."""
         capacity = _round_up((DEFAULT_CAPACITY_MB if capacity_mb is None else capacity_mb) << 20)
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ok = capacity > 0 and HostAllGather.supported()
@@ -166,8 +167,7 @@ class HostChannels:
         position = self._make_room(ring, HEADER, HEADER, wait=True, peer=peer)
         ring.put_header(position, tag, nbytes, REDIRECT)
         ring.counters[0, 0] = position + HEADER
-        return dist.isend(t, dist.get_global_rank(self.group, peer) if self.group is not None else peer,
-                          self.group, tag)
+        return dist.isend(t, self._global(peer), self.group, tag)
 
     def _make_room(self, ring: _Ring, size: int, needed: int, wait: bool = False, peer: int = -1) -> int | None:
         """The position to write a record of `size` bytes at, padding to the ring's start when it would
@@ -244,9 +244,12 @@ class HostChannels:
         if isinstance(message, torch.Tensor):
             _bytes_of(recv.buf).copy_(message)
         else:  # redirected through gloo: receive it there
-            src = dist.get_global_rank(self.group, recv.peer) if self.group is not None else recv.peer
-            recv.work = dist.irecv(recv.buf, src, self.group, recv.tag)
+            recv.work = dist.irecv(recv.buf, self._global(recv.peer), self.group, recv.tag)
         recv.done = True
+
+    def _global(self, peer: int) -> int:
+        """The default-group rank of group rank `peer` (gloo's isend/irecv address those)."""
+        return dist.get_global_rank(self.group or dist.group.WORLD, peer)
 
     def _spin(self, spins: int, started: float | None, peer: int, what: str) -> tuple[int, float | None]:
         """One look more: spin, then yield; where the host's ranks have fewer cores than threads, sleep
