@@ -17,7 +17,8 @@ def load(name):
 
 print("# Masks and workload balance (BurstEngine Table 3 at our scale)\n")
 print("Command: `bash benchmarks/run_masks.sh`. 16,384 tokens, batch 1, 8 heads, head dim 64, fp32,")
-print("2 ranks x 1 thread (gloo). Times are the best of 2 passes after a warm-up, max over ranks.")
+print("2 ranks x 1 thread (gloo; messages up to 1 MiB through shared memory since 99d1479). Times are the best of 2")
+print("passes after a warm-up, max over ranks.")
 print("`compute max/min` is the spread of the ranks' time inside attention kernels (fwd+bwd).\n")
 print("## Same sequence, different masks (strategy burst)\n")
 print("| mask | layout | attended pairs | fwd+bwd s | speedup vs full | useful TFLOP/s (fwd+bwd) | compute max/min | max err |")
