@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from burst.comm.p2p import exchange, host_channels, open_host_channels
 from burst.comm.shm import HostAllGather
+from burst.comm import shm_p2p
 from burst.comm.shm_p2p import HostChannels
 from world import results_by_world
 
@@ -121,6 +122,17 @@ def _channels_cases(rank, world):
         out["no_room_none"] = HostChannels.create(None) is None
     finally:
         os.posix_fallocate = real_fallocate
+    real_map = shm_p2p._map
+
+    def elsewhere(path, size):  # another machine's /dev/shm (same host name, separate namespace)
+        raise FileNotFoundError(path)
+
+    if rank == 2:
+        shm_p2p._map = elsewhere
+    try:
+        out["unmappable_none"] = HostChannels.create(None) is None
+    finally:
+        shm_p2p._map = real_map
     return out
 
 
@@ -158,3 +170,7 @@ def test_no_rank_opens_channels_when_one_cannot():
 
 def test_no_rank_opens_channels_when_shared_memory_lacks_room_on_one():
     assert all(r["no_room_none"] for r in results(3))
+
+
+def test_no_rank_opens_channels_when_one_cannot_map_its_peers_rings():
+    assert all(r["unmappable_none"] for r in results(3))

@@ -134,18 +134,22 @@ class HostChannels:
         # Our incoming rings, made (and their memory reserved) before anyone looks for them.
         ok = all([_reserve(path, COUNTERS + capacity) for path in paths.values()]) if ok else False
         facts = [None] * world
-        dist.all_gather_object(facts, (socket.gethostname(), ok, prefix, os.getpid()), group=group)
+        dist.all_gather_object(facts, (_host(), ok, prefix, os.getpid()), group=group)
         usable = len({host for host, _, _, _ in facts}) == 1 and all(fine for _, fine, _, _ in facts)
         channels = None
         if usable:
-            incoming = {src: _Ring(_map(path, COUNTERS + capacity), capacity) for src, path in paths.items()}
-            outgoing = {dst: _Ring(_map(f"{facts[dst][2]}-from-{rank}", COUNTERS + capacity), capacity)
-                        for dst in range(world) if dst != rank}
-            channels = cls(group, rank, world, capacity, outgoing, incoming, timeout_s, [f[3] for f in facts])
-        dist.barrier(group=group)  # every rank has mapped its outgoing rings
+            try:
+                incoming = {src: _Ring(_map(path, COUNTERS + capacity), capacity) for src, path in paths.items()}
+                outgoing = {dst: _Ring(_map(f"{facts[dst][2]}-from-{rank}", COUNTERS + capacity), capacity)
+                            for dst in range(world) if dst != rank}
+                channels = cls(group, rank, world, capacity, outgoing, incoming, timeout_s, [f[3] for f in facts])
+            except OSError:  # a peer's rings are not here after all: every rank keeps gloo
+                channels = None
+        mapped = [None] * world
+        dist.all_gather_object(mapped, channels is not None, group=group)  # every rank has mapped its rings
         for path in paths.values():
             _remove(path)  # mapped where needed: the memory lives until the last unmaps it
-        return channels
+        return channels if all(mapped) else None
 
     def carries(self, t: torch.Tensor) -> bool:
         """Whether a message of this tensor travels here (the same answer on both sides)."""
@@ -286,6 +290,16 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:
         return True
+
+
+def _host() -> str:
+    """This machine: its name and, where Linux tells it, its boot id (containers on two machines can
+    share a host name, never a boot id)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{socket.gethostname()}/{f.read().strip()}"
+    except OSError:
+        return socket.gethostname()
 
 
 def _reserve(path: str, size: int) -> bool:
