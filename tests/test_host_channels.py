@@ -93,6 +93,27 @@ def _waiting_on_an_exited_peer(rank, channels):
     return False
 
 
+def _both_rings_full(rank, world):
+    """Ranks 0 and 1 each post 100 messages to the other before receiving any: four fill a 1 MiB
+    ring to its redirect reserve (64 headers), so the 69th finds no room for even a header. A sender
+    waiting for room takes in its own incoming ring, so neither waits on the other for ever; every
+    message arrives."""
+    channels = HostChannels.create(None, capacity_mb=1)  # fresh rings: the four start at position 0
+    if rank > 1:
+        return None
+    per_message = (channels.capacity - shm_p2p.REDIRECT_ROOM) // 4 - shm_p2p.HEADER
+    peer, numel, tags = 1 - rank, per_message // 4, range(100, 200)
+    sent = [_message(rank, peer, t, numel, torch.float32) for t in tags]
+    requests = [channels.send(t, peer, tag) for t, tag in zip(sent, tags)]
+    posted = [channels.post_recv(torch.empty(numel), peer, t) for t in tags]
+    ok = all(torch.equal(channels.complete(r), _message(peer, rank, t, numel, torch.float32))
+             for r, t in zip(posted, tags))
+    for r in requests:
+        if r is not None:
+            r.wait()
+    return ok, sum(r is not None for r in requests)
+
+
 def _channels_cases(rank, world):
     open_host_channels(None)
     opened = host_channels(None) is not None
@@ -100,6 +121,7 @@ def _channels_cases(rank, world):
     small = HostChannels.create(None, capacity_mb=1)
     out["largest"] = (small.carries(torch.empty(64 * 1024)), small.carries(torch.empty(64 * 1024 + 1)))
     out["redirects"] = _full_ring_redirects(rank, world, small)
+    out["both_full"] = _both_rings_full(rank, world)
     # Too large for the small rings: through gloo, by the same exchange call.
     big = _message(rank, (rank + 1) % world, 3, 300_000, torch.float32)
     got = exchange(None, "forward", [(big, (rank + 1) % world, 3)], [(torch.empty(300_000), (rank - 1) % world, 3)])
@@ -152,6 +174,13 @@ def test_a_full_ring_sends_through_gloo_and_every_message_arrives():
     by_rank = results(3)
     assert by_rank[0]["redirects"] >= 5  # 1 MiB holds four 200 KiB messages beside its reserve
     assert by_rank[1]["redirects"] is True
+
+
+def test_two_ranks_filling_each_others_rings_both_get_through():
+    by_rank = results(3)
+    for rank in (0, 1):
+        arrived, redirected = by_rank[rank]["both_full"]
+        assert arrived and redirected >= 64, (rank, redirected)  # the reserve of headers was used up
 
 
 def test_messages_larger_than_a_quarter_ring_go_through_gloo():

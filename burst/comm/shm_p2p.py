@@ -183,6 +183,8 @@ class HostChannels:
         while self.capacity - (written - ring.read) < pad + needed:
             if not wait:
                 return None
+            for inbox in self._in.values():  # a peer stuck the same way on its ring to us gets room
+                self._drain(inbox, aside=True)
             spins, started = self._spin(spins, started, peer, "its ring stays full: is it still receiving?")
         if pad:
             ring.put_header(written, -1, pad - HEADER, PAD)
