@@ -113,15 +113,17 @@ def exchange(
     if through_host(group, sending + received):
         wire_sent = [t.to("cpu", copy=True) for t in sending]
         wire_received = host_received = [torch.empty(b.shape, dtype=b.dtype) for b in received]
+    # Through shared memory where the group has channels: a send is copied now (None), or went to gloo
+    # because its ring was full (a request); a receive is completed in Transfer.wait.
     channels = host_channels(group) if host_received is None else None
     carried = channels.carries if channels is not None else lambda t: False
-    requests = [channels.send(t, peer, tag) for t, (_, peer, tag) in zip(wire_sent, sends) if carried(t)]
+    redirected = [channels.send(t, peer, tag) for t, (_, peer, tag) in zip(wire_sent, sends) if carried(t)]
     shared = [channels.post_recv(buf, peer, tag) for buf, (_, peer, tag) in zip(wire_received, recvs) if carried(buf)]
     ops = [dist.P2POp(dist.isend, t, global_rank(group, peer), group, tag)
            for t, (_, peer, tag) in zip(wire_sent, sends) if not carried(t)]
     ops += [dist.P2POp(dist.irecv, buf, global_rank(group, peer), group, tag)
             for buf, (_, peer, tag) in zip(wire_received, recvs) if not carried(buf)]
-    requests = [r for r in requests if r is not None] + (dist.batch_isend_irecv(ops) if ops else [])
+    requests = [r for r in redirected if r is not None] + (dist.batch_isend_irecv(ops) if ops else [])
     deadline = 0.0
     for t, (_, peer, _) in zip(sending, sends):
         link = link_between(topology, group, peer)
