@@ -1,6 +1,8 @@
 """Shared-memory point-to-point channels (comm/shm_p2p.py): what arrives is what was sent, by (peer, tag),
-whatever the order receives are posted in, when the ring is full (redirected through gloo), for
-messages too large for it, and off one host (no channels on any rank).
+whatever the order receives are posted in, when a ring is full (redirected through gloo) or two ranks
+fill each other's, for messages too large for a ring; no channels on any rank where one rank cannot
+have them (unsupported, /dev/shm out of room, a peer's rings not mappable); a wait on a peer that
+exited raises.
 
 One world of 3 ranks; the cases loop inside it. Every strategy's exactness tests run through the
 channels too (burst.attention opens them on a gloo group's first call).
@@ -16,9 +18,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from burst.comm import shm_p2p
 from burst.comm.p2p import exchange, host_channels, open_host_channels
 from burst.comm.shm import HostAllGather
-from burst.comm import shm_p2p
 from burst.comm.shm_p2p import HostChannels
 from world import results_by_world
 
