@@ -225,20 +225,15 @@ class HostChannels:
         while read < written:
             tag, nbytes, kind = ring.header(read)
             size = HEADER + _round_up(nbytes) if kind != REDIRECT else HEADER
+            start = read % self.capacity + HEADER
+            message = ring.data[start:start + nbytes] if kind == DATA else REDIRECT
             waiting = inbox.posted.get(tag) if kind != PAD else None
             if kind == PAD:
                 pass
             elif waiting:
-                recv = waiting.popleft()
-                if kind == DATA:
-                    start = read % self.capacity + HEADER
-                    _bytes_of(recv.buf).copy_(ring.data[start:start + nbytes])
-                    recv.done = True
-                else:
-                    self._deliver(recv, REDIRECT)
+                self._deliver(waiting.popleft(), message)
             elif aside and read + size < written:
-                start = read % self.capacity + HEADER
-                inbox.early[tag].append(ring.data[start:start + nbytes].clone() if kind == DATA else REDIRECT)
+                inbox.early[tag].append(message.clone() if kind == DATA else REDIRECT)
             else:
                 break
             read += size
@@ -247,6 +242,7 @@ class HostChannels:
         return took
 
     def _deliver(self, recv: Receive, message) -> None:
+        """Fill `recv` from a message's bytes (in the ring or set aside), or post its gloo receive."""
         if isinstance(message, torch.Tensor):
             _bytes_of(recv.buf).copy_(message)
         else:  # redirected through gloo: receive it there
