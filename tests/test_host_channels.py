@@ -116,6 +116,23 @@ def _both_rings_full(rank, world):
     return ok, sum(r is not None for r in requests)
 
 
+def _raises(error: Exception):
+    def fail(*args):
+        raise error
+    return fail
+
+
+def _opens_none_when(rank: int, failing_rank: int, owner, name: str, replacement) -> bool:
+    """HostChannels.create with owner.name replaced on failing_rank only: None on this rank?"""
+    real = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    if rank == failing_rank:
+        setattr(owner, name, replacement)
+    try:
+        return HostChannels.create(None) is None
+    finally:
+        setattr(owner, name, real)
+
+
 def _channels_cases(rank, world):
     open_host_channels(None)
     opened = host_channels(None) is not None
@@ -129,34 +146,12 @@ def _channels_cases(rank, world):
     got = exchange(None, "forward", [(big, (rank + 1) % world, 3)], [(torch.empty(300_000), (rank - 1) % world, 3)])
     out["large"] = torch.equal(got.wait()[0], _message((rank - 1) % world, rank, 3, 300_000, torch.float32))
     out["dead_peer"] = _waiting_on_an_exited_peer(rank, small)
-    real = HostAllGather.supported
-    HostAllGather.supported = staticmethod(lambda: rank != world - 1)  # one rank cannot: none may
-    try:
-        out["fallback_none"] = HostChannels.create(None) is None
-    finally:
-        HostAllGather.supported = real
-    real_fallocate = os.posix_fallocate
-
-    def full_shm(fd, offset, length):  # /dev/shm out of room on one rank (a container's 64 MiB)
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    if rank == 1:
-        os.posix_fallocate = full_shm
-    try:
-        out["no_room_none"] = HostChannels.create(None) is None
-    finally:
-        os.posix_fallocate = real_fallocate
-    real_map = shm_p2p._map
-
-    def elsewhere(path, size):  # another machine's /dev/shm (same host name, separate namespace)
-        raise FileNotFoundError(path)
-
-    if rank == 2:
-        shm_p2p._map = elsewhere
-    try:
-        out["unmappable_none"] = HostChannels.create(None) is None
-    finally:
-        shm_p2p._map = real_map
+    # No channels on any rank when one rank cannot have them: the platform (the last rank), /dev/shm
+    # out of room (rank 1, a container's 64 MiB), a peer's rings not mappable (rank 2: another
+    # machine's /dev/shm under the same host name).
+    out["fallback_none"] = _opens_none_when(rank, world - 1, HostAllGather, "supported", staticmethod(lambda: False))
+    out["no_room_none"] = _opens_none_when(rank, 1, os, "posix_fallocate", _raises(OSError(errno.ENOSPC, "full")))
+    out["unmappable_none"] = _opens_none_when(rank, 2, shm_p2p, "_map", _raises(FileNotFoundError("elsewhere")))
     return out
 
 
