@@ -265,3 +265,14 @@ def test_torchrun_long_context_recipe_trains_like_one_process():
     one, two = _torchrun_losses(1, *flags), _torchrun_losses(2, *flags)
     assert len(one) == len(two) == 2
     assert max(abs(a - b) for a, b in zip(one, two)) < 2e-2, (one, two)
+
+
+def test_tested_range_is_the_hf_extras():
+    """The range the error messages name is the `hf` extra's, whose ends scripts/test.sh tests."""
+    import pathlib
+    import re
+
+    from burst.integrations.transformers import TESTED_TRANSFORMERS
+
+    pyproject = (pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'"transformers(.*?)"', pyproject).group(1) == TESTED_TRANSFORMERS

@@ -25,6 +25,16 @@ ShardedCache:
 `get_seq_length()` is the global number of tokens seen (prompt + decoded), so positions made by
 generate or by the model are global positions. A ShardedCache serves one generate() call; beam
 search, assisted decoding and padded batches (an attention_mask with zeros) are refused.
+
+What this relies on in transformers (tested on the lowest and the newest release of the `hf` range,
+scripts/test.sh), all of it public interface rather than private call paths:
+- generate() hands the cache it was given to the model's forward, which hands it on to the decoder
+  (`model.get_decoder()`) as a keyword: `cache` from 5.24 on, `past_key_values` before
+  (CACHE_KEYWORDS; the decoder's other inputs come by keyword too, as generate passes them).
+- Each attention layer calls `Cache.update(key, value, layer_idx)` once per forward, before its
+  attention function (the AttentionInterface function registered by bt.register).
+- Positions come from `position_ids` when given, else from `Cache.get_seq_length()`.
+The decoder hooks are torch's forward hooks (public API); nothing in transformers is patched.
 """
 
 from __future__ import annotations
@@ -210,10 +220,23 @@ def _drop_all_ones_mask(kwargs: dict, name: str) -> None:
                          "as their own batch")
 
 
+# The keyword a decoder's forward takes its cache by: `cache` from transformers 5.24 on (generate passes it
+# so), `past_key_values` before (and still accepted, deprecated, by 5.24's forwards).
+CACHE_KEYWORDS = ("cache", "past_key_values")
+
+
+def _sharded_cache_of(kwargs: dict) -> ShardedCache | None:
+    """The ShardedCache a decoder forward was called with, under either name; None for any other cache."""
+    for keyword in CACHE_KEYWORDS:
+        if isinstance(kwargs.get(keyword), ShardedCache):
+            return kwargs[keyword]
+    return None
+
+
 def _before_decoder(module, args, kwargs):
     global _active
-    cache = kwargs.get("past_key_values")
-    if not isinstance(cache, ShardedCache):
+    cache = _sharded_cache_of(kwargs)
+    if cache is None:
         return None
     if args:
         raise ValueError("with past_key_values=ShardedCache(...), pass the decoder's inputs by keyword (input_ids=...)")
@@ -225,8 +248,8 @@ def _before_decoder(module, args, kwargs):
 
 def _after_decoder(module, args, kwargs, output):
     global _active
-    cache = kwargs.get("past_key_values")
-    if not isinstance(cache, ShardedCache):
+    cache = _sharded_cache_of(kwargs)
+    if cache is None:
         return None
     phase, cache.phase, _active = cache.phase, None, None
     if output is None:  # the forward raised (this hook runs anyway, always_call): leave no forward active

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The transformers tests on the lowest transformers release of the `hf` extra's range in pyproject.toml.
+# That release goes into .venv/lowest-transformers/ (its dependencies are .venv's own, which its
+# import-time version check accepts) and shadows .venv's newer one through PYTHONPATH.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+lowest=$(sed -n 's/.*"transformers>=\([0-9.]*\),.*/\1/p' pyproject.toml)
+if [ -z "$lowest" ]; then
+  echo "pyproject.toml names no transformers>=X lower bound" >&2
+  exit 1
+fi
+target=.venv/lowest-transformers/$lowest
+if [ ! -f "$target/.installed" ]; then
+  rm -rf "$target"
+  .venv/bin/pip install -q --no-deps --target "$target" "transformers==$lowest"
+  touch "$target/.installed"
+fi
+export PYTHONPATH="$root/$target${PYTHONPATH:+:$PYTHONPATH}"
+got=$(.venv/bin/python -c "import transformers; print(transformers.__version__)")
+if [ "$got" != "$lowest" ]; then
+  echo "expected transformers $lowest on PYTHONPATH, imported $got" >&2
+  exit 1
+fi
+echo "transformers tests on the lowest tested release, transformers $lowest:"
+exec .venv/bin/python -m pytest -q tests/test_transformers.py tests/test_transformers_generate.py tests/test_transformers_jobs.py
