@@ -9,6 +9,7 @@ from .agreement import agree
 from .comm.p2p import open_host_channels
 from .call import AttentionCall
 from .plan.auto import auto_choice
+from .sinks import check_sinks
 from .strategies import STRATEGIES
 from .validation import DTYPES, STRATEGY_NAMES, check_tensors, checked_call  # the names, here too for callers
 
@@ -27,6 +28,7 @@ def attention(
     cu_seqlens=None,
     block_sparse: BlockSparseMask | None = None,
     topology: Topology | None = None,
+    sinks: torch.Tensor | None = None,
     **options,
 ):
     """Exact attention over a sequence split across the ranks of `group`.
@@ -62,6 +64,10 @@ def attention(
             pairs that are False are never computed.
         topology: a burst.Topology (which ranks share a node); None = Topology(): torchrun's
             LOCAL_WORLD_SIZE, or one node. With several nodes, burst and ring run the double ring.
+        sinks: (nheads,) attention sinks (gpt-oss's learned `s_aux`): one logit per query head that
+            joins every row's softmax denominator and carries no value (burst/sinks.py). Differentiable:
+            its gradient is this rank's rows' share, as for any parameter applied to this rank's
+            tokens (sum it over the group; bt.reduce_gradients does). Every rank passes the same values.
         **options: the chosen strategy's own options (see its module); others raise ValueError.
 
     Every rank of the group must pass the same options and shards of one shape: one small
@@ -74,23 +80,23 @@ def attention(
 
     Returns:
         out: (batch_size, seqlen_local, nheads, headdim) in q's dtype, and, with return_lse,
-        lse: (batch_size, nheads, seqlen_local) float32 (float64 for float64 input).
+        lse: (batch_size, nheads, seqlen_local) float32 (float64 for float64 input), the sinks included.
 
     Raises ValueError / TypeError on bad input on every rank of the group, before any communication
     of the strategy starts, so no rank is left waiting.
     """
     q, k, v = autocast_inputs(q, k, v)
     return _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
-                              cu_seqlens, block_sparse, topology, **options)
+                              cu_seqlens, block_sparse, topology, sinks, **options)
 
 
 @torch.compiler.disable  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
 def _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens,
-                       block_sparse, topology, **options):
+                       block_sparse, topology, sinks, **options):
     chosen, call = prepare_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
-                                     cu_seqlens, block_sparse, topology, **options)
+                                     cu_seqlens, block_sparse, topology, sinks=sinks, **options)
     with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
-        out, lse = chosen(call, *(_unit_stride_last(t) for t in (q, k, v)))
+        out, lse = chosen(call, *(_unit_stride_last(t) for t in (q, k, v)), sinks=sinks)
     return (out, lse) if return_lse else out
 
 
@@ -112,7 +118,7 @@ def autocast_inputs(q, k, v):
 
 def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous", causal=False, window=None,
                       softmax_scale=None, return_lse=False, cu_seqlens=None, block_sparse=None, topology=None,
-                      **options):
+                      sinks=None, **options):
     """burst.attention's validation and cross-rank agreement, without running it: the chosen
     Strategy and its AttentionCall, for callers that drive forward and backward themselves (the
     engine's rematerialization-aware checkpointing replays a stored output into strategy.backward).
@@ -125,9 +131,10 @@ def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous"
     try:
         name, call = checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale,
                                   cu_seqlens, block_sparse, options, topology, auto=auto_choice)
+        check_sinks(sinks, q)
     except (TypeError, ValueError, NotImplementedError) as err:
         problem = err
-    facts = _call_facts(q, k, name, call, return_lse) if problem is None else None
+    facts = _call_facts(q, k, name, call, return_lse, sinks) if problem is None else None
     agree("burst.attention", facts, problem, group, world, hints=_HINTS)
     if world > 1:
         open_host_channels(group)  # collective on a group's first call: every rank has agreed to run it
@@ -153,7 +160,7 @@ def _unit_stride_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
-def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool) -> dict:
+def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool, sinks=None) -> dict:
     """What must be equal on every rank for the call to be right: shard shapes, dtype, options."""
     spec = call.spec
     facts = {
@@ -163,6 +170,7 @@ def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool) -> dict:
         "cu_seqlens": spec.cu_seqlens,
         "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
         "topology": (call.topology.local_world_size, call.topology.double_ring),
+        "sinks": None if sinks is None else (str(sinks.dtype), tuple(sinks.detach().float().tolist())),
     }
     facts.update((f"option {key}", value) for key, value in sorted(call.options.as_dict().items()))
     return facts

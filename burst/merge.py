@@ -21,11 +21,17 @@ def merge_partial(out_acc: torch.Tensor, lse_acc: torch.Tensor, out_blk: torch.T
     out_blk, lse_blk: the same shapes, any dtype. out_blk is consumed (scaled in place when it is
     already float32), which saves a full-size temporary per block.
     """
-    lse_blk = lse_blk.to(lse_acc.dtype)
-    lse_new = torch.logaddexp(lse_acc, lse_blk)
-    empty = torch.isneginf(lse_new)
-    safe = torch.where(empty, 0.0, lse_new)
-    w_acc = torch.exp(lse_acc - safe).transpose(1, 2).unsqueeze(-1)
-    w_blk = torch.exp(lse_blk - safe).transpose(1, 2).unsqueeze(-1)
+    lse_new, w_acc, w_blk = merged_lse_and_weights(lse_acc, lse_blk)
     out_acc.mul_(w_acc).add_(out_blk.to(out_acc.dtype).mul_(w_blk))
     lse_acc.copy_(lse_new)
+
+
+def merged_lse_and_weights(lse_acc: torch.Tensor, lse_blk: torch.Tensor):
+    """(lse, w_acc, w_blk) of the merge: lse (batch, nheads, seqlen) in lse_acc's dtype, and the weights
+    exp(lse_acc - lse), exp(lse_blk - lse) as (batch, seqlen, nheads, 1), to scale outputs with."""
+    lse_blk = lse_blk.to(lse_acc.dtype)
+    lse_new = torch.logaddexp(lse_acc, lse_blk)
+    safe = torch.where(torch.isneginf(lse_new), 0.0, lse_new)
+    w_acc = torch.exp(lse_acc - safe).transpose(1, 2).unsqueeze(-1)
+    w_blk = torch.exp(lse_blk - safe).transpose(1, 2).unsqueeze(-1)
+    return lse_new, w_acc, w_blk

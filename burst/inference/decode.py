@@ -22,6 +22,7 @@ from ..comm.collectives import all_gather_flat, record_to_peers
 from ..comm.shm import HostAllGather
 from ..kernels import accumulator_dtype, select_kernel
 from ..merge import merge_partial
+from ..sinks import check_sinks, fold_sinks
 
 
 def partial_attention(q, k, v, valid, scale: float):
@@ -55,15 +56,15 @@ def partial_attention(q, k, v, valid, scale: float):
 
 
 def merge_across_ranks(out: torch.Tensor, lse: torch.Tensor, group=None, exchange: HostAllGather | None = None
-                       ) -> torch.Tensor:
-    """All-gather every rank's partial (out, lse) and merge them in rank order; float32 result.
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """All-gather every rank's partial (out, lse) and merge them in rank order: float32 (out, lse).
 
     out: (batch, t, heads, head_dim) float32; lse: (batch, heads, t) float32. exchange: the
     generation's shared-memory all-gather (decode_exchange), or None for the process group's.
     """
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     if world == 1:
-        return out
+        return out, lse
     packed = torch.cat([out.flatten(), lse.flatten()])
     if exchange is not None:
         every = exchange(packed)
@@ -77,18 +78,19 @@ def merge_across_ranks(out: torch.Tensor, lse: torch.Tensor, group=None, exchang
     merged_lse = torch.full_like(lse, float("-inf"))
     for r in range(world):
         merge_partial(merged_out, merged_lse, every[r, :n_out].view_as(out).clone(), every[r, n_out:].view_as(lse))
-    return merged_out
+    return merged_out, merged_lse
 
 
 def decode_attention(q, k, v, valid, scale: float | None = None, group=None, agreed: bool = False,
-                     exchange: HostAllGather | None = None) -> torch.Tensor:
+                     exchange: HostAllGather | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Exact attention of new queries over a KV cache sharded across `group`; q's dtype out.
 
     q: (batch, t, heads, head_dim), the same on every rank; k, v, valid: this rank's cache shard
     (ShardedKVCache.keys_values). Heads of q must be a multiple of the cache's kv_heads.
     agreed: the caller already checked, once for a whole generation (`agree_on_decoding`), that every
     rank decodes the same shapes; then this call is one collective (the merge's all-gather), not two.
-    exchange: the generation's decode_exchange (after the agreement), or None.
+    exchange: the generation's decode_exchange (after the agreement), or None. sinks: (heads,)
+    attention sinks (burst/sinks.py), folded into the merged rows; the same on every rank.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     world = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -97,12 +99,18 @@ def decode_attention(q, k, v, valid, scale: float | None = None, group=None, agr
         problem = ValueError(f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, valid "
                              f"{tuple(valid.shape)}: want q (batch, t, heads, d), k = v (batch, entries, kv_heads, d) "
                              "with heads a multiple of kv_heads, valid (batch, entries)")
+    try:
+        check_sinks(sinks, q)
+    except (TypeError, ValueError) as err:
+        problem = problem or err
     if agreed and problem is not None:
         raise problem  # the shapes were agreed for the whole generation: a bad one here is a bug of the caller's
     if not agreed:
         agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, group, problem)
-    out, lse = partial_attention(q, k, v, valid, scale)
-    return merge_across_ranks(out, lse, group, exchange).to(q.dtype)
+    out, lse = merge_across_ranks(*partial_attention(q, k, v, valid, scale), group, exchange)
+    if sinks is not None:
+        out, _ = fold_sinks(out, lse, sinks)
+    return out.to(q.dtype)
 
 
 def agree_on_decoding(q_shape, dtype, kv_heads: int, scale: float, group=None, problem=None) -> None:

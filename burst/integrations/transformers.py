@@ -36,6 +36,7 @@ from .. import api, layout as layout_mod
 from ..agreement import agree
 from ..comm.collectives import all_reduce_in_place
 from .hf_backends import BACKENDS, Backend, backend_of
+from .hf_keywords import check_backend_compatible, check_config, check_keywords, check_model_features, model_name
 
 TESTED_TRANSFORMERS = ">=5.23.0,<6"  # the `hf` extra of pyproject.toml: the releases scripts/test.sh tests
 
@@ -73,28 +74,39 @@ def _transformers_interfaces():
     return AttentionInterface, AttentionMaskInterface
 
 
-def burst_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
-                            scaling: float | None = None, is_causal: bool | None = None,
-                            sliding_window: int | None = None, **kwargs):
+def burst_attention_forward(module, query, key, value, attention_mask, **kwargs):
     """transformers' attention-function interface on burst.attention.
 
     query: (batch, heads, seq_local, head_dim); key, value: (batch, kv_heads, seq_local, head_dim),
-    this rank's shard. Returns (out (batch, seq_local, heads, head_dim), None).
+    this rank's shard. Returns (out (batch, seq_local, heads, head_dim), None). Keywords: those of
+    hf_keywords.ACCEPTED_KEYWORDS; any other raises (deny by default).
     """
     name, backend = backend_of(module)
+    check_config(name, getattr(module, "config", None))
+    check_keywords(name, module, kwargs)
+    scaling, sliding_window = kwargs.get("scaling"), kwargs.get("sliding_window")
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    check_model_features(name, module, sliding_window)
     from . import transformers_generate  # generate(): decode steps on a ShardedCache (imports transformers)
-    if (decoded := transformers_generate.generate_attention(name, module, query, scaling, sliding_window)) is not None:
+    decoded = transformers_generate.generate_attention(name, module, query, scaling, sliding_window, sinks)
+    if decoded is not None:
         return decoded
-    _refuse_unsupported(name, query, key, attention_mask, dropout, kwargs)
+    _refuse_unsupported(name, query, key, attention_mask)
+    is_causal = kwargs.get("is_causal")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     window = None
     if sliding_window is not None:  # transformers: key j attends when j > i - sliding_window
         window = (sliding_window - 1, 0 if causal else sliding_window - 1)
+    if kwargs.get("position_ids") is None:
+        raise ValueError(
+            f"attn_implementation={name!r}: {model_name(module)} does not pass position_ids to its attention "
+            "function, so burst can neither check that the shards sit at their global positions nor see packed "
+            "documents; refused (models that do pass them: Llama, Qwen, Mistral, GPT-OSS, ...)")
     cu_seqlens = _documents(kwargs.get("position_ids"), query.shape[0], query.shape[2], backend)
     query, key, value = _one_dtype(query, key, value)
     out = api.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), group=backend.group,
                         strategy=backend.strategy, layout=backend.layout, causal=causal, window=window,
-                        softmax_scale=scaling, cu_seqlens=cu_seqlens, **backend.options)
+                        softmax_scale=scaling, cu_seqlens=cu_seqlens, sinks=sinks, **backend.options)
     return out, None
 
 
@@ -108,22 +120,16 @@ def _one_dtype(query, key, value):
     return query.to(dtype), key.to(dtype), value.to(dtype)
 
 
-def _refuse_unsupported(name, query, key, attention_mask, dropout, kwargs) -> None:
-    """What this backend cannot run, as a clear error. Every condition is one every rank of an SPMD
-    program sees alike (the padding mask is agreed on in burst_attention_mask)."""
-    if dropout:
-        raise ValueError(f"attn_implementation={name!r} runs without attention dropout (got {dropout}); "
-                         "set config.attention_dropout = 0")
-    if kwargs.get("output_attentions"):
-        raise ValueError(f"attn_implementation={name!r} never builds the attention matrix, so "
-                         "output_attentions=True is not available; use attn_implementation='eager' on one device")
-    if kwargs.get("softcap") is not None:
-        raise ValueError(f"attn_implementation={name!r} does not support attention logit softcapping")
+def _refuse_unsupported(name, query, key, attention_mask) -> None:
+    """What this backend cannot run beyond its keywords (hf_keywords), as a clear error. Every
+    condition is one every rank of an SPMD program sees alike (the padding mask is agreed on in
+    burst_attention_mask)."""
     if query.shape[2] != key.shape[2]:
         raise ValueError(
-            f"attn_implementation={name!r} got {query.shape[2]} queries against {key.shape[2]} cached keys: "
-            "cached decoding needs burst's sharded KV cache: model.generate(ids, past_key_values="
-            "bt.ShardedCache(model)) (import burst.integrations.transformers as bt)")
+            f"attn_implementation={name!r} got {query.shape[2]} queries against {key.shape[2]} keys: burst attends a "
+            "shard's queries to the same shard's keys. Cached decoding needs burst's sharded KV cache: "
+            "model.generate(ids, past_key_values=bt.ShardedCache(model)) (import burst.integrations.transformers as "
+            "bt); a model that adds keys of its own (compressed or memory tokens) is not supported")
     if attention_mask is not None:
         raise ValueError(f"attn_implementation={name!r} got an attention mask it cannot apply "
                          f"(shape {tuple(attention_mask.shape)}); pass no mask, or packed position_ids")
@@ -139,7 +145,11 @@ def burst_attention_mask(batch_size: int, q_length: int, kv_length: int, q_offse
     name = getattr(config, "_attn_implementation", None)
     backend = BACKENDS.get(name)
     problem = None
-    if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+    try:
+        check_config(name, config)
+    except ValueError as err:  # every rank runs the same model: the agreement below raises it everywhere
+        problem = err
+    if problem is None and attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
         problem = ValueError(
             f"attn_implementation={name!r}: the attention_mask has padding (zeros); burst runs whole "
             "sequences only. Pack documents into one row instead (position_ids restarting at 0 per document "
@@ -268,7 +278,26 @@ def _rank_local_aranges(world: int, layout: str, seq_len: int) -> torch.Tensor:
     return full
 
 
-def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_index: int = -100) -> dict:
+def check_model(model: torch.nn.Module) -> None:
+    """Raise ValueError for a model burst cannot run exactly: its attention implementation is not one
+    registered with burst, or transformers marks its class as not running on custom attention
+    backends (Mamba, RWKV and the hybrids mix tokens outside attention; some families compute
+    attention in their own code). Those never call burst's attention function, so this is the check
+    that sees them: shard_batch(..., model=model), reduce_gradients, fully_shard and ShardedCache run
+    it (once per model)."""
+    if model in _checked_models:
+        return
+    name, _ = backend_of(model)
+    check_backend_compatible(name, model)
+    check_config(name, model.config)
+    _checked_models.add(model)
+
+
+_checked_models: weakref.WeakSet = weakref.WeakSet()
+
+
+def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_index: int = -100,
+                model: torch.nn.Module | None = None) -> dict:
     """This rank's shard of a batch of full sequences, ready for `model(**shard)`.
 
     batch: `input_ids` (batch, seq_len), optional `labels` (same shape), `position_ids` (made as
@@ -279,8 +308,11 @@ def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_inde
     labels shifted on the *global* sequence (each token's next token; shifting a shard would pair
     tokens across shard boundaries) and `num_items_in_batch` is the global count of labelled
     tokens, so the model's loss is this rank's share of the global mean (see reduce_loss). Other
-    entries are passed through unchanged.
+    entries are passed through unchanged. model: the model the batch is for, checked by check_model
+    (pass it: a model that never calls attention, such as Mamba, is refused only there).
     """
+    if model is not None:
+        check_model(model)
     if layout not in layout_mod.DOCUMENT_LAYOUTS:
         layout_mod.check_layout(layout)
     ids = batch["input_ids"]
@@ -330,6 +362,7 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
     to the sum over the group (a mean over the mesh's other, data-parallel ranks) and, when FSDP's
     mesh does not contain the group, summed over the group as well.
     """
+    check_model(model)
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -356,6 +389,7 @@ def fully_shard(model: torch.nn.Module, mesh=None, group=None, **fsdp_kwargs) ->
     """
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
+    check_model(model)
     if mesh is None:
         from torch.distributed.device_mesh import init_device_mesh
 

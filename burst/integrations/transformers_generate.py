@@ -67,6 +67,9 @@ class ShardedCache(Cache):
     """
 
     def __init__(self, model: torch.nn.Module, chunk: int = 256):
+        from .transformers import check_model
+
+        check_model(model)
         name, backend = backend_of(model)
         if backend.layout not in LAYOUTS:  # a DocumentLayout cuts packed documents: no prompt is one
             raise ValueError(f"ShardedCache needs attn_implementation={name!r} registered with a layout of {LAYOUTS}, "
@@ -191,10 +194,11 @@ class ShardedCache(Cache):
         output["last_hidden_state"] = last
         return output
 
-    def attend(self, layer: int, query: torch.Tensor, scaling: float | None, sliding_window: int | None):
+    def attend(self, layer: int, query: torch.Tensor, scaling: float | None, sliding_window: int | None,
+               sinks: torch.Tensor | None = None):
         """Decode attention of the new token over the sharded cache: (batch, 1, heads, head_dim).
 
-        query: (batch, heads, 1, head_dim), the same on every rank.
+        query: (batch, heads, 1, head_dim), the same on every rank; sinks: (heads,) or None.
         """
         since = None
         if sliding_window is not None:  # transformers: key j attends query i when j > i - sliding_window
@@ -207,7 +211,7 @@ class ShardedCache(Cache):
             agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, self.group)
             self._agreed[signature] = decode_exchange(q.shape, q.dtype, q.device, self.group)
         return decode_attention(q, k, v, valid, scale=scale, group=self.group, agreed=True,
-                                exchange=self._agreed[signature])
+                                exchange=self._agreed[signature], sinks=sinks)
 
 
 def _drop_all_ones_mask(kwargs: dict, name: str) -> None:
@@ -257,7 +261,8 @@ def _after_decoder(module, args, kwargs, output):
     return cache._end(output, phase)
 
 
-def generate_attention(name: str, module, query: torch.Tensor, scaling: float | None, sliding_window: int | None):
+def generate_attention(name: str, module, query: torch.Tensor, scaling: float | None, sliding_window: int | None,
+                       sinks: torch.Tensor | None = None):
     """What burst_attention_forward runs inside generate(): (out (batch, 1, heads, head_dim), None)
     in a ShardedCache decode step; None where burst's sequence-parallel path runs (a ShardedCache
     prefill, or any forward outside generate()). generate() without a ShardedCache raises."""
@@ -265,7 +270,7 @@ def generate_attention(name: str, module, query: torch.Tensor, scaling: float | 
     if cache is not None:
         if cache.phase != "decode":
             return None
-        return cache.attend(module.layer_idx, query, scaling, sliding_window), None
+        return cache.attend(module.layer_idx, query, scaling, sliding_window, sinks), None
     if not torch.is_grad_enabled() and _inside_generate():  # generate runs under no_grad: training skips the walk
         raise ValueError(
             f"attn_implementation={name!r}: model.generate() needs past_key_values=bt.ShardedCache(model) "

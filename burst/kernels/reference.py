@@ -65,15 +65,24 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Te
 
 
 def attention(q, k, v, scale: float | None = None, causal: bool = False, mask: torch.Tensor | None = None,
-              dtype: torch.dtype = torch.float64):
+              dtype: torch.dtype = torch.float64, sinks: torch.Tensor | None = None):
     """Differentiable attention on the full sequence in `dtype` (float64 by default): the oracle.
 
     q: (batch, seqlen, nheads, headdim); k, v: (batch, seqlen, nheads_k, headdim).
     mask: optional bool (seqlen_q, seqlen_k), True = attend; combined with `causal` if both are given.
+    sinks: optional (nheads,) attention sinks, taken as gpt-oss's eager attention takes them (one more
+    score column per head, softmax over all, that column dropped), not as burst/sinks.py folds them.
     Returns out (batch, seqlen, nheads, headdim) and lse (batch, nheads, seqlen), both in `dtype`.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return forward(q.to(dtype), k.to(dtype), v.to(dtype), scale, causal, mask)
+    if sinks is None:
+        return forward(q.to(dtype), k.to(dtype), v.to(dtype), scale, causal, mask)
+    s, group = _scores(q.to(dtype), k.to(dtype), scale, causal, mask)
+    sink_column = sinks.to(dtype)[None, :, None, None].expand(*s.shape[:3], 1)
+    scores = torch.cat([s, sink_column], dim=-1)
+    p = torch.softmax(scores, dim=-1)[..., :-1]
+    out = torch.einsum("bhqk,bkhd->bqhd", p, v.to(dtype).repeat_interleave(group, dim=2))
+    return out, torch.logsumexp(scores, dim=-1)
 
 
 # --- verification: inputs, the float64 reference on the full sequence, errors and bounds ----------
@@ -110,8 +119,9 @@ def full_inputs(seed: int, batch: int, seq_len: int, heads: int, kv_heads: int, 
 
 
 def full_reference(q, k, v, dout, causal: bool = False, mask: torch.Tensor | None = None,
-                   scale: float | None = None):
-    """float64 out (b, n, h, d), lse (b, h, n), dq, dk, dv of attention on the full sequence.
+                   scale: float | None = None, sinks: torch.Tensor | None = None):
+    """float64 out (b, n, h, d), lse (b, h, n), dq, dk, dv of attention on the full sequence, and with
+    `sinks` (h,) (attention's sinks) their gradient dsinks (h,) as a sixth value.
 
     q, dout: (batch, seq_len, heads, head_dim); k, v: (batch, seq_len_k, kv_heads, head_dim); mask:
     optional bool (seq_len, seq_len_k), True = attend, combined with `causal`; scale: default
@@ -120,6 +130,8 @@ def full_reference(q, k, v, dout, causal: bool = False, mask: torch.Tensor | Non
     gradients come from autograd through `attention`, each chunk adding its share to dk and dv.
     """
     q, k, v = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
+    if sinks is not None:
+        sinks = sinks.detach().to(q.device, torch.float64).requires_grad_()
     dout = dout.to(torch.float64)
     b, n, h, _ = q.shape
     rows = max(1, min(n, REFERENCE_CHUNK_ELEMENTS // max(1, b * h * k.shape[1])))
@@ -130,11 +142,12 @@ def full_reference(q, k, v, dout, causal: bool = False, mask: torch.Tensor | Non
         allowed = positions[chunk, None] >= positions[None, :] if causal else None
         if mask is not None:
             allowed = mask[chunk].to(q.device) if allowed is None else allowed & mask[chunk].to(q.device)
-        out, lse = attention(q[:, chunk], k, v, scale=scale, mask=allowed)
+        out, lse = attention(q[:, chunk], k, v, scale=scale, mask=allowed, sinks=sinks)
         out.backward(dout[:, chunk])
         outs.append(out.detach())
         lses.append(lse.detach())
-    return torch.cat(outs, 1), torch.cat(lses, 2), q.grad, k.grad, v.grad
+    result = (torch.cat(outs, 1), torch.cat(lses, 2), q.grad, k.grad, v.grad)
+    return result if sinks is None else (*result, sinks.grad)
 
 
 def absolute_error(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -11,7 +11,8 @@ options `burst.attention` takes for it (e.g. a Ulysses degree), which checks its
 cannot run. `check(call, q, k)` may look at local facts only (it runs before any communication, on
 every rank; the agreement check then makes every rank raise).
 
-Forward saves exactly what backward needs (q, k, v, out, lse), as flash-attention does.
+Forward saves exactly what backward needs (q, k, v, out, lse), as flash-attention does (and the
+sinks, when the call has them).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Callable
 import torch
 
 from ..call import AttentionCall, Options
+from ..sinks import fold_sinks, sink_gradient
 
 
 def int_at_least(name: str, value, low: int, meaning: str = "") -> None:
@@ -51,22 +53,31 @@ class Strategy:
     def takes(self, given: dict) -> bool:
         return set(given) <= set(self.options.names())
 
-    def __call__(self, call: AttentionCall, q, k, v):
-        """Differentiable (out, lse) for this rank's shards; lse is not differentiable."""
-        return ShardedAttentionFunction.apply(q, k, v, call, self)
+    def __call__(self, call: AttentionCall, q, k, v, sinks=None):
+        """Differentiable (out, lse) for this rank's shards, with attention sinks (heads,) folded in
+        when given (burst/sinks.py); lse is not differentiable."""
+        return ShardedAttentionFunction.apply(q, k, v, sinks, call, self)
 
 
 class ShardedAttentionFunction(torch.autograd.Function):
+    """Any strategy's loops as one autograd node. Sinks are folded into the finished rows here, so
+    every strategy honours them; its backward then runs on (out', lse'), which is exact for q, k, v
+    (burst/sinks.py), and the sinks' gradient is one reduction over this rank's rows."""
+
     @staticmethod
-    def forward(ctx, q, k, v, call: AttentionCall, strategy: Strategy):
+    def forward(ctx, q, k, v, sinks, call: AttentionCall, strategy: Strategy):
         out, lse = strategy.forward(call, q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
+        if sinks is not None:
+            out, lse = fold_sinks(out, lse, sinks)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.call, ctx.strategy = call, strategy
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.strategy.backward(ctx.call, dout.contiguous(), q, k, v, out, lse)
-        return dq, dk, dv, None, None
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dout = dout.contiguous()
+        dq, dk, dv = ctx.strategy.backward(ctx.call, dout, q, k, v, out, lse)
+        dsinks = sink_gradient(dout, out, lse, sinks) if sinks is not None and ctx.needs_input_grad[3] else None
+        return dq, dk, dv, dsinks, None, None

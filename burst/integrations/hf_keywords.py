@@ -1,0 +1,164 @@
+"""What burst's transformers backend accepts, in one table: deny by default.
+
+transformers' attention modules call the attention function with keywords of their own (a window,
+sinks, a softcap...) beside the inputs. A keyword that burst dropped would make the model silently
+wrong, so every keyword is in ACCEPTED_KEYWORDS with what burst does with it, and any other keyword,
+or a listed one with a value burst cannot honour, raises ValueError naming the keyword and the model.
+Every rank runs the same model on the same kind of batch, so every rank raises alike, before the
+attention's first collective.
+
+The model's configuration is checked too (check_model_features), for what reaches attention only
+through the mask that burst does not build: a sliding window the layer does not pass as
+`sliding_window`, chunked attention. And a model transformers itself marks as not running on other
+attention backends (`_supports_attention_backend = False`: it computes some attention in its own code,
+or mixes sequences outside attention, as Mamba and linear-attention layers do) is refused whole
+(check_backend_compatible), on the model, its config, or any of its layers.
+"""
+
+from __future__ import annotations
+
+USED = "used"
+OFF_ONLY = "accepted when off (None, False or 0), refused otherwise"
+NO_EFFECT = "bookkeeping of the model or the loss: does not change attention"
+
+# keyword -> (how it is treated, what burst does with it)
+ACCEPTED_KEYWORDS: dict[str, tuple[str, str]] = {
+    "scaling": (USED, "softmax_scale"),
+    "is_causal": (USED, "causal (default: the module's is_causal, else True)"),
+    "sliding_window": (USED, "window=(sliding_window - 1, 0), transformers' convention"),
+    "s_aux": (USED, "sinks (attention sinks: gpt-oss and the other s_aux families)"),
+    "sinks": (USED, "sinks"),
+    "position_ids": (USED, "global positions; restarts at 0 mark packed documents (cu_seqlens)"),
+    "dropout": (OFF_ONLY, "attention dropout (set config.attention_dropout = 0)"),
+    "softcap": (OFF_ONLY, "attention logit softcapping"),
+    "output_attentions": (OFF_ONLY, "the attention matrix, which burst never builds"),
+    "cu_seq_lens_q": (OFF_ONLY, "flash-attention varlen arguments: pack with position_ids instead"),
+    "cu_seq_lens_k": (OFF_ONLY, "flash-attention varlen arguments: pack with position_ids instead"),
+    "max_length_q": (OFF_ONLY, "flash-attention varlen arguments: pack with position_ids instead"),
+    "max_length_k": (OFF_ONLY, "flash-attention varlen arguments: pack with position_ids instead"),
+    "position_bias": (OFF_ONLY, "an additive relative-position bias (T5-style)"),
+    "encoder_hidden_states": (OFF_ONLY, "cross-attention (BERT-style decoders pass None for self-attention)"),
+    "cache": (NO_EFFECT, "the KV cache (generate runs on bt.ShardedCache)"),
+    "past_key_values": (NO_EFFECT, "the KV cache, before transformers 5.24"),
+    "past_key_value": (NO_EFFECT, "the KV cache, older spelling"),
+    "use_cache": (NO_EFFECT, "whether to fill the cache"),
+    "cache_position": (NO_EFFECT, "cache slots"),
+    "position_embeddings": (NO_EFFECT, "RoPE's (cos, sin), already applied to q and k"),
+    "output_hidden_states": (NO_EFFECT, "outputs to return"),
+    "output_router_logits": (NO_EFFECT, "outputs to return"),
+    "return_dict": (NO_EFFECT, "outputs to return"),
+    "num_items_in_batch": (NO_EFFECT, "the loss's token count (bt.shard_batch)"),
+    "shift_labels": (NO_EFFECT, "the loss's labels (bt.shard_batch)"),
+}
+
+
+def model_name(module) -> str:
+    """The model a layer belongs to, for error messages: its config's architecture, else the layer's class."""
+    config = getattr(module, "config", None)
+    architectures = getattr(config, "architectures", None)
+    if architectures:
+        return f"{architectures[0]} ({type(module).__name__})"
+    model_type = getattr(config, "model_type", None)
+    return f"{type(module).__name__} (model_type {model_type!r})" if model_type else type(module).__name__
+
+
+def check_keywords(name: str, module, kwargs: dict) -> None:
+    """ValueError for a keyword burst does not know, or a known one with a value it cannot honour."""
+    for key, value in kwargs.items():
+        rule = ACCEPTED_KEYWORDS.get(key)
+        if rule is None:
+            raise ValueError(
+                f"attn_implementation={name!r}: {model_name(module)} passes the attention function "
+                f"{key}={_short(value)}, which burst does not implement; it refuses rather than drop it "
+                "(accepted keywords: burst.integrations.hf_keywords.ACCEPTED_KEYWORDS)")
+        if rule[0] == OFF_ONLY and value is not None and value is not False and not _is_zero(value):
+            raise ValueError(f"attn_implementation={name!r}: {model_name(module)} passes {key}={_short(value)}; "
+                             f"burst does not support {rule[1]}")
+
+
+def check_model_features(name: str, module, sliding_window) -> None:
+    """ValueError for what the layer's config asks of attention that reaches burst only through the
+    mask transformers would build (burst builds none): a sliding window not passed as
+    `sliding_window`, chunked attention."""
+    config = getattr(module, "config", None)
+    if config is None:
+        return
+    layer_type = _layer_type(config, getattr(module, "layer_idx", None))
+    if layer_type == "chunked_attention" or getattr(config, "attention_chunk_size", None):
+        raise ValueError(f"attn_implementation={name!r}: {model_name(module)} uses chunked attention "
+                         f"(attention_chunk_size={getattr(config, 'attention_chunk_size', None)}), which burst "
+                         "does not implement")
+    window = getattr(config, "sliding_window", None)
+    uses_window = layer_type == "sliding_attention" or (
+        layer_type is None and window and getattr(config, "use_sliding_window", True) is not False)
+    if uses_window and sliding_window is None:
+        raise ValueError(
+            f"attn_implementation={name!r}: {model_name(module)} has a sliding window (config.sliding_window="
+            f"{window}) that its attention does not pass as sliding_window=, so burst cannot tell which "
+            "layers apply it; refused rather than attend the whole sequence")
+
+
+def check_config(name: str, config) -> None:
+    """The whole-model refusals that a config shows, checked once per forward (the mask interface)
+    and by every layer: check_backend_compatible, and DeepSeek sparse attention (a learned top-k
+    indexer that reads the mask tensor burst never builds)."""
+    check_backend_compatible(name, config)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if getattr(text, "index_topk", None):
+        raise ValueError(f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses "
+                         f"DeepSeek sparse attention (index_topk={text.index_topk}), which burst does not implement")
+
+
+def check_backend_compatible(name: str, model_or_config) -> None:
+    """ValueError when transformers marks the model's class as not running on custom attention
+    backends (`PreTrainedModel.is_backend_compatible()` False). model_or_config: a model, or a
+    config (its model_type's class is looked up; an unknown model_type, e.g. remote code, passes)."""
+    cls = model_or_config if isinstance(model_or_config, type) else _model_class(model_or_config)
+    if cls is None or not hasattr(cls, "is_backend_compatible") or cls.is_backend_compatible():
+        return
+    raise ValueError(
+        f"attn_implementation={name!r}: transformers marks {cls.__name__} as not running on custom attention "
+        "backends (_supports_attention_backend = False): it computes attention in its own code or mixes tokens "
+        "outside attention (recurrent or convolutional layers, absolute positions), so burst cannot make it "
+        "exact across ranks and refuses it")
+
+
+_classes: dict = {}
+
+
+def _model_class(model_or_config):
+    """The transformers model class of a model (its type) or of a config (by model_type), or None."""
+    from transformers import PreTrainedModel
+
+    if isinstance(model_or_config, PreTrainedModel):
+        return type(model_or_config)
+    model_type = getattr(model_or_config, "model_type", None)
+    if model_type not in _classes:
+        import transformers
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
+
+        class_name = MODEL_MAPPING_NAMES.get(model_type) or MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+        try:
+            _classes[model_type] = getattr(transformers, class_name) if isinstance(class_name, str) else None
+        except (AttributeError, ImportError):  # a class that needs a package this machine lacks
+            _classes[model_type] = None
+    return _classes[model_type]
+
+
+def _layer_type(config, layer_idx):
+    layer_types = getattr(config, "layer_types", None)
+    if layer_idx is None or not isinstance(layer_types, (list, tuple)) or layer_idx >= len(layer_types):
+        return None
+    return layer_types[layer_idx]
+
+
+def _is_zero(value) -> bool:
+    try:
+        return float(value) == 0.0
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
+def _short(value) -> str:
+    text = repr(value) if not hasattr(value, "shape") else f"<{type(value).__name__} of shape {tuple(value.shape)}>"
+    return text if len(text) <= 60 else text[:57] + "..."
