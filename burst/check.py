@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 
 from . import api, layout as layout_mod
-from .kernels.reference import BOUNDS, DTYPES, QUANTITIES, errors_against, full_inputs, full_reference, within_bounds
+from .kernels.reference import (BOUNDS, DTYPES, QUANTITIES, errors_against, full_inputs, full_reference,
+                                relative_error, within_bounds)
 
 
 @dataclass
@@ -64,10 +65,11 @@ class CheckReport:
         return [r for r in self.rows if r.status == "FAIL"]
 
     def table(self) -> str:
-        head = "| strategy | layout | causal | dtype | out | lse | dq | dk | dv | bound | status |"
+        quantities = QUANTITIES + (("dsinks",) if any("dsinks" in r.errors for r in self.rows) else ())
+        head = "| strategy | layout | causal | dtype | " + " | ".join(quantities) + " | bound | status |"
         lines = [f"burst check on {self.world} ranks, shape {self.shape}", "", head, "|---" * (head.count("|") - 1) + "|"]
         for r in self.rows:
-            errs = [f"{r.errors[q]:.1e}" if q in r.errors else "-" for q in QUANTITIES]
+            errs = [f"{r.errors[q]:.1e}" if q in r.errors else "-" for q in quantities]
             status = r.status if not r.note else f"{r.status}: {r.note}"
             lines.append(f"| {r.strategy} | {r.layout} | {r.causal} | {r.dtype} | " + " | ".join(errs)
                          + f" | {r.bound:.0e} | {status} |")
@@ -79,7 +81,7 @@ class CheckReport:
 
 def check(strategies=None, layouts=None, causal=(False, True), seq_len: int = 1024, heads: int = 4,
           kv_heads: int | None = None, head_dim: int = 64, dtype: str = "float32", group=None, batch: int = 1,
-          seed: int = 0, device=None) -> CheckReport:
+          seed: int = 0, device=None, sinks: bool = False) -> CheckReport:
     """Run every case on the caller's world and compare with float64 single-device attention.
 
     strategies / layouts: names, or None for every registered strategy / every layout. causal: the
@@ -87,7 +89,8 @@ def check(strategies=None, layouts=None, causal=(False, True), seq_len: int = 10
     seq_len is the global length (a multiple of 2 x world, so every layout applies). Every rank must
     call it with the same arguments (checked, like every burst call). Tensors live on `device` when
     given (e.g. CUDA tensors on a gloo group, several ranks sharing one GPU), else on this rank's GPU
-    when CUDA is available and the group is not gloo, else on the CPU.
+    when CUDA is available and the group is not gloo, else on the CPU. sinks: also pass attention
+    sinks (random, one per head) and compare their gradient ("dsinks", summed over the ranks).
     """
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     strategies = tuple(strategies) if strategies is not None else tuple(api.STRATEGIES)
@@ -101,10 +104,11 @@ def check(strategies=None, layouts=None, causal=(False, True), seq_len: int = 10
     for dt in dtypes:
         for is_causal in causals:
             full = full_inputs(seed, batch, seq_len, heads, kv_heads, head_dim, DTYPES[dt], device)
-            ref = full_reference(*full, causal=is_causal)
+            sink_logits = _sinks(seed, heads, DTYPES[dt], device) if sinks else None
+            ref = full_reference(*full, causal=is_causal, sinks=sink_logits)
             for strategy in strategies:
                 for lay in layouts:
-                    rows.append(_run_case(full, ref, strategy, lay, is_causal, dt, group, world))
+                    rows.append(_run_case(full, ref, strategy, lay, is_causal, dt, group, world, sink_logits))
     shape = dict(batch=batch, seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     return CheckReport(rows=rows, world=world, shape=shape)
 
@@ -131,20 +135,33 @@ def _device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def _run_case(full, ref, strategy, lay, causal, dtype, group, world) -> CheckRow:
+def _sinks(seed: int, heads: int, dtype, device) -> torch.Tensor:
+    """(heads,) sink logits of `dtype` (held in float64, as full_inputs holds its tensors)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    return (torch.randn(heads, generator=g, dtype=torch.float64) * 2).to(dtype).to(device, torch.float64)
+
+
+def _run_case(full, ref, strategy, lay, causal, dtype, group, world, sinks=None) -> CheckRow:
     row = CheckRow(strategy=strategy, layout=lay, causal=causal, dtype=dtype, bound=BOUNDS[dtype])
     q, k, v, dout = (layout_mod.shard(t, group=group, layout=lay).to(DTYPES[dtype]) for t in full)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
+    mine_sinks = sinks.to(DTYPES[dtype]).requires_grad_() if sinks is not None else None
     try:
-        out, lse = api.attention(q, k, v, group=group, strategy=strategy, layout=lay, causal=causal, return_lse=True)
+        out, lse = api.attention(q, k, v, group=group, strategy=strategy, layout=lay, causal=causal, return_lse=True,
+                                 sinks=mine_sinks)
     except (ValueError, NotImplementedError) as err:  # raised on every rank alike (agreement check)
         row.status, row.note = "skipped", _short(str(err))
         return row
     out.backward(dout)
     mine = [out, lse, q.grad, k.grad, v.grad]
-    theirs = [layout_mod.shard(t, group=group, layout=lay, dim=2 if t.dim() == 3 else 1) for t in ref]
+    theirs = [layout_mod.shard(t, group=group, layout=lay, dim=2 if t.dim() == 3 else 1) for t in ref[:5]]
     local = errors_against(mine, theirs)
     row.errors = dict(zip(QUANTITIES, max_over_ranks([local[x] for x in QUANTITIES], group, world, out.device)))
+    if sinks is not None:  # each rank holds its rows' share of the sinks' gradient: the sum is compared
+        total = mine_sinks.grad.detach().to(torch.float64).clone()
+        if world > 1:
+            dist.all_reduce(total, group=group)
+        row.errors["dsinks"] = relative_error(total, ref[5])
     if not within_bounds(row.errors, dtype):
         row.status = "FAIL"
     return row

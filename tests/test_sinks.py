@@ -125,3 +125,10 @@ def test_bad_sinks_raise_before_any_communication():
                       ([0.0] * H, TypeError)):
         with pytest.raises(kind, match="sinks"):
             burst.attention(q, q[:, :, :HK], q[:, :, :HK], sinks=bad)
+
+
+def test_burst_check_compares_the_sinks_gradient():
+    report = burst.check(strategies=("burst", "ring"), layouts=("contiguous",), seq_len=32, heads=H, kv_heads=HK,
+                         head_dim=D, sinks=True)
+    assert report.ok and all("dsinks" in r.errors for r in report.rows if r.status == "ok"), report.table()
+    assert "dsinks" in report.table()

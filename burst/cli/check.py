@@ -29,6 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("--batch", type=positive_int, default=1, help="sequences")
     p.add_argument("--dtype", type=name_list(tuple(DTYPES)), default=("float32",),
                    help="comma-separated: " + ",".join(DTYPES))
+    p.add_argument("--sinks", action="store_true",
+                   help="also pass attention sinks (gpt-oss's s_aux) and compare their gradient")
     add_common(p)
 
 
@@ -70,7 +72,7 @@ def run(args) -> int:
 
     kwargs = dict(strategies=args.strategies, layouts=args.layouts, causal=CAUSAL[args.causal], seq_len=args.seq_len,
                   heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, batch=args.batch,
-                  dtypes=args.dtype)
+                  dtypes=args.dtype, sinks=args.sinks)
     report = run_world(_check_on_rank, kwargs, nproc=args.nproc)
     publish(args, report.as_dict(), verdict(report, args.refused))
     return 0 if report.ok else 1
@@ -104,7 +106,7 @@ def _check_on_rank(rank, world, kwargs):
     for dtype, causal, strategy in cases:
         report = check(strategies=(strategy,), layouts=kwargs["layouts"], causal=causal, seq_len=kwargs["seq_len"],
                        heads=kwargs["heads"], kv_heads=kwargs["kv_heads"], head_dim=kwargs["head_dim"],
-                       batch=kwargs["batch"], dtype=dtype)
+                       batch=kwargs["batch"], dtype=dtype, sinks=kwargs["sinks"])
         rows += report.rows
         step(f"{strategy} causal={causal} {dtype}: {_outcome(report.rows)}")
     step.close()

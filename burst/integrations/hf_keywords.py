@@ -98,15 +98,37 @@ def check_model_features(name: str, module, sliding_window) -> None:
             "layers apply it; refused rather than attend the whole sequence")
 
 
-def check_config(name: str, config) -> None:
+# Per-layer kinds (config.layer_types / layers_block_type) that mix tokens only through attention, or not at all
+ATTENTION_LAYER_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention",
+                                   "mlp", "moe"})
+
+
+def check_config(name: str, config, world: int) -> None:
     """The whole-model refusals that a config shows, checked once per forward (the mask interface)
-    and by every layer: check_backend_compatible, and DeepSeek sparse attention (a learned top-k
-    indexer that reads the mask tensor burst never builds)."""
+    and by every layer: check_backend_compatible; DeepSeek sparse attention (a learned top-k indexer
+    that reads the mask tensor burst never builds); and, on more than one rank, layers that mix
+    tokens outside attention (linear attention, Mamba, convolutions), which would run on a shard
+    from a zero state."""
     check_backend_compatible(name, config)
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     if getattr(text, "index_topk", None):
         raise ValueError(f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses "
                          f"DeepSeek sparse attention (index_topk={text.index_topk}), which burst does not implement")
+    others = sorted(_layer_kinds(text) - ATTENTION_LAYER_KINDS)
+    if world > 1 and others:
+        raise ValueError(
+            f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} has {others} layers, "
+            f"which mix tokens outside attention; burst shards attention only, so across {world} ranks they would "
+            "start each shard from a zero state. Refused; on one rank the model runs exactly")
+
+
+def _layer_kinds(config) -> set:
+    kinds = set()
+    for attr in ("layer_types", "layers_block_type"):
+        value = getattr(config, attr, None)
+        if isinstance(value, (list, tuple)):
+            kinds.update(v for v in value if isinstance(v, str))
+    return kinds
 
 
 def check_backend_compatible(name: str, model_or_config) -> None:

@@ -82,7 +82,7 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     hf_keywords.ACCEPTED_KEYWORDS; any other raises (deny by default).
     """
     name, backend = backend_of(module)
-    check_config(name, getattr(module, "config", None))
+    check_config(name, getattr(module, "config", None), _world(backend.group))
     check_keywords(name, module, kwargs)
     scaling, sliding_window = kwargs.get("scaling"), kwargs.get("sliding_window")
     sinks = kwargs.get("s_aux", kwargs.get("sinks"))
@@ -108,6 +108,10 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
                         strategy=backend.strategy, layout=backend.layout, causal=causal, window=window,
                         softmax_scale=scaling, cu_seqlens=cu_seqlens, sinks=sinks, **backend.options)
     return out, None
+
+
+def _world(group) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
 def _one_dtype(query, key, value):
@@ -145,8 +149,10 @@ def burst_attention_mask(batch_size: int, q_length: int, kv_length: int, q_offse
     name = getattr(config, "_attn_implementation", None)
     backend = BACKENDS.get(name)
     problem = None
+    group = backend.group if backend is not None else None
+    world = _world(group)
     try:
-        check_config(name, config)
+        check_config(name, config, world)
     except ValueError as err:  # every rank runs the same model: the agreement below raises it everywhere
         problem = err
     if problem is None and attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
@@ -154,8 +160,6 @@ def burst_attention_mask(batch_size: int, q_length: int, kv_length: int, q_offse
             f"attn_implementation={name!r}: the attention_mask has padding (zeros); burst runs whole "
             "sequences only. Pack documents into one row instead (position_ids restarting at 0 per document "
             "become burst's cu_seqlens), or pad at the end with labels -100 and pass no attention_mask")
-    group = backend.group if backend is not None else None
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
     agree("burst (transformers mask)", {} if problem is None else None, problem, group, world)
     return None
 
@@ -285,15 +289,15 @@ def check_model(model: torch.nn.Module) -> None:
     attention in their own code). Those never call burst's attention function, so this is the check
     that sees them: shard_batch(..., model=model), reduce_gradients, fully_shard and ShardedCache run
     it (once per model)."""
-    if model in _checked_models:
+    name, backend = backend_of(model)
+    if name in _checked_models.get(model, ()):
         return
-    name, _ = backend_of(model)
     check_backend_compatible(name, model)
-    check_config(name, model.config)
-    _checked_models.add(model)
+    check_config(name, model.config, _world(backend.group))
+    _checked_models.setdefault(model, set()).add(name)
 
 
-_checked_models: weakref.WeakSet = weakref.WeakSet()
+_checked_models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> backend names it passed
 
 
 def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_index: int = -100,

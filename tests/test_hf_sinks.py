@@ -1,0 +1,115 @@
+"""gpt-oss (attention sinks through `s_aux`, sliding and full layers) trains and generates on burst
+exactly as on one process with eager attention: logits, loss, every parameter's gradient (the sinks'
+included), and generate()'s tokens, at 2, 3 and 4 ranks in the zigzag layout.
+
+Also the deny-by-default contract of the backend: an unknown keyword, softcap and a window the layer
+hides from burst are refused naming the keyword and the model.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from requires import transformers_or_skip
+from world import results_by_world
+
+transformers_or_skip()
+
+SEQ, VOCAB, NEW = 48, 128, 5
+
+
+def _gpt_oss():
+    from transformers import GptOssConfig
+
+    return GptOssConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                        num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256,
+                        layer_types=["sliding_attention", "full_attention"], pad_token_id=0, eos_token_id=1,
+                        bos_token_id=2)
+
+
+def _models(name):
+    """(eager model on one process, the same weights on burst's `name`), sinks far from zero."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    eager = AutoModelForCausalLM.from_config(_gpt_oss(), attn_implementation="eager")
+    for layer in eager.model.layers:  # gpt-oss initializes sinks small: make them matter
+        layer.self_attn.sinks.data = torch.randn(4, generator=torch.Generator().manual_seed(layer.self_attn.layer_idx)) * 2
+    model = AutoModelForCausalLM.from_config(_gpt_oss(), attn_implementation=name)
+    model.load_state_dict(eager.state_dict())
+    return eager, model
+
+
+def _rel(x, ref):
+    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
+
+
+def _train_and_generate(rank, world):
+    import burst
+    import burst.integrations.transformers as bt
+
+    name = bt.register("burst_sinks", strategy="burst", layout="zigzag")
+    eager, model = _models(name)
+    ids = torch.randint(3, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    expected = eager(input_ids=ids, labels=ids)
+    expected.loss.backward()
+    batch = bt.shard_batch({"input_ids": ids, "labels": ids}, layout="zigzag", model=model)
+    out = model(**batch)
+    out.loss.backward()
+    bt.reduce_gradients(model)
+    logits = burst.unshard(out.logits.contiguous(), layout="zigzag", dim=1)
+    reference = dict(eager.named_parameters())
+    grads = {n: _rel(p.grad, reference[n].grad) for n, p in model.named_parameters() if p.grad is not None}
+    sinks_effect = max(reference[n].grad.abs().max().item() for n in reference if n.endswith("sinks"))
+    result = {"logits": _rel(logits, expected.logits), "loss": abs(bt.reduce_loss(out.loss).item() - expected.loss.item()),
+              "grads": max(grads.values()), "sinks grads": max(v for n, v in grads.items() if n.endswith("sinks")),
+              "sinks effect": sinks_effect, "grads compared": len(grads)}
+    eager.eval(), model.eval()
+    prompt = torch.randint(3, VOCAB, (1, 13), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = eager.generate(prompt, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
+        got = model.generate(prompt, past_key_values=bt.ShardedCache(model), max_new_tokens=NEW,
+                             min_new_tokens=NEW, do_sample=False)
+    result["tokens equal"] = torch.equal(want, got)
+    return result
+
+
+_results = results_by_world(_train_and_generate)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_gpt_oss_trains_and_generates_like_one_process(world):
+    for rank, r in enumerate(_results(world)):
+        assert r["logits"] < 1e-4 and r["loss"] < 1e-5, (rank, r)
+        assert r["grads"] < 1e-4 and r["sinks grads"] < 1e-4, (rank, r)
+        assert r["sinks effect"] > 1e-3 and r["grads compared"] > 10, (rank, r)  # the sinks are trained
+        assert r["tokens equal"], (rank, r)
+
+
+def test_keywords_burst_cannot_honour_are_refused_naming_them():
+    import burst.integrations.transformers as bt
+    from burst.integrations.hf_keywords import ACCEPTED_KEYWORDS
+    from transformers import AutoModelForCausalLM
+
+    name = bt.register("burst_refusals")
+    model = AutoModelForCausalLM.from_config(_gpt_oss(), attn_implementation=name)
+    attention = model.model.layers[1].self_attn
+    q = torch.randn(1, 4, 8, 16)
+    kv = torch.randn(1, 2, 8, 16)
+    positions = torch.arange(8)[None]
+    for kwargs, words in (({"alibi_slopes": torch.ones(4)}, "alibi_slopes"), ({"softcap": 30.0}, "softcap"),
+                          ({"cu_seq_lens_q": torch.tensor([0, 8])}, "cu_seq_lens_q"), ({"dropout": 0.1}, "dropout")):
+        with pytest.raises(ValueError, match=words) as err:
+            bt.burst_attention_forward(attention, q, kv, kv, None, position_ids=positions, **kwargs)
+        assert "GptOssAttention" in str(err.value)
+    assert "alibi_slopes" not in ACCEPTED_KEYWORDS
+    out, _ = bt.burst_attention_forward(attention, q, kv, kv, None, position_ids=positions, dropout=0.0,
+                                        softcap=None, s_aux=attention.sinks)
+    assert out.shape == (1, 8, 4, 16)
+    # the sliding layer's window comes from its config; a call that does not pass it is refused
+    with pytest.raises(ValueError, match="sliding window"):
+        bt.burst_attention_forward(model.model.layers[0].self_attn, q, kv, kv, None, position_ids=positions)

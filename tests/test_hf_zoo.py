@@ -1,0 +1,59 @@
+"""The zoo: every causal-LM family transformers ships, built tiny from its own config class, on
+burst's backend at 1 rank and at 2 ranks (contiguous and zigzag) against the same model's eager
+attention in one process (burst/integrations/hf_zoo.py). Each family is exact or refused with a clear
+error, never silently different and never a traceback; benchmarks/hf_zoo.md is the table
+(`python benchmarks/hf_zoo.py`). One 2-rank world runs every family (about a minute).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from requires import transformers_or_skip
+from world import run_world
+
+transformers_or_skip()
+
+SINK_FAMILIES = ("gpt_oss", "flint", "granite_swa", "granitemoe_swa", "mimo_v2_flash")
+HYBRIDS = ("qwen3_next", "minimax", "lfm3", "granitemoehybrid", "olmo_hybrid", "jamba", "mamba", "rwkv")
+
+
+@functools.lru_cache(maxsize=None)
+def _zoo():
+    from burst.integrations.hf_zoo import zoo_world
+
+    return run_world(2, zoo_world, timeout=900)
+
+
+def test_no_family_is_silently_wrong_or_crashes():
+    rows = _zoo()[0]
+    bad = [f"{family} ({setting}): {o.outcome}: {o.detail}" for family, by in rows.items()
+           for setting, o in by.items() if o.outcome in ("silent", "crash")]
+    assert not bad, "\n".join(bad)
+    refused_without_reason = [f for f, by in rows.items() for o in by.values() if o.outcome == "refused" and not o.detail]
+    assert not refused_without_reason
+
+
+def test_every_rank_sees_the_same_outcomes():
+    first, second = _zoo()
+    assert {f: {s: o.outcome for s, o in by.items()} for f, by in first.items()} == \
+           {f: {s: o.outcome for s, o in by.items()} for f, by in second.items()}
+
+
+def test_sink_families_and_the_common_ones_are_exact_at_1_and_2_ranks():
+    rows = _zoo()[0]
+    for family in SINK_FAMILIES + ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2", "olmo2"):
+        assert {o.outcome for o in rows[family].values()} == {"exact"}, (family, rows[family])
+    settings = list(rows["llama"])
+    assert settings == ["1 rank", "2 ranks contiguous", "2 ranks zigzag"]
+    exact_at_2 = sum(by["2 ranks zigzag"].outcome == "exact" for by in rows.values())
+    assert exact_at_2 >= 80, exact_at_2  # most families run: refusing is not how the zoo passes
+
+
+def test_layers_that_mix_tokens_outside_attention_are_refused_across_ranks():
+    rows = _zoo()[0]
+    for family in HYBRIDS:
+        outcome = rows[family]["2 ranks zigzag"]
+        assert outcome.outcome in ("refused", "skip"), (family, outcome)
+    assert rows["qwen3_next"]["2 ranks zigzag"].outcome == "refused"
+    assert rows["mamba"]["2 ranks zigzag"].outcome == "refused"
