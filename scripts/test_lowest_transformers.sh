@@ -23,4 +23,5 @@ if [ "$got" != "$lowest" ]; then
   exit 1
 fi
 echo "transformers tests on the lowest tested release, transformers $lowest:"
-exec .venv/bin/python -m pytest -q tests/test_transformers.py tests/test_transformers_generate.py tests/test_transformers_jobs.py
+exec .venv/bin/python -m pytest -q tests/test_transformers.py tests/test_transformers_generate.py \
+  tests/test_transformers_jobs.py tests/test_hf_sinks.py tests/test_hf_zoo.py

@@ -43,6 +43,8 @@ def test_every_rank_sees_the_same_outcomes():
 def test_sink_families_and_the_common_ones_are_exact_at_1_and_2_ranks():
     rows = _zoo()[0]
     for family in SINK_FAMILIES + ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2", "olmo2"):
+        if family not in rows:  # a family this transformers release does not ship (the lowest tested)
+            continue
         assert {o.outcome for o in rows[family].values()} == {"exact"}, (family, rows[family])
     settings = list(rows["llama"])
     assert settings == ["1 rank", "2 ranks contiguous", "2 ranks zigzag"]
@@ -52,7 +54,7 @@ def test_sink_families_and_the_common_ones_are_exact_at_1_and_2_ranks():
 
 def test_layers_that_mix_tokens_outside_attention_are_refused_across_ranks():
     rows = _zoo()[0]
-    for family in HYBRIDS:
+    for family in (f for f in HYBRIDS if f in rows):
         outcome = rows[family]["2 ranks zigzag"]
         assert outcome.outcome in ("refused", "skip"), (family, outcome)
     assert rows["qwen3_next"]["2 ranks zigzag"].outcome == "refused"
