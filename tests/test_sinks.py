@@ -3,9 +3,9 @@ sink column on the full sequence (reference.attention: concatenate, softmax, dro
 
 One world per size (1-4 ranks), cases looped inside: every strategy, the three layouts, causal or
 not, a sliding window, packed documents cut per document, GQA; out, lse, dq, dk, dv and the sinks'
-gradient (each rank's share, summed over the ranks) in float64 and in bfloat16 (within the bf16
-bound of reference.BOUNDS, no NaN); decode_attention with sinks on a sharded cache with invalid
-entries; bad sinks refused.
+gradient (each rank's share, summed over the ranks) in float64 and, for burst, ring and ulysses, in
+bfloat16 (within the bf16 bound of reference.BOUNDS, no NaN); decode_attention with sinks on a
+sharded cache with invalid entries; bad sinks refused; burst.check with sinks.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from world import results_by_world
 
 N_LOCAL, H, HK, D = 16, 4, 2, 8
 STRATEGIES = ("burst", "burst:chunk_rows=8", "ring", "allgather", "distflash", "ulysses", "usp", "cqs")
+BF16_STRATEGIES = ("burst", "ring", "ulysses")  # bf16 rounding is the kernels' and the merge's: one of each path
 
 
 def _sinks(dtype):
@@ -65,7 +66,7 @@ def _cases(rank, world):
             allowed = reference_mask(n, causal=mask.get("causal", False), window=mask.get("window"))
             ref = reference_grads(*full, mask=allowed, sinks=_sinks(dtype))
             for layout in ("contiguous", "zigzag", "striped"):
-                for strategy in STRATEGIES:
+                for strategy in STRATEGIES if dtype == torch.float64 else BF16_STRATEGIES:
                     errs, note = _case(full, ref, dtype, layout, **mask, **strategy_kwargs(strategy))
                     results.append(((strategy, layout, name, str(dtype)), errs, note))
     # packed documents, each cut on its own (doc_zigzag), with a window: rows of a 2-token document

@@ -148,8 +148,9 @@ class _NotBuilt(Exception):
 
 
 def build(model_type: str, attn_implementation: str, ids: torch.Tensor, positions: torch.Tensor):
-    """(eager model's output on ids, the same weights on attn_implementation) for the first of
-    RETRIES whose tiny config builds and runs eagerly; raises the first retry's error otherwise."""
+    """(eager model's output on ids, the same weights on attn_implementation, the eager model) for
+    the first of RETRIES whose tiny config builds and runs eagerly; raises the first retry's error
+    otherwise."""
     from transformers import AutoModelForCausalLM
 
     first = None
@@ -175,27 +176,28 @@ def build(model_type: str, attn_implementation: str, ids: torch.Tensor, position
         except Exception as err:  # noqa: BLE001 - transformers' own refusal of a custom attention name
             raise _NotBuilt(_first_line(err)) from err
         model.load_state_dict(eager.state_dict())
-        return expected, model.eval()
+        return expected, model.eval(), eager
     raise first
 
 
 def run_family(model_type: str, name: str, layout: str, group=None, built=None) -> tuple[Outcome, tuple | None]:
     """One family on the registered burst backend `name` (layout `layout`) over `group`, on every
-    rank: (its Outcome, the (eager output, model) built, to run again under another name, or None).
-    built: that pair from an earlier call, with the model switched to `name`."""
+    rank: (its Outcome, what `build` returned, to run again under another name, or None).
+    built: that from an earlier call, with the model switched to `name`."""
     from . import transformers as bt
 
     ids = torch.randint(3, VOCAB, (1, SEQ_LEN), generator=torch.Generator().manual_seed(0))
     positions = torch.arange(SEQ_LEN)[None]
     try:
-        expected, model = built if built is not None else build(model_type, name, ids, positions)
+        built = built if built is not None else build(model_type, name, ids, positions)
     except _Skip as err:
         return Outcome(model_type, "skip", str(err)), None
     except _NotBuilt as err:
         return Outcome(model_type, "refused", f"by transformers, at from_config: {err}"), None
     except Exception as err:  # noqa: BLE001 - any failure to build or run eagerly is the family's, not burst's
         return Outcome(model_type, "skip", f"eager model does not run tiny on token ids: {_first_line(err)}"), None
-    return _compare(model_type, expected, model, ids, positions, layout, group), (expected, model)
+    expected, model, _ = built
+    return _compare(model_type, expected, model, ids, positions, layout, group), built
 
 
 def _compare(model_type, expected, model, ids, positions, layout, group) -> Outcome:
