@@ -200,3 +200,29 @@ def test_no_rank_opens_channels_when_shared_memory_lacks_room_on_one():
 
 def test_no_rank_opens_channels_when_one_cannot_map_its_peers_rings():
     assert all(r["unmappable_none"] for r in results(3))
+
+
+def test_shared_memory_files_are_private_exclusive_and_checked(tmp_path):
+    """Rings are created mode 0600 with O_EXCL (a file or link already at the name is refused), and a
+    file others could read, or a link, is not mapped."""
+    import pytest
+
+    from burst.comm.shm import create_private, map_private
+
+    path = str(tmp_path / "ring")
+    assert create_private(path, 4096, reserve=True)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    with pytest.raises(FileExistsError):
+        create_private(path, 4096)
+    mapped = map_private(path, 4096)
+    mapped[:4] = b"burs"
+    mapped.close()
+    os.chmod(path, 0o644)
+    with pytest.raises(PermissionError, match="0600"):
+        map_private(path, 4096)
+    link = str(tmp_path / "link")
+    os.symlink(path, link)
+    with pytest.raises(OSError):
+        create_private(link, 4096)  # O_EXCL never follows a planted link
+    with pytest.raises(OSError):
+        map_private(link, 4096)  # O_NOFOLLOW

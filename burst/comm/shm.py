@@ -33,6 +33,39 @@ SHM_DIR = "/dev/shm"
 SPINS_BEFORE_YIELD = 2000  # then sched_yield between looks, for ranks that share a core
 
 
+def create_private(path: str, size: int, reserve: bool = False) -> bool:
+    """Create `path` for this user alone (mode 0600, O_EXCL: an existing file, or a link planted at
+    the name, raises FileExistsError) with `size` bytes. reserve: allocate the memory now
+    (posix_fallocate) and return False where the filesystem lacks the room, instead of a SIGBUS at the
+    first write through a mapping; the file is left for the caller to remove."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        if not reserve:
+            os.ftruncate(fd, size)
+            return True
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError:
+            return False
+        return True
+    finally:
+        os.close(fd)
+
+
+def map_private(path: str, size: int) -> mmap.mmap:
+    """Map a file made by create_private, refusing (PermissionError) one that another user owns or
+    that others may read or write: activations and gradients go through these pages."""
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise PermissionError(f"{path}: owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o777)}; burst maps "
+                                  "only its own user's files of mode 0600")
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
 class HostAllGather:
     """All-gather of CPU tensors of one dtype and up to `capacity` elements among the ranks of `group`."""
 
@@ -61,17 +94,17 @@ class HostAllGather:
         size = 2 * world * (8 + _numpy_dtype(dtype).itemsize * capacity)
         name = [os.path.join(SHM_DIR, f"burst-{uuid.uuid4().hex}") if rank == 0 else None]
         if rank == 0:
-            with open(name[0], "wb") as f:
-                f.truncate(size)
-        dist.broadcast_object_list(name, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-        with open(name[0], "r+b") as f:
-            buffer = mmap.mmap(f.fileno(), size)
-        gather = cls(buffer, rank, world, capacity, dtype, timeout_s)
-        if rank == 0:
-            gather._published[:] = -1
-        dist.barrier(group=group)
-        if rank == 0:
-            os.unlink(name[0])  # every rank has it mapped: the memory lives until the last unmaps it
+            create_private(name[0], size)
+        try:
+            dist.broadcast_object_list(name, src=dist.get_global_rank(group, 0) if group is not None else 0,
+                                       group=group)
+            gather = cls(map_private(name[0], size), rank, world, capacity, dtype, timeout_s)
+            if rank == 0:
+                gather._published[:] = -1
+            dist.barrier(group=group)
+        finally:
+            if rank == 0:  # every rank has it mapped (or failed): the memory lives until the last unmaps it
+                os.unlink(name[0])
         return gather
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:

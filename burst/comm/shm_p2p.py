@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .shm import SHM_DIR, SPINS_BEFORE_YIELD, HostAllGather
+from .shm import SHM_DIR, SPINS_BEFORE_YIELD, HostAllGather, create_private, map_private
 
 HEADER = 64  # bytes: (tag, payload bytes, kind) as int64, padded to a cache line
 COUNTERS = 128  # written count, then read count, on separate cache lines
@@ -301,15 +301,10 @@ def _host() -> str:
 
 
 def _reserve(path: str, size: int) -> bool:
-    """Create a ring's file with its memory allocated. False where /dev/shm lacks the room (a
-    container's 64 MiB default): writing to a mapped page the filesystem cannot back would kill
-    the process (SIGBUS), so every rank then keeps the process group's transport."""
-    with open(path, "wb") as f:
-        try:
-            os.posix_fallocate(f.fileno(), 0, size)
-        except OSError:
-            return False
-    return True
+    """Create a ring's file, this user's alone, with its memory allocated. False where /dev/shm lacks
+    the room (a container's 64 MiB default): writing to a mapped page the filesystem cannot back would
+    kill the process (SIGBUS), so every rank then keeps the process group's transport."""
+    return create_private(path, size, reserve=True)
 
 
 def _remove(path: str) -> None:
@@ -320,5 +315,4 @@ def _remove(path: str) -> None:
 
 
 def _map(path: str, size: int) -> mmap.mmap:
-    with open(path, "r+b") as f:
-        return mmap.mmap(f.fileno(), size)
+    return map_private(path, size)
