@@ -10,7 +10,7 @@ Each family ends in one of:
   skip     the family could not be built tiny, or its eager model does not run on token ids alone
 
     from burst.integrations.hf_zoo import families, run_zoo
-    outcomes = run_zoo(families(), layout="zigzag")     # on every rank of the world, same arguments
+    rows = run_zoo(families())   # on every rank of the world alike: {family: {setting: Outcome}}
 
 `tiny_config(model_type)` shrinks a family's default config (its attention features kept: GQA, sliding
 layers, sinks, softcap, q/k norms, MLA head dims, chunked attention): every size attribute the config
@@ -31,8 +31,7 @@ import torch.distributed as dist
 TOLERANCE = 2e-4
 SEQ_LEN, VOCAB, MAX_PARAMETERS = 128, 256, 30_000_000
 
-# config attribute -> tiny value, applied where the family's config has the attribute (and, for the
-# optional features marked None here, only where its default turns the feature on)
+# config attribute -> tiny value, applied where the family's config has the attribute as a number
 SIZES = {
     "vocab_size": VOCAB, "hidden_size": 64, "n_embd": 64, "d_model": 64, "embed_dim": 64, "n_embed": 64,
     "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2, "encoder_layers": 2,
@@ -49,7 +48,8 @@ SIZES = {
     "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
     "first_k_dense_replace": 1,
 }
-OPTIONAL = {"sliding_window": 32, "attention_chunk_size": 64, "q_lora_rank": 32}  # only where already on
+# features shrunk only where the default turns them on (a number, not None)
+OPTIONAL = {"sliding_window": 32, "attention_chunk_size": 64, "q_lora_rank": 32}
 ZEROED = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "dropout", "hidden_dropout",
           "hidden_dropout_prob", "resid_pdrop", "embd_pdrop", "activation_dropout")
 
