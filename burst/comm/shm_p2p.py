@@ -131,8 +131,10 @@ class HostChannels:
         ok = capacity > 0 and HostAllGather.supported()
         prefix = os.path.join(SHM_DIR, f"burst-p2p-{uuid.uuid4().hex}") if ok else ""
         paths = {src: f"{prefix}-from-{src}" for src in range(world) if src != rank} if ok else {}
-        # Our incoming rings, made (and their memory reserved) before anyone looks for them.
-        ok = all([_reserve(path, COUNTERS + capacity) for path in paths.values()]) if ok else False
+        # Our incoming rings, made (this user's alone, their memory reserved) before anyone looks for them.
+        # False where /dev/shm lacks the room (a container's 64 MiB): a write to a mapped page it cannot
+        # back would kill the process (SIGBUS), so every rank then keeps the process group's transport.
+        ok = all([create_private(path, COUNTERS + capacity, reserve=True) for path in paths.values()]) if ok else False
         facts = [None] * world
         dist.all_gather_object(facts, (_host(), ok, prefix, os.getpid()), group=group)
         usable = len({host for host, _, _, _ in facts}) == 1 and all(fine for _, fine, _, _ in facts)
@@ -298,13 +300,6 @@ def _host() -> str:
             return f"{socket.gethostname()}/{f.read().strip()}"
     except OSError:
         return socket.gethostname()
-
-
-def _reserve(path: str, size: int) -> bool:
-    """Create a ring's file, this user's alone, with its memory allocated. False where /dev/shm lacks
-    the room (a container's 64 MiB default): writing to a mapped page the filesystem cannot back would
-    kill the process (SIGBUS), so every rank then keeps the process group's transport."""
-    return create_private(path, size, reserve=True)
 
 
 def _remove(path: str) -> None:

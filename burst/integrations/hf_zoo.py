@@ -31,7 +31,8 @@ import torch.distributed as dist
 TOLERANCE = 2e-4
 SEQ_LEN, VOCAB, MAX_PARAMETERS = 128, 256, 30_000_000
 
-# config attribute -> tiny value, applied where the family's config has the attribute as a number
+# config attribute -> tiny value, applied where the family's config has the attribute as a number (so a
+# feature its default leaves off, such as sliding_window=None, stays off)
 SIZES = {
     "vocab_size": VOCAB, "hidden_size": 64, "n_embd": 64, "d_model": 64, "embed_dim": 64, "n_embed": 64,
     "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2, "encoder_layers": 2,
@@ -46,10 +47,8 @@ SIZES = {
     "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
     "num_experts_per_tok": 2, "moe_topk": 2, "moe_k": 2, "n_group": 1, "topk_group": 1,
     "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
-    "first_k_dense_replace": 1,
+    "first_k_dense_replace": 1, "sliding_window": 32, "attention_chunk_size": 64,
 }
-# features shrunk only where the default turns them on (a number, not None)
-OPTIONAL = {"sliding_window": 32, "attention_chunk_size": 64, "q_lora_rank": 32}
 ZEROED = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "dropout", "hidden_dropout",
           "hidden_dropout_prob", "resid_pdrop", "embd_pdrop", "activation_dropout")
 
@@ -69,15 +68,14 @@ def families() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-# Size attributes left at the family's default, one group more in each retry, when a config refuses
-# the full set of SIZES (per-layer attributes, head dims tied to rotary dims, validated layer counts).
-RETRIES = ((), ("head_dim", "kv_channels", "attention_head_dim"),
-           ("head_dim", "kv_channels", "attention_head_dim", "num_key_value_heads", "num_kv_heads", "n_kv_heads",
-            "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "q_lora_rank", "kv_lora_rank"),
-           ("head_dim", "kv_channels", "attention_head_dim", "num_key_value_heads", "num_kv_heads", "n_kv_heads",
-            "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "q_lora_rank", "kv_lora_rank",
-            "num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers",
-            "layer_types", "intermediate_size", "moe_intermediate_size", "first_k_dense_replace"))
+# Size attributes left at the family's default when a config refuses the full set of SIZES (per-layer
+# attributes, head dims tied to rotary dims, validated layer counts): each retry keeps one group more.
+_KEPT_IN_TURN = (("head_dim", "kv_channels", "attention_head_dim"),
+                 ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "qk_rope_head_dim", "qk_nope_head_dim",
+                  "v_head_dim", "q_lora_rank", "kv_lora_rank"),
+                 ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers",
+                  "layer_types", "intermediate_size", "moe_intermediate_size", "first_k_dense_replace"))
+RETRIES = tuple(sum(_KEPT_IN_TURN[:i], ()) for i in range(len(_KEPT_IN_TURN) + 1))
 
 
 def tiny_config(model_type: str, keep_default: tuple[str, ...] = ()):
@@ -110,7 +108,6 @@ def _overrides(text, cls) -> dict:
     """SIZES for the attributes the config has and can be given (not read-only properties), layer
     counts deep enough for one layer of each kind of its per-layer pattern."""
     out = {key: value for key, value in SIZES.items() if _has_number(text, key) and _settable(cls, key)}
-    out.update({key: value for key, value in OPTIONAL.items() if _has_number(text, key) and _settable(cls, key)})
     if "qk_rope_head_dim" in out and "head_dim" in out:  # MLA: head_dim names the rotary part
         out["head_dim"] = out["qk_rope_head_dim"]
     if "kv_lora_rank" in out:  # MLA expands its latent to every query head: as many KV heads as heads
@@ -184,8 +181,6 @@ def run_family(model_type: str, name: str, layout: str, group=None, built=None) 
     """One family on the registered burst backend `name` (layout `layout`) over `group`, on every
     rank: (its Outcome, what `build` returned, to run again under another name, or None).
     built: that from an earlier call, with the model switched to `name`."""
-    from . import transformers as bt
-
     ids = torch.randint(3, VOCAB, (1, SEQ_LEN), generator=torch.Generator().manual_seed(0))
     positions = torch.arange(SEQ_LEN)[None]
     try:
@@ -291,8 +286,6 @@ def table(rows: dict[str, dict[str, Outcome]]) -> str:
             cells.append(o.outcome + (f": {o.detail.replace('|', '/')}" if o.detail and o.outcome != "exact" else ""))
         lines.append(f"| {family} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
 
 
 def zoo_world(rank: int, world: int, model_types=None) -> dict[str, dict[str, Outcome]]:
