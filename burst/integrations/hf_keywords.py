@@ -17,6 +17,8 @@ or mixes sequences outside attention, as Mamba and linear-attention layers do) i
 
 from __future__ import annotations
 
+from . import hf_mixers
+
 USED = "used"
 OFF_ONLY = "accepted when off (None, False or 0), refused otherwise"
 NO_EFFECT = "bookkeeping of the model or the loss: does not change attention"
@@ -115,11 +117,15 @@ def check_config(name: str, config, world: int) -> None:
         raise ValueError(f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses "
                          f"DeepSeek sparse attention (index_topk={text.index_topk}), which burst does not implement")
     others = sorted(_layer_kinds(text) - ATTENTION_LAYER_KINDS)
-    if world > 1 and others:
+    if world > 1 and others and not (hf_mixers.prepared(config) or hf_mixers.prepared(text)):
+        model_type = getattr(config, "model_type", None)
+        advice = ("call burst.integrations.transformers.shard_mixers(model, group, layout) (or pass model= to "
+                  "shard_batch) so they pass their state across ranks" if hf_mixers.supported(model_type) or
+                  hf_mixers.supported(getattr(text, "model_type", None)) else "refused; on one rank the model runs "
+                  "exactly")
         raise ValueError(
-            f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} has {others} layers, "
-            f"which mix tokens outside attention; burst shards attention only, so across {world} ranks they would "
-            "start each shard from a zero state. Refused; on one rank the model runs exactly")
+            f"attn_implementation={name!r}: model_type {model_type!r} has {others} layers, which mix tokens outside "
+            f"attention; across {world} ranks they would start each shard from a zero state: {advice}")
 
 
 def _layer_kinds(config) -> set:
@@ -136,6 +142,9 @@ def check_backend_compatible(name: str, model_or_config) -> None:
     backends (`PreTrainedModel.is_backend_compatible()` False). model_or_config: a model, or a
     config (its model_type's class is looked up; an unknown model_type, e.g. remote code, passes)."""
     cls = model_or_config if isinstance(model_or_config, type) else _model_class(model_or_config)
+    config = getattr(model_or_config, "config", model_or_config)
+    if hf_mixers.supported(getattr(config, "model_type", None)):  # hybrids burst makes exact (hf_mixers.FAMILIES)
+        return
     if cls is None or not hasattr(cls, "is_backend_compatible") or cls.is_backend_compatible():
         return
     raise ValueError(

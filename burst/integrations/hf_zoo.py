@@ -48,6 +48,21 @@ SIZES = {
     "num_experts_per_tok": 2, "moe_topk": 2, "moe_k": 2, "n_group": 1, "topk_group": 1,
     "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
     "first_k_dense_replace": 1, "sliding_window": 32, "attention_chunk_size": 64,
+    # recurrent mixers (hf_mixers): value heads narrower than keys, scan chunks shorter than a shard
+    "linear_key_head_dim": 16, "linear_value_head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "mamba_n_heads": 8, "mamba_num_heads": 8, "n_mamba_heads": 8, "mamba_d_head": 16, "mamba_head_dim": 16,
+    "mamba_headdim": 16, "mamba_d_state": 16, "ssm_state_size": 16, "state_size": 16, "mamba_dt_rank": 8,
+    "mamba_chunk_size": 16, "chunk_size": 16, "n_groups": 1, "mamba_n_groups": 1,
+}
+# Families whose default config SIZES cannot shrink consistently, or whose default has none of the layers that
+# make the family what it is (LFM2's default is all attention): their recurrent / convolutional layers kept
+# tiny, with scan chunks shorter than a shard so a shard spans several of them.
+HYBRID_SIZES = {
+    "lfm2": {"layer_types": ["conv", "full_attention"]},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    "mamba2": {"num_heads": 8},  # heads x head_dim must be hidden_size x expand
+    "bamba": {"attn_layer_indices": [1]},
+    "falcon_h1": {"mamba_d_ssm": 128},
 }
 ZEROED = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "dropout", "hidden_dropout",
           "hidden_dropout_prob", "resid_pdrop", "embd_pdrop", "activation_dropout")
@@ -89,6 +104,7 @@ def tiny_config(model_type: str, keep_default: tuple[str, ...] = ()):
     key = next((k for k, v in vars(default).items() if v is text and text is not default), None)
     sub_cls = type(text) if key is not None else cls
     overrides = {k: v for k, v in _overrides(text, sub_cls).items() if k not in keep_default}
+    overrides.update(HYBRID_SIZES.get(model_type, {}))
     if key is None:
         config = cls(**overrides)
     else:  # a composite config: shrink its decoder's sub-config
@@ -127,6 +143,7 @@ def _overrides(text, cls) -> dict:
 
 
 def _settable(cls, key: str) -> bool:
+    key = getattr(cls, "attribute_map", {}).get(key, key)  # e.g. Bamba's layer_types names a read-only property
     attribute = getattr(cls, key, None)
     return not (isinstance(attribute, property) and attribute.fset is None)
 

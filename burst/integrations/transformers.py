@@ -23,6 +23,9 @@ past_key_values=ShardedCache(model))` prefills sequence-parallel and decodes on 
 (transformers_generate.py); generate() without it raises. FSDP2: `fully_shard(model)` here, or
 torch's own, with `reduce_gradients` (which sees FSDP-managed gradients). Under torch.autocast q, k,
 v run in the autocast dtype. layout="doc_zigzag" / "doc_contiguous" cut each packed document on its own.
+Hybrid models (gated delta net, Mamba / Mamba2 layers, short convolutions: hf_mixers.FAMILIES) pass
+their recurrent state across ranks once `shard_mixers(model, group, layout)` (or shard_batch(...,
+model=model)) has hooked them; until then more than one rank is refused.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from .. import api, layout as layout_mod
 from ..agreement import agree
 from ..comm.collectives import all_reduce_in_place
 from .hf_backends import BACKENDS, Backend, backend_of
+from .hf_mixers import shard_mixers
 from .hf_keywords import check_backend_compatible, check_config, check_keywords, check_model_features, model_name
 
 TESTED_TRANSFORMERS = ">=5.23.0,<6"  # the `hf` extra of pyproject.toml: the releases scripts/test.sh tests
@@ -312,10 +316,12 @@ def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_inde
     labels shifted on the *global* sequence (each token's next token; shifting a shard would pair
     tokens across shard boundaries) and `num_items_in_batch` is the global count of labelled
     tokens, so the model's loss is this rank's share of the global mean (see reduce_loss). Other
-    entries are passed through unchanged. model: the model the batch is for, checked by check_model
-    (pass it: a model that never calls attention, such as Mamba, is refused only there).
+    entries are passed through unchanged. model: the model the batch is for: its recurrent and
+    convolutional layers are made to pass their state across the ranks (shard_mixers), then it is
+    checked by check_model (pass it: a model that never calls attention, such as Mamba, is seen only here).
     """
     if model is not None:
+        shard_mixers(model, group, layout)
         check_model(model)
     if layout not in layout_mod.DOCUMENT_LAYOUTS:
         layout_mod.check_layout(layout)

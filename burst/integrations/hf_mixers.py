@@ -1,0 +1,316 @@
+"""transformers' recurrent and convolutional sequence mixers, exact across ranks (state passing).
+
+Hybrid models (Qwen3-Next / Qwen3.5's gated delta net, Mamba and Mamba2 layers, LFM's short
+convolutions) mix tokens outside attention, through a few module-level functions of each family's
+modeling file: `causal_conv1d_fn`, `torch_chunk_gated_delta_rule`, `mamba2_chunk_scan`,
+`mamba_selective_scan`. `shard_mixers(model)` wraps those functions in the model's modeling module
+(the wrapper calls the original unchanged unless a sharded mixer is running) and hooks the model's
+mixer modules (found by which of those functions their forward calls), so that inside them each
+function runs on this rank's chunks with the state and the convolution halo they would have had in
+one process (burst/state_passing.py: one all-gather of O(state) bytes per layer).
+
+Each scan's state after a chunk is affine in the state before it, and so is every output before
+the family's nonlinear gates. The wrapper gets both linear maps from the original function in the
+same call: it appends identity "columns" to the state (and zero inputs for them), so the final
+state's extra columns are the chunk's transition and the outputs' extra columns are how each
+output reads the starting state. The output is then out(0) + coefficients @ start. (Mamba's
+selective scan takes no starting state, so its transition and coefficients are computed from its
+decays directly.)
+
+Supported families are listed in FAMILIES (each one tested exact at 2-4 ranks against one
+process); any other family whose config has non-attention layers stays refused at more than one
+rank (hf_keywords.check_config). Inside a sharded mixer, the paths this cannot split raise: cached
+decoding (`causal_conv1d_update`, the recurrent and single-step updates) and the fused CUDA kernels
+that do the convolution and scan in one call.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import sys
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .. import state_passing
+
+# model_type -> the mixers its layers use (documentation and the README's list; the functions
+# themselves are found by name in the family's modeling module).
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "lfm2": ("short convolution",),
+    "lfm2_moe": ("short convolution",),
+    "lfm3": ("short convolution",),
+    "qwen3_next": ("short convolution", "gated delta rule"),
+    "qwen3_5": ("short convolution", "gated delta rule"),
+    "qwen3_5_text": ("short convolution", "gated delta rule"),
+    "qwen3_5_moe": ("short convolution", "gated delta rule"),
+    "qwen3_5_moe_text": ("short convolution", "gated delta rule"),
+    "olmo_hybrid": ("short convolution", "gated delta rule"),
+    "lara_mini": ("short convolution", "gated delta rule"),
+    "mamba": ("short convolution", "Mamba selective scan"),
+    "falcon_mamba": ("short convolution", "Mamba selective scan"),
+    "jamba": ("short convolution", "Mamba selective scan"),
+    "mamba2": ("short convolution", "Mamba2 chunked scan"),
+    "bamba": ("short convolution", "Mamba2 chunked scan"),
+    "falcon_h1": ("short convolution", "Mamba2 chunked scan"),
+    "granitemoehybrid": ("short convolution", "Mamba2 chunked scan"),
+    "nemotron_h": ("short convolution", "Mamba2 chunked scan"),
+    "zamba2": ("short convolution", "Mamba2 chunked scan"),
+}
+
+# Cached decoding, which cannot run on a shard (the pre-hook refuses a cache first; these are the backstop).
+UNSPLIT = ("causal_conv1d_update", "torch_recurrent_gated_delta_rule", "mamba_selective_state_update",
+           "mamba2_selective_state_update")
+# Fused CUDA kernels (convolution + scan + projections in one call); their torch stand-ins return None, which
+# the mixers read as "no kernel: take the unfused path". Sharded, they return None, so the unfused path, whose
+# convolution and scan burst splits, runs (on a GPU too, through its own kernels).
+FUSED = ("mamba_inner_fn", "mamba2_split_conv1d_scan_combined")
+
+
+@dataclass(frozen=True)
+class Shards:
+    """Where the running mixer's shard sits: the group and layout of the model's sequence split."""
+
+    group: object
+    layout: object
+    world: int
+
+
+_running: contextvars.ContextVar[Shards | None] = contextvars.ContextVar("burst_sharded_mixer", default=None)
+_prepared: dict[int, weakref.ref] = {}  # id(config) -> config, for configs of models shard_mixers prepared
+
+
+def supported(model_type: str | None) -> bool:
+    return model_type in FAMILIES
+
+
+def prepared(config) -> bool:
+    """Whether shard_mixers prepared a model with this config (or its text config)."""
+    ref = _prepared.get(id(config))
+    return ref is not None and ref() is config
+
+
+def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int:
+    """Make `model`'s recurrent and convolutional mixers pass their state across the ranks of
+    `group` for a sequence sharded by `layout` ("contiguous" or "zigzag", as given to shard_batch).
+    Returns how many mixer modules were hooked (0 for a model without any). ValueError for a family
+    that has such mixers and is not in FAMILIES. Calling it again with other settings replaces them."""
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    module = sys.modules[type(model).__module__]
+    names = [n for n in (*_SHARDED, *UNSPLIT, *FUSED) if callable(getattr(module, n, None))]
+    if not names:
+        return 0
+    model_type = getattr(text, "model_type", None)
+    if not (supported(model_type) or supported(getattr(config, "model_type", None))):
+        if _world(group) == 1:  # the whole sequence on one rank: nothing to pass (check_model decides)
+            return 0
+        raise ValueError(f"model_type {model_type!r} mixes tokens outside attention ({', '.join(names)}) and is "
+                         f"not among the families burst makes exact across ranks: {sorted(FAMILIES)}")
+    state_passing.chunks(layout, group, 2 * _world(group))  # a layout without runs (striped) raises here
+    for name in names:
+        _wrap(module, name)
+    shards = Shards(group, layout, _world(group))
+    mixers = [m for m in model.modules() if _calls_any(type(m), names)]
+    if not mixers and _mixes_outside_attention(text):
+        raise ValueError(f"{type(model).__name__}: found none of the modules that call {names}; this "
+                         "transformers release arranges the family differently from what burst knows")
+    for mixer in mixers:
+        for handle in getattr(mixer, "_burst_mixer_hooks", ()):
+            handle.remove()
+        mixer._burst_mixer_hooks = _hook(mixer, shards)
+    for c in {id(config): config, id(text): text}.values():
+        _prepared[id(c)] = weakref.ref(c)
+    return len(mixers)
+
+
+def _mixes_outside_attention(config) -> bool:
+    from .hf_keywords import ATTENTION_LAYER_KINDS, _layer_kinds
+
+    return bool(_layer_kinds(config) - ATTENTION_LAYER_KINDS)
+
+
+def _hook(mixer: torch.nn.Module, shards: Shards):
+    tokens: list = []
+
+    def enter(module, args, kwargs):
+        if kwargs.get("cache") is not None or kwargs.get("cache_params") is not None:
+            if shards.world > 1:
+                raise ValueError(f"{type(module).__name__}: a cache (generation) with the sequence split across "
+                                 f"{shards.world} ranks is not supported for recurrent layers")
+        tokens.append(_running.set(shards))
+
+    def leave(module, args, kwargs, output):
+        if tokens:
+            _running.reset(tokens.pop())
+
+    return (mixer.register_forward_pre_hook(enter, with_kwargs=True),
+            mixer.register_forward_hook(leave, with_kwargs=True, always_call=True))
+
+
+def _calls_any(cls, names) -> bool:
+    forward = getattr(cls, "forward", None)
+    if forward is None or getattr(cls, "__module__", "").startswith("torch."):
+        return False
+    try:
+        source = inspect.getsource(forward)
+    except (OSError, TypeError):
+        return False
+    return any(f"{n}(" in source for n in names)
+
+
+def _wrap(module, name: str) -> None:
+    original = getattr(module, name)
+    if getattr(original, "_burst_original", None) is not None:
+        return
+    sharded = _SHARDED.get(name)
+
+    def dispatch(*args, **kwargs):
+        shards = _running.get()
+        if shards is None or shards.world == 1:
+            return original(*args, **kwargs)
+        if name in FUSED:
+            return None
+        if sharded is None:
+            raise ValueError(f"{name} (cached decoding) runs on one shard at a time and cannot pass state across "
+                             f"{shards.world} ranks")
+        return sharded(original, shards, *args, **kwargs)
+
+    dispatch._burst_original = original
+    dispatch.__name__ = getattr(original, "__name__", name)
+    dispatch.__doc__ = getattr(original, "__doc__", None)
+    setattr(module, name, dispatch)
+
+
+# ---- the sharded functions: (original, shards, *the original's arguments) -> the original's result ----
+
+def _local_chunks(shards: Shards, local_len: int):
+    mine, _ = state_passing.chunks(shards.layout, shards.group, local_len)
+    return mine
+
+
+def _conv(original, shards: Shards, hidden_states, weight, bias=None, *args, **kwargs):
+    """Causal depthwise conv1d; hidden_states (B, C, T), weight (C, k): each chunk gets the k - 1
+    inputs before it (its halo) from whichever rank holds them."""
+    width = weight.shape[-1] - 1
+    local_len = hidden_states.shape[-1]
+    mine = _local_chunks(shards, local_len)
+    if width == 0:
+        return original(hidden_states, weight, bias, *args, **kwargs)
+    tails = [hidden_states[..., seg.rows][..., -width:] if seg.length >= width else
+             hidden_states.new_zeros(hidden_states.shape[:-1] + (width,)) for seg in mine]
+    halos = state_passing.halo(tails, width, shards.layout, shards.group, local_len, phase="conv_halo")
+    outs = [original(torch.cat([halo, hidden_states[..., seg.rows]], dim=-1), weight, bias, *args, **kwargs)
+            [..., width:] for seg, halo in zip(mine, halos)]
+    return torch.cat(outs, dim=-1)
+
+
+def _gated_delta_rule(original, shards: Shards, query, key, value, g, beta, *args, initial_state=None,
+                      output_final_state=False, cu_seqlens=None, **kwargs):
+    """Gated delta rule; query/key (B, T, Hk, dk), value (B, T, Hv, dv), g/beta (B, T, Hv); state
+    (B, Hv, dk, dv), transition (B, Hv, dk, dk) acting on the state's dk side."""
+    _refuse_state_arguments("the gated delta rule", initial_state, output_final_state, cu_seqlens)
+    batch, local_len, heads, dv = value.shape
+    dk = key.shape[-1]
+    identity = torch.eye(dk, dtype=torch.float32, device=value.device).expand(batch, heads, dk, dk)
+    start = torch.cat([identity.new_zeros(batch, heads, dk, dv), identity], dim=-1)
+    outs, coefficients, finals, transitions = [], [], [], []
+    for seg in _local_chunks(shards, local_len):
+        rows = seg.rows
+        value_ext = torch.cat([value[:, rows], value.new_zeros(batch, seg.length, heads, dk)], dim=-1)
+        out, final = original(query[:, rows], key[:, rows], value_ext, g[:, rows], beta[:, rows], *args,
+                              initial_state=start, output_final_state=True, **kwargs)
+        outs.append(out[..., :dv])
+        coefficients.append(out[..., dv:])
+        finals.append(final[..., :dv].float())
+        transitions.append(final[..., dv:].float())
+    starts = state_passing.initial_states(finals, transitions, torch.matmul, shards.layout, shards.group,
+                                          local_len, phase="gated_delta_rule_state")
+    out = [o + torch.einsum("bthk,bhkv->bthv", c.float(), s).to(o.dtype)
+           for o, c, s in zip(outs, coefficients, starts)]
+    return torch.cat(out, dim=1), None
+
+
+def _mamba2_scan(original, shards: Shards, hidden_states, dt, A, B, C, chunk_size=None, *args,
+                 initial_states=None, return_final_states=False, **kwargs):
+    """Mamba2's chunked scan (scalar decay per head); hidden_states (B, T, H, P), B/C (B, T, G, N);
+    state (B, H, P, N), transition (B, H, N, N) acting on the state's N side (a multiple of I)."""
+    _refuse_state_arguments("the Mamba2 scan", initial_states, return_final_states, kwargs.get("seq_idx"))
+    batch, local_len, heads, head_dim = hidden_states.shape
+    n = B.shape[-1]
+    identity = torch.eye(n, dtype=torch.float32, device=hidden_states.device).expand(batch, heads, n, n)
+    start = torch.cat([identity.new_zeros(batch, heads, head_dim, n), identity], dim=2)
+    outs, coefficients, finals, transitions = [], [], [], []
+    for seg in _local_chunks(shards, local_len):
+        rows = seg.rows
+        x_ext = torch.cat([hidden_states[:, rows], hidden_states.new_zeros(batch, seg.length, heads, n)], dim=-1)
+        out, final = original(x_ext, dt[:, rows], A, B[:, rows], C[:, rows], chunk_size, *args,
+                              initial_states=start, return_final_states=True, **kwargs)
+        outs.append(out[..., :head_dim])
+        coefficients.append(out[..., head_dim:])
+        finals.append(final[:, :, :head_dim].float())
+        transitions.append(final[:, :, head_dim:].float())
+    starts = state_passing.initial_states(finals, transitions, lambda m, h: h @ m, shards.layout, shards.group,
+                                          local_len, phase="mamba2_state")
+    out = [o + torch.einsum("bthj,bhpj->bthp", c.float(), s).to(o.dtype)
+           for o, c, s in zip(outs, coefficients, starts)]
+    return torch.cat(out, dim=1)
+
+
+def _mamba_scan(original, shards: Shards, hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None,
+                delta_softplus=False, return_last_state=False, *args, **kwargs):
+    """Mamba's selective scan (a decay per channel and state entry); hidden_states/dt/z (B, D, T),
+    A (D, N), B/C (B, N, T); state (B, D, N), transition (B, D, N) elementwise. It takes no starting
+    state, so each chunk's decays are computed here: exp(A * cumsum(dt)) after the scan's own bias
+    and softplus."""
+    _refuse_state_arguments("the Mamba scan", None, return_last_state, None)
+    local_len = hidden_states.shape[-1]
+    steps = dt if delta_bias is None else dt + delta_bias.to(dt.dtype)[..., None]
+    steps = F.softplus(steps) if delta_softplus else steps
+    outs, decays, finals, transitions = [], [], [], []
+    for seg in _local_chunks(shards, local_len):
+        rows = seg.rows
+        out, final = original(hidden_states[..., rows], dt[..., rows], A, B[..., rows], C[..., rows], D,
+                              None if z is None else z[..., rows], delta_bias, delta_softplus, True, *args, **kwargs)
+        cumulative = steps[..., rows].float().cumsum(-1)                       # (B, D, t)
+        decay = torch.exp(A.float()[None, :, None, :] * cumulative[..., None])  # (B, D, t, N)
+        outs.append(out)
+        decays.append(decay)
+        finals.append(final.float())
+        transitions.append(decay[:, :, -1])
+    starts = state_passing.initial_states(finals, transitions, torch.mul, shards.layout, shards.group,
+                                          local_len, phase="mamba_state")
+    result = []
+    for seg, out, decay, start in zip(_local_chunks(shards, local_len), outs, decays, starts):
+        rows = seg.rows
+        correction = torch.einsum("bdtn,bdn,bnt->bdt", decay, start, C[..., rows].float())
+        if z is not None:
+            correction = correction * F.silu(z[..., rows].float())
+        result.append(out + correction.to(out.dtype))
+    return torch.cat(result, dim=-1)
+
+
+def _refuse_state_arguments(what: str, initial, final, varlen) -> None:
+    if initial is not None or final:
+        raise ValueError(f"{what} was called with a starting or final state (a cache) while its sequence is split "
+                         "across ranks; burst passes the state itself and supports no cache here")
+    if varlen is not None:
+        raise ValueError(f"{what} was called with variable-length sequences (cu_seqlens / seq_idx) while its "
+                         "sequence is split across ranks; burst does not split packed sequences for recurrent layers")
+
+
+_SHARDED = {
+    "causal_conv1d_fn": _conv,
+    "torch_chunk_gated_delta_rule": _gated_delta_rule,
+    "mamba2_chunk_scan": _mamba2_scan,
+    "mamba_selective_scan": _mamba_scan,
+}
+
+
+def _world(group) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(group) if dist.is_initialized() else 1

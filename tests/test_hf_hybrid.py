@@ -1,0 +1,203 @@
+"""Hybrid models (gated delta net, Mamba / Mamba2 scans, short convolutions) exact across ranks.
+
+Each family of hf_mixers.FAMILIES that this transformers release ships, built tiny from the zoo's
+config (hf_zoo.tiny_config: its recurrent and convolutional layers kept), trains one step with the
+sequence split over 2 ranks (contiguous and zigzag) and 4 ranks (a family of each mixer): logits,
+loss and every parameter's gradient against the same model in one process. Also the state passing
+itself against a float64 scan of the whole sequence, its bytes (which must not grow with the
+sequence), and what stays refused.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from requires import transformers_or_skip
+from world import results_by_world
+
+transformers_or_skip()
+
+SEQ = 64
+FOUR_RANKS = ("qwen3_next", "mamba", "bamba", "lfm2")  # gated delta rule, Mamba, Mamba2, short conv alone
+
+
+def _models(family, name):
+    """(eager model in one process, the same weights on burst's `name`), or None when not shipped."""
+    from transformers import AutoModelForCausalLM
+
+    from burst.integrations import hf_zoo
+
+    if family not in hf_zoo.families():
+        return None
+    config = hf_zoo.tiny_config(family)
+    torch.manual_seed(0)
+    eager = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=name)
+    model.load_state_dict(eager.state_dict())
+    return eager, model
+
+
+def _one_step(family, layout, group):
+    """max |difference| of logits, loss and gradients against one process; None when not shipped."""
+    import burst.integrations.transformers as bt
+    from burst import layout as layout_mod
+
+    models = _models(family, bt.register(f"hybrid_{layout}", layout=layout, group=group))
+    if models is None:
+        return None
+    eager, model = models
+    ids = torch.randint(3, 256, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    expected = eager(input_ids=ids, labels=ids, use_cache=False)
+    expected.loss.backward()
+    batch = bt.shard_batch({"input_ids": ids, "labels": ids}, group=group, layout=layout, model=model)
+    got = model(**batch, use_cache=False)
+    got.loss.backward()
+    bt.reduce_gradients(model, group)
+    logits = layout_mod.unshard(got.logits.contiguous(), group=group, layout=layout, dim=1)
+    gradients = [(p.grad - q.grad).abs().max().item() / (q.grad.abs().max().item() + 1e-4)
+                 for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
+    return {"logits": (logits - expected.logits).abs().max().item(),
+            "loss": abs(bt.reduce_loss(got.loss, group).item() - expected.loss.item()),
+            "gradients": max(gradients), "gradient_count": len(gradients)}
+
+
+def _scan_against_float64(layout, group):
+    """h_t = a_t h_{t-1} + u_t (diagonal decays) on each rank's chunks with state_passing, against a
+    float64 scan of the whole sequence: states and the gradients of a loss through them."""
+    import torch.distributed as dist
+
+    from burst import layout as layout_mod
+    from burst.state_passing import initial_states
+
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    length, width = 48, 5
+    gen = torch.Generator().manual_seed(7)
+    decay = torch.rand(length, width, generator=gen, dtype=torch.float64) * 0.5 + 0.5
+    inputs = torch.randn(length, width, generator=gen, dtype=torch.float64)
+    weights = torch.randn(length, width, generator=gen, dtype=torch.float64)
+
+    def scan(a, u, start):
+        states, h = [], start
+        for t in range(a.shape[0]):
+            h = a[t] * h + u[t]
+            states.append(h)
+        return torch.stack(states)
+
+    full_u = inputs.clone().requires_grad_()
+    expected = scan(decay, full_u, torch.zeros(width, dtype=torch.float64))
+    (expected * weights).sum().backward()
+
+    index = layout_mod.shard_indices(layout, rank, world, length)
+    local_u = inputs[index].float().requires_grad_()
+    local_a = decay[index].float()
+    chunks = layout_mod.segments(layout, rank, world, length // world)
+    zero = torch.zeros(1, width)
+    finals = [scan(local_a[s.rows], local_u[s.rows], zero)[-1] for s in chunks]
+    transitions = [local_a[s.rows].prod(0, keepdim=True) for s in chunks]
+    starts = initial_states(finals, transitions, torch.mul, layout, group, length // world)
+    states = torch.cat([scan(local_a[s.rows], local_u[s.rows], h)[:, 0] for s, h in zip(chunks, starts)])
+    (states * weights[index].float()).sum().backward()
+    return ((states.double() - expected[index]).abs().max().item(),
+            (local_u.grad.double() - full_u.grad[index]).abs().max().item())
+
+
+def _state_bytes(group):
+    """Bytes this rank sends for the mixers' state exchange in one forward + backward of qwen3_next,
+    by sequence length: {length: {phase: bytes}}."""
+    import burst
+    import burst.integrations.transformers as bt
+
+    out = {}
+    for length in (SEQ, 4 * SEQ):
+        _, model = _models("qwen3_next", bt.register("hybrid_bytes", layout="zigzag", group=group))
+        ids = torch.randint(3, 256, (1, length), generator=torch.Generator().manual_seed(1))
+        batch = bt.shard_batch({"input_ids": ids, "labels": ids}, group=group, layout="zigzag", model=model)
+        with burst.CommStats() as stats:
+            model(**batch, use_cache=False).loss.backward()
+        out[length] = {phase: stats.sent(phase) for phase in ("gated_delta_rule_state", "conv_halo")}
+    return out
+
+
+def _refusals(group):
+    """What a sharded hybrid model must refuse, each on every rank: {case: error text or None}."""
+    import burst.integrations.transformers as bt
+    from burst.integrations import hf_zoo
+
+    out = {}
+    _, model = _models("qwen3_next", bt.register("hybrid_refusals", layout="zigzag", group=group))
+    ids = torch.randint(3, 256, (1, SEQ), generator=torch.Generator().manual_seed(1))
+    fresh = _models("qwen3_next", "hybrid_refusals")[1]  # shard_mixers never called on it
+    cases = {
+        "striped": lambda: bt.shard_mixers(model, group, "striped"),
+        "not hooked": lambda: fresh(**bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag"),
+                                    use_cache=False),
+        "cache": lambda: model(**bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=model),
+                               use_cache=True),
+    }
+    if "minimax" in hf_zoo.families():
+        unsupported = _models("minimax", "hybrid_refusals")[1]
+        cases["unsupported family"] = lambda: unsupported(
+            **bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=unsupported), use_cache=False)
+    for case, call in cases.items():
+        try:
+            call()
+            out[case] = None
+        except ValueError as err:
+            out[case] = str(err)
+    return out
+
+
+def _world_cases(rank, world):
+    import warnings
+
+    import transformers
+
+    from burst.integrations import hf_mixers
+
+    transformers.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore")
+    families = sorted(hf_mixers.FAMILIES) if world == 2 else FOUR_RANKS
+    out = {"steps": {(f, layout): _one_step(f, layout, None) for f in families for layout in ("contiguous", "zigzag")},
+           "scan": {layout: _scan_against_float64(layout, None) for layout in ("contiguous", "zigzag")}}
+    if world == 2:
+        out["bytes"] = _state_bytes(None)
+        out["refusals"] = _refusals(None)
+    return out
+
+
+results = results_by_world(_world_cases)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_hybrid_families_train_exactly_across_ranks(world):
+    steps = results(world)[0]["steps"]
+    shipped = {key: got for key, got in steps.items() if got is not None}
+    assert len(shipped) >= (30 if world == 2 else 8), sorted(steps)  # this release ships most of them
+    for (family, layout), got in shipped.items():
+        assert got["logits"] < 2e-5 and got["loss"] < 2e-5, (family, layout, got)
+        assert got["gradients"] < 1e-4 and got["gradient_count"] > 4, (family, layout, got)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_state_passing_matches_a_float64_scan(world):
+    for layout, (states, gradients) in results(world)[0]["scan"].items():
+        assert states < 1e-5 and gradients < 1e-5, (layout, states, gradients)
+
+
+def test_state_exchange_does_not_grow_with_the_sequence():
+    by_length = results(2)[0]["bytes"]
+    short, long = by_length[SEQ], by_length[4 * SEQ]
+    assert short["gated_delta_rule_state"] > 0 and short["conv_halo"] > 0, short
+    assert long == short, by_length
+
+
+def test_what_a_hybrid_model_cannot_do_is_refused():
+    refusals = results(2)[0]["refusals"]
+    assert "every 2-th token" in refusals["striped"]
+    assert "shard_mixers" in refusals["not hooked"]
+    assert "cache" in refusals["cache"]
+    if "unsupported family" in refusals:
+        assert "outside attention" in refusals["unsupported family"]
