@@ -46,7 +46,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, flat: torch.Tensor, group, world: int, phase: str):
-        ctx.group, ctx.world, ctx.numel = group, world, flat.numel()
+        ctx.group, ctx.world, ctx.numel, ctx.phase = group, world, flat.numel(), phase
         out = flat.new_empty(world * flat.numel())
         all_gather_flat(out, flat.contiguous(), group=group)
         if stats_active():
@@ -57,6 +57,9 @@ class _AllGatherWithGrad(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
+        if stats_active():  # what a ring all-reduce sends: 2 (G - 1) / G of the tensor
+            record_sent(ctx.phase, 2 * grad.numel() * grad.element_size() * (ctx.world - 1) // ctx.world,
+                        messages=2 * (ctx.world - 1))
         rank = dist.get_rank(ctx.group)
         return grad[rank * ctx.numel:(rank + 1) * ctx.numel], None, None, None
 

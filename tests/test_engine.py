@@ -204,27 +204,34 @@ def _burst_train(*args):
 
 
 def test_burst_train_checkpoints_and_resumes_exactly(tmp_path):
+    from burst.engine.resume import META, resume_point
+
     ckpt, whole, resumed = tmp_path / "ckpt", tmp_path / "whole.jsonl", tmp_path / "resumed.jsonl"
     common = ["--seq-len", "64", "--steps", "4", "--checkpoint-dir", str(ckpt)]
-    _burst_train(*common, "--checkpoint-every", "2", "--checkpointing", "selective", "--metrics", str(whole))
+    _burst_train(*common, "--checkpoint-every", "1", "--keep", "2", "--checkpointing", "selective",
+                 "--metrics", str(whole))
     rows = [json.loads(line) for line in whole.read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for r in rows:
         assert {"step", "loss", "tokens_per_s_per_device", "mfu", "peak_mem_bytes"} <= set(r) and r["loss"] > 0
-    assert sorted(os.listdir(ckpt)) == ["step-2", "step-4"]
-    # Resumed from step 2 with another FSDP mode and checkpointing: DCP reshards, the losses are
-    # the uninterrupted run's.
-    _burst_train(*common, "--resume-step", "2", "--fsdp", "mesh", "--metrics", str(resumed))
+    assert sorted(os.listdir(ckpt)) == ["step-3", "step-4"]  # --keep 2: older ones deleted once newer were complete
+    # A save killed before its burst.json: never taken for a checkpoint. --resume takes the latest complete one
+    # (step 3), here with another FSDP mode and checkpointing (DCP reshards): the uninterrupted run's losses.
+    (ckpt / "step-4" / META).unlink()
+    assert resume_point(str(ckpt)) == 3 and resume_point(str(tmp_path / "empty")) is None
+    _burst_train(*common, "--resume", "--checkpoint-every", "1", "--keep", "2", "--fsdp", "mesh",
+                 "--metrics", str(resumed))
     again = [json.loads(line) for line in resumed.read_text().splitlines()]
-    assert [r["step"] for r in again] == [2, 3]
-    for a, b in zip(again, rows[2:]):
-        assert abs(a["loss"] - b["loss"]) < 1e-6, (a, b)
+    assert [r["step"] for r in again] == [3]
+    assert abs(again[0]["loss"] - rows[3]["loss"]) < 1e-6, (again, rows[3])
+    assert sorted(os.listdir(ckpt)) == ["step-3", "step-4"] and (ckpt / "step-4" / META).exists()
     # Refused before any process starts, naming what is wrong (the CLI's entry, in this process).
     from burst.cli import main
 
-    for bad, message in ((["--seq-len", "128", "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume-step", "2"],
+    for bad, message in ((["--seq-len", "128", "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume-step", "3"],
                           "another config: seq_len was 64"),
-                         ([*common, "--resume-step", "3"], "no checkpoint for step 3"),
+                         ([*common, "--resume-step", "2"], "no checkpoint for step 2"),
+                         ([*common, "--resume", "--resume-step", "3"], "not both"),
                          (["--seq-len", "63"], "--seq-len: 63"),
                          (["--seq-len", "64", "--dp", "3"], "--dp: 3 does not divide"),
                          (["--seq-len", "64", "--checkpoint-every", "2"], "needs --checkpoint-dir")):

@@ -40,8 +40,9 @@ def _models(family, name):
     return eager, model
 
 
-def _one_step(family, layout, group):
-    """max |difference| of logits, loss and gradients against one process; None when not shipped."""
+def _one_step(family, layout, group, checkpointing=False):
+    """max |difference| of logits, loss and gradients against one process; None when not shipped.
+    checkpointing: the split model recomputes each layer in the backward (its all-gathers again)."""
     import burst.integrations.transformers as bt
     from burst import layout as layout_mod
 
@@ -49,6 +50,8 @@ def _one_step(family, layout, group):
     if models is None:
         return None
     eager, model = models
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(3, 256, (2, SEQ), generator=torch.Generator().manual_seed(1))
     expected = eager(input_ids=ids, labels=ids, use_cache=False)
     expected.loss.backward()
@@ -162,6 +165,7 @@ def _world_cases(rank, world):
     families = sorted(hf_mixers.FAMILIES) if world == 2 else FOUR_RANKS
     out = {"steps": {(f, layout): _one_step(f, layout, None) for f in families for layout in ("contiguous", "zigzag")},
            "scan": {layout: _scan_against_float64(layout, None) for layout in ("contiguous", "zigzag")}}
+    out["steps"][("qwen3_next", "zigzag, checkpointing")] = _one_step("qwen3_next", "zigzag", None, True)
     if world == 2:
         out["bytes"] = _state_bytes(None)
         out["refusals"] = _refusals(None)

@@ -173,6 +173,8 @@ def _errors(rank, world):
     cases = {
         "padding on one rank": lambda: model(**batch, attention_mask=holes),
         "padding in shard_batch": lambda: bt.shard_batch({"input_ids": ids, "attention_mask": torch.zeros_like(ids)}),
+        # a sampler over the whole world hands each rank its own sequence: shards of two would be joined as one
+        "a different batch per rank": lambda: bt.shard_batch({"input_ids": ids, "labels": (ids + rank) % VOCAB}),
         "output_attentions": lambda: model(**batch, output_attentions=True),
         "default positions": lambda: model(input_ids=batch["input_ids"]),
         "cached decoding": lambda: model.generate(batch["input_ids"], position_ids=batch["position_ids"],
@@ -235,7 +237,8 @@ def test_packed_documents_and_sliding_window(world):
 def test_unsupported_raises_on_every_rank():
     expected = {"padding on one rank": "padding", "padding in shard_batch": "padding",
                 "output_attentions": "output_attentions", "default positions": "global positions",
-                "cached decoding": "ShardedCache", "dropout": "dropout"}
+                "cached decoding": "ShardedCache", "dropout": "dropout",
+                "a different batch per rank": "must hold the same batch"}
     for rank, results in enumerate(_results(2)):
         errors = results["errors"]
         for case, words in expected.items():

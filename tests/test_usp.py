@@ -1,6 +1,6 @@
 """strategy="usp" (Ulysses inside a group, ring across groups) against float64 attention.
 
-One world per size (4, 6): Ulysses degrees 1, 2 and the whole world, and the default taken from
+One world of 4 ranks (6, for 3 x 2 and 2 x 3 meshes, is left out for the suite's time): Ulysses degrees 1, 2 and the whole world, and the default taken from
 the topology (ranks per node); every layout, causal / window / documents, MHA and GQA (one KV head
 with Ulysses degree 2), fp32 and bf16; degrees that do not divide raise on every rank.
 """
@@ -52,12 +52,12 @@ def _cases(rank, world):
 _results = results_by_world(_cases, timeout=400)
 
 
-@pytest.mark.parametrize("world", [4, 6])
+@pytest.mark.parametrize("world", [4])  # 6 (3 x 2, 2 x 3) left out for the suite's time
 def test_usp_matches_float64(world):
     assert_within_bounds([r[0] for r in _results(world)], lambda key: key[3])
 
 
-@pytest.mark.parametrize("world", [4, 6])
+@pytest.mark.parametrize("world", [4])
 def test_bad_degree_raises_on_every_rank(world):
     for rank, (_, bad) in enumerate(_results(world)):
         assert bad is not None and "ulysses_degree" in bad, (rank, bad)

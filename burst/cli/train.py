@@ -61,6 +61,11 @@ def add_parser(sub) -> None:
                    help="write a checkpoint every K steps (0 = never; needs --checkpoint-dir)")
     p.add_argument("--resume-step", type=positive_int, default=None,
                    help="resume from the checkpoint written after K steps")
+    p.add_argument("--resume", action="store_true",
+                   help="resume from the latest complete checkpoint in --checkpoint-dir, or start fresh when it "
+                        "holds none (what to repeat after a failure, e.g. under torchrun --max-restarts)")
+    p.add_argument("--keep", type=nonnegative_int, default=0, metavar="N",
+                   help="keep the N newest checkpoints, deleting older ones once a new one is complete (0 = all)")
     add_common(p)
 
 
@@ -70,7 +75,12 @@ def config(args):
     from ..engine.train import TrainConfig
 
     keys = {f.name for f in fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in vars(args).items() if k in keys})
+    values = {k: v for k, v in vars(args).items() if k in keys}
+    if getattr(args, "resume", False):
+        from ..engine.resume import resume_point
+
+        values["resume_step"] = resume_point(args.checkpoint_dir)
+    return TrainConfig(**values)
 
 
 def validate(args) -> None:
@@ -80,6 +90,10 @@ def validate(args) -> None:
         check_writable_file("--metrics", args.metrics)
     if args.data != "synthetic":
         check_readable_file("--data", args.data)
+    if args.resume and args.resume_step is not None:
+        raise BadOption("--resume", "takes the latest checkpoint; give it or --resume-step K, not both")
+    if args.resume and args.checkpoint_dir is None:
+        raise BadOption("--resume", "needs --checkpoint-dir (where the checkpoints are, or will be)")
     if args.checkpoint_dir is not None:
         if args.resume_step is not None and not os.path.isdir(args.checkpoint_dir):
             raise BadOption("--checkpoint-dir", f"{args.checkpoint_dir!r} is not a directory (nothing to resume)")

@@ -1,6 +1,6 @@
 """Training checkpoints with torch.distributed.checkpoint (DCP), and exact resume.
 
-    DIR/step-K/            written after K steps (--checkpoint-every)
+    DIR/step-K/            written after K steps (--checkpoint-every); --keep N keeps the N newest
         *.distcp, .metadata  model and AdamW state, sharded as each rank holds it (FSDP2 or not);
                              DCP reshards on load, so a run may resume on another world or FSDP mode
         burst.json           the step, the TrainConfig, the model preset's shape
@@ -9,6 +9,11 @@
 The learning-rate schedule is a function of the step and the data of the seed and the step (the
 data position is the step), so model, optimizer, step and RNG make the resumed run's later losses
 equal the uninterrupted run's (tests/test_engine.py).
+
+burst.json is written last and atomically, so a save killed at any point leaves a directory that is
+never taken for a checkpoint (and is deleted by the next complete save). `--resume` picks the latest
+complete checkpoint, or starts fresh where there is none: the command to repeat after any failure,
+e.g. under `torchrun --max-restarts N`.
 
 A checkpoint from another config (another model, sequence length, global batch, data, seed or
 schedule) is refused before training starts, naming the field.
@@ -36,13 +41,48 @@ def step_dir(root: str, step: int) -> str:
     return os.path.join(root, f"step-{step}")
 
 
+def complete_steps(root: str) -> list[int]:
+    """The steps of the complete checkpoints under `root` (those whose burst.json was written), rising."""
+    return sorted(step for step, complete in _step_dirs(root) if complete)
+
+
+def _step_dirs(root: str) -> list[tuple[int, bool]]:
+    """(step, complete) of every step-K directory under `root`."""
+    out = []
+    for name in os.listdir(root) if os.path.isdir(root) else ():
+        number = name.removeprefix("step-")
+        if name.startswith("step-") and number.isdigit():
+            out.append((int(number), os.path.exists(os.path.join(root, name, META))))
+    return out
+
+
 def latest_step(root: str) -> int:
-    """The last complete checkpoint's step under `root` (one whose burst.json was written)."""
-    steps = [int(d.split("-", 1)[1]) for d in (os.listdir(root) if os.path.isdir(root) else ())
-             if d.startswith("step-") and os.path.exists(os.path.join(root, d, META))]
+    """The last complete checkpoint's step under `root`; ValueError when there is none."""
+    steps = complete_steps(root)
     if not steps:
         raise ValueError(f"no complete checkpoint in {root!r}")
-    return max(steps)
+    return steps[-1]
+
+
+def resume_point(root: str | None) -> int | None:
+    """--resume: the latest complete checkpoint's step under `root`, or None (start fresh) when there is
+    none. A checkpoint a killed save left without its burst.json is never taken."""
+    steps = complete_steps(root) if root else []
+    return steps[-1] if steps else None
+
+
+def prune(root: str, newest: int, keep: int) -> list[str]:
+    """After checkpoint `newest` is complete: delete the complete checkpoints older than the `keep`
+    newest (keep 0: none) and the incomplete ones older than `newest` (what a killed save left).
+    Returns the deleted paths."""
+    import shutil
+
+    complete = complete_steps(root)
+    doomed = [s for s in complete[:-keep]] if keep else []
+    doomed += [s for s, done in _step_dirs(root) if not done and s < newest]
+    for step in doomed:
+        shutil.rmtree(step_dir(root, step), ignore_errors=True)
+    return [step_dir(root, s) for s in doomed]
 
 
 def read_meta(root: str, step: int) -> dict:
@@ -89,8 +129,13 @@ def save_checkpoint(cfg, step: int, model, optimizer) -> str:
     if dist.is_initialized():
         dist.barrier()  # every rank's files are written before META marks the step complete
     if rank == 0:
-        with open(os.path.join(path, META), "w") as f:
+        partial = os.path.join(path, META + ".partial")
+        with open(partial, "w") as f:
             json.dump({"step": step, "identity": _identity(cfg), "config": asdict(cfg)}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, os.path.join(path, META))  # atomic: a complete burst.json or none
+        prune(cfg.checkpoint_dir, step, cfg.keep)
     if dist.is_initialized():
         dist.barrier()  # and META exists on return, on every rank
     return path
@@ -109,7 +154,7 @@ def load_checkpoint(cfg, model, optimizer) -> int:
     rank = dist.get_rank() if dist.is_initialized() else 0
     rng = os.path.join(path, f"rng-{rank}.pt")
     if os.path.exists(rng):  # a world larger than the saving one: new ranks keep their seeded state
-        torch.set_rng_state(torch.load(rng))
+        torch.set_rng_state(torch.load(rng, weights_only=True))
     return cfg.resume_step
 
 

@@ -55,6 +55,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume_step: int | None = None
+    keep: int = 0  # checkpoints kept (the newest; 0 = all), older ones deleted once a new one is complete
     progress: bool = True
 
     def check(self, world: int) -> None:
@@ -94,6 +95,7 @@ class TrainConfig:
             raise ValueError(f"--lr: must be a positive number, got {self.lr}")
         for option, value in (("--warmup", self.warmup), ("--peak-flops", self.peak_flops),
                               ("--checkpoint-every", self.checkpoint_every), ("--ffn-chunk", self.ffn_chunk),
+                              ("--keep", self.keep),
                               ("weight_decay", self.weight_decay)):
             if not value >= 0:
                 raise ValueError(f"{option}: must be 0 or more, got {value}")

@@ -328,6 +328,7 @@ def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_inde
     ids = batch["input_ids"]
     if ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(ids.shape)}")
+    check_same_batch(batch, group)
     mask = batch.get("attention_mask")
     if mask is not None and not bool(mask.bool().all()):
         raise ValueError("attention_mask has padding (zeros); burst runs whole sequences: pack documents "
@@ -351,6 +352,28 @@ def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_inde
         out["shift_labels"] = local
         out["num_items_in_batch"] = int((shifted != ignore_index).sum())
     return out
+
+
+def check_same_batch(batch: dict, group=None) -> None:
+    """ValueError on every rank of `group` unless every rank holds the same input_ids, labels and
+    position_ids (a digest of their bytes, agreed in one small collective). A sequence-parallel group
+    splits *one* batch: a sampler that hands each rank of the group its own sequences (a
+    DistributedSampler over the whole world) would have burst join shards of unrelated sequences."""
+    world = _world(group)
+    if world == 1:
+        return
+    facts = {key: _content_digest(batch[key]) for key in ("input_ids", "labels", "position_ids")
+             if isinstance(batch.get(key), torch.Tensor)}
+    hint = ("; the ranks of a sequence-parallel group must hold the same batch (each shards it): sample over "
+            "the data-parallel replicas only, e.g. DistributedSampler(num_replicas=world // G, rank=rank // G)")
+    agree("burst.shard_batch", facts, None, group, world, hints={key: hint for key in facts})
+
+
+def _content_digest(t: torch.Tensor) -> str:
+    import hashlib
+
+    data = t.detach().to("cpu").contiguous()
+    return f"{tuple(t.shape)} {hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=8).hexdigest()}"
 
 
 def reduce_loss(loss: torch.Tensor, group=None) -> torch.Tensor:
