@@ -183,13 +183,33 @@ def run_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | None
     return spawn_world(fn, *args, nproc=nproc, threads=threads, backend=backend, env=env)[0]
 
 
+def _attempt_store():
+    """torchrun's store under a prefix of this restart attempt, or None (not an elastic agent's store).
+    After `--max-restarts` restarts a world, the agent's store still holds the dead attempt's keys
+    (each rank's gloo address): a rank of the new attempt that reads one before its peer rewrites it
+    connects to a port nobody listens on and the restart fails. Keys of one attempt cannot meet another's."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import datetime
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                          is_master=False, timeout=datetime.timedelta(minutes=30))
+    return dist.PrefixStore(f"burst/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 def _in_torchrun_world(fn: Callable[..., Any], args: tuple, threads: int | None) -> Any:
     """fn(rank, world, *args) in torchrun's world: NCCL on this rank's GPU when there is one, else
     gloo. A group this call starts, it also closes (after a barrier, as a spawned rank does); one
     the caller started stays open."""
     starts = not dist.is_initialized()
     if starts:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        store = _attempt_store()
+        if store is None:
+            dist.init_process_group(backend)
+        else:
+            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if threads:

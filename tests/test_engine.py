@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -197,6 +198,18 @@ def test_rotary_and_rmsnorm_backward_match_their_formulas():
         assert (got - want).abs().max() < 1e-12 * want.abs().max()
 
 
+def _final_weights_differ(a, b) -> float:
+    """Max abs difference between the model weights of two runs' latest checkpoints."""
+    from burst.engine.resume import checkpoint_model_name, load_model_weights
+
+    weights = []
+    for root in (a, b):
+        model = Transformer(PRESETS[checkpoint_model_name(str(root))])
+        load_model_weights(str(root), None, model)
+        weights.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    return (weights[0] - weights[1]).abs().max().item()
+
+
 def _burst_train(*args):
     cmd = [sys.executable, "-m", "burst", "train", "--model", "tiny", "--nproc", "2", "--seed", "0", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -204,34 +217,45 @@ def _burst_train(*args):
 
 
 def test_burst_train_checkpoints_and_resumes_exactly(tmp_path):
+    """A 2-rank run whose rank 1 is killed (SIGKILL) in its third step under `torchrun --max-restarts 1 ...
+    --resume` ends with the uninterrupted run's losses and weights; --keep 2 keeps the two newest
+    checkpoints; a checkpoint without its burst.json (a killed save) is never resumed from."""
     from burst.engine.resume import META, resume_point
 
     ckpt, whole, resumed = tmp_path / "ckpt", tmp_path / "whole.jsonl", tmp_path / "resumed.jsonl"
-    common = ["--seq-len", "64", "--steps", "4", "--checkpoint-dir", str(ckpt)]
-    _burst_train(*common, "--checkpoint-every", "1", "--keep", "2", "--checkpointing", "selective",
-                 "--metrics", str(whole))
+    common = ["--seq-len", "64", "--steps", "4", "--checkpoint-every", "1", "--keep", "2"]
+    _burst_train(*common, "--checkpoint-dir", str(ckpt), "--checkpointing", "selective", "--metrics", str(whole))
     rows = [json.loads(line) for line in whole.read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for r in rows:
         assert {"step", "loss", "tokens_per_s_per_device", "mfu", "peak_mem_bytes"} <= set(r) and r["loss"] > 0
     assert sorted(os.listdir(ckpt)) == ["step-3", "step-4"]  # --keep 2: older ones deleted once newer were complete
-    # A save killed before its burst.json: never taken for a checkpoint. --resume takes the latest complete one
-    # (step 3), here with another FSDP mode and checkpointing (DCP reshards): the uninterrupted run's losses.
-    (ckpt / "step-4" / META).unlink()
-    assert resume_point(str(ckpt)) == 3 and resume_point(str(tmp_path / "empty")) is None
-    _burst_train(*common, "--resume", "--checkpoint-every", "1", "--keep", "2", "--fsdp", "mesh",
-                 "--metrics", str(resumed))
+    (ckpt / "step-9").mkdir()  # what a save killed before its burst.json leaves
+    assert resume_point(str(ckpt)) == 4 and resume_point(str(tmp_path / "empty")) is None
+    # Killed and restarted by torchrun, resumed from the latest complete checkpoint (step 2) with another FSDP
+    # mode (DCP reshards): the uninterrupted run's losses, and its final weights.
+    torchrun = pathlib.Path(sys.executable).parent / "torchrun"
+    killed = tmp_path / "killed"
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+                           str(pathlib.Path(__file__).parent / "clients" / "killed_train.py"), "train", "--model",
+                           "tiny", "--seed", "0", *common, "--checkpoint-dir", str(killed), "--resume", "--fsdp", "mesh",
+                           "--metrics", str(resumed)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
     again = [json.loads(line) for line in resumed.read_text().splitlines()]
-    assert [r["step"] for r in again] == [3]
-    assert abs(again[0]["loss"] - rows[3]["loss"]) < 1e-6, (again, rows[3])
-    assert sorted(os.listdir(ckpt)) == ["step-3", "step-4"] and (ckpt / "step-4" / META).exists()
+    assert [r["step"] for r in again] == [0, 1, 2, 3], again  # the first attempt's steps 0-1, then 2-3 resumed
+    for a, b in zip(again, rows):
+        assert abs(a["loss"] - b["loss"]) < 1e-6, (a, b)
+    assert "resumed from" in done.stdout + done.stderr
+    assert sorted(os.listdir(killed)) == ["step-3", "step-4"] and (killed / "step-4" / META).exists()
+    assert _final_weights_differ(ckpt, killed) < 1e-6
     # Refused before any process starts, naming what is wrong (the CLI's entry, in this process).
     from burst.cli import main
 
     for bad, message in ((["--seq-len", "128", "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume-step", "3"],
                           "another config: seq_len was 64"),
-                         ([*common, "--resume-step", "2"], "no checkpoint for step 2"),
-                         ([*common, "--resume", "--resume-step", "3"], "not both"),
+                         ([*common, "--checkpoint-dir", str(ckpt), "--resume-step", "2"], "no checkpoint for step 2"),
+                         ([*common, "--checkpoint-dir", str(ckpt), "--resume", "--resume-step", "3"], "not both"),
                          (["--seq-len", "63"], "--seq-len: 63"),
                          (["--seq-len", "64", "--dp", "3"], "--dp: 3 does not divide"),
                          (["--seq-len", "64", "--checkpoint-every", "2"], "needs --checkpoint-dir")):

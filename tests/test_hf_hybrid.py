@@ -10,8 +10,6 @@ sequence), and what stays refused.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -26,45 +24,20 @@ FOUR_RANKS = ("qwen3_next", "mamba", "bamba", "lfm2")  # gated delta rule, Mamba
 
 def _models(family, name):
     """(eager model in one process, the same weights on burst's `name`), or None when not shipped."""
-    from transformers import AutoModelForCausalLM
+    from burst.integrations import hf_zoo
 
+    return hf_zoo.twin_models(family, name) if family in hf_zoo.families() else None
+
+
+def _one_step(family, layout, group, checkpointing=False):
+    """hf_zoo.train_step_errors on burst's backend; None when this release does not ship the family."""
+    import burst.integrations.transformers as bt
     from burst.integrations import hf_zoo
 
     if family not in hf_zoo.families():
         return None
-    config = hf_zoo.tiny_config(family)
-    torch.manual_seed(0)
-    eager = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
-    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=name)
-    model.load_state_dict(eager.state_dict())
-    return eager, model
-
-
-def _one_step(family, layout, group, checkpointing=False):
-    """max |difference| of logits, loss and gradients against one process; None when not shipped.
-    checkpointing: the split model recomputes each layer in the backward (its all-gathers again)."""
-    import burst.integrations.transformers as bt
-    from burst import layout as layout_mod
-
-    models = _models(family, bt.register(f"hybrid_{layout}", layout=layout, group=group))
-    if models is None:
-        return None
-    eager, model = models
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    ids = torch.randint(3, 256, (2, SEQ), generator=torch.Generator().manual_seed(1))
-    expected = eager(input_ids=ids, labels=ids, use_cache=False)
-    expected.loss.backward()
-    batch = bt.shard_batch({"input_ids": ids, "labels": ids}, group=group, layout=layout, model=model)
-    got = model(**batch, use_cache=False)
-    got.loss.backward()
-    bt.reduce_gradients(model, group)
-    logits = layout_mod.unshard(got.logits.contiguous(), group=group, layout=layout, dim=1)
-    gradients = [(p.grad - q.grad).abs().max().item() / (q.grad.abs().max().item() + 1e-4)
-                 for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
-    return {"logits": (logits - expected.logits).abs().max().item(),
-            "loss": abs(bt.reduce_loss(got.loss, group).item() - expected.loss.item()),
-            "gradients": max(gradients), "gradient_count": len(gradients)}
+    name = bt.register(f"hybrid_{layout}", layout=layout, group=group)
+    return hf_zoo.train_step_errors(family, name, layout, group, seq_len=SEQ, checkpointing=checkpointing)
 
 
 def _scan_against_float64(layout, group):

@@ -27,6 +27,7 @@ that do the convolution and scan in one call.
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import sys
 import weakref
@@ -98,6 +99,9 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     `group` for a sequence sharded by `layout` ("contiguous" or "zigzag", as given to shard_batch).
     Returns how many mixer modules were hooked (0 for a model without any). ValueError for a family
     that has such mixers and is not in FAMILIES. Calling it again with other settings replaces them."""
+    done = getattr(model, "_burst_mixers", None)
+    if done is not None and done[0] is group and done[1] == layout:  # shard_batch(model=) calls it every step
+        return done[2]
     config = model.config
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     module = sys.modules[type(model).__module__]
@@ -114,7 +118,7 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     for name in names:
         _wrap(module, name)
     shards = Shards(group, layout, _world(group))
-    mixers = [m for m in model.modules() if _calls_any(type(m), names)]
+    mixers = [m for m in model.modules() if _calls_any(type(m), tuple(names))]
     if not mixers and _mixes_outside_attention(text):
         raise ValueError(f"{type(model).__name__}: found none of the modules that call {names}; this "
                          "transformers release arranges the family differently from what burst knows")
@@ -124,6 +128,7 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
         mixer._burst_mixer_hooks = _hook(mixer, shards)
     for c in {id(config): config, id(text): text}.values():
         _prepared[id(c)] = weakref.ref(c)
+    model._burst_mixers = (group, layout, len(mixers))
     return len(mixers)
 
 
@@ -151,7 +156,8 @@ def _hook(mixer: torch.nn.Module, shards: Shards):
             mixer.register_forward_hook(leave, with_kwargs=True, always_call=True))
 
 
-def _calls_any(cls, names) -> bool:
+@functools.lru_cache(maxsize=None)
+def _calls_any(cls, names: tuple[str, ...]) -> bool:
     forward = getattr(cls, "forward", None)
     if forward is None or getattr(cls, "__module__", "").startswith("torch."):
         return False

@@ -233,6 +233,47 @@ def _compare(model_type, expected, model, ids, positions, layout, group) -> Outc
     return Outcome(model_type, "silent", f"max abs difference {difference:.2e}", difference)
 
 
+def twin_models(model_type: str, attn_implementation: str):
+    """(the family's tiny model with eager attention, the same weights on `attn_implementation`), in
+    training mode: for a training step's comparison (train_step_errors)."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(model_type)
+    torch.manual_seed(0)
+    eager = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=attn_implementation)
+    model.load_state_dict(eager.state_dict())
+    return eager, model
+
+
+def train_step_errors(model_type: str, name: str, layout: str, group=None, seq_len: int = 64,
+                      checkpointing: bool = False) -> dict:
+    """One forward + backward of the family's tiny model (batch 2) split over `group` on the burst
+    backend `name`, against the same model in this process with eager attention: the max abs
+    difference of the logits and the loss, and the largest of every parameter gradient's max abs
+    difference relative to that gradient's max. checkpointing: the split model recomputes each layer
+    in the backward. Call on every rank of the group alike."""
+    from .. import layout as layout_mod
+    from . import transformers as bt
+
+    eager, model = twin_models(model_type, name)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids = torch.randint(3, VOCAB, (2, seq_len), generator=torch.Generator().manual_seed(1))
+    expected = eager(input_ids=ids, labels=ids, use_cache=False)
+    expected.loss.backward()
+    batch = bt.shard_batch({"input_ids": ids, "labels": ids}, group=group, layout=layout, model=model)
+    got = model(**batch, use_cache=False)
+    got.loss.backward()
+    bt.reduce_gradients(model, group)
+    logits = layout_mod.unshard(got.logits.contiguous(), group=group, layout=layout, dim=1)
+    gradients = [(p.grad - q.grad).abs().max().item() / (q.grad.abs().max().item() + 1e-4)
+                 for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
+    return {"logits": (logits - expected.logits).abs().max().item(),
+            "loss": abs(bt.reduce_loss(got.loss, group).item() - expected.loss.item()),
+            "gradients": max(gradients), "gradient_count": len(gradients)}
+
+
 def _unshard(local: torch.Tensor, group, layout: str) -> torch.Tensor:
     from .. import layout as layout_mod
 
