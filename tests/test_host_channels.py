@@ -226,3 +226,22 @@ def test_shared_memory_files_are_private_exclusive_and_checked(tmp_path):
         create_private(link, 4096)  # O_EXCL never follows a planted link
     with pytest.raises(OSError):
         map_private(link, 4096)  # O_NOFOLLOW
+
+
+def test_files_a_dead_world_left_are_removed_by_the_next_start(tmp_path):
+    """A world killed between creating its rings and unlinking them leaves files; the next start removes
+    those of this user's dead processes and keeps those of live ones (names carry the creating pid)."""
+    import subprocess
+    import sys
+
+    from burst.comm.shm import create_private, private_name, remove_dead
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    left = private_name("p2p", str(tmp_path)).replace(f"-{os.getpid()}-", f"-{dead}-") + ".from1"
+    mine = private_name("gather", str(tmp_path))
+    other = str(tmp_path / "unrelated-file")
+    for path in (left, mine, other):
+        create_private(path, 4096)
+    assert remove_dead(str(tmp_path)) == [left]
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in (mine, other))

@@ -33,6 +33,43 @@ SHM_DIR = "/dev/shm"
 SPINS_BEFORE_YIELD = 2000  # then sched_yield between looks, for ranks that share a core
 
 
+def private_name(kind: str, directory: str = SHM_DIR) -> str:
+    """A fresh name for a shared-memory file: burst-KIND-PID-RANDOM. The random part makes it
+    unguessable; the creating process's pid lets a later start tell a dead world's file (remove_dead)."""
+    return os.path.join(directory, f"burst-{kind}-{os.getpid()}-{uuid.uuid4().hex}")
+
+
+def remove_dead(directory: str = SHM_DIR) -> list[str]:
+    """Remove the shared-memory files this user's dead processes left (a world killed with SIGKILL
+    between creating its files and unlinking them, which it does as soon as every rank has mapped
+    them); returns their paths. Files of live processes, and other users' files, are left alone."""
+    removed = []
+    for name in os.listdir(directory) if os.path.isdir(directory) else ():
+        parts = name.split("-")
+        if len(parts) != 4 or parts[0] != "burst" or not parts[2].isdigit():
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.lstat(path).st_uid != os.geteuid() or _running(int(parts[2])):
+                continue
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:  # another rank cleaned it first
+            continue
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists (a zombie, exited but not reaped, counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+
+
 def create_private(path: str, size: int, reserve: bool = False) -> bool:
     """Create `path` for this user alone (mode 0600, O_EXCL: an existing file, or a link planted at
     the name, raises FileExistsError) with `size` bytes. reserve: allocate the memory now
@@ -92,8 +129,9 @@ class HostAllGather:
         if len({host for host, _ in facts}) != 1 or not all(ok for _, ok in facts):
             return None
         size = 2 * world * (8 + _numpy_dtype(dtype).itemsize * capacity)
-        name = [os.path.join(SHM_DIR, f"burst-{uuid.uuid4().hex}") if rank == 0 else None]
+        name = [private_name("gather") if rank == 0 else None]
         if rank == 0:
+            remove_dead()
             create_private(name[0], size)
         try:
             dist.broadcast_object_list(name, src=dist.get_global_rank(group, 0) if group is not None else 0,

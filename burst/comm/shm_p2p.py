@@ -37,13 +37,12 @@ import mmap
 import os
 import socket
 import time
-import uuid
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from .shm import SHM_DIR, SPINS_BEFORE_YIELD, HostAllGather, create_private, map_private
+from .shm import SPINS_BEFORE_YIELD, HostAllGather, _running, create_private, map_private, private_name, remove_dead
 
 HEADER = 64  # bytes: (tag, payload bytes, kind) as int64, padded to a cache line
 COUNTERS = 128  # written count, then read count, on separate cache lines
@@ -129,8 +128,10 @@ class HostChannels:
         capacity = _round_up((DEFAULT_CAPACITY_MB if capacity_mb is None else capacity_mb) << 20)
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ok = capacity > 0 and HostAllGather.supported()
-        prefix = os.path.join(SHM_DIR, f"burst-p2p-{uuid.uuid4().hex}") if ok else ""
-        paths = {src: f"{prefix}-from-{src}" for src in range(world) if src != rank} if ok else {}
+        if ok:
+            remove_dead()
+        prefix = private_name("p2p") if ok else ""
+        paths = {src: f"{prefix}.from{src}" for src in range(world) if src != rank} if ok else {}
         # Our incoming rings, made (this user's alone, their memory reserved) before anyone looks for them.
         # False where /dev/shm lacks the room (a container's 64 MiB): a write to a mapped page it cannot
         # back would kill the process (SIGBUS), so every rank then keeps the process group's transport.
@@ -142,7 +143,7 @@ class HostChannels:
         if usable:
             try:
                 incoming = {src: _Ring(_map(path, COUNTERS + capacity), capacity) for src, path in paths.items()}
-                outgoing = {dst: _Ring(_map(f"{facts[dst][2]}-from-{rank}", COUNTERS + capacity), capacity)
+                outgoing = {dst: _Ring(_map(f"{facts[dst][2]}.from{rank}", COUNTERS + capacity), capacity)
                             for dst in range(world) if dst != rank}
                 channels = cls(group, rank, world, capacity, outgoing, incoming, timeout_s, [f[3] for f in facts])
             except OSError:  # a peer's rings are not here after all: every rank keeps gloo
@@ -281,15 +282,7 @@ class HostChannels:
         return spins, started
 
 
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs (an exited one not yet reaped by its parent counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
+_alive = _running  # whether process `pid` runs (an exited one not yet reaped counts as gone)
 
 
 def _host() -> str:
