@@ -19,7 +19,7 @@ import burst
 from burst.engine.model import PRESETS, Transformer, parallelize
 from burst.engine.parallel import setup
 from burst.engine.train import TokenSource, TrainConfig, build, train_step
-from world import run_world
+from world import run_process_group, run_world
 
 COMBOS = (("burst", "zigzag"), ("ring", "striped"), ("distflash", "contiguous"))
 MODES = (("full", 0.5), ("remat", 0.5), ("selective", 0.5), ("selective", 0.3), ("selective", 1.0))
@@ -236,11 +236,10 @@ def test_burst_train_checkpoints_and_resumes_exactly(tmp_path):
     # mode (DCP reshards): the uninterrupted run's losses, and its final weights.
     torchrun = pathlib.Path(sys.executable).parent / "torchrun"
     killed = tmp_path / "killed"
-    done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node=2", "--max-restarts=1",
-                           str(pathlib.Path(__file__).parent / "clients" / "killed_train.py"), "train", "--model",
-                           "tiny", "--seed", "0", *common, "--checkpoint-dir", str(killed), "--resume", "--fsdp", "mesh",
-                           "--metrics", str(resumed)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = run_process_group([str(torchrun), "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+                              str(pathlib.Path(__file__).parent / "clients" / "killed_train.py"), "train", "--model",
+                              "tiny", "--seed", "0", *common, "--checkpoint-dir", str(killed), "--resume", "--fsdp",
+                              "mesh", "--metrics", str(resumed)], 300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     again = [json.loads(line) for line in resumed.read_text().splitlines()]
     assert [r["step"] for r in again] == [0, 1, 2, 3], again  # the first attempt's steps 0-1, then 2-3 resumed

@@ -37,7 +37,25 @@ def run_torchrun(script, nproc: int, *args: str, timeout: float = 240) -> str:
     import sys
 
     torchrun = pathlib.Path(sys.executable).parent / "torchrun"
-    done = subprocess.run([str(torchrun), "--standalone", f"--nproc-per-node={nproc}", str(script), *args],
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = run_process_group([str(torchrun), "--standalone", f"--nproc-per-node={nproc}", str(script), *args],
+                             timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
+
+
+def run_process_group(cmd, timeout: float, env=None):
+    """subprocess.run(cmd) in a session of its own; past `timeout`, the whole session is killed (torchrun's
+    workers too, which a plain timeout would leave running) and TimeoutExpired raised."""
+    import os
+    import signal
+    import subprocess
+
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, process.returncode, out, err)
