@@ -110,8 +110,9 @@ def halo(tails: Sequence[torch.Tensor], width: int, layout, group, local_len: in
          phase: str = "halo") -> list[torch.Tensor]:
     """The `width` tokens before each of this rank's chunks, from whichever rank holds them.
 
-    tails[c]: the last `width` tokens of local chunk c, (B, width, C) (same shape on every rank).
-    Returns one (B, width, C) tensor per local chunk, zeros before the sequence's first token."""
+    tails[c]: the last `width` tokens of local chunk c, in any shape (the same on every rank; the
+    convolutions pass (B, C, width)). Returns one such tensor per local chunk, zeros before the
+    sequence's first token."""
     mine, every = chunks(layout, group, local_len)
     short = min(s.length for segs in every for s in segs)
     if short < width:
