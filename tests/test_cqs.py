@@ -1,6 +1,6 @@
 """CQS-Attention: difference covers, distillation, and strategy="cqs" against float64 attention.
 
-The maths runs in this process; the strategy runs in one world per size (1, 2, 3, 4, 5): full and
+The maths runs in this process; the strategy runs in one world per size (1, 2, 3, 4; 5 is left out for the suite's time): full and
 causal, MHA and GQA, fp32 and bf16, lost workers, the exchange volume the schedule predicts, and no
 bytes or messages between the first and the last block computation. Worlds 7 and 8 (fewer cases)
 run with BURST_CQS_LARGE=1.
@@ -120,12 +120,12 @@ def _compute_watch(stats):
 _results = results_by_world(_cases, timeout=300)
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])  # 7 and 8 below; 5 left out for the suite's time
 def test_cqs_matches_float64(world):
     assert_within_bounds([r[0] for r in _results(world)], lambda key: key[2])
 
 
-@pytest.mark.parametrize("world", [2, 3, 4, 5])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_exchange_volume_is_what_the_schedule_predicts(world):
     """Forward: Q to each worker listing our group as a query material, K, V to each listing it as a
     key material; (out, lse) partials back, one per query group a worker computed for another owner.

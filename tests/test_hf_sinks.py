@@ -1,7 +1,7 @@
 """gpt-oss (attention sinks through `s_aux`, sliding and full layers) and the other s_aux families
 transformers ships (flint, granite_swa, granitemoe_swa, mimo_v2_flash, from the zoo's tiny configs)
 train and generate on burst exactly as on one process with eager attention: logits, loss, every
-parameter's gradient (the sinks' included), and generate()'s tokens, at 2, 3 and 4 ranks, zigzag.
+parameter's gradient (the sinks' included), and generate()'s tokens, at 2 and 4 ranks, zigzag.
 
 Also the deny-by-default contract of the backend: an unknown keyword, softcap and a window the layer
 hides from burst are refused naming the keyword and the model.
@@ -114,7 +114,7 @@ def _one_model(eager, model, vocab):
 _results = results_by_world(_train_and_generate)
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 4])  # 3 left out for the suite's time
 def test_sink_families_train_and_generate_like_one_process(world):
     for rank, by_family in enumerate(_results(world)):
         assert "gpt_oss" in by_family and len(by_family) >= 3, by_family.keys()

@@ -297,10 +297,11 @@ def _first_line(err: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def run_zoo(model_types, group=None, strategy: str = "burst") -> dict[str, dict[str, Outcome]]:
-    """Every family at 1 rank and, on a world of G > 1 ranks, at G ranks in the contiguous and the
-    zigzag layout: {family: {setting: Outcome}}. Call on every rank of the group alike (the 1-rank
-    setting runs on a group of this rank alone, so each rank checks it too)."""
+def run_zoo(model_types, group=None, strategy: str = "burst",
+            layouts=("contiguous", "zigzag")) -> dict[str, dict[str, Outcome]]:
+    """Every family at 1 rank and, on a world of G > 1 ranks, at G ranks in each of `layouts`:
+    {family: {setting: Outcome}}. Call on every rank of the group alike (the 1-rank setting runs on a
+    group of this rank alone, so each rank checks it too)."""
     from . import transformers as bt
 
     world = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -308,7 +309,7 @@ def run_zoo(model_types, group=None, strategy: str = "burst") -> dict[str, dict[
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
         alone = [dist.new_group([r]) for r in ranks][dist.get_rank(group)]
         names = {"1 rank": bt.register(f"zoo_{strategy}_alone", strategy=strategy, group=alone)}
-        for layout in ("contiguous", "zigzag"):
+        for layout in layouts:
             names[f"{world} ranks {layout}"] = bt.register(f"zoo_{strategy}_{layout}", strategy=strategy,
                                                            layout=layout, group=group)
     else:
@@ -348,12 +349,14 @@ def table(rows: dict[str, dict[str, Outcome]]) -> str:
     return "\n".join(lines)
 
 
-def zoo_world(rank: int, world: int, model_types=None) -> dict[str, dict[str, Outcome]]:
-    """run_zoo on every family (or `model_types`), as one rank of a local world (burst.launch.spawn_world)."""
+def zoo_world(rank: int, world: int, model_types=None,
+              layouts=("contiguous", "zigzag")) -> dict[str, dict[str, Outcome]]:
+    """run_zoo on every family (or `model_types`) in `layouts`, as one rank of a local world
+    (burst.launch.spawn_world)."""
     import warnings
 
     import transformers
 
     transformers.logging.set_verbosity_error()  # tiny configs trip many of the families' own warnings
     warnings.filterwarnings("ignore")
-    return run_zoo(model_types or families())
+    return run_zoo(model_types or families(), layouts=layouts)
