@@ -32,7 +32,7 @@ from .comm.stats import active as stats_active, record_sent
 def chunks(layout, group, local_len: int) -> tuple[list[layout_mod.Segment], list[list[layout_mod.Segment]]]:
     """(this rank's chunks, every rank's chunks) for a shard of `local_len` tokens; ValueError for a
     layout whose runs are not consecutive tokens (striped)."""
-    world, rank = _world_and_rank(group)
+    world, rank = layout_mod._world_and_rank(group)
     every = [layout_mod.segments(layout, r, world, local_len) for r in range(world)]
     if any(s.stride != 1 for segs in every for s in segs):
         raise ValueError(f"layout={layout!r} holds every {world}-th token on each rank: a recurrent or "
@@ -70,7 +70,7 @@ def all_gather_tensors(tensors: Sequence[torch.Tensor], group, phase: str
     (result, anchor), result[r][i] being rank r's tensors[i]. anchor is a zero that depends on the
     gathered tensor: add it to what this rank returns, so that its backward (a collective) runs on
     every rank even where nothing gathered is used (the first rank's chunks start from zero)."""
-    world, _ = _world_and_rank(group)
+    world, _ = layout_mod._world_and_rank(group)
     flat = torch.cat([t.reshape(-1) for t in tensors])
     gathered = _AllGatherWithGrad.apply(flat, group, world, phase).view(world, -1)
     anchor = gathered[:, :0].sum()
@@ -96,7 +96,7 @@ def initial_states(finals: Sequence[torch.Tensor], transitions: Sequence[torch.T
     count = len(mine)
     gathered, anchor = all_gather_tensors(list(finals) + list(transitions), group, phase)
     order = sorted((seg.first, r, c) for r, segs in enumerate(every) for c, seg in enumerate(segs))
-    _, rank = _world_and_rank(group)
+    _, rank = layout_mod._world_and_rank(group)
     state = torch.zeros_like(finals[0])
     starts: dict[int, torch.Tensor] = {}
     for _, r, c in order:
@@ -121,9 +121,3 @@ def halo(tails: Sequence[torch.Tensor], width: int, layout, group, local_len: in
     gathered, anchor = all_gather_tensors(tails, group, phase)
     ending_at = {seg.last: gathered[r][c] for r, segs in enumerate(every) for c, seg in enumerate(segs)}
     return [ending_at.get(seg.first - 1, torch.zeros_like(tails[c])) + anchor for c, seg in enumerate(mine)]
-
-
-def _world_and_rank(group) -> tuple[int, int]:
-    if not dist.is_initialized():
-        return 1, 0
-    return dist.get_world_size(group), dist.get_rank(group)

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import state_passing
+from ..layout import _world_and_rank
 
 # model_type -> the mixers its layers use (documentation and the README's list; the functions
 # themselves are found by name in the family's modeling module).
@@ -108,16 +109,16 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     names = [n for n in (*_SHARDED, *UNSPLIT, *FUSED) if callable(getattr(module, n, None))]
     if not names:
         return 0
-    model_type = getattr(text, "model_type", None)
+    model_type, world = getattr(text, "model_type", None), _world_and_rank(group)[0]
     if not (supported(model_type) or supported(getattr(config, "model_type", None))):
-        if _world(group) == 1:  # the whole sequence on one rank: nothing to pass (check_model decides)
+        if world == 1:  # the whole sequence on one rank: nothing to pass (check_model decides)
             return 0
         raise ValueError(f"model_type {model_type!r} mixes tokens outside attention ({', '.join(names)}) and is "
                          f"not among the families burst makes exact across ranks: {sorted(FAMILIES)}")
-    state_passing.chunks(layout, group, 2 * _world(group))  # a layout without runs (striped) raises here
+    state_passing.chunks(layout, group, 2 * world)  # a layout without runs (striped) raises here
     for name in names:
         _wrap(module, name)
-    shards = Shards(group, layout, _world(group))
+    shards = Shards(group, layout, world)
     mixers = [m for m in model.modules() if _calls_any(type(m), tuple(names))]
     if not mixers and _mixes_outside_attention(text):
         raise ValueError(f"{type(model).__name__}: found none of the modules that call {names}; this "
@@ -276,8 +277,9 @@ def _mamba_scan(original, shards: Shards, hidden_states, dt, A, B, C, D=None, z=
     local_len = hidden_states.shape[-1]
     steps = dt if delta_bias is None else dt + delta_bias.to(dt.dtype)[..., None]
     steps = F.softplus(steps) if delta_softplus else steps
+    mine = _local_chunks(shards, local_len)
     outs, decays, finals, transitions = [], [], [], []
-    for seg in _local_chunks(shards, local_len):
+    for seg in mine:
         rows = seg.rows
         out, final = original(hidden_states[..., rows], dt[..., rows], A, B[..., rows], C[..., rows], D,
                               None if z is None else z[..., rows], delta_bias, delta_softplus, True, *args, **kwargs)
@@ -290,7 +292,7 @@ def _mamba_scan(original, shards: Shards, hidden_states, dt, A, B, C, D=None, z=
     starts = state_passing.initial_states(finals, transitions, torch.mul, shards.layout, shards.group,
                                           local_len, phase="mamba_state")
     result = []
-    for seg, out, decay, start in zip(_local_chunks(shards, local_len), outs, decays, starts):
+    for seg, out, decay, start in zip(mine, outs, decays, starts):
         rows = seg.rows
         correction = torch.einsum("bdtn,bdn,bnt->bdt", decay, start, C[..., rows].float())
         if z is not None:
@@ -314,9 +316,3 @@ _SHARDED = {
     "mamba2_chunk_scan": _mamba2_scan,
     "mamba_selective_scan": _mamba_scan,
 }
-
-
-def _world(group) -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size(group) if dist.is_initialized() else 1
