@@ -66,7 +66,7 @@ def context_parallel(buffers=(), buffer_seq_dims=(), no_restore_buffers=(), grou
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)  # the fused MHA kernel would attend local tokens only
     try:
-        with router:
+        with router, router.sdpa_name_routed():
             yield
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
@@ -107,9 +107,12 @@ def _shard_buffers_check(buffers, seq_dims, group, layout, strategy) -> int | No
 class _SDPARouter(TorchFunctionMode):
     """Routes F.scaled_dot_product_attention to burst.attention while the context is open.
 
-    A TorchFunctionMode's handler runs with the mode popped, so SDPA calls nested in another
-    overridable function (nn.MultiheadAttention's functional path) would not reach it: for that
-    one, the name SDPA is looked up under in torch.nn.functional is routed while it runs.
+    Two routes, both open for the whole context. The mode catches SDPA under any name; but its
+    handler runs with the mode popped, so calls nested in another overridable function
+    (nn.MultiheadAttention's functional path; backward, where activation checkpointing re-runs the
+    forward) pass it by, and torch.compile's tracing of a checkpointed block does not apply it
+    (torch's SDPA on the local tokens: silently wrong). For those, the name most code calls SDPA by,
+    torch.nn.functional.scaled_dot_product_attention, is burst.attention while the context is open.
     """
 
     def __init__(self, group, layout, strategy, options, local_len):
@@ -117,14 +120,27 @@ class _SDPARouter(TorchFunctionMode):
         self.group, self.layout, self.strategy, self.options = group, layout, strategy, options
         self.local_len = local_len
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
+        # torch.compile runs burst.attention as it is (a graph break): its ring of point-to-point
+        # messages and agreement collectives are not for dynamo to trace.
+        self.eager_attention = torch.compiler.disable(self.attention)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            return self.attention(*args, **kwargs)
+            return self.eager_attention(*args, **kwargs)
         if func is F.multi_head_attention_forward:
             return self._multi_head_attention(func, args, kwargs)
         return func(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def sdpa_name_routed(self):
+        """F.scaled_dot_product_attention is burst.attention while open (see the class docstring)."""
+        original = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = self.eager_attention
+        try:
+            yield
+        finally:
+            F.scaled_dot_product_attention = original
 
     def _multi_head_attention(self, func, args, kwargs):
         problem = None
@@ -136,12 +152,7 @@ class _SDPARouter(TorchFunctionMode):
             problem = ValueError(f"{ENTRY}: nn.MultiheadAttention's key_padding_mask is a mask burst cannot apply; "
                                  "pack the sequences and pass cu_seqlens= to context_parallel instead")
         agree(f"{ENTRY} (nn.MultiheadAttention)", {} if problem is None else None, problem, self.group, self.world)
-        original = F.scaled_dot_product_attention
-        F.scaled_dot_product_attention = self.attention  # the name functional.py calls SDPA by
-        try:
-            return func(*args, **kwargs)
-        finally:
-            F.scaled_dot_product_attention = original
+        return func(*args, **kwargs)
 
     def attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                   enable_gqa=False):

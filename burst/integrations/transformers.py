@@ -511,9 +511,13 @@ def _divide_factor(unit, mesh) -> float:
 
 
 def __getattr__(attr: str):
-    # ShardedCache subclasses transformers' Cache: imported on first use, like transformers itself here.
+    # ShardedCache and SequenceParallelTrainer subclass transformers' classes: imported on first use.
     if attr == "ShardedCache":
         from .transformers_generate import ShardedCache
 
         return ShardedCache
+    if attr == "SequenceParallelTrainer":  # imports transformers' Trainer (and accelerate)
+        from .transformers_trainer import SequenceParallelTrainer
+
+        return SequenceParallelTrainer
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
