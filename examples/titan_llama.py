@@ -27,6 +27,7 @@ from torch import nn
 
 import burst
 from burst.engine.parallel import FSDP_MODES, reduce_gradients, setup, shard_parameters
+from burst.launch import leave
 
 
 class Attention(nn.Module):
@@ -167,9 +168,12 @@ def main() -> None:
     if args.out and (not distributed or dist.get_rank() == 0):
         os.makedirs(args.out, exist_ok=True)
         torch.save({"losses": losses, "grads": grads, "weights": weights}, os.path.join(args.out, "result.pt"))
-    if distributed:  # no rank closes its connections while a peer still finishes a collective
-        dist.barrier()
-        dist.destroy_process_group()
+    if torch.distributed.is_initialized():
+        # No rank closes its connections while a peer still uses them; then skip interpreter
+        # finalization, where gloo's threads can abort a finished rank (burst.launch.leave).
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+        leave(0)
 
 
 def _whole(t):

@@ -19,6 +19,8 @@ import os
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainerCallback, TrainingArguments
 
+from burst.launch import leave
+
 VOCAB = 96
 
 
@@ -114,9 +116,12 @@ def main() -> None:
                     "eval_loss": metrics["eval_loss"], "predictions": predictions.predictions,
                     "label_ids": predictions.label_ids, "predict_loss": predictions.metrics["test_loss"]},
                    os.path.join(args.out, "result.pt"))
-    if torch.distributed.is_initialized():  # no rank closes its connections while a peer still uses them
+    if torch.distributed.is_initialized():
+        # No rank closes its connections while a peer still uses them; then skip interpreter
+        # finalization, where gloo's threads can abort a finished rank (burst.launch.leave).
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+        leave(0)
 
 
 if __name__ == "__main__":
