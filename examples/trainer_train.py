@@ -5,7 +5,8 @@
     python examples/trainer_train.py --reference --batch 4                 # one process, eager attention
 
 A tiny Llama (random weights from a config, no download) trains on random token rows of uneven
-lengths, right-padded by the collator, with gradient accumulation and clipping; then evaluate()
+lengths, right-padded by the collator (--packed: packed into one row per batch), with gradient
+accumulation and clipping; then evaluate()
 and predict(). Rank 0 prints each step's loss; --out DIR saves what the tests compare (each step's
 loss and gradients, the final weights, eval loss, predictions). --reference runs the plain Trainer
 in one process: give it --batch = replicas x the per-rank batch to see the same global batches.
@@ -51,6 +52,14 @@ def pad_right(rows: list[dict]) -> dict:
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
+def pack(rows: list[dict]) -> dict:
+    """The rows packed into one (transformers' DataCollatorWithFlattening): position ids restart at
+    0 for each document, whose first label is -100; no padding, no attention_mask."""
+    from transformers import DataCollatorWithFlattening
+
+    return DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": r["input_ids"].tolist()} for r in rows])
+
+
 class RecordGradients(TrainerCallback):
     """Each optimizer step's gradients (whole tensors, FSDP's shards gathered), kept on the host."""
 
@@ -74,6 +83,7 @@ def main() -> None:
     parser.add_argument("--eval-rows", type=int, default=5, help="rows of the eval and predict sets (2 a batch)")
     parser.add_argument("--lr", type=float, default=1e-2, help="learning rate")
     parser.add_argument("--optim", default="adamw_torch", help="TrainingArguments.optim")
+    parser.add_argument("--packed", action="store_true", help="pack each batch's rows into one (no padding)")
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     parser.add_argument("--reference", action="store_true", help="plain Trainer, eager attention, one process")
     parser.add_argument("--out", default=None, help="save losses, gradients, weights, eval and predictions here")
@@ -90,7 +100,7 @@ def main() -> None:
         save_strategy="no", use_cpu=True, seed=3, gradient_checkpointing=args.checkpointing,
         dataloader_drop_last=False, disable_tqdm=True)
     recorder = RecordGradients()
-    common = dict(model=model, args=training, data_collator=pad_right, callbacks=[recorder],
+    common = dict(model=model, args=training, data_collator=pack if args.packed else pad_right, callbacks=[recorder],
                   train_dataset=RandomRows(64, args.seq_len // 2, args.seq_len, seed=1),
                   eval_dataset=RandomRows(args.eval_rows, args.seq_len // 2, args.seq_len, seed=2))
     if args.reference:

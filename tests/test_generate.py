@@ -12,7 +12,7 @@ import torch
 
 from burst.engine.model import PRESETS, Transformer
 from burst.inference.generate import generate
-from world import results_by_world
+from world import results_by_world, value_error_text
 
 NEW = 6
 
@@ -39,11 +39,7 @@ def _run(rank, world):
     for layout in ("contiguous", "zigzag", "striped"):
         result = generate(model, _prompts(world), NEW, layout=layout)
         out[layout] = (result.tokens, result.cache_bytes_per_rank)
-    try:
-        generate(model, _prompts(world), 0)
-        out["bad"] = None
-    except ValueError as err:
-        out["bad"] = str(err)
+    out["bad"] = value_error_text(lambda: generate(model, _prompts(world), 0))
     return out, None
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from requires import transformers_or_skip
-from world import results_by_world
+from world import results_by_world, value_errors
 
 transformers_or_skip()
 
@@ -117,12 +117,7 @@ def _refusals(group):
         unsupported = _models("minimax", "hybrid_refusals")[1]
         cases["unsupported family"] = lambda: unsupported(
             **bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=unsupported), use_cache=False)
-    for case, call in cases.items():
-        try:
-            call()
-            out[case] = None
-        except ValueError as err:
-            out[case] = str(err)
+    out.update(value_errors(cases))
     return out
 
 

@@ -9,7 +9,6 @@ hides from burst are refused naming the keyword and the model.
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch

@@ -3,8 +3,8 @@ beside the same script in one process (the same weights and data, the same globa
 
 * examples/trainer_train.py: the transformers Trainer (SequenceParallelTrainer) against the plain
   Trainer with eager attention. Every optimizer step's loss and gradients, the final weights,
-  evaluate()'s loss, predict()'s loss and its logits on labelled positions. Right-padded rows of
-  uneven length, gradient accumulation (2) and clipping.
+  evaluate()'s loss, predict()'s loss and its logits on labelled positions. Rows of uneven length,
+  right-padded or packed, gradient accumulation (2) and clipping.
 * examples/titan_llama.py: a torchtitan-style LLaMA (torch building blocks, burst.context_parallel
   on a (dp, sp) mesh, activation checkpointing, torch.compile, FSDP2 over the mesh). Each step's
   loss and gradients, the final weights.
@@ -89,11 +89,12 @@ def test_trainer_two_ranks_one_sequence_equals_one_process(tmp_path):
 
 
 def test_trainer_two_replicas_of_two_ranks_equal_one_process(tmp_path):
-    """dp x sp = 2 x 2: the replicas take different batches (one process takes both at once);
+    """dp x sp = 2 x 2, packed rows (DataCollatorWithFlattening: position ids restart per document),
+    gradient checkpointing: the replicas take different batches (one process packs both at once);
     eval sets of 4 rows, so no replica pads its last batch (plain DDP would differ there too)."""
-    ref = _run(tmp_path, "reference", 1, TRAINER, "--reference", "--batch", "4", "--eval-rows", "4")
-    got = _run(tmp_path, "dp2sp2", 4, TRAINER, "--batch", "2", "--sp-size", "2", "--eval-rows", "4",
-               "--layout", "contiguous", "--checkpointing")
+    ref = _run(tmp_path, "reference", 1, TRAINER, "--reference", "--packed", "--batch", "4", "--eval-rows", "4")
+    got = _run(tmp_path, "dp2sp2", 4, TRAINER, "--packed", "--batch", "2", "--sp-size", "2", "--eval-rows", "4",
+               "--checkpointing")
     _assert_same_trainer_job(got, ref)
 
 

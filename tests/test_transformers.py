@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from requires import transformers_or_skip
-from world import results_by_world, run_torchrun
+from world import results_by_world, run_torchrun, value_error_text
 
 transformers_or_skip()
 
@@ -187,15 +187,8 @@ def _errors(rank, world):
     cases["dropout"] = lambda: model(**batch)
     results = {}
     for case, fn in cases.items():
-        if case != "dropout":
-            model.eval()
-        else:
-            model.train()
-        try:
-            fn()
-            results[case] = None
-        except ValueError as err:
-            results[case] = str(err)
+        model.train(case == "dropout")
+        results[case] = value_error_text(fn)
     model.eval()
     results["works after"] = model(**batch).logits.shape == (1, 8, VOCAB)
     return results

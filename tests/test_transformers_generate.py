@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from requires import transformers_or_skip
-from world import results_by_world
+from world import results_by_world, value_errors
 
 transformers_or_skip()
 
@@ -148,13 +148,7 @@ def _errors(rank, world):
         "beam search": lambda: model.generate(ids, num_beams=2, max_new_tokens=2,
                                               past_key_values=bt.ShardedCache(model)),
     }
-    results = {}
-    for case, fn in cases.items():
-        try:
-            fn()
-            results[case] = None
-        except ValueError as err:
-            results[case] = str(err)
+    results = value_errors(cases)
     tokens = _generate(model, ids, bt.ShardedCache(model), do_sample=False)[0]
     results["works after"] = tokens.shape == (1, NEW)
     # A prompt given as inputs_embeds (generate returns only the new tokens then) is sharded the same way.

@@ -28,6 +28,20 @@ def results_by_world(fn, *args, timeout: float = 600):
     return results
 
 
+def value_error_text(call) -> str | None:
+    """The text of the ValueError `call()` raises; None when it raises none (other errors propagate)."""
+    try:
+        call()
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def value_errors(cases: dict) -> dict:
+    """{case: value_error_text(call)} for each call of `cases`, in order: what each refusal said."""
+    return {case: value_error_text(call) for case, call in cases.items()}
+
+
 def run_torchrun(script, nproc: int, *args: str, timeout: float = 240) -> str:
     """`torchrun --standalone --nproc-per-node nproc script args` as a user runs it (one thread per
     rank); its stdout. Fails with the tail of stderr when it exits non-zero."""

@@ -2,8 +2,8 @@
 
 Hybrid models (Qwen3-Next / Qwen3.5's gated delta net, Mamba and Mamba2 layers, LFM's short
 convolutions) mix tokens outside attention, through a few module-level functions of each family's
-modeling file: `causal_conv1d_fn`, `torch_chunk_gated_delta_rule`, `mamba2_chunk_scan`,
-`mamba_selective_scan`. `shard_mixers(model)` wraps those functions in the model's modeling module
+modeling file: `causal_conv1d_fn`, `torch_chunk_gated_delta_rule`, `chunk_kimi_delta_attention`,
+`mamba2_chunk_scan`, `mamba_selective_scan`. `shard_mixers(model)` wraps those functions in the model's modeling module
 (the wrapper calls the original unchanged unless a sharded mixer is running) and hooks the model's
 mixer modules (found by which of those functions their forward calls), so that inside them each
 function runs on this rank's chunks with the state and the convolution halo they would have had in
@@ -61,11 +61,13 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "granitemoehybrid": ("short convolution", "Mamba2 chunked scan"),
     "nemotron_h": ("short convolution", "Mamba2 chunked scan"),
     "zamba2": ("short convolution", "Mamba2 chunked scan"),
+    "kimi_linear": ("short convolution", "Kimi delta attention"),
+    "bailing_hybrid": ("short convolution", "Kimi delta attention"),
 }
 
 # Cached decoding, which cannot run on a shard (the pre-hook refuses a cache first; these are the backstop).
 UNSPLIT = ("causal_conv1d_update", "torch_recurrent_gated_delta_rule", "mamba_selective_state_update",
-           "mamba2_selective_state_update")
+           "mamba2_selective_state_update", "recurrent_kimi_delta_attention")
 # Fused CUDA kernels (convolution + scan + projections in one call); their torch stand-ins return None, which
 # the mixers read as "no kernel: take the unfused path". Sharded, they return None, so the unfused path, whose
 # convolution and scan burst splits, runs (on a GPU too, through its own kernels).
@@ -217,8 +219,9 @@ def _conv(original, shards: Shards, hidden_states, weight, bias=None, *args, **k
 
 def _gated_delta_rule(original, shards: Shards, query, key, value, g, beta, *args, initial_state=None,
                       output_final_state=False, cu_seqlens=None, **kwargs):
-    """Gated delta rule; query/key (B, T, Hk, dk), value (B, T, Hv, dv), g/beta (B, T, Hv); state
-    (B, Hv, dk, dv), transition (B, Hv, dk, dk) acting on the state's dk side."""
+    """Gated delta rule; query/key (B, T, Hk, dk), value (B, T, Hv, dv), g (B, T, Hv) or, Kimi's,
+    (B, T, Hv, dk), beta (B, T, Hv); state (B, Hv, dk, dv), transition (B, Hv, dk, dk) acting on the
+    state's dk side."""
     _refuse_state_arguments("the gated delta rule", initial_state, output_final_state, cu_seqlens)
     batch, local_len, heads, dv = value.shape
     dk = key.shape[-1]
@@ -313,6 +316,9 @@ def _refuse_state_arguments(what: str, initial, final, varlen) -> None:
 _SHARDED = {
     "causal_conv1d_fn": _conv,
     "torch_chunk_gated_delta_rule": _gated_delta_rule,
+    # Kimi delta attention: the gated delta rule with a decay per key channel; the state's transition
+    # still acts on its key side, so the same identity columns read it off.
+    "chunk_kimi_delta_attention": _gated_delta_rule,
     "mamba2_chunk_scan": _mamba2_scan,
     "mamba_selective_scan": _mamba_scan,
 }

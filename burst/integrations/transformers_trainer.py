@@ -39,21 +39,23 @@ class SequenceParallelTrainer(Trainer):
     """`transformers.Trainer` whose every sequence is split over `sp_size` ranks by burst.
 
     sp_size: ranks per sequence (default: the world; W must be a multiple); the world's ranks
-    r = replica * sp_size + s form the groups. strategy, layout, **attention_options: as for
-    `bt.register` (`burst.attention`). attn_name: the attention implementation name the model is
-    switched to. Everything else is Trainer's. What it cannot do exactly raises in __init__:
+    r = replica * sp_size + s form the groups. strategy, layout and attention_options (a dict of
+    further keywords): as for `bt.register` (`burst.attention`). attn_name: the attention
+    implementation name the model is switched to. Everything else is Trainer's. What it cannot do exactly raises in __init__:
     label smoothing, a `compute_loss_func`, a model whose forward takes no `num_items_in_batch`,
     `average_tokens_across_devices=False`.
     """
 
     def __init__(self, *args, sp_size: int | None = None, strategy: str = "burst", layout: str = "zigzag",
-                 attn_name: str = "burst", **kwargs):
-        attention_options = kwargs.pop("attention_options", {})
+                 attn_name: str = "burst", attention_options: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        if getattr(self, "model_init", None) is not None:
+            raise NotImplementedError("SequenceParallelTrainer needs model= (model_init builds a new model per "
+                                      "trial, which burst would have to hook each time)")
         self.sp_group, self.sp_size, self.replica, self.replicas = _sequence_parallel_groups(sp_size)
         self.sp_layout = layout
         self._refuse_inexact_settings()
-        register(attn_name, strategy=strategy, layout=layout, group=self.sp_group, **attention_options)
+        register(attn_name, strategy=strategy, layout=layout, group=self.sp_group, **(attention_options or {}))
         self.model.set_attn_implementation(attn_name)
         shard_mixers(self.model, self.sp_group, layout)
         check_model(self.model)
