@@ -19,7 +19,8 @@ from world import results_by_world, value_errors
 transformers_or_skip()
 
 SEQ = 64
-FOUR_RANKS = ("qwen3_next", "mamba", "bamba", "lfm2")  # gated delta rule, Mamba, Mamba2, short conv alone
+FOUR_RANKS = ("qwen3_next", "mamba", "bamba", "lfm2", "kimi_linear", "rwkv")  # gated delta rule, Mamba, Mamba2,
+# short convolutions alone, Kimi delta attention, RWKV-4 (token shift + WKV)
 
 
 def _models(family, name):

@@ -16,7 +16,7 @@ from world import run_world
 transformers_or_skip()
 
 SINK_FAMILIES = ("gpt_oss", "flint", "granite_swa", "granitemoe_swa", "mimo_v2_flash")
-UNSPLIT_HYBRIDS = ("minimax", "rwkv", "xlstm", "recurrent_gemma")
+UNSPLIT_HYBRIDS = ("minimax", "xlstm", "recurrent_gemma")
 
 
 @functools.lru_cache(maxsize=None)

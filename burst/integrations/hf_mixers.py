@@ -63,6 +63,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "zamba2": ("short convolution", "Mamba2 chunked scan"),
     "kimi_linear": ("short convolution", "Kimi delta attention"),
     "bailing_hybrid": ("short convolution", "Kimi delta attention"),
+    "rwkv": ("token shift", "RWKV-4 WKV"),
 }
 
 # Cached decoding, which cannot run on a shard (the pre-hook refuses a cache first; these are the backstop).
@@ -109,10 +110,14 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     module = sys.modules[type(model).__module__]
     names = [n for n in (*_SHARDED, *UNSPLIT, *FUSED) if callable(getattr(module, n, None))]
-    if not names:
-        return 0
     model_type, world = getattr(text, "model_type", None), _world_and_rank(group)[0]
-    if not (supported(model_type) or supported(getattr(config, "model_type", None))):
+    family = supported(model_type) or supported(getattr(config, "model_type", None))
+    if not names:
+        if family and world > 1:  # a supported family whose mixers are not where burst looks would run unhooked
+            raise ValueError(f"{type(model).__name__}: its modeling module defines none of {sorted(_SHARDED)}; this "
+                             "transformers release arranges the family differently from what burst knows")
+        return 0
+    if not family:
         if world == 1:  # the whole sequence on one rank: nothing to pass (check_model decides)
             return 0
         raise ValueError(f"model_type {model_type!r} mixes tokens outside attention ({', '.join(names)}) and is "
@@ -129,6 +134,7 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
         for handle in getattr(mixer, "_burst_mixer_hooks", ()):
             handle.remove()
         mixer._burst_mixer_hooks = _hook(mixer, shards)
+    _shard_token_shifts(model, shards)
     for c in {id(config): config, id(text): text}.values():
         _prepared[id(c)] = weakref.ref(c)
     model._burst_mixers = (group, layout, len(mixers))
@@ -304,6 +310,67 @@ def _mamba_scan(original, shards: Shards, hidden_states, dt, A, B, C, D=None, z=
     return torch.cat(result, dim=-1)
 
 
+def _rwkv_wkv(original, shards: Shards, time_decay, time_first, key, value, state=None, return_state=False):
+    """RWKV-4's WKV; key/value (B, T, C), time_decay/time_first (C,). Its state is (numerator,
+    denominator, running max), the true sums being numerator * e^max and denominator * e^max, each
+    decaying by e^w per token (w = -exp(time_decay)). The output divides by the state, so it is not
+    affine in it: each chunk runs twice, from zero to learn its final state, then from the state it
+    really starts from. The states are combined as true sums in float64 (no overflow below e^700)."""
+    _refuse_state_arguments("the RWKV WKV", state, return_state, None)
+    decay = -torch.exp(time_decay.double())                       # (C,) per token, in log space
+    local_len = key.shape[1]
+    mine = _local_chunks(shards, local_len)
+    finals, transitions = [], []
+    for seg in mine:
+        _, (numerator, denominator, running_max) = original(time_decay, time_first, key[:, seg.rows],
+                                                             value[:, seg.rows], return_state=True)
+        scale = torch.exp(running_max.double())
+        finals.append(torch.stack([numerator.double() * scale, denominator.double() * scale]))  # (2, B, C)
+        transitions.append(torch.exp(decay * seg.length).expand_as(numerator).double())
+    starts = state_passing.initial_states(finals, transitions, torch.mul, shards.layout, shards.group,
+                                          local_len, phase="rwkv_state")
+    outs = []
+    for seg, start in zip(mine, starts):
+        # Back to the stabilised form: max = log(denominator) (the denominator sums positive terms).
+        running_max = torch.log(start[1].clamp_min(1e-150))
+        stabilised = [(start[0] / start[1].clamp_min(1e-150)).float(), (start[1] > 0).float(),
+                      torch.where(start[1] > 0, running_max, torch.full_like(running_max, -1e38)).float()]
+        out, _ = original(time_decay, time_first, key[:, seg.rows], value[:, seg.rows], state=stabilised)
+        outs.append(out)
+    return torch.cat(outs, dim=1), None
+
+
+class TokenShift(torch.nn.Module):
+    """RWKV's time shift (each token sees the one before it: ZeroPad2d((0, 0, 1, -1)) on (B, T, C)),
+    with each chunk's first token seeing the last token of the chunk before it, wherever it is."""
+
+    def __init__(self, shards: Shards):
+        super().__init__()
+        self.shards = shards
+
+    def forward(self, hidden):
+        if self.shards.world == 1:
+            return F.pad(hidden, (0, 0, 1, -1))
+        mine = _local_chunks(self.shards, hidden.shape[1])
+        tails = [hidden[:, seg.rows][:, -1:] for seg in mine]
+        halos = state_passing.halo(tails, 1, self.shards.layout, self.shards.group, hidden.shape[1],
+                                   phase="token_shift")
+        return torch.cat([torch.cat([halo, hidden[:, seg.rows][:, :-1]], dim=1) for seg, halo in zip(mine, halos)],
+                         dim=1)
+
+
+def _shard_token_shifts(model: torch.nn.Module, shards: Shards) -> int:
+    """Replace each RWKV-style `time_shift` (a ZeroPad2d shifting one token) with a TokenShift."""
+    count = 0
+    for module in model.modules():
+        shift = getattr(module, "time_shift", None)
+        if isinstance(shift, TokenShift) or (isinstance(shift, torch.nn.ZeroPad2d) and
+                                             tuple(shift.padding) == (0, 0, 1, -1)):
+            module.time_shift = TokenShift(shards)
+            count += 1
+    return count
+
+
 def _refuse_state_arguments(what: str, initial, final, varlen) -> None:
     if initial is not None or final:
         raise ValueError(f"{what} was called with a starting or final state (a cache) while its sequence is split "
@@ -321,4 +388,5 @@ _SHARDED = {
     "chunk_kimi_delta_attention": _gated_delta_rule,
     "mamba2_chunk_scan": _mamba2_scan,
     "mamba_selective_scan": _mamba_scan,
+    "rwkv_linear_attention": _rwkv_wkv,
 }

@@ -50,6 +50,7 @@ SIZES = {
     "first_k_dense_replace": 1, "sliding_window": 32, "attention_chunk_size": 64,
     # recurrent mixers (hf_mixers): value heads narrower than keys, scan chunks shorter than a shard
     "linear_key_head_dim": 16, "linear_value_head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "linear_head_dim": 16, "linear_num_heads": 4,
     "mamba_n_heads": 8, "mamba_num_heads": 8, "n_mamba_heads": 8, "mamba_d_head": 16, "mamba_head_dim": 16,
     "mamba_headdim": 16, "mamba_d_state": 16, "ssm_state_size": 16, "state_size": 16, "mamba_dt_rank": 8,
     "mamba_chunk_size": 16, "chunk_size": 16, "n_groups": 1, "mamba_n_groups": 1,
