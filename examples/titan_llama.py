@@ -115,7 +115,8 @@ def apply_checkpointing_and_compile(model: Llama, checkpointing: bool, compile_b
 def main() -> None:
     parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--dp", type=int, default=1, help="replicas; each sequence is split over world / dp ranks")
-    parser.add_argument("--fsdp", default="mesh", choices=FSDP_MODES, help="FSDP2 over the dp dim, the whole mesh, or off")
+    parser.add_argument("--fsdp", default="mesh", choices=FSDP_MODES,
+                        help="FSDP2 over the dp dim, the whole mesh, or off")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=1, help="rows per replica and step")
     parser.add_argument("--seq-len", type=int, default=128)

@@ -6,10 +6,10 @@
 
 A tiny Llama (random weights from a config, no download) trains on random token rows of uneven
 lengths, right-padded by the collator (--packed: packed into one row per batch), with gradient
-accumulation and clipping; then evaluate()
-and predict(). Rank 0 prints each step's loss; --out DIR saves what the tests compare (each step's
-loss and gradients, the final weights, eval loss, predictions). --reference runs the plain Trainer
-in one process: give it --batch = replicas x the per-rank batch to see the same global batches.
+accumulation and clipping; then evaluate() and predict(). Rank 0 prints each step's loss; --out DIR
+saves what the tests compare (each step's loss and gradients, the final weights, eval loss,
+predictions). --reference runs the plain Trainer in one process: give it --batch = replicas x the
+per-rank batch to see the same global batches.
 """
 
 from __future__ import annotations
@@ -96,11 +96,13 @@ def main() -> None:
     training = TrainingArguments(
         output_dir=args.out or "trainer-out", per_device_train_batch_size=args.batch,
         per_device_eval_batch_size=2, gradient_accumulation_steps=args.accumulate, max_steps=args.steps,
-        optim=args.optim, learning_rate=args.lr, max_grad_norm=0.5, lr_scheduler_type="constant", logging_steps=1, report_to=[],
-        save_strategy="no", use_cpu=True, seed=3, gradient_checkpointing=args.checkpointing,
+        optim=args.optim, learning_rate=args.lr, max_grad_norm=0.5, lr_scheduler_type="constant",
+        logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=3,
+        gradient_checkpointing=args.checkpointing,
         dataloader_drop_last=False, disable_tqdm=True)
     recorder = RecordGradients()
-    common = dict(model=model, args=training, data_collator=pack if args.packed else pad_right, callbacks=[recorder],
+    common = dict(model=model, args=training, data_collator=pack if args.packed else pad_right,
+                  callbacks=[recorder],
                   train_dataset=RandomRows(64, args.seq_len // 2, args.seq_len, seed=1),
                   eval_dataset=RandomRows(args.eval_rows, args.seq_len // 2, args.seq_len, seed=2))
     if args.reference:

@@ -41,9 +41,9 @@ class SequenceParallelTrainer(Trainer):
     sp_size: ranks per sequence (default: the world; W must be a multiple); the world's ranks
     r = replica * sp_size + s form the groups. strategy, layout and attention_options (a dict of
     further keywords): as for `bt.register` (`burst.attention`). attn_name: the attention
-    implementation name the model is switched to. Everything else is Trainer's. What it cannot do exactly raises in __init__:
-    label smoothing, a `compute_loss_func`, a model whose forward takes no `num_items_in_batch`,
-    `average_tokens_across_devices=False`.
+    implementation name the model is switched to. Everything else is Trainer's. What it cannot
+    do exactly raises in __init__: label smoothing, a `compute_loss_func`, a model whose forward
+    takes no `num_items_in_batch`, `average_tokens_across_devices=False`, `model_init`.
     """
 
     def __init__(self, *args, sp_size: int | None = None, strategy: str = "burst", layout: str = "zigzag",
