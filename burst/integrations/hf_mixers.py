@@ -15,7 +15,9 @@ same call: it appends identity "columns" to the state (and zero inputs for them)
 state's extra columns are the chunk's transition and the outputs' extra columns are how each
 output reads the starting state. The output is then out(0) + coefficients @ start. (Mamba's
 selective scan takes no starting state, so its transition and coefficients are computed from its
-decays directly.)
+decays directly. RWKV-4's WKV divides by its state, and MiniMax's lightning attention has its loop
+inline in the layer's forward: those run each chunk twice, from zero for its final state, then
+from the state it truly starts from.)
 
 Supported families are listed in FAMILIES (each one tested exact at 2-4 ranks against one
 process); any other family whose config has non-attention layers stays refused at more than one
@@ -64,6 +66,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "kimi_linear": ("short convolution", "Kimi delta attention"),
     "bailing_hybrid": ("short convolution", "Kimi delta attention"),
     "rwkv": ("token shift", "RWKV-4 WKV"),
+    "minimax": ("lightning attention",),
 }
 
 # Cached decoding, which cannot run on a shard (the pre-hook refuses a cache first; these are the backstop).
@@ -110,9 +113,10 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     module = sys.modules[type(model).__module__]
     names = [n for n in (*_SHARDED, *UNSPLIT, *FUSED) if callable(getattr(module, n, None))]
+    inline = [m for m in model.modules() if type(m).__name__ in _TAKEN_OVER]
     model_type, world = getattr(text, "model_type", None), _world_and_rank(group)[0]
     family = supported(model_type) or supported(getattr(config, "model_type", None))
-    if not names:
+    if not names and not inline:
         if family and world > 1:  # a supported family whose mixers are not where burst looks would run unhooked
             raise ValueError(f"{type(model).__name__}: its modeling module defines none of {sorted(_SHARDED)}; this "
                              "transformers release arranges the family differently from what burst knows")
@@ -127,7 +131,9 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
         _wrap(module, name)
     shards = Shards(group, layout, world)
     mixers = [m for m in model.modules() if _calls_any(type(m), tuple(names))]
-    if not mixers and _mixes_outside_attention(text):
+    for mixer in inline:
+        _take_over(mixer, shards)
+    if not mixers and not inline and _mixes_outside_attention(text):
         raise ValueError(f"{type(model).__name__}: found none of the modules that call {names}; this "
                          "transformers release arranges the family differently from what burst knows")
     for mixer in mixers:
@@ -137,8 +143,8 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     _shard_token_shifts(model, shards)
     for c in {id(config): config, id(text): text}.values():
         _prepared[id(c)] = weakref.ref(c)
-    model._burst_mixers = (group, layout, len(mixers))
-    return len(mixers)
+    model._burst_mixers = (group, layout, len(mixers) + len(inline))
+    return len(mixers) + len(inline)
 
 
 def _mixes_outside_attention(config) -> bool:
@@ -369,6 +375,55 @@ def _shard_token_shifts(model: torch.nn.Module, shards: Shards) -> int:
             module.time_shift = TokenShift(shards)
             count += 1
     return count
+
+
+# ---- mixers whose recurrence is inline in their module's forward: the forward runs once per chunk ----
+
+class _StartState:
+    """The cache a MiniMax lightning-attention layer reads its starting state from (and whose update
+    it makes at the end, dropped): with a state, the layer runs its token-by-token recurrence."""
+
+    def __init__(self, state: torch.Tensor):
+        self.state = state
+
+    def get_linear_cache(self, layer_idx):
+        return self.state
+
+    def set_linear_cache(self, layer_idx, value):
+        pass
+
+
+def _lightning_attention(module, forward, shards: Shards, hidden_states, *args, cache=None, **kwargs):
+    """MiniMax's lightning attention (linear attention with a decay per head, its loop inline in the
+    forward); hidden_states (B, T, D); state (B, H, d, d), decaying by exp(-slope) per token. Each
+    chunk runs the layer twice: from zero (its final state: the forward returns it), then from the
+    state it truly starts from (handed in as a cache)."""
+    if shards.world == 1:
+        return forward(hidden_states, *args, cache=cache, **kwargs)
+    if cache is not None:
+        raise ValueError(f"{type(module).__name__}: a cache (generation) with the sequence split across "
+                         f"{shards.world} ranks is not supported for recurrent layers")
+    local_len = hidden_states.shape[1]
+    mine = _local_chunks(shards, local_len)
+    finals, transitions = [], []
+    for seg in mine:
+        _, final = forward(hidden_states[:, seg.rows], *args, cache=None, **kwargs)
+        finals.append(final.float())
+        transitions.append(torch.exp(-module.slope_rate.float() * seg.length).expand_as(final).contiguous())
+    starts = state_passing.initial_states(finals, transitions, torch.mul, shards.layout, shards.group,
+                                          local_len, phase="lightning_state")
+    outs = [forward(hidden_states[:, seg.rows], *args, cache=_StartState(start.to(final.dtype)), **kwargs)[0]
+            for seg, start in zip(mine, starts)]
+    return torch.cat(outs, dim=1), None
+
+
+_TAKEN_OVER = {"MiniMaxLightningAttention": _lightning_attention}
+
+
+def _take_over(module: torch.nn.Module, shards: Shards) -> None:
+    """module.forward runs through its _TAKEN_OVER function (the class's own forward, per chunk)."""
+    forward = type(module).forward.__get__(module)
+    module.forward = functools.partial(_TAKEN_OVER[type(module).__name__], module, forward, shards)
 
 
 def _refuse_state_arguments(what: str, initial, final, varlen) -> None:
