@@ -19,8 +19,8 @@ from world import results_by_world, value_errors
 transformers_or_skip()
 
 SEQ = 64
-FOUR_RANKS = ("qwen3_next", "mamba", "bamba", "lfm2", "kimi_linear", "rwkv", "minimax")  # gated delta rule, Mamba,
-# Mamba2, short convolutions alone, Kimi delta attention, RWKV-4 (token shift + WKV), lightning attention
+FOUR_RANKS = ("qwen3_next", "mamba", "bamba", "lfm2", "kimi_linear", "rwkv", "minimax", "xlstm")  # gated delta rule,
+# Mamba, Mamba2, short convolutions alone, Kimi delta attention, RWKV-4 (token shift + WKV), lightning attention, mLSTM
 
 
 def _models(family, name):
@@ -114,8 +114,8 @@ def _refusals(group):
         "cache": lambda: model(**bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=model),
                                use_cache=True),
     }
-    if "xlstm" in hf_zoo.families():  # mLSTM cells inline in their module: not split
-        unsupported = _models("xlstm", "hybrid_refusals")[1]
+    if "recurrent_gemma" in hf_zoo.families():  # RG-LRU: a stateful module method, not split
+        unsupported = _models("recurrent_gemma", "hybrid_refusals")[1]
         cases["unsupported family"] = lambda: unsupported(
             **bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=unsupported), use_cache=False)
     out.update(value_errors(cases))

@@ -15,9 +15,9 @@ same call: it appends identity "columns" to the state (and zero inputs for them)
 state's extra columns are the chunk's transition and the outputs' extra columns are how each
 output reads the starting state. The output is then out(0) + coefficients @ start. (Mamba's
 selective scan takes no starting state, so its transition and coefficients are computed from its
-decays directly. RWKV-4's WKV divides by its state, and MiniMax's lightning attention has its loop
-inline in the layer's forward: those run each chunk twice, from zero for its final state, then
-from the state it truly starts from.)
+decays directly. RWKV-4's WKV and xLSTM's mLSTM divide by their state, and MiniMax's lightning
+attention has its loop inline in the layer's forward: those run each chunk twice, from zero for its
+final state, then from the state it truly starts from.)
 
 Supported families are listed in FAMILIES (each one tested exact at 2-4 ranks against one
 process); any other family whose config has non-attention layers stays refused at more than one
@@ -67,6 +67,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "bailing_hybrid": ("short convolution", "Kimi delta attention"),
     "rwkv": ("token shift", "RWKV-4 WKV"),
     "minimax": ("lightning attention",),
+    "xlstm": ("mLSTM",),
 }
 
 # Cached decoding, which cannot run on a shard (the pre-hook refuses a cache first; these are the backstop).
@@ -417,7 +418,41 @@ def _lightning_attention(module, forward, shards: Shards, hidden_states, *args, 
     return torch.cat(outs, dim=1), None
 
 
-_TAKEN_OVER = {"MiniMaxLightningAttention": _lightning_attention}
+def _mlstm(module, forward, shards: Shards, query, key, value, igate, fgate, c_initial=None, n_initial=None,
+           m_initial=None, return_last_states=None, mode=None):
+    """xLSTM's mLSTM backend; query/key (B, H, T, dk), value (B, H, T, dv), igate/fgate (B, H, T).
+    State (c, n, m): the true cell and normaliser are c e^m (B, H, dk, dv) and n e^m (B, H, dk),
+    each decaying by sigmoid(fgate) per token; the output divides by the normaliser, so each chunk
+    runs twice (from zero for its final state, then from its true start). The states are combined as
+    true sums in float64 and scaled back by their largest entry."""
+    _refuse_state_arguments("the mLSTM", c_initial, False, None)
+    local_len = query.shape[2]
+    mine = _local_chunks(shards, local_len)
+    finals, transitions = [], []
+    for seg in mine:
+        rows = (slice(None), slice(None), seg.rows)
+        _, (c, n, m) = forward(query[rows], key[rows], value[rows], igate[rows], fgate[rows],
+                               return_last_states=True, mode=mode)
+        scale = torch.exp(m.double())[..., None]                                    # (B, H, 1, 1)
+        finals.append(torch.cat([c.double(), n.double()[..., None]], dim=-1) * scale)  # (B, H, dk, dv + 1)
+        decay = torch.exp(F.logsigmoid(fgate[rows].double()).sum(-1))[..., None, None]
+        transitions.append(decay.expand_as(finals[-1]).contiguous())
+    starts = state_passing.initial_states(finals, transitions, torch.mul, shards.layout, shards.group,
+                                          local_len, phase="mlstm_state")
+    outs, state = [], None
+    for seg, start in zip(mine, starts):
+        rows = (slice(None), slice(None), seg.rows)
+        largest = start.abs().amax(dim=(-2, -1))                                     # (B, H)
+        m = torch.where(largest > 0, torch.log(largest.clamp_min(1e-300)), torch.zeros_like(largest))
+        scaled = start / torch.exp(m)[..., None, None]
+        c, n = scaled[..., :-1].to(query.dtype), scaled[..., -1].to(query.dtype)
+        out = forward(query[rows], key[rows], value[rows], igate[rows], fgate[rows], c_initial=c, n_initial=n,
+                      m_initial=m[..., None].to(query.dtype), return_last_states=True, mode=mode)
+        outs.append(out[0])
+    return torch.cat(outs, dim=2), state
+
+
+_TAKEN_OVER = {"MiniMaxLightningAttention": _lightning_attention, "xLSTMBackend": _mlstm}
 
 
 def _take_over(module: torch.nn.Module, shards: Shards) -> None:
