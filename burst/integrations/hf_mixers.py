@@ -385,36 +385,53 @@ class _StartState:
     it makes at the end, dropped): with a state, the layer runs its token-by-token recurrence."""
 
     def __init__(self, state: torch.Tensor):
-        self.state = state
+        self.state, self.read = state, False
 
     def get_linear_cache(self, layer_idx):
+        self.read = True
         return self.state
 
     def set_linear_cache(self, layer_idx, value):
         pass
 
 
-def _lightning_attention(module, forward, shards: Shards, hidden_states, *args, cache=None, **kwargs):
+def _cache_keyword(forward) -> str:
+    """The name a layer's forward takes its cache by (transformers renamed past_key_values to cache)."""
+    parameters = inspect.signature(forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    raise ValueError(f"{getattr(forward, '__qualname__', forward)} takes neither cache nor past_key_values: this "
+                     "transformers release arranges the layer differently from what burst knows")
+
+
+def _lightning_attention(module, forward, shards: Shards, hidden_states, *args, **kwargs):
     """MiniMax's lightning attention (linear attention with a decay per head, its loop inline in the
     forward); hidden_states (B, T, D); state (B, H, d, d), decaying by exp(-slope) per token. Each
     chunk runs the layer twice: from zero (its final state: the forward returns it), then from the
-    state it truly starts from (handed in as a cache)."""
+    state it truly starts from (handed in as the cache the layer reads)."""
     if shards.world == 1:
-        return forward(hidden_states, *args, cache=cache, **kwargs)
-    if cache is not None:
+        return forward(hidden_states, *args, **kwargs)
+    keyword = _cache_keyword(forward)
+    if any(kwargs.pop(name, None) is not None for name in ("cache", "past_key_values")):
         raise ValueError(f"{type(module).__name__}: a cache (generation) with the sequence split across "
                          f"{shards.world} ranks is not supported for recurrent layers")
     local_len = hidden_states.shape[1]
     mine = _local_chunks(shards, local_len)
     finals, transitions = [], []
     for seg in mine:
-        _, final = forward(hidden_states[:, seg.rows], *args, cache=None, **kwargs)
+        _, final = forward(hidden_states[:, seg.rows], *args, **kwargs)
         finals.append(final.float())
         transitions.append(torch.exp(-module.slope_rate.float() * seg.length).expand_as(final).contiguous())
     starts = state_passing.initial_states(finals, transitions, torch.mul, shards.layout, shards.group,
                                           local_len, phase="lightning_state")
-    outs = [forward(hidden_states[:, seg.rows], *args, cache=_StartState(start.to(final.dtype)), **kwargs)[0]
-            for seg, start in zip(mine, starts)]
+    outs = []
+    for seg, start in zip(mine, starts):
+        given = _StartState(start.to(final.dtype))
+        outs.append(forward(hidden_states[:, seg.rows], *args, **{keyword: given}, **kwargs)[0])
+        if not given.read:  # the layer ran from zero: wrong, so loud
+            raise RuntimeError(f"{type(module).__name__} did not read the starting state burst handed it; this "
+                               "transformers release arranges the layer differently from what burst knows")
     return torch.cat(outs, dim=1), None
 
 
