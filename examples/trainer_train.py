@@ -83,14 +83,20 @@ def main() -> None:
     parser.add_argument("--eval-rows", type=int, default=5, help="rows of the eval and predict sets (2 a batch)")
     parser.add_argument("--lr", type=float, default=1e-2, help="learning rate")
     parser.add_argument("--optim", default="adamw_torch", help="TrainingArguments.optim")
+    parser.add_argument("--family", default="llama", help="model_type to build tiny (e.g. qwen3_next, mamba)")
     parser.add_argument("--packed", action="store_true", help="pack each batch's rows into one (no padding)")
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     parser.add_argument("--reference", action="store_true", help="plain Trainer, eager attention, one process")
     parser.add_argument("--out", default=None, help="save losses, gradients, weights, eval and predictions here")
     args = parser.parse_args()
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4 * args.seq_len)
+    if args.family == "llama":
+        config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4 * args.seq_len)
+    else:  # any causal-LM family, built tiny from its own config class (as the zoo builds it)
+        from burst.integrations.hf_zoo import tiny_config
+
+        config = tiny_config(args.family)
     torch.manual_seed(0)  # the same weights on every rank and in the reference
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     training = TrainingArguments(
