@@ -6,7 +6,7 @@
                                          data_collator=..., sp_size=2, strategy="burst", layout="zigzag")
     trainer.train(); trainer.evaluate(); trainer.predict(dataset)
 
-Run it under `torchrun --nproc-per-node W` (or `accelerate launch`): W = dp x sp processes, each
+Run it under `torchrun --nproc-per-node W`: W = dp x sp processes, each
 sequence-parallel group `sp_size` consecutive ranks. What the subclass changes, each through an
 extension point Trainer documents:
 
@@ -14,8 +14,9 @@ extension point Trainer documents:
   ranks of a group receive the same batch (transformers does the same to its own rank-aware
   batch sampler); `shard_batch` checks that they do at every step and raises otherwise.
 * inputs (`training_step`, `prediction_step`): each rank keeps its shard of the batch: labels
-  shifted on the whole sequence, position ids global, right padding turned into ignored labels,
-  the length padded to what the layout needs.
+  shifted on the whole sequence, position ids global, right padding dropped from the mask (its
+  labels must be ignored ones), packed rows split as documents, the length padded to what the
+  layout needs.
 * loss (`get_cp_size`): Trainer already divides its token count by "the devices that share a
   batch" and multiplies the loss by the world size before DDP/FSDP average the gradients. Telling it
   the context-parallel size makes its own arithmetic give the mean over every token of the world,
