@@ -6,7 +6,7 @@
 
 `burst bench | check | train | generate`, the benchmark harness, the benchmark scripts and the
 tests (tests/world.py) all start their worlds here, so all get the same backend choice and the
-same teardown (every rank past its last collective before any closes; see _close_world, leave).
+same teardown (every rank past its last collective before any closes; see end_rank, leave).
 
 A rank that raises ends the world: it saves its error and leaves at once; the launcher sees it
 leave, kills every other rank (which may be waiting on it in a collective, and would wait for
@@ -88,8 +88,7 @@ def _entry(rank: int, world: int, port: int, threads: int | None, backend: str, 
         _save(outdir, rank, ("error", one_line(err), traceback.format_exc(), time.time()))
         leave(1)
     _save(outdir, rank, ("ok", result))
-    _close_world()
-    leave(0)
+    end_rank()
 
 
 def _close_world() -> None:
@@ -100,6 +99,13 @@ def _close_world() -> None:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - a peer that failed is gone; the launcher reports it
         pass
+
+
+def end_rank() -> None:
+    """How a rank of a gloo world ends cleanly (spawn_world's ranks; scripts under torchrun too): past
+    its last collective with every peer, the process group destroyed, then leave(0)."""
+    _close_world()
+    leave(0)
 
 
 def leave(code: int) -> None:

@@ -27,7 +27,7 @@ from torch import nn
 
 import burst
 from burst.engine.parallel import FSDP_MODES, reduce_gradients, setup, shard_parameters
-from burst.launch import leave
+from burst.launch import end_rank
 
 
 class Attention(nn.Module):
@@ -155,7 +155,8 @@ def main() -> None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum") / count
             loss.backward()
         reduce_gradients(model, par)
-        grads.append({n: _whole(p.grad) for n, p in model.named_parameters()})
+        if args.out:  # gathering FSDP's shards is a collective: only when they are saved
+            grads.append({n: _whole(p.grad) for n, p in model.named_parameters()})
         optimizer.step()
         optimizer.zero_grad()
         total = loss.detach().clone()
@@ -165,16 +166,12 @@ def main() -> None:
         losses.append(total.item())
         if not distributed or dist.get_rank() == 0:
             print(f"step {step} loss {losses[-1]:.6f}", flush=True)
-    weights = {n: _whole(p) for n, p in model.named_parameters()}
+    weights = {n: _whole(p) for n, p in model.named_parameters()} if args.out else None
     if args.out and (not distributed or dist.get_rank() == 0):
         os.makedirs(args.out, exist_ok=True)
         torch.save({"losses": losses, "grads": grads, "weights": weights}, os.path.join(args.out, "result.pt"))
     if torch.distributed.is_initialized():
-        # No rank closes its connections while a peer still uses them; then skip interpreter
-        # finalization, where gloo's threads can abort a finished rank (burst.launch.leave).
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-        leave(0)
+        end_rank()  # past every peer's last collective, then no interpreter finalization (gloo can abort there)
 
 
 def _whole(t):

@@ -20,7 +20,7 @@ import os
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainerCallback, TrainingArguments
 
-from burst.launch import leave
+from burst.launch import end_rank
 
 VOCAB = 96
 
@@ -106,9 +106,9 @@ def main() -> None:
         logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=3,
         gradient_checkpointing=args.checkpointing,
         dataloader_drop_last=False, disable_tqdm=True)
-    recorder = RecordGradients()
+    recorder = RecordGradients()  # a copy of every gradient each step: only when they are saved
     common = dict(model=model, args=training, data_collator=pack if args.packed else pad_right,
-                  callbacks=[recorder],
+                  callbacks=[recorder] if args.out else [],
                   train_dataset=RandomRows(64, args.seq_len // 2, args.seq_len, seed=1),
                   eval_dataset=RandomRows(args.eval_rows, args.seq_len // 2, args.seq_len, seed=2))
     if args.reference:
@@ -126,8 +126,8 @@ def main() -> None:
         for step, loss in enumerate(losses):
             print(f"step {step} loss {loss:.6f}", flush=True)
         print(f"eval loss {metrics['eval_loss']:.6f}", flush=True)
-    weights = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-               for n, p in trainer.model.named_parameters()}
+    weights = ({n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()  # FSDP: a collective
+                for n, p in trainer.model.named_parameters()} if args.out else None)
     if args.out and trainer.is_world_process_zero():
         os.makedirs(args.out, exist_ok=True)
         torch.save({"losses": losses, "grads": recorder.steps, "weights": weights,
@@ -135,11 +135,7 @@ def main() -> None:
                     "label_ids": predictions.label_ids, "predict_loss": predictions.metrics["test_loss"]},
                    os.path.join(args.out, "result.pt"))
     if torch.distributed.is_initialized():
-        # No rank closes its connections while a peer still uses them; then skip interpreter
-        # finalization, where gloo's threads can abort a finished rank (burst.launch.leave).
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-        leave(0)
+        end_rank()  # past every peer's last collective, then no interpreter finalization (gloo can abort there)
 
 
 if __name__ == "__main__":

@@ -51,18 +51,16 @@ def _unwrapped(named: dict) -> dict:
 
 
 def _assert_same_steps(got: dict, ref: dict, bound: float = 1e-4) -> None:
-    """Each step's loss and every gradient (relative to its own largest entry, or to 1/100 of the
-    model's largest gradient where that is more: fp32 rounding is relative to the sums, as in
-    hf_zoo.train_step_errors), and the final weights."""
+    """Each step's loss and every gradient (hf_zoo.gradient_error, the zoo's rule), and the final weights."""
+    from burst.integrations.hf_zoo import gradient_error
+
     assert len(got["losses"]) == len(ref["losses"]) == 3
     assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5)
     assert len(got["grads"]) == len(ref["grads"]) == 3
     for step, (grads, ref_grads) in enumerate(zip(got["grads"], ref["grads"])):
         grads, ref_grads = _unwrapped(grads), _unwrapped(ref_grads)
         assert grads.keys() == ref_grads.keys()
-        floor = 1e-2 * max(g.abs().max().item() for g in ref_grads.values())
-        worst = max((grads[n] - ref_grads[n]).abs().max().item() / max(ref_grads[n].abs().max().item(), floor)
-                    for n in ref_grads)
+        worst = gradient_error([(grads[n], ref_grads[n]) for n in ref_grads])
         assert worst < bound, f"step {step}: gradient off by {worst:.2e} (relative)"
     weights, ref_weights = _unwrapped(got["weights"]), _unwrapped(ref["weights"])
     assert max(_rel(weights[n], ref_weights[n]) for n in ref_weights) < bound

@@ -47,7 +47,6 @@ def run_torchrun(script, nproc: int, *args: str, timeout: float = 240) -> str:
     rank); its stdout. Fails with the tail of stderr when it exits non-zero."""
     import os
     import pathlib
-    import subprocess
     import sys
 
     torchrun = pathlib.Path(sys.executable).parent / "torchrun"

@@ -119,8 +119,9 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     family = supported(model_type) or supported(getattr(config, "model_type", None))
     if not names and not inline:
         if family and world > 1:  # a supported family whose mixers are not where burst looks would run unhooked
-            raise ValueError(f"{type(model).__name__}: its modeling module defines none of {sorted(_SHARDED)}; this "
-                             "transformers release arranges the family differently from what burst knows")
+            raise ValueError(f"{type(model).__name__}: neither its modeling module's functions ({sorted(_SHARDED)}) "
+                             f"nor its modules ({sorted(_TAKEN_OVER)}) are what burst splits; this transformers "
+                             "release arranges the family differently from what burst knows")
         return 0
     if not family:
         if world == 1:  # the whole sequence on one rank: nothing to pass (check_model decides)
@@ -317,6 +318,18 @@ def _mamba_scan(original, shards: Shards, hidden_states, dt, A, B, C, D=None, z=
     return torch.cat(result, dim=-1)
 
 
+def _from_true_starts(shards: Shards, local_len: int, phase: str, final_and_transition, run_from) -> list:
+    """The scheme of the mixers whose output is not affine in their state: each chunk runs from zero
+    for `final_and_transition(seg)` -> (its final state as true sums, its transition: a factor, same
+    shape), the states are passed in one all-gather, and `run_from(seg, start)` runs the chunk again
+    from the state it truly starts from. Returns run_from's results, one per local chunk."""
+    mine = _local_chunks(shards, local_len)
+    finals, transitions = zip(*(final_and_transition(seg) for seg in mine))
+    starts = state_passing.initial_states(finals, transitions, torch.mul, shards.layout, shards.group, local_len,
+                                          phase=phase)
+    return [run_from(seg, start) for seg, start in zip(mine, starts)]
+
+
 def _rwkv_wkv(original, shards: Shards, time_decay, time_first, key, value, state=None, return_state=False):
     """RWKV-4's WKV; key/value (B, T, C), time_decay/time_first (C,). Its state is (numerator,
     denominator, running max), the true sums being numerator * e^max and denominator * e^max, each
@@ -325,25 +338,22 @@ def _rwkv_wkv(original, shards: Shards, time_decay, time_first, key, value, stat
     really starts from. The states are combined as true sums in float64 (no overflow below e^700)."""
     _refuse_state_arguments("the RWKV WKV", state, return_state, None)
     decay = -torch.exp(time_decay.double())                       # (C,) per token, in log space
-    local_len = key.shape[1]
-    mine = _local_chunks(shards, local_len)
-    finals, transitions = [], []
-    for seg in mine:
+
+    def final_and_transition(seg):
         _, (numerator, denominator, running_max) = original(time_decay, time_first, key[:, seg.rows],
                                                              value[:, seg.rows], return_state=True)
         scale = torch.exp(running_max.double())
-        finals.append(torch.stack([numerator.double() * scale, denominator.double() * scale]))  # (2, B, C)
-        transitions.append(torch.exp(decay * seg.length).expand_as(numerator).double())
-    starts = state_passing.initial_states(finals, transitions, torch.mul, shards.layout, shards.group,
-                                          local_len, phase="rwkv_state")
-    outs = []
-    for seg, start in zip(mine, starts):
+        final = torch.stack([numerator.double() * scale, denominator.double() * scale])  # (2, B, C)
+        return final, torch.exp(decay * seg.length).expand_as(final)
+
+    def run_from(seg, start):
         # Back to the stabilised form: max = log(denominator) (the denominator sums positive terms).
         running_max = torch.log(start[1].clamp_min(1e-150))
         stabilised = [(start[0] / start[1].clamp_min(1e-150)).float(), (start[1] > 0).float(),
                       torch.where(start[1] > 0, running_max, torch.full_like(running_max, -1e38)).float()]
-        out, _ = original(time_decay, time_first, key[:, seg.rows], value[:, seg.rows], state=stabilised)
-        outs.append(out)
+        return original(time_decay, time_first, key[:, seg.rows], value[:, seg.rows], state=stabilised)[0]
+
+    outs = _from_true_starts(shards, key.shape[1], "rwkv_state", final_and_transition, run_from)
     return torch.cat(outs, dim=1), None
 
 
@@ -366,16 +376,13 @@ class TokenShift(torch.nn.Module):
                          dim=1)
 
 
-def _shard_token_shifts(model: torch.nn.Module, shards: Shards) -> int:
+def _shard_token_shifts(model: torch.nn.Module, shards: Shards) -> None:
     """Replace each RWKV-style `time_shift` (a ZeroPad2d shifting one token) with a TokenShift."""
-    count = 0
     for module in model.modules():
         shift = getattr(module, "time_shift", None)
         if isinstance(shift, TokenShift) or (isinstance(shift, torch.nn.ZeroPad2d) and
                                              tuple(shift.padding) == (0, 0, 1, -1)):
             module.time_shift = TokenShift(shards)
-            count += 1
-    return count
 
 
 # ---- mixers whose recurrence is inline in their module's forward: the forward runs once per chunk ----
@@ -416,22 +423,22 @@ def _lightning_attention(module, forward, shards: Shards, hidden_states, *args, 
     if any(kwargs.pop(name, None) is not None for name in ("cache", "past_key_values")):
         raise ValueError(f"{type(module).__name__}: a cache (generation) with the sequence split across "
                          f"{shards.world} ranks is not supported for recurrent layers")
-    local_len = hidden_states.shape[1]
-    mine = _local_chunks(shards, local_len)
-    finals, transitions = [], []
-    for seg in mine:
+    state_dtype = {}  # the layer's own state dtype (its value projection's, under autocast too)
+
+    def final_and_transition(seg):
         _, final = forward(hidden_states[:, seg.rows], *args, **kwargs)
-        finals.append(final.float())
-        transitions.append(torch.exp(-module.slope_rate.float() * seg.length).expand_as(final).contiguous())
-    starts = state_passing.initial_states(finals, transitions, torch.mul, shards.layout, shards.group,
-                                          local_len, phase="lightning_state")
-    outs = []
-    for seg, start in zip(mine, starts):
-        given = _StartState(start.to(final.dtype))
-        outs.append(forward(hidden_states[:, seg.rows], *args, **{keyword: given}, **kwargs)[0])
+        state_dtype["value"] = final.dtype
+        return final.float(), torch.exp(-module.slope_rate.float() * seg.length).expand_as(final)
+
+    def run_from(seg, start):
+        given = _StartState(start.to(state_dtype["value"]))
+        out = forward(hidden_states[:, seg.rows], *args, **{keyword: given}, **kwargs)[0]
         if not given.read:  # the layer ran from zero: wrong, so loud
             raise RuntimeError(f"{type(module).__name__} did not read the starting state burst handed it; this "
                                "transformers release arranges the layer differently from what burst knows")
+        return out
+
+    outs = _from_true_starts(shards, hidden_states.shape[1], "lightning_state", final_and_transition, run_from)
     return torch.cat(outs, dim=1), None
 
 
@@ -443,30 +450,27 @@ def _mlstm(module, forward, shards: Shards, query, key, value, igate, fgate, c_i
     runs twice (from zero for its final state, then from its true start). The states are combined as
     true sums in float64 and scaled back by their largest entry."""
     _refuse_state_arguments("the mLSTM", c_initial, False, None)
-    local_len = query.shape[2]
-    mine = _local_chunks(shards, local_len)
-    finals, transitions = [], []
-    for seg in mine:
+
+    def final_and_transition(seg):
         rows = (slice(None), slice(None), seg.rows)
         _, (c, n, m) = forward(query[rows], key[rows], value[rows], igate[rows], fgate[rows],
                                return_last_states=True, mode=mode)
         scale = torch.exp(m.double())[..., None]                                    # (B, H, 1, 1)
-        finals.append(torch.cat([c.double(), n.double()[..., None]], dim=-1) * scale)  # (B, H, dk, dv + 1)
+        final = torch.cat([c.double(), n.double()[..., None]], dim=-1) * scale       # (B, H, dk, dv + 1)
         decay = torch.exp(F.logsigmoid(fgate[rows].double()).sum(-1))[..., None, None]
-        transitions.append(decay.expand_as(finals[-1]).contiguous())
-    starts = state_passing.initial_states(finals, transitions, torch.mul, shards.layout, shards.group,
-                                          local_len, phase="mlstm_state")
-    outs, state = [], None
-    for seg, start in zip(mine, starts):
+        return final, decay.expand_as(final)
+
+    def run_from(seg, start):
         rows = (slice(None), slice(None), seg.rows)
         largest = start.abs().amax(dim=(-2, -1))                                     # (B, H)
         m = torch.where(largest > 0, torch.log(largest.clamp_min(1e-300)), torch.zeros_like(largest))
         scaled = start / torch.exp(m)[..., None, None]
         c, n = scaled[..., :-1].to(query.dtype), scaled[..., -1].to(query.dtype)
-        out = forward(query[rows], key[rows], value[rows], igate[rows], fgate[rows], c_initial=c, n_initial=n,
-                      m_initial=m[..., None].to(query.dtype), return_last_states=True, mode=mode)
-        outs.append(out[0])
-    return torch.cat(outs, dim=2), state
+        return forward(query[rows], key[rows], value[rows], igate[rows], fgate[rows], c_initial=c, n_initial=n,
+                       m_initial=m[..., None].to(query.dtype), return_last_states=True, mode=mode)[0]
+
+    outs = _from_true_starts(shards, query.shape[2], "mlstm_state", final_and_transition, run_from)
+    return torch.cat(outs, dim=2), None
 
 
 _TAKEN_OVER = {"MiniMaxLightningAttention": _lightning_attention, "xLSTMBackend": _mlstm}

@@ -251,10 +251,9 @@ def train_step_errors(model_type: str, name: str, layout: str, group=None, seq_l
                       checkpointing: bool = False) -> dict:
     """One forward + backward of the family's tiny model (batch 2) split over `group` on the burst
     backend `name`, against the same model in this process with eager attention: the max abs
-    difference of the logits and the loss, and the largest of every parameter gradient's max abs
-    difference relative to that gradient's max (or to 1/100 of the model's largest gradient, for
-    parameters whose gradient is smaller: fp32 rounding of the sums is relative to the whole). checkpointing: the split model recomputes each layer
-    in the backward. Call on every rank of the group alike."""
+    difference of the logits and the loss, and gradient_error over every parameter's gradient.
+    checkpointing: the split model recomputes each layer in the backward. Call on every rank of the
+    group alike."""
     from .. import layout as layout_mod
     from . import transformers as bt
 
@@ -270,11 +269,17 @@ def train_step_errors(model_type: str, name: str, layout: str, group=None, seq_l
     bt.reduce_gradients(model, group)
     logits = layout_mod.unshard(got.logits.contiguous(), group=group, layout=layout, dim=1)
     pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
-    floor = 1e-2 * max(q.abs().max().item() for _, q in pairs)  # a gradient 100x below the largest: its scale
-    gradients = [(p - q).abs().max().item() / max(q.abs().max().item(), floor) for p, q in pairs]
     return {"logits": (logits - expected.logits).abs().max().item(),
             "loss": abs(bt.reduce_loss(got.loss, group).item() - expected.loss.item()),
-            "gradients": max(gradients), "gradient_count": len(gradients)}
+            "gradients": gradient_error(pairs), "gradient_count": len(pairs)}
+
+
+def gradient_error(pairs) -> float:
+    """The largest of each (got, expected) gradient pair's max abs difference relative to the expected
+    gradient's max, or to 1/100 of the largest expected gradient where that is more: fp32 rounding of
+    the sums is relative to the whole model's scale, not to a parameter whose gradient is near zero."""
+    floor = 1e-2 * max(q.abs().max().item() for _, q in pairs)
+    return max((p - q).abs().max().item() / max(q.abs().max().item(), floor) for p, q in pairs)
 
 
 def _unshard(local: torch.Tensor, group, layout: str) -> torch.Tensor:
