@@ -79,7 +79,7 @@ class AttentionCall:
         `max_rows` rows each way when given, to bound each call's fresh outputs)."""
         cap = self.kernel.MAX_ROWS if max_rows is None else min(max_rows, self.kernel.MAX_ROWS)
         sizes = TileSizes(cap, getattr(self.kernel, "LEAF_ROWS", SUB_TILE),
-                          getattr(self.kernel, "SPLITS_TRIANGLES", False))
+                          getattr(self.kernel, "SPLITS_TRIANGLES", False), getattr(self.kernel, "BANDS", False))
         key = (self.spec.key, tuple(q_segs), tuple(k_segs), sizes)
         return _TILES.get(key, lambda: tuple(plan_tiles(q_segs, k_segs, self.spec, sizes=sizes)))  # shared: read only
 

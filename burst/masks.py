@@ -14,6 +14,12 @@ the small pieces on a mask's edge carry a dense boolean mask (the CPU kernel spe
 masked tile, and building the mask costs too). A kernel whose causal path pays for much of the masked
 half (the CPU one) has its triangles halved the same way (`TileSizes.split_triangles`).
 
+A kernel that takes masks as arguments (`TileSizes.bands`: flash_attn's window and varlen interfaces)
+gets no dense mask for causal, window and document masks on runs of equal stride: such a pair is a
+diagonal band of the tile (`Bands`, one BAND tile, trimmed to the rows and keys it attends), and a pair
+across documents is cut at the documents' bounds only and its pieces sent as one varlen call per run of
+pieces with the same window. Only block-sparse masks and runs of unequal strides keep dense masks.
+
 Mask kinds (combined with AND):
 - causal: key position <= query position.
 - window (left, right): query i sees keys i-left .. i+right; -1 = unbounded (flash_attn convention).
@@ -53,6 +59,7 @@ class TileSizes:
     max_rows: int = MAX_TILE
     leaf_rows: int = SUB_TILE
     split_triangles: bool = False
+    bands: bool = False
 
 
 class Cover(enum.Enum):
@@ -63,6 +70,66 @@ class Cover(enum.Enum):
     DIAG = 2      # top-left lower triangle (j <= i)
     SHIFTED = 3   # strict lower triangle (j < i): striped layout, key rank > query rank
     PARTIAL = 4
+    BAND = 5      # a diagonal band per sequence, passed to the kernel as arguments (Tile.bands)
+
+
+@dataclass(frozen=True)
+class Bands:
+    """A tile's mask as kernel arguments: sequences of queries against keys, each a diagonal band.
+
+    Sequence n is query rows cu_q[n]:cu_q[n+1] against key rows cu_k[n]:cu_k[n+1] of the tile; no
+    query sees a key of another sequence. Within a sequence of sq queries and sk keys, query i sees
+    keys i + (sk - sq) - left .. i + (sk - sq) + right: flash_attn's window_size, aligned at the
+    bottom-right corner, -1 = unbounded. One sequence runs on flash_attn's plain interface, several
+    on its varlen one. The planner trims every sequence to the rows and keys it attends, so no row is
+    empty and the window always holds the corner's diagonal (left, right >= 0 or -1).
+    """
+
+    cu_q: tuple[int, ...]
+    cu_k: tuple[int, ...]
+    left: int
+    right: int
+
+    def __post_init__(self):
+        if len(self.cu_q) != len(self.cu_k) or len(self.cu_q) < 2 or self.cu_q[0] != 0 or self.cu_k[0] != 0:
+            raise ValueError(f"cu_q and cu_k must both run from 0, one bound per sequence: {self}")
+        if min(self.left, self.right) < -1:
+            raise ValueError(f"window bounds must be >= 0 or -1 (unbounded): {self}")
+
+    @property
+    def sequences(self) -> int:
+        return len(self.cu_q) - 1
+
+    @property
+    def max_rows(self) -> tuple[int, int]:
+        """The longest sequence's queries and keys (flash_attn's max_seqlen_q, max_seqlen_k)."""
+        return (max(b - a for a, b in zip(self.cu_q, self.cu_q[1:])),
+                max(b - a for a, b in zip(self.cu_k, self.cu_k[1:])))
+
+    def pairs(self) -> int:
+        """(query, key) pairs the bands attend (work accounting, without building the mask)."""
+        total = 0
+        for q0, q1, k0, k1 in zip(self.cu_q, self.cu_q[1:], self.cu_k, self.cu_k[1:]):
+            sq, sk = q1 - q0, k1 - k0
+            i = torch.arange(sq) + (sk - sq)  # each row's diagonal key
+            first = (i - self.left).clamp(min=0) if self.left >= 0 else torch.zeros_like(i)
+            last = (i + self.right).clamp(max=sk - 1) if self.right >= 0 else torch.full_like(i, sk - 1)
+            total += int((last - first + 1).clamp(min=0).sum())
+        return total
+
+    def allowed(self, device=None) -> torch.Tensor:
+        """Dense bool (cu_q[-1], cu_k[-1]), True = attend: for kernels that take no band arguments."""
+        ok = torch.zeros(self.cu_q[-1], self.cu_k[-1], dtype=torch.bool, device=device)
+        for q0, q1, k0, k1 in zip(self.cu_q, self.cu_q[1:], self.cu_k, self.cu_k[1:]):
+            d = torch.arange(k1 - k0, device=device)[None, :] - torch.arange(q1 - q0, device=device)[:, None]
+            corner = (k1 - k0) - (q1 - q0)
+            band = torch.ones_like(d, dtype=torch.bool)
+            if self.left >= 0:
+                band &= d >= corner - self.left
+            if self.right >= 0:
+                band &= d <= corner + self.right
+            ok[q0:q1, k0:k1] = band
+        return ok
 
 
 @dataclass(frozen=True)
@@ -210,6 +277,7 @@ class Tile:
     k: Segment
     cover: Cover
     spec: MaskSpec
+    bands: Bands | None = None  # the mask as kernel arguments, for a BAND tile
 
     @property
     def causal(self) -> bool:
@@ -218,10 +286,17 @@ class Tile:
 
     @cached_property
     def mask(self) -> torch.Tensor | None:
-        """Dense bool (len q, len k) for a partial tile, else None (built on first use)."""
+        """Dense bool (len q, len k) for a partial or band tile, else None (built on first use)."""
+        if self.cover is Cover.BAND:
+            return self.bands.allowed()
         if self.cover is not Cover.PARTIAL:
             return None
         return self.spec.allowed(self.q.positions(), self.k.positions())
+
+    @property
+    def kernel_mask(self) -> torch.Tensor | Bands | None:
+        """What the kernel gets as `mask`: the band arguments of a BAND tile, else the dense mask."""
+        return self.bands if self.cover is Cover.BAND else self.mask
 
     @property
     def pairs(self) -> int:
@@ -231,6 +306,8 @@ class Tile:
             return n * m
         if self.cover is Cover.DIAG:  # planned only for n == m
             return n * (n + 1) // 2
+        if self.cover is Cover.BAND:
+            return self.bands.pairs()
         return int(self.mask.sum())
 
 
@@ -267,7 +344,9 @@ def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes, by_bl
         # j < i is the causal triangle of queries 1.. against keys ..n-2; query 0 attends nothing here.
         n = qs.length
         return _plan_pair(qs.sub(1, n), ks.sub(0, n - 1), spec, sizes, by_blocks) if n > 1 else []
-    if cover is Cover.PARTIAL and exact and _cuts_exactly(qs, ks, spec):
+    if cover is Cover.PARTIAL and sizes.bands and _is_band(qs, ks, spec):
+        return _band_tile(qs, ks, spec)
+    if cover is Cover.PARTIAL and exact and _cuts_exactly(qs, ks, spec, sizes):
         return _plan_cut(qs, ks, spec, sizes)
     cut = cover is Cover.PARTIAL or (cover is Cover.DIAG and sizes.split_triangles)
     if not cut or (qs.length <= sizes.leaf_rows and ks.length <= sizes.leaf_rows):
@@ -280,11 +359,89 @@ def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes, by_bl
     return _split_pair(qs, ks, spec, min(TILE, sizes.max_rows), sizes, by_blocks)
 
 
-def _cuts_exactly(qs: Segment, ks: Segment, spec: MaskSpec) -> bool:
+def _cuts_exactly(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes) -> bool:
     """Causal and document masks on runs of consecutive positions change only at known positions (the
     other run's ends, the documents' bounds): cut there, every piece is skipped, full or a clean
-    triangle, and no tile needs a mask. Windows and block-sparse masks take the sub-tiles."""
-    return qs.stride == 1 and ks.stride == 1 and not spec.window and spec.block_sparse is None
+    triangle, and no tile needs a mask. Windows and block-sparse masks take the sub-tiles. With band
+    arguments, a pair across documents is cut at the documents' bounds (windows included)."""
+    if spec.block_sparse is not None:
+        return False
+    if sizes.bands:  # documents' bounds cut runs of any stride; each piece is then one band
+        return qs.stride == ks.stride and bool(spec.cu_seqlens)
+    return qs.stride == 1 and ks.stride == 1 and not spec.window
+
+
+def _is_band(qs: Segment, ks: Segment, spec: MaskSpec) -> bool:
+    """Causal and window masks on two runs of one stride, inside one document, are a diagonal band."""
+    if qs.stride != ks.stride or spec.block_sparse is not None:
+        return False
+    return not spec.cu_seqlens or _document_cover(qs, ks, spec.cu_seqlens) is Cover.FULL
+
+
+def _band_tile(qs: Segment, ks: Segment, spec: MaskSpec) -> list[Tile]:
+    """`qs` x `ks` as one BAND tile (or FULL / DIAG / nothing), trimmed to the rows and keys it attends.
+
+    With query positions a + s*i and key positions c + s*j, causal (key <= query) is j - i <= (a - c) / s
+    and a window (left, right) is (a - c - left) / s <= j - i <= (a - c + right) / s: a band lo <= j - i <= hi.
+    """
+    s, off = qs.stride, qs.first - ks.first
+    lo, hi = None, None
+    if spec.causal:
+        hi = off // s
+    if spec.window:
+        left, right = spec.window
+        if left >= 0:
+            lo = -((left - off) // s)  # ceil((off - left) / s)
+        if right >= 0:
+            hi = (off + right) // s if hi is None else min(hi, (off + right) // s)
+    sq, sk = qs.length, ks.length
+    q0, q1 = max(0, -hi) if hi is not None else 0, min(sq, sk - lo) if lo is not None else sq
+    k0, k1 = max(0, lo) if lo is not None else 0, min(sk, sq + hi) if hi is not None else sk
+    if q0 >= q1 or k0 >= k1 or (lo is not None and hi is not None and lo > hi):
+        return []
+    qt, kt = qs.sub(q0, q1), ks.sub(k0, k1)
+    corner = kt.length - qt.length  # where the trimmed tile's bottom-right diagonal lies, in j - i
+    shift = q0 - k0  # j - i in the trimmed tile's rows = j - i in the untrimmed ones + shift
+    # A bound no row reaches is no bound: left from the last row's view, right from the first row's.
+    left = -1 if lo is None or corner - (lo + shift) >= kt.length - 1 else corner - (lo + shift)
+    right = -1 if hi is None or (hi + shift) - corner >= qt.length - 1 else (hi + shift) - corner
+    if left == -1 and right == -1:
+        return [Tile(qt, kt, Cover.FULL, spec)]
+    if left == -1 and right == 0 and corner == 0:
+        return [Tile(qt, kt, Cover.DIAG, spec)]
+    return [Tile(qt, kt, Cover.BAND, spec, Bands((0, qt.length), (0, kt.length), left, right))]
+
+
+def _window(tile: Tile) -> tuple[int, int]:
+    """A planned tile's mask as flash_attn's bottom-right window (FULL, DIAG or a one-sequence BAND)."""
+    if tile.cover is Cover.BAND:
+        return tile.bands.left, tile.bands.right
+    return (-1, 0) if tile.cover is Cover.DIAG else (-1, -1)
+
+
+def _as_varlen(pieces: list[Tile]) -> list[Tile]:
+    """Pieces of one pair cut at documents' bounds, as few calls as can be: each run of pieces that
+    follow each other in both query and key rows and share one window becomes one varlen BAND tile."""
+    out: list[list[Tile]] = []
+    for t in pieces:
+        prev = out[-1][-1] if out else None
+        if (prev is not None and _window(prev) == _window(t) and prev.q.rows.stop == t.q.local_start
+                and prev.k.rows.stop == t.k.local_start):
+            out[-1].append(t)
+        else:
+            out.append([t])
+    return [run[0] if len(run) == 1 else _varlen_tile(run) for run in out]
+
+
+def _varlen_tile(run: list[Tile]) -> Tile:
+    q = Segment(run[0].q.local_start, sum(t.q.length for t in run), run[0].q.first, run[0].q.stride)
+    k = Segment(run[0].k.local_start, sum(t.k.length for t in run), run[0].k.first, run[0].k.stride)
+    cu_q, cu_k = [0], [0]
+    for t in run:
+        cu_q.append(cu_q[-1] + t.q.length)
+        cu_k.append(cu_k[-1] + t.k.length)
+    # The run's segments span several documents: their positions are not one mask's; the bands say it.
+    return Tile(q, k, Cover.BAND, run[0].spec, Bands(tuple(cu_q), tuple(cu_k), *_window(run[0])))
 
 
 def _plan_cut(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes) -> list[Tile]:
@@ -293,7 +450,7 @@ def _plan_cut(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes) -> lis
     after each piece of queries (full, the same positions: a triangle, or skipped); documents: both
     cut at the documents' bounds, so a piece pair lies in one document (or in two: skipped)."""
     q_cuts, k_cuts = set(), set()
-    if spec.causal:
+    if spec.causal and not sizes.bands:  # with band arguments a piece in one document is one band
         q_cuts |= {ks.first, ks.last + 1}
         k_cuts |= {qs.first, qs.last + 1}
     if spec.cu_seqlens:
@@ -302,6 +459,8 @@ def _plan_cut(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes) -> lis
     q_parts, k_parts = _cut(qs, q_cuts), _cut(ks, k_cuts)
     if len(q_parts) == 1 and len(k_parts) == 1:  # nothing to cut at: the sub-tiles decide
         return _plan_pair(qs, ks, spec, sizes, exact=False)
+    if sizes.bands:
+        return _as_varlen([t for qp in q_parts for kp in k_parts for t in _plan_pair(qp, kp, spec, sizes)])
     tiles = []
     for qp in q_parts:
         row = []
@@ -312,8 +471,9 @@ def _plan_cut(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes) -> lis
 
 
 def _cut(seg: Segment, positions: set[int]) -> list[Segment]:
-    """A run of consecutive positions cut before each of `positions` that falls strictly inside it."""
-    inside = sorted(p - seg.first for p in positions if seg.first < p <= seg.last)
+    """A run of positions cut before each of `positions` that falls strictly inside it (before the
+    first of its positions at or past it, for a run of stride > 1)."""
+    inside = sorted({-(-(p - seg.first) // seg.stride) for p in positions if seg.first < p <= seg.last})
     bounds = [0, *inside, seg.length]
     return [seg.sub(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
 

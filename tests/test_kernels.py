@@ -1,10 +1,11 @@
 """The flash_attn adapter (kernels/cuda_flash_attn.py) and backend dispatch, in one process.
 
-flash_attn needs a GPU, so its interface is played by a stand-in module with flash_attn 2.6+'s
-signatures that computes in float64 from the values it is given (including the global out and lse
-in the backward). This checks our side of the contract: layout, argument order, lse shape, GQA,
-gradients written into the buffers we pass, and which tiles go to SDPA instead. It does not check
-flash_attn itself (see benchmarks/README.md for what has run on a GPU).
+flash_attn needs a GPU, so its interface is played by a stand-in module (tests/flash_stand_in.py)
+with flash_attn 2.7+'s signatures and argument rules that computes in float64 from the values it is
+given (including the global out and lse in the backward). This checks our side of the contract:
+layout, argument order, lse shapes, GQA, window sizes and varlen sequences derived from each tile's
+global positions, gradients written into the buffers we pass, and which tiles go to SDPA instead. It
+does not check flash_attn itself (see benchmarks/README.md for what has run on a GPU).
 """
 
 from __future__ import annotations
@@ -18,56 +19,17 @@ import torch
 from burst import kernels
 from burst.kernels import cuda_flash_attn, cuda_sdpa
 from burst.kernels.reference import attention as reference_attention
+from burst.kernels.reference import lse_error
 
+import flash_stand_in
+import sdpa_stand_in
 from cases import rel_err
-
-
-def _stand_in_interface():
-    def scores(q, k, scale, causal):
-        group = q.shape[2] // k.shape[2]
-        s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double().repeat_interleave(group, 2)) * scale
-        if causal:  # flash_attn aligns the causal mask bottom-right
-            sq, sk = q.shape[1], k.shape[1]
-            s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq).logical_not(), float("-inf"))
-        return s, group
-
-    def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
-                            softcap, alibi_slopes, return_softmax):
-        assert (dropout_p, window_size_left, window_size_right, softcap, alibi_slopes) == (0.0, -1, -1, 0.0, None)
-        assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-        s, group = scores(q, k, softmax_scale, causal)
-        lse = torch.logsumexp(s, -1)
-        out = torch.einsum("bhqk,bkhd->bqhd", torch.exp(s - lse[..., None]), v.double().repeat_interleave(group, 2))
-        return out.to(q.dtype), lse.float(), torch.empty(0), torch.empty(2, dtype=torch.int64)
-
-    def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale, causal,
-                             window_size_left, window_size_right, softcap, alibi_slopes, deterministic, rng_state):
-        assert softmax_lse.dtype == torch.float32 and softmax_lse.shape == (q.shape[0], q.shape[2], q.shape[1])
-        s, group = scores(q, k, softmax_scale, causal)
-        p = torch.exp(s - softmax_lse.double()[..., None])
-        vv = v.double().repeat_interleave(group, 2)
-        dp = torch.einsum("bqhd,bkhd->bhqk", dout.double(), vv)
-        delta = (dout.double() * out.double()).sum(-1).transpose(1, 2)[..., None]
-        ds = p * (dp - delta) * softmax_scale
-        b, sk, hk, d = k.shape
-        dq.copy_(torch.einsum("bhqk,bkhd->bqhd", ds, k.double().repeat_interleave(group, 2)))
-        dk.copy_(torch.einsum("bhqk,bqhd->bkhd", ds, q.double()).reshape(b, sk, hk, group, d).sum(3))
-        dv.copy_(torch.einsum("bhqk,bqhd->bkhd", p, dout.double()).reshape(b, sk, hk, group, d).sum(3))
-        return torch.empty(0)
-
-    interface = types.ModuleType("flash_attn.flash_attn_interface")
-    interface._flash_attn_forward = _flash_attn_forward
-    interface._flash_attn_backward = _flash_attn_backward
-    package = types.ModuleType("flash_attn")
-    package.flash_attn_interface = interface
-    return package, interface
 
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    package, interface = _stand_in_interface()
-    monkeypatch.setitem(sys.modules, "flash_attn", package)
-    monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", interface)
+    for name, module in flash_stand_in.modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
     cuda_flash_attn.available.cache_clear()
     yield
     cuda_flash_attn.available.cache_clear()
@@ -124,3 +86,93 @@ def test_dispatch_by_device_and_dtype(stand_in, monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", None)
     cuda_flash_attn.available.cache_clear()
     assert kernels.select_kernel(cuda, torch.bfloat16) is cuda_sdpa
+
+
+# --- masks as kernel arguments: the planner's band and varlen tiles through the adapter --------------
+
+def _mask_cases():
+    """(name, query runs, key runs, spec): causal off the diagonal, windows, documents, striped runs."""
+    from burst.layout import Segment
+    from burst.masks import BlockSparseMask, MaskSpec
+    docs = (0, 40, 52, 90, 128)
+    layout = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    return [
+        ("causal, keys before and across the queries", [Segment(0, 64, 64)], [Segment(0, 96, 16)], MaskSpec(causal=True)),
+        ("causal, queries shorter than keys", [Segment(0, 24, 40)], [Segment(0, 64, 0)], MaskSpec(causal=True)),
+        ("sliding window", [Segment(0, 64, 64)], [Segment(0, 128, 0)], MaskSpec(causal=True, window=(20, 0))),
+        ("two-sided window", [Segment(0, 64, 32)], [Segment(0, 128, 0)], MaskSpec(window=(9, 13))),
+        ("documents, causal", [Segment(0, 64, 32)], [Segment(0, 96, 0)], MaskSpec(causal=True, cu_seqlens=docs)),
+        ("documents, window", [Segment(0, 96, 32)], [Segment(0, 128, 0)],
+         MaskSpec(causal=True, window=(7, 0), cu_seqlens=docs)),
+        ("documents, full", [Segment(0, 64, 40)], [Segment(0, 128, 0)], MaskSpec(cu_seqlens=docs)),
+        ("striped causal", [Segment(0, 32, 1, 4)], [Segment(0, 32, 3, 4)], MaskSpec(causal=True)),
+        ("striped window and documents", [Segment(0, 32, 2, 4)], [Segment(0, 32, 0, 4)],
+         MaskSpec(causal=True, window=(17, 0), cu_seqlens=docs)),
+        ("block-sparse", [Segment(0, 64, 64)], [Segment(0, 128, 0)], MaskSpec(block_sparse=BlockSparseMask(32, layout))),
+    ]
+
+
+def test_band_and_varlen_tiles_are_exact_and_build_no_dense_mask(stand_in, monkeypatch):
+    """Every mask burst plans, through the tiles planned for flash_attn, against float64 attention on the
+    dense mask of the same positions; only block-sparse tiles may build a dense bias (on SDPA)."""
+    from burst.call import AttentionCall
+    from burst.comm.stats import CommStats
+    from burst.kernels.accumulators import empty_accumulators, lse_for_backward
+    from burst.kernels.attend import attend_backward, attend_forward
+    from burst.masks import Cover, MaskSpec
+
+    sdpa_stand_in.install(monkeypatch)  # block-sparse tiles go there
+    torch.manual_seed(1)
+    b, h, hk, d, scale = 2, 4, 2, 16, 0.25
+    seen = set()
+    for name, q_segs, k_segs, spec in _mask_cases():
+        call = AttentionCall(None, 0, 1, "contiguous", 0, spec, scale, cuda_flash_attn)
+        tiles = call.plan(q_segs, k_segs)
+        sq, sk = sum(s.length for s in q_segs), sum(s.length for s in k_segs)
+        q64 = torch.randn(b, sq, h, d, dtype=torch.float64, requires_grad=True)
+        k64, v64 = (torch.randn(b, sk, hk, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
+        dout64 = torch.randn(b, sq, h, d, dtype=torch.float64)
+        allowed = spec.allowed(torch.cat([s.positions() for s in q_segs]), torch.cat([s.positions() for s in k_segs]))
+        ref_out, ref_lse = reference_attention(q64, k64, v64, scale, mask=allowed)
+        ref_out.backward(dout64)
+        q, k, v, dout = (t.detach().to(torch.bfloat16) for t in (q64, k64, v64, dout64))
+        flash_stand_in.CALLS.clear()
+        with CommStats() as stats:
+            out_acc, lse_acc = empty_accumulators(q)
+            attend_forward(cuda_flash_attn, q, k, v, tiles, out_acc, lse_acc, scale)
+            grads = [torch.zeros(t.shape) for t in (q, k, v)]
+            attend_backward(cuda_flash_attn, dout, q, k, v, ref_out.detach().to(q.dtype), lse_for_backward(ref_lse.float()),
+                            tiles, *grads, scale)
+        assert rel_err(out_acc, ref_out) < 2e-2 and lse_error(lse_acc, ref_lse.detach()) < 5e-2, name  # bf16 lse near 5: ulp 0.03
+        for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
+            assert rel_err(got, want) < 3e-2, name
+        if spec.block_sparse is None:
+            assert stats.dense_masks() == 0 and all(t.cover is not Cover.PARTIAL for t in tiles), name
+            assert flash_stand_in.CALLS, name
+        else:
+            assert stats.dense_masks() > 0, name  # the last resort, and counted
+        seen |= {(kind, n > 1, (wl, wr) != (-1, -1)) for kind, wl, wr, n in flash_stand_in.CALLS}
+    # The cases reached flash_attn's window arguments and its varlen interface with several sequences.
+    assert ("forward", False, True) in seen and ("varlen_forward", True, True) in seen, seen
+    assert ("backward", False, True) in seen and ("varlen_backward", True, True) in seen, seen
+
+
+def test_band_window_sizes_follow_flash_attns_corner():
+    """The window of a band tile in flash_attn's convention (bottom-right corner), from positions."""
+    from burst.layout import Segment
+    from burst.masks import Cover, MaskSpec, TileSizes, plan_tiles
+    sizes = TileSizes(max_rows=4096, bands=True)
+    # Queries 100..163 against keys 0..127, causal: the corner pairs query 163 with key 127, and that
+    # query sees 36 keys past the corner's diagonal (it would see up to 163): window right 36.
+    (tile,) = plan_tiles([Segment(0, 64, 100)], [Segment(0, 128, 0)], MaskSpec(causal=True), sizes)
+    assert tile.cover is Cover.BAND and (tile.bands.left, tile.bands.right) == (-1, 36)
+    (tile,) = plan_tiles([Segment(0, 64, 64)], [Segment(0, 128, 0)], MaskSpec(causal=True), sizes)
+    assert tile.cover is Cover.BAND and (tile.q.length, tile.k.length) == (64, 128)
+    assert (tile.bands.left, tile.bands.right) == (-1, 0)  # non-square causal: the corner is the diagonal
+    # Keys 0..127 against queries 0..63: keys 64.. are never seen and are trimmed off; square causal.
+    (tile,) = plan_tiles([Segment(0, 64, 0)], [Segment(0, 128, 0)], MaskSpec(causal=True), sizes)
+    assert tile.cover is Cover.DIAG and tile.k.length == 64
+    # A window of 20 back from each query: left 20, right 0.
+    (tile,) = plan_tiles([Segment(0, 64, 64)], [Segment(0, 128, 0)], MaskSpec(causal=True, window=(20, 0)), sizes)
+    assert tile.cover is Cover.BAND and (tile.bands.left, tile.bands.right) == (20, 0)
+    assert (tile.q.length, tile.k.length, tile.k.first) == (64, 84, 44)  # keys before 44 are trimmed off

@@ -360,7 +360,7 @@ def tile_backend(kernel, q, k, tile) -> str:
     name = getattr(kernel, "__name__", str(kernel)).rsplit(".", 1)[-1]
     if kernel is cuda_flash_attn:
         qt, kt = q[:, tile.q.rows], k[:, tile.k.rows]
-        name = "flash_attn" if cuda_flash_attn._handles(qt, kt, tile.causal, tile.mask) else "cuda_sdpa(efficient)"
+        name = "flash_attn" if cuda_flash_attn.handles(qt, kt, tile.causal, tile.kernel_mask) else "cuda_sdpa(efficient)"
     elif kernel is cuda_sdpa:
         name = "cuda_sdpa(efficient)"
     return name + ("+mask" if tile.mask is not None else "") + (" causal" if tile.causal else "")

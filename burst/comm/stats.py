@@ -33,6 +33,7 @@ class CommStats:
         self._pairs: dict[str, int] = defaultdict(int)
         self._messages: dict[str, int] = defaultdict(int)
         self._compute: dict[str, float] = defaultdict(float)
+        self._dense_masks = 0
 
     def __enter__(self) -> "CommStats":
         _ACTIVE.append(self)
@@ -63,12 +64,19 @@ class CommStats:
         measures launches unless the caller synchronizes)."""
         return _total(self._compute, phase)
 
+    def dense_masks(self) -> int:
+        """Kernel calls that took a dense additive mask (a bias the size of the tile): the last resort
+        for masks that no kernel takes as arguments (block-sparse, runs of unequal strides), or every
+        masked tile on a backend without band arguments (the CPU one, aten's efficient kernel)."""
+        return self._dense_masks
+
     def as_dict(self) -> dict:
         return {
             "sent": dict(self._sent),
             "messages": dict(self._messages),
             "pairs": dict(self._pairs),
             "compute_seconds": dict(self._compute),
+            "dense_masks": self._dense_masks,
         }
 
     def __repr__(self) -> str:
@@ -95,6 +103,11 @@ def record_pairs(phase: str, pairs: int) -> None:
 def record_compute(phase: str, seconds: float) -> None:
     for stats in _ACTIVE:
         stats._compute[phase] += seconds
+
+
+def record_dense_mask() -> None:
+    for stats in _ACTIVE:
+        stats._dense_masks += 1
 
 
 def active() -> bool:

@@ -25,7 +25,7 @@ def attend_forward(kernel, q, k, v, tiles: list[Tile], out_acc, lse_acc, scale: 
     start = time.perf_counter()
     for t in tiles:
         qr, kr = t.q.rows, t.k.rows
-        out, lse = kernel.forward(q[:, qr], k[:, kr], v[:, kr], scale, t.causal, t.mask)
+        out, lse = kernel.forward(q[:, qr], k[:, kr], v[:, kr], scale, t.causal, t.kernel_mask)
         merge_partial(out_acc[:, qr], lse_acc[:, :, qr], out, lse)
         del out, lse  # free this tile's result before the next kernel call allocates its own
     _account("forward", tiles, start)
@@ -59,7 +59,7 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
             out_rows = None  # free the previous rows' stand-in before building this one
             out_rows, rebuilt_for = out_from_delta(dout[:, qr], delta[:, :, qr]), qr
         dq, dk, dv = kernel.backward(
-            dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out_rows, lse[:, :, qr], scale, t.causal, t.mask
+            dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out_rows, lse[:, :, qr], scale, t.causal, t.kernel_mask
         )
         if callable(dq_acc) or callable(dk_acc):  # deferred until a tile is computed (ArrivingAccumulators)
             dq_acc, dk_acc, dv_acc = (a() if callable(a) else a for a in (dq_acc, dk_acc, dv_acc))

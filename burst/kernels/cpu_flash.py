@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .masking import additive_mask, clear_empty_rows
+from .masking import additive_mask, clear_empty_rows, dense_mask
 
 # Rows per call at most: the op returns fresh out/dq/dk/dv per call, so smaller calls hold less, and
 # on CPU 1024-row calls run as fast as 4096-row ones (measured, 1 thread, 8 heads, dim 64).
@@ -26,6 +26,7 @@ _backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backwa
 
 def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | None = None):
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
+    mask = dense_mask(mask, q.device)
     out, lse = _forward_op(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal,
         attn_mask=additive_mask(mask, q.dtype), scale=scale,
@@ -35,6 +36,7 @@ def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | None = Non
 
 def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Tensor | None = None):
     """Gradients of one block given the rows' global out and lse (see kernels/__init__.py)."""
+    mask = dense_mask(mask, q.device)
     lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)  # what the op expects
     dq, dk, dv = _backward_op(
         dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),

@@ -2,7 +2,8 @@
 
 They need equal head counts, so KV heads are expanded for the kernel and their gradients summed
 back (only the KV heads travel between ranks). Called directly, the ops skip what SDPA's dispatcher
-does for them, so it is done here: the tile's mask (planned on the CPU) is moved to q's device, the
+does for them, so it is done here: the tile's mask (planned on the CPU, or band arguments) is made a
+dense bias on q's device (the last resort, counted in CommStats.dense_masks), the
 bias rows are padded to a multiple of 16 elements (the kernel refuses an unaligned bias stride,
 "attn_bias is not correctly aligned"), and the backward gets lse padded to a multiple of 32 rows as
 the forward returns it ("LSE is not correctly aligned"). The CPU suite checks this adapter against a
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .masking import additive_mask, clear_empty_rows
+from .masking import additive_mask, clear_empty_rows, dense_mask
 
 # Rows per call at most (fresh outputs per call); larger than on CPU so that one call fills the GPU.
 MAX_ROWS = 8192
@@ -23,10 +24,6 @@ _backward_op = torch.ops.aten._scaled_dot_product_efficient_attention_backward
 
 BIAS_ALIGN = 16  # elements: the largest alignment the efficient kernels ask of a bias row (SDPA pads so too)
 LSE_ALIGN = 32   # rows: how the forward pads lse, so its head stride is a multiple of 8
-
-
-def _on_device(mask, q):
-    return None if mask is None else mask.to(q.device, non_blocking=True)
 
 
 def _bias(mask, q):
@@ -56,7 +53,7 @@ def _expand_heads(k, v, nheads):
 
 def forward(q, k, v, scale: float, causal: bool, mask=None):
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
-    mask = _on_device(mask, q)
+    mask = dense_mask(mask, q.device)
     kk, vv = _expand_heads(k, v, q.shape[2])
     out, lse, _, _ = _forward_op(
         q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), _bias(mask, q), True, 0.0, causal,
@@ -68,7 +65,7 @@ def forward(q, k, v, scale: float, causal: bool, mask=None):
 
 def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask=None):
     """Gradients of one block given the rows' global out and lse (see kernels/__init__.py)."""
-    mask = _on_device(mask, q)
+    mask = dense_mask(mask, q.device)
     kk, vv = _expand_heads(k, v, q.shape[2])
     zero = torch.zeros((), dtype=torch.int64, device=q.device)
     dq, dk, dv, _ = _backward_op(

@@ -1,26 +1,44 @@
-"""What every backend does the same with a tile's boolean mask."""
+"""What every backend does the same with a tile's mask.
+
+A tile's mask comes as kernel arguments (masks.Bands) or as a dense bool (seqlen_q, seqlen_k) tensor.
+A backend that takes no band arguments turns either into the dense additive bias its kernel takes:
+the last resort, counted in CommStats.dense_masks so tests and benchmarks can see when it happens.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from ..comm.stats import record_dense_mask
+from ..masks import Bands
 
-def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """Bool (sq, sk), True = attend -> the float bias SDPA kernels take: 0 where True, -inf elsewhere."""
+
+def dense_mask(mask: torch.Tensor | Bands | None, device) -> torch.Tensor | None:
+    """The tile's mask as a bool (seqlen_q, seqlen_k) tensor on `device`, True = attend."""
     if mask is None:
         return None
+    if isinstance(mask, Bands):
+        return mask.allowed(device)
+    return mask.to(device, non_blocking=True)
+
+
+def additive_mask(mask: torch.Tensor | Bands | None, dtype: torch.dtype, device=None) -> torch.Tensor | None:
+    """The float bias SDPA kernels take: 0 where the mask attends, -inf elsewhere (None: no mask)."""
+    mask = dense_mask(mask, device)
+    if mask is None:
+        return None
+    record_dense_mask()
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def clear_empty_rows(out: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor | None):
     """Rows with nothing to attend get out 0 and lse -inf, whatever the kernel left there (the CPU
-    flash op leaves lse 0, which a merge would count as weight 1).
+    flash op leaves lse 0, which a merge would count as weight 1). No host sync: the fill runs on
+    the device whether or not a row is empty.
 
-    out: (batch, seqlen_q, nheads, headdim); lse: (batch, nheads, seqlen_q).
+    out: (batch, seqlen_q, nheads, headdim); lse: (batch, nheads, seqlen_q); mask: dense bool or None.
     """
     if mask is None:
         return out, lse
     empty = ~mask.any(-1)  # (seqlen_q,)
-    if not bool(empty.any()):
-        return out, lse
     return out.masked_fill(empty[None, :, None, None], 0.0), lse.masked_fill(empty, float("-inf"))

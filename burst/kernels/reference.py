@@ -19,6 +19,8 @@ import math
 
 import torch
 
+from .masking import dense_mask
+
 MAX_ROWS = 1024  # rows per call at most: the dense float64 score matrix is rows x rows per head
 
 
@@ -31,8 +33,8 @@ def _scores(q, k, scale, causal, mask):
     allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
     if causal:
         allowed = torch.tril(allowed)
-    if mask is not None:  # tiles plan their masks on the CPU; float64 on a GPU runs here
-        allowed = allowed & mask.to(q.device)
+    if mask is not None:  # a dense mask planned on the CPU, or band arguments (masks.Bands)
+        allowed = allowed & dense_mask(mask, q.device)
     return s.masked_fill(~allowed, float("-inf")), group
 
 

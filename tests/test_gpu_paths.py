@@ -1,0 +1,110 @@
+"""The GPU path end to end on a CPU world: every strategy, layout and mask through the flash_attn adapter.
+
+Each rank puts the flash_attn stand-in (tests/flash_stand_in.py: flash_attn's argument rules, float64
+arithmetic) in place of the package and makes bf16 dispatch to kernels/cuda_flash_attn.py, as it does
+on a GPU. Every case is compared with float64 attention on the whole sequence (bf16 bounds), and must
+reach the kernel with its masks as arguments: no call builds a dense mask (CommStats.dense_masks) for
+causal, sliding-window or document masks, whatever the layout puts side by side. One world of 4 ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import burst
+from burst.layout import DocumentLayout
+from cases import TOL, full_inputs, reference_grads, reference_mask, sharded_errors
+from world import results_by_world
+
+WORLD = 4
+SEQ = 256  # 64 tokens per rank: windows and documents cut shards and tiles off their diagonals
+DOCS = (0, 40, 56, 168, 256)  # uneven, one longer than a shard
+STRATEGIES = ("burst", "ring", "distflash", "usp", "cqs")
+LAYOUTS = ("contiguous", "zigzag", "striped")
+MASKS = {
+    "causal": dict(causal=True),
+    "window": dict(causal=True, window=(40, 0)),
+    "two-sided window": dict(window=(24, 9)),
+    "documents": dict(causal=True, cu_seqlens=DOCS),
+    "documents + window": dict(causal=True, window=(20, 0), cu_seqlens=DOCS),
+}
+
+
+def _use_flash_stand_in():
+    """In this rank: flash_attn is the stand-in, and bf16 dispatches to the flash_attn adapter."""
+    import flash_stand_in
+    from burst import validation
+    from burst.kernels import cuda_flash_attn
+
+    flash_stand_in.install()
+    cuda_flash_attn.available.cache_clear()
+    select = validation.select_kernel
+    validation.select_kernel = lambda device, dtype: cuda_flash_attn if dtype == torch.bfloat16 else select(device, dtype)
+    return flash_stand_in.CALLS
+
+
+def _cases(rank, world):
+    calls = _use_flash_stand_in()
+    full = full_inputs(3, 1, SEQ, 4, 2, 16, torch.float64)
+    results = []
+    for mask_name, mask in MASKS.items():
+        ref = reference_grads(*full, causal=False, mask=reference_mask(SEQ, **mask))
+        for layout in LAYOUTS:
+            for strategy in STRATEGIES:
+                calls.clear()
+                try:
+                    with burst.CommStats() as stats:
+                        errs = sharded_errors(full, ref, torch.bfloat16, layout=layout, strategy=strategy, **mask)
+                except ValueError:  # a strategy that refuses this layout or mask (burst and ring take all)
+                    continue
+                errs["dense_masks"] = stats.dense_masks()
+                errs["flash_calls"] = len(calls)
+                errs["varlen_calls"] = sum(name.startswith("varlen") for name, *_ in calls)
+                results.append(((mask_name, layout, strategy), errs))
+    # Per-document layouts: each document cut across the ranks on its own.
+    ref = reference_grads(*full, causal=False, mask=reference_mask(SEQ, causal=True, cu_seqlens=DOCS))
+    for split in ("contiguous", "zigzag"):
+        calls.clear()
+        with burst.CommStats() as stats:
+            errs = sharded_errors(full, ref, torch.bfloat16, layout=DocumentLayout(DOCS, split), causal=True,
+                                  strategy="burst")
+        errs.update(dense_masks=stats.dense_masks(), flash_calls=len(calls),
+                    varlen_calls=sum(name.startswith("varlen") for name, *_ in calls))
+        results.append((("doc layout", split, "burst"), errs))
+    return results
+
+
+_results = results_by_world(_cases)
+
+
+def test_every_strategy_layout_and_mask_is_exact_through_flash_attn_arguments():
+    failures = []
+    for rank, cases in enumerate(_results(WORLD)):
+        for key, errs in cases:
+            worst = {n: errs[n] for n in ("out", "lse", "dq", "dk", "dv") if not errs[n] <= TOL[torch.bfloat16]}
+            if errs["nan"] or worst:
+                failures.append(f"rank {rank} {key}: {worst or 'nan'}")
+    assert not failures, "\n".join(failures)
+
+
+def test_burst_and_ring_run_every_case():
+    ran = {key for key, _ in _results(WORLD)[0]}
+    for mask_name in MASKS:
+        for layout in LAYOUTS:
+            assert {(mask_name, layout, "burst"), (mask_name, layout, "ring")} <= ran, (mask_name, layout)
+
+
+def test_no_dense_mask_is_built_for_causal_window_or_document_tiles():
+    for rank, cases in enumerate(_results(WORLD)):
+        for key, errs in cases:
+            assert errs["dense_masks"] == 0, (rank, key, errs["dense_masks"])
+            assert errs["flash_calls"] > 0, (rank, key)  # the adapter ran (not a silent fallback)
+
+
+def test_documents_reach_the_varlen_interface():
+    """A shard pair across documents goes to flash_attn as one varlen call, not one call per piece."""
+    varlen = {key: errs["varlen_calls"] for cases in _results(WORLD) for key, errs in cases}
+    for mask_name in ("documents", "documents + window"):
+        for layout in LAYOUTS:
+            assert any(varlen[(mask_name, layout, s)] for s in STRATEGIES if (mask_name, layout, s) in varlen), \
+                (mask_name, layout)
