@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .devices import bind
+
 POLL_SECONDS = 0.05
 
 
@@ -64,6 +66,11 @@ def _backend(kind: str, world: int) -> str:
     return kind
 
 
+def device_of_backend(backend: str) -> str:
+    """The device a rank of a `backend` world computes on: NCCL joins GPUs, gloo CPUs."""
+    return "cuda" if backend == "nccl" else "cpu"
+
+
 def _save(outdir: str, rank: int, result) -> None:
     """Written under a temporary name, then renamed: the launcher never reads half a file."""
     path = os.path.join(outdir, f"{rank}.pt")
@@ -82,7 +89,9 @@ def _entry(rank: int, world: int, port: int, threads: int | None, backend: str, 
     if threads:
         torch.set_num_threads(threads)
     try:
-        dist.init_process_group(_backend(backend, world), rank=rank, world_size=world)
+        backend = _backend(backend, world)
+        bind(device_of_backend(backend))  # cuda:LOCAL_RANK before NCCL starts, or every rank joins on GPU 0
+        dist.init_process_group(backend, rank=rank, world_size=world)
         result = fn(rank, world, *args)
     except BaseException as err:  # noqa: BLE001 - reported by the launcher, which ends the world
         _save(outdir, rank, ("error", one_line(err), traceback.format_exc(), time.time()))
@@ -195,16 +204,17 @@ def _raise_first_error(ranks, results: dict) -> None:
 
 
 def run_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | None = None,
-              backend: str = "gloo", env: dict | None = None) -> Any:
+              backend: str | None = None, env: dict | None = None) -> Any:
     """fn(rank, world, *args) on every rank; returns rank 0's result (this rank's under torchrun).
 
-    Without torchrun, spawns `nproc` local processes (spawn_world: gloo, or backend "auto"; env set
-    in each). Under torchrun, joins its world in this process (nproc, backend and env are torchrun's
-    business; threads still apply).
+    Without torchrun, spawns `nproc` local processes (spawn_world; backend default gloo; env set in
+    each). Under torchrun, joins its world in this process (nproc and env are torchrun's business;
+    backend default: NCCL on this rank's GPU when there is one, else gloo; threads still apply).
+    A verb's --device gives the backend (devices.backend_for); the rank binds its GPU first.
     """
     if under_torchrun():
-        return _in_torchrun_world(fn, args, threads)
-    return spawn_world(fn, *args, nproc=nproc, threads=threads, backend=backend, env=env)[0]
+        return _in_torchrun_world(fn, args, threads, backend)
+    return spawn_world(fn, *args, nproc=nproc, threads=threads, backend=backend or "gloo", env=env)[0]
 
 
 def _attempt_store():
@@ -221,21 +231,20 @@ def _attempt_store():
     return dist.PrefixStore(f"burst/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def _in_torchrun_world(fn: Callable[..., Any], args: tuple, threads: int | None) -> Any:
-    """fn(rank, world, *args) in torchrun's world: NCCL on this rank's GPU when there is one, else
-    gloo. A group this call starts, it also closes (after a barrier, as a spawned rank does); one
-    the caller started stays open."""
+def _in_torchrun_world(fn: Callable[..., Any], args: tuple, threads: int | None, backend: str | None = None) -> Any:
+    """fn(rank, world, *args) in torchrun's world: NCCL on this rank's GPU (cuda:LOCAL_RANK, bound
+    before the group starts) when there is one or backend says so, else gloo. A group this call
+    starts, it also closes (after a barrier, as a spawned rank does); one the caller started stays open."""
     starts = not dist.is_initialized()
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    bind(device_of_backend(backend))
     if starts:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
         store = _attempt_store()
         if store is None:
             dist.init_process_group(backend)
         else:
             dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
                                     world_size=int(os.environ["WORLD_SIZE"]))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if threads:
         torch.set_num_threads(threads)
     result = fn(dist.get_rank(), dist.get_world_size(), *args)

@@ -11,7 +11,6 @@ does not check flash_attn itself (see benchmarks/README.md for what has run on a
 from __future__ import annotations
 
 import sys
-import types
 
 import pytest
 import torch
@@ -119,7 +118,7 @@ def test_band_and_varlen_tiles_are_exact_and_build_no_dense_mask(stand_in, monke
     from burst.comm.stats import CommStats
     from burst.kernels.accumulators import empty_accumulators, lse_for_backward
     from burst.kernels.attend import attend_backward, attend_forward
-    from burst.masks import Cover, MaskSpec
+    from burst.masks import Cover
 
     sdpa_stand_in.install(monkeypatch)  # block-sparse tiles go there
     torch.manual_seed(1)

@@ -22,6 +22,7 @@ import burst
 from burst.bench.memory import held_bytes, peak_bytes, reset_peak
 from burst.kernels.reference import DTYPES, absolute_error
 from burst.kernels.reference import attention as reference_attention
+from burst.devices import backend_for, bind, local_ranks, resolve_device
 from burst.launch import run_world, spawn_world, under_torchrun
 from burst.layout import DOCUMENT_LAYOUTS, resolve_layout, shard_indices
 from burst.masks import BlockSparseMask, MaskSpec
@@ -51,6 +52,11 @@ class BenchConfig:
     ranks_per_node: int | None = None  # a burst.Topology: this many ranks per (emulated) node
     inter_node_gbps: float | None = None  # emulated inter-node bandwidth (comm/emulation.py)
     intra_node_gbps: float | None = None  # emulated intra-node bandwidth
+    device: str = "auto"  # auto | cpu | cuda (burst/devices.py)
+
+    def resolved_device(self) -> str:
+        """cpu or cuda for this machine's ranks (auto: cuda when every local rank has a GPU)."""
+        return resolve_device(self.device, local_ranks(self.nproc))
 
     def block_mask(self) -> BlockSparseMask | None:
         """A random block layout of the given density with the diagonal kept (seeded)."""
@@ -92,12 +98,9 @@ def attention_flops(cfg: BenchConfig, pairs: int | None = None) -> tuple[float, 
     return pair_flops(pairs, cfg.batch, cfg.heads, cfg.head_dim)
 
 
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", dist.get_rank() if dist.is_initialized() else 0))
-        torch.cuda.set_device(local % torch.cuda.device_count())
-        return torch.device("cuda")
-    return torch.device("cpu")
+def _device(cfg: "BenchConfig") -> torch.device:
+    """This rank's device by cfg.device (cuda:LOCAL_RANK, bound before its group started, or cpu)."""
+    return bind(cfg.resolved_device())
 
 
 def _sync(device):
@@ -171,7 +174,7 @@ def _time_passes(repeats: int, device, forward, backward, next_pass):
 
 def run_strategy(cfg: BenchConfig, strategy: str, rank: int, world: int) -> dict:
     """Timed forward/backward of `strategy` on this rank; returns this rank's measurements."""
-    device = _device()
+    device = _device(cfg)
     floor = held_bytes(device)  # torch loaded, no tensors yet: memory above this is the call's
     (q, k, v, dout), idx = _local_inputs(cfg, rank, world, device)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
@@ -231,10 +234,10 @@ def _emulated_links(cfg: BenchConfig) -> dict:
 
 
 def spawn_strategy(cfg: BenchConfig, strategy: str) -> list[dict]:
-    """Run one strategy on a fresh local world of cfg.nproc processes (NCCL when every rank has a
-    GPU, else gloo); per-rank results. A failing rank ends the world (burst.launch.WorldError)."""
+    """Run one strategy on a fresh local world of cfg.nproc processes (NCCL on cuda, one GPU per rank,
+    gloo on cpu: cfg.device); per-rank results. A failing rank ends the world (burst.launch.WorldError)."""
     return spawn_world(_strategy_on_rank, asdict(cfg), strategy, nproc=cfg.nproc, threads=cfg.resolved_threads(),
-                       backend="auto", env=_emulated_links(cfg))
+                       backend=backend_for(cfg.resolved_device()), env=_emulated_links(cfg))
 
 
 def _baseline_on_rank(_rank, _world, cfg_dict):

@@ -7,9 +7,9 @@ import argparse
 
 from ..kernels.reference import DTYPES
 from ..layout import DOCUMENT_LAYOUTS, LAYOUTS as WHOLE_SEQUENCE_LAYOUTS
-from .common import (BadOption, add_common, any_case, blame, check_writable_dir, check_writable_file, int_list,
-                     int_pair, nonnegative_int, positive_float, positive_int, progress, publish, world_size,
-                     write_json)
+from .common import (BadOption, add_common, add_device_options, any_case, blame, check_writable_dir,
+                     check_writable_file, int_list, int_pair, nonnegative_int, positive_float, positive_int, progress,
+                     publish, resolve_checked_device, world_size, write_json)
 
 LAYOUTS = WHOLE_SEQUENCE_LAYOUTS + DOCUMENT_LAYOUTS
 
@@ -92,6 +92,7 @@ def add_parser(sub) -> None:
     p.add_argument("--report-seq-lens", type=int_list, default=(2048, 4096, 8192),
                    help="sequence lengths of the --report sweep")
     p.add_argument("--report-worlds", type=int_list, default=(1, 2, 4), help="world sizes of the --report memory sweep")
+    add_device_options(p, dtypes=None)
     add_common(p)
 
 
@@ -104,11 +105,12 @@ def config(args):
         repeats=args.repeats, strategies=list(args.strategies), baseline=not args.no_baseline,
         documents=args.documents, block_sparse=args.block_sparse, window=args.window,
         ranks_per_node=args.ranks_per_node, inter_node_gbps=args.inter_node_gbps,
-        intra_node_gbps=args.intra_node_gbps)
+        intra_node_gbps=args.intra_node_gbps, device=args.device)
 
 
 def validate(args) -> None:
     check_writable_file("--json", args.json)
+    args.device = resolve_checked_device(args)
     if args.kv_heads is not None and args.heads % args.kv_heads:
         raise BadOption("--kv-heads", f"{args.kv_heads} does not divide --heads {args.heads} (use a divisor)")
     if args.calibrate or args.cqs_table2:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ..kernels.reference import DTYPES
 from ..layout import LAYOUTS
-from .common import (BadOption, add_common, any_case, blame, check_writable_file, name_list, positive_int, progress,
-                     publish, world_size)
+from .common import (BadOption, add_common, add_device_options, any_case, blame, check_writable_file, name_list,
+                     positive_int, progress, publish, resolve_checked_device, world_size)
 
 CAUSAL = {"both": (False, True), "yes": (True,), "no": (False,)}
 
@@ -31,6 +31,7 @@ def add_parser(sub) -> None:
                    help="comma-separated: " + ",".join(DTYPES))
     p.add_argument("--sinks", action="store_true",
                    help="also pass attention sinks (gpt-oss's s_aux) and compare their gradient")
+    add_device_options(p, dtypes=None)
     add_common(p)
 
 
@@ -39,6 +40,7 @@ def validate(args) -> None:
     from ..check import validate_arguments
 
     check_writable_file("--json", args.json)
+    args.device = resolve_checked_device(args)
     world = world_size(args)
     kv_heads = args.kv_heads or args.heads
     with blame("--kv-heads"):  # burst.check's own rules, one value at a time
@@ -68,12 +70,13 @@ def _refusals(args, world: int, kv_heads: int) -> dict:
 
 
 def run(args) -> int:
+    from ..devices import backend_for
     from ..launch import run_world
 
     kwargs = dict(strategies=args.strategies, layouts=args.layouts, causal=CAUSAL[args.causal], seq_len=args.seq_len,
                   heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, batch=args.batch,
-                  dtypes=args.dtype, sinks=args.sinks)
-    report = run_world(_check_on_rank, kwargs, nproc=args.nproc)
+                  dtypes=args.dtype, sinks=args.sinks, device=args.device)
+    report = run_world(_check_on_rank, kwargs, nproc=args.nproc, backend=backend_for(args.device))
     publish(args, report.as_dict(), verdict(report, args.refused))
     return 0 if report.ok else 1
 
@@ -98,7 +101,9 @@ def verdict(report, refused: dict) -> str:
 def _check_on_rank(rank, world, kwargs):
     """burst.check one strategy, mask and dtype at a time, so rank 0 can show progress."""
     from ..check import CheckReport, check
+    from ..devices import bind
 
+    device = bind(kwargs["device"])  # the launcher bound the rank's GPU already: the same one
     cases = [(dtype, causal, strategy) for dtype in kwargs["dtypes"] for causal in kwargs["causal"]
              for strategy in kwargs["strategies"]]
     step = progress(len(cases), "burst check", "case")
@@ -106,7 +111,7 @@ def _check_on_rank(rank, world, kwargs):
     for dtype, causal, strategy in cases:
         report = check(strategies=(strategy,), layouts=kwargs["layouts"], causal=causal, seq_len=kwargs["seq_len"],
                        heads=kwargs["heads"], kv_heads=kwargs["kv_heads"], head_dim=kwargs["head_dim"],
-                       batch=kwargs["batch"], dtype=dtype, sinks=kwargs["sinks"])
+                       batch=kwargs["batch"], dtype=dtype, sinks=kwargs["sinks"], device=device)
         rows += report.rows
         step(f"{strategy} causal={causal} {dtype}: {_outcome(report.rows)}")
     step.close()

@@ -183,6 +183,32 @@ def add_common(p: argparse.ArgumentParser, world: bool = True, default_nproc: in
                    help=f"on a failure print the full traceback (also {DEBUG_ENV}=1)")
 
 
+def add_device_options(p: argparse.ArgumentParser, dtypes=("fp32", "bf16", "fp16"), default_dtype="fp32") -> None:
+    """--device and (unless dtypes is None: a verb with its own) --dtype (burst/devices.py): where each
+    rank runs and in what precision."""
+    from ..devices import DEVICES
+
+    p.add_argument("--device", type=any_case(DEVICES), default="auto",
+                   help="cpu, cuda (one GPU per rank: cuda:LOCAL_RANK, NCCL) or auto (cuda when every local rank "
+                        "has a GPU, else cpu)")
+    if dtypes is not None:
+        p.add_argument("--dtype", type=any_case(dtypes), default=default_dtype,
+                       help=f"compute dtype: {', '.join(dtypes)}")
+
+
+def resolve_checked_device(args) -> str:
+    """args.device resolved for this machine's ranks ("cpu" or "cuda"), with args.dtype (one name or
+    several) checked on it."""
+    from ..devices import DTYPES, check_dtype, local_ranks, resolve_device
+
+    with blame("--device"):
+        device = resolve_device(args.device, local_ranks(world_size(args)))
+        for name in (args.dtype,) if isinstance(args.dtype, str) else args.dtype:
+            if name in DTYPES:
+                check_dtype(DTYPES[name], device)
+    return device
+
+
 def world_size(args) -> int:
     """The world the command will run on: torchrun's, else --nproc."""
     from ..launch import under_torchrun

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..layout import LAYOUTS
-from .common import (BadOption, add_common, any_case, blame, check_readable_file, check_writable_file,
-                     nonnegative_float, nonnegative_int, note, positive_int, probability, progress, publish,
-                     world_size)
+from .common import (BadOption, add_common, add_device_options, any_case, blame, check_readable_file,
+                     check_writable_file, nonnegative_float, nonnegative_int, note, positive_int, probability, progress,
+                     publish, resolve_checked_device, world_size)
 
 
 def add_parser(sub) -> None:
@@ -34,6 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--temperature", type=nonnegative_float, default=0.0, help="sampling temperature; 0 = greedy")
     p.add_argument("--top-p", type=probability, default=1.0,
                    help="nucleus sampling: keep the smallest set of tokens whose probability reaches this, in (0, 1]")
+    add_device_options(p)
     add_common(p, default_nproc=2)
 
 
@@ -44,6 +45,7 @@ def validate(args) -> None:
     from ..plan.takes import check_call
 
     check_writable_file("--json", args.json)
+    args.device = resolve_checked_device(args)
     args.model_name = _model_name(args)
     args.prompts = _prompts(args)
     preset = PRESETS[args.model_name]
@@ -102,6 +104,7 @@ def _prompts(args) -> list[list[int]]:
 
 
 def run(args) -> int:
+    from ..devices import backend_for
     from ..launch import run_world
 
     lengths = sorted({len(p) for p in args.prompts})
@@ -109,8 +112,9 @@ def run(args) -> int:
                            f"{args.new_tokens} new tokens each, on {world_size(args)} rank(s)")
     kwargs = dict(model=args.model_name, checkpoint_dir=args.checkpoint_dir, checkpoint_step=args.checkpoint_step,
                   prompts=args.prompts, new_tokens=args.new_tokens, strategy=args.strategy,
-                  layout=args.layout, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-    result = run_world(_generate_on_rank, kwargs, nproc=args.nproc)
+                  layout=args.layout, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                  device=args.device, dtype=args.dtype)
+    result = run_world(_generate_on_rank, kwargs, nproc=args.nproc, backend=backend_for(args.device))
     result["text"] = [decode_bytes(row) for row in result["tokens"]]
     publish(args, result, summary(result))
     return 0
@@ -137,12 +141,15 @@ def _generate_on_rank(rank, world, kwargs):
     from ..engine.model import PRESETS, Transformer
     from ..inference.generate import generate
 
+    from ..devices import bind, parse_dtype
+
     torch.manual_seed(kwargs["seed"])  # the same (random) weights on every rank unless a checkpoint is loaded
     model = Transformer(PRESETS[kwargs["model"]]).eval()
     if kwargs["checkpoint_dir"]:
         from ..engine.resume import load_model_weights
 
         load_model_weights(kwargs["checkpoint_dir"], kwargs["checkpoint_step"], model)
+    model.to(bind(kwargs["device"]), parse_dtype(kwargs["dtype"]))  # the launcher bound the rank's GPU already
     step = _token_progress(model, kwargs["new_tokens"])
     result = generate(model, kwargs["prompts"], kwargs["new_tokens"], strategy=kwargs["strategy"],
                       layout=kwargs["layout"], temperature=kwargs["temperature"], top_p=kwargs["top_p"],

@@ -6,7 +6,7 @@ import os
 import sys
 
 from ..layout import LAYOUTS
-from .common import (BadOption, add_common, any_case, blame, check_readable_file, check_writable_dir,
+from .common import (BadOption, add_common, add_device_options, any_case, blame, check_readable_file, check_writable_dir,
                      check_writable_file, nonnegative_float, nonnegative_int, positive_float, positive_int, publish,
                      world_size)
 
@@ -66,6 +66,7 @@ def add_parser(sub) -> None:
                         "holds none (what to repeat after a failure, e.g. under torchrun --max-restarts)")
     p.add_argument("--keep", type=nonnegative_int, default=0, metavar="N",
                    help="keep the N newest checkpoints, deleting older ones once a new one is complete (0 = all)")
+    add_device_options(p, dtypes=("fp32", "bf16"), default_dtype=d.dtype)
     add_common(p)
 
 
@@ -105,6 +106,7 @@ def validate(args) -> None:
 def run(args) -> int:
     from dataclasses import asdict
 
+    from ..devices import backend_for, local_ranks, resolve_device
     from ..launch import run_world
 
     cfg = config(args)
@@ -112,7 +114,8 @@ def run(args) -> int:
         print(f"burst train: nothing left to train: the checkpoint after step {cfg.resume_step} in "
               f"{cfg.checkpoint_dir} is the last of --steps {cfg.steps}", file=sys.stderr)
         return 0
-    rows = run_world(_train_on_rank, asdict(cfg), nproc=args.nproc)
+    cfg.device = resolve_device(cfg.device, local_ranks(world_size(args)))  # checked in validate: no error here
+    rows = run_world(_train_on_rank, asdict(cfg), nproc=args.nproc, backend=backend_for(cfg.device))
     publish(args, rows)
     return 0
 

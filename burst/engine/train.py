@@ -57,6 +57,8 @@ class TrainConfig:
     resume_step: int | None = None
     keep: int = 0  # checkpoints kept (the newest; 0 = all), older ones deleted once a new one is complete
     progress: bool = True
+    device: str = "auto"  # auto | cpu | cuda (devices.resolve_device: auto = cuda when every local rank has a GPU)
+    dtype: str = "fp32"  # fp32 | bf16: bf16 autocast, weights, gradients and optimizer state stay fp32
 
     def check(self, world: int) -> None:
         """Errors a run would otherwise hit only after starting (every rank raises alike), before any
@@ -73,6 +75,7 @@ class TrainConfig:
         if self.seq_len > preset.max_seq_len:
             raise ValueError(f"--seq-len: {self.seq_len} exceeds model {self.model!r}'s {preset.max_seq_len} positions")
         self._check_attention(sp, preset)
+        self._check_device(world)
         self._check_data(preset.vocab_size)
         try:
             check_sharding(self.fsdp, self.cpu_offload)
@@ -107,6 +110,15 @@ class TrainConfig:
                 raise ValueError(f"{option}: {err}") from None
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("--checkpoint-every: needs --checkpoint-dir (where to write them)")
+
+    def _check_device(self, world: int) -> None:
+        from ..devices import check_dtype, local_ranks, parse_dtype, resolve_device
+
+        device = resolve_device(self.device, local_ranks(world))
+        if self.dtype not in ("fp32", "bf16"):
+            raise ValueError(f"--dtype: training takes fp32 or bf16 (autocast), not {self.dtype!r}: fp16 "
+                             "would need loss scaling, which burst train does not do")
+        check_dtype(parse_dtype(self.dtype), device)
 
     def _check_attention(self, sp: int, preset) -> None:
         """The strategy takes the model's causal attention in this layout (burst.attention's checks)."""
@@ -175,13 +187,14 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def build(cfg: TrainConfig, par: Parallel | None = None) -> Transformer:
-    """The model, the same initial weights on every rank (seeded), with cfg's checkpointing and
-    blockwise feedforward; sequence-parallel over par's sp group, FSDP2-sharded as par says.
+def build(cfg: TrainConfig, par: Parallel | None = None, device: torch.device | None = None) -> Transformer:
+    """The model, the same initial weights on every rank (seeded, made on the CPU so that every device
+    starts from the same numbers), on `device` (default cpu), with cfg's checkpointing and blockwise
+    feedforward; sequence-parallel over par's sp group, FSDP2-sharded as par says.
     par None: a single process (the reference)."""
     par = par or Parallel()
     torch.manual_seed(cfg.seed)
-    model = Transformer(PRESETS[cfg.model])
+    model = Transformer(PRESETS[cfg.model]).to(device or "cpu")
     model.set_checkpointing(cfg.checkpointing, cfg.checkpoint_split, cfg.ffn_chunk)
     if par.sp > 1:
         parallelize(model, group=par.sp_group, strategy=cfg.strategy, layout=cfg.layout)
@@ -191,11 +204,14 @@ def build(cfg: TrainConfig, par: Parallel | None = None) -> Transformer:
 def train_step(model, optimizer, tokens: torch.Tensor, cfg: TrainConfig, par: Parallel | None = None) -> float:
     """One step on this replica's rows `tokens` (batch, seq_len + 1); returns the global mean loss."""
     par = par or Parallel()
+    device = next(model.parameters()).device
+    tokens = tokens.to(device, non_blocking=True)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    positions = shard_indices(cfg.layout, par.sp_rank, par.sp, cfg.seq_len).expand(tokens.shape[0], -1)
+    positions = shard_indices(cfg.layout, par.sp_rank, par.sp, cfg.seq_len).to(device).expand(tokens.shape[0], -1)
     if par.sp > 1:
         inputs, targets = (shard(t, group=par.sp_group, layout=cfg.layout) for t in (inputs, targets))
-    loss = model(inputs, positions, targets=targets, loss_group=par.loss_group, fused_loss=cfg.fused_loss)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16"):
+        loss = model(inputs, positions, targets=targets, loss_group=par.loss_group, fused_loss=cfg.fused_loss)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     reduce_gradients(model, par)
@@ -210,9 +226,12 @@ def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
     """The training loop on this rank; returns (and on rank 0 writes) the per-step metrics."""
     from .resume import load_checkpoint, save_checkpoint, step_dir
 
+    from ..devices import bind, local_ranks, resolve_device
+
     cfg.check(world)
+    device = bind(resolve_device(cfg.device, local_ranks(world)))  # the launcher bound it already: the same
     par = setup(cfg.dp, cfg.fsdp)
-    model = build(cfg, par)
+    model = build(cfg, par, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     first = 0
     if cfg.resume_step is not None:

@@ -65,14 +65,16 @@ def generate(model: Transformer, prompts: list[list[int]], new_tokens: int, grou
     lengths = [len(p) for p in prompts]
     multiple = world * local_multiple(layout)
     padded_len = -(-max(lengths) // multiple) * multiple
+    device = next(model.parameters()).device
     full = torch.zeros(len(prompts), padded_len, dtype=torch.long)
     for row, p in enumerate(prompts):
         full[row, :len(p)] = torch.tensor(p)
+    full = full.to(device)
     gen = torch.Generator().manual_seed(seed) if temperature > 0 else None
     cache = ShardedKVCache(layers=len(model.blocks), group=group, layout=layout)
 
     start = time.perf_counter()
-    positions = cache.prefill_positions(lengths, padded_len)
+    positions = cache.prefill_positions(lengths, padded_len, device)
     hidden = _prefill(model, shard(full, group=group, layout=layout), positions, cache, group, strategy, layout)
     last = last_hidden(hidden, positions, lengths, group)
     token = _next_token(model.lm_head(last).float(), temperature, top_p, gen)
@@ -86,8 +88,9 @@ def generate(model: Transformer, prompts: list[list[int]], new_tokens: int, grou
     q_shape = (len(prompts), 1, cfg.heads, cfg.head_dim)
     agree_on_decoding(q_shape, last.dtype, cfg.kv_heads, cfg.head_dim ** -0.5, group)
     exchange = decode_exchange(q_shape, last.dtype, last.device, group) if new_tokens > 1 else None
+    first_new = torch.tensor(lengths, device=device)  # once: each step adds to it on the device
     for step in range(1, new_tokens):
-        pos = torch.tensor(lengths) + step - 1  # the position of the token just produced
+        pos = first_new + step - 1  # the position of the token just produced
         hidden = _decode_step(model, token, pos, cache, group, exchange)
         token = _next_token(model.lm_head(hidden).float(), temperature, top_p, gen)
         for row, t in enumerate(token.tolist()):
