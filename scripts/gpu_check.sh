@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh DIR [--budget SECONDS]: prove burst on this machine's GPU in one command (issue 27).
 #
-# Runs burst/bench/gpu_check.py with the python3 that already has a CUDA PyTorch (no install, no
+# Runs burst/bench/gpu_check/ (python -m burst.bench.gpu_check) with the python3 that already has a CUDA PyTorch (no install, no
 # download; PYTHON=... to pick another) and writes DIR/report.md, DIR/report.json and DIR/log.txt.
 # Sections: kernel exactness vs float64, the API on 1 and several ranks, speed vs SDPA, memory,
 # CUDA-only features; each has its own time budget and the whole stays under 10 minutes (a hard

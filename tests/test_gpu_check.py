@@ -7,6 +7,7 @@ for aten's efficient-attention ops that enforce the CUDA kernels' alignment rule
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ import torch
 
 import burst
 from burst.bench import gpu_check
-from burst.kernels import cpu_flash, cuda_sdpa, reference
+from burst.kernels import cpu_flash, cuda_sdpa
 from burst.kernels.reference import BOUNDS
 import sdpa_stand_in
 from world import run_world
@@ -83,7 +84,7 @@ def test_cpu_mode_worlds_check_every_strategy_and_layout(cpu_report):
         masks = _table(section, f"{label}: masks")["rows"]
         assert not [r for r in checked + masks if r["status"] == "FAIL"]
         ran = {(r["strategy"], r["layout"]) for r in checked if r["status"] == "ok"}
-        assert {s for s, _ in ran} == set(gpu_check.api.STRATEGIES)
+        assert {s for s, _ in ran} == set(burst.api.STRATEGIES)
         assert {m for m in ("window", "documents", "block_sparse")} == {r["mask"] for r in masks if r["status"] == "ok"}
     probes = _table(section, "several ranks")["rows"]
     assert probes[0]["backend"] == "gloo" and probes[0]["exchange"] is True
@@ -155,7 +156,7 @@ def test_a_planted_wrong_kernel_fails_its_rows(planted):
 def test_cuda_sdpa_adapter_is_exact_through_the_block_step(monkeypatch):
     sdpa_stand_in.install(monkeypatch)
     sizes = gpu_check.CPU_SIZES
-    sizes = type(sizes)(**{**gpu_check.dataclasses.asdict(sizes), "kernel_len": 120})  # rows not a multiple of 8
+    sizes = type(sizes)(**{**dataclasses.asdict(sizes), "kernel_len": 120})  # rows not a multiple of 8
     sec = gpu_check.Section("1", "stand-in", time.monotonic() + 60)
     rows = gpu_check.kernel_rows(sec, torch.device("cpu"), sizes, [("cuda_sdpa", cuda_sdpa, (torch.float32,))])
     assert len(rows) == len(gpu_check.KERNEL_CASES)

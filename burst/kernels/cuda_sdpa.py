@@ -7,7 +7,7 @@ dense bias on q's device (the last resort, counted in CommStats.dense_masks), th
 bias rows are padded to a multiple of 16 elements (the kernel refuses an unaligned bias stride,
 "attn_bias is not correctly aligned"), and the backward gets lse padded to a multiple of 32 rows as
 the forward returns it ("LSE is not correctly aligned"). The CPU suite checks this adapter against a
-stand-in with those rules (tests/test_gpu_check.py); scripts/gpu_check.sh runs it on a GPU.
+stand-in with those rules (tests/sdpa_stand_in.py); scripts/gpu_check.sh runs it on a GPU.
 """
 
 from __future__ import annotations
