@@ -27,6 +27,37 @@ from .stats import record_sent, tensor_bytes
 from .topology import link_between
 
 _CHANNELS: dict = {}  # process group -> its HostChannels, or None where they cannot be had
+_OP_LOGS: list["OpLog"] = []
+
+
+class OpLog:
+    """The point-to-point operations this rank posts, in order, while the context is active.
+
+    NCCL matches a send with a receive by their order between two ranks, not by tag: a program is
+    safe on NCCL when, for every ordered pair of ranks (a, b), the sends a posts to b and the receives
+    b posts from a are the same sequence (tags, shapes and dtypes pairwise equal). gloo and the
+    shared-memory channels match by tag and would not notice a mismatch; record the ops on each rank
+    of a CPU world and compare them (tests/test_op_order.py does, for every strategy).
+
+    ops: ("send" | "recv", peer's global rank, tag, shape, dtype name), in the order exchange posts them.
+    """
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, int, int, tuple[int, ...], str]] = []
+
+    def __enter__(self) -> "OpLog":
+        _OP_LOGS.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _OP_LOGS.remove(self)
+
+
+def _log_ops(group, sends, recvs) -> None:
+    ops = [("send", global_rank(group, peer), tag, tuple(t.shape), str(t.dtype)) for t, peer, tag in sends]
+    ops += [("recv", global_rank(group, peer), tag, tuple(t.shape), str(t.dtype)) for t, peer, tag in recvs]
+    for log in _OP_LOGS:
+        log.ops.extend(ops)
 
 
 def open_host_channels(group: dist.ProcessGroup | None) -> None:
@@ -104,6 +135,8 @@ def exchange(
     `recvs` order. `topology` (a burst.Topology) classifies the bytes by link for CommStats.
     """
     posted = time.perf_counter()
+    if _OP_LOGS:
+        _log_ops(group, sends, recvs)
     sending = [t.contiguous() for t, _, _ in sends]
     # Receive buffers are contiguous whatever the strides of `like` (a transposed view from a
     # (batch, heads, seq, dim) model, a slice): gloo and NCCL refuse strided buffers.
