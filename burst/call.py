@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from .comm.topology import Topology
 from .layout import Segment, segments
-from .masks import SUB_TILE, Cover, MaskSpec, Tile, TileSizes, may_attend, plan_tiles
+from .masks import Cover, MaskSpec, Tile, TileSizes, may_attend, plan_tiles
 from .schedules.chunk_stream import BoundedCache
 from .schedules.ring import RingSchedule
 
@@ -77,9 +77,7 @@ class AttentionCall:
     def plan(self, q_segs: list[Segment], k_segs: list[Segment], max_rows: int | None = None) -> list[Tile]:
         """Kernel calls for any query runs against any key runs, sized for this call's kernel (at most
         `max_rows` rows each way when given, to bound each call's fresh outputs)."""
-        cap = self.kernel.MAX_ROWS if max_rows is None else min(max_rows, self.kernel.MAX_ROWS)
-        sizes = TileSizes(cap, getattr(self.kernel, "LEAF_ROWS", SUB_TILE),
-                          getattr(self.kernel, "SPLITS_TRIANGLES", False), getattr(self.kernel, "BANDS", False))
+        sizes = TileSizes.for_kernel(self.kernel, max_rows)
         key = (self.spec.key, tuple(q_segs), tuple(k_segs), sizes)
         return _TILES.get(key, lambda: tuple(plan_tiles(q_segs, k_segs, self.spec, sizes=sizes)))  # shared: read only
 

@@ -54,12 +54,23 @@ class TileSizes:
     leaf_rows: a partial tile is halved until its pieces have at most this many rows each way.
     split_triangles: halve causal triangles too (the square between the halves runs full), for a
     kernel whose causal path pays for much of the masked half.
+    bands: the kernel takes causal, window and document masks as Bands (flash_attn's window, varlen).
+    rules: the kernel takes any other partial tile whole, as a PositionRule (FlexAttention).
     """
 
     max_rows: int = MAX_TILE
     leaf_rows: int = SUB_TILE
     split_triangles: bool = False
     bands: bool = False
+    rules: bool = False
+
+    @classmethod
+    def for_kernel(cls, kernel, max_rows: int | None = None) -> "TileSizes":
+        """How `kernel` (a burst.kernels backend module) wants its calls: its MAX_ROWS (or fewer), its
+        leaves, and whether it takes bands and rules."""
+        cap = kernel.MAX_ROWS if max_rows is None else min(max_rows, kernel.MAX_ROWS)
+        return cls(cap, getattr(kernel, "LEAF_ROWS", SUB_TILE), getattr(kernel, "SPLITS_TRIANGLES", False),
+                   getattr(kernel, "BANDS", False), getattr(kernel, "RULES", False))
 
 
 class Cover(enum.Enum):
@@ -71,6 +82,22 @@ class Cover(enum.Enum):
     SHIFTED = 3   # strict lower triangle (j < i): striped layout, key rank > query rank
     PARTIAL = 4
     BAND = 5      # a diagonal band per sequence, passed to the kernel as arguments (Tile.bands)
+    RULE = 6      # a partial tile passed whole as its rule (PositionRule) to a kernel that skips blocks itself
+
+
+@dataclass(frozen=True, eq=False)
+class PositionRule:
+    """A tile's mask as a rule over its global positions, for a kernel that evaluates it per block
+    (FlexAttention's mask_mod and BlockMask): query row i holds position q.first + q.stride * i, key row
+    j position k.first + k.stride * j, and `spec` says which pairs attend. No dense mask is built."""
+
+    q: Segment
+    k: Segment
+    spec: "MaskSpec"
+
+    def allowed(self, device=None) -> torch.Tensor:
+        """Dense bool (q.length, k.length), True = attend: for kernels that take no rule."""
+        return self.spec.allowed(self.q.positions(device), self.k.positions(device))
 
 
 @dataclass(frozen=True)
@@ -289,14 +316,24 @@ class Tile:
         """Dense bool (len q, len k) for a partial or band tile, else None (built on first use)."""
         if self.cover is Cover.BAND:
             return self.bands.allowed()
-        if self.cover is not Cover.PARTIAL:
+        if self.cover not in (Cover.PARTIAL, Cover.RULE):
             return None
         return self.spec.allowed(self.q.positions(), self.k.positions())
 
     @property
-    def kernel_mask(self) -> torch.Tensor | Bands | None:
-        """What the kernel gets as `mask`: the band arguments of a BAND tile, else the dense mask."""
-        return self.bands if self.cover is Cover.BAND else self.mask
+    def kernel_mask(self) -> torch.Tensor | Bands | PositionRule | None:
+        """What the kernel gets as `mask`: the band arguments of a BAND tile, the rule of a RULE tile,
+        else the dense mask."""
+        if self.cover is Cover.BAND:
+            return self.bands
+        if self.cover is Cover.RULE:
+            return self.rule
+        return self.mask
+
+    @cached_property
+    def rule(self) -> PositionRule:
+        """This tile's mask as a rule over its positions (one object per tile: kernels cache by it)."""
+        return PositionRule(self.q, self.k, self.spec)
 
     @property
     def pairs(self) -> int:
@@ -346,6 +383,8 @@ def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes, by_bl
         return _plan_pair(qs.sub(1, n), ks.sub(0, n - 1), spec, sizes, by_blocks) if n > 1 else []
     if cover is Cover.PARTIAL and sizes.bands and _is_band(qs, ks, spec):
         return _band_tile(qs, ks, spec)
+    if cover is Cover.PARTIAL and sizes.rules and not (sizes.bands and _cuts_exactly(qs, ks, spec, sizes)):
+        return [Tile(qs, ks, Cover.RULE, spec)]  # the kernel skips the blocks the rule leaves out
     if cover is Cover.PARTIAL and exact and _cuts_exactly(qs, ks, spec, sizes):
         return _plan_cut(qs, ks, spec, sizes)
     cut = cover is Cover.PARTIAL or (cover is Cover.DIAG and sizes.split_triangles)

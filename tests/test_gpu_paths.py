@@ -4,7 +4,8 @@ Each rank puts the flash_attn stand-in (tests/flash_stand_in.py: flash_attn's ar
 arithmetic) in place of the package and makes bf16 dispatch to kernels/cuda_flash_attn.py, as it does
 on a GPU. Every case is compared with float64 attention on the whole sequence (bf16 bounds), and must
 reach the kernel with its masks as arguments: no call builds a dense mask (CommStats.dense_masks) for
-causal, sliding-window or document masks, whatever the layout puts side by side. One world of 4 ranks.
+causal, sliding-window or document masks, whatever the layout puts side by side; block-sparse tiles go
+whole, as rules, to FlexAttention (its stand-in: tests/flex_stand_in.py). One world of 4 ranks.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 
 import burst
 from burst.layout import DocumentLayout
+from burst.masks import BlockSparseMask
 from cases import TOL, full_inputs, reference_grads, reference_mask, sharded_errors
 from world import results_by_world
 
@@ -27,16 +29,25 @@ MASKS = {
     "two-sided window": dict(window=(24, 9)),
     "documents": dict(causal=True, cu_seqlens=DOCS),
     "documents + window": dict(causal=True, window=(20, 0), cu_seqlens=DOCS),
+    "block-sparse": dict(causal=True, block_sparse=BlockSparseMask(32, torch.tensor(
+        [[i >= j and (i - j) % 3 != 1 for j in range(SEQ // 32)] for i in range(SEQ // 32)]))),
 }
 
 
 def _use_flash_stand_in():
-    """In this rank: flash_attn is the stand-in, and bf16 dispatches to the flash_attn adapter."""
+    """In this rank: flash_attn and FlexAttention are the stand-ins (torch has no FlexAttention backward
+    on the CPU), and bf16 dispatches to the flash_attn adapter."""
     import flash_stand_in
+    import flex_stand_in
+    from torch.nn.attention import flex_attention
+
     from burst import validation
     from burst.kernels import cuda_flash_attn
 
     flash_stand_in.install()
+    flex_stand_in.CALLS = flash_stand_in.CALLS  # one log of kernel calls
+    flex_attention.flex_attention = flex_stand_in.flex_attention
+    flex_attention.create_block_mask = flex_stand_in.create_block_mask
     cuda_flash_attn.available.cache_clear()
     select = validation.select_kernel
     validation.select_kernel = lambda device, dtype: cuda_flash_attn if dtype == torch.bfloat16 else select(device, dtype)
@@ -60,6 +71,7 @@ def _cases(rank, world):
                 errs["dense_masks"] = stats.dense_masks()
                 errs["flash_calls"] = len(calls)
                 errs["varlen_calls"] = sum(name.startswith("varlen") for name, *_ in calls)
+                errs["flex_calls"] = sum(name == "flex_attention" for name, *_ in calls)
                 results.append(((mask_name, layout, strategy), errs))
     # Per-document layouts: each document cut across the ranks on its own.
     ref = reference_grads(*full, causal=False, mask=reference_mask(SEQ, causal=True, cu_seqlens=DOCS))
@@ -68,7 +80,7 @@ def _cases(rank, world):
         with burst.CommStats() as stats:
             errs = sharded_errors(full, ref, torch.bfloat16, layout=DocumentLayout(DOCS, split), causal=True,
                                   strategy="burst")
-        errs.update(dense_masks=stats.dense_masks(), flash_calls=len(calls),
+        errs.update(dense_masks=stats.dense_masks(), flash_calls=len(calls), flex_calls=sum(name == "flex_attention" for name, *_ in calls),
                     varlen_calls=sum(name.startswith("varlen") for name, *_ in calls))
         results.append((("doc layout", split, "burst"), errs))
     return results
@@ -94,11 +106,20 @@ def test_burst_and_ring_run_every_case():
             assert {(mask_name, layout, "burst"), (mask_name, layout, "ring")} <= ran, (mask_name, layout)
 
 
-def test_no_dense_mask_is_built_for_causal_window_or_document_tiles():
+def test_no_dense_mask_is_built_for_any_mask():
     for rank, cases in enumerate(_results(WORLD)):
         for key, errs in cases:
             assert errs["dense_masks"] == 0, (rank, key, errs["dense_masks"])
             assert errs["flash_calls"] > 0, (rank, key)  # the adapter ran (not a silent fallback)
+
+
+def test_block_sparse_tiles_reach_flex_attention():
+    """Partial block-sparse tiles go whole to FlexAttention (under zigzag the 32-token chunks match the
+    blocks: no tile is partial); no other mask needs it."""
+    for cases in _results(WORLD):
+        for (mask, layout, strategy), errs in cases:
+            wanted = mask == "block-sparse" and layout != "zigzag"
+            assert (errs["flex_calls"] > 0) == wanted, (mask, layout, strategy, errs["flex_calls"])
 
 
 def test_documents_reach_the_varlen_interface():

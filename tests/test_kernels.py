@@ -16,12 +16,11 @@ import pytest
 import torch
 
 from burst import kernels
-from burst.kernels import cuda_flash_attn, cuda_sdpa
+from burst.kernels import cuda_flash_attn, cuda_sdpa, flex
 from burst.kernels.reference import attention as reference_attention
 from burst.kernels.reference import lse_error
 
 import flash_stand_in
-import sdpa_stand_in
 from cases import rel_err
 
 
@@ -56,6 +55,8 @@ def test_flash_attn_adapter_matches_float64_attention(stand_in):
 
 
 def test_flash_attn_hands_what_it_cannot_do_to_sdpa(stand_in, monkeypatch):
+    """Without FlexAttention (see the flex tests for with)."""
+    monkeypatch.setattr(flex, "available", lambda: False)
     handed = []
     monkeypatch.setattr(cuda_sdpa, "forward", lambda *a: handed.append("forward") or "sdpa")
     monkeypatch.setattr(cuda_sdpa, "backward", lambda *a: handed.append("backward") or "sdpa")
@@ -74,17 +75,35 @@ def test_flash_attn_hands_what_it_cannot_do_to_sdpa(stand_in, monkeypatch):
     assert out.shape == q.shape
 
 
+@pytest.fixture
+def flex_stand_in(monkeypatch):
+    """FlexAttention played by tests/flex_stand_in.py (differentiable on the CPU)."""
+    import flex_stand_in as module
+    from torch.nn.attention import flex_attention as real
+
+    monkeypatch.setattr(real, "flex_attention", module.flex_attention)
+    monkeypatch.setattr(real, "create_block_mask", module.create_block_mask)
+    flex._compiled.cache_clear()
+    flex._BLOCK_MASKS.clear()
+    yield module
+    flex._compiled.cache_clear()
+    flex._BLOCK_MASKS.clear()
+
+
 def test_dispatch_by_device_and_dtype(stand_in, monkeypatch):
     cuda = torch.device("cuda")
     assert kernels.select_kernel(torch.device("cpu"), torch.bfloat16) is kernels.cpu_flash
     assert kernels.select_kernel(cuda, torch.bfloat16) is cuda_flash_attn
     assert kernels.select_kernel(cuda, torch.float16) is cuda_flash_attn
-    assert kernels.select_kernel(cuda, torch.float32) is cuda_sdpa
+    assert kernels.select_kernel(cuda, torch.float32) is flex  # this torch has FlexAttention
     assert kernels.select_kernel(cuda, torch.float64) is kernels.reference
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # not installed
     monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", None)
     cuda_flash_attn.available.cache_clear()
+    assert kernels.select_kernel(cuda, torch.bfloat16) is flex
+    monkeypatch.setattr(flex, "available", lambda: False)  # an older torch
     assert kernels.select_kernel(cuda, torch.bfloat16) is cuda_sdpa
+    assert kernels.select_kernel(cuda, torch.float32) is cuda_sdpa
 
 
 # --- masks as kernel arguments: the planner's band and varlen tiles through the adapter --------------
@@ -111,16 +130,16 @@ def _mask_cases():
     ]
 
 
-def test_band_and_varlen_tiles_are_exact_and_build_no_dense_mask(stand_in, monkeypatch):
+def test_band_and_varlen_tiles_are_exact_and_build_no_dense_mask(stand_in, flex_stand_in, monkeypatch):
     """Every mask burst plans, through the tiles planned for flash_attn, against float64 attention on the
-    dense mask of the same positions; only block-sparse tiles may build a dense bias (on SDPA)."""
+    dense mask of the same positions; block-sparse tiles go whole, as rules, to FlexAttention (the
+    stand-in), and nothing builds a dense bias."""
     from burst.call import AttentionCall
     from burst.comm.stats import CommStats
     from burst.kernels.accumulators import empty_accumulators, lse_for_backward
     from burst.kernels.attend import attend_backward, attend_forward
     from burst.masks import Cover
 
-    sdpa_stand_in.install(monkeypatch)  # block-sparse tiles go there
     torch.manual_seed(1)
     b, h, hk, d, scale = 2, 4, 2, 16, 0.25
     seen = set()
@@ -136,6 +155,8 @@ def test_band_and_varlen_tiles_are_exact_and_build_no_dense_mask(stand_in, monke
         ref_out.backward(dout64)
         q, k, v, dout = (t.detach().to(torch.bfloat16) for t in (q64, k64, v64, dout64))
         flash_stand_in.CALLS.clear()
+        flex_calls = flex_stand_in.CALLS
+        flex_calls.clear()
         with CommStats() as stats:
             out_acc, lse_acc = empty_accumulators(q)
             attend_forward(cuda_flash_attn, q, k, v, tiles, out_acc, lse_acc, scale)
@@ -145,11 +166,11 @@ def test_band_and_varlen_tiles_are_exact_and_build_no_dense_mask(stand_in, monke
         assert rel_err(out_acc, ref_out) < 2e-2 and lse_error(lse_acc, ref_lse.detach()) < 5e-2, name  # bf16 lse near 5: ulp 0.03
         for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
             assert rel_err(got, want) < 3e-2, name
+        assert stats.dense_masks() == 0 and all(t.cover is not Cover.PARTIAL for t in tiles), name
         if spec.block_sparse is None:
-            assert stats.dense_masks() == 0 and all(t.cover is not Cover.PARTIAL for t in tiles), name
             assert flash_stand_in.CALLS, name
         else:
-            assert stats.dense_masks() > 0, name  # the last resort, and counted
+            assert any(t.cover is Cover.RULE for t in tiles) and flex_calls, name
         seen |= {(kind, n > 1, (wl, wr) != (-1, -1)) for kind, wl, wr, n in flash_stand_in.CALLS}
     # The cases reached flash_attn's window arguments and its varlen interface with several sequences.
     assert ("forward", False, True) in seen and ("varlen_forward", True, True) in seen, seen
@@ -175,3 +196,79 @@ def test_band_window_sizes_follow_flash_attns_corner():
     (tile,) = plan_tiles([Segment(0, 64, 64)], [Segment(0, 128, 0)], MaskSpec(causal=True, window=(20, 0)), sizes)
     assert tile.cover is Cover.BAND and (tile.bands.left, tile.bands.right) == (20, 0)
     assert (tile.q.length, tile.k.length, tile.k.first) == (64, 84, 44)  # keys before 44 are trimmed off
+
+
+# --- FlexAttention (kernels/flex.py): any mask as a rule, the backward from the global out and lse -----
+
+def _through_tiles(kernel, tiles, q, k, v, dout, ref_out, ref_lse, scale):
+    from burst.kernels.accumulators import empty_accumulators, lse_for_backward
+    from burst.kernels.attend import attend_backward, attend_forward
+
+    out_acc, lse_acc = empty_accumulators(q)
+    attend_forward(kernel, q, k, v, tiles, out_acc, lse_acc, scale)
+    grads = [torch.zeros(t.shape, dtype=out_acc.dtype) for t in (q, k, v)]
+    attend_backward(kernel, dout, q, k, v, ref_out.detach().to(q.dtype), lse_for_backward(ref_lse.detach()),
+                    tiles, *grads, scale)
+    return out_acc, lse_acc, grads
+
+
+def _flex_call(spec, max_rows):
+    from burst.call import AttentionCall
+    from burst.masks import TileSizes
+
+    class Kernel:  # flex, with small calls so that a row's tiles merge
+        MAX_ROWS, RULES, forward, backward = max_rows, True, staticmethod(flex.forward), staticmethod(flex.backward)
+
+    assert TileSizes().rules is False
+    return AttentionCall(None, 0, 1, "contiguous", 0, spec, 0.25, Kernel)
+
+
+def test_flex_backward_from_the_global_out_and_lse_is_exact(flex_stand_in):
+    """In float64 the weighted-gradient backward equals autograd through attention on the whole mask
+    (1e-10), for every mask kind, tiles merging across several kernel calls per row, GQA."""
+    from burst.comm.stats import CommStats
+    from burst.masks import Cover
+
+    torch.manual_seed(2)
+    b, h, hk, d = 2, 4, 2, 16
+    rules = 0
+    for name, q_segs, k_segs, spec in _mask_cases():
+        call = _flex_call(spec, max_rows=32)
+        tiles = call.plan(q_segs, k_segs)
+        sq, sk = sum(s.length for s in q_segs), sum(s.length for s in k_segs)
+        q = torch.randn(b, sq, h, d, dtype=torch.float64, requires_grad=True)
+        k, v = (torch.randn(b, sk, hk, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
+        dout = torch.randn(b, sq, h, d, dtype=torch.float64)
+        allowed = spec.allowed(torch.cat([s.positions() for s in q_segs]), torch.cat([s.positions() for s in k_segs]))
+        ref_out, ref_lse = reference_attention(q, k, v, 0.25, mask=allowed)
+        ref_out.backward(dout)
+        with CommStats() as stats:
+            out, lse, grads = _through_tiles(call.kernel, tiles, *(t.detach() for t in (q, k, v)), dout, ref_out, ref_lse, 0.25)
+        assert rel_err(out, ref_out) < 1e-10 and lse_error(lse, ref_lse.detach()) < 1e-10, name
+        for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+            assert rel_err(got, want) < 1e-10, name
+        assert stats.dense_masks() == 0 and all(t.cover is not Cover.PARTIAL for t in tiles), name
+        rules += sum(t.cover is Cover.RULE for t in tiles)
+    assert rules > 10  # the masks reached the kernel as rules
+
+
+def test_flex_forward_matches_float64_with_torchs_own_flex_attention():
+    """The real flex_attention (eager, on the CPU: forward only) with the rules' mask_mods and block masks."""
+    flex._compiled.cache_clear()
+    flex._BLOCK_MASKS.clear()
+    torch.manual_seed(3)
+    b, h, hk, d = 1, 4, 2, 16
+    for name, q_segs, k_segs, spec in _mask_cases():
+        call = _flex_call(spec, max_rows=64)
+        tiles = call.plan(q_segs, k_segs)
+        sq, sk = sum(s.length for s in q_segs), sum(s.length for s in k_segs)
+        q = torch.randn(b, sq, h, d)
+        k, v = (torch.randn(b, sk, hk, d) for _ in range(2))
+        allowed = spec.allowed(torch.cat([s.positions() for s in q_segs]), torch.cat([s.positions() for s in k_segs]))
+        ref_out, ref_lse = reference_attention(q, k, v, 0.25, mask=allowed)
+        from burst.kernels.accumulators import empty_accumulators
+        from burst.kernels.attend import attend_forward
+
+        out, lse = empty_accumulators(q)
+        attend_forward(call.kernel, q, k, v, tiles, out, lse, 0.25)
+        assert rel_err(out, ref_out) < 1e-5 and lse_error(lse, ref_lse) < 1e-5, name

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_flash, cuda_flash_attn, cuda_sdpa, reference
+from . import cpu_flash, cuda_flash_attn, cuda_sdpa, flex, reference
 from .accumulators import accumulator_dtype, lse_for_backward, out_from_delta, row_delta
 
 
@@ -33,8 +33,9 @@ def select_kernel(device: torch.device, dtype: torch.dtype):
     if device.type == "cuda" and dtype in cuda_flash_attn.DTYPES and cuda_flash_attn.available():
         return cuda_flash_attn
     if device.type == "cuda" and dtype != torch.float64:
-        return cuda_sdpa
+        return flex if flex.available() else cuda_sdpa
     return reference
 
 
-__all__ = ["accumulator_dtype", "select_kernel", "lse_for_backward", "out_from_delta", "row_delta", "cpu_flash", "cuda_flash_attn", "cuda_sdpa", "reference"]
+__all__ = ["accumulator_dtype", "select_kernel", "lse_for_backward", "out_from_delta", "row_delta", "cpu_flash",
+           "cuda_flash_attn", "cuda_sdpa", "flex", "reference"]

@@ -9,8 +9,9 @@ planner hands it masks.Bands instead of dense masks for causal, window and docum
   which the planner derives from the tile's global positions (masks.Bands says how);
 - several documents in one tile: the varlen interface, one sequence per document piece, `cu_seqlens`
   as int32 tensors built once per plan and device, the window the same for every piece.
-Block-sparse tiles, head dims that are not a multiple of 8 and fp32 go to the SDPA backend
-(cuda_sdpa.py) with a dense bias, counted in CommStats.dense_masks.
+Block-sparse tiles and runs of unequal strides come whole, as rules (masks.PositionRule), and go to
+FlexAttention (flex.py); head dims that are not a multiple of 8 too. Without FlexAttention they go to
+the SDPA backend (cuda_sdpa.py) with a dense bias, counted in CommStats.dense_masks.
 
 Interface used (flash_attn.flash_attn_interface, 2.7+):
     _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
@@ -39,12 +40,13 @@ import importlib
 
 import torch
 
-from . import cuda_sdpa
+from . import cuda_sdpa, flex
 from ..masks import Bands
 
 MAX_ROWS = 8192  # rows per call at most (fresh outputs per call); a call this size fills a GPU
 DTYPES = (torch.float16, torch.bfloat16)
 BANDS = True  # takes causal, window and document masks as arguments (masks.TileSizes.bands)
+RULES = flex.available()  # other partial tiles whole, as rules, for FlexAttention (masks.TileSizes.rules)
 _NO_WINDOW = (-1, -1)
 
 
@@ -68,6 +70,12 @@ def handles(q, k, causal: bool, mask) -> bool:
     if q.dtype not in DTYPES or q.shape[-1] % 8 or not (mask is None or isinstance(mask, Bands)):
         return False
     return not causal or q.shape[1] == k.shape[1]
+
+
+def _fallback(mask):
+    """Who runs a tile flash_attn cannot: FlexAttention for a masked one when torch has it (no bias),
+    else aten's efficient kernel (a dense bias for a mask, counted)."""
+    return flex if mask is not None and flex.available() else cuda_sdpa
 
 
 def _window(causal: bool, mask: Bands | None) -> tuple[int, int]:
@@ -99,7 +107,7 @@ def _packed(x):
 def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | None = None):
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
     if not handles(q, k, causal, mask):
-        return cuda_sdpa.forward(q, k, v, scale, causal, mask)
+        return _fallback(mask).forward(q, k, v, scale, causal, mask)
     left, right = _window(causal, mask)
     if mask is not None and mask.sequences > 1:
         b, sq, h, _ = q.shape
@@ -119,7 +127,7 @@ def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | No
 def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Tensor | Bands | None = None):
     """Gradients of one block given the rows' global out and lse (see kernels/__init__.py)."""
     if not handles(q, k, causal, mask):
-        return cuda_sdpa.backward(dout, q, k, v, out, lse, scale, causal, mask)
+        return _fallback(mask).backward(dout, q, k, v, out, lse, scale, causal, mask)
     left, right = _window(causal, mask)
     if mask is not None and mask.sequences > 1:
         b, sq, h, _ = q.shape

@@ -1,7 +1,8 @@
 """What every backend does the same with a tile's mask.
 
-A tile's mask comes as kernel arguments (masks.Bands) or as a dense bool (seqlen_q, seqlen_k) tensor.
-A backend that takes no band arguments turns either into the dense additive bias its kernel takes:
+A tile's mask comes as kernel arguments (masks.Bands), as a rule over positions (masks.PositionRule)
+or as a dense bool (seqlen_q, seqlen_k) tensor. A backend that takes none of the first two turns any
+of them into the dense additive bias its kernel takes:
 the last resort, counted in CommStats.dense_masks so tests and benchmarks can see when it happens.
 """
 
@@ -10,19 +11,19 @@ from __future__ import annotations
 import torch
 
 from ..comm.stats import record_dense_mask
-from ..masks import Bands
+from ..masks import Bands, PositionRule
 
 
-def dense_mask(mask: torch.Tensor | Bands | None, device) -> torch.Tensor | None:
+def dense_mask(mask: torch.Tensor | Bands | PositionRule | None, device) -> torch.Tensor | None:
     """The tile's mask as a bool (seqlen_q, seqlen_k) tensor on `device`, True = attend."""
     if mask is None:
         return None
-    if isinstance(mask, Bands):
+    if isinstance(mask, (Bands, PositionRule)):
         return mask.allowed(device)
     return mask.to(device, non_blocking=True)
 
 
-def additive_mask(mask: torch.Tensor | Bands | None, dtype: torch.dtype, device=None) -> torch.Tensor | None:
+def additive_mask(mask: torch.Tensor | Bands | PositionRule | None, dtype: torch.dtype, device=None) -> torch.Tensor | None:
     """The float bias SDPA kernels take: 0 where the mask attends, -inf elsewhere (None: no mask)."""
     mask = dense_mask(mask, device)
     if mask is None:

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
-from burst.kernels import cuda_flash_attn, cuda_sdpa, lse_for_backward, reference, row_delta
+from burst.kernels import cuda_flash_attn, cuda_sdpa, flex, lse_for_backward, reference, row_delta
 from burst.kernels.accumulators import accumulator_zeros_like, empty_accumulators
 from burst.kernels.attend import attend_backward, attend_forward
 from burst.layout import Segment
-from burst.masks import BlockSparseMask, MaskSpec, TileSizes, plan_tiles
+from burst.masks import Bands, BlockSparseMask, MaskSpec, PositionRule, TileSizes, plan_tiles
 
 
 MASK_KINDS = ("full", "causal", "window", "documents", "block_sparse")
@@ -161,7 +161,7 @@ def block_step(kernel, q, k, v, dout, spec: MaskSpec, scale: float, max_rows: in
     positions the blocks hold (layout.Segment runs; default the whole sequence)."""
     q_segs = q_segs or [Segment(0, q.shape[1], 0)]
     k_segs = k_segs or [Segment(0, k.shape[1], 0)]
-    tiles = plan_tiles(q_segs, k_segs, spec, TileSizes(max_rows))
+    tiles = plan_tiles(q_segs, k_segs, spec, TileSizes.for_kernel(kernel, max_rows))
     out_acc, lse = empty_accumulators(q)
     attend_forward(kernel, q, k, v, tiles, out_acc, lse, scale)
     out = out_acc.to(q.dtype)
@@ -173,15 +173,25 @@ def block_step(kernel, q, k, v, dout, spec: MaskSpec, scale: float, max_rows: in
 
 
 def tile_backend(kernel, q, k, tile) -> str:
-    """Which function serves `tile` on `kernel` (flash_attn hands masked / non-square causal tiles
-    to the SDPA op)."""
+    """Which function serves `tile` on `kernel` and how its mask travels: +band / +varlen (flash_attn's
+    window or varlen arguments), +rule (FlexAttention's mask_mod), +mask (a dense bias)."""
     name = getattr(kernel, "__name__", str(kernel)).rsplit(".", 1)[-1]
+    mask = tile.kernel_mask
     if kernel is cuda_flash_attn:
         qt, kt = q[:, tile.q.rows], k[:, tile.k.rows]
-        name = "flash_attn" if cuda_flash_attn.handles(qt, kt, tile.causal, tile.kernel_mask) else "cuda_sdpa(efficient)"
+        if cuda_flash_attn.handles(qt, kt, tile.causal, mask):
+            name = "flash_attn"
+        else:
+            name = "flex" if cuda_flash_attn._fallback(mask) is flex else "cuda_sdpa(efficient)"
     elif kernel is cuda_sdpa:
         name = "cuda_sdpa(efficient)"
-    return name + ("+mask" if tile.mask is not None else "") + (" causal" if tile.causal else "")
+    if isinstance(mask, Bands):
+        how = "+varlen" if mask.sequences > 1 else "+band"
+    elif isinstance(mask, PositionRule):
+        how = "+rule" if name == "flex" else "+mask"
+    else:
+        how = "+mask" if mask is not None else ""
+    return name + how + (" causal" if tile.causal else "")
 
 
 def tile_summary(kernel, q, k, tiles) -> str:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from burst import layout as layout_mod
-from burst.kernels import cpu_flash, cuda_flash_attn, cuda_sdpa, reference
+from burst.kernels import cpu_flash, cuda_flash_attn, cuda_sdpa, flex, reference
 from burst.masks import MaskSpec
 
 from .cases import (DTYPE_NAMES, KERNEL_CASES, Sizes, block_step, compare, float64_reference, mask_spec,
@@ -21,6 +21,8 @@ def kernel_paths(device: torch.device, sizes: Sizes) -> list:
     halves = tuple(getattr(torch, d) for d in sizes.kernel_dtypes)
     if device.type == "cuda":
         paths = [("cuda_sdpa", cuda_sdpa, halves)]
+        if flex.available():
+            paths.append(("flex", flex, halves))
         if cuda_flash_attn.available():
             paths.append(("cuda_flash_attn", cuda_flash_attn,
                           tuple(d for d in halves if d in cuda_flash_attn.DTYPES)))

@@ -53,7 +53,7 @@ def block_step_runner(q, k, v, dout, causal: bool, device):
     """The whole sequence as one block pair through the block step, tiles of the kernel's call size."""
     kernel = select_kernel(device, q.dtype)
     segs = [Segment(0, q.shape[1], 0)]
-    tiles = plan_tiles(segs, segs, MaskSpec(causal=causal), TileSizes(kernel.MAX_ROWS))
+    tiles = plan_tiles(segs, segs, MaskSpec(causal=causal), TileSizes.for_kernel(kernel))
     scale = q.shape[-1] ** -0.5
     state = {}
 
