@@ -130,40 +130,54 @@ def _mask_cases():
     ]
 
 
-def test_band_and_varlen_tiles_are_exact_and_build_no_dense_mask(stand_in, flex_stand_in, monkeypatch):
+def _float64_case(q_segs, k_segs, spec, scale, batch=2, heads=4, kv_heads=2, dim=16):
+    """q, k, v, dout of a tile case in float64 and float64 attention on the dense mask of their positions:
+    (q, k, v, dout, ref_out, ref_lse), with the reference gradients in q.grad, k.grad, v.grad."""
+    sq, sk = sum(s.length for s in q_segs), sum(s.length for s in k_segs)
+    q = torch.randn(batch, sq, heads, dim, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(batch, sk, kv_heads, dim, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    dout = torch.randn(batch, sq, heads, dim, dtype=torch.float64)
+    allowed = spec.allowed(torch.cat([s.positions() for s in q_segs]), torch.cat([s.positions() for s in k_segs]))
+    ref_out, ref_lse = reference_attention(q, k, v, scale, mask=allowed)
+    ref_out.backward(dout)
+    return q, k, v, dout, ref_out.detach(), ref_lse.detach()
+
+
+def _through_tiles(kernel, tiles, q, k, v, dout, ref_out, ref_lse, scale):
+    """The tiles through attend_forward (merged into float32 accumulators) and attend_backward (with
+    the reference's global out and lse, as a ring step has them): out, lse, [dq, dk, dv]."""
+    from burst.kernels.accumulators import empty_accumulators, lse_for_backward
+    from burst.kernels.attend import attend_backward, attend_forward
+
+    out_acc, lse_acc = empty_accumulators(q)
+    attend_forward(kernel, q, k, v, tiles, out_acc, lse_acc, scale)
+    grads = [torch.zeros(t.shape, dtype=out_acc.dtype) for t in (q, k, v)]
+    attend_backward(kernel, dout, q, k, v, ref_out.to(q.dtype), lse_for_backward(ref_lse.to(lse_acc.dtype)),
+                    tiles, *grads, scale)
+    return out_acc, lse_acc, grads
+
+
+def test_band_and_varlen_tiles_are_exact_and_build_no_dense_mask(stand_in, flex_stand_in):
     """Every mask burst plans, through the tiles planned for flash_attn, against float64 attention on the
     dense mask of the same positions; block-sparse tiles go whole, as rules, to FlexAttention (the
     stand-in), and nothing builds a dense bias."""
     from burst.call import AttentionCall
     from burst.comm.stats import CommStats
-    from burst.kernels.accumulators import empty_accumulators, lse_for_backward
-    from burst.kernels.attend import attend_backward, attend_forward
     from burst.masks import Cover
 
     torch.manual_seed(1)
-    b, h, hk, d, scale = 2, 4, 2, 16, 0.25
+    scale = 0.25
     seen = set()
     for name, q_segs, k_segs, spec in _mask_cases():
-        call = AttentionCall(None, 0, 1, "contiguous", 0, spec, scale, cuda_flash_attn)
-        tiles = call.plan(q_segs, k_segs)
-        sq, sk = sum(s.length for s in q_segs), sum(s.length for s in k_segs)
-        q64 = torch.randn(b, sq, h, d, dtype=torch.float64, requires_grad=True)
-        k64, v64 = (torch.randn(b, sk, hk, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
-        dout64 = torch.randn(b, sq, h, d, dtype=torch.float64)
-        allowed = spec.allowed(torch.cat([s.positions() for s in q_segs]), torch.cat([s.positions() for s in k_segs]))
-        ref_out, ref_lse = reference_attention(q64, k64, v64, scale, mask=allowed)
-        ref_out.backward(dout64)
+        tiles = AttentionCall(None, 0, 1, "contiguous", 0, spec, scale, cuda_flash_attn).plan(q_segs, k_segs)
+        q64, k64, v64, dout64, ref_out, ref_lse = _float64_case(q_segs, k_segs, spec, scale)
         q, k, v, dout = (t.detach().to(torch.bfloat16) for t in (q64, k64, v64, dout64))
         flash_stand_in.CALLS.clear()
         flex_calls = flex_stand_in.CALLS
         flex_calls.clear()
         with CommStats() as stats:
-            out_acc, lse_acc = empty_accumulators(q)
-            attend_forward(cuda_flash_attn, q, k, v, tiles, out_acc, lse_acc, scale)
-            grads = [torch.zeros(t.shape) for t in (q, k, v)]
-            attend_backward(cuda_flash_attn, dout, q, k, v, ref_out.detach().to(q.dtype), lse_for_backward(ref_lse.float()),
-                            tiles, *grads, scale)
-        assert rel_err(out_acc, ref_out) < 2e-2 and lse_error(lse_acc, ref_lse.detach()) < 5e-2, name  # bf16 lse near 5: ulp 0.03
+            out_acc, lse_acc, grads = _through_tiles(cuda_flash_attn, tiles, q, k, v, dout, ref_out, ref_lse, scale)
+        assert rel_err(out_acc, ref_out) < 2e-2 and lse_error(lse_acc, ref_lse) < 5e-2, name  # bf16 lse near 5: ulp 0.03
         for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
             assert rel_err(got, want) < 3e-2, name
         assert stats.dense_masks() == 0 and all(t.cover is not Cover.PARTIAL for t in tiles), name
@@ -200,18 +214,6 @@ def test_band_window_sizes_follow_flash_attns_corner():
 
 # --- FlexAttention (kernels/flex.py): any mask as a rule, the backward from the global out and lse -----
 
-def _through_tiles(kernel, tiles, q, k, v, dout, ref_out, ref_lse, scale):
-    from burst.kernels.accumulators import empty_accumulators, lse_for_backward
-    from burst.kernels.attend import attend_backward, attend_forward
-
-    out_acc, lse_acc = empty_accumulators(q)
-    attend_forward(kernel, q, k, v, tiles, out_acc, lse_acc, scale)
-    grads = [torch.zeros(t.shape, dtype=out_acc.dtype) for t in (q, k, v)]
-    attend_backward(kernel, dout, q, k, v, ref_out.detach().to(q.dtype), lse_for_backward(ref_lse.detach()),
-                    tiles, *grads, scale)
-    return out_acc, lse_acc, grads
-
-
 def _flex_call(spec, max_rows):
     from burst.call import AttentionCall
     from burst.masks import TileSizes
@@ -230,21 +232,14 @@ def test_flex_backward_from_the_global_out_and_lse_is_exact(flex_stand_in):
     from burst.masks import Cover
 
     torch.manual_seed(2)
-    b, h, hk, d = 2, 4, 2, 16
     rules = 0
     for name, q_segs, k_segs, spec in _mask_cases():
         call = _flex_call(spec, max_rows=32)
         tiles = call.plan(q_segs, k_segs)
-        sq, sk = sum(s.length for s in q_segs), sum(s.length for s in k_segs)
-        q = torch.randn(b, sq, h, d, dtype=torch.float64, requires_grad=True)
-        k, v = (torch.randn(b, sk, hk, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
-        dout = torch.randn(b, sq, h, d, dtype=torch.float64)
-        allowed = spec.allowed(torch.cat([s.positions() for s in q_segs]), torch.cat([s.positions() for s in k_segs]))
-        ref_out, ref_lse = reference_attention(q, k, v, 0.25, mask=allowed)
-        ref_out.backward(dout)
+        q, k, v, dout, ref_out, ref_lse = _float64_case(q_segs, k_segs, spec, 0.25)
         with CommStats() as stats:
             out, lse, grads = _through_tiles(call.kernel, tiles, *(t.detach() for t in (q, k, v)), dout, ref_out, ref_lse, 0.25)
-        assert rel_err(out, ref_out) < 1e-10 and lse_error(lse, ref_lse.detach()) < 1e-10, name
+        assert rel_err(out, ref_out) < 1e-10 and lse_error(lse, ref_lse) < 1e-10, name
         for got, want in zip(grads, (q.grad, k.grad, v.grad)):
             assert rel_err(got, want) < 1e-10, name
         assert stats.dense_masks() == 0 and all(t.cover is not Cover.PARTIAL for t in tiles), name
