@@ -5,6 +5,9 @@ beside the same script in one process (the same weights and data, the same globa
   Trainer with eager attention. Every optimizer step's loss and gradients, the final weights,
   evaluate()'s loss, predict()'s loss and its logits on labelled positions. Rows of uneven length,
   right-padded or packed, gradient accumulation (2) and clipping.
+* examples/accelerate_train.py: a hand-written accelerate loop with burst's SequenceParallel against
+  the same loop in one process: each step's loss and gradients, the final weights (gradient
+  accumulation and clipping are accelerate's).
 * examples/titan_llama.py: a torchtitan-style LLaMA (torch building blocks, burst.context_parallel
   on a (dp, sp) mesh, activation checkpointing, torch.compile, FSDP2 over the mesh). Each step's
   loss and gradients, the final weights.
@@ -28,6 +31,7 @@ pytest.importorskip("accelerate")
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 TRAINER = (EXAMPLES / "trainer_train.py", "--optim", "sgd", "--lr", "1.0", "--steps", "3")
 TITAN = (EXAMPLES / "titan_llama.py", "--optim", "sgd", "--steps", "3")
+LOOP = (EXAMPLES / "accelerate_train.py", "--steps", "3")
 
 
 def _run(tmp_path, name: str, nproc: int, job: tuple, *args: str) -> dict:
@@ -107,6 +111,15 @@ def test_trainer_hybrid_model_equals_one_process(tmp_path):
     _assert_same_trainer_job(_run(tmp_path, "sp2", 2, TRAINER, "--family", "qwen3_next"), ref)
 
 
+def test_accelerate_loop_equals_one_process(tmp_path):
+    """2 ranks on one sequence (sp 2), then 2 replicas x 2 ranks (dp 2 x sp 2) against one process
+    running the replicas' rows together."""
+    ref = _run(tmp_path, "reference-2", 1, LOOP, "--reference", "--batch", "2")
+    _assert_same_steps(_run(tmp_path, "sp2", 2, LOOP, "--batch", "2"), ref)
+    ref = _run(tmp_path, "reference-4", 1, LOOP, "--reference", "--batch", "4")
+    _assert_same_steps(_run(tmp_path, "dp2sp2", 4, LOOP, "--batch", "2", "--sp-size", "2"), ref)
+
+
 def test_titan_recipe_two_ranks_equals_one_process(tmp_path):
     """zigzag over 2 ranks, activation checkpointing, torch.compile on the blocks, FSDP2 over the mesh."""
     ref = _run(tmp_path, "reference", 1, TITAN, "--no-compile")
@@ -138,7 +151,7 @@ def test_refusals_before_training():
 
 
 def test_whole_sequences_padding_rules():
-    from burst.integrations.transformers_trainer import whole_sequences
+    from burst.integrations.sequence_parallel import whole_sequences
 
     ids = torch.arange(10).reshape(2, 5)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])

@@ -28,11 +28,11 @@ extension point Trainer documents:
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from transformers import Trainer
 
 from .. import layout as layout_mod
 from .hf_mixers import shard_mixers
+from .sequence_parallel import layout_multiple, over_replicas, sequence_parallel_groups, whole_sequences
 from .transformers import check_model, register, reduce_loss, shard_batch
 
 
@@ -53,7 +53,7 @@ class SequenceParallelTrainer(Trainer):
         if getattr(self, "model_init", None) is not None:
             raise NotImplementedError("SequenceParallelTrainer needs model= (model_init builds a new model per "
                                       "trial, which burst would have to hook each time)")
-        self.sp_group, self.sp_size, self.replica, self.replicas = _sequence_parallel_groups(sp_size)
+        self.sp_group, self.sp_size, self.replica, self.replicas = sequence_parallel_groups(sp_size)
         self.sp_layout = layout
         self._refuse_inexact_settings()
         register(attn_name, strategy=strategy, layout=layout, group=self.sp_group, **(attention_options or {}))
@@ -91,20 +91,7 @@ class SequenceParallelTrainer(Trainer):
         return self._over_replicas(super().get_test_dataloader(test_dataset))
 
     def _over_replicas(self, dataloader):
-        """accelerate shards `dataloader` over every process; make it shard over the replicas."""
-        if self.sp_size == 1:
-            return dataloader
-        shard = _accelerate_shard(dataloader)
-        if shard is None:
-            raise NotImplementedError(
-                f"{type(dataloader).__name__}: burst re-points accelerate's per-process sampler (BatchSamplerShard or "
-                "IterableDatasetShard) to the data-parallel replicas, and this dataloader has none (an iterable "
-                "dataset dispatched from rank 0?): set accelerator_config={'dispatch_batches': False}")
-        shard.num_processes, shard.process_index = self.replicas, self.replica
-        if self.replicas == 1 and hasattr(shard, "even_batches"):
-            # accelerate would not shard one process at all: no last batch filled up from the start
-            shard.even_batches = False
-        return dataloader
+        return over_replicas(dataloader, self.replica, self.replicas, self.sp_size)
 
     # ---- inputs: each rank its shard ------------------------------------------------------------
 
@@ -128,7 +115,7 @@ class SequenceParallelTrainer(Trainer):
     def _shard(self, inputs: dict, keep_count: bool = False) -> tuple[dict, int]:
         """(this rank's shard of `inputs`, the batch's length before padding). The token count that
         shard_batch adds is dropped for training: Trainer passes its own, over the accumulated batch."""
-        whole, length = whole_sequences(inputs, _layout_multiple(self.sp_layout, self.sp_size))
+        whole, length = whole_sequences(inputs, layout_multiple(self.sp_layout, self.sp_size))
         shard = shard_batch(whole, group=self.sp_group, layout=self.sp_layout)
         if not keep_count:
             shard.pop("num_items_in_batch", None)
@@ -160,70 +147,3 @@ class SequenceParallelTrainer(Trainer):
         if state.end_of_dataloader and state.remainder > 0:  # the replicas' padding of the last batch
             kept = kept[: state.remainder]
         return kept
-
-
-def _sequence_parallel_groups(sp_size: int | None):
-    """(this rank's group, sp_size, replica index, replica count); groups of consecutive ranks,
-    made on every rank (new_group is collective)."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    sp_size = world if sp_size is None else sp_size
-    if sp_size < 1 or world % sp_size:
-        raise ValueError(f"sp_size={sp_size} must divide the world size {world}")
-    if world == 1:
-        return None, 1, 0, 1
-    rank = dist.get_rank()
-    if sp_size == world:
-        return dist.group.WORLD, sp_size, 0, 1
-    mine = None
-    for start in range(0, world, sp_size):
-        group = dist.new_group(list(range(start, start + sp_size)))
-        if start <= rank < start + sp_size:
-            mine = group
-    return mine, sp_size, rank // sp_size, world // sp_size
-
-
-def _accelerate_shard(dataloader):
-    """accelerate's per-process sharding object inside a prepared dataloader, or None."""
-    for candidate in (getattr(dataloader, "batch_sampler", None), getattr(dataloader, "dataset", None)):
-        if candidate is not None and hasattr(candidate, "num_processes") and hasattr(candidate, "process_index"):
-            return candidate
-    return None
-
-
-def _layout_multiple(layout: str, world: int) -> int:
-    """What the sequence length must be a multiple of for `layout` over `world` ranks."""
-    if layout in layout_mod.DOCUMENT_LAYOUTS:  # each document cut on its own: the batch's business
-        return 1
-    return layout_mod.local_multiple(layout) * world
-
-
-def whole_sequences(batch: dict, multiple: int, ignore_index: int = -100) -> tuple[dict, int]:
-    """(batch ready for shard_batch, its length before padding): right padding (attention_mask ones
-    then zeros in each row, as Trainer's collators pad, labels `ignore_index` there) is dropped from
-    the mask, which is exact for a causal model (no real token sees a later one); the length is
-    padded at the end to a multiple of `multiple` the same way. Left padding, holes and labels on
-    padded positions raise (the model would score tokens whose logits one process computes otherwise)."""
-    out = dict(batch)
-    ids = out["input_ids"]
-    length = ids.shape[1]
-    mask = out.pop("attention_mask", None)
-    labels = out.get("labels")
-    if mask is not None:
-        keep = mask.bool()
-        right_padded = bool((keep.cummin(dim=1).values == keep).all())
-        if not right_padded:
-            raise ValueError("attention_mask has zeros before ones (left padding or holes): burst runs whole "
-                             "sequences; pad on the right (tokenizer.padding_side = 'right') or pack documents")
-        if labels is not None and bool((labels[~keep] != ignore_index).any()):
-            raise ValueError(f"labels at padded positions (attention_mask 0) must be {ignore_index}, as "
-                             "DataCollatorForLanguageModeling makes them")
-    pad = -length % multiple
-    if pad:
-        out["input_ids"] = torch.nn.functional.pad(ids, (0, pad))
-        if out.get("labels") is not None:
-            out["labels"] = torch.nn.functional.pad(out["labels"], (0, pad), value=ignore_index)
-        positions = out.get("position_ids")
-        if positions is not None:  # the padding continues the last document
-            tail = positions[:, -1:] + torch.arange(1, pad + 1, device=positions.device)
-            out["position_ids"] = torch.cat([positions, tail], dim=1)
-    return out, length

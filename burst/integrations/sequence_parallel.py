@@ -1,0 +1,163 @@
+"""Sequence parallelism for data pipelines built on accelerate: the pieces SequenceParallelTrainer is
+made of, and `SequenceParallel`, the same for a hand-written accelerate loop.
+
+    from accelerate import Accelerator
+    from burst.integrations.sequence_parallel import SequenceParallel
+
+    accelerator = Accelerator()
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    sp = SequenceParallel(model, sp_size=2, layout="zigzag")   # groups; burst attention; hybrids hooked
+    loader = sp.dataloader(loader)                            # a group's ranks get the same batches
+    for batch in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(sp.loss(model, batch))       # this rank's shard; the world's token mean
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step(); optimizer.zero_grad()
+
+Under `torchrun --nproc-per-node W` the world is dp x sp processes, each group `sp_size` consecutive
+ranks. The update equals one process running the same loop on the replicas' rows together.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .. import layout as layout_mod
+from .hf_mixers import shard_mixers
+from .transformers import check_model, register, shard_batch
+
+
+class SequenceParallel:
+    """A hand-written accelerate loop, each sequence split over `sp_size` ranks by burst.
+
+    model: the (prepared) transformers model; it is switched to burst's attention (`attn_name`,
+    registered with strategy, layout and attention_options) and its recurrent layers are hooked.
+    sp_size: ranks per sequence (default: the world). Same rules for the batches as
+    SequenceParallelTrainer: right padding with labels -100 there, or packed rows; left padding raises.
+    """
+
+    def __init__(self, model, sp_size: int | None = None, strategy: str = "burst", layout: str = "zigzag",
+                 attn_name: str = "burst", attention_options: dict | None = None):
+        self.group, self.sp_size, self.replica, self.replicas = sequence_parallel_groups(sp_size)
+        self.layout = layout
+        inner = getattr(model, "module", model)  # DDP's wrapper
+        register(attn_name, strategy=strategy, layout=layout, group=self.group, **(attention_options or {}))
+        inner.set_attn_implementation(attn_name)
+        shard_mixers(inner, self.group, layout)
+        check_model(inner)
+
+    def dataloader(self, loader):
+        """`loader` (prepared by accelerate) sampling over the data-parallel replicas only."""
+        return over_replicas(loader, self.replica, self.replicas, self.sp_size)
+
+    def shard(self, batch: dict) -> dict:
+        """This rank's shard of `batch` (whole sequences, the same on every rank of the group), with
+        `num_items_in_batch` the labelled tokens of the whole world's batch (one all-reduce)."""
+        whole, _ = whole_sequences(batch, layout_multiple(self.layout, self.sp_size))
+        shard = shard_batch(whole, group=self.group, layout=self.layout)
+        if "num_items_in_batch" in shard and dist.is_initialized() and dist.get_world_size() > 1:
+            count = torch.tensor(float(shard["num_items_in_batch"]), device=shard["input_ids"].device)
+            dist.all_reduce(count)  # every rank of a group counted its group's rows: sp_size times over
+            shard["num_items_in_batch"] = int(round(count.item() / self.sp_size))
+        return shard
+
+    def loss(self, model, batch: dict) -> torch.Tensor:
+        """The loss to backpropagate for `batch`: this rank's labelled tokens' share of the world's mean
+        token loss, times the world size, since DDP (or FSDP) averages gradients over every rank."""
+        shard = self.shard(batch)
+        loss = model(**shard).loss
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return loss * world
+
+    def mean_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The world's mean token loss from what `loss` returned (for logging; a collective)."""
+        total = loss.detach().clone()
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world > 1:
+            dist.all_reduce(total)
+        return total / world
+
+
+def over_replicas(dataloader, replica: int, replicas: int, sp_size: int):
+    """accelerate shards `dataloader` over every process; make it shard over the replicas."""
+    if sp_size == 1:
+        return dataloader
+    shard = accelerate_shard(dataloader)
+    if shard is None:
+        raise NotImplementedError(
+            f"{type(dataloader).__name__}: burst re-points accelerate's per-process sampler (BatchSamplerShard or "
+            "IterableDatasetShard) to the data-parallel replicas, and this dataloader has none (an iterable "
+            "dataset dispatched from rank 0?): set accelerator_config={'dispatch_batches': False}")
+    shard.num_processes, shard.process_index = replicas, replica
+    if replicas == 1 and hasattr(shard, "even_batches"):
+        # accelerate would not shard one process at all: no last batch filled up from the start
+        shard.even_batches = False
+    return dataloader
+
+
+def sequence_parallel_groups(sp_size: int | None):
+    """(this rank's group, sp_size, replica index, replica count); groups of consecutive ranks,
+    made on every rank (new_group is collective)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    sp_size = world if sp_size is None else sp_size
+    if sp_size < 1 or world % sp_size:
+        raise ValueError(f"sp_size={sp_size} must divide the world size {world}")
+    if world == 1:
+        return None, 1, 0, 1
+    rank = dist.get_rank()
+    if sp_size == world:
+        return dist.group.WORLD, sp_size, 0, 1
+    mine = None
+    for start in range(0, world, sp_size):
+        group = dist.new_group(list(range(start, start + sp_size)))
+        if start <= rank < start + sp_size:
+            mine = group
+    return mine, sp_size, rank // sp_size, world // sp_size
+
+
+def accelerate_shard(dataloader):
+    """accelerate's per-process sharding object inside a prepared dataloader, or None."""
+    for candidate in (getattr(dataloader, "batch_sampler", None), getattr(dataloader, "dataset", None)):
+        if candidate is not None and hasattr(candidate, "num_processes") and hasattr(candidate, "process_index"):
+            return candidate
+    return None
+
+
+def layout_multiple(layout: str, world: int) -> int:
+    """What the sequence length must be a multiple of for `layout` over `world` ranks."""
+    if layout in layout_mod.DOCUMENT_LAYOUTS:  # each document cut on its own: the batch's business
+        return 1
+    return layout_mod.local_multiple(layout) * world
+
+
+def whole_sequences(batch: dict, multiple: int, ignore_index: int = -100) -> tuple[dict, int]:
+    """(batch ready for shard_batch, its length before padding): right padding (attention_mask ones
+    then zeros in each row, as Trainer's collators pad, labels `ignore_index` there) is dropped from
+    the mask, which is exact for a causal model (no real token sees a later one); the length is
+    padded at the end to a multiple of `multiple` the same way. Left padding, holes and labels on
+    padded positions raise (the model would score tokens whose logits one process computes otherwise)."""
+    out = dict(batch)
+    ids = out["input_ids"]
+    length = ids.shape[1]
+    mask = out.pop("attention_mask", None)
+    labels = out.get("labels")
+    if mask is not None:
+        keep = mask.bool()
+        right_padded = bool((keep.cummin(dim=1).values == keep).all())
+        if not right_padded:
+            raise ValueError("attention_mask has zeros before ones (left padding or holes): burst runs whole "
+                             "sequences; pad on the right (tokenizer.padding_side = 'right') or pack documents")
+        if labels is not None and bool((labels[~keep] != ignore_index).any()):
+            raise ValueError(f"labels at padded positions (attention_mask 0) must be {ignore_index}, as "
+                             "DataCollatorForLanguageModeling makes them")
+    pad = -length % multiple
+    if pad:
+        out["input_ids"] = torch.nn.functional.pad(ids, (0, pad))
+        if out.get("labels") is not None:
+            out["labels"] = torch.nn.functional.pad(out["labels"], (0, pad), value=ignore_index)
+        positions = out.get("position_ids")
+        if positions is not None:  # the padding continues the last document
+            tail = positions[:, -1:] + torch.arange(1, pad + 1, device=positions.device)
+            out["position_ids"] = torch.cat([positions, tail], dim=1)
+    return out, length
