@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from . import custom_op
 from .agreement import agree
 from .comm.p2p import open_host_channels
 from .call import AttentionCall
@@ -86,6 +87,10 @@ def attention(
     of the strategy starts, so no rank is left waiting.
     """
     q, k, v = autocast_inputs(q, k, v)
+    if torch.compiler.is_compiling() and custom_op.takes(layout, cu_seqlens, block_sparse, topology, options):
+        # traced as one op (burst/custom_op.py): no graph break, so checkpointed blocks compile too
+        return custom_op.attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
+                                   cu_seqlens, sinks, options)
     return _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
                               cu_seqlens, block_sparse, topology, sinks, **options)
 

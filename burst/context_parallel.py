@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from . import api
+from . import api, custom_op
 from .agreement import agree
 from .layout import _check_divisible, check_layout, resolve_layout, shard
 
@@ -120,14 +120,27 @@ class _SDPARouter(TorchFunctionMode):
         self.group, self.layout, self.strategy, self.options = group, layout, strategy, options
         self.local_len = local_len
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
-        # torch.compile runs burst.attention as it is (a graph break): its ring of point-to-point
-        # messages and agreement collectives are not for dynamo to trace.
+        # Eagerly, behind a graph break under torch.compile when burst's custom op cannot carry the call:
+        # the agreement collective and the ring's messages are not for dynamo to trace.
         self.eager_attention = torch.compiler.disable(self.attention)
+
+    def route(self, *args, **kwargs):
+        """What SDPA is while the context is open: burst.attention's custom op under torch.compile (no
+        graph break, burst/custom_op.py), when it can carry the call; else burst.attention eagerly."""
+        options = self.options
+        if torch.compiler.is_compiling() and custom_op.takes(self.layout, options.get("cu_seqlens"),
+                                                            options.get("block_sparse"), options.get("topology"),
+                                                            self._op_options()):
+            return self.traced_attention(*args, **kwargs)
+        return self.eager_attention(*args, **kwargs)
+
+    def _op_options(self) -> dict:
+        return {k: v for k, v in self.options.items() if k not in ("window", "cu_seqlens", "block_sparse", "topology")}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            return self.eager_attention(*args, **kwargs)
+            return self.route(*args, **kwargs)
         if func is F.multi_head_attention_forward:
             return self._multi_head_attention(func, args, kwargs)
         return func(*args, **kwargs)
@@ -136,7 +149,7 @@ class _SDPARouter(TorchFunctionMode):
     def sdpa_name_routed(self):
         """F.scaled_dot_product_attention is burst.attention while open (see the class docstring)."""
         original = F.scaled_dot_product_attention
-        F.scaled_dot_product_attention = self.eager_attention
+        F.scaled_dot_product_attention = self.route
         try:
             yield
         finally:
@@ -161,6 +174,18 @@ class _SDPARouter(TorchFunctionMode):
         problem = self._refusal(query, key, attn_mask, dropout_p, enable_gqa)
         agree(f"{ENTRY} (scaled_dot_product_attention)", {} if problem is None else None, problem, self.group,
               self.world)
+        out = api.attention(query.transpose(-3, -2), key.transpose(-3, -2), value.transpose(-3, -2),
+                            group=self.group, strategy=self.strategy, layout=self.layout, causal=bool(is_causal),
+                            softmax_scale=scale, **self.options)
+        return out.transpose(-3, -2)
+
+    def traced_attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                         enable_gqa=False):
+        """`attention` as torch.compile traces it: the refusals are checked on each rank as it traces (the
+        op's first run agrees on the call's settings across the ranks, as burst.attention does)."""
+        problem = self._refusal(query, key, attn_mask, dropout_p, enable_gqa)
+        if problem is not None:
+            raise problem
         out = api.attention(query.transpose(-3, -2), key.transpose(-3, -2), value.transpose(-3, -2),
                             group=self.group, strategy=self.strategy, layout=self.layout, causal=bool(is_causal),
                             softmax_scale=scale, **self.options)

@@ -1,0 +1,139 @@
+"""burst.attention as a torch custom op, so that torch.compile traces it without a graph break.
+
+Under torch.compile, `burst.attention` with plain arguments (a layout name, causal, window, scale,
+cu_seqlens as ints, integer strategy options, sinks) calls `torch.ops.burst.attention` instead of
+running eagerly behind a graph break. Dynamo sees an opaque op with a fake (shape-only) implementation;
+at run time the op does what eager burst.attention does: validation and the cross-rank agreement on
+its first call for a setting (cached), then the strategy's loops. Its backward is a second op,
+`burst::attention_backward`, that runs the strategy's backward from the saved q, k, v, out and lse.
+
+Why it matters: a graph break cannot sit inside an activation-checkpointed region, so without the op
+dynamo ran a compiled, checkpointed block that calls burst eagerly in full (correct, not fused).
+
+The process group travels by name (`group.group_name`, as torch's functional collectives pass it);
+anything the schema cannot carry (a DocumentLayout, a BlockSparseMask, a Topology, cu_seqlens as a
+tensor, non-integer options) keeps the eager path behind a graph break (`takes` says which).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+_PREPARED: dict = {}  # the op's arguments and shapes -> (strategy, AttentionCall): agreed once, reused
+_PREPARED_MAX = 256
+
+
+def takes(layout, cu_seqlens, block_sparse, topology, options: dict) -> bool:
+    """True when the call's arguments fit the op's schema."""
+    if not isinstance(layout, str) or block_sparse is not None or topology is not None:
+        return False
+    if cu_seqlens is not None and not (isinstance(cu_seqlens, (list, tuple)) and all(isinstance(c, int) for c in cu_seqlens)):
+        return False
+    return all(isinstance(value, int) for value in options.values())
+
+
+def attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens, sinks,
+              options: dict):
+    """burst.attention through the op (the caller checked `takes`)."""
+    out, lse = torch.ops.burst.attention(
+        q, k, v, sinks, group.group_name if group is not None else "", strategy, layout, bool(causal),
+        list(window) if window is not None else None, float(softmax_scale) if softmax_scale is not None else None,
+        list(cu_seqlens) if cu_seqlens is not None else None, ",".join(options), [int(x) for x in options.values()])
+    return (out, lse) if return_lse else out
+
+
+def _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, option_names,
+              option_values):
+    """(strategy, AttentionCall) for the op's arguments: burst.attention's validation and agreement
+    (collective) the first time, then from the cache (the backward finds the forward's)."""
+    from .api import prepare_attention
+
+    key = (group_name, strategy, layout, causal, tuple(window) if window else None, softmax_scale,
+           tuple(cu_seqlens) if cu_seqlens else None, option_names, tuple(option_values), tuple(q.shape),
+           tuple(k.shape), q.dtype, q.device, sinks is not None)
+    hit = _PREPARED.get(key)
+    if hit is None:
+        group = dist.distributed_c10d._resolve_process_group(group_name) if group_name else None
+        options = dict(zip(option_names.split(","), option_values)) if option_names else {}
+        hit = prepare_attention(q, k, v, group, strategy, layout, causal, tuple(window) if window else None,
+                                softmax_scale, True, cu_seqlens, None, None, sinks=sinks, **options)
+        if len(_PREPARED) >= _PREPARED_MAX:
+            _PREPARED.clear()
+        _PREPARED[key] = hit
+    return hit
+
+
+def _stat_dtype(q):
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("burst::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor], group_name: str,
+                  strategy: str, layout: str, causal: bool, window: Optional[list[int]], softmax_scale: Optional[float],
+                  cu_seqlens: Optional[list[int]], option_names: str,
+                  option_values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    from .api import _unit_stride_last
+    from .sinks import fold_sinks
+
+    chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
+                             option_names, option_values)
+    with torch.autocast(q.device.type, enabled=False):
+        out, lse = chosen.forward(call, *(_unit_stride_last(t) for t in (q, k, v)))
+        if sinks is not None:
+            out, lse = fold_sinks(out, lse, sinks)
+    return out.contiguous(), lse.contiguous()  # the strides the fake promises (a strategy may follow q's)
+
+
+@_attention_op.register_fake
+def _(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, option_names,
+      option_values):
+    b, s, h, _ = q.shape
+    return _contiguous_like(q), q.new_empty((b, h, s), dtype=_stat_dtype(q))
+
+
+@torch.library.custom_op("burst::attention_backward", mutates_args=())
+def _attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                           lse: torch.Tensor, sinks: Optional[torch.Tensor], group_name: str, strategy: str,
+                           layout: str, causal: bool, window: Optional[list[int]], softmax_scale: Optional[float],
+                           cu_seqlens: Optional[list[int]], option_names: str,
+                           option_values: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv and dsinks (empty when there are no sinks: an op returns tensors only)."""
+    from .sinks import sink_gradient
+
+    chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
+                             option_names, option_values)
+    dout = dout.contiguous()
+    with torch.autocast(q.device.type, enabled=False):
+        dq, dk, dv = chosen.backward(call, dout, q, k, v, out, lse)
+        dsinks = sink_gradient(dout, out, lse, sinks) if sinks is not None else q.new_empty(0)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous(), dsinks
+
+
+def _contiguous_like(t):
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+@_attention_backward_op.register_fake
+def _(dout, q, k, v, out, lse, sinks, *settings):
+    return (_contiguous_like(q), _contiguous_like(k), _contiguous_like(v),
+            _contiguous_like(sinks) if sinks is not None else q.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, sinks, *settings = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, sinks)
+    ctx.settings = settings
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = torch.ops.burst.attention_backward(dout, q, k, v, out, lse, sinks, *ctx.settings)
+    return (dq, dk, dv, dsinks if sinks is not None else None) + (None,) * len(ctx.settings)
+
+
+_attention_op.register_autograd(_backward, setup_context=_setup_context)
