@@ -3,8 +3,8 @@
 Under torch.compile, `burst.attention` with plain arguments (a layout name, causal, window, scale,
 cu_seqlens as ints, integer strategy options, sinks) calls `torch.ops.burst.attention` instead of
 running eagerly behind a graph break. Dynamo sees an opaque op with a fake (shape-only) implementation;
-at run time the op does what eager burst.attention does: validation and the cross-rank agreement on
-its first call for a setting (cached), then the strategy's loops. Its backward is a second op,
+at run time the op does what eager burst.attention does: validation and the cross-rank agreement (one
+small collective per call), then the strategy's loops. Its backward is a second op,
 `burst::attention_backward`, that runs the strategy's backward from the saved q, k, v, out and lse.
 
 Why it matters: a graph break cannot sit inside an activation-checkpointed region, so without the op
@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-_PREPARED: dict = {}  # the op's arguments and shapes -> (strategy, AttentionCall): agreed once, reused
+_PREPARED: dict = {}  # the op's arguments and shapes -> (strategy, AttentionCall), for the backward
 _PREPARED_MAX = 256
 
 
@@ -46,15 +46,17 @@ def attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, r
 
 
 def _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, option_names,
-              option_values):
+              option_values, fresh: bool):
     """(strategy, AttentionCall) for the op's arguments: burst.attention's validation and agreement
-    (collective) the first time, then from the cache (the backward finds the forward's)."""
+    (collective), on every forward (`fresh`) as eager burst.attention does it, so that ranks whose
+    calls differ raise together instead of one waiting in a ring the others never join; the
+    backward reuses the forward's."""
     from .api import prepare_attention
 
     key = (group_name, strategy, layout, causal, tuple(window) if window else None, softmax_scale,
            tuple(cu_seqlens) if cu_seqlens else None, option_names, tuple(option_values), tuple(q.shape),
            tuple(k.shape), q.dtype, q.device, sinks is not None)
-    hit = _PREPARED.get(key)
+    hit = None if fresh else _PREPARED.get(key)
     if hit is None:
         group = dist.distributed_c10d._resolve_process_group(group_name) if group_name else None
         options = dict(zip(option_names.split(","), option_values)) if option_names else {}
@@ -79,7 +81,7 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Opti
     from .sinks import fold_sinks
 
     chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
-                             option_names, option_values)
+                             option_names, option_values, fresh=True)
     with torch.autocast(q.device.type, enabled=False):
         out, lse = chosen.forward(call, *(_unit_stride_last(t) for t in (q, k, v)))
         if sinks is not None:
@@ -104,7 +106,7 @@ def _attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     from .sinks import sink_gradient
 
     chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
-                             option_names, option_values)
+                             option_names, option_values, fresh=False)
     dout = dout.contiguous()
     with torch.autocast(q.device.type, enabled=False):
         dq, dk, dv = chosen.backward(call, dout, q, k, v, out, lse)

@@ -89,6 +89,19 @@ def _cases(rank, world):
     results["context_parallel SDPA"] = (0, _max_diff(compiled, eager), _max_diff(compiled, eager))
     results["context_parallel differs from local SDPA"] = (0, 0.0, -_max_diff(local, eager))
 
+    # Ranks that disagree (a window on one rank only) raise on every rank, as eager burst.attention does.
+    (q, k, v), weight = _inputs(4, "contiguous")
+
+    def uneven(q, k, v):
+        return burst.attention(q, k, v, causal=True, window=(8, 0) if rank == 0 else None)
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(uneven, fullgraph=True)(q, k, v)
+        disagreement = "no error"
+    except ValueError as err:
+        disagreement = str(err)
+
     # Outside the op's schema: a block-sparse mask runs eagerly behind a graph break, still right.
     from burst.masks import BlockSparseMask
 
@@ -101,21 +114,26 @@ def _cases(rank, world):
     torch._dynamo.reset()
     eager = _grads(sparse, (q, k, v), weight)
     results["block-sparse (eager path)"] = (None, _max_diff(_grads(torch.compile(sparse), (q, k, v), weight), eager), 0.0)
-    return results
+    return results, disagreement
 
 
 _results = results_by_world(_cases)
 
 
 def test_compiled_attention_has_no_graph_break_and_equals_eager():
-    for rank, results in enumerate(_results(2)):
-        for name, (breaks, compiled, checkpointed) in results.items():
+    for rank, (results, _) in enumerate(_results(2)):
+        for name, (breaks, compiled, _) in results.items():
             assert breaks in (0, None), (rank, name, breaks)
             assert compiled < 1e-5, (rank, name, compiled)
 
 
+def test_ranks_that_disagree_raise_on_every_rank_under_compile():
+    for rank, (_, disagreement) in enumerate(_results(2)):
+        assert "window" in disagreement, (rank, disagreement)
+
+
 def test_compiled_checkpointed_block_equals_eager():
-    for rank, results in enumerate(_results(2)):
+    for rank, (results, _) in enumerate(_results(2)):
         for name, (_, _, checkpointed) in results.items():
             assert checkpointed < 1e-5, (rank, name, checkpointed)
         # the check can fail: torch's SDPA on one rank's tokens is far from the whole sequence's attention
