@@ -101,3 +101,25 @@ def test_bf16_training_follows_fp32(tmp_path):
     assert len(losses["bf16"]) == 3 and losses["bf16"] != losses["fp32"]  # it did run in bf16
     for a, b in zip(losses["fp32"], losses["bf16"]):
         assert abs(a - b) < 2e-2 * abs(a), losses
+
+
+def test_kernel_by_name_or_a_clear_error(monkeypatch):
+    """BURST_KERNEL (what --kernel sets) picks a backend; one that cannot run here is a ValueError from
+    burst.attention's validation (raised on every rank before any collective), not a crash inside."""
+    import burst
+    from burst import kernels
+
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("BURST_KERNEL", "reference")
+    assert kernels.select_kernel(cpu, torch.float32) is kernels.reference
+    q = torch.randn(1, 8, 2, 8)
+    ref = burst.attention(q, q, q, causal=True)  # one process, through the reference kernel
+    monkeypatch.delenv("BURST_KERNEL")
+    assert torch.allclose(ref, burst.attention(q, q, q, causal=True), atol=1e-6)
+    for name, words in (("flash_attn", "needs CUDA tensors"), ("sdpa", "needs CUDA tensors"),
+                        ("nonsense", "is not one of auto")):
+        monkeypatch.setenv("BURST_KERNEL", name)
+        with pytest.raises(ValueError, match=words):
+            burst.attention(q, q, q, causal=True)
+    done = _burst("check", "--kernel", "flash_attn", "--nproc", "2")
+    assert done.returncode == 2 and "--kernel: BURST_KERNEL=flash_attn: needs CUDA tensors" in done.stderr, done.stderr

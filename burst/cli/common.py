@@ -194,6 +194,13 @@ def add_device_options(p: argparse.ArgumentParser, dtypes=("fp32", "bf16", "fp16
     if dtypes is not None:
         p.add_argument("--dtype", type=any_case(dtypes), default=default_dtype,
                        help=f"compute dtype: {', '.join(dtypes)}")
+    from ..kernels import kernels_by_name
+
+    kernels = ("auto", *kernels_by_name())
+    p.add_argument("--kernel", type=any_case(kernels), default="auto",
+                   help="the attention kernel: auto (the fastest that runs: flash_attn, FlexAttention, SDPA on "
+                        f"CUDA, the CPU flash op on the CPU) or one of {', '.join(kernels[1:])} (an error if it "
+                        "cannot run here); sets BURST_KERNEL for every rank")
 
 
 def resolve_checked_device(args) -> str:
@@ -203,9 +210,20 @@ def resolve_checked_device(args) -> str:
 
     with blame("--device"):
         device = resolve_device(args.device, local_ranks(world_size(args)))
-        for name in (args.dtype,) if isinstance(args.dtype, str) else args.dtype:
+        names = (args.dtype,) if isinstance(args.dtype, str) else args.dtype
+        for name in names:
             if name in DTYPES:
                 check_dtype(DTYPES[name], device)
+    if args.kernel != "auto":
+        import torch
+
+        from ..kernels import KERNEL_ENV, named_kernel
+        from ..kernels.reference import DTYPES as TENSOR_DTYPES
+
+        with blame("--kernel"):
+            for name in names:
+                named_kernel(args.kernel, torch.device(device), DTYPES.get(name) or TENSOR_DTYPES[name])
+        os.environ[KERNEL_ENV] = args.kernel  # every rank inherits it (spawned ones and torchrun's alike)
     return device
 
 

@@ -6,9 +6,9 @@ import os
 import sys
 
 from ..layout import LAYOUTS
-from .common import (BadOption, add_common, add_device_options, any_case, blame, check_readable_file, check_writable_dir,
-                     check_writable_file, nonnegative_float, nonnegative_int, positive_float, positive_int, publish,
-                     world_size)
+from .common import (BadOption, add_common, add_device_options, any_case, blame, check_readable_file,
+                     check_writable_dir, check_writable_file, nonnegative_float, nonnegative_int, positive_float,
+                     positive_int, publish, resolve_checked_device, world_size)
 
 
 def add_parser(sub) -> None:
@@ -101,6 +101,7 @@ def validate(args) -> None:
         check_writable_dir("--checkpoint-dir", args.checkpoint_dir)
     with blame("--nproc"):  # each of TrainConfig's errors names its own option
         config(args).check(world_size(args))
+    resolve_checked_device(args)  # --kernel: checked against the device and dtype, then set for the ranks
 
 
 def run(args) -> int:

@@ -20,14 +20,23 @@ Outputs are in the input dtype; callers accumulate in float32.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import cpu_flash, cuda_flash_attn, cuda_sdpa, flex, reference
 from .accumulators import accumulator_dtype, lse_for_backward, out_from_delta, row_delta
 
 
+KERNEL_ENV = "BURST_KERNEL"  # auto (the default), or one backend by name: what `burst ... --kernel` sets
+
+
 def select_kernel(device: torch.device, dtype: torch.dtype):
-    """The fastest backend module for tensors on `device` with `dtype`."""
+    """The fastest backend module for tensors on `device` with `dtype`, or the one BURST_KERNEL names
+    (ValueError when it cannot run here: raised in validation, on every rank, before any collective)."""
+    wanted = os.environ.get(KERNEL_ENV, "auto")
+    if wanted != "auto":
+        return named_kernel(wanted, device, dtype)
     if device.type == "cpu":
         return cpu_flash
     if device.type == "cuda" and dtype in cuda_flash_attn.DTYPES and cuda_flash_attn.available():
@@ -37,5 +46,34 @@ def select_kernel(device: torch.device, dtype: torch.dtype):
     return reference
 
 
-__all__ = ["accumulator_dtype", "select_kernel", "lse_for_backward", "out_from_delta", "row_delta", "cpu_flash",
+def kernels_by_name() -> dict:
+    """Backends by the names BURST_KERNEL and `--kernel` take."""
+    return {"cpu_flash": cpu_flash, "flash_attn": cuda_flash_attn, "flex": flex, "sdpa": cuda_sdpa,
+            "reference": reference}
+
+
+def named_kernel(name: str, device: torch.device, dtype: torch.dtype):
+    known = kernels_by_name()
+    if name not in known:
+        raise ValueError(f"{KERNEL_ENV}={name!r} is not one of auto, {', '.join(known)}")
+    problem = None
+    if name == "cpu_flash" and device.type != "cpu":
+        problem = f"runs on the CPU, the tensors are on {device.type}"
+    elif name in ("flash_attn", "sdpa") and device.type != "cuda":
+        problem = f"needs CUDA tensors, these are on {device.type}"
+    elif name == "flash_attn" and not cuda_flash_attn.available():
+        problem = ("flash_attn (2.7 or newer) does not import here: pip install flash-attn, or leave "
+                   f"{KERNEL_ENV} unset to use FlexAttention / SDPA")
+    elif name == "flash_attn" and dtype not in cuda_flash_attn.DTYPES:
+        problem = f"flash_attn takes float16 and bfloat16, not {dtype}"
+    elif name == "flex" and not flex.available():
+        problem = f"this torch ({torch.__version__}) has no FlexAttention with lse output"
+    elif name == "sdpa" and dtype == torch.float64:
+        problem = "aten's efficient kernel takes no float64 (reference does)"
+    if problem:
+        raise ValueError(f"{KERNEL_ENV}={name}: {problem}")
+    return known[name]
+
+
+__all__ = ["KERNEL_ENV", "accumulator_dtype", "kernels_by_name", "select_kernel", "lse_for_backward", "out_from_delta", "row_delta", "cpu_flash",
            "cuda_flash_attn", "cuda_sdpa", "flex", "reference"]
