@@ -384,7 +384,7 @@ def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes, by_bl
     if cover is Cover.PARTIAL and sizes.bands and _is_band(qs, ks, spec):
         return _band_tile(qs, ks, spec)
     if cover is Cover.PARTIAL and sizes.rules and not (sizes.bands and _cuts_exactly(qs, ks, spec, sizes)):
-        return [Tile(qs, ks, Cover.RULE, spec)]  # the kernel skips the blocks the rule leaves out
+        return _rule_tile(qs, ks, spec)
     if cover is Cover.PARTIAL and exact and _cuts_exactly(qs, ks, spec, sizes):
         return _plan_cut(qs, ks, spec, sizes)
     cut = cover is Cover.PARTIAL or (cover is Cover.DIAG and sizes.split_triangles)
@@ -449,6 +449,18 @@ def _band_tile(qs: Segment, ks: Segment, spec: MaskSpec) -> list[Tile]:
     if left == -1 and right == 0 and corner == 0:
         return [Tile(qt, kt, Cover.DIAG, spec)]
     return [Tile(qt, kt, Cover.BAND, spec, Bands((0, qt.length), (0, kt.length), left, right))]
+
+
+RULE_CHECK = 1 << 20  # pairs: a rule tile up to this size is evaluated once when planned
+
+
+def _rule_tile(qs: Segment, ks: Segment, spec: MaskSpec) -> list[Tile]:
+    """`qs` x `ks` whole, as its rule (the kernel skips the blocks the rule leaves out). Bounds are
+    conservative for strided runs: a tile small enough is evaluated here, and one that attends nothing
+    is not planned (a large one would cost a dense mask to check; its kernel skips it block by block)."""
+    if qs.length * ks.length <= RULE_CHECK and not bool(spec.allowed(qs.positions(), ks.positions()).any()):
+        return []
+    return [Tile(qs, ks, Cover.RULE, spec)]
 
 
 def _window(tile: Tile) -> tuple[int, int]:

@@ -55,7 +55,10 @@ def _painted(tiles, n):
     return grid
 
 
-_SIZES = (TileSizes(burst.masks.MAX_TILE), TileSizes(5), TileSizes(5, 2, True), TileSizes(burst.masks.MAX_TILE, 3, True))
+_SIZES = (TileSizes(burst.masks.MAX_TILE), TileSizes(5), TileSizes(5, 2, True), TileSizes(burst.masks.MAX_TILE, 3, True),
+          # kernels that take masks as arguments: flash_attn's bands and varlen, FlexAttention's rules, both
+          TileSizes(burst.masks.MAX_TILE, bands=True), TileSizes(5, bands=True),
+          TileSizes(burst.masks.MAX_TILE, rules=True), TileSizes(5, bands=True, rules=True))
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
@@ -74,6 +77,8 @@ def test_tiles_cover_the_mask_exactly(layout, world, monkeypatch):
             assert all(t.q.length <= sizes.max_rows and t.k.length <= sizes.max_rows for t in tiles)
             if sizes.split_triangles:
                 assert all(t.q.length <= sizes.leaf_rows for t in tiles if t.causal or t.mask is not None)
+            if sizes.rules or (sizes.bands and "block_sparse" not in kwargs):  # no dense mask left to build
+                assert all(t.cover is not burst.masks.Cover.PARTIAL for t in tiles), (kwargs, layout, sizes)
             q_idx, k_idx = shard_indices(layout, qr, world, seqlen), shard_indices(layout, kr, world, seqlen)
             want = allowed[q_idx][:, k_idx]
             grid = _painted(tiles, n)
