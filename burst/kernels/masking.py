@@ -34,12 +34,14 @@ def additive_mask(mask: torch.Tensor | Bands | PositionRule | None, dtype: torch
 
 def clear_empty_rows(out: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor | None):
     """Rows with nothing to attend get out 0 and lse -inf, whatever the kernel left there (the CPU
-    flash op leaves lse 0, which a merge would count as weight 1). No host sync: the fill runs on
-    the device whether or not a row is empty.
+    flash op leaves lse 0, which a merge would count as weight 1). On a GPU the fill runs whether or
+    not a row is empty (asking would sync with the host); on the CPU asking is free and saves copies.
 
     out: (batch, seqlen_q, nheads, headdim); lse: (batch, nheads, seqlen_q); mask: dense bool or None.
     """
     if mask is None:
         return out, lse
     empty = ~mask.any(-1)  # (seqlen_q,)
+    if empty.device.type == "cpu" and not bool(empty.any()):
+        return out, lse
     return out.masked_fill(empty[None, :, None, None], 0.0), lse.masked_fill(empty, float("-inf"))
