@@ -18,7 +18,9 @@ A kernel that takes masks as arguments (`TileSizes.bands`: flash_attn's window a
 gets no dense mask for causal, window and document masks on runs of equal stride: such a pair is a
 diagonal band of the tile (`Bands`, one BAND tile, trimmed to the rows and keys it attends), and a pair
 across documents is cut at the documents' bounds only and its pieces sent as one varlen call per run of
-pieces with the same window. Only block-sparse masks and runs of unequal strides keep dense masks.
+pieces with the same window. A kernel that evaluates masks itself (`TileSizes.rules`: FlexAttention)
+gets the remaining partial tiles (block-sparse masks, runs of unequal strides) whole, as their rule
+over global positions (`PositionRule`). Only a kernel that takes neither gets dense masks.
 
 Mask kinds (combined with AND):
 - causal: key position <= query position.
