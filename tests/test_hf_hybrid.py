@@ -1,4 +1,4 @@
-"""Hybrid models (gated delta net, Mamba / Mamba2 scans, short convolutions) exact across ranks.
+"""Hybrid models (gated delta net, Mamba / Mamba2 scans, RG-LRU, short convolutions) exact across ranks.
 
 Each family of hf_mixers.FAMILIES that this transformers release ships, built tiny from the zoo's
 config (hf_zoo.tiny_config: its recurrent and convolutional layers kept), trains one step with the
@@ -19,8 +19,9 @@ from world import results_by_world, value_errors
 transformers_or_skip()
 
 SEQ = 64
-FOUR_RANKS = ("qwen3_next", "mamba", "bamba", "lfm2", "kimi_linear", "rwkv", "minimax", "xlstm")  # gated delta rule,
-# Mamba, Mamba2, short convolutions alone, Kimi delta attention, RWKV-4 (token shift + WKV), lightning attention, mLSTM
+FOUR_RANKS = ("qwen3_next", "mamba", "bamba", "lfm2", "kimi_linear", "rwkv", "minimax", "xlstm", "recurrent_gemma")
+# gated delta rule, Mamba, Mamba2, short convolutions alone, Kimi delta attention, RWKV-4 (token shift + WKV),
+# lightning attention, mLSTM, RG-LRU (with its convolution a module)
 
 
 def _models(family, name):
@@ -114,10 +115,27 @@ def _refusals(group):
         "cache": lambda: model(**bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=model),
                                use_cache=True),
     }
-    if "recurrent_gemma" in hf_zoo.families():  # RG-LRU: a stateful module method, not split
-        unsupported = _models("recurrent_gemma", "hybrid_refusals")[1]
-        cases["unsupported family"] = lambda: unsupported(
-            **bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=unsupported), use_cache=False)
+    if "lfm2" in hf_zoo.families():  # a family burst does not know: played by lfm2 taken off the list
+        from unittest import mock
+
+        from burst.integrations import hf_mixers
+
+        unsupported = _models("lfm2", "hybrid_refusals")[1]
+
+        def unknown_family():
+            with mock.patch.dict(hf_mixers.FAMILIES):
+                del hf_mixers.FAMILIES["lfm2"]
+                unsupported(**bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=unsupported),
+                            use_cache=False)
+
+        cases["unsupported family"] = unknown_family
+    if "recurrent_gemma" in hf_zoo.families():  # its recurrent state lives on the module: no sharded decoding
+        gemma = _models("recurrent_gemma", "hybrid_refusals")[1]
+        def decoding():
+            bt.shard_mixers(gemma, group, "zigzag")
+            return gemma.generate(ids, max_new_tokens=2, past_key_values=bt.ShardedCache(gemma))
+
+        cases["decoding"] = decoding
     out.update(value_errors(cases))
     return out
 
@@ -173,4 +191,7 @@ def test_what_a_hybrid_model_cannot_do_is_refused():
     assert "shard_mixers" in refusals["not hooked"]
     assert "cache" in refusals["cache"]
     if "unsupported family" in refusals:
-        assert "outside attention" in refusals["unsupported family"]
+        assert "outside attention" in refusals["unsupported family"] or "not among the families" in \
+            refusals["unsupported family"], refusals["unsupported family"]
+    if "decoding" in refusals:
+        assert "decoding (one token)" in (refusals["decoding"] or ""), refusals["decoding"]

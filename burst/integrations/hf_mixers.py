@@ -17,7 +17,9 @@ output reads the starting state. The output is then out(0) + coefficients @ star
 selective scan takes no starting state, so its transition and coefficients are computed from its
 decays directly. RWKV-4's WKV and xLSTM's mLSTM divide by their state, and MiniMax's lightning
 attention has its loop inline in the layer's forward: those run each chunk twice, from zero for its
-final state, then from the state it truly starts from.)
+final state, then from the state it truly starts from. RecurrentGemma's RG-LRU keeps its state on
+the module: each chunk runs from 0 and from 1 (the difference is its transition), then from its true
+start; its temporal convolution is an nn.Conv1d module, whose forward takes the halo.)
 
 Supported families are listed in FAMILIES (each one tested exact at 2-4 ranks against one
 process); any other family whose config has non-attention layers stays refused at more than one
@@ -68,6 +70,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "rwkv": ("token shift", "RWKV-4 WKV"),
     "minimax": ("lightning attention",),
     "xlstm": ("mLSTM",),
+    "recurrent_gemma": ("temporal convolution", "RG-LRU"),
 }
 
 # Cached decoding, which cannot run on a shard (the pre-hook refuses a cache first; these are the backstop).
@@ -110,6 +113,7 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     done = getattr(model, "_burst_mixers", None)
     if done is not None and done[0] is group and done[1] == layout:  # shard_batch(model=) calls it every step
         return done[2]
+    _capture_position_ids(model)
     config = model.config
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     module = sys.modules[type(model).__module__]
@@ -135,6 +139,7 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     mixers = [m for m in model.modules() if _calls_any(type(m), tuple(names))]
     for mixer in inline:
         _take_over(mixer, shards)
+    _shard_convolution_modules(model, shards)
     if not mixers and not inline and _mixes_outside_attention(text):
         raise ValueError(f"{type(model).__name__}: found none of the modules that call {names}; this "
                          "transformers release arranges the family differently from what burst knows")
@@ -473,7 +478,80 @@ def _mlstm(module, forward, shards: Shards, query, key, value, igate, fgate, c_i
     return torch.cat(outs, dim=2), None
 
 
-_TAKEN_OVER = {"MiniMaxLightningAttention": _lightning_attention, "xLSTMBackend": _mlstm}
+def _rg_lru(module, forward, shards: Shards, activations, position_ids):
+    """RecurrentGemma's RG-LRU; activations (B, T, W). A diagonal linear recurrence h_t = a_t h_{t-1} + x_t
+    (a_t = 0 where a document starts), run by the module from `module.recurrent_states`: its outputs
+    and final state are affine in that start, so each chunk runs from 0 and from 1 (the difference is
+    its transition per channel), then from the state it truly starts from."""
+    if activations.shape[1] == 1:
+        raise ValueError(f"{type(module).__name__}: decoding (one token) with the sequence split across "
+                         f"{shards.world} ranks is not supported for recurrent layers")
+
+    def from_state(seg, start):
+        module.recurrent_states = start
+        try:
+            out = forward(activations[:, seg.rows], position_ids[:, seg.rows])
+            return out, module.recurrent_states
+        finally:
+            module.recurrent_states = None
+
+    def final_and_transition(seg):
+        zeros = activations.new_zeros(activations.shape[0], activations.shape[2], dtype=torch.float32)
+        _, final = from_state(seg, zeros)
+        _, final_from_ones = from_state(seg, zeros + 1)
+        return final, final_from_ones - final
+
+    def run_from(seg, start):
+        return from_state(seg, start)[0]
+
+    outs = _from_true_starts(shards, activations.shape[1], "rg_lru_state", final_and_transition, run_from)
+    return torch.cat(outs, dim=1)
+
+
+_TAKEN_OVER = {"MiniMaxLightningAttention": _lightning_attention, "xLSTMBackend": _mlstm,
+               "RecurrentGemmaRglru": _rg_lru}
+
+
+def _causal_depthwise(x, weight, bias):
+    """x (B, C, T) through a depthwise convolution of weight (C, k), the k - 1 inputs before each
+    output taken from x itself: causal_conv1d_fn's arithmetic, for _conv."""
+    return F.conv1d(F.pad(x, (weight.shape[-1] - 1, 0)), weight[:, None, :], bias, groups=x.shape[1])
+
+
+def _shard_convolution_modules(model: torch.nn.Module, shards: Shards) -> None:
+    """RecurrentGemma's temporal convolution is an nn.Conv1d module (depthwise, padded k - 1 on both
+    sides, the caller keeps the first T outputs): its forward becomes _conv's, each chunk with its halo."""
+    for block in model.modules():
+        conv = getattr(block, "conv_1d", None)
+        if type(block).__name__ != "RecurrentGemmaRecurrentBlock" or not isinstance(conv, torch.nn.Conv1d):
+            continue
+        if conv.groups != conv.in_channels or conv.padding != (conv.kernel_size[0] - 1,):
+            raise ValueError(f"{type(block).__name__}.conv_1d is not the depthwise convolution burst knows")
+
+        def forward(x, conv=conv):
+            return _conv(_causal_depthwise, shards, x, conv.weight[:, 0, :], conv.bias)
+
+        conv.forward = forward
+
+
+def _capture_position_ids(model: torch.nn.Module) -> None:
+    """Attention modules that take position_ids but do not hand them to the attention function
+    (RecurrentGemma's): a pre-hook keeps them on the module, where burst's attention function reads
+    them (it needs the shard's global positions). Once per module."""
+    for module in model.modules():
+        forward = type(module).forward
+        if not type(module).__name__.endswith("Attention") or getattr(module, "_burst_captures_positions", False):
+            continue
+        signature = inspect.signature(forward)
+        if "position_ids" not in signature.parameters:
+            continue
+
+        def keep(mod, args, kwargs, signature=signature):
+            bound = signature.bind_partial(mod, *args, **kwargs).arguments
+            mod._burst_position_ids = bound.get("position_ids")
+
+        module.register_forward_pre_hook(keep, with_kwargs=True)
+        module._burst_captures_positions = True
 
 
 def _take_over(module: torch.nn.Module, shards: Shards) -> None:

@@ -101,12 +101,16 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     window = None
     if sliding_window is not None:  # transformers: key j attends when j > i - sliding_window
         window = (sliding_window - 1, 0 if causal else sliding_window - 1)
-    if kwargs.get("position_ids") is None:
+    positions = kwargs.get("position_ids")
+    if positions is None:  # an attention module that takes position_ids but keeps them (hf_mixers captures them)
+        positions = getattr(module, "_burst_position_ids", None)
+    if positions is None:
         raise ValueError(
             f"attn_implementation={name!r}: {model_name(module)} does not pass position_ids to its attention "
             "function, so burst can neither check that the shards sit at their global positions nor see packed "
-            "documents; refused (models that do pass them: Llama, Qwen, Mistral, GPT-OSS, ...)")
-    cu_seqlens = _documents(kwargs.get("position_ids"), query.shape[0], query.shape[2], backend)
+            "documents; refused (models that do pass them: Llama, Qwen, Mistral, GPT-OSS, ...; a model prepared "
+            "by bt.shard_batch(..., model=model) or SequenceParallelTrainer has them captured)")
+    cu_seqlens = _documents(positions, query.shape[0], query.shape[2], backend)
     query, key, value = _one_dtype(query, key, value)
     out = api.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), group=backend.group,
                         strategy=backend.strategy, layout=backend.layout, causal=causal, window=window,
