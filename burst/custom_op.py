@@ -30,9 +30,9 @@ def takes(layout, cu_seqlens, block_sparse, topology, options: dict) -> bool:
     """True when the call's arguments fit the op's schema."""
     if not isinstance(layout, str) or block_sparse is not None or topology is not None:
         return False
-    if cu_seqlens is not None and not (isinstance(cu_seqlens, (list, tuple)) and all(isinstance(c, int) for c in cu_seqlens)):
+    if cu_seqlens is not None and not (isinstance(cu_seqlens, (list, tuple)) and all(type(c) is int for c in cu_seqlens)):
         return False
-    return all(isinstance(value, int) for value in options.values())
+    return all(type(value) is int for value in options.values())  # not bool: validation names it eagerly
 
 
 def attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens, sinks,
