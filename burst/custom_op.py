@@ -30,7 +30,8 @@ def takes(layout, cu_seqlens, block_sparse, topology, options: dict) -> bool:
     """True when the call's arguments fit the op's schema."""
     if not isinstance(layout, str) or block_sparse is not None or topology is not None:
         return False
-    if cu_seqlens is not None and not (isinstance(cu_seqlens, (list, tuple)) and all(type(c) is int for c in cu_seqlens)):
+    if cu_seqlens is not None and not (isinstance(cu_seqlens, (list, tuple))
+                                       and all(type(c) is int for c in cu_seqlens)):
         return False
     return all(type(value) is int for value in options.values())  # not bool: validation names it eagerly
 

@@ -80,7 +80,8 @@ def _cases(rank, world):
         with burst.CommStats() as stats:
             errs = sharded_errors(full, ref, torch.bfloat16, layout=DocumentLayout(DOCS, split), causal=True,
                                   strategy="burst")
-        errs.update(dense_masks=stats.dense_masks(), flash_calls=len(calls), flex_calls=sum(name == "flex_attention" for name, *_ in calls),
+        errs.update(dense_masks=stats.dense_masks(), flash_calls=len(calls),
+                    flex_calls=sum(name == "flex_attention" for name, *_ in calls),
                     varlen_calls=sum(name.startswith("varlen") for name, *_ in calls))
         results.append((("doc layout", split, "burst"), errs))
     return results

@@ -75,5 +75,5 @@ def named_kernel(name: str, device: torch.device, dtype: torch.dtype):
     return known[name]
 
 
-__all__ = ["KERNEL_ENV", "accumulator_dtype", "kernels_by_name", "select_kernel", "lse_for_backward", "out_from_delta", "row_delta", "cpu_flash",
-           "cuda_flash_attn", "cuda_sdpa", "flex", "reference"]
+__all__ = ["KERNEL_ENV", "accumulator_dtype", "kernels_by_name", "named_kernel", "select_kernel", "lse_for_backward",
+           "out_from_delta", "row_delta", "cpu_flash", "cuda_flash_attn", "cuda_sdpa", "flex", "reference"]

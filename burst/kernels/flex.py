@@ -134,7 +134,8 @@ def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | Po
     return out, lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
 
 
-def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Tensor | Bands | PositionRule | None = None):
+def backward(dout, q, k, v, out, lse, scale: float, causal: bool,
+             mask: torch.Tensor | Bands | PositionRule | None = None):
     """Gradients of one block given the rows' global out and lse (see the module docstring)."""
     block_mask = _block_mask(mask, causal, q.shape[1], k.shape[1], q.device)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
