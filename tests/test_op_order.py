@@ -6,7 +6,8 @@ same order. A program that is right on gloo can hang on NCCL. So every strategy'
 backward, each layout and mask, runs here with every point-to-point op recorded (burst.comm.OpLog)
 and every collective call logged, and for each ordered pair of ranks (a, b) the sends a posts to b
 must be exactly the receives b posts from a (tag, shape and dtype, in order), and every rank must
-call the same collectives in the same order. One world of 4 ranks.
+call the same collectives in the same order. One world of 4 ranks, also as 2 nodes of 2 (the double
+ring's intra- and inter-node rings).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from world import results_by_world
 WORLD = 4
 SEQ = 128
 CASES = [(strategy, layout, mask)
-         for strategy in ("burst", "ring", "distflash", "usp", "cqs", "ulysses", "allgather")
+         for strategy in ("burst", "ring", "distflash", "usp", "cqs", "ulysses", "allgather",
+                          "burst:double ring", "ring:double ring")  # 2 nodes of 2 ranks: the topology-aware rings
          for layout in ("contiguous", "zigzag", "striped")
          for mask in ("causal", "window", "documents", "full")]
 MASKS = {"causal": dict(causal=True), "window": dict(causal=True, window=(40, 0)),
@@ -57,9 +59,11 @@ def _record(rank, world):
         q, k, v = (torch.randn(1, SEQ, 4, 8) for _ in range(3))
         q, k, v = (burst.shard(t, layout=layout).requires_grad_() for t in (q, k, v))
         calls.clear()
+        name, _, variant = strategy.partition(":")
+        topology = burst.Topology(local_world_size=2) if variant == "double ring" else None
         with OpLog() as log:
             try:
-                out = burst.attention(q, k, v, strategy=strategy, layout=layout, **MASKS[mask])
+                out = burst.attention(q, k, v, strategy=name, layout=layout, topology=topology, **MASKS[mask])
             except ValueError:  # a strategy that refuses this layout or mask: refused alike on every rank
                 results.append(((strategy, layout, mask), None, None))
                 continue
@@ -85,8 +89,8 @@ def test_sends_and_receives_pair_up_in_order_between_every_two_ranks():
                 sent = [op[2:] for op in logs[a] if op[0] == "send" and op[1] == b]
                 received = [op[2:] for op in logs[b] if op[0] == "recv" and op[1] == a]
                 assert sent == received, (case, a, b, sent[:4], received[:4])
-        checked += case[0] in ("burst", "ring") and all(logs)
-    assert checked == 2 * 3 * len(MASKS)  # burst and ring ran every layout and mask, and exchanged
+        checked += case[0].partition(":")[0] in ("burst", "ring") and all(logs)
+    assert checked == 4 * 3 * len(MASKS)  # burst and ring (flat and double ring) ran every layout and mask
 
 
 def test_every_rank_calls_the_same_collectives_in_the_same_order():
