@@ -3,7 +3,7 @@
 On 2 ranks, against eager burst.attention (which tests elsewhere compare with float64 attention):
 compiled with fullgraph=True (which fails on any graph break), output and gradients equal; the
 same inside an activation-checkpointed block, where a graph break would make dynamo run the whole
-block eagerly; with sinks, GQA and a strategy option; SDPA routed by burst.context_parallel in a
+block eagerly; with sinks, GQA and a strategy option; under bf16 autocast; SDPA routed by burst.context_parallel in a
 compiled checkpointed block; and a call the op's schema cannot carry
 (a block-sparse mask) still right, through the eager path behind a graph break.
 """
@@ -88,6 +88,18 @@ def _cases(rank, world):
     local = _grads(sdpa_block, shards, weight)  # outside the context: torch's SDPA on this rank's tokens only
     results["context_parallel SDPA"] = (0, _max_diff(compiled, eager), _max_diff(compiled, eager))
     results["context_parallel differs from local SDPA"] = (0, 0.0, -_max_diff(local, eager))
+
+    # Under bf16 autocast: the op gets q, k, v in bf16 (as SDPA would) and keeps float32 statistics.
+    (q, k, v), weight = _inputs(5, "zigzag")
+
+    def autocast_attend(q, k, v, weight):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return burst.attention(q, k, v, causal=True, layout="zigzag").flatten(2).float() @ weight
+
+    torch._dynamo.reset()
+    eager = _grads(autocast_attend, (q, k, v), weight)
+    compiled = _grads(torch.compile(autocast_attend, fullgraph=True), (q, k, v), weight)
+    results["bf16 autocast"] = (0, _max_diff(compiled, eager), _max_diff(compiled, eager))  # the same kernels run
 
     # Ranks that disagree (a window on one rank only) raise on every rank, as eager burst.attention does.
     (q, k, v), weight = _inputs(4, "contiguous")
