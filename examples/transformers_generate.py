@@ -17,6 +17,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import burst.integrations.transformers as bt
+from burst.launch import end_rank
 
 
 def main() -> None:
@@ -40,7 +41,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         for row in out[:, args.prompt_len:].tolist():
             print("tokens", *row, flush=True)
-    dist.destroy_process_group()
+    end_rank()  # past every peer's last collective, then no interpreter finalization (gloo can abort there)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import burst.integrations.transformers as bt
+from burst.launch import end_rank
 
 
 def main() -> None:
@@ -59,7 +60,7 @@ def main() -> None:
         if dist.get_rank() == 0:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
     dist.barrier()  # no rank closes its connections while a peer still finishes a collective
-    dist.destroy_process_group()
+    end_rank()  # past every peer's last collective, then no interpreter finalization (gloo can abort there)
 
 
 if __name__ == "__main__":
