@@ -10,6 +10,7 @@ does not check flash_attn itself (see benchmarks/README.md for what has run on a
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import pytest
@@ -214,14 +215,15 @@ def test_band_window_sizes_follow_flash_attns_corner():
 
 # --- FlexAttention (kernels/flex.py): any mask as a rule, the backward from the global out and lse -----
 
-def _flex_call(spec, max_rows):
+def _flex_call(spec, max_rows, bands=False):
+    """An AttentionCall whose kernel is flex with small calls (a row's tiles merge); bands: planned as
+    for flash_attn too, so that flex gets band and varlen tiles (flash_attn's fallback hands it those)."""
     from burst.call import AttentionCall
-    from burst.masks import TileSizes
 
-    class Kernel:  # flex, with small calls so that a row's tiles merge
-        MAX_ROWS, RULES, forward, backward = max_rows, True, staticmethod(flex.forward), staticmethod(flex.backward)
+    class Kernel:
+        MAX_ROWS, RULES, BANDS = max_rows, True, bands
+        forward, backward = staticmethod(flex.forward), staticmethod(flex.backward)
 
-    assert TileSizes().rules is False
     return AttentionCall(None, 0, 1, "contiguous", 0, spec, 0.25, Kernel)
 
 
@@ -232,9 +234,9 @@ def test_flex_backward_from_the_global_out_and_lse_is_exact(flex_stand_in):
     from burst.masks import Cover
 
     torch.manual_seed(2)
-    rules = 0
-    for name, q_segs, k_segs, spec in _mask_cases():
-        call = _flex_call(spec, max_rows=32)
+    rules, bands = 0, 0
+    for (name, q_segs, k_segs, spec), with_bands in itertools.product(_mask_cases(), (False, True)):
+        call = _flex_call(spec, max_rows=32, bands=with_bands)
         tiles = call.plan(q_segs, k_segs)
         q, k, v, dout, ref_out, ref_lse = _float64_case(q_segs, k_segs, spec, 0.25)
         with CommStats() as stats:
@@ -244,7 +246,8 @@ def test_flex_backward_from_the_global_out_and_lse_is_exact(flex_stand_in):
             assert rel_err(got, want) < 1e-10, name
         assert stats.dense_masks() == 0 and all(t.cover is not Cover.PARTIAL for t in tiles), name
         rules += sum(t.cover is Cover.RULE for t in tiles)
-    assert rules > 10  # the masks reached the kernel as rules
+        bands += sum(t.cover is Cover.BAND and t.bands.sequences > 1 for t in tiles)
+    assert rules > 10 and bands > 2  # the masks reached the kernel as rules, and as varlen bands
 
 
 def test_flex_forward_matches_float64_with_torchs_own_flex_attention():
@@ -253,8 +256,8 @@ def test_flex_forward_matches_float64_with_torchs_own_flex_attention():
     flex._BLOCK_MASKS.clear()
     torch.manual_seed(3)
     b, h, hk, d = 1, 4, 2, 16
-    for name, q_segs, k_segs, spec in _mask_cases():
-        call = _flex_call(spec, max_rows=64)
+    for (name, q_segs, k_segs, spec), with_bands in itertools.product(_mask_cases(), (False, True)):
+        call = _flex_call(spec, max_rows=64, bands=with_bands)
         tiles = call.plan(q_segs, k_segs)
         sq, sk = sum(s.length for s in q_segs), sum(s.length for s in k_segs)
         q = torch.randn(b, sq, h, d)

@@ -33,7 +33,7 @@ from ..masks import Bands, PositionRule
 from .masking import dense_mask
 
 MAX_ROWS = 8192
-RULES = True  # takes partial tiles whole, as rules (masks.TileSizes.rules)
+RULES = True  # takes partial tiles whole, as rules (masks.TileSizes.rules); bands from flash_attn's fallback too
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,10 +85,35 @@ def _position_mod(rule: PositionRule, device):
     return mask_mod
 
 
+def _bands_mod(bands: Bands, device):
+    """mask_mod of a tile's bands: the sequence of each row and key, its offset in it, and each
+    sequence's corner (flash_attn's bottom-right alignment), looked up per index."""
+    cu_q, cu_k = (torch.tensor(cu, device=device) for cu in (bands.cu_q, bands.cu_k))
+    q_seq = torch.bucketize(torch.arange(bands.cu_q[-1], device=device), cu_q, right=True) - 1
+    k_seq = torch.bucketize(torch.arange(bands.cu_k[-1], device=device), cu_k, right=True) - 1
+    q_off = torch.arange(bands.cu_q[-1], device=device) - cu_q[q_seq]
+    k_off = torch.arange(bands.cu_k[-1], device=device) - cu_k[k_seq]
+    corner = (cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1])
+    left, right = bands.left, bands.right
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        ok = q_seq[q_idx] == k_seq[kv_idx]
+        d = k_off[kv_idx] - q_off[q_idx] - corner[q_seq[q_idx]]  # 0 on the corner's diagonal
+        if left >= 0:
+            ok = ok & (d >= -left)
+        if right >= 0:
+            ok = ok & (d <= right)
+        return ok
+
+    return mask_mod
+
+
 def _mask_mod(mask, causal: bool, device):
     if isinstance(mask, PositionRule):
         return _position_mod(mask, device)
-    if mask is not None:  # bands or a dense mask: looked up, still never widened to a bias
+    if isinstance(mask, Bands):
+        return _bands_mod(mask, device)
+    if mask is not None:  # a dense mask: looked up, still never widened to a bias
         allowed = dense_mask(mask, device)
         return lambda b, h, q_idx, kv_idx: allowed[q_idx, kv_idx]
     if causal:
