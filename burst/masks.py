@@ -148,16 +148,30 @@ class Bands:
 
     def allowed(self, device=None) -> torch.Tensor:
         """Dense bool (cu_q[-1], cu_k[-1]), True = attend: for kernels that take no band arguments."""
-        ok = torch.zeros(self.cu_q[-1], self.cu_k[-1], dtype=torch.bool, device=device)
-        for q0, q1, k0, k1 in zip(self.cu_q, self.cu_q[1:], self.cu_k, self.cu_k[1:]):
-            d = torch.arange(k1 - k0, device=device)[None, :] - torch.arange(q1 - q0, device=device)[:, None]
-            corner = (k1 - k0) - (q1 - q0)
-            band = torch.ones_like(d, dtype=torch.bool)
-            if self.left >= 0:
-                band &= d >= corner - self.left
-            if self.right >= 0:
-                band &= d <= corner + self.right
-            ok[q0:q1, k0:k1] = band
+        rows = self.rows(device)
+        q, k = torch.arange(self.cu_q[-1], device=device), torch.arange(self.cu_k[-1], device=device)
+        return self.attends(q[:, None], k[None, :], rows)
+
+    def rows(self, device=None) -> tuple[torch.Tensor, ...]:
+        """Per-row lookups for `attends`: each query row's sequence and offset in it, each key row's,
+        and each sequence's corner (keys minus queries)."""
+        cu_q, cu_k = (torch.tensor(cu, device=device) for cu in (self.cu_q, self.cu_k))
+        q_seq = torch.bucketize(torch.arange(self.cu_q[-1], device=device), cu_q, right=True) - 1
+        k_seq = torch.bucketize(torch.arange(self.cu_k[-1], device=device), cu_k, right=True) - 1
+        q_off = torch.arange(self.cu_q[-1], device=device) - cu_q[q_seq]
+        k_off = torch.arange(self.cu_k[-1], device=device) - cu_k[k_seq]
+        return q_seq, q_off, k_seq, k_off, (cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1])
+
+    def attends(self, q_row: torch.Tensor, k_row: torch.Tensor, rows: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Elementwise, broadcasting: does query row q_row see key row k_row (rows: `rows()`). The dense
+        mask (`allowed`) and FlexAttention's mask_mod (kernels/flex.py) both use it."""
+        q_seq, q_off, k_seq, k_off, corner = rows
+        ok = q_seq[q_row] == k_seq[k_row]
+        d = k_off[k_row] - q_off[q_row] - corner[q_seq[q_row]]  # 0 on the sequence's bottom-right diagonal
+        if self.left >= 0:
+            ok = ok & (d >= -self.left)
+        if self.right >= 0:
+            ok = ok & (d <= self.right)
         return ok
 
 
@@ -209,22 +223,33 @@ class MaskSpec:
 
     def allowed(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """Bool (len(q_pos), len(k_pos)): True where query q_pos[i] attends key k_pos[j]."""
-        q, k = q_pos[:, None], k_pos[None, :]
-        ok = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool, device=q_pos.device)
+        return self.attends(q_pos[:, None], k_pos[None, :], *self.documents(q_pos[:, None], k_pos[None, :]))
+
+    def documents(self, q_pos: torch.Tensor, k_pos: torch.Tensor):
+        """(the document of each query position, of each key position), or (None, None) without documents."""
+        if not self.cu_seqlens:
+            return None, None
+        bounds = torch.tensor(self.cu_seqlens, device=q_pos.device)
+        return torch.bucketize(q_pos, bounds, right=True), torch.bucketize(k_pos, bounds, right=True)
+
+    def attends(self, q: torch.Tensor, k: torch.Tensor, q_doc=None, k_doc=None) -> torch.Tensor:
+        """Elementwise, broadcasting: does query position q attend key position k. q_doc / k_doc: their
+        documents (`documents`), when the spec has any. The one statement of what each mask kind
+        allows: the dense masks (`allowed`) and FlexAttention's mask_mod (kernels/flex.py) both use it."""
+        ok = (q >= 0) & (k >= 0)  # all True, in the broadcast shape
         if self.causal:
-            ok &= k <= q
+            ok = ok & (k <= q)
         if self.window:
             left, right = self.window
             if left >= 0:
-                ok &= k >= q - left
+                ok = ok & (k >= q - left)
             if right >= 0:
-                ok &= k <= q + right
+                ok = ok & (k <= q + right)
         if self.cu_seqlens:
-            bounds = torch.tensor(self.cu_seqlens, device=q_pos.device)
-            ok &= torch.bucketize(q, bounds, right=True) == torch.bucketize(k, bounds, right=True)
+            ok = ok & (q_doc == k_doc)
         if self.block_sparse:
-            bs, layout = self.block_sparse.block_size, self.block_sparse.layout.to(q_pos.device)
-            ok &= layout[(q_pos // bs)[:, None], (k_pos // bs)[None, :]]
+            bs, layout = self.block_sparse.block_size, self.block_sparse.layout.to(q.device)
+            ok = ok & layout[q // bs, k // bs]
         return ok
 
     def cover(self, qs: Segment, ks: Segment) -> Cover:

@@ -55,57 +55,22 @@ def _compiled(device_type: str):
 
 
 def _position_mod(rule: PositionRule, device):
-    """mask_mod(b, h, q_idx, kv_idx) of a tile's rule: per-row lookups of positions, documents and
-    blocks (tensors of the tile's length, built once per block mask), combined as the spec says."""
-    spec = rule.spec
+    """mask_mod(b, h, q_idx, kv_idx) of a tile's rule: each row's global position (and document)
+    looked up, then MaskSpec.attends, the one statement of what the mask allows."""
     q_pos, k_pos = rule.q.positions(device), rule.k.positions(device)
-    if spec.cu_seqlens:
-        bounds = torch.tensor(spec.cu_seqlens, device=device)
-        q_doc, k_doc = (torch.bucketize(p, bounds, right=True) for p in (q_pos, k_pos))
-    if spec.block_sparse is not None:
-        bs, layout = spec.block_sparse.block_size, spec.block_sparse.layout.to(device)
+    q_doc, k_doc = rule.spec.documents(q_pos, k_pos)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        qp, kp = q_pos[q_idx], k_pos[kv_idx]
-        ok = qp >= 0  # all True, shaped like the indices
-        if spec.causal:
-            ok = ok & (kp <= qp)
-        if spec.window:
-            left, right = spec.window
-            if left >= 0:
-                ok = ok & (kp >= qp - left)
-            if right >= 0:
-                ok = ok & (kp <= qp + right)
-        if spec.cu_seqlens:
-            ok = ok & (q_doc[q_idx] == k_doc[kv_idx])
-        if spec.block_sparse is not None:
-            ok = ok & layout[qp // bs, kp // bs]
-        return ok
+        return rule.spec.attends(q_pos[q_idx], k_pos[kv_idx], q_doc[q_idx] if q_doc is not None else None,
+                                 k_doc[kv_idx] if k_doc is not None else None)
 
     return mask_mod
 
 
 def _bands_mod(bands: Bands, device):
-    """mask_mod of a tile's bands: the sequence of each row and key, its offset in it, and each
-    sequence's corner (flash_attn's bottom-right alignment), looked up per index."""
-    cu_q, cu_k = (torch.tensor(cu, device=device) for cu in (bands.cu_q, bands.cu_k))
-    q_seq = torch.bucketize(torch.arange(bands.cu_q[-1], device=device), cu_q, right=True) - 1
-    k_seq = torch.bucketize(torch.arange(bands.cu_k[-1], device=device), cu_k, right=True) - 1
-    q_off = torch.arange(bands.cu_q[-1], device=device) - cu_q[q_seq]
-    k_off = torch.arange(bands.cu_k[-1], device=device) - cu_k[k_seq]
-    corner = (cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1])
-    left, right = bands.left, bands.right
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        ok = q_seq[q_idx] == k_seq[kv_idx]
-        d = k_off[kv_idx] - q_off[q_idx] - corner[q_seq[q_idx]]  # 0 on the corner's diagonal
-        if left >= 0:
-            ok = ok & (d >= -left)
-        if right >= 0:
-            ok = ok & (d <= right)
-        return ok
-
-    return mask_mod
+    """mask_mod of a tile's bands: Bands.attends on per-row lookups built once."""
+    rows = bands.rows(device)
+    return lambda b, h, q_idx, kv_idx: bands.attends(q_idx, kv_idx, rows)
 
 
 def _mask_mod(mask, causal: bool, device):
