@@ -123,19 +123,17 @@ class _SDPARouter(TorchFunctionMode):
         # Eagerly, behind a graph break under torch.compile when burst's custom op cannot carry the call:
         # the agreement collective and the ring's messages are not for dynamo to trace.
         self.eager_attention = torch.compiler.disable(self.attention)
+        strategy_options = {k: v for k, v in options.items() if k not in ("window", "cu_seqlens", "block_sparse",
+                                                                           "topology")}
+        self.traceable = custom_op.takes(layout, options.get("cu_seqlens"), options.get("block_sparse"),
+                                         options.get("topology"), strategy_options)
 
     def route(self, *args, **kwargs):
         """What SDPA is while the context is open: burst.attention's custom op under torch.compile (no
         graph break, burst/custom_op.py), when it can carry the call; else burst.attention eagerly."""
-        options = self.options
-        if torch.compiler.is_compiling() and custom_op.takes(self.layout, options.get("cu_seqlens"),
-                                                            options.get("block_sparse"), options.get("topology"),
-                                                            self._op_options()):
+        if torch.compiler.is_compiling() and self.traceable:
             return self.traced_attention(*args, **kwargs)
         return self.eager_attention(*args, **kwargs)
-
-    def _op_options(self) -> dict:
-        return {k: v for k, v in self.options.items() if k not in ("window", "cu_seqlens", "block_sparse", "topology")}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -174,10 +172,7 @@ class _SDPARouter(TorchFunctionMode):
         problem = self._refusal(query, key, attn_mask, dropout_p, enable_gqa)
         agree(f"{ENTRY} (scaled_dot_product_attention)", {} if problem is None else None, problem, self.group,
               self.world)
-        out = api.attention(query.transpose(-3, -2), key.transpose(-3, -2), value.transpose(-3, -2),
-                            group=self.group, strategy=self.strategy, layout=self.layout, causal=bool(is_causal),
-                            softmax_scale=scale, **self.options)
-        return out.transpose(-3, -2)
+        return self._burst(query, key, value, is_causal, scale)
 
     def traced_attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                          enable_gqa=False):
@@ -186,6 +181,10 @@ class _SDPARouter(TorchFunctionMode):
         problem = self._refusal(query, key, attn_mask, dropout_p, enable_gqa)
         if problem is not None:
             raise problem
+        return self._burst(query, key, value, is_causal, scale)
+
+    def _burst(self, query, key, value, is_causal, scale):
+        """burst.attention on SDPA's (batch, heads, seq_local, head_dim) layout."""
         out = api.attention(query.transpose(-3, -2), key.transpose(-3, -2), value.transpose(-3, -2),
                             group=self.group, strategy=self.strategy, layout=self.layout, causal=bool(is_causal),
                             softmax_scale=scale, **self.options)

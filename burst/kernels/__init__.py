@@ -9,9 +9,10 @@ Every backend exposes the same two functions on tensors in burst's layout:
     k, v:         (batch, seqlen_k, nheads_k, headdim); nheads divisible by nheads_k (GQA/MQA)
     lse:          (batch, nheads, seqlen_q), float32 (float64 for float64 input)
     causal:       top-left aligned lower triangle on this block (query i sees keys 0..i)
-    mask:         None, a bool (seqlen_q, seqlen_k) tensor (True = attend), or masks.Bands: the mask
-                  as kernel arguments, given only to a backend that sets BANDS = True (the others
-                  would build a dense bias from it: masking.additive_mask, counted in CommStats)
+    mask:         None, a bool (seqlen_q, seqlen_k) tensor (True = attend), masks.Bands (the mask as
+                  kernel arguments, planned for a backend that sets BANDS = True) or masks.PositionRule
+                  (the tile's rule, for one that sets RULES = True); a backend handed one it cannot
+                  take builds a dense bias from it (masking.additive_mask, counted in CommStats)
 
 A row with nothing to attend gets out 0 and lse -inf. `backward` needs the *global* out and lse of the
 rows (that is what makes ring backward exact); a row whose global lse is -inf gets 0 gradient.

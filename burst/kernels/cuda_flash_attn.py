@@ -66,7 +66,7 @@ def available() -> bool:
 
 
 def handles(q, k, causal: bool, mask) -> bool:
-    """True when flash_attn runs this tile (else SDPA, with a dense bias for a mask)."""
+    """True when flash_attn runs this tile (else `_fallback` does)."""
     if q.dtype not in DTYPES or q.shape[-1] % 8 or not (mask is None or isinstance(mask, Bands)):
         return False
     return not causal or q.shape[1] == k.shape[1]
