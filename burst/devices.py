@@ -17,7 +17,7 @@ import torch
 DEVICES = ("auto", "cpu", "cuda")
 # Short names as the CLI spells them, and torch's own names, to one dtype.
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-          "fp32": torch.float32, "float32": torch.float32}
+          "fp32": torch.float32, "float32": torch.float32, "float64": torch.float64}
 
 
 def local_ranks(world: int) -> int:

@@ -212,17 +212,15 @@ def resolve_checked_device(args) -> str:
         device = resolve_device(args.device, local_ranks(world_size(args)))
         names = (args.dtype,) if isinstance(args.dtype, str) else args.dtype
         for name in names:
-            if name in DTYPES:
-                check_dtype(DTYPES[name], device)
+            check_dtype(DTYPES[name], device)
     if args.kernel != "auto":
         import torch
 
         from ..kernels import KERNEL_ENV, named_kernel
-        from ..kernels.reference import DTYPES as TENSOR_DTYPES
 
         with blame("--kernel"):
             for name in names:
-                named_kernel(args.kernel, torch.device(device), DTYPES.get(name) or TENSOR_DTYPES[name])
+                named_kernel(args.kernel, torch.device(device), DTYPES[name])
         os.environ[KERNEL_ENV] = args.kernel  # every rank inherits it (spawned ones and torchrun's alike)
     return device
 

@@ -101,13 +101,13 @@ def validate(args) -> None:
         check_writable_dir("--checkpoint-dir", args.checkpoint_dir)
     with blame("--nproc"):  # each of TrainConfig's errors names its own option
         config(args).check(world_size(args))
-    resolve_checked_device(args)  # --kernel: checked against the device and dtype, then set for the ranks
+    args.device = resolve_checked_device(args)  # cpu or cuda from here on; --kernel checked and set for the ranks
 
 
 def run(args) -> int:
     from dataclasses import asdict
 
-    from ..devices import backend_for, local_ranks, resolve_device
+    from ..devices import backend_for
     from ..launch import run_world
 
     cfg = config(args)
@@ -115,7 +115,6 @@ def run(args) -> int:
         print(f"burst train: nothing left to train: the checkpoint after step {cfg.resume_step} in "
               f"{cfg.checkpoint_dir} is the last of --steps {cfg.steps}", file=sys.stderr)
         return 0
-    cfg.device = resolve_device(cfg.device, local_ranks(world_size(args)))  # checked in validate: no error here
     rows = run_world(_train_on_rank, asdict(cfg), nproc=args.nproc, backend=backend_for(cfg.device))
     publish(args, rows)
     return 0
