@@ -58,6 +58,11 @@ def backend_for(device: str) -> str:
     return "nccl" if device == "cuda" else "gloo"
 
 
+def device_of_backend(backend: str) -> str:
+    """The device a rank of a `backend` world computes on: NCCL joins GPUs, gloo CPUs."""
+    return "cuda" if backend == "nccl" else "cpu"
+
+
 def bind(device: str) -> torch.device:
     """This rank's device: cuda:LOCAL_RANK made current (call before the process group starts), or cpu."""
     if device != "cuda":

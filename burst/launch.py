@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .devices import bind
+from .devices import backend_for, bind, device_of_backend, resolve_device
 
 POLL_SECONDS = 0.05
 
@@ -60,15 +60,8 @@ def one_line(error: BaseException) -> str:
 
 
 def _backend(kind: str, world: int) -> str:
-    """gloo, or nccl when asked for "auto" and every rank has a GPU."""
-    if kind == "auto":
-        return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
-    return kind
-
-
-def device_of_backend(backend: str) -> str:
-    """The device a rank of a `backend` world computes on: NCCL joins GPUs, gloo CPUs."""
-    return "cuda" if backend == "nccl" else "cpu"
+    """gloo, or nccl when asked for "auto" and every rank has a GPU (devices.resolve_device's rule)."""
+    return backend_for(resolve_device("auto", world)) if kind == "auto" else kind
 
 
 def _save(outdir: str, rank: int, result) -> None:
