@@ -41,11 +41,9 @@ class SequenceParallel:
                  attn_name: str = "burst", attention_options: dict | None = None):
         self.group, self.sp_size, self.replica, self.replicas = sequence_parallel_groups(sp_size)
         self.layout = layout
-        inner = getattr(model, "module", model)  # DDP's wrapper
-        register(attn_name, strategy=strategy, layout=layout, group=self.group, **(attention_options or {}))
-        inner.set_attn_implementation(attn_name)
-        shard_mixers(inner, self.group, layout)
-        check_model(inner)
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        prepare_model(getattr(model, "module", model), self.group, strategy, layout, attn_name,  # DDP's wrapper
+                      attention_options)
 
     def dataloader(self, loader):
         """`loader` (prepared by accelerate) sampling over the data-parallel replicas only."""
@@ -54,9 +52,8 @@ class SequenceParallel:
     def shard(self, batch: dict) -> dict:
         """This rank's shard of `batch` (whole sequences, the same on every rank of the group), with
         `num_items_in_batch` the labelled tokens of the whole world's batch (one all-reduce)."""
-        whole, _ = whole_sequences(batch, layout_multiple(self.layout, self.sp_size))
-        shard = shard_batch(whole, group=self.group, layout=self.layout)
-        if "num_items_in_batch" in shard and dist.is_initialized() and dist.get_world_size() > 1:
+        shard, _ = shard_whole_sequences(batch, self.group, self.layout, self.sp_size)
+        if "num_items_in_batch" in shard and self.world > 1:
             count = torch.tensor(float(shard["num_items_in_batch"]), device=shard["input_ids"].device)
             dist.all_reduce(count)  # every rank of a group counted its group's rows: sp_size times over
             shard["num_items_in_batch"] = int(round(count.item() / self.sp_size))
@@ -65,18 +62,30 @@ class SequenceParallel:
     def loss(self, model, batch: dict) -> torch.Tensor:
         """The loss to backpropagate for `batch`: this rank's labelled tokens' share of the world's mean
         token loss, times the world size, since DDP (or FSDP) averages gradients over every rank."""
-        shard = self.shard(batch)
-        loss = model(**shard).loss
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        return loss * world
+        return model(**self.shard(batch)).loss * self.world
 
     def mean_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The world's mean token loss from what `loss` returned (for logging; a collective)."""
         total = loss.detach().clone()
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        if world > 1:
+        if self.world > 1:
             dist.all_reduce(total)
-        return total / world
+        return total / self.world
+
+
+def prepare_model(model, group, strategy: str, layout: str, attn_name: str, attention_options: dict | None) -> None:
+    """`model` on burst's attention (`attn_name` registered with the strategy, layout, group and
+    options), its recurrent layers hooked to pass their state across `group`, then checked."""
+    register(attn_name, strategy=strategy, layout=layout, group=group, **(attention_options or {}))
+    model.set_attn_implementation(attn_name)
+    shard_mixers(model, group, layout)
+    check_model(model)
+
+
+def shard_whole_sequences(batch: dict, group, layout: str, sp_size: int) -> tuple[dict, int]:
+    """(this rank's shard of a collator's batch, the batch's length before padding): whole_sequences,
+    then shard_batch."""
+    whole, length = whole_sequences(batch, layout_multiple(layout, sp_size))
+    return shard_batch(whole, group=group, layout=layout), length
 
 
 def over_replicas(dataloader, replica: int, replicas: int, sp_size: int):

@@ -31,9 +31,8 @@ import torch
 from transformers import Trainer
 
 from .. import layout as layout_mod
-from .hf_mixers import shard_mixers
-from .sequence_parallel import layout_multiple, over_replicas, sequence_parallel_groups, whole_sequences
-from .transformers import check_model, register, reduce_loss, shard_batch
+from .sequence_parallel import over_replicas, prepare_model, sequence_parallel_groups, shard_whole_sequences
+from .transformers import reduce_loss
 
 
 class SequenceParallelTrainer(Trainer):
@@ -56,10 +55,7 @@ class SequenceParallelTrainer(Trainer):
         self.sp_group, self.sp_size, self.replica, self.replicas = sequence_parallel_groups(sp_size)
         self.sp_layout = layout
         self._refuse_inexact_settings()
-        register(attn_name, strategy=strategy, layout=layout, group=self.sp_group, **(attention_options or {}))
-        self.model.set_attn_implementation(attn_name)
-        shard_mixers(self.model, self.sp_group, layout)
-        check_model(self.model)
+        prepare_model(self.model, self.sp_group, strategy, layout, attn_name, attention_options)
 
     def _refuse_inexact_settings(self) -> None:
         problems = []
@@ -115,8 +111,7 @@ class SequenceParallelTrainer(Trainer):
     def _shard(self, inputs: dict, keep_count: bool = False) -> tuple[dict, int]:
         """(this rank's shard of `inputs`, the batch's length before padding). The token count that
         shard_batch adds is dropped for training: Trainer passes its own, over the accumulated batch."""
-        whole, length = whole_sequences(inputs, layout_multiple(self.sp_layout, self.sp_size))
-        shard = shard_batch(whole, group=self.sp_group, layout=self.sp_layout)
+        shard, length = shard_whole_sequences(inputs, self.sp_group, self.sp_layout, self.sp_size)
         if not keep_count:
             shard.pop("num_items_in_batch", None)
         return shard, length
