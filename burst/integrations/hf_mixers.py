@@ -502,6 +502,8 @@ def _rg_lru(module, forward, shards: Shards, activations, position_ids):
         return final, final_from_ones - final
 
     def run_from(seg, start):
+        # A third run rather than out(0) + (out(1) - out(0)) * start: the module returns its outputs in
+        # the activations' dtype, and in bf16 that difference would lose the decays' precision.
         return from_state(seg, start)[0]
 
     outs = _from_true_starts(shards, activations.shape[1], "rg_lru_state", final_and_transition, run_from)
