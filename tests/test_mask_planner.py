@@ -64,7 +64,7 @@ _SIZES = (TileSizes(burst.masks.MAX_TILE), TileSizes(5), TileSizes(5, 2, True), 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_tiles_cover_the_mask_exactly(layout, world, monkeypatch):
-    monkeypatch.setattr(burst.masks, "TILE", 6)
+    monkeypatch.setattr(burst.masks.planner, "TILE", 6)
     n = 16
     seqlen = n * world
     for kwargs in _specs(seqlen):

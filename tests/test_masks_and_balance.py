@@ -1,7 +1,7 @@
 """Layouts (zigzag, striped), masks (windows, packed documents, block-sparse) and DistFlashAttn,
 on local gloo worlds against float64 attention with the same mask; work balance and early stop.
 
-One world per size; every strategy x layout x mask runs inside it. burst.masks.TILE and the CPU
+One world per size; every strategy x layout x mask runs inside it. burst.masks.planner.TILE and the CPU
 kernel's leaf size are lowered so that these short sequences exercise the tiling of partial blocks
 (skip / full / partial tiles, halved down to leaves) and the halving of causal triangles.
 """
@@ -47,7 +47,7 @@ def _masks(seqlen):
 
 
 def _correctness(rank, world, layouts, strategies, dtypes, kv_heads_list):
-    burst.masks.TILE = 4
+    burst.masks.planner.TILE = 4
     burst.kernels.cpu_flash.LEAF_ROWS = 2
     results = []
     seqlen = N_LOCAL * world

@@ -1,0 +1,86 @@
+"""A tile's mask as kernel arguments (`Bands`): for a kernel that takes causal, window and document
+masks itself (flash_attn's window and varlen interfaces), so that no dense mask is built.
+
+The planner (planner.py) derives a pair's bands from its positions; kernels read them (kernels/
+cuda_flash_attn.py as arguments, kernels/flex.py as a mask_mod, kernels/masking.py as a dense mask
+for a kernel that takes neither).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Bands:
+    """A tile's mask as kernel arguments: sequences of queries against keys, each a diagonal band.
+
+    Sequence n is query rows cu_q[n]:cu_q[n+1] against key rows cu_k[n]:cu_k[n+1] of the tile; no
+    query sees a key of another sequence. Within a sequence of sq queries and sk keys, query i sees
+    keys i + (sk - sq) - left .. i + (sk - sq) + right: flash_attn's window_size, aligned at the
+    bottom-right corner, -1 = unbounded. One sequence runs on flash_attn's plain interface, several
+    on its varlen one. The planner trims every sequence to the rows and keys it attends, so no row is
+    empty and the window always holds the corner's diagonal (left, right >= 0 or -1).
+    """
+
+    cu_q: tuple[int, ...]
+    cu_k: tuple[int, ...]
+    left: int
+    right: int
+
+    def __post_init__(self):
+        if len(self.cu_q) != len(self.cu_k) or len(self.cu_q) < 2 or self.cu_q[0] != 0 or self.cu_k[0] != 0:
+            raise ValueError(f"cu_q and cu_k must both run from 0, one bound per sequence: {self}")
+        if min(self.left, self.right) < -1:
+            raise ValueError(f"window bounds must be >= 0 or -1 (unbounded): {self}")
+
+    @property
+    def sequences(self) -> int:
+        return len(self.cu_q) - 1
+
+    @property
+    def max_rows(self) -> tuple[int, int]:
+        """The longest sequence's queries and keys (flash_attn's max_seqlen_q, max_seqlen_k)."""
+        return (max(b - a for a, b in zip(self.cu_q, self.cu_q[1:])),
+                max(b - a for a, b in zip(self.cu_k, self.cu_k[1:])))
+
+    def pairs(self) -> int:
+        """(query, key) pairs the bands attend (work accounting, without building the mask)."""
+        total = 0
+        for q0, q1, k0, k1 in zip(self.cu_q, self.cu_q[1:], self.cu_k, self.cu_k[1:]):
+            sq, sk = q1 - q0, k1 - k0
+            i = torch.arange(sq) + (sk - sq)  # each row's diagonal key
+            first = (i - self.left).clamp(min=0) if self.left >= 0 else torch.zeros_like(i)
+            last = (i + self.right).clamp(max=sk - 1) if self.right >= 0 else torch.full_like(i, sk - 1)
+            total += int((last - first + 1).clamp(min=0).sum())
+        return total
+
+    def allowed(self, device=None) -> torch.Tensor:
+        """Dense bool (cu_q[-1], cu_k[-1]), True = attend: for kernels that take no band arguments."""
+        rows = self.rows(device)
+        q, k = torch.arange(self.cu_q[-1], device=device), torch.arange(self.cu_k[-1], device=device)
+        return self.attends(q[:, None], k[None, :], rows)
+
+    def rows(self, device=None) -> tuple[torch.Tensor, ...]:
+        """Per-row lookups for `attends`: each query row's sequence and offset in it, each key row's,
+        and each sequence's corner (keys minus queries)."""
+        cu_q, cu_k = (torch.tensor(cu, device=device) for cu in (self.cu_q, self.cu_k))
+        q_seq = torch.bucketize(torch.arange(self.cu_q[-1], device=device), cu_q, right=True) - 1
+        k_seq = torch.bucketize(torch.arange(self.cu_k[-1], device=device), cu_k, right=True) - 1
+        q_off = torch.arange(self.cu_q[-1], device=device) - cu_q[q_seq]
+        k_off = torch.arange(self.cu_k[-1], device=device) - cu_k[k_seq]
+        return q_seq, q_off, k_seq, k_off, (cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1])
+
+    def attends(self, q_row: torch.Tensor, k_row: torch.Tensor, rows: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Elementwise, broadcasting: does query row q_row see key row k_row (rows: `rows()`). The dense
+        mask (`allowed`) and FlexAttention's mask_mod (kernels/flex.py) both use it."""
+        q_seq, q_off, k_seq, k_off, corner = rows
+        ok = q_seq[q_row] == k_seq[k_row]
+        d = k_off[k_row] - q_off[q_row] - corner[q_seq[q_row]]  # 0 on the sequence's bottom-right diagonal
+        if self.left >= 0:
+            ok = ok & (d >= -self.left)
+        if self.right >= 0:
+            ok = ok & (d <= self.right)
+        return ok

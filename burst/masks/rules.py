@@ -1,0 +1,214 @@
+"""Masks as data: which (query, key) pairs of the global sequence attend, and how a mask covers a pair
+of position runs (query segment, key segment), from the runs' bounds alone.
+
+Mask kinds (combined with AND):
+- causal: key position <= query position.
+- window (left, right): query i sees keys i-left .. i+right; -1 = unbounded (flash_attn convention).
+- documents (cu_seqlens): packed sequences; a query sees keys of its own document only.
+- block-sparse (BlockSparseMask): a bool matrix over fixed-size blocks of the global sequence.
+
+`MaskSpec.attends` is the one statement of what each kind allows; `MaskSpec.cover` says, per pair of
+runs, skip, full, a clean causal triangle or partial. The planner (planner.py) turns those answers
+into kernel calls; nothing here knows about tiles or kernels.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from ..layout import Segment
+
+
+class Cover(enum.Enum):
+    """How a mask covers a tile: nothing, everything, a clean causal triangle, or some of it.
+
+    MaskSpec.cover answers SKIP to PARTIAL; BAND and RULE are the planner's, for a partial tile it
+    passes to the kernel as band arguments or as its rule."""
+
+    SKIP = 0
+    FULL = 1
+    DIAG = 2      # top-left lower triangle (j <= i)
+    SHIFTED = 3   # strict lower triangle (j < i): striped layout, key rank > query rank
+    PARTIAL = 4
+    BAND = 5      # a diagonal band per sequence, passed to the kernel as arguments (Tile.bands)
+    RULE = 6      # a partial tile passed whole as its rule (PositionRule) to a kernel that skips blocks itself
+
+
+@dataclass(frozen=True, eq=False)
+class PositionRule:
+    """A tile's mask as a rule over its global positions, for a kernel that evaluates it per block
+    (FlexAttention's mask_mod and BlockMask): query row i holds position q.first + q.stride * i, key row
+    j position k.first + k.stride * j, and `spec` says which pairs attend. No dense mask is built."""
+
+    q: Segment
+    k: Segment
+    spec: "MaskSpec"
+
+    def allowed(self, device=None) -> torch.Tensor:
+        """Dense bool (q.length, k.length), True = attend: for kernels that take no rule."""
+        return self.spec.allowed(self.q.positions(device), self.k.positions(device))
+
+
+@dataclass(frozen=True)
+class BlockSparseMask:
+    """Block-sparse attention over the global sequence.
+
+    block_size: tokens per block. layout: bool (nblocks, nblocks), True where query block i may
+    attend key block j; nblocks = ceil(seqlen / block_size). Combined with causal / window / documents
+    when those are given too. Block pairs that are False are never computed.
+    """
+
+    block_size: int
+    layout: torch.Tensor
+
+    def __post_init__(self):
+        if not isinstance(self.block_size, int) or self.block_size <= 0:
+            raise ValueError(f"block_size must be a positive int, got {self.block_size!r}")
+        if not isinstance(self.layout, torch.Tensor) or self.layout.dim() != 2 or self.layout.dtype != torch.bool:
+            raise ValueError("layout must be a 2-D bool tensor (query blocks, key blocks)")
+        object.__setattr__(self, "layout", self.layout.cpu())
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A digest of block size and layout, equal on every rank that holds an equal mask."""
+        raw = self.layout.contiguous().numpy().tobytes()
+        return f"{self.block_size}:{tuple(self.layout.shape)}:{hashlib.blake2b(raw, digest_size=8).hexdigest()}"
+
+
+@dataclass(frozen=True, eq=False)
+class MaskSpec:
+    """Which (query, key) pairs of the global sequence attend (all given kinds must allow it)."""
+
+    causal: bool = False
+    window: tuple[int, int] | None = None
+    cu_seqlens: tuple[int, ...] | None = None
+    block_sparse: BlockSparseMask | None = None
+
+    @cached_property
+    def key(self) -> tuple:
+        """Equal for two specs that allow the same pairs (a hashable stand-in for the spec)."""
+        sparse = self.block_sparse.fingerprint if self.block_sparse is not None else None
+        return (self.causal, self.window, self.cu_seqlens, sparse)
+
+    @property
+    def is_dense(self) -> bool:
+        """True when every pair attends (no mask at all)."""
+        return not (self.causal or self.window or self.cu_seqlens or self.block_sparse)
+
+    def allowed(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Bool (len(q_pos), len(k_pos)): True where query q_pos[i] attends key k_pos[j]."""
+        return self.attends(q_pos[:, None], k_pos[None, :], *self.documents(q_pos[:, None], k_pos[None, :]))
+
+    def documents(self, q_pos: torch.Tensor, k_pos: torch.Tensor):
+        """(the document of each query position, of each key position), or (None, None) without documents."""
+        if not self.cu_seqlens:
+            return None, None
+        bounds = torch.tensor(self.cu_seqlens, device=q_pos.device)
+        return torch.bucketize(q_pos, bounds, right=True), torch.bucketize(k_pos, bounds, right=True)
+
+    def attends(self, q: torch.Tensor, k: torch.Tensor, q_doc=None, k_doc=None) -> torch.Tensor:
+        """Elementwise, broadcasting: does query position q attend key position k. q_doc / k_doc: their
+        documents (`documents`), when the spec has any. The one statement of what each mask kind
+        allows: the dense masks (`allowed`) and FlexAttention's mask_mod (kernels/flex.py) both use it."""
+        ok = (q >= 0) & (k >= 0)  # all True, in the broadcast shape
+        if self.causal:
+            ok = ok & (k <= q)
+        if self.window:
+            left, right = self.window
+            if left >= 0:
+                ok = ok & (k >= q - left)
+            if right >= 0:
+                ok = ok & (k <= q + right)
+        if self.cu_seqlens:
+            ok = ok & (q_doc == k_doc)
+        if self.block_sparse:
+            bs, layout = self.block_sparse.block_size, self.block_sparse.layout.to(q.device)
+            ok = ok & layout[q // bs, k // bs]
+        return ok
+
+    def cover(self, qs: Segment, ks: Segment) -> Cover:
+        """How the mask covers queries `qs` x keys `ks`, from the segments' bounds alone."""
+        kinds = [_causal_cover(qs, ks)] if self.causal else []
+        if self.window:
+            kinds.append(_window_cover(qs, ks, *self.window))
+        if self.cu_seqlens:
+            kinds.append(_document_cover(qs, ks, self.cu_seqlens))
+        if self.block_sparse:
+            kinds.append(_block_cover(qs, ks, self.block_sparse))
+        if Cover.SKIP in kinds:
+            return Cover.SKIP
+        rest = [c for c in kinds if c is not Cover.FULL]
+        if not rest:
+            return Cover.FULL
+        if len(set(rest)) == 1 and rest[0] in (Cover.DIAG, Cover.SHIFTED):
+            return rest[0]
+        return Cover.PARTIAL
+
+    def in_one_document(self, qs: Segment, ks: Segment) -> bool:
+        """True when every position of `qs` and `ks` lies in one document (always, without documents)."""
+        return not self.cu_seqlens or _document_cover(qs, ks, self.cu_seqlens) is Cover.FULL
+
+
+def may_attend(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec) -> bool:
+    """False only when no query of `q_segs` attends any key of `k_segs` (cheap, from bounds)."""
+    if spec.is_dense:
+        return True
+    return any(spec.cover(qs, ks) is not Cover.SKIP for qs in q_segs for ks in k_segs)
+
+
+def _causal_cover(qs: Segment, ks: Segment) -> Cover:
+    if ks.first > qs.last:
+        return Cover.SKIP
+    if ks.last <= qs.first:
+        return Cover.FULL
+    if qs.stride == ks.stride and qs.length == ks.length:
+        offset = qs.first - ks.first
+        if 0 <= offset < qs.stride:
+            return Cover.DIAG      # same positions, or striped with key rank <= query rank: j <= i
+        if -qs.stride < offset < 0:
+            return Cover.SHIFTED   # striped, key rank > query rank (burstengine.md eq. 14): j < i
+    return Cover.PARTIAL
+
+
+def _window_cover(qs: Segment, ks: Segment, left: int, right: int) -> Cover:
+    if (left >= 0 and ks.last < qs.first - left) or (right >= 0 and ks.first > qs.last + right):
+        return Cover.SKIP
+    left_whole = left < 0 or ks.first >= qs.last - left
+    if left_whole and (right < 0 or ks.last <= qs.first + right):
+        return Cover.FULL
+    if left_whole and right == 0:  # the right bound is the causal one (key <= query)
+        return _causal_cover(qs, ks)
+    return Cover.PARTIAL
+
+
+def _document_cover(qs: Segment, ks: Segment, cu_seqlens: tuple[int, ...]) -> Cover:
+    def doc(pos):
+        return bisect.bisect_right(cu_seqlens, pos)
+
+    q0, q1, k0, k1 = doc(qs.first), doc(qs.last), doc(ks.first), doc(ks.last)
+    if q1 < k0 or k1 < q0:
+        return Cover.SKIP
+    if q0 == q1 == k0 == k1:
+        return Cover.FULL
+    return Cover.PARTIAL
+
+
+def _block_cover(qs: Segment, ks: Segment, mask: BlockSparseMask) -> Cover:
+    bs = mask.block_size
+    if qs.stride == 1 and ks.stride == 1:
+        sub = mask.layout[qs.first // bs: qs.last // bs + 1, ks.first // bs: ks.last // bs + 1]
+    else:  # strided runs touch scattered blocks: look at exactly those
+        qb = torch.unique(qs.positions() // bs)
+        kb = torch.unique(ks.positions() // bs)
+        sub = mask.layout[qb[:, None], kb[None, :]]
+    if not bool(sub.any()):
+        return Cover.SKIP
+    if bool(sub.all()):
+        return Cover.FULL
+    return Cover.PARTIAL
