@@ -48,7 +48,7 @@ def _rank(rank, world, seq_len, repeats) -> dict:
         import burst.integrations.transformers as bt
 
         model = _model(bt.register(strategy="burst", layout="zigzag"))
-        batch = bt.shard_batch({"input_ids": ids, "labels": ids}, layout="zigzag")
+        batch = bt.shard_batch({"input_ids": ids, "labels": ids}, layout="zigzag", model=model)
     times, loss = [], None
     for _ in range(repeats + 1):  # the first is a warm-up
         if world > 1:

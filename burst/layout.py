@@ -198,6 +198,11 @@ def shard(x: torch.Tensor, group=None, layout="contiguous", dim: int = 1, cu_seq
     documents' global cu_seqlens. Every rank must pass the same layout and a tensor of the same
     length along `dim`: one small collective checks that (see burst.agreement), so a rank that
     differs raises on every rank instead of holding tokens the others think it does not.
+
+    For tensors your own code feeds to burst.attention. Not for a transformers model's token ids:
+    a model that never calls attention (Mamba), runs its own (GPT-1) or keeps state outside it
+    would run each shard alone; models go through
+    `burst.integrations.transformers.shard_batch(batch, ..., model=model)`, which checks the model.
     """
     layout = resolve_layout(layout, cu_seqlens)
     world, rank, dim = _agree_on_layout(

@@ -51,7 +51,7 @@ def main() -> None:
     for step in range(args.steps):
         ids = torch.randint(0, config.vocab_size, (1, args.seq_len), generator=data)
         with autocast:
-            out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, layout=args.layout))
+            out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, layout=args.layout, model=model))
         out.loss.backward()
         bt.reduce_gradients(model)  # sums the ranks' shares (FSDP-managed parameters: only what FSDP left)
         optimizer.step()

@@ -102,6 +102,7 @@ def _state_bytes(group):
 def _refusals(group):
     """What a sharded hybrid model must refuse, each on every rank: {case: error text or None}."""
     import burst.integrations.transformers as bt
+    from burst import layout as layout_mod
     from burst.integrations import hf_zoo
 
     out = {}
@@ -110,8 +111,10 @@ def _refusals(group):
     fresh = _models("qwen3_next", "hybrid_refusals")[1]  # shard_mixers never called on it
     cases = {
         "striped": lambda: bt.shard_mixers(model, group, "striped"),
-        "not hooked": lambda: fresh(**bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag"),
-                                    use_cache=False),
+        # sharded by hand (burst.shard), past shard_batch's model check: the attention function refuses it
+        "not hooked": lambda: fresh(input_ids=layout_mod.shard(ids, group=group, layout="zigzag", dim=1),
+                                    position_ids=layout_mod.shard(torch.arange(SEQ)[None], group=group,
+                                                                  layout="zigzag", dim=1), use_cache=False),
         "cache": lambda: model(**bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=model),
                                use_cache=True),
     }

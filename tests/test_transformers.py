@@ -60,7 +60,7 @@ def _parity(rank, world, strategy, layout):
     ids = torch.randint(0, VOCAB, (2, 8 * world), generator=torch.Generator().manual_seed(world))
     ref_out = reference(input_ids=ids, labels=ids)
     ref_out.loss.backward()
-    out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, layout=layout))
+    out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, layout=layout, model=model))
     out.loss.backward()
     bt.reduce_gradients(model)
     errors = {
@@ -88,7 +88,7 @@ def _packed(rank, world):
     lengths = (5, 7, n - 12)
     ids = torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(5))
     positions = torch.cat([torch.arange(length) for length in lengths])[None]
-    out = model(**bt.shard_batch({"input_ids": ids, "position_ids": positions}, layout="zigzag"))
+    out = model(**bt.shard_batch({"input_ids": ids, "position_ids": positions}, layout="zigzag", model=model))
     logits = burst.unshard(out.logits, layout="zigzag")
     worst, start = 0.0, 0
     with torch.no_grad():
@@ -115,7 +115,7 @@ def _packed_per_document(rank, world):
     ref_logits = torch.cat([reference(input_ids=ids[:, s:s + n]).logits for s, n in zip(starts, lengths)], dim=1)
     ref_loss = torch.nn.functional.cross_entropy(ref_logits[0, :-1], ids[0, 1:])
     ref_loss.backward()
-    batch = bt.shard_batch({"input_ids": ids, "position_ids": positions, "labels": ids}, layout="doc_zigzag")
+    batch = bt.shard_batch({"input_ids": ids, "position_ids": positions, "labels": ids}, layout="doc_zigzag", model=model)
     out = model(**batch)
     out.loss.backward()
     bt.reduce_gradients(model)
@@ -143,7 +143,7 @@ def _sliding_window(rank, world):
     ids = torch.randint(0, VOCAB, (1, 8 * world), generator=torch.Generator().manual_seed(7))
     ref_out = reference(input_ids=ids, labels=ids)
     ref_out.loss.backward()
-    out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, layout="striped"))
+    out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, layout="striped", model=model))
     out.loss.backward()
     bt.reduce_gradients(model)
     # The window matters: the same weights without it give other logits.
@@ -166,15 +166,15 @@ def _errors(rank, world):
     name = bt.register("burst-errors", strategy="burst")
     _, model = _models(_llama_config, name)
     ids = torch.randint(0, VOCAB, (1, 8 * world), generator=torch.Generator().manual_seed(3))
-    batch = bt.shard_batch({"input_ids": ids})
+    batch = bt.shard_batch({"input_ids": ids}, model=model)
     holes = torch.ones_like(batch["input_ids"])
     if rank == 0:
         holes[0, 0] = 0
     cases = {
         "padding on one rank": lambda: model(**batch, attention_mask=holes),
-        "padding in shard_batch": lambda: bt.shard_batch({"input_ids": ids, "attention_mask": torch.zeros_like(ids)}),
+        "padding in shard_batch": lambda: bt.shard_batch({"input_ids": ids, "attention_mask": torch.zeros_like(ids)}, model=model),
         # a sampler over the whole world hands each rank its own sequence: shards of two would be joined as one
-        "a different batch per rank": lambda: bt.shard_batch({"input_ids": ids, "labels": (ids + rank) % VOCAB}),
+        "a different batch per rank": lambda: bt.shard_batch({"input_ids": ids, "labels": (ids + rank) % VOCAB}, model=model),
         "output_attentions": lambda: model(**batch, output_attentions=True),
         "default positions": lambda: model(input_ids=batch["input_ids"]),
         "cached decoding": lambda: model.generate(batch["input_ids"], position_ids=batch["position_ids"],
@@ -272,3 +272,14 @@ def test_tested_range_is_the_hf_extras():
 
     pyproject = (pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text()
     assert re.search(r'"transformers(.*?)"', pyproject).group(1) == TESTED_TRANSFORMERS
+
+
+def test_shard_batch_without_the_model_is_a_type_error_naming_why():
+    """The README's line without model= (each rank would run Mamba or GPT-1 on its shard alone)."""
+    import burst.integrations.transformers as bt
+
+    ids = torch.zeros(1, 8, dtype=torch.long)
+    for call in (lambda: bt.shard_batch({"input_ids": ids}, layout="zigzag"),
+                 lambda: bt.shard_batch({"input_ids": ids}, model=None)):
+        with pytest.raises(TypeError, match="model=model.*never calls attention"):
+            call()

@@ -80,7 +80,7 @@ def _sharded_job(model, batches, layout, group=None, autocast=False, rows=None, 
     for ids in batches:
         ids = ids if rows is None else ids[rows]
         with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
-            out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, group=group, layout=layout))
+            out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, group=group, layout=layout, model=model))
         out.loss.backward()
         bt.reduce_gradients(model, group=group)
         loss = bt.reduce_loss(out.loss, group=group)

@@ -17,7 +17,7 @@ or mixes sequences outside attention, as Mamba and linear-attention layers do) i
 
 from __future__ import annotations
 
-from . import hf_mixers
+from . import hf_mixers, hf_rope
 
 USED = "used"
 OFF_ONLY = "accepted when off (None, False or 0), refused otherwise"
@@ -116,7 +116,17 @@ def check_config(name: str, config, world: int) -> None:
     if getattr(text, "index_topk", None):
         raise ValueError(f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses "
                          f"DeepSeek sparse attention (index_topk={text.index_topk}), which burst does not implement")
+    if world > 1 and hf_rope.needs_global_length(text):
+        raise ValueError(
+            f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses the rope types "
+            f"{sorted(hf_rope.rope_types(text))}, whose frequencies depend on the longest position the rotary "
+            f"embedding sees, and across {world} ranks each would see its shard's: prepare the model with "
+            "bt.shard_batch(..., model=model) (or SequenceParallelTrainer / SequenceParallel), which shows it the "
+            "whole sequence's length")
     others = sorted(_layer_kinds(text) - ATTENTION_LAYER_KINDS)
+    if not others and (hf_mixers.supported(getattr(text, "model_type", None))
+                       or hf_mixers.supported(getattr(config, "model_type", None))):
+        others = ["recurrent or convolutional"]  # a family burst splits whose config lists no layer kinds
     if world > 1 and others and not (hf_mixers.prepared(config) or hf_mixers.prepared(text)):
         model_type = getattr(config, "model_type", None)
         advice = ("call burst.integrations.transformers.shard_mixers(model, group, layout) (or pass model= to "

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import state_passing
+from . import hf_rope
 from ..layout import _world_and_rank
 
 # model_type -> the mixers its layers use (documentation and the README's list; the functions
@@ -114,6 +115,7 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     if done is not None and done[0] is group and done[1] == layout:  # shard_batch(model=) calls it every step
         return done[2]
     _capture_position_ids(model)
+    hf_rope.see_global_length(model, group)
     config = model.config
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     module = sys.modules[type(model).__module__]
@@ -154,6 +156,12 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     return len(mixers) + len(inline)
 
 
+def _cache_refused(module, world: int) -> ValueError:
+    return ValueError(f"{type(module).__name__}: a cache (generation) with the sequence split across {world} ranks "
+                      "is not supported for recurrent layers; a training step or a plain forward needs none: "
+                      "model(**batch, use_cache=False)")
+
+
 def _mixes_outside_attention(config) -> bool:
     from .hf_keywords import ATTENTION_LAYER_KINDS, _layer_kinds
 
@@ -166,8 +174,7 @@ def _hook(mixer: torch.nn.Module, shards: Shards):
     def enter(module, args, kwargs):
         if kwargs.get("cache") is not None or kwargs.get("cache_params") is not None:
             if shards.world > 1:
-                raise ValueError(f"{type(module).__name__}: a cache (generation) with the sequence split across "
-                                 f"{shards.world} ranks is not supported for recurrent layers")
+                raise _cache_refused(module, shards.world)
         tokens.append(_running.set(shards))
 
     def leave(module, args, kwargs, output):
@@ -426,8 +433,7 @@ def _lightning_attention(module, forward, shards: Shards, hidden_states, *args, 
         return forward(hidden_states, *args, **kwargs)
     keyword = _cache_keyword(forward)
     if any(kwargs.pop(name, None) is not None for name in ("cache", "past_key_values")):
-        raise ValueError(f"{type(module).__name__}: a cache (generation) with the sequence split across "
-                         f"{shards.world} ranks is not supported for recurrent layers")
+        raise _cache_refused(module, shards.world)
     state_dtype = {}  # the layer's own state dtype (its value projection's, under autocast too)
 
     def final_and_transition(seg):

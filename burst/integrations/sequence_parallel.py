@@ -42,7 +42,8 @@ class SequenceParallel:
         self.group, self.sp_size, self.replica, self.replicas = sequence_parallel_groups(sp_size)
         self.layout = layout
         self.world = dist.get_world_size() if dist.is_initialized() else 1
-        prepare_model(getattr(model, "module", model), self.group, strategy, layout, attn_name,  # DDP's wrapper
+        self.model = getattr(model, "module", model)  # under DDP's wrapper
+        prepare_model(self.model, self.group, strategy, layout, attn_name,  # DDP's wrapper
                       attention_options)
 
     def dataloader(self, loader):
@@ -52,7 +53,7 @@ class SequenceParallel:
     def shard(self, batch: dict) -> dict:
         """This rank's shard of `batch` (whole sequences, the same on every rank of the group), with
         `num_items_in_batch` the labelled tokens of the whole world's batch (one all-reduce)."""
-        shard, _ = shard_whole_sequences(batch, self.group, self.layout, self.sp_size)
+        shard, _ = shard_whole_sequences(batch, self.model, self.group, self.layout, self.sp_size)
         if "num_items_in_batch" in shard and self.world > 1:
             count = torch.tensor(float(shard["num_items_in_batch"]), device=shard["input_ids"].device)
             dist.all_reduce(count)  # every rank of a group counted its group's rows: sp_size times over
@@ -81,11 +82,11 @@ def prepare_model(model, group, strategy: str, layout: str, attn_name: str, atte
     check_model(model)
 
 
-def shard_whole_sequences(batch: dict, group, layout: str, sp_size: int) -> tuple[dict, int]:
-    """(this rank's shard of a collator's batch, the batch's length before padding): whole_sequences,
-    then shard_batch."""
+def shard_whole_sequences(batch: dict, model, group, layout: str, sp_size: int) -> tuple[dict, int]:
+    """(this rank's shard of a collator's batch for `model`, the batch's length before padding):
+    whole_sequences, then shard_batch."""
     whole, length = whole_sequences(batch, layout_multiple(layout, sp_size))
-    return shard_batch(whole, group=group, layout=layout), length
+    return shard_batch(whole, group=group, layout=layout, model=model), length
 
 
 def over_replicas(dataloader, replica: int, replicas: int, sp_size: int):

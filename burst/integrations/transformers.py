@@ -7,7 +7,7 @@ AttentionMaskInterface so transformers never builds an N x N mask): no model cod
 
     name = bt.register(strategy="burst", layout="zigzag")        # -> "burst"
     model = AutoModelForCausalLM.from_config(config, attn_implementation=name)
-    batch = bt.shard_batch({"input_ids": ids, "labels": ids}, layout="zigzag")
+    batch = bt.shard_batch({"input_ids": ids, "labels": ids}, layout="zigzag", model=model)
     loss = model(**batch).loss            # this rank's share of the global mean loss
     loss.backward()
     bt.reduce_gradients(model)            # sum the ranks' shares: the single-process gradients
@@ -308,8 +308,11 @@ def check_model(model: torch.nn.Module) -> None:
 _checked_models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> backend names it passed
 
 
+_MODEL_NOT_GIVEN = object()
+
+
 def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_index: int = -100,
-                model: torch.nn.Module | None = None) -> dict:
+                model: torch.nn.Module = _MODEL_NOT_GIVEN) -> dict:
     """This rank's shard of a batch of full sequences, ready for `model(**shard)`.
 
     batch: `input_ids` (batch, seq_len), optional `labels` (same shape), `position_ids` (made as
@@ -320,13 +323,17 @@ def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_inde
     labels shifted on the *global* sequence (each token's next token; shifting a shard would pair
     tokens across shard boundaries) and `num_items_in_batch` is the global count of labelled
     tokens, so the model's loss is this rank's share of the global mean (see reduce_loss). Other
-    entries are passed through unchanged. model: the model the batch is for: its recurrent and
-    convolutional layers are made to pass their state across the ranks (shard_mixers), then it is
-    checked by check_model (pass it: a model that never calls attention, such as Mamba, is seen only here).
+    entries are passed through unchanged.
+
+    model (required): the model the batch is for. Its recurrent and convolutional layers are made to
+    pass their state across the ranks and its rotary embedding to see the whole length (shard_mixers),
+    then it is checked (check_model). This is the only place burst sees a model that never calls
+    attention (Mamba, RWKV) or runs attention of its own (GPT-1, XLM...): sharded without it, such a
+    model runs each shard alone and answers wrongly without an error, so there is no way around it.
     """
-    if model is not None:
-        shard_mixers(model, group, layout)
-        check_model(model)
+    model = _the_model(model)
+    shard_mixers(model, group, layout)
+    check_model(model)
     if layout not in layout_mod.DOCUMENT_LAYOUTS:
         layout_mod.check_layout(layout)
     ids = batch["input_ids"]
@@ -356,6 +363,18 @@ def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_inde
         out["shift_labels"] = local
         out["num_items_in_batch"] = int((shifted != ignore_index).sum())
     return out
+
+
+def _the_model(model) -> torch.nn.Module:
+    """shard_batch's model, out of a DDP wrapper; TypeError when none was given."""
+    if model is _MODEL_NOT_GIVEN or model is None:
+        raise TypeError(
+            "shard_batch(batch, ..., model=model) needs the model the batch is for: burst checks and prepares it "
+            "there (a model that never calls attention, such as Mamba or RWKV, or that runs its own, such as GPT-1 "
+            "or XLM, would otherwise run each rank's shard alone and give wrong logits without an error)")
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model.module
+    return model
 
 
 def check_same_batch(batch: dict, group=None) -> None:

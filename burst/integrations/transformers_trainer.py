@@ -108,10 +108,14 @@ class SequenceParallelTrainer(Trainer):
         logits = layout_mod.unshard(outputs.logits.contiguous(), self.sp_group, self.sp_layout, dim=1)
         return loss, logits[:, :length], labels
 
+    def _sp_model(self):
+        """The transformers model under accelerate's and DDP's wrappers (what prepare_model set up)."""
+        return self.accelerator.unwrap_model(self.model) if hasattr(self, "accelerator") else self.model
+
     def _shard(self, inputs: dict, keep_count: bool = False) -> tuple[dict, int]:
         """(this rank's shard of `inputs`, the batch's length before padding). The token count that
         shard_batch adds is dropped for training: Trainer passes its own, over the accumulated batch."""
-        shard, length = shard_whole_sequences(inputs, self.sp_group, self.sp_layout, self.sp_size)
+        shard, length = shard_whole_sequences(inputs, self._sp_model(), self.sp_group, self.sp_layout, self.sp_size)
         if not keep_count:
             shard.pop("num_items_in_batch", None)
         return shard, length

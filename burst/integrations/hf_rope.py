@@ -1,0 +1,108 @@
+"""Rotary embeddings whose frequencies depend on the sequence's length, shown the whole sequence.
+
+Two of the rope types transformers ships read the length from the positions the rotary module is
+given: dynamic NTK scaling ("dynamic") recomputes its frequencies for the longest position it sees
+(and goes back to the original ones below the original context), and LongRoPE ("longrope") picks
+its long or its short factors by it. On one rank of a sharded sequence that is the longest position
+of the rank's shard, not of the sequence: different frequencies on every rank, no error. The other
+types (default, linear, yarn, llama3, proportional) are fixed when the model is built.
+
+`see_global_length(model, group)` (run by shard_mixers, so by every door that prepares a model)
+wraps the forward of each such rotary module: one all-reduce (max) of the longest position over
+the group, transformers' own frequency update run on that length, then the rotation of this rank's
+positions with the updated frequencies. A model whose config asks for a length-dependent rope type
+that burst cannot find in a module of transformers' kind is refused, and on more than one rank a
+model that was not prepared is refused by hf_keywords.check_config (`needs_global_length`).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.distributed as dist
+
+_prepared: dict[int, weakref.ref] = {}  # id(config) -> config, for models whose rotary modules see the whole length
+
+
+def length_dependent(rope_type: str) -> bool:
+    """Whether transformers recomputes this rope type's frequencies from the positions it is given."""
+    return "dynamic" in rope_type or rope_type == "longrope"
+
+
+def rope_types(config) -> set[str]:
+    """The rope types a config asks for: rope_parameters (or the older rope_scaling) as one dict,
+    or one dict per layer type (Gemma 3's sliding and full layers)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(params, dict):
+        return set()
+    dicts = [params] if "rope_type" in params or "type" in params else [p for p in params.values() if isinstance(p, dict)]
+    return {str(p.get("rope_type", p.get("type"))) for p in dicts if p.get("rope_type", p.get("type"))}
+
+
+def needs_global_length(config) -> bool:
+    """A config whose rotary frequencies depend on the length and whose model was not prepared."""
+    ref = _prepared.get(id(config))
+    if ref is not None and ref() is config:
+        return False
+    return any(length_dependent(t) for t in rope_types(config))
+
+
+def see_global_length(model: torch.nn.Module, group=None) -> int:
+    """Make each length-dependent rotary module of `model` compute its frequencies for the longest
+    position over `group`. Returns how many modules were wrapped. ValueError when the config asks for
+    such a rope type and no module of transformers' kind (its forward decorated with
+    dynamic_rope_update) is found: burst could not make it see the whole length."""
+    configs = _configs(model)
+    if not any(length_dependent(t) for c in configs for t in rope_types(c)):
+        return 0
+    wrapped = 0
+    for module in model.modules():
+        types = getattr(module, "rope_type", None)
+        types = set(types.values()) if isinstance(types, dict) else {types} if isinstance(types, str) else set()
+        chain = _frequency_update(type(module).forward)
+        if chain is None or not any(length_dependent(t) for t in types):
+            continue
+        if getattr(module, "_burst_length_group", None) is not group or "forward" not in vars(module):
+            module.forward = _global_length_forward(module, *chain, group)
+            module._burst_length_group = group
+        wrapped += 1
+    if not wrapped:
+        raise ValueError(f"{type(model).__name__}: its config asks for the rope types {sorted(rope_types(configs[0]))}, "
+                         "whose frequencies depend on the sequence's length, and burst found no rotary module of "
+                         "transformers' kind to show the whole length to; refused (each rank would see its shard's)")
+    for config in configs:
+        _prepared[id(config)] = weakref.ref(config)
+    return wrapped
+
+
+def _configs(model) -> list:
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return [config] if text is config else [config, text]
+
+
+def _frequency_update(forward):
+    """(transformers' dynamic_rope_update wrapper in the chain of `forward`'s decorators, the function
+    it wraps), or None. The wrapper is known by the update functions it closes over."""
+    f = forward
+    while f is not None:
+        code = getattr(f, "__code__", None)
+        if code is not None and "dynamic_frequency_update" in code.co_freevars and hasattr(f, "__wrapped__"):
+            return f, f.__wrapped__
+        f = getattr(f, "__wrapped__", None)
+    return None
+
+
+def _global_length_forward(module, update, rotate, group):
+    """module's forward: the frequency update on the group's longest position, then the rotation of
+    this rank's positions. x: the hidden states (for device and dtype); position_ids: (batch, seq_local)."""
+
+    def forward(x, position_ids, *args, **kwargs):
+        longest = position_ids.detach().max().reshape(1, 1).to(torch.long)
+        if dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
+        update(module, x, longest.to(position_ids.device), *args, **kwargs)  # its cos/sin of one position: unused
+        return rotate(module, x, position_ids, *args, **kwargs)
+
+    return forward
