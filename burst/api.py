@@ -1,4 +1,5 @@
-"""burst.attention: validate once, on every rank, then run the chosen strategy."""
+"""burst.attention: prepared once on every rank (prepare.py: validation and agreement), then the chosen
+strategy runs, eagerly or, under torch.compile, as one custom op (custom_op.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,8 @@ import torch
 import torch.distributed as dist
 
 from . import custom_op
-from .agreement import agree
-from .comm.p2p import open_host_channels
-from .call import AttentionCall
-from .plan.auto import auto_choice
-from .sinks import check_sinks
-from .strategies import STRATEGIES
+from .prepare import prepare_attention, prepare_single_device, unit_stride_last
+from .strategies import STRATEGIES  # the names, here too for callers
 from .validation import DTYPES, STRATEGY_NAMES, check_tensors, checked_call  # the names, here too for callers
 
 
@@ -101,7 +98,7 @@ def _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax
     chosen, call = prepare_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
                                      cu_seqlens, block_sparse, topology, sinks=sinks, **options)
     with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
-        out, lse = chosen(call, *(_unit_stride_last(t) for t in (q, k, v)), sinks=sinks)
+        out, lse = chosen(call, *(unit_stride_last(t) for t in (q, k, v)), sinks=sinks)
     return (out, lse) if return_lse else out
 
 
@@ -119,65 +116,3 @@ def autocast_inputs(q, k, v):
         return q, k, v
     dtype = torch.get_autocast_dtype(device_type)
     return tuple(t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t for t in (q, k, v))
-
-
-def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous", causal=False, window=None,
-                      softmax_scale=None, return_lse=False, cu_seqlens=None, block_sparse=None, topology=None,
-                      sinks=None, **options):
-    """burst.attention's validation and cross-rank agreement, without running it: the chosen
-    Strategy and its AttentionCall, for callers that drive forward and backward themselves (the
-    engine's rematerialization-aware checkpointing replays a stored output into strategy.backward).
-
-    Same arguments and errors as burst.attention (which is `strategy(call, q, k, v)` on the result).
-    """
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
-    rank = dist.get_rank(group) if dist.is_initialized() else 0
-    problem, call, name = None, None, None
-    try:
-        name, call = checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale,
-                                  cu_seqlens, block_sparse, options, topology, auto=auto_choice)
-        check_sinks(sinks, q)
-    except (TypeError, ValueError, NotImplementedError) as err:
-        problem = err
-    facts = _call_facts(q, k, name, call, return_lse, sinks) if problem is None else None
-    agree("burst.attention", facts, problem, group, world, hints=_HINTS)
-    if world > 1:
-        open_host_channels(group)  # collective on a group's first call: every rank has agreed to run it
-    return STRATEGIES[name], call
-
-
-def prepare_single_device(q, k, causal: bool = True, softmax_scale=None):
-    """prepare_attention's (Strategy, AttentionCall) for one process holding the whole sequence: no
-    group and no collective, even inside a distributed program (the engine's single-device model)."""
-    check_tensors(q, k, k)
-    name, call = checked_call(q, k, k, None, 0, 1, "allgather", "contiguous", causal, None, softmax_scale, None,
-                              None, {})
-    return STRATEGIES[name], call
-
-
-_HINTS = {"seqlen": " (shard with burst.shard, or pad every rank to one length)"}
-
-
-def _unit_stride_last(t: torch.Tensor) -> torch.Tensor:
-    """Any strides are fine (transposed views, slices) except along head_dim: the attention kernels
-    read each head's vector as one run (aten's CPU flash op silently misreads a strided last dim), so
-    only a tensor whose head_dim is strided is copied."""
-    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
-
-
-def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool, sinks=None) -> dict:
-    """What must be equal on every rank for the call to be right: shard shapes, dtype, options."""
-    spec = call.spec
-    facts = {
-        "batch": q.shape[0], "seqlen": q.shape[1], "heads": q.shape[2], "kv_heads": k.shape[2],
-        "head_dim": q.shape[3], "dtype": str(q.dtype), "strategy": name, "layout": call.layout,
-        "causal": spec.causal, "window": spec.window, "softmax_scale": call.scale, "return_lse": bool(return_lse),
-        "cu_seqlens": spec.cu_seqlens,
-        "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
-        "topology": (call.topology.local_world_size, call.topology.double_ring),
-        "sinks": None if sinks is None else (str(sinks.dtype), tuple(sinks.detach().float().tolist())),
-    }
-    facts.update((f"option {key}", value) for key, value in sorted(call.options.as_dict().items()))
-    return facts
-
-

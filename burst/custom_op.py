@@ -22,6 +22,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from .prepare import prepare_attention, unit_stride_last
+from .sinks import fold_sinks, sink_gradient
+
 _PREPARED: dict = {}  # the op's arguments and shapes -> (strategy, AttentionCall), for the backward
 _PREPARED_MAX = 256
 
@@ -52,8 +55,6 @@ def _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, soft
     (collective), on every forward (`fresh`) as eager burst.attention does it, so that ranks whose
     calls differ raise together instead of one waiting in a ring the others never join; the
     backward reuses the forward's."""
-    from .api import prepare_attention
-
     key = (group_name, strategy, layout, causal, tuple(window) if window else None, softmax_scale,
            tuple(cu_seqlens) if cu_seqlens else None, option_names, tuple(option_values), tuple(q.shape),
            tuple(k.shape), q.dtype, q.device, sinks is not None)
@@ -78,13 +79,10 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Opti
                   strategy: str, layout: str, causal: bool, window: Optional[list[int]], softmax_scale: Optional[float],
                   cu_seqlens: Optional[list[int]], option_names: str,
                   option_values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    from .api import _unit_stride_last
-    from .sinks import fold_sinks
-
     chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
                              option_names, option_values, fresh=True)
     with torch.autocast(q.device.type, enabled=False):
-        out, lse = chosen.forward(call, *(_unit_stride_last(t) for t in (q, k, v)))
+        out, lse = chosen.forward(call, *(unit_stride_last(t) for t in (q, k, v)))
         if sinks is not None:
             out, lse = fold_sinks(out, lse, sinks)
     return out.contiguous(), lse.contiguous()  # the strides the fake promises (a strategy may follow q's)
@@ -104,8 +102,6 @@ def _attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                            cu_seqlens: Optional[list[int]], option_names: str,
                            option_values: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv and dsinks (empty when there are no sinks: an op returns tensors only)."""
-    from .sinks import sink_gradient
-
     chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
                              option_names, option_values, fresh=False)
     dout = dout.contiguous()

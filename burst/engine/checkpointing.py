@@ -31,9 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..api import attention, prepare_attention, prepare_single_device
+from ..api import attention
 from ..layout import LAYOUTS, local_multiple, shard_indices
 from ..masks import BlockSparseMask
+from ..prepare import prepare_attention, prepare_single_device
 from ..strategies.base import Strategy
 
 MODES = ("none", "full", "remat", "selective")
