@@ -15,9 +15,13 @@ import os
 import torch
 
 DEVICES = ("auto", "cpu", "cuda")
-# Short names as the CLI spells them, and torch's own names, to one dtype.
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-          "fp32": torch.float32, "float32": torch.float32, "float64": torch.float64}
+# The one reading of a --dtype name: each spelling the CLI takes (torch's own name, or the short one
+# the verbs first took) to its canonical name, torch's (`str(torch.bfloat16)` less "torch."), which
+# burst.check, the benchmarks and kernels.reference speak. Parsing normalises to it, so nothing after
+# the command line meets "bf16".
+DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+                 "float16": "float16", "fp16": "float16", "float64": "float64", "fp64": "float64"}
+DTYPES = {name: getattr(torch, name) for name in dict.fromkeys(DTYPE_ALIASES.values())}  # canonical -> dtype
 
 
 def local_ranks(world: int) -> int:
@@ -41,16 +45,34 @@ def resolve_device(name: str, local: int) -> str:
     return name
 
 
+def dtype_listing(names) -> str:
+    """Canonical `names` each with its other spellings, for help and errors: "float32 (fp32), bfloat16 (bf16)"."""
+    def spelt(name: str) -> str:
+        others = [alias for alias, canonical in DTYPE_ALIASES.items() if canonical == name and alias != name]
+        return f"{name} ({', '.join(others)})" if others else name
+
+    return ", ".join(spelt(name) for name in names)
+
+
+def canonical_dtype(name: str, allowed=tuple(DTYPES)) -> str:
+    """The canonical name of a dtype written any way --dtype takes ("bf16", "BFloat16" -> "bfloat16");
+    ValueError (naming --dtype and listing the names taken) for one that is not among `allowed`."""
+    canonical = DTYPE_ALIASES.get(name.strip().lower())
+    if canonical not in allowed:
+        raise ValueError(f"--dtype: {name!r} is not one of {dtype_listing(allowed)}")
+    return canonical
+
+
 def parse_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"--dtype: {name!r} is not one of bf16, fp16, fp32")
-    return DTYPES[name]
+    """The torch dtype of a --dtype name in any spelling (torch.bfloat16 for "bf16" or "bfloat16")."""
+    return DTYPES[canonical_dtype(name)]
 
 
 def check_dtype(dtype: torch.dtype, device: str) -> None:
     """ValueError (naming --dtype) for a dtype the device cannot compute in."""
     if device == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise ValueError("--dtype: bf16 needs a GPU of compute capability 8.0 or newer; use fp16 or fp32")
+        raise ValueError("--dtype: bfloat16 (bf16) needs a GPU of compute capability 8.0 or newer; use float16 "
+                         "or float32")
 
 
 def backend_for(device: str) -> str:

@@ -15,7 +15,8 @@ import pytest
 
 import burst.bench.harness
 import burst.launch
-from burst.cli import main
+from burst.cli import VERBS, build_parser, main
+from burst.devices import DTYPE_ALIASES, DTYPES
 from burst.launch import WorldError, spawn_world
 
 PROMPT_MISSING = "/nonexistent-dir/prompt.txt"
@@ -151,6 +152,54 @@ def test_plan_reads_like_it_should(capsys, tmp_path):
     assert main([*args, "--layout", "contiguous", "--json", "-"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert next(r for r in rows if r["strategy"] == "distflash")["fits"]
+
+
+# Each verb with --dtype: the smallest arguments its validation takes, and the dtypes it runs in.
+DTYPE_VERBS = {
+    "train": (["--seq-len", "64"], ("float32", "bfloat16")),
+    "generate": (["--prompt-len", "8"], ("float32", "bfloat16", "float16")),
+    "bench": (["--seq-len", "64"], ("float32", "bfloat16", "float16", "float64")),
+    "check": (["--seq-len", "32", "--heads", "2", "--head-dim", "16"], ("float32", "bfloat16", "float16", "float64")),
+}
+
+
+def test_every_verb_with_dtype_is_covered(capsys):
+    import re
+
+    for verb in VERBS:
+        with pytest.raises(SystemExit):
+            main([verb, "--help"])
+        has_dtype = re.search(r"--dtype\b(?!-)", capsys.readouterr().out) is not None
+        assert has_dtype == (verb in DTYPE_VERBS), verb
+
+
+def test_dtype_takes_torch_names_beside_the_short_ones_on_every_verb(no_world):
+    """float32 / bfloat16 (torch's names) and fp32 / bf16, in any case, on each verb with --dtype (issue
+    51); past parsing the verb sees torch's name alone (burst train's TrainConfig too)."""
+    from burst.cli import train as train_cli
+
+    for verb, (base, _) in DTYPE_VERBS.items():
+        for given, canonical in (("float32", "float32"), ("fp32", "float32"), ("bfloat16", "bfloat16"),
+                                 ("bf16", "bfloat16"), ("BFloat16", "bfloat16")):
+            args = build_parser().parse_args([verb, *base, "--device", "cpu", "--dtype", given])
+            VERBS[verb].validate(args)
+            assert args.dtype == (canonical if verb != "check" else (canonical,)), (verb, given, args.dtype)
+            if verb == "train":
+                assert train_cli.config(args).dtype == canonical
+    args = build_parser().parse_args(["check", "--dtype", "fp32,BF16,float32,float64"])
+    assert args.dtype == ("float32", "bfloat16", "float64")  # each once, in the order given
+
+
+def test_a_bad_dtype_is_refused_listing_the_names_taken(capsys, no_world):
+    for verb, (base, taken) in DTYPE_VERBS.items():
+        short = {name: alias for alias, name in DTYPE_ALIASES.items() if alias != name}
+        for bad in ("float8", "fp8", *(name for name in DTYPES if name not in taken)):
+            with pytest.raises(SystemExit) as exited:
+                main([verb, *base, "--dtype", bad])
+            line = capsys.readouterr().err.strip()
+            assert exited.value.code == 2 and "\n" not in line, (verb, bad, line)
+            listing = ", ".join(f"{name} ({short[name]})" for name in taken)
+            assert line == f"burst {verb}: error: --dtype: {bad!r} is not one of {listing}", line
 
 
 def test_mistakes_of_any_verb(capsys, no_world):

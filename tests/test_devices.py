@@ -89,6 +89,23 @@ def test_verbs_refuse_a_device_or_dtype_they_cannot_run_before_any_rank_starts()
     assert done.returncode == 2 and "--dtype" in done.stderr
 
 
+def test_one_table_reads_every_dtype_name():
+    """devices.DTYPE_ALIASES is the one reading of a --dtype name: torch's names and the short ones, in
+    any case, to torch's name, the one kernels.reference, burst.check and the benchmarks look up."""
+    from burst.engine.train import TrainConfig
+    from burst.kernels import reference
+
+    assert devices.DTYPES == reference.DTYPES
+    for name, dtype in devices.DTYPES.items():
+        assert str(dtype) == f"torch.{name}" and devices.parse_dtype(name) is dtype
+    assert devices.canonical_dtype("BF16") == "bfloat16" and devices.parse_dtype("fp16") is torch.float16
+    with pytest.raises(ValueError, match=r"^--dtype: 'half' is not one of float32 \(fp32\), bfloat16 \(bf16\)$"):
+        devices.canonical_dtype("half", ("float32", "bfloat16"))
+    TrainConfig(seq_len=64, dtype="bf16", device="cpu").check(2)  # the library takes either spelling too
+    with pytest.raises(ValueError, match=r"^--dtype: training takes float32 \(fp32\), bfloat16 \(bf16\) .*loss"):
+        TrainConfig(seq_len=64, dtype="fp16", device="cpu").check(2)
+
+
 def test_bf16_training_follows_fp32(tmp_path):
     """burst train --dtype bf16 (autocast; fp32 weights, gradients and optimizer state) on 2 ranks."""
     losses = {}

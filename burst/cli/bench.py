@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-from ..kernels.reference import DTYPES
+from ..devices import DTYPES, dtype_listing
 from ..layout import DOCUMENT_LAYOUTS, LAYOUTS as WHOLE_SEQUENCE_LAYOUTS
 from .common import (BadOption, add_common, add_device_options, any_case, blame, check_writable_dir,
-                     check_writable_file, int_list, int_pair, nonnegative_int, positive_float, positive_int, progress,
-                     publish, resolve_checked_device, world_size, write_json)
+                     check_writable_file, dtype_name, int_list, int_pair, nonnegative_int, positive_float, positive_int,
+                     progress, publish, resolve_checked_device, world_size, write_json)
 
 LAYOUTS = WHOLE_SEQUENCE_LAYOUTS + DOCUMENT_LAYOUTS
 
@@ -57,8 +57,8 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-heads", type=positive_int, default=None, help="KV heads (GQA); default: --heads")
     p.add_argument("--head-dim", type=positive_int, default=d.head_dim, help="dimension of each head")
     p.add_argument("--batch", type=positive_int, default=d.batch, help="sequences")
-    p.add_argument("--dtype", type=any_case(tuple(DTYPES)), default=d.dtype,
-                   help="dtype of q, k, v: " + ", ".join(DTYPES))
+    p.add_argument("--dtype", type=dtype_name(tuple(DTYPES)), default=d.dtype,
+                   help="dtype of q, k, v: " + dtype_listing(DTYPES))
     p.add_argument("--causal", action="store_true", help="causal mask")
     p.add_argument("--layout", type=any_case(LAYOUTS), default=d.layout,
                    help="how the sequence is split over the ranks: " + ", ".join(LAYOUTS)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ..kernels.reference import DTYPES
+from ..devices import DTYPES, dtype_listing
 from ..layout import LAYOUTS
-from .common import (BadOption, add_common, add_device_options, any_case, blame, check_writable_file, name_list,
-                     positive_int, progress, publish, resolve_checked_device, world_size)
+from .common import (BadOption, add_common, add_device_options, any_case, blame, check_writable_file, dtype_names,
+                     name_list, positive_int, progress, publish, resolve_checked_device, world_size)
 
 CAUSAL = {"both": (False, True), "yes": (True,), "no": (False,)}
 
@@ -27,8 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-heads", type=positive_int, default=None, help="KV heads (GQA); default: --heads")
     p.add_argument("--head-dim", type=positive_int, default=64, help="dimension of each head")
     p.add_argument("--batch", type=positive_int, default=1, help="sequences")
-    p.add_argument("--dtype", type=name_list(tuple(DTYPES)), default=("float32",),
-                   help="comma-separated: " + ",".join(DTYPES))
+    p.add_argument("--dtype", type=dtype_names(tuple(DTYPES)), default=("float32",),
+                   help="comma-separated dtypes: " + dtype_listing(DTYPES))
     p.add_argument("--sinks", action="store_true",
                    help="also pass attention sinks (gpt-oss's s_aux) and compare their gradient")
     add_device_options(p, dtypes=None)

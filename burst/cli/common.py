@@ -169,6 +169,36 @@ def any_case(choices) -> callable:
     return parse
 
 
+def dtype_name(allowed) -> callable:
+    """One dtype of `allowed` (canonical names), written any way devices.DTYPE_ALIASES reads ("bf16",
+    "BFloat16"), as its canonical name ("bfloat16"): the one spelling the verb's code then sees."""
+    from ..devices import canonical_dtype
+
+    def parse(text: str) -> str:
+        try:
+            return canonical_dtype(text, allowed)
+        except ValueError as err:  # argparse names the option itself
+            raise argparse.ArgumentTypeError(str(err).removeprefix("--dtype: ")) from None
+
+    return parse
+
+
+def dtype_names(allowed) -> callable:
+    """Comma-separated dtypes of `allowed`, each as dtype_name reads it; canonical, each once, in order."""
+    one = dtype_name(allowed)
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = [p.strip() for p in text.split(",") if p.strip()]
+        if not names:
+            from ..devices import dtype_listing
+
+            raise argparse.ArgumentTypeError(f"expected comma-separated dtypes ({dtype_listing(allowed)}), "
+                                             "got nothing")
+        return tuple(dict.fromkeys(one(name) for name in names))
+
+    return parse
+
+
 # --- arguments several verbs take ---------------------------------------------------------------
 
 
@@ -183,17 +213,19 @@ def add_common(p: argparse.ArgumentParser, world: bool = True, default_nproc: in
                    help=f"on a failure print the full traceback (also {DEBUG_ENV}=1)")
 
 
-def add_device_options(p: argparse.ArgumentParser, dtypes=("fp32", "bf16", "fp16"), default_dtype="fp32") -> None:
+def add_device_options(p: argparse.ArgumentParser, dtypes=("float32", "bfloat16", "float16"),
+                       default_dtype="float32") -> None:
     """--device and (unless dtypes is None: a verb with its own) --dtype (burst/devices.py): where each
-    rank runs and in what precision."""
-    from ..devices import DEVICES
+    rank runs and in what precision. dtypes: the canonical names the verb takes (each also by its short
+    name: devices.DTYPE_ALIASES); args.dtype holds the canonical one."""
+    from ..devices import DEVICES, dtype_listing
 
     p.add_argument("--device", type=any_case(DEVICES), default="auto",
                    help="cpu, cuda (one GPU per rank: cuda:LOCAL_RANK, NCCL) or auto (cuda when every local rank "
                         "has a GPU, else cpu)")
     if dtypes is not None:
-        p.add_argument("--dtype", type=any_case(dtypes), default=default_dtype,
-                       help=f"compute dtype: {', '.join(dtypes)}")
+        p.add_argument("--dtype", type=dtype_name(dtypes), default=default_dtype,
+                       help=f"compute dtype: {dtype_listing(dtypes)}")
     from ..kernels import kernels_by_name
 
     kernels = ("auto", *kernels_by_name())

@@ -14,7 +14,7 @@ from .common import (BadOption, add_common, add_device_options, any_case, blame,
 def add_parser(sub) -> None:
     from ..api import STRATEGY_NAMES
     from ..engine.model import PRESETS
-    from ..engine.train import TrainConfig
+    from ..engine.train import TRAIN_DTYPES, TrainConfig
 
     d = TrainConfig()
     p = sub.add_parser("train", help="train the LLaMA-style model sequence-parallel (a local world or torchrun's)",
@@ -66,7 +66,7 @@ def add_parser(sub) -> None:
                         "holds none (what to repeat after a failure, e.g. under torchrun --max-restarts)")
     p.add_argument("--keep", type=nonnegative_int, default=0, metavar="N",
                    help="keep the N newest checkpoints, deleting older ones once a new one is complete (0 = all)")
-    add_device_options(p, dtypes=("fp32", "bf16"), default_dtype=d.dtype)
+    add_device_options(p, dtypes=TRAIN_DTYPES, default_dtype=d.dtype)
     add_common(p)
 
 

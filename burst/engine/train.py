@@ -24,10 +24,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..devices import parse_dtype
 from ..layout import local_multiple, shard, shard_indices
 from .checkpointing import check_settings
 from .model import PRESETS, Transformer, parallelize
 from .parallel import Parallel, check_dp, check_sharding, reduce_gradients, setup, shard_parameters
+
+TRAIN_DTYPES = ("float32", "bfloat16")  # bfloat16 as autocast; float16 would need loss scaling
 
 
 @dataclass
@@ -58,7 +61,9 @@ class TrainConfig:
     keep: int = 0  # checkpoints kept (the newest; 0 = all), older ones deleted once a new one is complete
     progress: bool = True
     device: str = "auto"  # auto | cpu | cuda (devices.resolve_device: auto = cuda when every local rank has a GPU)
-    dtype: str = "fp32"  # fp32 | bf16: bf16 autocast, weights, gradients and optimizer state stay fp32
+    # float32 | bfloat16 (any spelling devices.DTYPE_ALIASES reads: fp32, bf16): bfloat16 runs as autocast,
+    # weights, gradients and optimizer state stay float32
+    dtype: str = "float32"
 
     def check(self, world: int) -> None:
         """Errors a run would otherwise hit only after starting (every rank raises alike), before any
@@ -112,13 +117,15 @@ class TrainConfig:
             raise ValueError("--checkpoint-every: needs --checkpoint-dir (where to write them)")
 
     def _check_device(self, world: int) -> None:
-        from ..devices import check_dtype, local_ranks, parse_dtype, resolve_device
+        from ..devices import DTYPES, canonical_dtype, check_dtype, dtype_listing, local_ranks, resolve_device
 
         device = resolve_device(self.device, local_ranks(world))
-        if self.dtype not in ("fp32", "bf16"):
-            raise ValueError(f"--dtype: training takes fp32 or bf16 (autocast), not {self.dtype!r}: fp16 "
-                             "would need loss scaling, which burst train does not do")
-        check_dtype(parse_dtype(self.dtype), device)
+        name = canonical_dtype(self.dtype)  # any spelling --dtype takes ("bf16" as "bfloat16")
+        if name not in TRAIN_DTYPES:
+            why = ": float16 would need loss scaling, which burst train does not do" if name == "float16" else ""
+            raise ValueError(f"--dtype: training takes {dtype_listing(TRAIN_DTYPES)} (bfloat16 as autocast), "
+                             f"not {self.dtype!r}{why}")
+        check_dtype(DTYPES[name], device)
 
     def _check_attention(self, sp: int, preset) -> None:
         """The strategy takes the model's causal attention in this layout (burst.attention's checks)."""
@@ -210,7 +217,7 @@ def train_step(model, optimizer, tokens: torch.Tensor, cfg: TrainConfig, par: Pa
     positions = shard_indices(cfg.layout, par.sp_rank, par.sp, cfg.seq_len).to(device).expand(tokens.shape[0], -1)
     if par.sp > 1:
         inputs, targets = (shard(t, group=par.sp_group, layout=cfg.layout) for t in (inputs, targets))
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16"):
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=parse_dtype(cfg.dtype) == torch.bfloat16):
         loss = model(inputs, positions, targets=targets, loss_group=par.loss_group, fused_loss=cfg.fused_loss)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
