@@ -11,15 +11,26 @@ same teardown (every rank past its last collective before any closes; see end_ra
 A rank that raises ends the world: it saves its error and leaves at once; the launcher sees it
 leave, kills every other rank (which may be waiting on it in a collective, and would wait for
 ever), and raises WorldError naming the first rank that failed, its one-line message and its
-traceback.
+traceback. A rank killed from outside (kill -9, the OOM killer) ends the world the same way, and is
+the one named, not the peer whose collective broke with it.
+
+The launcher ends every rank it started before it returns or raises, whatever ends the world: a
+rank's failure, the timeout, an exception or KeyboardInterrupt in the launcher, or SIGTERM / SIGHUP
+sent to the launcher alone (they become SystemExit(128 + signal) while a world runs). Ranks are
+forked by multiprocessing's forkserver, so they are the forkserver's children, not the launcher's;
+it kills them by pid. burst's ranks start no processes of their own (on CUDA, torch.compile's
+compile workers may: they exit when their rank does). Each rank is named burst-rank-N (ps, top).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -73,6 +84,7 @@ def _save(outdir: str, rank: int, result) -> None:
 
 def _entry(rank: int, world: int, port: int, threads: int | None, backend: str, env: dict, fn, args,
            outdir: str, parent_env: dict | None = None) -> None:
+    _name_process(f"burst-rank-{rank}")
     if parent_env is not None:  # a forkserver's child starts with the server's environment, not ours
         os.environ.clear()
         os.environ.update(parent_env)
@@ -91,6 +103,14 @@ def _entry(rank: int, world: int, port: int, threads: int | None, backend: str, 
         leave(1)
     _save(outdir, rank, ("ok", result))
     end_rank()
+
+
+def _name_process(name: str) -> None:
+    """Show this process as `name` in ps and top (Linux; elsewhere nothing): the ranks' command lines
+    are the forkserver's, the same for every rank and for the server itself."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])  # the kernel keeps 15 characters
 
 
 def _close_world() -> None:
@@ -127,25 +147,48 @@ def spawn_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | No
     threads per process: default cores // nproc. backend: "gloo", "nccl", or "auto" (nccl when
     every rank has a GPU). env: variables set in each rank before it starts. A rank that raises
     ends the world promptly (WorldError, a RuntimeError, naming it); a world still running after
-    `timeout` seconds is killed (TimeoutError).
+    `timeout` seconds is killed (TimeoutError). Whatever ends the call (those, an exception or
+    KeyboardInterrupt here, SIGTERM or SIGHUP: _signals_exit), every rank is dead before it returns.
     """
     if nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
-    with tempfile.TemporaryDirectory() as outdir:
+    with tempfile.TemporaryDirectory() as outdir, _signals_exit():
         context = _rank_context()
         entry_args = (nproc, free_port(), threads, backend, dict(env or {}), fn, args, outdir, dict(os.environ))
         ranks = [context.Process(target=_entry, args=(rank, *entry_args), daemon=False) for rank in range(nproc)]
-        for process in ranks:
-            process.start()
-        try:
-            _wait(ranks, timeout)
+        try:  # from the first start on: whatever leaves this block, no rank outlives it
+            for process in ranks:
+                process.start()
+            left = _wait(ranks, timeout)
         finally:
             _kill(ranks)
         results = {r: torch.load(os.path.join(outdir, f"{r}.pt"), weights_only=False)
                    for r in range(nproc) if os.path.exists(os.path.join(outdir, f"{r}.pt"))}
-    _raise_first_error(ranks, results)
+    _raise_first_error(ranks, results, left)
     return [results[r][1] for r in range(nproc)]
+
+
+@contextlib.contextmanager
+def _signals_exit():
+    """SIGTERM and SIGHUP raise SystemExit(128 + signal) in the block, so the launcher's `finally`
+    ends the world's ranks: by default they end the launcher on the spot and the ranks run on (a
+    `kill PID`, a scheduler's stop, a closed terminal). Only a signal nobody handles yet, and only in
+    the main thread (the one place Python runs handlers); a second one while the ranks end is ignored."""
+    def exit_on(signum, frame):
+        signal.signal(signum, signal.SIG_IGN)  # the teardown it starts runs once, to its end
+        raise SystemExit(128 + signum)
+
+    taken = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if signum is not None and signal.getsignal(signum) == signal.SIG_DFL:
+                taken[signum] = signal.signal(signum, exit_on)
+    try:
+        yield
+    finally:
+        for signum, previous in taken.items():
+            signal.signal(signum, previous)
 
 
 PRELOAD = ["torch", "torch.distributed", "torch.nn.functional", "torch._dynamo"]
@@ -163,37 +206,55 @@ def _rank_context():
     return context
 
 
-def _wait(ranks, timeout: float | None) -> None:
-    """Until every rank has left, or one has left with a failure, or the time is up."""
+def _wait(ranks, timeout: float | None) -> dict[int, int]:
+    """Until every rank has left, or one has left with a failure, or the time is up; {rank: exit
+    code} of the ranks that had left by then, before the launcher killed any."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    while any(p.exitcode is None for p in ranks):
-        if any(p.exitcode not in (None, 0) for p in ranks):
-            return
+    while True:
+        left = {rank: code for rank, code in enumerate(p.exitcode for p in ranks) if code is not None}
+        if len(left) == len(ranks) or any(left.values()):
+            return left
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"world of {len(ranks)} did not finish in {timeout}s (a rank hung?)")
         time.sleep(POLL_SECONDS)
 
 
 def _kill(ranks) -> None:
-    for process in ranks:
+    """SIGKILL every started rank still running, then reap each: none is left when this returns."""
+    started = [p for p in ranks if p.pid is not None]
+    for process in started:
         if process.exitcode is None:
             process.kill()
-    for process in ranks:
+    for process in started:
         process.join()
 
 
-def _raise_first_error(ranks, results: dict) -> None:
-    """WorldError for the rank that failed first (the others' errors are mostly its echo: a peer
-    gone in the middle of a collective), else for a rank that died without a word (a signal)."""
+def _raise_first_error(ranks, results: dict, left: dict[int, int]) -> None:
+    """WorldError for the rank whose failure ended the world. `left`: the exit codes of the ranks that
+    had left before the launcher killed the rest.
+
+    First a rank killed by a signal (kill -9, the OOM killer, a crash): its peers' errors ("Connection
+    reset by peer") are its echo, and they may save them before the launcher sees it gone. Then the
+    rank that raised first (the others' errors are mostly its echo too: a peer gone in the middle of a
+    collective). Then a rank that left without a word."""
+    silent = {rank: code for rank, code in sorted(left.items()) if rank not in results}  # left without a word
+    for rank, code in silent.items():
+        if code < 0:
+            raise _died(rank, code)
     errors = sorted((res[3], r, res[1], res[2]) for r, res in results.items() if res[0] == "error")
     if errors:
         _, rank, summary, details = errors[0]
         raise WorldError(rank, summary, details)
+    for rank, code in silent.items():
+        raise _died(rank, code)
     for rank, process in enumerate(ranks):
         if rank not in results:
-            code = process.exitcode
-            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-            raise WorldError(rank, f"rank {rank} died without a result ({how})", "")
+            raise _died(rank, process.exitcode)
+
+
+def _died(rank: int, code: int | None) -> WorldError:
+    how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+    return WorldError(rank, f"rank {rank} died without a result ({how})", "")
 
 
 def run_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | None = None,

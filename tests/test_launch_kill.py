@@ -1,0 +1,147 @@
+"""`burst train` as a user runs it, and then a process dies under it (issue 51).
+
+kill -9 on rank 0 or on rank 1 while the world trains: the launcher must exit non-zero within
+seconds naming that rank, and leave none of the processes it started (the ranks, multiprocessing's
+forkserver and resource tracker) alive. SIGINT (KeyboardInterrupt) or SIGTERM sent to the launcher
+alone must end every rank as well. Processes are found in /proc: the launcher's descendants, the
+ranks among them by the name the launcher gives them (burst-rank-N).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads processes from /proc (Linux)")
+
+TRAIN = ["train", "--seq-len", "64", "--steps", "100000", "--nproc", "2", "--device", "cpu", "--no-progress"]
+START_S = 60.0  # the world up and training, on a loaded 2-core machine (3 interpreters import torch)
+EXIT_S = 15.0   # the launcher gone after the fault
+GONE_S = 10.0   # every process it started gone after the launcher (the forkserver exits last)
+POLL_S = 0.1
+
+
+def _stat(pid: int) -> tuple[str, int, str] | None:
+    """(state, parent pid, start time) of a process from /proc/PID/stat, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1]), fields[19]
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """{pid: start time} of every process below `root` (the start time tells a reused pid apart)."""
+    children: dict[int, list[int]] = {}
+    starts = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+            children.setdefault(stat[1], []).append(int(entry))
+            starts[int(entry)] = stat[2]
+    found, todo = {}, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found[pid] = starts[pid]
+        todo += children.get(pid, [])
+    return found
+
+
+def _alive(pid: int, start: str) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[2] == start and stat[0] not in ("Z", "X")
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def _poll(condition, seconds: float):
+    """condition() until it returns something true or `seconds` pass; its last value."""
+    deadline = time.monotonic() + seconds
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    return value
+
+
+def _training_ranks(launcher: subprocess.Popen, log: Path) -> dict[int, int]:
+    """{rank: pid} once both ranks run and rank 0 has logged a step; fails if the launcher ends first."""
+    def ready():
+        if launcher.poll() is not None:
+            pytest.fail(f"burst train exited ({launcher.returncode}) before training:\n{log.read_text()[-3000:]}")
+        ranks = {int(_name(pid).removeprefix("burst-rank-")): pid for pid in _descendants(launcher.pid)
+                 if _name(pid).startswith("burst-rank-")}
+        return ranks if len(ranks) == 2 and "\nstep 1 " in "\n" + log.read_text() else None
+
+    ranks = _poll(ready, START_S)
+    assert ranks, f"the world was not training within {START_S:.0f} s:\n{log.read_text()[-3000:]}"
+    return ranks
+
+
+@contextlib.contextmanager
+def _burst_train(tmp_path: Path):
+    """`python -m burst train ...` in a session of its own (so whatever this test leaves is killed
+    with it at the end, even if the launcher fails to end its ranks); yields (launcher, stderr log)."""
+    log = tmp_path / "stderr.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    with open(log, "w") as err:
+        launcher = subprocess.Popen([sys.executable, "-m", "burst", *TRAIN], stdout=subprocess.DEVNULL, stderr=err,
+                                    env=env, start_new_session=True)
+    try:
+        yield launcher, log
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_rank_killed_ends_the_launcher_naming_it_and_every_process_it_started(tmp_path, victim):
+    with _burst_train(tmp_path) as (launcher, log):
+        ranks = _training_ranks(launcher, log)
+        started = _descendants(launcher.pid)  # the ranks, the forkserver, the resource tracker
+        os.kill(ranks[victim], signal.SIGKILL)
+        _assert_exits(launcher, log, 1)
+        last = log.read_text().strip().splitlines()[-1]
+        assert last.startswith(f"burst train: error: rank {victim}: ") and "killed by signal 9" in last, last
+        _assert_all_gone(started)
+
+
+@pytest.mark.parametrize("sent, code, line", [(signal.SIGINT, 130, "burst train: interrupted"),
+                                               (signal.SIGTERM, 128 + signal.SIGTERM, None)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_launcher_alone_ends_every_rank(tmp_path, sent, code, line):
+    """The ranks share the launcher's process group, so a terminal's Ctrl-C reaches them too; `kill PID`
+    or a KeyboardInterrupt raised in the launcher alone must end them as well."""
+    with _burst_train(tmp_path) as (launcher, log):
+        _training_ranks(launcher, log)
+        started = _descendants(launcher.pid)
+        launcher.send_signal(sent)
+        _assert_exits(launcher, log, code)
+        if line is not None:
+            assert log.read_text().strip().splitlines()[-1] == line
+        _assert_all_gone(started)
+
+
+def _assert_exits(launcher: subprocess.Popen, log: Path, code: int) -> None:
+    exited = _poll(lambda: launcher.poll() is not None, EXIT_S)
+    assert exited, f"the launcher still runs {EXIT_S:.0f} s after the fault:\n{log.read_text()[-2000:]}"
+    assert launcher.returncode == code, (launcher.returncode, log.read_text()[-2000:])
+
+
+def _assert_all_gone(started: dict[int, str]) -> None:
+    def running():
+        return {pid: _name(pid) for pid, start in started.items() if _alive(pid, start)}
+
+    _poll(lambda: not running(), GONE_S)
+    assert not running(), f"still running {GONE_S:.0f} s after the launcher exited: {running()}"
