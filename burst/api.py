@@ -27,6 +27,8 @@ def attention(
     block_sparse: BlockSparseMask | None = None,
     topology: Topology | None = None,
     sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
+    chunk_size: int | None = None,
     **options,
 ):
     """Exact attention over a sequence split across the ranks of `group`.
@@ -66,6 +68,12 @@ def attention(
             joins every row's softmax denominator and carries no value (burst/sinks.py). Differentiable:
             its gradient is this rank's rows' share, as for any parameter applied to this rank's
             tokens (sum it over the group; bt.reduce_gradients does). Every rank passes the same values.
+        softcap: logit softcapping (Gemma 2): every score s becomes softcap * tanh(s / softcap) before
+            the softmax; 0 = none. Kernels without it (aten's CPU flash op, SDPA) give way to one that
+            has it (burst/kernels/softcap.py); the ring's merge is unchanged.
+        chunk_size: chunked attention (Llama 4's attention_chunk_size): a token attends only inside its
+            chunk of chunk_size tokens of the global sequence (with causal=True, causally there).
+            Chunks are documents of equal length: off-chunk block pairs are never computed or sent.
         **options: the chosen strategy's own options (see its module); others raise ValueError.
 
     Every rank of the group must pass the same options and shards of one shape: one small
@@ -87,16 +95,17 @@ def attention(
     if torch.compiler.is_compiling() and custom_op.takes(layout, cu_seqlens, block_sparse, topology, options):
         # traced as one op (burst/custom_op.py): no graph break, so checkpointed blocks compile too
         return custom_op.attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
-                                   cu_seqlens, sinks, options)
+                                   cu_seqlens, sinks, options, softcap, chunk_size)
     return _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
-                              cu_seqlens, block_sparse, topology, sinks, **options)
+                              cu_seqlens, block_sparse, topology, sinks, softcap, chunk_size, **options)
 
 
 @torch.compiler.disable  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
 def _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens,
-                       block_sparse, topology, sinks, **options):
+                       block_sparse, topology, sinks, softcap, chunk_size, **options):
     chosen, call = prepare_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
-                                     cu_seqlens, block_sparse, topology, sinks=sinks, **options)
+                                     cu_seqlens, block_sparse, topology, sinks=sinks, softcap=softcap,
+                                     chunk_size=chunk_size, **options)
     with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
         out, lse = chosen(call, *(unit_stride_last(t) for t in (q, k, v)), sinks=sinks)
     return (out, lse) if return_lse else out

@@ -1,7 +1,7 @@
 """burst.attention as a torch custom op, so that torch.compile traces it without a graph break.
 
 Under torch.compile, `burst.attention` with plain arguments (a layout name, causal, window, scale,
-cu_seqlens as ints, integer strategy options, sinks) calls `torch.ops.burst.attention` instead of
+cu_seqlens as ints, softcap, chunk_size, integer strategy options, sinks) calls `torch.ops.burst.attention` instead of
 running eagerly behind a graph break. Dynamo sees an opaque op with a fake (shape-only) implementation;
 at run time the op does what eager burst.attention does: validation and the cross-rank agreement (one
 small collective per call), then the strategy's loops. Its backward is a second op,
@@ -40,30 +40,32 @@ def takes(layout, cu_seqlens, block_sparse, topology, options: dict) -> bool:
 
 
 def attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens, sinks,
-              options: dict):
+              options: dict, softcap=0.0, chunk_size=None):
     """burst.attention through the op (the caller checked `takes`)."""
     out, lse = torch.ops.burst.attention(
         q, k, v, sinks, group.group_name if group is not None else "", strategy, layout, bool(causal),
         list(window) if window is not None else None, float(softmax_scale) if softmax_scale is not None else None,
-        list(cu_seqlens) if cu_seqlens is not None else None, ",".join(options), [int(x) for x in options.values()])
+        list(cu_seqlens) if cu_seqlens is not None else None, float(softcap), chunk_size, ",".join(options),
+        [int(x) for x in options.values()])
     return (out, lse) if return_lse else out
 
 
-def _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, option_names,
-              option_values, fresh: bool):
+def _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, softcap,
+              chunk_size, option_names, option_values, fresh: bool):
     """(strategy, AttentionCall) for the op's arguments: burst.attention's validation and agreement
     (collective), on every forward (`fresh`) as eager burst.attention does it, so that ranks whose
     calls differ raise together instead of one waiting in a ring the others never join; the
     backward reuses the forward's."""
     key = (group_name, strategy, layout, causal, tuple(window) if window else None, softmax_scale,
-           tuple(cu_seqlens) if cu_seqlens else None, option_names, tuple(option_values), tuple(q.shape),
+           tuple(cu_seqlens) if cu_seqlens else None, softcap, chunk_size, option_names, tuple(option_values), tuple(q.shape),
            tuple(k.shape), q.dtype, q.device, sinks is not None)
     hit = None if fresh else _PREPARED.get(key)
     if hit is None:
         group = dist.distributed_c10d._resolve_process_group(group_name) if group_name else None
         options = dict(zip(option_names.split(","), option_values)) if option_names else {}
         hit = prepare_attention(q, k, v, group, strategy, layout, causal, tuple(window) if window else None,
-                                softmax_scale, True, cu_seqlens, None, None, sinks=sinks, **options)
+                                softmax_scale, True, cu_seqlens, None, None, sinks=sinks, softcap=softcap,
+                                chunk_size=chunk_size, **options)
         if len(_PREPARED) >= _PREPARED_MAX:
             _PREPARED.clear()
         _PREPARED[key] = hit
@@ -77,10 +79,10 @@ def _stat_dtype(q):
 @torch.library.custom_op("burst::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor], group_name: str,
                   strategy: str, layout: str, causal: bool, window: Optional[list[int]], softmax_scale: Optional[float],
-                  cu_seqlens: Optional[list[int]], option_names: str,
+                  cu_seqlens: Optional[list[int]], softcap: float, chunk_size: Optional[int], option_names: str,
                   option_values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
-                             option_names, option_values, fresh=True)
+                             softcap, chunk_size, option_names, option_values, fresh=True)
     with torch.autocast(q.device.type, enabled=False):
         out, lse = chosen.forward(call, *(unit_stride_last(t) for t in (q, k, v)))
         if sinks is not None:
@@ -89,8 +91,8 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Opti
 
 
 @_attention_op.register_fake
-def _(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, option_names,
-      option_values):
+def _(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, softcap, chunk_size,
+      option_names, option_values):
     b, s, h, _ = q.shape
     return _contiguous_like(q), q.new_empty((b, h, s), dtype=_stat_dtype(q))
 
@@ -99,11 +101,12 @@ def _(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scal
 def _attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                            lse: torch.Tensor, sinks: Optional[torch.Tensor], group_name: str, strategy: str,
                            layout: str, causal: bool, window: Optional[list[int]], softmax_scale: Optional[float],
-                           cu_seqlens: Optional[list[int]], option_names: str,
+                           cu_seqlens: Optional[list[int]], softcap: float, chunk_size: Optional[int],
+                           option_names: str,
                            option_values: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv and dsinks (empty when there are no sinks: an op returns tensors only)."""
     chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
-                             option_names, option_values, fresh=False)
+                             softcap, chunk_size, option_names, option_values, fresh=False)
     dout = dout.contiguous()
     with torch.autocast(q.device.type, enabled=False):
         dq, dk, dv = chosen.backward(call, dout, q, k, v, out, lse)

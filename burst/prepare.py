@@ -21,7 +21,7 @@ from .validation import check_tensors, checked_call
 
 def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous", causal=False, window=None,
                       softmax_scale=None, return_lse=False, cu_seqlens=None, block_sparse=None, topology=None,
-                      sinks=None, **options):
+                      sinks=None, softcap=0.0, chunk_size=None, **options):
     """burst.attention's validation and cross-rank agreement, without running it: the chosen
     Strategy and its AttentionCall, for callers that drive forward and backward themselves (the
     engine's rematerialization-aware checkpointing replays a stored output into strategy.backward).
@@ -33,11 +33,12 @@ def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous"
     problem, call, name = None, None, None
     try:
         name, call = checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale,
-                                  cu_seqlens, block_sparse, options, topology, auto=auto_choice)
+                                  cu_seqlens, block_sparse, options, topology, auto=auto_choice, softcap=softcap,
+                                  chunk_size=chunk_size)
         check_sinks(sinks, q)
     except (TypeError, ValueError, NotImplementedError) as err:
         problem = err
-    facts = _call_facts(q, k, name, call, return_lse, sinks) if problem is None else None
+    facts = _call_facts(q, k, name, call, return_lse, sinks, softcap) if problem is None else None
     agree("burst.attention", facts, problem, group, world, hints=_HINTS)
     if world > 1:
         open_host_channels(group)  # collective on a group's first call: every rank has agreed to run it
@@ -63,14 +64,14 @@ def unit_stride_last(t: torch.Tensor) -> torch.Tensor:
 _HINTS = {"seqlen": " (shard with burst.shard, or pad every rank to one length)"}
 
 
-def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool, sinks=None) -> dict:
+def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool, sinks=None, softcap=0.0) -> dict:
     """What must be equal on every rank for the call to be right: shard shapes, dtype, options."""
     spec = call.spec
     facts = {
         "batch": q.shape[0], "seqlen": q.shape[1], "heads": q.shape[2], "kv_heads": k.shape[2],
         "head_dim": q.shape[3], "dtype": str(q.dtype), "strategy": name, "layout": call.layout,
         "causal": spec.causal, "window": spec.window, "softmax_scale": call.scale, "return_lse": bool(return_lse),
-        "cu_seqlens": spec.cu_seqlens,
+        "cu_seqlens": spec.cu_seqlens, "softcap": float(softcap),  # chunks are in cu_seqlens
         "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
         "topology": (call.topology.local_world_size, call.topology.double_ring),
         "sinks": None if sinks is None else (str(sinks.dtype), tuple(sinks.detach().float().tolist())),

@@ -24,13 +24,15 @@ DTYPES = tuple(reference.DTYPES.values())  # what burst.attention takes
 
 
 def checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale, cu_seqlens,
-                 block_sparse, options, topology=None, auto=None) -> tuple[str, AttentionCall]:
+                 block_sparse, options, topology=None, auto=None, softcap: float = 0.0,
+                 chunk_size: int | None = None) -> tuple[str, AttentionCall]:
     """Validate this rank's arguments (local facts only) and build its AttentionCall: (strategy name,
     call). strategy="auto" is resolved by `auto(candidates, call, q, k)` (burst.attention passes the
     planner's burst.plan.auto_choice); without one, "auto" raises."""
     check_tensors(q, k, v)
     layout, cu_seqlens = _document_layout(layout, cu_seqlens, world, q.shape[1])
     _check_options(strategy, layout, causal, window, softmax_scale)
+    _check_softcap_and_chunks(softcap, chunk_size)
     _check_local_length(q.shape[1], layout)
     global_len = q.shape[1] * world
     if isinstance(layout, DocumentLayout):
@@ -38,12 +40,12 @@ def checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, 
     _check_documents(cu_seqlens, global_len)
     _check_block_sparse(block_sparse, global_len)
     spec = MaskSpec(causal=causal, window=_normalized_window(window),
-                    cu_seqlens=tuple(int(x) for x in cu_seqlens) if cu_seqlens is not None else None,
+                    cu_seqlens=_documents_and_chunks(cu_seqlens, chunk_size, global_len),
                     block_sparse=block_sparse)
     call = AttentionCall(
         group=group, rank=rank, world=world, layout=layout, local_len=q.shape[1], spec=spec,
         scale=float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5,
-        kernel=select_kernel(q.device, q.dtype), topology=_resolved_topology(topology),
+        kernel=select_kernel(q.device, q.dtype, float(softcap)), topology=_resolved_topology(topology),
     )
     name = _auto_strategy(call, q, k, options, auto) if strategy == "auto" else strategy
     chosen = STRATEGIES[name]
@@ -137,6 +139,27 @@ def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)
                                           and softmax_scale > 0):
         raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
+
+
+def _check_softcap_and_chunks(softcap, chunk_size) -> None:
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap must be a finite number >= 0 (0 = none), got {softcap!r}")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be None or a positive int (tokens per chunk), got {chunk_size!r}")
+
+
+def _documents_and_chunks(cu_seqlens, chunk_size: int | None, global_len: int) -> tuple[int, ...] | None:
+    """The mask's document bounds: the packed documents' and, with chunked attention (Llama 4's
+    attention_chunk_size: a token attends inside its fixed chunk of the global sequence only), every
+    multiple of chunk_size. Chunks are documents of equal length, so the planner, the ring's early
+    stop and the kernels' varlen path treat them as documents."""
+    bounds = set(int(x) for x in cu_seqlens) if cu_seqlens is not None else set()
+    if chunk_size is not None and chunk_size < global_len:
+        bounds.update(range(0, global_len + 1, chunk_size))
+        bounds.add(global_len)
+    if cu_seqlens is None and not bounds:
+        return None
+    return tuple(sorted(bounds))
 
 
 def _check_local_length(local_len: int, layout: str) -> None:

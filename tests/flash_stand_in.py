@@ -27,7 +27,8 @@ def _check_common(q, k, v, softmax_scale, window_left, window_right, dropout_p=0
     assert q.shape[-2] % k.shape[-2] == 0, "query heads must be a multiple of key heads"
     assert isinstance(window_left, int) and isinstance(window_right, int), (window_left, window_right)
     assert window_left >= -1 and window_right >= -1, f"window sizes are -1 or >= 0: {(window_left, window_right)}"
-    assert isinstance(softmax_scale, float) and (dropout_p, softcap, alibi) == (0.0, 0.0, None)
+    assert isinstance(softmax_scale, float) and (dropout_p, alibi) == (0.0, None)
+    assert isinstance(softcap, float) and softcap >= 0.0, softcap
 
 
 def _band(sq: int, sk: int, causal: bool, left: int, right: int) -> torch.Tensor:
@@ -43,27 +44,31 @@ def _band(sq: int, sk: int, causal: bool, left: int, right: int) -> torch.Tensor
     return ok
 
 
-def _scores(q, k, scale, allowed):
-    """q (sq, h, d), k (sk, hk, d) -> scores (h, sq, sk) float64, masked."""
+def _scores(q, k, scale, allowed, softcap=0.0):
+    """q (sq, h, d), k (sk, hk, d) -> scores (h, sq, sk) float64, capped (softcap > 0), masked."""
     group = q.shape[1] // k.shape[1]
     s = torch.einsum("qhd,khd->hqk", q.double(), k.double().repeat_interleave(group, 1)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     return s.masked_fill(~allowed, float("-inf")), group
 
 
-def _forward_one(q, k, v, scale, allowed):
-    s, group = _scores(q, k, scale, allowed)
+def _forward_one(q, k, v, scale, allowed, softcap=0.0):
+    s, group = _scores(q, k, scale, allowed, softcap)
     lse = torch.logsumexp(s, -1)
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows with no key: p 0
     out = torch.einsum("hqk,khd->qhd", p, v.double().repeat_interleave(group, 1))
     return out, lse.masked_fill(torch.isneginf(lse), float("inf"))  # flash_attn: lse +inf for empty rows
 
 
-def _backward_one(dout, q, k, v, out, lse, scale, allowed):
-    s, group = _scores(q, k, scale, allowed)
+def _backward_one(dout, q, k, v, out, lse, scale, allowed, softcap=0.0):
+    s, group = _scores(q, k, scale, allowed, softcap)
     p = torch.exp(s - lse.double()[..., None])
     dp = torch.einsum("qhd,khd->hqk", dout.double(), v.double().repeat_interleave(group, 1))
     delta = (dout.double() * out.double()).sum(-1).transpose(0, 1)[..., None]
     ds = p * (dp - delta) * scale
+    if softcap:
+        ds = ds * (1 - (s.masked_fill(p == 0, 0.0) / softcap) ** 2)
     sk, hk, d = k.shape
     dq = torch.einsum("hqk,khd->qhd", ds, k.double().repeat_interleave(group, 1))
     dk = torch.einsum("hqk,qhd->khd", ds, q.double()).reshape(sk, hk, group, d).sum(2)
@@ -77,7 +82,7 @@ def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_l
     assert q.dim() == 4 and not return_softmax
     CALLS.append(("forward", window_size_left, 0 if causal else window_size_right, 1))
     allowed = _band(q.shape[1], k.shape[1], causal, window_size_left, window_size_right)
-    outs, lses = zip(*(_forward_one(q[b], k[b], v[b], softmax_scale, allowed) for b in range(q.shape[0])))
+    outs, lses = zip(*(_forward_one(q[b], k[b], v[b], softmax_scale, allowed, softcap) for b in range(q.shape[0])))
     return torch.stack(outs).to(q.dtype), torch.stack(lses).float(), torch.empty(0), torch.empty(2, dtype=torch.int64)
 
 
@@ -89,7 +94,7 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
     CALLS.append(("backward", window_size_left, 0 if causal else window_size_right, 1))
     allowed = _band(q.shape[1], k.shape[1], causal, window_size_left, window_size_right)
     for b in range(q.shape[0]):
-        grads = _backward_one(dout[b], q[b], k[b], v[b], out[b], softmax_lse[b], softmax_scale, allowed)
+        grads = _backward_one(dout[b], q[b], k[b], v[b], out[b], softmax_lse[b], softmax_scale, allowed, softcap)
         for buf, g in zip((dq, dk, dv), grads):
             buf[b].copy_(g)
     return torch.empty(0)
@@ -117,7 +122,7 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     lse = torch.zeros(q.shape[1], q.shape[0], dtype=torch.float64)
     for (q0, q1), (k0, k1) in zip(qseq, kseq):
         allowed = _band(q1 - q0, k1 - k0, causal, window_size_left, window_size_right)
-        out[q0:q1], lse[:, q0:q1] = _forward_one(q[q0:q1], k[k0:k1], v[k0:k1], softmax_scale, allowed)
+        out[q0:q1], lse[:, q0:q1] = _forward_one(q[q0:q1], k[k0:k1], v[k0:k1], softmax_scale, allowed, softcap)
     return out.to(q.dtype), lse.float(), torch.empty(0), torch.empty(2, dtype=torch.int64)
 
 
@@ -134,7 +139,7 @@ def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_
     for (q0, q1), (k0, k1) in zip(qseq, kseq):
         allowed = _band(q1 - q0, k1 - k0, causal, window_size_left, window_size_right)
         g = _backward_one(dout[q0:q1], q[q0:q1], k[k0:k1], v[k0:k1], out[q0:q1], softmax_lse[:, q0:q1],
-                          softmax_scale, allowed)
+                          softmax_scale, allowed, softcap)
         dq[q0:q1].copy_(g[0]), dk[k0:k1].copy_(g[1]), dv[k0:k1].copy_(g[2])
     return torch.empty(0)
 

@@ -31,7 +31,19 @@ MASKS = {
     "documents + window": dict(causal=True, window=(20, 0), cu_seqlens=DOCS),
     "block-sparse": dict(causal=True, block_sparse=BlockSparseMask(32, torch.tensor(
         [[i >= j and (i - j) % 3 != 1 for j in range(SEQ // 32)] for i in range(SEQ // 32)]))),
+    "chunks": dict(causal=True, chunk_size=48),  # Llama 4's chunked attention: documents of equal length
+    "softcap": dict(causal=True, softcap=1.0),  # flash_attn's own softcap argument
 }
+
+
+def _reference(full, mask):
+    """float64 results on the full sequence for one of MASKS (chunks and the cap built here)."""
+    plain = {key: value for key, value in mask.items() if key not in ("chunk_size", "softcap")}
+    allowed = reference_mask(SEQ, **plain)
+    if "chunk_size" in mask:
+        chunk = torch.arange(SEQ) // mask["chunk_size"]
+        allowed &= chunk[:, None] == chunk[None, :]
+    return reference_grads(*full, causal=False, mask=allowed, softcap=mask.get("softcap", 0.0))
 
 
 def _use_flash_stand_in():
@@ -42,7 +54,7 @@ def _use_flash_stand_in():
     from torch.nn.attention import flex_attention
 
     from burst import validation
-    from burst.kernels import cuda_flash_attn
+    from burst.kernels import Softcapped, cuda_flash_attn
 
     flash_stand_in.install()
     flex_stand_in.CALLS = flash_stand_in.CALLS  # one log of kernel calls
@@ -50,7 +62,12 @@ def _use_flash_stand_in():
     flex_attention.create_block_mask = flex_stand_in.create_block_mask
     cuda_flash_attn.available.cache_clear()
     select = validation.select_kernel
-    validation.select_kernel = lambda device, dtype: cuda_flash_attn if dtype == torch.bfloat16 else select(device, dtype)
+    def flash_for_bf16(device, dtype, softcap=0.0):
+        if dtype != torch.bfloat16:
+            return select(device, dtype, softcap)
+        return Softcapped(cuda_flash_attn, softcap) if softcap else cuda_flash_attn
+
+    validation.select_kernel = flash_for_bf16
     return flash_stand_in.CALLS
 
 
@@ -59,7 +76,7 @@ def _cases(rank, world):
     full = full_inputs(3, 1, SEQ, 4, 2, 16, torch.float64)
     results = []
     for mask_name, mask in MASKS.items():
-        ref = reference_grads(*full, causal=False, mask=reference_mask(SEQ, **mask))
+        ref = _reference(full, mask)
         for layout in LAYOUTS:
             for strategy in STRATEGIES:
                 calls.clear()

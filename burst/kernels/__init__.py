@@ -27,17 +27,37 @@ import torch
 
 from . import cpu_flash, cuda_flash_attn, cuda_sdpa, flex, reference
 from .accumulators import accumulator_dtype, lse_for_backward, out_from_delta, row_delta
+from .softcap import Softcapped
 
 
 KERNEL_ENV = "BURST_KERNEL"  # auto (the default), or one backend by name: what `burst ... --kernel` sets
 
 
-def select_kernel(device: torch.device, dtype: torch.dtype):
+def select_kernel(device: torch.device, dtype: torch.dtype, softcap: float = 0.0):
     """The fastest backend module for tensors on `device` with `dtype`, or the one BURST_KERNEL names
-    (ValueError when it cannot run here: raised in validation, on every rank, before any collective)."""
+    (ValueError when it cannot run here: raised in validation, on every rank, before any collective).
+    softcap > 0: the fastest that takes it, with it bound (softcap.Softcapped)."""
     wanted = os.environ.get(KERNEL_ENV, "auto")
     if wanted != "auto":
-        return named_kernel(wanted, device, dtype)
+        kernel = named_kernel(wanted, device, dtype)
+        if softcap and not getattr(kernel, "SOFTCAP", False):
+            raise ValueError(f"{KERNEL_ENV}={wanted}: takes no softcap (those that do: flash_attn, flex, reference)")
+        return Softcapped(kernel, softcap) if softcap else kernel
+    if softcap:
+        return Softcapped(_fastest_with_softcap(device, dtype), softcap)
+    return _fastest(device, dtype)
+
+
+def _fastest_with_softcap(device: torch.device, dtype: torch.dtype):
+    kernel = _fastest(device, dtype)
+    if getattr(kernel, "SOFTCAP", False):
+        return kernel
+    if device.type == "cuda" and dtype != torch.float64 and flex.available():
+        return flex
+    return reference  # explicit scores, MAX_ROWS at a time (the CPU's path)
+
+
+def _fastest(device: torch.device, dtype: torch.dtype):
     if device.type == "cpu":
         return cpu_flash
     if device.type == "cuda" and dtype in cuda_flash_attn.DTYPES and cuda_flash_attn.available():
@@ -76,5 +96,5 @@ def named_kernel(name: str, device: torch.device, dtype: torch.dtype):
     return known[name]
 
 
-__all__ = ["KERNEL_ENV", "accumulator_dtype", "kernels_by_name", "named_kernel", "select_kernel", "lse_for_backward",
+__all__ = ["KERNEL_ENV", "Softcapped", "accumulator_dtype", "kernels_by_name", "named_kernel", "select_kernel", "lse_for_backward",
            "out_from_delta", "row_delta", "cpu_flash", "cuda_flash_attn", "cuda_sdpa", "flex", "reference"]

@@ -40,13 +40,14 @@ import importlib
 
 import torch
 
-from . import cuda_sdpa, flex
+from . import cuda_sdpa, flex, reference
 from ..masks import Bands
 
 MAX_ROWS = 8192  # rows per call at most (fresh outputs per call); a call this size fills a GPU
 DTYPES = (torch.float16, torch.bfloat16)
 BANDS = True  # takes causal, window and document masks as arguments (masks.TileSizes.bands)
 RULES = flex.available()  # other partial tiles whole, as rules, for FlexAttention (masks.TileSizes.rules)
+SOFTCAP = True  # forward and backward take softcap= (flash_attn's own argument)
 _NO_WINDOW = (-1, -1)
 
 
@@ -72,10 +73,17 @@ def handles(q, k, causal: bool, mask) -> bool:
     return not causal or q.shape[1] == k.shape[1]
 
 
-def _fallback(mask):
-    """Who runs a tile flash_attn cannot: FlexAttention for a masked one when torch has it (no bias),
-    else aten's efficient kernel (a dense bias for a mask, counted)."""
-    return flex if mask is not None and flex.available() else cuda_sdpa
+def _fallback(mask, softcap: float):
+    """Who runs a tile flash_attn cannot: FlexAttention for a masked or softcapped one when torch has
+    it (no bias), else aten's efficient kernel (a dense bias for a mask, counted), or for softcap the
+    reference (explicit scores: aten's kernel has no softcap)."""
+    if (mask is not None or softcap) and flex.available():
+        return flex
+    return reference if softcap else cuda_sdpa
+
+
+def _softcap_kwargs(softcap: float) -> dict:
+    return {"softcap": softcap} if softcap else {}
 
 
 def _window(causal: bool, mask: Bands | None) -> tuple[int, int]:
@@ -104,30 +112,32 @@ def _packed(x):
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
 
 
-def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | None = None):
+def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | None = None, softcap: float = 0.0):
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
     if not handles(q, k, causal, mask):
-        return _fallback(mask).forward(q, k, v, scale, causal, mask)
+        return _fallback(mask, softcap).forward(q, k, v, scale, causal, mask, **_softcap_kwargs(softcap))
     left, right = _window(causal, mask)
     if mask is not None and mask.sequences > 1:
         b, sq, h, _ = q.shape
         out, lse, _, _ = _interface()._flash_attn_varlen_forward(
             _packed(q), _packed(k), _packed(v), *_varlen_args(mask, q, k), 0.0, scale, False, left, right,
-            0.0, None, False,
+            softcap, None, False,
         )
         out, lse = out.view(q.shape), lse.view(h, b, sq).transpose(0, 1)
     else:
         out, lse, _, _ = _interface()._flash_attn_forward(
             q.contiguous(), k.contiguous(), v.contiguous(), 0.0, scale, causal and mask is None, left, right,
-            0.0, None, False,
+            softcap, None, False,
         )
     return out, lse.masked_fill(lse == float("inf"), float("-inf"))
 
 
-def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Tensor | Bands | None = None):
+def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Tensor | Bands | None = None,
+             softcap: float = 0.0):
     """Gradients of one block given the rows' global out and lse (see kernels/__init__.py)."""
     if not handles(q, k, causal, mask):
-        return _fallback(mask).backward(dout, q, k, v, out, lse, scale, causal, mask)
+        return _fallback(mask, softcap).backward(dout, q, k, v, out, lse, scale, causal, mask,
+                                                 **_softcap_kwargs(softcap))
     left, right = _window(causal, mask)
     if mask is not None and mask.sequences > 1:
         b, sq, h, _ = q.shape
@@ -135,13 +145,13 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Te
         dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
         _interface()._flash_attn_varlen_backward(
             _packed(dout), qp, kp, vp, _packed(out), lse.float().transpose(0, 1).reshape(h, b * sq), dq, dk, dv,
-            *_varlen_args(mask, q, k), 0.0, scale, False, left, right, 0.0, None, False, None,
+            *_varlen_args(mask, q, k), 0.0, scale, False, left, right, softcap, None, False, None,
         )
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _interface()._flash_attn_backward(
         dout.contiguous(), q, k, v, out.contiguous(), lse.float().contiguous(), dq, dk, dv,
-        0.0, scale, causal and mask is None, left, right, 0.0, None, False, None,
+        0.0, scale, causal and mask is None, left, right, softcap, None, False, None,
     )
     return dq, dk, dv

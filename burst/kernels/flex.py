@@ -33,6 +33,7 @@ from ..masks import Bands, PositionRule
 from .masking import dense_mask
 
 MAX_ROWS = 8192
+SOFTCAP = True  # forward and backward take softcap= (a score_mod)
 RULES = True  # takes partial tiles whole, as rules (masks.TileSizes.rules); bands from flash_attn's fallback too
 
 
@@ -107,31 +108,39 @@ def _block_mask(mask, causal: bool, sq: int, sk: int, device):
     return block_mask
 
 
-def _attend(q, k, v, scale: float, block_mask):
+@functools.lru_cache(maxsize=16)
+def _softcap_mod(softcap: float):
+    """score_mod of logit softcapping: FlexAttention applies it to the scaled score, as Gemma 2 does."""
+    return lambda score, b, h, q_idx, kv_idx: softcap * torch.tanh(score / softcap)
+
+
+def _attend(q, k, v, scale: float, block_mask, softcap: float = 0.0):
     """(b, s, h, d) in, FlexAttention's (b, h, s, d) layout inside; out (b, sq, h, d), lse (b, h, sq)."""
     from torch.nn.attention.flex_attention import AuxRequest
 
     out, aux = _compiled(q.device.type)(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask, scale=scale,
+        score_mod=_softcap_mod(softcap) if softcap else None,
         enable_gqa=q.shape[2] != k.shape[2], return_aux=AuxRequest(lse=True))
     return out.transpose(1, 2), aux.lse
 
 
-def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | PositionRule | None = None):
+def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | PositionRule | None = None,
+            softcap: float = 0.0):
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32 (float64 for float64)."""
     block_mask = _block_mask(mask, causal, q.shape[1], k.shape[1], q.device)
-    out, lse = _attend(q, k, v, scale, block_mask)
+    out, lse = _attend(q, k, v, scale, block_mask, softcap)
     return out, lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
 
 
 def backward(dout, q, k, v, out, lse, scale: float, causal: bool,
-             mask: torch.Tensor | Bands | PositionRule | None = None):
+             mask: torch.Tensor | Bands | PositionRule | None = None, softcap: float = 0.0):
     """Gradients of one block given the rows' global out and lse (see the module docstring)."""
     block_mask = _block_mask(mask, causal, q.shape[1], k.shape[1], q.device)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     with torch.enable_grad():
         qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-        out_tile, lse_tile = _attend(qq, kk, vv, scale, block_mask)
+        out_tile, lse_tile = _attend(qq, kk, vv, scale, block_mask, softcap)  # autograd: tanh's derivative too
         weight = torch.exp(lse_tile.to(acc) - lse.to(acc))  # (b, h, sq); 0 where either lse is -inf / +inf
         weight = torch.nan_to_num(weight, nan=0.0)  # a row empty both here and globally
         delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2)  # D, (b, h, sq)

@@ -24,11 +24,14 @@ from .masking import dense_mask
 MAX_ROWS = 1024  # rows per call at most: the dense float64 score matrix is rows x rows per head
 
 
-def _scores(q, k, scale, causal, mask):
-    """Scores (b, h, sq, sk) with -inf where a key is not attended."""
+def _scores(q, k, scale, causal, mask, softcap: float = 0.0):
+    """Scores (b, h, sq, sk) with -inf where a key is not attended, and the group size (GQA).
+    softcap c > 0: every score s becomes c * tanh(s / c) first (Gemma 2's logit softcapping)."""
     group = q.shape[2] // k.shape[2]
     kk = k.repeat_interleave(group, dim=2)
     s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     sq, sk = q.shape[1], k.shape[1]
     allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
     if causal:
@@ -38,24 +41,39 @@ def _scores(q, k, scale, causal, mask):
     return s.masked_fill(~allowed, float("-inf")), group
 
 
-def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | None = None):
-    """out (b, sq, h, d), lse (b, h, sq); rows with nothing to attend give out 0, lse -inf."""
-    s, group = _scores(q, k, scale, causal, mask)
+SOFTCAP = True  # forward and backward take softcap= (kernels without it are swapped for this one)
+
+
+def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | None = None, softcap: float = 0.0):
+    """out (b, sq, h, d), lse (b, h, sq); rows with nothing to attend give out 0, lse -inf. Scores and
+    sums in float32 for half-precision inputs, as the fused kernels keep them."""
+    dtype = q.dtype
+    q, k, v = _widened(q, k, v)
+    s, group = _scores(q, k, scale, causal, mask, softcap)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - torch.where(torch.isneginf(lse), 0.0, lse).unsqueeze(-1))
     vv = v.repeat_interleave(group, dim=2)
     out = torch.einsum("bhqk,bkhd->bqhd", p, vv)
-    stat_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return out.to(q.dtype), lse.to(stat_dtype)
+    return out.to(dtype), lse.to(q.dtype)
 
 
-def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Tensor | None = None):
-    s, group = _scores(q, k, scale, causal, mask)
+def _widened(*tensors):
+    """Half-precision tensors as float32 (float32 and float64 as they are)."""
+    return [t.float() if t.dtype in (torch.float16, torch.bfloat16) else t for t in tensors]
+
+
+def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Tensor | None = None,
+             softcap: float = 0.0):
+    dtypes = q.dtype, k.dtype, v.dtype
+    dout, q, k, v, out = _widened(dout, q, k, v, out)
+    s, group = _scores(q, k, scale, causal, mask, softcap)
     p = torch.exp(s - lse.to(s.dtype).unsqueeze(-1))  # lse may be +inf for empty rows -> p = 0
     vv = v.repeat_interleave(group, dim=2)
     dp = torch.einsum("bqhd,bkhd->bhqk", dout, vv)
     delta = (dout.to(s.dtype) * out.to(s.dtype)).sum(-1).transpose(1, 2).unsqueeze(-1)
     ds = p * (dp - delta) * scale
+    if softcap:  # d(c tanh(x / c))/dx = 1 - tanh^2; where p is 0 (masked: s = -inf) the product stays 0
+        ds = ds * (1 - (s.masked_fill(p == 0, 0.0) / softcap) ** 2)
     kk = k.repeat_interleave(group, dim=2)
     dq = torch.einsum("bhqk,bkhd->bqhd", ds, kk)
     dk = torch.einsum("bhqk,bqhd->bkhd", ds, q)
@@ -63,23 +81,24 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Te
     b, sk, hk, d = k.shape
     dk = dk.reshape(b, sk, hk, group, d).sum(3)
     dv = dv.reshape(b, sk, hk, group, d).sum(3)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])
 
 
 def attention(q, k, v, scale: float | None = None, causal: bool = False, mask: torch.Tensor | None = None,
-              dtype: torch.dtype = torch.float64, sinks: torch.Tensor | None = None):
+              dtype: torch.dtype = torch.float64, sinks: torch.Tensor | None = None, softcap: float = 0.0):
     """Differentiable attention on the full sequence in `dtype` (float64 by default): the oracle.
 
     q: (batch, seqlen, nheads, headdim); k, v: (batch, seqlen, nheads_k, headdim).
     mask: optional bool (seqlen_q, seqlen_k), True = attend; combined with `causal` if both are given.
     sinks: optional (nheads,) attention sinks, taken as gpt-oss's eager attention takes them (one more
     score column per head, softmax over all, that column dropped), not as burst/sinks.py folds them.
+    softcap: c > 0 makes every score c * tanh(score / c) (the sinks' logits are not capped).
     Returns out (batch, seqlen, nheads, headdim) and lse (batch, nheads, seqlen), both in `dtype`.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if sinks is None:
-        return forward(q.to(dtype), k.to(dtype), v.to(dtype), scale, causal, mask)
-    s, group = _scores(q.to(dtype), k.to(dtype), scale, causal, mask)
+        return forward(q.to(dtype), k.to(dtype), v.to(dtype), scale, causal, mask, softcap)
+    s, group = _scores(q.to(dtype), k.to(dtype), scale, causal, mask, softcap)
     sink_column = sinks.to(dtype)[None, :, None, None].expand(*s.shape[:3], 1)
     scores = torch.cat([s, sink_column], dim=-1)
     p = torch.softmax(scores, dim=-1)[..., :-1]
@@ -121,13 +140,13 @@ def full_inputs(seed: int, batch: int, seq_len: int, heads: int, kv_heads: int, 
 
 
 def full_reference(q, k, v, dout, causal: bool = False, mask: torch.Tensor | None = None,
-                   scale: float | None = None, sinks: torch.Tensor | None = None):
+                   scale: float | None = None, sinks: torch.Tensor | None = None, softcap: float = 0.0):
     """float64 out (b, n, h, d), lse (b, h, n), dq, dk, dv of attention on the full sequence, and with
     `sinks` (h,) (attention's sinks) their gradient dsinks (h,) as a sixth value.
 
     q, dout: (batch, seq_len, heads, head_dim); k, v: (batch, seq_len_k, kv_heads, head_dim); mask:
     optional bool (seq_len, seq_len_k), True = attend, combined with `causal`; scale: default
-    head_dim ** -0.5. Query rows go a chunk at
+    head_dim ** -0.5; softcap: as `attention`'s. Query rows go a chunk at
     a time against all keys, so no more than REFERENCE_CHUNK_ELEMENTS scores are held at once; the
     gradients come from autograd through `attention`, each chunk adding its share to dk and dv.
     """
@@ -144,7 +163,7 @@ def full_reference(q, k, v, dout, causal: bool = False, mask: torch.Tensor | Non
         allowed = positions[chunk, None] >= positions[None, :] if causal else None
         if mask is not None:
             allowed = mask[chunk].to(q.device) if allowed is None else allowed & mask[chunk].to(q.device)
-        out, lse = attention(q[:, chunk], k, v, scale=scale, mask=allowed, sinks=sinks)
+        out, lse = attention(q[:, chunk], k, v, scale=scale, mask=allowed, sinks=sinks, softcap=softcap)
         out.backward(dout[:, chunk])
         outs.append(out.detach())
         lses.append(lse.detach())
