@@ -8,7 +8,7 @@ random weights, one forward + backward on a batch of one sequence: one process w
 attention is replaced by SDPA there; transformers' torch scans), then G local processes (gloo) of
 max(1, 2 // G) threads with burst's backend, zigzag, the mixers hooked (shard_mixers). Reports the
 step time, the loss's and the embedding gradient's (max abs) difference from one process, and the bytes each rank sent for the mixers' state
-exchange (hf_mixers phases) next to attention's.
+exchange (the mixers' phases) next to attention's.
 """
 
 from __future__ import annotations

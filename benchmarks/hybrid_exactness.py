@@ -1,4 +1,4 @@
-"""Every hybrid family burst splits (hf_mixers.FAMILIES), one training step at 2, 3 and 4 ranks.
+"""Every hybrid family burst splits (bt.FAMILIES), one training step at 2, 3 and 4 ranks.
 
     python benchmarks/hybrid_exactness.py [--worlds 2,3,4] [--out benchmarks/hybrid_exactness.md]
 
@@ -28,11 +28,11 @@ def world_rows(rank, world):
     import transformers
 
     import burst.integrations.transformers as bt
-    from burst.integrations import hf_mixers, hf_zoo
+    from burst.integrations import hf_zoo
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
-    shipped = [f for f in sorted(hf_mixers.FAMILIES) if f in hf_zoo.families()]
+    shipped = [f for f in sorted(bt.FAMILIES) if f in hf_zoo.families()]
     return {(family, layout): hf_zoo.train_step_errors(family, bt.register(f"exact_{layout}", layout=layout),
                                                        layout, seq_len=64 if world < 3 else 96)
             for family in shipped for layout in LAYOUTS}

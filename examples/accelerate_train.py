@@ -5,9 +5,10 @@
     python examples/accelerate_train.py --reference --batch 4                 # one process, eager attention
 
 The tiny Llama and random right-padded rows of examples/trainer_train.py, trained by a plain loop:
-`accelerator.prepare`, then burst's `SequenceParallel` (burst/integrations/sequence_parallel.py)
-re-points the loader at the replicas and turns each batch into this rank's shard and loss; gradient
-accumulation and clipping are accelerate's. Rank 0 prints each step's loss; --out DIR saves each
+`accelerator.prepare`, then burst's `SequenceParallel`
+(burst/integrations/transformers/sequence_parallel.py) re-points the loader at the replicas and
+turns each batch into this rank's shard and loss; gradient accumulation and clipping are
+accelerate's. Rank 0 prints each step's loss; --out DIR saves each
 step's loss and gradients and the final weights (what the tests compare with --reference).
 """
 
@@ -48,7 +49,7 @@ def main() -> None:
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     sp = None
     if not args.reference:
-        from burst.integrations.sequence_parallel import SequenceParallel
+        from burst.integrations.transformers import SequenceParallel
 
         sp = SequenceParallel(model, sp_size=args.sp_size, layout=args.layout)
         loader = sp.dataloader(loader)

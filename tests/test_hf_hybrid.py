@@ -1,6 +1,6 @@
 """Hybrid models (gated delta net, Mamba / Mamba2 scans, RG-LRU, short convolutions) exact across ranks.
 
-Each family of hf_mixers.FAMILIES that this transformers release ships, built tiny from the zoo's
+Each family of bt.FAMILIES that this transformers release ships, built tiny from the zoo's
 config (hf_zoo.tiny_config: its recurrent and convolutional layers kept), trains one step with the
 sequence split over 2 ranks (contiguous and zigzag) and 4 ranks (a family of each mixer): logits,
 loss and every parameter's gradient against the same model in one process. Also the state passing
@@ -121,13 +121,13 @@ def _refusals(group):
     if "lfm2" in hf_zoo.families():  # a family burst does not know: played by lfm2 taken off the list
         from unittest import mock
 
-        from burst.integrations import hf_mixers
+        from burst.integrations.transformers.layers import mixers
 
         unsupported = _models("lfm2", "hybrid_refusals")[1]
 
         def unknown_family():
-            with mock.patch.dict(hf_mixers.FAMILIES):
-                del hf_mixers.FAMILIES["lfm2"]
+            with mock.patch.dict(mixers.FAMILIES):
+                del mixers.FAMILIES["lfm2"]
                 unsupported(**bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=unsupported),
                             use_cache=False)
 
@@ -148,11 +148,11 @@ def _world_cases(rank, world):
 
     import transformers
 
-    from burst.integrations import hf_mixers
+    from burst.integrations.transformers.layers import mixers
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
-    families = sorted(hf_mixers.FAMILIES) if world == 2 else FOUR_RANKS
+    families = sorted(mixers.FAMILIES) if world == 2 else FOUR_RANKS
     out = {"steps": {(f, layout): _one_step(f, layout, None) for f in families for layout in ("contiguous", "zigzag")},
            "scan": {layout: _scan_against_float64(layout, None) for layout in ("contiguous", "zigzag")}}
     out["steps"][("qwen3_next", "zigzag, checkpointing")] = _one_step("qwen3_next", "zigzag", None, True)

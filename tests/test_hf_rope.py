@@ -1,7 +1,7 @@
 """Every rope type transformers ships, exact across ranks through shard_batch(model=).
 
 Dynamic NTK scaling and LongRoPE compute their frequencies from the longest position the rotary
-embedding sees; a rank sees its shard's (burst/integrations/hf_rope.py shows it the whole length).
+embedding sees; a rank sees its shard's (burst/integrations/transformers/layers/rope.py shows it the whole length).
 A tiny Llama with each rope type, 112 and 256 tokens past a 64-token original context (112: on 2
 and 4 ranks some shards end below 64, where dynamic and longrope pick other frequencies), both
 layouts: logits, loss and every gradient against the same model in one process with eager
@@ -79,7 +79,7 @@ def _rope_world(rank, world):
 
     import burst.integrations.transformers as bt
     from burst import layout as layout_mod
-    from burst.integrations import hf_rope
+    from burst.integrations.transformers.layers import rope as rope_layer
 
     transformers.logging.set_verbosity_error()
     out = {"errors": {}}
@@ -90,7 +90,7 @@ def _rope_world(rank, world):
                 ids = torch.randint(0, VOCAB, (1, length), generator=torch.Generator().manual_seed(length))
                 out["errors"][(layout, kind, length)] = _errors(*_twins(rope, name), ids, layout)
     ids = torch.randint(0, VOCAB, (1, 112), generator=torch.Generator().manual_seed(0))
-    with mock.patch.object(hf_rope.dist, "all_reduce", lambda *args, **kwargs: None):  # each rank its own length
+    with mock.patch.object(rope_layer.dist, "all_reduce", lambda *args, **kwargs: None):  # each rank its own length
         out["planted"] = _errors(*_twins(rope_parameters()["dynamic"], "rope_contiguous"), ids, "contiguous")
     # sharded by hand, the model never prepared: the attention function refuses the length-dependent types
     _, fresh = _twins(rope_parameters()["longrope"], "rope_contiguous")

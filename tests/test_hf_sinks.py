@@ -126,7 +126,7 @@ def test_sink_families_train_and_generate_like_one_process(world):
 
 def test_keywords_burst_cannot_honour_are_refused_naming_them():
     import burst.integrations.transformers as bt
-    from burst.integrations.hf_keywords import ACCEPTED_KEYWORDS
+    from burst.integrations.transformers import ACCEPTED_KEYWORDS
     from transformers import AutoModelForCausalLM
 
     name = bt.register("burst_refusals")

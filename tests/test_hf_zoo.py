@@ -54,9 +54,9 @@ def test_sink_families_and_the_common_ones_are_exact_at_1_and_2_ranks():
 
 
 def test_hybrids_are_exact_across_ranks_or_refused():
-    """The families whose recurrent / convolutional mixers burst splits (hf_mixers.FAMILIES) are exact at
+    """The families whose recurrent / convolutional mixers burst splits (bt.FAMILIES) are exact at
     2 ranks; any other hybrid is refused."""
-    from burst.integrations.hf_mixers import FAMILIES
+    from burst.integrations.transformers import FAMILIES
 
     rows = _zoo()[0]
     for family in (f for f in FAMILIES if f in rows):

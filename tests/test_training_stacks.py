@@ -151,7 +151,7 @@ def test_refusals_before_training():
 
 
 def test_whole_sequences_padding_rules():
-    from burst.integrations.sequence_parallel import whole_sequences
+    from burst.integrations.transformers.sequence_parallel import whole_sequences
 
     ids = torch.arange(10).reshape(2, 5)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])

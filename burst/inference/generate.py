@@ -118,7 +118,7 @@ def last_hidden(hidden, positions, lengths, group) -> torch.Tensor:
 
     hidden: (batch, local_len, dim) this rank's shard; positions: (batch, local_len) their global
     positions; lengths: each row's prompt length. Also serves transformers' generate()
-    (burst.integrations.transformers_generate).
+    (burst.integrations.transformers.generate).
     """
     mine = hidden.new_zeros(hidden.shape[0], hidden.shape[2])
     for row, n in enumerate(lengths):

@@ -2,7 +2,7 @@
 made of, and `SequenceParallel`, the same for a hand-written accelerate loop.
 
     from accelerate import Accelerator
-    from burst.integrations.sequence_parallel import SequenceParallel
+    from burst.integrations.transformers import SequenceParallel
 
     accelerator = Accelerator()
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -23,9 +23,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .. import layout as layout_mod
-from .hf_mixers import shard_mixers
-from .transformers import check_model, register, shard_batch
+from burst import layout as layout_mod
+
+from .backend.attention import register
+from .backend.batches import shard_batch
+from .backend.checks import check_model
+from .layers.mixers import shard_mixers
 
 
 class SequenceParallel:

@@ -12,7 +12,8 @@ wraps the forward of each such rotary module: one all-reduce (max) of the longes
 the group, transformers' own frequency update run on that length, then the rotation of this rank's
 positions with the updated frequencies. A model whose config asks for a length-dependent rope type
 that burst cannot find in a module of transformers' kind is refused, and on more than one rank a
-model that was not prepared is refused by hf_keywords.check_config (`needs_global_length`).
+model that was not prepared is refused by the backend (backend/checks.py: check_config, with
+`needs_global_length`).
 """
 
 from __future__ import annotations

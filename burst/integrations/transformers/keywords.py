@@ -7,17 +7,16 @@ or a listed one with a value burst cannot honour, raises ValueError naming the k
 Every rank runs the same model on the same kind of batch, so every rank raises alike, before the
 attention's first collective.
 
-The model's configuration is checked too (check_model_features), for what reaches attention only
+The layer's configuration is checked too (check_model_features), for what reaches attention only
 through the mask that burst does not build: a sliding window the layer does not pass as
-`sliding_window`, chunked attention. And a model transformers itself marks as not running on other
-attention backends (`_supports_attention_backend = False`: it computes some attention in its own code,
-or mixes sequences outside attention, as Mamba and linear-attention layers do) is refused whole
-(check_backend_compatible), on the model, its config, or any of its layers.
+`sliding_window`, chunked attention. The per-layer kinds a config lists (layer_kinds,
+ATTENTION_LAYER_KINDS) are read here as well: the recurrent layers (layers/mixers) and the
+whole-model refusals (backend/checks.py: check_config, check_backend_compatible) build on them.
+
+The bottom of the package: it imports nothing of burst.
 """
 
 from __future__ import annotations
-
-from . import hf_mixers, hf_rope
 
 USED = "used"
 OFF_ONLY = "accepted when off (None, False or 0), refused otherwise"
@@ -72,7 +71,7 @@ def check_keywords(name: str, module, kwargs: dict) -> None:
             raise ValueError(
                 f"attn_implementation={name!r}: {model_name(module)} passes the attention function "
                 f"{key}={_short(value)}, which burst does not implement; it refuses rather than drop it "
-                "(accepted keywords: burst.integrations.hf_keywords.ACCEPTED_KEYWORDS)")
+                "(accepted keywords: burst.integrations.transformers.keywords.ACCEPTED_KEYWORDS)")
         if rule[0] == OFF_ONLY and value is not None and value is not False and not _is_zero(value):
             raise ValueError(f"attn_implementation={name!r}: {model_name(module)} passes {key}={_short(value)}; "
                              f"burst does not support {rule[1]}")
@@ -105,85 +104,14 @@ ATTENTION_LAYER_KINDS = frozenset({"full_attention", "sliding_attention", "chunk
                                    "mlp", "moe"})
 
 
-def check_config(name: str, config, world: int) -> None:
-    """The whole-model refusals that a config shows, checked once per forward (the mask interface)
-    and by every layer: check_backend_compatible; DeepSeek sparse attention (a learned top-k indexer
-    that reads the mask tensor burst never builds); and, on more than one rank, layers that mix
-    tokens outside attention (linear attention, Mamba, convolutions), which would run on a shard
-    from a zero state."""
-    check_backend_compatible(name, config)
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    if getattr(text, "index_topk", None):
-        raise ValueError(f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses "
-                         f"DeepSeek sparse attention (index_topk={text.index_topk}), which burst does not implement")
-    if world > 1 and hf_rope.needs_global_length(text):
-        raise ValueError(
-            f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses the rope types "
-            f"{sorted(hf_rope.rope_types(text))}, whose frequencies depend on the longest position the rotary "
-            f"embedding sees, and across {world} ranks each would see its shard's: prepare the model with "
-            "bt.shard_batch(..., model=model) (or SequenceParallelTrainer / SequenceParallel), which shows it the "
-            "whole sequence's length")
-    others = sorted(_layer_kinds(text) - ATTENTION_LAYER_KINDS)
-    if not others and (hf_mixers.supported(getattr(text, "model_type", None))
-                       or hf_mixers.supported(getattr(config, "model_type", None))):
-        others = ["recurrent or convolutional"]  # a family burst splits whose config lists no layer kinds
-    if world > 1 and others and not (hf_mixers.prepared(config) or hf_mixers.prepared(text)):
-        model_type = getattr(config, "model_type", None)
-        advice = ("call burst.integrations.transformers.shard_mixers(model, group, layout) (or pass model= to "
-                  "shard_batch) so they pass their state across ranks" if hf_mixers.supported(model_type) or
-                  hf_mixers.supported(getattr(text, "model_type", None)) else "refused; on one rank the model runs "
-                  "exactly")
-        raise ValueError(
-            f"attn_implementation={name!r}: model_type {model_type!r} has {others} layers, which mix tokens outside "
-            f"attention; across {world} ranks they would start each shard from a zero state: {advice}")
-
-
-def _layer_kinds(config) -> set:
+def layer_kinds(config) -> set:
+    """The per-layer kinds a config lists (config.layer_types / layers_block_type), as a set."""
     kinds = set()
     for attr in ("layer_types", "layers_block_type"):
         value = getattr(config, attr, None)
         if isinstance(value, (list, tuple)):
             kinds.update(v for v in value if isinstance(v, str))
     return kinds
-
-
-def check_backend_compatible(name: str, model_or_config) -> None:
-    """ValueError when transformers marks the model's class as not running on custom attention
-    backends (`PreTrainedModel.is_backend_compatible()` False). model_or_config: a model, or a
-    config (its model_type's class is looked up; an unknown model_type, e.g. remote code, passes)."""
-    cls = model_or_config if isinstance(model_or_config, type) else _model_class(model_or_config)
-    config = getattr(model_or_config, "config", model_or_config)
-    if hf_mixers.supported(getattr(config, "model_type", None)):  # hybrids burst makes exact (hf_mixers.FAMILIES)
-        return
-    if cls is None or not hasattr(cls, "is_backend_compatible") or cls.is_backend_compatible():
-        return
-    raise ValueError(
-        f"attn_implementation={name!r}: transformers marks {cls.__name__} as not running on custom attention "
-        "backends (_supports_attention_backend = False): it computes attention in its own code or mixes tokens "
-        "outside attention (recurrent or convolutional layers, absolute positions), so burst cannot make it "
-        "exact across ranks and refuses it")
-
-
-_classes: dict = {}
-
-
-def _model_class(model_or_config):
-    """The transformers model class of a model (its type) or of a config (by model_type), or None."""
-    from transformers import PreTrainedModel
-
-    if isinstance(model_or_config, PreTrainedModel):
-        return type(model_or_config)
-    model_type = getattr(model_or_config, "model_type", None)
-    if model_type not in _classes:
-        import transformers
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
-
-        class_name = MODEL_MAPPING_NAMES.get(model_type) or MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
-        try:
-            _classes[model_type] = getattr(transformers, class_name) if isinstance(class_name, str) else None
-        except (AttributeError, ImportError):  # a class that needs a package this machine lacks
-            _classes[model_type] = None
-    return _classes[model_type]
 
 
 def _layer_type(config, layer_idx):

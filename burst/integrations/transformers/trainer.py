@@ -30,9 +30,10 @@ from __future__ import annotations
 import torch
 from transformers import Trainer
 
-from .. import layout as layout_mod
+from burst import layout as layout_mod
+
+from .backend.batches import reduce_loss
 from .sequence_parallel import over_replicas, prepare_model, sequence_parallel_groups, shard_whole_sequences
-from .transformers import reduce_loss
 
 
 class SequenceParallelTrainer(Trainer):

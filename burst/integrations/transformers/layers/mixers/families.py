@@ -23,7 +23,7 @@ start; its temporal convolution is an nn.Conv1d module, whose forward takes the 
 
 Supported families are listed in FAMILIES (each one tested exact at 2-4 ranks against one
 process); any other family whose config has non-attention layers stays refused at more than one
-rank (hf_keywords.check_config). Inside a sharded mixer, the paths this cannot split raise: cached
+rank (backend/checks.py: check_config). Inside a sharded mixer, the paths this cannot split raise: cached
 decoding (`causal_conv1d_update`, the recurrent and single-step updates) and the fused CUDA kernels
 that do the convolution and scan in one call.
 """
@@ -40,9 +40,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import state_passing
-from . import hf_rope
-from ..layout import _world_and_rank
+from burst import state_passing
+from burst.layout import _world_and_rank
+
+from ...keywords import ATTENTION_LAYER_KINDS, layer_kinds
+from .. import rope
 
 # model_type -> the mixers its layers use (documentation and the README's list; the functions
 # themselves are found by name in the family's modeling module).
@@ -115,7 +117,7 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     if done is not None and done[0] is group and done[1] == layout:  # shard_batch(model=) calls it every step
         return done[2]
     _capture_position_ids(model)
-    hf_rope.see_global_length(model, group)
+    rope.see_global_length(model, group)
     config = model.config
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     module = sys.modules[type(model).__module__]
@@ -163,9 +165,7 @@ def _cache_refused(module, world: int) -> ValueError:
 
 
 def _mixes_outside_attention(config) -> bool:
-    from .hf_keywords import ATTENTION_LAYER_KINDS, _layer_kinds
-
-    return bool(_layer_kinds(config) - ATTENTION_LAYER_KINDS)
+    return bool(layer_kinds(config) - ATTENTION_LAYER_KINDS)
 
 
 def _hook(mixer: torch.nn.Module, shards: Shards):

@@ -39,22 +39,17 @@ The decoder hooks are torch's forward hooks (public API); nothing in transformer
 
 from __future__ import annotations
 
-import inspect
-import sys
-
 import torch
 import torch.distributed as dist
-from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 
-from ..inference import ShardedKVCache, decode_attention
-from ..inference.decode import agree_on_decoding, decode_exchange
-from ..inference.generate import last_hidden
-from ..layout import LAYOUTS, local_multiple, shard
-from .hf_backends import backend_of
+from burst.inference import ShardedKVCache, decode_attention
+from burst.inference.decode import agree_on_decoding, decode_exchange
+from burst.inference.generate import last_hidden
+from burst.layout import LAYOUTS, local_multiple, shard
 
-_active: ShardedCache | None = None  # the cache whose model forward is running (set by the decoder hooks)
-_GENERATE_CODE = inspect.unwrap(GenerationMixin.generate).__code__
+from .backend.checks import check_model
+from .backend.registry import backend_of, set_running_cache
 
 
 class ShardedCache(Cache):
@@ -67,8 +62,6 @@ class ShardedCache(Cache):
     """
 
     def __init__(self, model: torch.nn.Module, chunk: int = 256):
-        from .transformers import check_model
-
         check_model(model)
         name, backend = backend_of(model)
         if backend.layout not in LAYOUTS:  # a DocumentLayout cuts packed documents: no prompt is one
@@ -238,7 +231,6 @@ def _sharded_cache_of(kwargs: dict) -> ShardedCache | None:
 
 
 def _before_decoder(module, args, kwargs):
-    global _active
     cache = _sharded_cache_of(kwargs)
     if cache is None:
         return None
@@ -246,45 +238,16 @@ def _before_decoder(module, args, kwargs):
         raise ValueError("with past_key_values=ShardedCache(...), pass the decoder's inputs by keyword (input_ids=...)")
     kwargs = dict(kwargs)
     cache._begin(kwargs)
-    _active = cache
+    set_running_cache(cache)  # the attention function runs its decode steps (backend/attention.py)
     return args, kwargs
 
 
 def _after_decoder(module, args, kwargs, output):
-    global _active
     cache = _sharded_cache_of(kwargs)
     if cache is None:
         return None
-    phase, cache.phase, _active = cache.phase, None, None
+    phase, cache.phase = cache.phase, None
+    set_running_cache(None)
     if output is None:  # the forward raised (this hook runs anyway, always_call): leave no forward active
         return None
     return cache._end(output, phase)
-
-
-def generate_attention(name: str, module, query: torch.Tensor, scaling: float | None, sliding_window: int | None,
-                       sinks: torch.Tensor | None = None):
-    """What burst_attention_forward runs inside generate(): (out (batch, 1, heads, head_dim), None)
-    in a ShardedCache decode step; None where burst's sequence-parallel path runs (a ShardedCache
-    prefill, or any forward outside generate()). generate() without a ShardedCache raises."""
-    cache = _active
-    if cache is not None:
-        if cache.phase != "decode":
-            return None
-        return cache.attend(module.layer_idx, query, scaling, sliding_window, sinks), None
-    if not torch.is_grad_enabled() and _inside_generate():  # generate runs under no_grad: training skips the walk
-        raise ValueError(
-            f"attn_implementation={name!r}: model.generate() needs past_key_values=bt.ShardedCache(model) "
-            "(import burst.integrations.transformers as bt). Without it every rank would run the whole prompt and "
-            "decode against a whole, unsharded cache")
-    return None
-
-
-def _inside_generate() -> bool:
-    """Whether transformers' generate() is on the call stack. Nothing else tells the attention function:
-    generate's DynamicCache is not passed to it, and its inputs look like any forward's."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is _GENERATE_CODE:
-            return True
-        frame = frame.f_back
-    return False

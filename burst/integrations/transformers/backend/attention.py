@@ -1,0 +1,187 @@
+"""burst as a transformers attention implementation: `register` puts the attention function and the
+mask function under a name, through transformers' own interfaces (AttentionInterface for the
+attention function, AttentionMaskInterface so transformers never builds an N x N mask): no model code
+is patched.
+
+Every layer's attention call checks the model (checks.check_config) and its keywords
+(../keywords.py), runs a ShardedCache's decode step when generate() is decoding on one (the running
+cache, registry.py), and otherwise runs burst.attention on this rank's shard, with the packed
+documents found from position_ids (documents.py). What the backend cannot do raises on every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+
+import torch
+
+from burst import api, layout as layout_mod
+from burst.agreement import agree
+
+from ..keywords import check_keywords, check_model_features, model_name
+from .checks import check_config
+from .documents import documents
+from .registry import BACKENDS, Backend, backend_of, running_cache, world_size
+
+TESTED_TRANSFORMERS = ">=5.23.0,<6"  # the `hf` extra of pyproject.toml: the releases scripts/test.sh tests
+
+
+def register(name: str = "burst", *, strategy: str = "burst", layout: str = "contiguous", group=None,
+             **options) -> str:
+    """Register burst as attention implementation `name`; returns the name for `attn_implementation`.
+
+    strategy, layout, group and **options are those of `burst.attention`; the batch must be sharded
+    with the same layout and group (`shard_batch`). Registering a name again replaces its settings.
+    """
+    interfaces = _transformers_interfaces()
+    if layout not in layout_mod.DOCUMENT_LAYOUTS:  # doc_*: the documents come with each batch's position_ids
+        layout_mod.check_layout(layout)
+    if "flash" in name or "/" in name or ":" in name:  # transformers routes such names to its flash / hub kernels
+        raise ValueError(f"name {name!r}: transformers treats names containing 'flash', '/' or ':' as its own "
+                         "flash-attention or hub kernels; choose another (e.g. 'burst')")
+    if strategy not in api.STRATEGY_NAMES:
+        raise ValueError(f"strategy must be one of {api.STRATEGY_NAMES}, got {strategy!r}")
+    BACKENDS[name] = Backend(strategy, layout, group, dict(options))
+    attention_interface, mask_interface = interfaces
+    attention_interface.register(name, burst_attention_forward)
+    mask_interface.register(name, burst_attention_mask)
+    return name
+
+
+def _transformers_interfaces():
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"burst.integrations.transformers needs transformers{TESTED_TRANSFORMERS}: pip install 'burst[hf]'"
+        ) from err
+    return AttentionInterface, AttentionMaskInterface
+
+
+def burst_attention_forward(module, query, key, value, attention_mask, **kwargs):
+    """transformers' attention-function interface on burst.attention.
+
+    query: (batch, heads, seq_local, head_dim); key, value: (batch, kv_heads, seq_local, head_dim),
+    this rank's shard. Returns (out (batch, seq_local, heads, head_dim), None). Keywords: those of
+    keywords.ACCEPTED_KEYWORDS; any other raises (deny by default).
+    """
+    name, backend = backend_of(module)
+    check_config(name, getattr(module, "config", None), world_size(backend.group))
+    check_keywords(name, module, kwargs)
+    scaling, sliding_window = kwargs.get("scaling"), kwargs.get("sliding_window")
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    check_model_features(name, module, sliding_window)
+    decoded = _decode_step(name, module, query, scaling, sliding_window, sinks)
+    if decoded is not None:
+        return decoded
+    _refuse_unsupported(name, query, key, attention_mask)
+    is_causal = kwargs.get("is_causal")
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    window = None
+    if sliding_window is not None:  # transformers: key j attends when j > i - sliding_window
+        window = (sliding_window - 1, 0 if causal else sliding_window - 1)
+    positions = kwargs.get("position_ids")
+    if positions is None:  # an attention module that takes position_ids but keeps them (shard_mixers captures them)
+        positions = getattr(module, "_burst_position_ids", None)
+    if positions is None:
+        raise ValueError(
+            f"attn_implementation={name!r}: {model_name(module)} does not pass position_ids to its attention "
+            "function, so burst can neither check that the shards sit at their global positions nor see packed "
+            "documents; refused (models that do pass them: Llama, Qwen, Mistral, GPT-OSS, ...; a model prepared "
+            "by bt.shard_batch(..., model=model) or SequenceParallelTrainer has them captured)")
+    cu_seqlens = documents(positions, query.shape[0], query.shape[2], backend)
+    query, key, value = _one_dtype(query, key, value)
+    out = api.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), group=backend.group,
+                        strategy=backend.strategy, layout=backend.layout, causal=causal, window=window,
+                        softmax_scale=scaling, cu_seqlens=cu_seqlens, sinks=sinks, **backend.options)
+    return out, None
+
+
+def _decode_step(name: str, module, query: torch.Tensor, scaling: float | None, sliding_window: int | None,
+                 sinks: torch.Tensor | None = None):
+    """What the attention function runs inside generate(): (out (batch, 1, heads, head_dim), None) in a
+    ShardedCache decode step; None where burst's sequence-parallel path runs (a ShardedCache prefill,
+    or any forward outside generate()). generate() without a ShardedCache raises."""
+    cache = running_cache()
+    if cache is not None:
+        if cache.phase != "decode":
+            return None
+        return cache.attend(module.layer_idx, query, scaling, sliding_window, sinks), None
+    if not torch.is_grad_enabled() and _inside_generate():  # generate runs under no_grad: training skips the walk
+        raise ValueError(
+            f"attn_implementation={name!r}: model.generate() needs past_key_values=bt.ShardedCache(model) "
+            "(import burst.integrations.transformers as bt). Without it every rank would run the whole prompt and "
+            "decode against a whole, unsharded cache")
+    return None
+
+
+def _inside_generate() -> bool:
+    """Whether transformers' generate() is on the call stack. Nothing else tells the attention function:
+    generate's DynamicCache is not passed to it, and its inputs look like any forward's."""
+    code = _generate_code()
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _generate_code():
+    from transformers import GenerationMixin
+
+    return inspect.unwrap(GenerationMixin.generate).__code__
+
+
+def _one_dtype(query, key, value):
+    """q, k, v in one dtype, as SDPA and transformers' flash path take them: the autocast dtype under
+    torch.autocast (RoPE hands q, k in float32 beside a bf16 v; burst.attention casts them), else
+    the widest of the three."""
+    if torch.is_autocast_enabled(query.device.type):
+        return query, key, value
+    dtype = torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
+    return query.to(dtype), key.to(dtype), value.to(dtype)
+
+
+def _refuse_unsupported(name, query, key, attention_mask) -> None:
+    """What this backend cannot run beyond its keywords (../keywords.py), as a clear error. Every
+    condition is one every rank of an SPMD program sees alike (the padding mask is agreed on in
+    burst_attention_mask)."""
+    if query.shape[2] != key.shape[2]:
+        raise ValueError(
+            f"attn_implementation={name!r} got {query.shape[2]} queries against {key.shape[2]} keys: burst attends a "
+            "shard's queries to the same shard's keys. Cached decoding needs burst's sharded KV cache: "
+            "model.generate(ids, past_key_values=bt.ShardedCache(model)) (import burst.integrations.transformers as "
+            "bt); a model that adds keys of its own (compressed or memory tokens) is not supported")
+    if attention_mask is not None:
+        raise ValueError(f"attn_implementation={name!r} got an attention mask it cannot apply "
+                         f"(shape {tuple(attention_mask.shape)}); pass no mask, or packed position_ids")
+
+
+def burst_attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+                         mask_function=None, attention_mask: torch.Tensor | None = None, config=None, **kwargs):
+    """transformers' mask interface: burst needs no mask tensor (causality, windows and documents
+    are its own options), so this returns None; a padding mask with holes raises on every rank.
+
+    Called once per forward on every rank, so the padding check is agreed on here, not per layer.
+    """
+    name = getattr(config, "_attn_implementation", None)
+    backend = BACKENDS.get(name)
+    problem = None
+    group = backend.group if backend is not None else None
+    world = world_size(group)
+    try:
+        check_config(name, config, world)
+    except ValueError as err:  # every rank runs the same model: the agreement below raises it everywhere
+        problem = err
+    if problem is None and attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+        problem = ValueError(
+            f"attn_implementation={name!r}: the attention_mask has padding (zeros); burst runs whole "
+            "sequences only. Pack documents into one row instead (position_ids restarting at 0 per document "
+            "become burst's cu_seqlens), or pad at the end with labels -100 and pass no attention_mask")
+    agree("burst (transformers mask)", {} if problem is None else None, problem, group, world)
+    return None

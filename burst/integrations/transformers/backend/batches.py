@@ -1,0 +1,121 @@
+"""A batch of full sequences to this rank's shard (shard_batch), and the loss back (reduce_loss).
+
+shard_batch is also where burst sees the model a batch is for: it prepares its recurrent layers and
+rotary embedding (layers/: shard_mixers) and checks it (checks.check_model), the one door that a
+model which never calls attention (Mamba, RWKV) passes through.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from burst import layout as layout_mod
+from burst.agreement import agree
+
+from ..layers.mixers import shard_mixers
+from .checks import check_model
+from .documents import documents_from_positions
+from .registry import world_size
+
+
+_MODEL_NOT_GIVEN = object()
+
+
+def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_index: int = -100,
+                model: torch.nn.Module = _MODEL_NOT_GIVEN) -> dict:
+    """This rank's shard of a batch of full sequences, ready for `model(**shard)`.
+
+    batch: `input_ids` (batch, seq_len), optional `labels` (same shape), `position_ids` (made as
+    0..seq_len-1 when absent; give them restarting at 0 per document for packed rows) and
+    `attention_mask` (all ones only). Returns input_ids and position_ids sharded along the sequence
+    by `layout` (position ids keep their global values; "doc_zigzag" / "doc_contiguous" cut each
+    packed document on its own, its length a multiple of 2G / G); with labels, `labels`/`shift_labels` are the
+    labels shifted on the *global* sequence (each token's next token; shifting a shard would pair
+    tokens across shard boundaries) and `num_items_in_batch` is the global count of labelled
+    tokens, so the model's loss is this rank's share of the global mean (see reduce_loss). Other
+    entries are passed through unchanged.
+
+    model (required): the model the batch is for. Its recurrent and convolutional layers are made to
+    pass their state across the ranks and its rotary embedding to see the whole length (shard_mixers),
+    then it is checked (check_model). This is the only place burst sees a model that never calls
+    attention (Mamba, RWKV) or runs attention of its own (GPT-1, XLM...): sharded without it, such a
+    model runs each shard alone and answers wrongly without an error, so there is no way around it.
+    """
+    model = _the_model(model)
+    shard_mixers(model, group, layout)
+    check_model(model)
+    if layout not in layout_mod.DOCUMENT_LAYOUTS:
+        layout_mod.check_layout(layout)
+    ids = batch["input_ids"]
+    if ids.dim() != 2:
+        raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(ids.shape)}")
+    check_same_batch(batch, group)
+    mask = batch.get("attention_mask")
+    if mask is not None and not bool(mask.bool().all()):
+        raise ValueError("attention_mask has padding (zeros); burst runs whole sequences: pack documents "
+                         "into one row (position_ids restarting at 0 per document) or pad at the end with labels "
+                         f"{ignore_index} and drop the attention_mask")
+    positions = batch.get("position_ids")
+    if positions is None:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    if layout in layout_mod.DOCUMENT_LAYOUTS:  # each packed document cut on its own
+        cu = documents_from_positions(positions.expand_as(ids), 1, "contiguous") or [0, ids.shape[1]]
+        layout = layout_mod.DocumentLayout(tuple(cu), layout.removeprefix("doc_"))
+    out = {k: v for k, v in batch.items() if k not in ("input_ids", "labels", "position_ids", "attention_mask")}
+    out["input_ids"] = layout_mod.shard(ids, group=group, layout=layout, dim=1)
+    out["position_ids"] = layout_mod.shard(positions.expand_as(ids), group=group, layout=layout, dim=1)
+    labels = batch.get("labels")
+    if labels is not None:
+        shifted = torch.full_like(labels, ignore_index)
+        shifted[:, :-1] = labels[:, 1:]
+        local = layout_mod.shard(shifted, group=group, layout=layout, dim=1)
+        out["labels"] = local  # makes the model compute its loss; shift_labels tells it not to shift again
+        out["shift_labels"] = local
+        out["num_items_in_batch"] = int((shifted != ignore_index).sum())
+    return out
+
+
+def _the_model(model) -> torch.nn.Module:
+    """shard_batch's model, out of a DDP wrapper; TypeError when none was given."""
+    if model is _MODEL_NOT_GIVEN or model is None:
+        raise TypeError(
+            "shard_batch(batch, ..., model=model) needs the model the batch is for: burst checks and prepares it "
+            "there (a model that never calls attention, such as Mamba or RWKV, or that runs its own, such as GPT-1 "
+            "or XLM, would otherwise run each rank's shard alone and give wrong logits without an error)")
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model.module
+    return model
+
+
+def check_same_batch(batch: dict, group=None) -> None:
+    """ValueError on every rank of `group` unless every rank holds the same input_ids, labels and
+    position_ids (a digest of their bytes, agreed in one small collective). A sequence-parallel group
+    splits *one* batch: a sampler that hands each rank of the group its own sequences (a
+    DistributedSampler over the whole world) would have burst join shards of unrelated sequences."""
+    world = world_size(group)
+    if world == 1:
+        return
+    facts = {key: _content_digest(batch[key]) for key in ("input_ids", "labels", "position_ids")
+             if isinstance(batch.get(key), torch.Tensor)}
+    hint = ("; the ranks of a sequence-parallel group must hold the same batch (each shards it): sample over "
+            "the data-parallel replicas only, e.g. DistributedSampler(num_replicas=world // G, rank=rank // G)")
+    agree("burst.shard_batch", facts, None, group, world, hints={key: hint for key in facts})
+
+
+def _content_digest(t: torch.Tensor) -> str:
+    import hashlib
+
+    data = t.detach().to("cpu").contiguous()
+    return f"{tuple(t.shape)} {hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=8).hexdigest()}"
+
+
+def reduce_loss(loss: torch.Tensor, group=None) -> torch.Tensor:
+    """The global mean loss on every rank from each rank's share (the model's loss on a shard_batch
+    shard, which divides by the global token count). Detached: backward runs on each rank's own loss."""
+    total = loss.detach().clone()
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(total, group=group)
+    return total
+
+

@@ -1,0 +1,138 @@
+"""Packed documents on transformers' convention: position_ids restarting at 0 begin a document.
+
+burst's attention takes documents as `cu_seqlens` over the global sequence. The attention function
+finds them from the shard's position_ids (`documents`: gathered once per forward, checked to be
+global positions in the registered layout's order), shard_batch from the whole batch's
+(`documents_from_positions`).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from burst import layout as layout_mod
+
+from .registry import Backend
+
+
+class _DocumentCache:
+    """cu_seqlens of the last position_ids tensor seen: every layer of one forward passes the same
+    tensor, so the gather runs once per forward (on every rank alike, as all ranks run the same model)."""
+
+    def __init__(self):
+        self.ref, self.version, self.value = None, None, None
+
+    def get(self, position_ids):
+        if self.ref is not None and self.ref() is position_ids and self.version == position_ids._version:
+            return True, self.value
+        return False, None
+
+    def put(self, position_ids, value):
+        self.ref, self.version, self.value = weakref.ref(position_ids), position_ids._version, value
+
+
+_document_cache = _DocumentCache()
+
+
+def documents(position_ids, batch: int, local_len: int, backend: Backend):
+    """burst's cu_seqlens from transformers' packing convention, on the global positions, or None.
+
+    position_ids: (batch or 1, seq_local) at global positions in the layout's order (shard_batch).
+    """
+    if position_ids is None:
+        raise ValueError("burst's transformers backend needs position_ids at global positions: "
+                         "shard the batch with burst.integrations.transformers.shard_batch")
+    hit, value = _document_cache.get(position_ids)
+    if hit:
+        return value
+    world = dist.get_world_size(backend.group) if dist.is_initialized() else 1
+    local = position_ids.expand(batch, local_len).to(torch.long)
+    if backend.layout in layout_mod.DOCUMENT_LAYOUTS:
+        value = _documents_cut_per_document(local, world, backend)
+    else:
+        full = layout_mod.unshard(local.contiguous(), group=backend.group, layout=backend.layout, dim=1)
+        value = documents_from_positions(full, world, backend.layout)
+    _document_cache.put(position_ids, value)
+    return value
+
+
+def _documents_cut_per_document(local: torch.Tensor, world: int, backend: Backend) -> list[int]:
+    """Global cu_seqlens when each document is cut on its own (doc_contiguous / doc_zigzag).
+
+    Rank 0 holds the first part of every document, so its positions restart at 0 once per document,
+    and it holds 1/G of each: document d has G times the tokens rank 0 holds of it. Every rank's
+    positions are then checked against that layout (the model's own 0..n-1 would not pass).
+    """
+    gathered = layout_mod.unshard(local.contiguous(), group=backend.group, layout="contiguous", dim=1)
+    n = local.shape[1]
+    first = gathered[0, :n]
+    starts = (first == 0).nonzero().flatten().tolist()
+    cu = [0]
+    for start, stop in zip(starts, starts[1:] + [n]):
+        cu.append(cu[-1] + (stop - start) * world)
+    split = backend.layout.removeprefix("doc_")
+    expected = None
+    if starts[:1] == [0] and cu[-1] == n * world:
+        try:
+            doc_layout = layout_mod.DocumentLayout(tuple(cu), split)
+            doc_layout.check(world, cu[-1])
+            expected = _positions_in_documents(doc_layout, world, n)
+        except ValueError:
+            expected = None
+    if expected is None or not bool((gathered == expected).all()):
+        raise ValueError(
+            f"position_ids are not global positions in layout={backend.layout!r} order: each document's positions "
+            "must restart at 0 and rise by 1, cut per document. Shard the batch with "
+            f"burst.integrations.transformers.shard_batch(batch, layout={backend.layout!r})")
+    return cu
+
+
+def _positions_in_documents(doc_layout, world: int, n: int) -> torch.Tensor:
+    """(world * n,) every rank's tokens' positions inside their documents, rank after rank."""
+    starts = torch.tensor(doc_layout.cu_seqlens[:-1])
+    out = []
+    for r in range(world):
+        g = torch.cat([seg.positions() for seg in layout_mod.segments(doc_layout, r, world, n)])
+        out.append(g - starts[torch.bucketize(g, starts, right=True) - 1])
+    return torch.cat(out)
+
+
+def documents_from_positions(positions: torch.Tensor, world: int, layout: str) -> list[int] | None:
+    """cu_seqlens over the global sequence from position ids (batch, seq_len) in global order:
+    a document starts where the position restarts at 0. None for one plain sequence per row.
+
+    Raises ValueError for positions that are not global positions (the model's default arange of a
+    local shard, or a batch sharded in another layout) and for rows packed differently.
+    """
+    batch, seq_len = positions.shape
+    starts_row = positions[:, 1:] != positions[:, :-1] + 1
+    # Each rank's own 0..n-1 (what the model makes when no position_ids are passed) would read as
+    # world documents under the contiguous layout: refuse it rather than cut the sequence silently.
+    own_aranges = world > 1 and bool((positions == _rank_local_aranges(world, layout, seq_len)).all())
+    if own_aranges or bool((positions[:, 0] != 0).any()) or bool((positions[:, 1:][starts_row] != 0).any()):
+        hint = " (they are each rank's own 0..n-1: the model made them because none were passed)" if own_aranges else ""
+        raise ValueError(
+            f"position_ids are not global positions in layout={layout!r} order{hint}: every run must start "
+            "at 0 (a new document) and rise by 1. Shard the batch with "
+            f"burst.integrations.transformers.shard_batch(batch, layout={layout!r})")
+    if not bool((starts_row == starts_row[:1]).all()):
+        raise ValueError("packed rows must share their document boundaries (burst's cu_seqlens applies to "
+                         "every row); pack into batch 1, or make the rows' documents line up")
+    starts = (torch.nonzero(starts_row[0]).flatten() + 1).tolist()
+    if not starts:
+        return None
+    return [0, *starts, seq_len]
+
+
+def _rank_local_aranges(world: int, layout: str, seq_len: int) -> torch.Tensor:
+    """The global-order positions seen when every rank passes arange(seq_len // world)."""
+    local = seq_len // world
+    full = torch.empty(seq_len, dtype=torch.long)
+    for r in range(world):
+        full[layout_mod.shard_indices(layout, r, world, seq_len)] = torch.arange(local)
+    return full
+
+

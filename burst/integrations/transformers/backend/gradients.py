@@ -1,0 +1,141 @@
+"""Gradients on burst's backend: each rank's backward gives its tokens' share of the global mean
+loss's gradient; reduce_gradients sums the shares over the sequence-parallel group, and fully_shard
+applies FSDP2 with the divide factor that makes FSDP's own reduce-scatter do it (fsdp_reduction: the
+one rule for both).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from burst.comm.collectives import all_reduce_in_place
+
+from .checks import check_model
+
+
+def reduce_gradients(model: torch.nn.Module, group=None) -> None:
+    """Make every parameter gradient the single-process one, once per step after backward.
+
+    Each rank's gradient holds its tokens' share of the global mean loss, so the shares are summed
+    over the sequence-parallel `group`. Parameters managed by FSDP2 (`fully_shard`, ours below or
+    torch's) were already reduce-scattered over FSDP's mesh during backward; FSDP *averages* there
+    by default, which left alone makes every gradient 1/G of the true one. Their shards are scaled
+    to the sum over the group (a mean over the mesh's other, data-parallel ranks) and, when FSDP's
+    mesh does not contain the group, summed over the group as well.
+    """
+    check_model(model)
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    all_reduce_in_place((g for g in grads if not _is_dtensor(g)), group=group)
+    sharded: dict[tuple, list] = {}
+    for unit, g in _grads_by_unit(model):
+        key = (_mesh_ranks(g.device_mesh), _divide_factor(unit, g.device_mesh))
+        sharded.setdefault(key, []).append(g.to_local())
+    for (fsdp_ranks, factor), local in sharded.items():
+        scale, sum_over_group = fsdp_reduction(fsdp_ranks, _group_ranks(group), factor)
+        if scale != 1:
+            torch._foreach_mul_(local, scale)
+        if sum_over_group:
+            all_reduce_in_place(local, group=group)
+
+
+def fully_shard(model: torch.nn.Module, mesh=None, group=None, **fsdp_kwargs) -> torch.nn.Module:
+    """FSDP2 for a model on burst's backend: each decoder layer (the model's `_no_split_modules`)
+    and the root, over `mesh` (default: a 1-D mesh over the world), with the gradient divide factor
+    that makes FSDP's reduce-scatter give the single-process gradients (summed over the sequence-
+    parallel `group`, averaged over data-parallel ranks); sum-only collectives, as gloo needs.
+    `reduce_gradients(model)` after backward then does only what FSDP's reduction cannot (nothing
+    when the mesh contains the group). fsdp_kwargs go to torch's fully_shard (mp_policy, ...).
+    """
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    check_model(model)
+    if mesh is None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        device = next(model.parameters()).device.type
+        mesh = init_device_mesh(device, (dist.get_world_size(),))
+    if mesh.ndim != 1:
+        raise NotImplementedError(f"fully_shard takes a 1-D mesh (got {mesh.ndim}-D): pass mesh['dp'] or a "
+                                  "flattened mesh; hybrid sharding is not supported by the backend yet")
+    scale, _ = fsdp_reduction(_mesh_ranks(mesh), _group_ranks(group), 1.0)
+    factor = 1.0 / scale  # the factor for which reduce_gradients' scale is 1
+    layer_names = set(getattr(model, "_no_split_modules", None) or ())
+    units = [m for m in model.modules() if type(m).__name__ in layer_names] + [model]
+    for unit in units:
+        torch_fully_shard(unit, mesh=mesh, **fsdp_kwargs)
+        unit.set_gradient_divide_factor(factor)
+        if hasattr(unit, "set_force_sum_reduction_for_comms"):  # torch >= 2.7; gloo has no PREMUL_SUM
+            unit.set_force_sum_reduction_for_comms(True)
+        unit._burst_divide_factor = factor
+    return model
+
+
+def fsdp_reduction(fsdp_ranks: tuple[int, ...], group_ranks: tuple[int, ...], factor: float) -> tuple[float, bool]:
+    """(scale, sum_over_group) that turn FSDP's reduce-scatter over `fsdp_ranks` (the sum divided by
+    `factor`) into the single-process gradient: summed over the sequence-parallel `group_ranks`,
+    averaged over the data-parallel replicas. One rule for fully_shard and reduce_gradients.
+
+    The group inside the mesh: the mesh holds |mesh| / |group| replicas, so scale = factor |group| /
+    |mesh|. The group across the mesh (FSDP over data-parallel ranks only): scale = factor / |mesh|,
+    then a sum over the group.
+    """
+    mesh, sp = set(fsdp_ranks), set(group_ranks)
+    if sp <= mesh:
+        return factor * len(sp) / len(mesh), False
+    if len(mesh & sp) == 1:
+        return factor / len(mesh), True
+    raise NotImplementedError(f"FSDP's mesh (ranks {sorted(mesh)}) and burst's sequence-parallel group (ranks "
+                              f"{sorted(sp)}) overlap in part: shard over the group's ranks, every rank, or "
+                              "one rank of each group (data parallel)")
+
+
+def _is_dtensor(t) -> bool:
+    return hasattr(t, "device_mesh") and hasattr(t, "to_local")
+
+
+def _fsdp_units(model):
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return []
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def _grads_by_unit(model) -> list[tuple]:
+    """(unit, gradient) for each FSDP-managed gradient: the innermost unit holding the parameter
+    manages it (model.modules() lists a unit before the units nested in it)."""
+    owner = {}
+    for unit in _fsdp_units(model):
+        for p in unit.parameters():
+            owner[id(p)] = (unit, p)
+    return [(unit, p.grad) for unit, p in owner.values() if p.grad is not None and _is_dtensor(p.grad)]
+
+
+def _mesh_ranks(mesh) -> tuple[int, ...]:
+    if mesh.ndim != 1:
+        raise NotImplementedError("reduce_gradients takes FSDP over a 1-D mesh; hybrid sharding is not supported")
+    return tuple(dist.get_process_group_ranks(mesh.get_group()))
+
+
+def _group_ranks(group) -> tuple[int, ...]:
+    return tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+
+
+def _divide_factor(unit, mesh) -> float:
+    """The factor FSDP divided this unit's gradients by: ours (fully_shard above), one set by hand
+    (read where this PyTorch keeps it), else FSDP's default, the mesh size."""
+    ours = getattr(unit, "_burst_divide_factor", None)
+    if ours is not None:
+        return ours
+    state = unit._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
+    for param_group in groups:
+        factor = getattr(param_group, "gradient_divide_factor", None)
+        if factor is not None:
+            return float(factor)
+    return float(mesh.size())
+
+

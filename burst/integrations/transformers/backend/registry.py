@@ -1,0 +1,55 @@
+"""The attention implementations registered with burst for transformers: name -> what it runs; and
+the ShardedCache whose decode step is running, if any.
+
+Shared by the training path (attention.py: register, burst_attention_forward) and generation
+(../generate.py: ShardedCache), so the backend never imports generation: the cache's decoder hooks
+set the running cache here (set_running_cache), and the attention function reads it
+(running_cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What one registered name runs: strategy, layout, group and strategy options."""
+
+    strategy: str
+    layout: str
+    group: dist.ProcessGroup | None
+    options: dict = field(default_factory=dict)
+
+
+BACKENDS: dict[str, Backend] = {}
+
+
+def backend_of(module) -> tuple[str, Backend]:
+    """(name, Backend) of the implementation `module`'s config names (a model or one of its layers)."""
+    name = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    if name not in BACKENDS:
+        raise ValueError(f"attention implementation {name!r} was not registered with burst "
+                         f"(registered: {sorted(BACKENDS)}); call burst.integrations.transformers.register first")
+    return name, BACKENDS[name]
+
+
+def world_size(group) -> int:
+    """The size of `group`, 1 when torch.distributed is not initialised."""
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+# The ShardedCache whose model forward is running (its decoder hooks set and clear it), else None. The
+# attention function asks it for its `phase` ("prefill" or "decode") and, in decode, to `attend`.
+_running_cache = None
+
+
+def set_running_cache(cache) -> None:
+    global _running_cache
+    _running_cache = cache
+
+
+def running_cache():
+    return _running_cache
