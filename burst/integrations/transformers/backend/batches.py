@@ -117,5 +117,3 @@ def reduce_loss(loss: torch.Tensor, group=None) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(total, group=group)
     return total
-
-

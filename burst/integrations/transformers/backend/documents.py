@@ -134,5 +134,3 @@ def _rank_local_aranges(world: int, layout: str, seq_len: int) -> torch.Tensor:
     for r in range(world):
         full[layout_mod.shard_indices(layout, r, world, seq_len)] = torch.arange(local)
     return full
-
-

@@ -137,5 +137,3 @@ def _divide_factor(unit, mesh) -> float:
         if factor is not None:
             return float(factor)
     return float(mesh.size())
-
-

@@ -1,0 +1,101 @@
+"""Linear attention across ranks: the gated delta rule (Qwen3-Next / Qwen3.5, OLMo hybrid; Kimi's delta
+attention, a decay per key channel, through the same function) and MiniMax's lightning attention (a
+decay per head, its loop inline in the layer's forward).
+
+The gated delta rule's state after a chunk, and its outputs, are affine in the state before it: the
+original function, given identity columns appended to the state (and zero values for them), returns
+the chunk's transition and how each output reads the starting state in the same call. Lightning
+attention runs each chunk twice instead (from_true_starts), the second time from the state handed in
+as the cache the layer reads.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from burst import state_passing
+
+from .state import Shards, cache_refused, from_true_starts, local_chunks, refuse_state_arguments
+
+
+def gated_delta_rule(original, shards: Shards, query, key, value, g, beta, *args, initial_state=None,
+                      output_final_state=False, cu_seqlens=None, **kwargs):
+    """Gated delta rule; query/key (B, T, Hk, dk), value (B, T, Hv, dv), g (B, T, Hv) or, Kimi's,
+    (B, T, Hv, dk), beta (B, T, Hv); state (B, Hv, dk, dv), transition (B, Hv, dk, dk) acting on the
+    state's dk side."""
+    refuse_state_arguments("the gated delta rule", initial_state, output_final_state, cu_seqlens)
+    batch, local_len, heads, dv = value.shape
+    dk = key.shape[-1]
+    identity = torch.eye(dk, dtype=torch.float32, device=value.device).expand(batch, heads, dk, dk)
+    start = torch.cat([identity.new_zeros(batch, heads, dk, dv), identity], dim=-1)
+    outs, coefficients, finals, transitions = [], [], [], []
+    for seg in local_chunks(shards, local_len):
+        rows = seg.rows
+        value_ext = torch.cat([value[:, rows], value.new_zeros(batch, seg.length, heads, dk)], dim=-1)
+        out, final = original(query[:, rows], key[:, rows], value_ext, g[:, rows], beta[:, rows], *args,
+                              initial_state=start, output_final_state=True, **kwargs)
+        outs.append(out[..., :dv])
+        coefficients.append(out[..., dv:])
+        finals.append(final[..., :dv].float())
+        transitions.append(final[..., dv:].float())
+    starts = state_passing.initial_states(finals, transitions, torch.matmul, shards.layout, shards.group,
+                                          local_len, phase="gated_delta_rule_state")
+    out = [o + torch.einsum("bthk,bhkv->bthv", c.float(), s).to(o.dtype)
+           for o, c, s in zip(outs, coefficients, starts)]
+    return torch.cat(out, dim=1), None
+
+
+class _StartState:
+    """The cache a MiniMax lightning-attention layer reads its starting state from (and whose update
+    it makes at the end, dropped): with a state, the layer runs its token-by-token recurrence."""
+
+    def __init__(self, state: torch.Tensor):
+        self.state, self.read = state, False
+
+    def get_linear_cache(self, layer_idx):
+        self.read = True
+        return self.state
+
+    def set_linear_cache(self, layer_idx, value):
+        pass
+
+
+def _cache_keyword(forward) -> str:
+    """The name a layer's forward takes its cache by (transformers renamed past_key_values to cache)."""
+    parameters = inspect.signature(forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    raise ValueError(f"{getattr(forward, '__qualname__', forward)} takes neither cache nor past_key_values: this "
+                     "transformers release arranges the layer differently from what burst knows")
+
+
+def lightning_attention(module, forward, shards: Shards, hidden_states, *args, **kwargs):
+    """MiniMax's lightning attention (linear attention with a decay per head, its loop inline in the
+    forward); hidden_states (B, T, D); state (B, H, d, d), decaying by exp(-slope) per token. Each
+    chunk runs the layer twice: from zero (its final state: the forward returns it), then from the
+    state it truly starts from (handed in as the cache the layer reads)."""
+    if shards.world == 1:
+        return forward(hidden_states, *args, **kwargs)
+    keyword = _cache_keyword(forward)
+    if any(kwargs.pop(name, None) is not None for name in ("cache", "past_key_values")):
+        raise cache_refused(module, shards.world)
+    state_dtype = {}  # the layer's own state dtype (its value projection's, under autocast too)
+
+    def final_and_transition(seg):
+        _, final = forward(hidden_states[:, seg.rows], *args, **kwargs)
+        state_dtype["value"] = final.dtype
+        return final.float(), torch.exp(-module.slope_rate.float() * seg.length).expand_as(final)
+
+    def run_from(seg, start):
+        given = _StartState(start.to(state_dtype["value"]))
+        out = forward(hidden_states[:, seg.rows], *args, **{keyword: given}, **kwargs)[0]
+        if not given.read:  # the layer ran from zero: wrong, so loud
+            raise RuntimeError(f"{type(module).__name__} did not read the starting state burst handed it; this "
+                               "transformers release arranges the layer differently from what burst knows")
+        return out
+
+    outs = from_true_starts(shards, hidden_states.shape[1], "lightning_state", final_and_transition, run_from)
+    return torch.cat(outs, dim=1), None

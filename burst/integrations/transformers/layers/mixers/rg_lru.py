@@ -1,0 +1,41 @@
+"""RecurrentGemma's RG-LRU across ranks: a diagonal linear recurrence whose state the module keeps on
+itself (`recurrent_states`), run per chunk from 0, from 1 and from its true start.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .state import Shards, from_true_starts
+
+
+def rg_lru(module, forward, shards: Shards, activations, position_ids):
+    """RecurrentGemma's RG-LRU; activations (B, T, W). A diagonal linear recurrence h_t = a_t h_{t-1} + x_t
+    (a_t = 0 where a document starts), run by the module from `module.recurrent_states`: its outputs
+    and final state are affine in that start, so each chunk runs from 0 and from 1 (the difference is
+    its transition per channel), then from the state it truly starts from."""
+    if activations.shape[1] == 1:
+        raise ValueError(f"{type(module).__name__}: decoding (one token) with the sequence split across "
+                         f"{shards.world} ranks is not supported for recurrent layers")
+
+    def from_state(seg, start):
+        module.recurrent_states = start
+        try:
+            out = forward(activations[:, seg.rows], position_ids[:, seg.rows])
+            return out, module.recurrent_states
+        finally:
+            module.recurrent_states = None
+
+    def final_and_transition(seg):
+        zeros = activations.new_zeros(activations.shape[0], activations.shape[2], dtype=torch.float32)
+        _, final = from_state(seg, zeros)
+        _, final_from_ones = from_state(seg, zeros + 1)
+        return final, final_from_ones - final
+
+    def run_from(seg, start):
+        # A third run rather than out(0) + (out(1) - out(0)) * start: the module returns its outputs in
+        # the activations' dtype, and in bf16 that difference would lose the decays' precision.
+        return from_state(seg, start)[0]
+
+    outs = from_true_starts(shards, activations.shape[1], "rg_lru_state", final_and_transition, run_from)
+    return torch.cat(outs, dim=1)

@@ -1,0 +1,123 @@
+"""What every sharded mixer shares: where the shard sits (Shards), the running mixer (set by the hooks
+on the model's mixer modules, read by the wrapped functions), the wrapping of a modeling module's
+functions, and the scheme of the mixers whose output is not affine in their state (from_true_starts).
+
+A wrapped function (wrap) calls the original unchanged unless a hooked mixer module is running on
+more than one rank; inside one, the function's sharded version (one per kind, in the modules beside
+this one) runs the original on this rank's chunks with the state they would have had in one process
+(burst/state_passing.py: one all-gather of O(state) bytes per layer).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from burst import state_passing
+
+
+@dataclass(frozen=True)
+class Shards:
+    """Where the running mixer's shard sits: the group and layout of the model's sequence split."""
+
+    group: object
+    layout: object
+    world: int
+
+
+_running: contextvars.ContextVar[Shards | None] = contextvars.ContextVar("burst_sharded_mixer", default=None)
+
+
+def hook(mixer: torch.nn.Module, shards: Shards):
+    """Forward hooks that mark `mixer` as running on `shards` while its forward runs (a cache refused)."""
+    tokens: list = []
+
+    def enter(module, args, kwargs):
+        if kwargs.get("cache") is not None or kwargs.get("cache_params") is not None:
+            if shards.world > 1:
+                raise cache_refused(module, shards.world)
+        tokens.append(_running.set(shards))
+
+    def leave(module, args, kwargs, output):
+        if tokens:
+            _running.reset(tokens.pop())
+
+    return (mixer.register_forward_pre_hook(enter, with_kwargs=True),
+            mixer.register_forward_hook(leave, with_kwargs=True, always_call=True))
+
+
+@functools.lru_cache(maxsize=None)
+def calls_any(cls, names: tuple[str, ...]) -> bool:
+    """Whether the forward of module class `cls` calls any of the functions `names` (by its source)."""
+    forward = getattr(cls, "forward", None)
+    if forward is None or getattr(cls, "__module__", "").startswith("torch."):
+        return False
+    try:
+        source = inspect.getsource(forward)
+    except (OSError, TypeError):
+        return False
+    return any(f"{n}(" in source for n in names)
+
+
+def wrap(module, name: str, sharded, fused: bool) -> None:
+    """Replace function `name` of `module` (a family's modeling module) by a dispatcher that calls the
+    original unchanged unless a sharded mixer is running (hook); inside one it runs
+    `sharded(original, shards, *the original's arguments)`, returns None for a fused kernel (`fused`:
+    the mixer then takes its unfused path, whose parts burst splits), and raises for cached decoding
+    (`sharded` None). Once per function."""
+    original = getattr(module, name)
+    if getattr(original, "_burst_original", None) is not None:
+        return
+
+    def dispatch(*args, **kwargs):
+        shards = _running.get()
+        if shards is None or shards.world == 1:
+            return original(*args, **kwargs)
+        if fused:
+            return None
+        if sharded is None:
+            raise ValueError(f"{name} (cached decoding) runs on one shard at a time and cannot pass state across "
+                             f"{shards.world} ranks")
+        return sharded(original, shards, *args, **kwargs)
+
+    dispatch._burst_original = original
+    dispatch.__name__ = getattr(original, "__name__", name)
+    dispatch.__doc__ = getattr(original, "__doc__", None)
+    setattr(module, name, dispatch)
+
+
+def local_chunks(shards: Shards, local_len: int):
+    """This rank's chunks (state_passing.chunks) of a shard of `local_len` tokens."""
+    mine, _ = state_passing.chunks(shards.layout, shards.group, local_len)
+    return mine
+
+
+def from_true_starts(shards: Shards, local_len: int, phase: str, final_and_transition, run_from) -> list:
+    """The scheme of the mixers whose output is not affine in their state: each chunk runs from zero
+    for `final_and_transition(seg)` -> (its final state as true sums, its transition: a factor, same
+    shape), the states are passed in one all-gather, and `run_from(seg, start)` runs the chunk again
+    from the state it truly starts from. Returns run_from's results, one per local chunk."""
+    mine = local_chunks(shards, local_len)
+    finals, transitions = zip(*(final_and_transition(seg) for seg in mine))
+    starts = state_passing.initial_states(finals, transitions, torch.mul, shards.layout, shards.group, local_len,
+                                          phase=phase)
+    return [run_from(seg, start) for seg, start in zip(mine, starts)]
+
+
+def cache_refused(module, world: int) -> ValueError:
+    return ValueError(f"{type(module).__name__}: a cache (generation) with the sequence split across {world} ranks "
+                      "is not supported for recurrent layers; a training step or a plain forward needs none: "
+                      "model(**batch, use_cache=False)")
+
+
+def refuse_state_arguments(what: str, initial, final, varlen) -> None:
+    if initial is not None or final:
+        raise ValueError(f"{what} was called with a starting or final state (a cache) while its sequence is split "
+                         "across ranks; burst passes the state itself and supports no cache here")
+    if varlen is not None:
+        raise ValueError(f"{what} was called with variable-length sequences (cu_seqlens / seq_idx) while its "
+                         "sequence is split across ranks; burst does not split packed sequences for recurrent layers")
