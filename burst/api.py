@@ -29,6 +29,7 @@ def attention(
     sinks: torch.Tensor | None = None,
     softcap: float = 0.0,
     chunk_size: int | None = None,
+    indices: torch.Tensor | None = None,
     **options,
 ):
     """Exact attention over a sequence split across the ranks of `group`.
@@ -74,6 +75,11 @@ def attention(
         chunk_size: chunked attention (Llama 4's attention_chunk_size): a token attends only inside its
             chunk of chunk_size tokens of the global sequence (with causal=True, causally there).
             Chunks are documents of equal length: off-chunk block pairs are never computed or sent.
+        indices: (batch_size, seqlen_local, topk) ints, each query's chosen keys as global positions
+            (-1: none), as DeepSeek sparse attention's indexer picks them: a query attends only those
+            (and only where the other masks allow). Applied per tile on top of the plan (masks/
+            selection.py); tiles nothing selected are not computed. No gradient. Strategies burst,
+            ring and allgather take it (burst's backward carries the rows' indices with the queries).
         **options: the chosen strategy's own options (see its module); others raise ValueError.
 
     Every rank of the group must pass the same options and shards of one shape: one small
@@ -92,20 +98,21 @@ def attention(
     of the strategy starts, so no rank is left waiting.
     """
     q, k, v = autocast_inputs(q, k, v)
-    if torch.compiler.is_compiling() and custom_op.takes(layout, cu_seqlens, block_sparse, topology, options):
+    if (torch.compiler.is_compiling() and indices is None
+            and custom_op.takes(layout, cu_seqlens, block_sparse, topology, options)):
         # traced as one op (burst/custom_op.py): no graph break, so checkpointed blocks compile too
         return custom_op.attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
                                    cu_seqlens, sinks, options, softcap, chunk_size)
     return _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
-                              cu_seqlens, block_sparse, topology, sinks, softcap, chunk_size, **options)
+                              cu_seqlens, block_sparse, topology, sinks, softcap, chunk_size, indices, **options)
 
 
 @torch.compiler.disable  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
 def _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens,
-                       block_sparse, topology, sinks, softcap, chunk_size, **options):
+                       block_sparse, topology, sinks, softcap, chunk_size, indices, **options):
     chosen, call = prepare_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
                                      cu_seqlens, block_sparse, topology, sinks=sinks, softcap=softcap,
-                                     chunk_size=chunk_size, **options)
+                                     chunk_size=chunk_size, indices=indices, **options)
     with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
         out, lse = chosen(call, *(unit_stride_last(t) for t in (q, k, v)), sinks=sinks)
     return (out, lse) if return_lse else out

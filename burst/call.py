@@ -63,6 +63,7 @@ class AttentionCall:
     options: Options = field(default_factory=Options)
     topology: Topology | None = None
     shard_segments: Callable[[int], list[Segment]] | None = None  # overrides the layout (USP's ring)
+    indices: torch.Tensor | None = None  # (batch, local_len, topk) chosen global key positions (masks/selection.py)
 
     def segments(self, rank: int) -> list[Segment]:
         """The position runs of `rank`'s shard."""

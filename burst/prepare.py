@@ -21,7 +21,7 @@ from .validation import check_tensors, checked_call
 
 def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous", causal=False, window=None,
                       softmax_scale=None, return_lse=False, cu_seqlens=None, block_sparse=None, topology=None,
-                      sinks=None, softcap=0.0, chunk_size=None, **options):
+                      sinks=None, softcap=0.0, chunk_size=None, indices=None, **options):
     """burst.attention's validation and cross-rank agreement, without running it: the chosen
     Strategy and its AttentionCall, for callers that drive forward and backward themselves (the
     engine's rematerialization-aware checkpointing replays a stored output into strategy.backward).
@@ -34,7 +34,7 @@ def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous"
     try:
         name, call = checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale,
                                   cu_seqlens, block_sparse, options, topology, auto=auto_choice, softcap=softcap,
-                                  chunk_size=chunk_size)
+                                  chunk_size=chunk_size, indices=indices)
         check_sinks(sinks, q)
     except (TypeError, ValueError, NotImplementedError) as err:
         problem = err
@@ -72,6 +72,7 @@ def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool, sinks=No
         "head_dim": q.shape[3], "dtype": str(q.dtype), "strategy": name, "layout": call.layout,
         "causal": spec.causal, "window": spec.window, "softmax_scale": call.scale, "return_lse": bool(return_lse),
         "cu_seqlens": spec.cu_seqlens, "softcap": float(softcap),  # chunks are in cu_seqlens
+        "indices": None if call.indices is None else tuple(call.indices.shape),
         "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
         "topology": (call.topology.local_world_size, call.topology.double_ring),
         "sinks": None if sinks is None else (str(sinks.dtype), tuple(sinks.detach().float().tolist())),

@@ -25,7 +25,7 @@ DTYPES = tuple(reference.DTYPES.values())  # what burst.attention takes
 
 def checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale, cu_seqlens,
                  block_sparse, options, topology=None, auto=None, softcap: float = 0.0,
-                 chunk_size: int | None = None) -> tuple[str, AttentionCall]:
+                 chunk_size: int | None = None, indices=None) -> tuple[str, AttentionCall]:
     """Validate this rank's arguments (local facts only) and build its AttentionCall: (strategy name,
     call). strategy="auto" is resolved by `auto(candidates, call, q, k)` (burst.attention passes the
     planner's burst.plan.auto_choice); without one, "auto" raises."""
@@ -39,6 +39,7 @@ def checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, 
         layout.check(world, global_len)
     _check_documents(cu_seqlens, global_len)
     _check_block_sparse(block_sparse, global_len)
+    _check_indices(indices, q, global_len)
     spec = MaskSpec(causal=causal, window=_normalized_window(window),
                     cu_seqlens=_documents_and_chunks(cu_seqlens, chunk_size, global_len),
                     block_sparse=block_sparse)
@@ -46,9 +47,11 @@ def checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, 
         group=group, rank=rank, world=world, layout=layout, local_len=q.shape[1], spec=spec,
         scale=float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5,
         kernel=select_kernel(q.device, q.dtype, float(softcap)), topology=_resolved_topology(topology),
+        indices=indices,
     )
     name = _auto_strategy(call, q, k, options, auto) if strategy == "auto" else strategy
     chosen = STRATEGIES[name]
+    _check_takes_indices(chosen, indices)
     call = replace(call, options=chosen.parse_options(options))
     if chosen.check is not None:
         chosen.check(call, q, k)
@@ -87,7 +90,7 @@ def _auto_strategy(call: AttentionCall, q, k, options: dict, auto) -> str:
         raise ValueError("strategy='auto' needs the planner's choice here; name a strategy")
     takes = []
     for name, strategy in STRATEGIES.items():
-        if not strategy.takes(options):
+        if not strategy.takes(options) or (call.indices is not None and not strategy.takes_indices):
             continue
         try:
             if strategy.check is not None:
@@ -160,6 +163,30 @@ def _documents_and_chunks(cu_seqlens, chunk_size: int | None, global_len: int) -
     if cu_seqlens is None and not bounds:
         return None
     return tuple(sorted(bounds))
+
+
+def _check_indices(indices, q, global_len: int) -> None:
+    """indices: (batch, local_len, topk) integer global key positions in [-1, global_len) (-1: none).
+    The values are checked on the CPU only (on a GPU the check would wait for the device)."""
+    if indices is None:
+        return
+    if not isinstance(indices, torch.Tensor) or indices.dtype.is_floating_point or indices.dtype == torch.bool:
+        raise TypeError(f"indices must be an integer torch.Tensor, got {getattr(indices, 'dtype', type(indices))}")
+    if indices.dim() != 3 or tuple(indices.shape[:2]) != tuple(q.shape[:2]) or indices.shape[2] == 0:
+        raise ValueError(f"indices must be (batch, seqlen_local, topk) = ({q.shape[0]}, {q.shape[1]}, k >= 1), "
+                         f"got shape {tuple(indices.shape)}")
+    if indices.device != q.device:
+        raise ValueError(f"indices are on {indices.device} but q is on {q.device}")
+    if indices.device.type == "cpu" and indices.numel() and (int(indices.min()) < -1 or int(indices.max()) >= global_len):
+        raise ValueError(f"indices must be global key positions in [-1, {global_len}) (-1: no key), got values "
+                         f"from {int(indices.min())} to {int(indices.max())}")
+
+
+def _check_takes_indices(strategy, indices) -> None:
+    if indices is not None and not strategy.takes_indices:
+        takers = [name for name, s in STRATEGIES.items() if s.takes_indices]
+        raise ValueError(f"strategy {strategy.name!r} does not run index selections (indices=): its queries' "
+                         f"chosen keys would have to travel where it moves them; use one of {takers}")
 
 
 def _check_local_length(local_len: int, layout: str) -> None:

@@ -9,37 +9,60 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from ..comm.stats import active as stats_active
 from ..comm.stats import record_compute, record_pairs
-from ..masks import Tile
+from ..masks import Cover, Tile, selected
 from ..merge import merge_partial
 from .accumulators import out_from_delta
+from .masking import dense_mask
 
 
-def attend_forward(kernel, q, k, v, tiles: list[Tile], out_acc, lse_acc, scale: float) -> None:
+def attend_forward(kernel, q, k, v, tiles: list[Tile], out_acc, lse_acc, scale: float, indices=None) -> None:
     """Merge attention of q rows against k/v rows, tile by tile, into (out_acc, lse_acc).
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim)
     out_acc: (batch, seqlen_q, nheads, headdim) float32; lse_acc: (batch, nheads, seqlen_q) float32.
+    indices: (batch, seqlen_q, topk) the q rows' chosen global key positions (masks/selection.py), or None.
     """
-    start = time.perf_counter()
+    start, pairs = time.perf_counter(), 0
     for t in tiles:
         qr, kr = t.q.rows, t.k.rows
-        out, lse = kernel.forward(q[:, qr], k[:, kr], v[:, kr], scale, t.causal, t.kernel_mask)
+        causal, mask, n = _tile_mask(t, indices)
+        if n == 0:
+            continue
+        out, lse = kernel.forward(q[:, qr], k[:, kr], v[:, kr], scale, causal, mask)
         merge_partial(out_acc[:, qr], lse_acc[:, :, qr], out, lse)
         del out, lse  # free this tile's result before the next kernel call allocates its own
-    _account("forward", tiles, start)
+        pairs += n
+    _account("forward", pairs, start)
 
 
-def _account(phase: str, tiles: list[Tile], start: float) -> None:
+def _tile_mask(t: Tile, indices):
+    """(causal, mask, pairs) the kernel gets for tile t: the tile's own, or with an index selection its
+    mask intersected with the selection as a (batch, 1, rows, keys) bool; pairs 0: nothing to compute."""
+    if indices is None:
+        return t.causal, t.kernel_mask, t.pairs
+    chosen = selected(indices, t.q, t.k)
+    if t.cover is Cover.DIAG:
+        chosen &= torch.ones(t.q.length, t.k.length, dtype=torch.bool, device=chosen.device).tril()
+    elif t.cover is not Cover.FULL:
+        chosen &= dense_mask(t.kernel_mask, chosen.device)
+    # pairs per batch row, rounded up: a tile one batch row needs is computed (and counted)
+    pairs = -(-int(chosen.sum()) // max(1, chosen.shape[0]))
+    return False, chosen[:, None], pairs
+
+
+def _account(phase: str, pairs: int, start: float) -> None:
     """Work and kernel time of a block pair, for CommStats (nothing to do when none is active)."""
-    if tiles and stats_active():
+    if pairs and stats_active():
         record_compute(phase, time.perf_counter() - start)
-        record_pairs(phase, sum(t.pairs for t in tiles))
+        record_pairs(phase, pairs)
 
 
 def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, dk_acc, dv_acc, scale: float,
-                    delta=None) -> None:
+                    delta=None, indices=None) -> None:
     """Add the gradients of one block pair into float32 accumulators.
 
     out and lse are the query rows' *global* results (lse with +inf for empty rows, see
@@ -48,18 +71,22 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
     once per tile row (kernels.out_from_delta), never for the whole block at once.
     dq_acc is shaped like q, dk_acc/dv_acc like k/v, all float32. Any of them may instead be a
     function returning it, called after the first kernel call (see kernels/accumulators.py, ArrivingAccumulators).
+    indices: as attend_forward's, for the q rows.
     """
-    start = time.perf_counter()
+    start, pairs = time.perf_counter(), 0
     rebuilt_for, out_rows = None, None
     for t in tiles:
         qr, kr = t.q.rows, t.k.rows
+        causal, mask, n = _tile_mask(t, indices)
+        if n == 0:
+            continue
         if out is not None:
             out_rows = out[:, qr]
         elif qr != rebuilt_for:  # consecutive tiles mostly share query rows: rebuild only when they change
             out_rows = None  # free the previous rows' stand-in before building this one
             out_rows, rebuilt_for = out_from_delta(dout[:, qr], delta[:, :, qr]), qr
         dq, dk, dv = kernel.backward(
-            dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out_rows, lse[:, :, qr], scale, t.causal, t.kernel_mask
+            dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out_rows, lse[:, :, qr], scale, causal, mask
         )
         if callable(dq_acc) or callable(dk_acc):  # deferred until a tile is computed (ArrivingAccumulators)
             dq_acc, dk_acc, dv_acc = (a() if callable(a) else a for a in (dq_acc, dk_acc, dv_acc))
@@ -67,4 +94,5 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
         dk_acc[:, kr] += dk
         dv_acc[:, kr] += dv
         del dq, dk, dv  # free this tile's gradients before the next kernel call
-    _account("backward", tiles, start)
+        pairs += n
+    _account("backward", pairs, start)

@@ -30,10 +30,11 @@ def _bias(mask, q):
     """(b, h, sq, sk) additive bias over a row stride padded to BIAS_ALIGN; mask is on q's device."""
     if mask is None:
         return None
-    sq, sk = mask.shape
-    padded = torch.full((sq, -(-sk // BIAS_ALIGN) * BIAS_ALIGN), float("-inf"), dtype=q.dtype, device=q.device)
-    padded[:, :sk] = additive_mask(mask, q.dtype)
-    return padded[:, :sk].expand(q.shape[0], q.shape[2], sq, sk)
+    *lead, sq, sk = mask.shape  # (sq, sk), or (b, 1, sq, sk) for an index selection
+    padded = torch.full((*lead, sq, -(-sk // BIAS_ALIGN) * BIAS_ALIGN), float("-inf"), dtype=q.dtype,
+                        device=q.device)
+    padded[..., :sk] = additive_mask(mask, q.dtype)
+    return padded[..., :sk].expand(q.shape[0], q.shape[2], sq, sk)
 
 
 def _padded_lse(lse):

@@ -81,6 +81,8 @@ def _mask_mod(mask, causal: bool, device):
         return _bands_mod(mask, device)
     if mask is not None:  # a dense mask: looked up, still never widened to a bias
         allowed = dense_mask(mask, device)
+        if allowed.dim() == 4:  # an index selection: one mask per batch row, (batch, 1, sq, sk)
+            return lambda b, h, q_idx, kv_idx: allowed[b, 0, q_idx, kv_idx]
         return lambda b, h, q_idx, kv_idx: allowed[q_idx, kv_idx]
     if causal:
         return lambda b, h, q_idx, kv_idx: kv_idx <= q_idx
@@ -101,7 +103,8 @@ def _block_mask(mask, causal: bool, sq: int, sk: int, device):
         return None
     from torch.nn.attention.flex_attention import create_block_mask
 
-    block_mask = create_block_mask(mod, None, None, sq, sk, device=device)
+    batch = mask.shape[0] if isinstance(mask, torch.Tensor) and mask.dim() == 4 else None
+    block_mask = create_block_mask(mod, batch, None, sq, sk, device=device)
     if len(_BLOCK_MASKS) >= _BLOCK_MASKS_MAX:
         _BLOCK_MASKS.clear()
     _BLOCK_MASKS[key] = (mask, block_mask)  # the mask object kept alive, so its id is not reused

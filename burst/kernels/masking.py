@@ -38,11 +38,13 @@ def clear_empty_rows(out: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor | 
     flash op leaves lse 0, which a merge would count as weight 1). On a GPU the fill runs whether or
     not a row is empty (asking would sync with the host); on the CPU asking is free and saves copies.
 
-    out: (batch, seqlen_q, nheads, headdim); lse: (batch, nheads, seqlen_q); mask: dense bool or None.
+    out: (batch, seqlen_q, nheads, headdim); lse: (batch, nheads, seqlen_q); mask: dense bool
+    (seqlen_q, seqlen_k), or (batch, 1, seqlen_q, seqlen_k) for an index selection, or None.
     """
     if mask is None:
         return out, lse
-    empty = ~mask.any(-1)  # (seqlen_q,)
+    empty = ~mask.any(-1)  # (seqlen_q,) or (batch, 1, seqlen_q)
     if empty.device.type == "cpu" and not bool(empty.any()):
         return out, lse
-    return out.masked_fill(empty[None, :, None, None], 0.0), lse.masked_fill(empty, float("-inf"))
+    rows = empty[None, :, None, None] if empty.dim() == 1 else empty.transpose(1, 2)[..., None]
+    return out.masked_fill(rows, 0.0), lse.masked_fill(empty, float("-inf"))

@@ -5,6 +5,7 @@
     bands.py    a tile's mask as kernel arguments (Bands: flash_attn's window and varlen)
     tiles.py    what a kernel gets: Tile (one call) and TileSizes (how a kernel wants its calls)
     planner.py  plan_tiles: a block pair cut into tiles
+    selection.py  index selections (each query's chosen keys), applied on top of the planned tiles
 
 Imports run one way: planner -> tiles -> rules, bands. This module only re-exports their names.
 The planner's tuning constant TILE lives in planner.py: set `burst.masks.planner.TILE` to change it.
@@ -13,7 +14,8 @@ The planner's tuning constant TILE lives in planner.py: set `burst.masks.planner
 from .bands import Bands
 from .planner import RULE_CHECK, TILE, plan_tiles
 from .rules import BlockSparseMask, Cover, MaskSpec, PositionRule, may_attend
+from .selection import selected
 from .tiles import MAX_TILE, SUB_TILE, Tile, TileSizes
 
 __all__ = ["Bands", "BlockSparseMask", "Cover", "MaskSpec", "MAX_TILE", "PositionRule", "RULE_CHECK", "SUB_TILE",
-           "TILE", "Tile", "TileSizes", "may_attend", "plan_tiles"]
+           "TILE", "Tile", "TileSizes", "may_attend", "plan_tiles", "selected"]

@@ -37,7 +37,7 @@ def allgather_forward(call: AttentionCall, q, k, v):
     out_acc, lse_acc = empty_accumulators(q)
     for src in range(call.world):
         attend_forward(call.kernel, q, kv_all[2 * src], kv_all[2 * src + 1], call.tiles(call.rank, src),
-                       out_acc, lse_acc, call.scale)
+                       out_acc, lse_acc, call.scale, indices=call.indices)
     return out_acc.to(q.dtype), lse_acc
 
 
@@ -48,7 +48,8 @@ def allgather_backward(call: AttentionCall, dout, q, k, v, out, lse):
     dkv_all = accumulator_zeros_like(kv_all)
     for src in range(call.world):
         attend_backward(call.kernel, dout, q, kv_all[2 * src], kv_all[2 * src + 1], out, lse,
-                        call.tiles(call.rank, src), dq, dkv_all[2 * src], dkv_all[2 * src + 1], call.scale)
+                        call.tiles(call.rank, src), dq, dkv_all[2 * src], dkv_all[2 * src + 1], call.scale,
+                        indices=call.indices)
     if call.world == 1:
         dkv = dkv_all
     else:
@@ -59,4 +60,4 @@ def allgather_backward(call: AttentionCall, dout, q, k, v, out, lse):
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
-ALLGATHER = Strategy("allgather", forward=allgather_forward, backward=allgather_backward)
+ALLGATHER = Strategy("allgather", forward=allgather_forward, backward=allgather_backward, takes_indices=True)

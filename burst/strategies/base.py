@@ -40,6 +40,7 @@ class Strategy:
     backward: Callable
     options: type[Options] = Options
     check: Callable[[AttentionCall, torch.Tensor, torch.Tensor], None] | None = None
+    takes_indices: bool = False  # runs index selections (burst.attention's indices=)
 
     def parse_options(self, given: dict) -> Options:
         """The caller's keyword options as this strategy's Options (ValueError naming any it does not take)."""

@@ -47,6 +47,8 @@ def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
     delta = row_delta(dout, out)  # D_i, computed once here instead of at every step
     dk, dv = accumulator_zeros_like(k), accumulator_zeros_like(v)
     travelling = [q, dout, delta, lse_for_backward(lse)]
+    if call.indices is not None:  # the queries' chosen keys travel with them (int64, topk per row)
+        travelling.append(call.indices)
     rows = chunk_rows(call)
     if rows and _on_one_node(call):
         dq = served_backward(call, rows, travelling, out, k, v, dk, dv)
@@ -68,11 +70,11 @@ def _ring_backward(call: AttentionCall, travelling, out, k, v, dk, dv):
     """Whole blocks of (q, dO, D, lse) around the (double) ring, dQ travelling with them."""
 
     def attend(src, held, dq_acc):  # the queries of rank src against our keys
-        q_j, dout_j, delta_j, lse_j = held
+        q_j, dout_j, delta_j, lse_j, *indices_j = held
         # Our own queries come with their real output; others' are rebuilt from D tile by tile.
         out_j = out if src == call.rank else None
         attend_backward(call.kernel, dout_j, q_j, k, v, out_j, lse_j, call.tiles(src, call.rank), dq_acc.part(0),
-                        dk, dv, call.scale, delta=delta_j)
+                        dk, dv, call.scale, delta=delta_j, indices=indices_j[0] if indices_j else None)
 
     (dq,) = visit_blocks(call, call.q_schedule, "backward", travelling, attend, acc_likes=travelling[:1])
     return dq
@@ -91,4 +93,4 @@ class BurstOptions(Options):
             int_at_least("chunk_rows", self.chunk_rows, 0, " (0: whole blocks on the ring)")
 
 
-BURST = Strategy("burst", forward=burst_forward, backward=burst_backward, options=BurstOptions)
+BURST = Strategy("burst", forward=burst_forward, backward=burst_backward, options=BurstOptions, takes_indices=True)

@@ -88,7 +88,7 @@ def served_forward(call: AttentionCall, rows: int, q, k, v):
 
     def attend(src, chunk, held, _accs):
         tiles = call.plan(mine, call.chunk_segments(src, *chunk))
-        attend_forward(call.kernel, q, held[0], held[1], tiles, out_acc, lse_acc, call.scale)
+        attend_forward(call.kernel, q, held[0], held[1], tiles, out_acc, lse_acc, call.scale, indices=call.indices)
 
     stream_chunks(call, call.kv_schedule, "forward", [k, v], (1, 1), rows, functools.partial(key_chunk_needed, call),
                   attend, acc_likes=[], plan_key=("keys", call.mask_key))
@@ -101,15 +101,16 @@ def served_backward(call: AttentionCall, rows: int, travelling, out, k, v, dk, d
     needs = functools.partial(query_chunk_needed, call)
 
     def attend(src, chunk, held, accs):
-        q_c, dout_c, delta_c, lse_c = held
+        q_c, dout_c, delta_c, lse_c, *indices_c = held  # indices: the chunk's rows' chosen keys, if any
         out_c = out[:, chunk[0]:chunk[1]] if src == call.rank else None  # others' rebuilt from D per tile
         # Kernel calls sized to the chunk bound their fresh dQ, dK, dV; our own block (one chunk, nothing
         # in flight beside it) takes the kernel's full call size, which adds fewer dK, dV partials.
         tiles = call.plan(call.chunk_segments(src, *chunk), mine, max_rows=None if src == call.rank else rows)
         attend_backward(call.kernel, dout_c, q_c, k, v, out_c, lse_c, tiles, accs[0], dk, dv, call.scale,
-                        delta=delta_c)
+                        delta=delta_c, indices=indices_c[0] if indices_c else None)
 
-    (dq,) = stream_chunks(call, call.q_schedule, "backward", travelling, (1, 1, 2, 2), rows, needs, attend,
+    row_dims = (1, 1, 2, 2, 1)[: len(travelling)]
+    (dq,) = stream_chunks(call, call.q_schedule, "backward", travelling, row_dims, rows, needs, attend,
                           acc_likes=travelling[:1], plan_key=("queries", call.mask_key))
     return dq
 

@@ -41,7 +41,8 @@ def ring_forward(call: AttentionCall, q, k, v):
     out_acc, lse_acc = empty_accumulators(q)
 
     def attend(src, kv, _):  # our queries against the K, V of rank src
-        attend_forward(call.kernel, q, kv[0], kv[1], call.tiles(call.rank, src), out_acc, lse_acc, call.scale)
+        attend_forward(call.kernel, q, kv[0], kv[1], call.tiles(call.rank, src), out_acc, lse_acc, call.scale,
+                       indices=call.indices)
 
     visit_blocks(call, call.kv_schedule, "forward", [k, v], attend)
     return out_acc.to(q.dtype), lse_acc
@@ -54,7 +55,7 @@ def ring_backward(call: AttentionCall, dout, q, k, v, out, lse):
 
     def attend(src, kv, grads):  # the visiting block's dK, dV add onto what the ranks before us added
         attend_backward(call.kernel, dout, q, kv[0], kv[1], out, lse, call.tiles(call.rank, src), dq,
-                        grads.part(0), grads.part(1), call.scale)
+                        grads.part(0), grads.part(1), call.scale, indices=call.indices)
 
     dk, dv = visit_blocks(call, call.kv_schedule, "backward", [k, v], attend, acc_likes=[k, v])
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
@@ -120,4 +121,4 @@ def _add_home(mine, arrived, comm: RingComm):
     return mine
 
 
-RING = Strategy("ring", forward=ring_forward, backward=ring_backward)
+RING = Strategy("ring", forward=ring_forward, backward=ring_backward, takes_indices=True)
