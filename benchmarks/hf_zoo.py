@@ -1,4 +1,4 @@
-"""The transformers zoo on burst: every causal-LM family, exact or refused (burst/integrations/hf_zoo.py).
+"""The transformers zoo on burst: every causal-LM family, exact or refused (burst/bench/hf_zoo.py).
 
     python benchmarks/hf_zoo.py [--families llama,gpt_oss] [--out benchmarks/hf_zoo.md]
 
@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from burst.integrations.hf_zoo import TOLERANCE, zoo_world
+from burst.bench.hf_zoo import TOLERANCE, zoo_world
 from burst.launch import spawn_world
 
 OUTCOMES = ("exact", "refused", "skip", "silent", "crash")
@@ -38,7 +38,7 @@ def main() -> None:
 def report(rows: dict, seconds: float) -> str:
     import transformers
 
-    from burst.integrations.hf_zoo import table
+    from burst.bench.hf_zoo import table
 
     settings = list(next(iter(rows.values())))
     counts = []
@@ -54,7 +54,7 @@ def report(rows: dict, seconds: float) -> str:
         f"in {seconds:.0f} s on 2 processes.",
         "",
         "Each family of `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, built tiny from its own config class "
-        "(burst/integrations/hf_zoo.py: `tiny_config`), 128 tokens, random weights; logits and loss of "
+        "(burst/bench/hf_zoo.py: `tiny_config`), 128 tokens, random weights; logits and loss of "
         "`bt.register(\"burst\")` (1 rank, then 2 ranks with `bt.shard_batch` in the contiguous and the zigzag "
         "layout) against the same model's eager attention in one process. exact: within "
         f"{TOLERANCE:g} (max abs); refused: a clear error from burst (or transformers' own, when it cannot build "

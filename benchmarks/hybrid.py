@@ -27,7 +27,7 @@ STATE_PHASES = ("gated_delta_rule_state", "mamba2_state", "mamba_state", "conv_h
 
 def config(family: str):
     """A small config of `family`: hidden 256, its mixer layers and one attention layer."""
-    from burst.integrations.hf_zoo import tiny_config
+    from burst.bench.hf_zoo import tiny_config
 
     base = tiny_config(family)
     text = base.get_text_config(decoder=True)

@@ -28,7 +28,7 @@ def world_rows(rank, world):
     import transformers
 
     import burst.integrations.transformers as bt
-    from burst.integrations import hf_zoo
+    from burst.bench import hf_zoo
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")

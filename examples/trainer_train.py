@@ -94,7 +94,7 @@ def main() -> None:
         config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4 * args.seq_len)
     else:  # any causal-LM family, built tiny from its own config class (as the zoo builds it)
-        from burst.integrations.hf_zoo import tiny_config
+        from burst.bench.hf_zoo import tiny_config
 
         config = tiny_config(args.family)
     torch.manual_seed(0)  # the same weights on every rank and in the reference

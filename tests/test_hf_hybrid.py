@@ -26,7 +26,7 @@ FOUR_RANKS = ("qwen3_next", "mamba", "bamba", "lfm2", "kimi_linear", "rwkv", "mi
 
 def _models(family, name):
     """(eager model in one process, the same weights on burst's `name`), or None when not shipped."""
-    from burst.integrations import hf_zoo
+    from burst.bench import hf_zoo
 
     return hf_zoo.twin_models(family, name) if family in hf_zoo.families() else None
 
@@ -34,7 +34,7 @@ def _models(family, name):
 def _one_step(family, layout, group, checkpointing=False):
     """hf_zoo.train_step_errors on burst's backend; None when this release does not ship the family."""
     import burst.integrations.transformers as bt
-    from burst.integrations import hf_zoo
+    from burst.bench import hf_zoo
 
     if family not in hf_zoo.families():
         return None
@@ -103,7 +103,7 @@ def _refusals(group):
     """What a sharded hybrid model must refuse, each on every rank: {case: error text or None}."""
     import burst.integrations.transformers as bt
     from burst import layout as layout_mod
-    from burst.integrations import hf_zoo
+    from burst.bench import hf_zoo
 
     out = {}
     _, model = _models("qwen3_next", bt.register("hybrid_refusals", layout="zigzag", group=group))

@@ -60,7 +60,7 @@ def _twins(rope: dict, name: str):
 def _errors(eager, model, ids, layout, group=None) -> dict:
     import burst.integrations.transformers as bt
     from burst import layout as layout_mod
-    from burst.integrations.hf_zoo import gradient_error
+    from burst.bench.hf_zoo import gradient_error
 
     expected = eager(input_ids=ids, labels=ids)
     expected.loss.backward()

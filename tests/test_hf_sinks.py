@@ -50,7 +50,7 @@ SINK_FAMILIES = ("flint", "granite_swa", "granitemoe_swa", "mimo_v2_flash")  # g
 def _zoo_models(family, name):
     """The zoo's tiny config of `family` (eager, burst's `name`), every sink set far from zero; None
     when this transformers release does not ship the family."""
-    from burst.integrations import hf_zoo
+    from burst.bench import hf_zoo
 
     if family not in hf_zoo.families():
         return None

@@ -1,6 +1,6 @@
 """The zoo: every causal-LM family transformers ships, built tiny from its own config class, on
 burst's backend at 1 rank and at 2 ranks (contiguous and zigzag) against the same model's eager
-attention in one process (burst/integrations/hf_zoo.py); the suite runs zigzag at 2 ranks (the layout
+attention in one process (burst/bench/hf_zoo.py); the suite runs zigzag at 2 ranks (the layout
 with two chunks per rank), the table both. Each family is exact or refused with a clear
 error, never silently different and never a traceback; benchmarks/hf_zoo.md is the table
 (`python benchmarks/hf_zoo.py`). One 2-rank world runs every family (about a minute).
@@ -21,7 +21,7 @@ UNSPLIT_HYBRIDS = ()  # hybrids burst refuses to split (none left in this releas
 
 @functools.lru_cache(maxsize=None)
 def _zoo():
-    from burst.integrations.hf_zoo import zoo_world
+    from burst.bench.hf_zoo import zoo_world
 
     return run_world(2, zoo_world, None, ("zigzag",), timeout=900)  # contiguous too: benchmarks/hf_zoo.py
 

@@ -36,7 +36,7 @@ def _run_readme(rank, world):
     from transformers import AutoModelForCausalLM
 
     from burst import layout as layout_mod
-    from burst.integrations import hf_zoo
+    from burst.bench import hf_zoo
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")

@@ -9,13 +9,14 @@ Each family ends in one of:
   crash    any other exception (a traceback from the model or transformers)
   skip     the family could not be built tiny, or its eager model does not run on token ids alone
 
-    from burst.integrations.hf_zoo import families, run_zoo
+    from burst.bench.hf_zoo import families, run_zoo
     rows = run_zoo(families())   # on every rank of the world alike: {family: {setting: Outcome}}
 
 `tiny_config(model_type)` shrinks a family's default config (its attention features kept: GQA, sliding
 layers, sinks, softcap, q/k norms, MLA head dims, chunked attention): every size attribute the config
 has is set small, and a per-layer pattern (`layer_types`) keeps one layer of each kind.
-tests/test_hf_zoo.py runs it at 1 and 2 ranks; benchmarks/hf_zoo.py writes the table.
+tests/test_hf_zoo.py runs it at 1 and 2 ranks; benchmarks/hf_zoo.py writes the table. A tool for the
+tests and the benchmarks of burst.integrations.transformers, not part of it.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ SIZES = {
     "num_experts_per_tok": 2, "moe_topk": 2, "moe_k": 2, "n_group": 1, "topk_group": 1,
     "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
     "first_k_dense_replace": 1, "sliding_window": 32, "attention_chunk_size": 64,
-    # recurrent mixers (hf_mixers): value heads narrower than keys, scan chunks shorter than a shard
+    # recurrent mixers (the backend's layers/mixers): value heads narrower than keys, scan chunks shorter than a shard
     "linear_key_head_dim": 16, "linear_value_head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
     "linear_head_dim": 16, "linear_num_heads": 4,
     "mamba_n_heads": 8, "mamba_num_heads": 8, "n_mamba_heads": 8, "mamba_d_head": 16, "mamba_head_dim": 16,
@@ -214,7 +215,7 @@ def run_family(model_type: str, name: str, layout: str, group=None, built=None) 
 
 
 def _compare(model_type, expected, model, ids, positions, layout, group) -> Outcome:
-    from . import transformers as bt
+    from ..integrations import transformers as bt
 
     try:
         batch = bt.shard_batch({"input_ids": ids, "labels": ids, "position_ids": positions}, group=group,
@@ -255,7 +256,7 @@ def train_step_errors(model_type: str, name: str, layout: str, group=None, seq_l
     checkpointing: the split model recomputes each layer in the backward. Call on every rank of the
     group alike."""
     from .. import layout as layout_mod
-    from . import transformers as bt
+    from ..integrations import transformers as bt
 
     eager, model = twin_models(model_type, name)
     if checkpointing:
@@ -308,7 +309,7 @@ def run_zoo(model_types, group=None, strategy: str = "burst",
     """Every family at 1 rank and, on a world of G > 1 ranks, at G ranks in each of `layouts`:
     {family: {setting: Outcome}}. Call on every rank of the group alike (the 1-rank setting runs on a
     group of this rank alone, so each rank checks it too)."""
-    from . import transformers as bt
+    from ..integrations import transformers as bt
 
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     if world > 1:  # every rank creates every one-rank group, in the same order
