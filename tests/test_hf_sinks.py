@@ -3,8 +3,9 @@ transformers ships (flint, granite_swa, granitemoe_swa, mimo_v2_flash, from the 
 train and generate on burst exactly as on one process with eager attention: logits, loss, every
 parameter's gradient (the sinks' included), and generate()'s tokens, at 2 and 4 ranks, zigzag.
 
-Also the deny-by-default contract of the backend: an unknown keyword, softcap and a window the layer
-hides from burst are refused naming the keyword and the model.
+Also the deny-by-default contract of the backend: an unknown keyword, a relative-position bias and a
+window the layer hides from burst are refused naming the keyword and the model (softcap is honoured:
+tests/test_hf_flagships.py).
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def test_keywords_burst_cannot_honour_are_refused_naming_them():
     q = torch.randn(1, 4, 8, 16)
     kv = torch.randn(1, 2, 8, 16)
     positions = torch.arange(8)[None]
-    for kwargs, words in (({"alibi_slopes": torch.ones(4)}, "alibi_slopes"), ({"softcap": 30.0}, "softcap"),
+    for kwargs, words in (({"alibi_slopes": torch.ones(4)}, "alibi_slopes"), ({"position_bias": torch.ones(1, 4, 8, 8)}, "position_bias"),
                           ({"cu_seq_lens_q": torch.tensor([0, 8])}, "cu_seq_lens_q"), ({"dropout": 0.1}, "dropout")):
         with pytest.raises(ValueError, match=words) as err:
             bt.burst_attention_forward(attention, q, kv, kv, None, position_ids=positions, **kwargs)

@@ -31,7 +31,7 @@ ACCEPTED_KEYWORDS: dict[str, tuple[str, str]] = {
     "sinks": (USED, "sinks"),
     "position_ids": (USED, "global positions; restarts at 0 mark packed documents (cu_seqlens)"),
     "dropout": (OFF_ONLY, "attention dropout (set config.attention_dropout = 0)"),
-    "softcap": (OFF_ONLY, "attention logit softcapping"),
+    "softcap": (USED, "softcap (Gemma 2's attention logit softcapping: c * tanh(score / c))"),
     "output_attentions": (OFF_ONLY, "the attention matrix, which burst never builds"),
     "cu_seq_lens_q": (OFF_ONLY, "flash-attention varlen arguments: pack with position_ids instead"),
     "cu_seq_lens_k": (OFF_ONLY, "flash-attention varlen arguments: pack with position_ids instead"),
@@ -77,18 +77,22 @@ def check_keywords(name: str, module, kwargs: dict) -> None:
                              f"burst does not support {rule[1]}")
 
 
-def check_model_features(name: str, module, sliding_window) -> None:
-    """ValueError for what the layer's config asks of attention that reaches burst only through the
-    mask transformers would build (burst builds none): a sliding window not passed as
-    `sliding_window`, chunked attention."""
+def check_model_features(name: str, module, sliding_window) -> int | None:
+    """What the layer's config asks of attention that reaches burst only through the mask transformers
+    would build (burst builds none): the chunk size of a chunked-attention layer (Llama 4's
+    `attention_chunk_size` on its "chunked_attention" layers), returned; ValueError for a sliding
+    window not passed as `sliding_window`, or chunks burst cannot place on layers."""
     config = getattr(module, "config", None)
     if config is None:
-        return
+        return None
     layer_type = _layer_type(config, getattr(module, "layer_idx", None))
-    if layer_type == "chunked_attention" or getattr(config, "attention_chunk_size", None):
-        raise ValueError(f"attn_implementation={name!r}: {model_name(module)} uses chunked attention "
-                         f"(attention_chunk_size={getattr(config, 'attention_chunk_size', None)}), which burst "
-                         "does not implement")
+    chunk = getattr(config, "attention_chunk_size", None)
+    if layer_type == "chunked_attention" or (chunk and layer_type is None):
+        if layer_type is None or not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+            raise ValueError(f"attn_implementation={name!r}: {model_name(module)} has attention_chunk_size={chunk!r} "
+                             f"on layer type {layer_type!r}: burst runs chunked attention on the layers "
+                             "config.layer_types names 'chunked_attention', with a positive chunk size")
+        return chunk
     window = getattr(config, "sliding_window", None)
     uses_window = layer_type == "sliding_attention" or (
         layer_type is None and window and getattr(config, "use_sliding_window", True) is not False)
@@ -97,6 +101,7 @@ def check_model_features(name: str, module, sliding_window) -> None:
             f"attn_implementation={name!r}: {model_name(module)} has a sliding window (config.sliding_window="
             f"{window}) that its attention does not pass as sliding_window=, so burst cannot tell which "
             "layers apply it; refused rather than attend the whole sequence")
+    return None
 
 
 # Per-layer kinds (config.layer_types / layers_block_type) that mix tokens only through attention, or not at all

@@ -73,8 +73,9 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     check_keywords(name, module, kwargs)
     scaling, sliding_window = kwargs.get("scaling"), kwargs.get("sliding_window")
     sinks = kwargs.get("s_aux", kwargs.get("sinks"))
-    check_model_features(name, module, sliding_window)
-    decoded = _decode_step(name, module, query, scaling, sliding_window, sinks)
+    softcap = float(kwargs.get("softcap") or 0.0)
+    chunk_size = check_model_features(name, module, sliding_window)
+    decoded = _decode_step(name, module, query, scaling, sliding_window, sinks, softcap, chunk_size)
     if decoded is not None:
         return decoded
     _refuse_unsupported(name, query, key, attention_mask)
@@ -93,15 +94,41 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
             "documents; refused (models that do pass them: Llama, Qwen, Mistral, GPT-OSS, ...; a model prepared "
             "by bt.shard_batch(..., model=model) or SequenceParallelTrainer has them captured)")
     cu_seqlens = documents(positions, query.shape[0], query.shape[2], backend)
+    query = global_temperature(name, module, query, backend)
     query, key, value = _one_dtype(query, key, value)
     out = api.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), group=backend.group,
                         strategy=backend.strategy, layout=backend.layout, causal=causal, window=window,
-                        softmax_scale=scaling, cu_seqlens=cu_seqlens, sinks=sinks, **backend.options)
+                        softmax_scale=scaling, cu_seqlens=cu_seqlens, sinks=sinks, softcap=softcap,
+                        chunk_size=chunk_size, **backend.options)
     return out, None
 
 
+def global_temperature(name: str, module, query: torch.Tensor, backend: Backend) -> torch.Tensor:
+    """query (batch, heads, seq_local, head_dim) with Llama 4's attention temperature tuning at the
+    rows' global indices. Its NoPE layers scale each query by log1p(floor((i + 1) / floor_scale)) *
+    attn_scale + 1 with i = arange(seq_local) of the forward: a rank's own 0..n-1. The factor is
+    divided out and the one of the row's place in the whole sequence applied."""
+    if not getattr(module, "attn_temperature_tuning", False) or getattr(module, "use_rope", True):
+        return query
+    world, rank = layout_mod._world_and_rank(backend.group)
+    if world == 1:
+        return query
+    if backend.layout not in layout_mod.LAYOUTS:
+        raise ValueError(f"attn_implementation={name!r}: {model_name(module)} scales queries by their index in the "
+                         f"sequence (attn_temperature_tuning), which burst applies under {layout_mod.LAYOUTS}, not "
+                         f"{backend.layout!r}")
+    local = query.shape[2]
+    mine = layout_mod.shard_indices(backend.layout, rank, world, local * world, device=query.device)
+    own = torch.arange(local, device=query.device)
+
+    def factor(i):
+        return torch.log1p(torch.floor((i.float() + 1.0) / module.floor_scale)) * module.attn_scale + 1.0
+
+    return (query * (factor(mine) / factor(own))[None, None, :, None]).to(query.dtype)
+
+
 def _decode_step(name: str, module, query: torch.Tensor, scaling: float | None, sliding_window: int | None,
-                 sinks: torch.Tensor | None = None):
+                 sinks: torch.Tensor | None = None, softcap: float = 0.0, chunk_size: int | None = None):
     """What the attention function runs inside generate(): (out (batch, 1, heads, head_dim), None) in a
     ShardedCache decode step; None where burst's sequence-parallel path runs (a ShardedCache prefill,
     or any forward outside generate()). generate() without a ShardedCache raises."""
@@ -109,6 +136,10 @@ def _decode_step(name: str, module, query: torch.Tensor, scaling: float | None, 
     if cache is not None:
         if cache.phase != "decode":
             return None
+        if softcap or chunk_size:
+            raise ValueError(f"attn_implementation={name!r}: {model_name(module)} decodes with "
+                             f"{'softcap' if softcap else 'chunked attention'}, which the sharded KV cache does not "
+                             "run yet; generate on one rank (prefill and training are exact across ranks)")
         return cache.attend(module.layer_idx, query, scaling, sliding_window, sinks), None
     if not torch.is_grad_enabled() and _inside_generate():  # generate runs under no_grad: training skips the walk
         raise ValueError(

@@ -144,23 +144,36 @@ def _mixes_outside_attention(config) -> bool:
 
 
 def _capture_position_ids(model: torch.nn.Module) -> None:
-    """Attention modules that take position_ids but do not hand them to the attention function
-    (RecurrentGemma's): a pre-hook keeps them on the module, where burst's attention function reads
-    them (it needs the shard's global positions). Once per module."""
+    """Attention modules whose attention function is not handed position_ids: a pre-hook keeps them
+    on the attention module, where burst's attention function reads them (it needs the shard's global
+    positions). Taken from the attention module's own forward when it has position_ids
+    (RecurrentGemma's), else from its parent's (Llama 4's decoder layer takes them and does not pass
+    them on). Once per module."""
     for module in model.modules():
-        forward = type(module).forward
-        if not type(module).__name__.endswith("Attention") or getattr(module, "_burst_captures_positions", False):
+        if getattr(module, "_burst_captures_positions", False):
             continue
-        signature = inspect.signature(forward)
+        signature = inspect.signature(type(module).forward)
         if "position_ids" not in signature.parameters:
             continue
+        if _is_attention(module):
+            keepers = [module]
+        else:
+            keepers = [c for c in module.children() if _is_attention(c)
+                       and "position_ids" not in inspect.signature(type(c).forward).parameters]
+        if not keepers:
+            continue
 
-        def keep(mod, args, kwargs, signature=signature):
-            bound = signature.bind_partial(mod, *args, **kwargs).arguments
-            mod._burst_position_ids = bound.get("position_ids")
+        def keep(mod, args, kwargs, signature=signature, keepers=tuple(keepers)):
+            positions = signature.bind_partial(mod, *args, **kwargs).arguments.get("position_ids")
+            for keeper in keepers:
+                keeper._burst_position_ids = positions
 
         module.register_forward_pre_hook(keep, with_kwargs=True)
         module._burst_captures_positions = True
+
+
+def _is_attention(module: torch.nn.Module) -> bool:
+    return type(module).__name__.endswith("Attention")
 
 
 def _take_over(module: torch.nn.Module, shards: Shards) -> None:

@@ -1,0 +1,120 @@
+"""The flagships long-context users bring, exact across ranks with their features biting.
+
+- Gemma 2 (and VaultGemma's same attention): logit softcapping, set low (attn_logit_softcapping=1)
+  so that capping changes the answer, with its alternating sliding-window layers.
+- Llama 4: chunked attention on its RoPE layers (chunks of 16 in 128 tokens: cut inside every shard)
+  and its NoPE layer's attention temperature tuning with floor_scale 8 (attn_scale 0.5), so the query scale changes
+  along the sequence (transformers computes it from the forward's own 0..n-1: burst re-applies it at
+  the rows' global indices).
+
+Each at 2 and 4 ranks, contiguous and zigzag: logits, loss and every parameter gradient against the
+same model with eager attention in one process (burst.bench.hf_zoo.gradient_error). Planted: the
+global temperature left out, and the features switched off in the reference, must each be caught.
+"""
+
+from __future__ import annotations
+
+import copy
+from unittest import mock
+
+import pytest
+import torch
+
+from requires import transformers_or_skip
+from world import results_by_world
+
+transformers_or_skip()
+
+SEQ = 128
+BOUND = {"logits": 2e-4, "loss": 2e-5, "gradients": 1e-3}
+
+
+def gemma2_config():
+    from burst.bench.hf_zoo import tiny_config
+
+    config = tiny_config("gemma2")
+    config.attn_logit_softcapping = 1.0
+    config.initializer_range = 0.3  # scores of several units, well into the cap (0.02 leaves them near 0)
+    return config
+
+
+def llama4_config():
+    from burst.bench.hf_zoo import tiny_config
+
+    config = tiny_config("llama4_text")
+    config.attention_chunk_size, config.floor_scale, config.attn_scale = 16, 8, 0.5
+    return config
+
+
+CONFIGS = {"gemma2": gemma2_config, "llama4_text": llama4_config}
+
+
+def _errors(config, name, layout, group=None, reference_config=None) -> dict:
+    """One forward + backward split over the group against eager attention in one process."""
+    from transformers import AutoModelForCausalLM
+
+    import burst.integrations.transformers as bt
+    from burst import layout as layout_mod
+    from burst.bench.hf_zoo import VOCAB, gradient_error
+
+    torch.manual_seed(0)
+    eager = AutoModelForCausalLM.from_config(copy.deepcopy(reference_config or config), attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=name)
+    model.load_state_dict(eager.state_dict())
+    ids = torch.randint(3, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    expected = eager(input_ids=ids, labels=ids, use_cache=False)
+    expected.loss.backward()
+    got = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, group=group, layout=layout, model=model),
+                use_cache=False)
+    got.loss.backward()
+    bt.reduce_gradients(model, group)
+    logits = layout_mod.unshard(got.logits.contiguous(), group=group, layout=layout, dim=1)
+    pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
+    return {"logits": (logits - expected.logits).abs().max().item(),
+            "loss": abs(bt.reduce_loss(got.loss, group).item() - expected.loss.item()),
+            "gradients": gradient_error(pairs)}
+
+
+def _flagships(rank, world):
+    import transformers
+
+    import burst.integrations.transformers as bt
+    from burst.integrations.transformers.backend import attention
+
+    transformers.logging.set_verbosity_error()
+    out = {}
+    for layout in ("contiguous", "zigzag"):
+        name = bt.register(f"flagship_{layout}", layout=layout)
+        for family, make in CONFIGS.items():
+            out[(family, layout)] = _errors(make(), name, layout)
+    name = bt.register("flagship_planted", layout="zigzag")
+    with mock.patch.object(attention, "global_temperature", lambda name, module, query, backend: query):
+        out["planted: local temperature"] = _errors(llama4_config(), name, "zigzag")
+    unchunked = llama4_config()
+    unchunked.layer_types = ["full_attention"] * len(unchunked.layer_types)
+    out["planted: no chunks in the reference"] = _errors(llama4_config(), name, "zigzag", reference_config=unchunked)
+    uncapped = gemma2_config()
+    uncapped.attn_logit_softcapping = None
+    out["planted: no cap in the reference"] = _errors(gemma2_config(), name, "zigzag", reference_config=uncapped)
+    return out
+
+
+_results = results_by_world(_flagships)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gemma2_softcap_and_llama4_chunks_exact(world):
+    for rank_results in _results(world):
+        for case, errors in rank_results.items():
+            if isinstance(case, str):
+                continue
+            assert all(errors[k] <= BOUND[k] for k in BOUND), (case, errors)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_each_feature_is_seen_by_the_comparison(world):
+    """What the exactness above would miss if burst ignored a feature: each planted case fails the bounds."""
+    results = _results(world)[0]
+    for case in ("planted: local temperature", "planted: no chunks in the reference", "planted: no cap in the reference"):
+        assert results[case]["logits"] > 5 * BOUND["logits"] or results[case]["gradients"] > 5 * BOUND["gradients"], \
+            (case, results[case])
