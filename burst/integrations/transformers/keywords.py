@@ -30,6 +30,7 @@ ACCEPTED_KEYWORDS: dict[str, tuple[str, str]] = {
     "s_aux": (USED, "sinks (attention sinks: gpt-oss and the other s_aux families)"),
     "sinks": (USED, "sinks"),
     "position_ids": (USED, "global positions; restarts at 0 mark packed documents (cu_seqlens)"),
+    "indices": (USED, "DeepSeek sparse attention's selected keys (global positions): burst.attention(indices=)"),
     "dropout": (OFF_ONLY, "attention dropout (set config.attention_dropout = 0)"),
     "softcap": (USED, "softcap (Gemma 2's attention logit softcapping: c * tanh(score / c))"),
     "output_attentions": (OFF_ONLY, "the attention matrix, which burst never builds"),
@@ -105,8 +106,9 @@ def check_model_features(name: str, module, sliding_window) -> int | None:
 
 
 # Per-layer kinds (config.layer_types / layers_block_type) that mix tokens only through attention, or not at all
+# ("indexed_attention": DeepSeek sparse attention, whose indexer backend/checks.py refuses until it is prepared)
 ATTENTION_LAYER_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention",
-                                   "mlp", "moe"})
+                                   "indexed_attention", "mlp", "moe"})
 
 
 def layer_kinds(config) -> set:

@@ -96,11 +96,30 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     cu_seqlens = documents(positions, query.shape[0], query.shape[2], backend)
     query = global_temperature(name, module, query, backend)
     query, key, value = _one_dtype(query, key, value)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    query, key, value, head_dim_v = _one_head_dim(query, key, value)
+    indices = kwargs.get("indices")
     out = api.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), group=backend.group,
                         strategy=backend.strategy, layout=backend.layout, causal=causal, window=window,
                         softmax_scale=scaling, cu_seqlens=cu_seqlens, sinks=sinks, softcap=softcap,
-                        chunk_size=chunk_size, **backend.options)
-    return out, None
+                        chunk_size=chunk_size, indices=indices, **backend.options)
+    return out[..., :head_dim_v], None
+
+
+def _one_head_dim(query, key, value):
+    """(q, k, v, v's head dim) with one head dim: MLA's values (DeepSeek: 128) are narrower than its
+    queries and keys (192), and burst moves K, V as one shape. The narrower side gets zero columns,
+    which change no score (q, k) and no output column that is kept (v)."""
+    dim_qk, dim_v = query.shape[-1], value.shape[-1]
+    if dim_qk == dim_v:
+        return query, key, value, dim_v
+    width = max(dim_qk, dim_v)
+
+    def widened(t):
+        return torch.nn.functional.pad(t, (0, width - t.shape[-1]))
+
+    return widened(query), widened(key), widened(value), dim_v
 
 
 def global_temperature(name: str, module, query: torch.Tensor, backend: Backend) -> torch.Tensor:
@@ -188,7 +207,7 @@ def _refuse_unsupported(name, query, key, attention_mask) -> None:
             "shard's queries to the same shard's keys. Cached decoding needs burst's sharded KV cache: "
             "model.generate(ids, past_key_values=bt.ShardedCache(model)) (import burst.integrations.transformers as "
             "bt); a model that adds keys of its own (compressed or memory tokens) is not supported")
-    if attention_mask is not None:
+    if attention_mask is not None and not getattr(attention_mask, "_burst_placeholder", False):
         raise ValueError(f"attn_implementation={name!r} got an attention mask it cannot apply "
                          f"(shape {tuple(attention_mask.shape)}); pass no mask, or packed position_ids")
 
@@ -215,4 +234,19 @@ def burst_attention_mask(batch_size: int, q_length: int, kv_length: int, q_offse
             "sequences only. Pack documents into one row instead (position_ids restarting at 0 per document "
             "become burst's cu_seqlens), or pad at the end with labels -100 and pass no attention_mask")
     agree("burst (transformers mask)", {} if problem is None else None, problem, group, world)
-    return None
+    return _placeholder(batch_size, q_length, kv_length, kwargs.get("device")) if _indexed(config) else None
+
+
+def _indexed(config) -> bool:
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return bool(getattr(text, "index_topk", None))
+
+
+def _placeholder(batch_size: int, q_length: int, kv_length: int, device) -> torch.Tensor:
+    """A mask that is never applied, for DeepSeek sparse attention's layers, which slice the attention
+    mask (`attention_mask[:, 0]`) to hand it to their indexer before calling the attention function:
+    burst's indexer builds its own (layers/indexer.py) and the attention function ignores this one.
+    An expanded view of one element: nothing of (batch, 1, q, kv) is allocated."""
+    mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device).expand(batch_size, 1, q_length, kv_length)
+    mask._burst_placeholder = True
+    return mask

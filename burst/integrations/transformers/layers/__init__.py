@@ -1,6 +1,7 @@
 """The layers of a transformers model that need more than burst's attention to run split across
-ranks: rotary embeddings whose frequencies depend on the sequence's length (rope.py), and the
-recurrent and convolutional sequence mixers of hybrid models (mixers/). shard_mixers prepares both.
+ranks: rotary embeddings whose frequencies depend on the sequence's length (rope.py), DeepSeek
+sparse attention's indexer (indexer.py), and the recurrent and convolutional sequence mixers of
+hybrid models (mixers/). shard_mixers prepares all three.
 
 Below the backend: these modules import ../keywords.py and burst's own state passing, never the
 backend, generation or the training loops.

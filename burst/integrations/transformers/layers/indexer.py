@@ -1,0 +1,96 @@
+"""DeepSeek sparse attention's lightning indexer, shown the whole sequence (DeepSeek-V3.2, GLM-5's
+glm_moe_dsa, HY-V4, AXK2).
+
+The indexer scores every earlier key for each query with a few light heads and keeps the top-k
+(index_topk); the attention then attends those keys only. On a shard it would score its shard's keys
+only, and choose from the wrong set. `show_whole_sequence(model, group, layout)` (run by shard_mixers,
+so by every door that prepares a model) takes over each indexer's forward:
+
+- its keys (one index_head_dim vector per token, far smaller than the attention's K, V) are gathered
+  once per layer in global order (layout.unshard): the indexer's own cache hook `update_indexer` is
+  the place, so transformers' code computes the keys, the scores and the top-k itself;
+- the causal mask it scores under is built from the rows' global indices (transformers hands it the
+  attention mask, which burst does not build);
+- the indices it returns are then global key positions, which the attention function passes to
+  burst.attention(indices=) (masks/selection.py) as the layer hands them to a custom backend.
+
+Ties: the scores of a row against all keys are the same numbers as in one process (the same
+projections, and each dot product over index_head_dim), and torch.topk orders them alike; the test
+(tests/test_hf_dsa.py) checks the selected indices themselves, row by row, against one process.
+Packed documents and sharded decoding are refused.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from burst import layout as layout_mod
+
+_prepared: dict[int, object] = {}  # id(config) -> config, for models whose indexers see the whole sequence
+
+
+def is_indexer(module: torch.nn.Module) -> bool:
+    """A V3.2-style indexer: scores under the attention mask, keys through cache.update_indexer.
+    (DeepSeek-V4's compressed-attention indexer has another signature and stays refused.)"""
+    if not (type(module).__name__.endswith("Indexer") and hasattr(module, "index_topk")):
+        return False
+    import inspect
+
+    parameters = inspect.signature(type(module).forward).parameters
+    return {"q_resid", "attention_mask", "position_embeddings"} <= set(parameters)
+
+
+def prepared(config) -> bool:
+    return _prepared.get(id(config)) is config
+
+
+def show_whole_sequence(model: torch.nn.Module, group=None, layout="contiguous") -> int:
+    """Take over the forward of every DSA indexer of `model` (see the module docstring); returns how
+    many. ValueError for a layout whose shards are not runs of positions known here (doc_*)."""
+    indexers = [m for m in model.modules() if is_indexer(m)]
+    if not indexers:
+        return 0
+    if layout not in layout_mod.LAYOUTS:
+        raise ValueError(f"{type(model).__name__}: DeepSeek sparse attention runs under the layouts "
+                         f"{layout_mod.LAYOUTS}, not {layout!r}")
+    for indexer in indexers:
+        indexer.forward = functools.partial(_whole_sequence_indexer, indexer, type(indexer).forward, group, layout)
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    _prepared[id(config)], _prepared[id(text)] = config, text
+    return len(indexers)
+
+
+class _GatheredKeys:
+    """The indexer's cache hook, standing in for a cache: this rank's keys in, every rank's out."""
+
+    def __init__(self, group, layout: str):
+        self.group, self.layout = group, layout
+
+    def update_indexer(self, keys: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        """keys: (batch, seq_local, index_head_dim) -> (batch, seq, index_head_dim) in global order."""
+        world, _ = layout_mod._world_and_rank(self.group)
+        if world == 1:
+            return keys
+        return layout_mod.unshard(keys.contiguous(), group=self.group, layout=self.layout, dim=1)
+
+
+def _whole_sequence_indexer(module, forward, group, layout, hidden_states, q_resid, position_embeddings,
+                            attention_mask=None, position_ids=None, cache=None):
+    """The indexer's own forward over this rank's queries and every key: (batch, seq_local, topk)
+    global key positions."""
+    if cache is not None and cache.get_seq_length(module.layer_idx) > 0:
+        raise ValueError(f"{type(module).__name__}: decoding on a cache with DeepSeek sparse attention split across "
+                         "ranks is not supported; generate on one rank")
+    world, rank = layout_mod._world_and_rank(group)
+    local = hidden_states.shape[1]
+    rows = layout_mod.shard_indices(layout, rank, world, local * world, device=hidden_states.device)
+    if position_ids is not None and not bool((position_ids == rows).all()):
+        raise ValueError(f"{type(module).__name__}: DeepSeek sparse attention with packed documents (position_ids "
+                         "restarting inside a row) is not supported across ranks; one sequence per row")
+    keys = torch.arange(local * world, device=hidden_states.device)
+    causal = (keys[None, :] <= rows[:, None]).expand(hidden_states.shape[0], -1, -1)  # (batch, seq_local, seq)
+    return forward(module, hidden_states, q_resid, position_embeddings, causal, position_ids,
+                   cache=_GatheredKeys(group, layout))
