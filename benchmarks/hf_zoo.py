@@ -54,9 +54,10 @@ def report(rows: dict, seconds: float) -> str:
         f"in {seconds:.0f} s on 2 processes.",
         "",
         "Each family of `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, built tiny from its own config class "
-        "(burst/bench/hf_zoo.py: `tiny_config`), 128 tokens, random weights; logits and loss of "
+        "(burst/bench/hf_zoo_configs.py: `tiny_config`), 128 tokens, random weights; logits and loss of "
         "`bt.register(\"burst\")` (1 rank, then 2 ranks with `bt.shard_batch` in the contiguous and the zigzag "
-        "layout) against the same model's eager attention in one process. exact: within "
+        "layout) against the same model's eager attention in one process (logits alone where the family's own "
+        "loss needs more than token ids: \"exact: logits only\"). exact: within "
         f"{TOLERANCE:g} (max abs); refused: a clear error from burst (or transformers' own, when it cannot build "
         "the family with a custom attention implementation); skip: the family cannot be built tiny or does "
         "not run eagerly on token ids alone (the reason is given); silent / crash: what must never happen.",

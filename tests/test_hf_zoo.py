@@ -16,6 +16,9 @@ from world import run_world
 transformers_or_skip()
 
 SINK_FAMILIES = ("gpt_oss", "flint", "granite_swa", "granitemoe_swa", "mimo_v2_flash")
+# issue 53 item 3: every family is built tiny but where transformers itself cannot run it eagerly on token
+# ids (a timm vision tower without timm, an assistant that needs its backbone's KV)
+MAX_SKIPPED = 10
 UNSPLIT_HYBRIDS = ()  # hybrids burst refuses to split (none left in this release: RecurrentGemma joined FAMILIES)
 
 
@@ -33,6 +36,14 @@ def test_no_family_is_silently_wrong_or_crashes():
     assert not bad, "\n".join(bad)
     refused_without_reason = [f for f, by in rows.items() for o in by.values() if o.outcome == "refused" and not o.detail]
     assert not refused_without_reason
+
+
+def test_every_family_is_built_but_those_transformers_cannot_run_on_token_ids():
+    rows = _zoo()[0]
+    skipped = {family: by["1 rank"].detail for family, by in rows.items() if by["1 rank"].outcome == "skip"}
+    print("\n".join(f"skipped {family}: {reason}" for family, reason in skipped.items()))
+    assert len(skipped) <= MAX_SKIPPED, skipped
+    assert all(skipped.values()), skipped  # each with its reason
 
 
 def test_every_rank_sees_the_same_outcomes():

@@ -12,9 +12,11 @@ Each family ends in one of:
     from burst.bench.hf_zoo import families, run_zoo
     rows = run_zoo(families())   # on every rank of the world alike: {family: {setting: Outcome}}
 
-`tiny_config(model_type)` shrinks a family's default config (its attention features kept: GQA, sliding
-layers, sinks, softcap, q/k norms, MLA head dims, chunked attention): every size attribute the config
-has is set small, and a per-layer pattern (`layer_types`) keeps one layer of each kind.
+`tiny_config(model_type)` (burst/bench/hf_zoo_configs.py) shrinks a family's default config (its attention
+features kept: GQA, sliding layers, sinks, softcap, q/k norms, MLA head dims, chunked attention, per-layer
+head sizes): every size attribute the config and its sub-configs have is set small, and a per-layer
+pattern (`layer_types`) keeps one layer of each kind. A family whose own loss needs more than token ids
+(GIT, MusicGen) is compared on its logits alone ("exact: logits only").
 tests/test_hf_zoo.py runs it at 1 and 2 ranks; benchmarks/hf_zoo.py writes the table. A tool for the
 tests and the benchmarks of burst.integrations.transformers, not part of it.
 """
@@ -29,45 +31,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-TOLERANCE = 2e-4
-SEQ_LEN, VOCAB, MAX_PARAMETERS = 128, 256, 30_000_000
+from .hf_zoo_configs import OVERRIDES, RETRIES, SEQ_LEN, SIZES, VOCAB, causal_lm, tiny_config  # noqa: F401
 
-# config attribute -> tiny value, applied where the family's config has the attribute as a number (so a
-# feature its default leaves off, such as sliding_window=None, stays off)
-SIZES = {
-    "vocab_size": VOCAB, "hidden_size": 64, "n_embd": 64, "d_model": 64, "embed_dim": 64, "n_embed": 64,
-    "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2, "encoder_layers": 2,
-    "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "num_heads": 4, "decoder_attention_heads": 4,
-    "encoder_attention_heads": 4,
-    "num_key_value_heads": 2, "num_kv_heads": 2, "n_kv_heads": 2, "multi_query_group_num": 2,
-    "head_dim": 16, "kv_channels": 16, "attention_head_dim": 16,
-    "intermediate_size": 128, "ffn_dim": 128, "decoder_ffn_dim": 128, "encoder_ffn_dim": 128, "n_inner": 128,
-    "ffn_hidden_size": 128, "d_ff": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
-    "expert_intermediate_size": 32, "moe_ffn_hidden_size": 32,
-    "max_position_embeddings": 512, "n_positions": 512,
-    "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
-    "num_experts_per_tok": 2, "moe_topk": 2, "moe_k": 2, "n_group": 1, "topk_group": 1,
-    "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
-    "first_k_dense_replace": 1, "sliding_window": 32, "attention_chunk_size": 64,
-    # recurrent mixers (the backend's layers/mixers): value heads narrower than keys, scan chunks shorter than a shard
-    "linear_key_head_dim": 16, "linear_value_head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-    "linear_head_dim": 16, "linear_num_heads": 4,
-    "mamba_n_heads": 8, "mamba_num_heads": 8, "n_mamba_heads": 8, "mamba_d_head": 16, "mamba_head_dim": 16,
-    "mamba_headdim": 16, "mamba_d_state": 16, "ssm_state_size": 16, "state_size": 16, "mamba_dt_rank": 8,
-    "mamba_chunk_size": 16, "chunk_size": 16, "n_groups": 1, "mamba_n_groups": 1,
-}
-# Families whose default config SIZES cannot shrink consistently, or whose default has none of the layers that
-# make the family what it is (LFM2's default is all attention): their recurrent / convolutional layers kept
-# tiny, with scan chunks shorter than a shard so a shard spans several of them.
-HYBRID_SIZES = {
-    "lfm2": {"layer_types": ["conv", "full_attention"]},
-    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
-    "mamba2": {"num_heads": 8},  # heads x head_dim must be hidden_size x expand
-    "bamba": {"attn_layer_indices": [1]},
-    "falcon_h1": {"mamba_d_ssm": 128},
-}
-ZEROED = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "dropout", "hidden_dropout",
-          "hidden_dropout_prob", "resid_pdrop", "embd_pdrop", "activation_dropout")
+TOLERANCE = 2e-4
+MAX_PARAMETERS = 30_000_000
 
 
 @dataclass
@@ -85,76 +52,6 @@ def families() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-# Size attributes left at the family's default when a config refuses the full set of SIZES (per-layer
-# attributes, head dims tied to rotary dims, validated layer counts): each retry keeps one group more.
-_KEPT_IN_TURN = (("head_dim", "kv_channels", "attention_head_dim"),
-                 ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "qk_rope_head_dim", "qk_nope_head_dim",
-                  "v_head_dim", "q_lora_rank", "kv_lora_rank"),
-                 ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers",
-                  "layer_types", "intermediate_size", "moe_intermediate_size", "first_k_dense_replace"))
-RETRIES = tuple(sum(_KEPT_IN_TURN[:i], ()) for i in range(len(_KEPT_IN_TURN) + 1))
-
-
-def tiny_config(model_type: str, keep_default: tuple[str, ...] = ()):
-    """The family's config class, its default shrunk to SIZES but for the attributes in keep_default
-    (raises when the config refuses the values)."""
-    from transformers import CONFIG_MAPPING
-
-    cls = CONFIG_MAPPING[model_type]
-    default = cls()
-    text = default.get_text_config(decoder=True)
-    key = next((k for k, v in vars(default).items() if v is text and text is not default), None)
-    sub_cls = type(text) if key is not None else cls
-    overrides = {k: v for k, v in _overrides(text, sub_cls).items() if k not in keep_default}
-    overrides.update(HYBRID_SIZES.get(model_type, {}))
-    if key is None:
-        config = cls(**overrides)
-    else:  # a composite config: shrink its decoder's sub-config
-        config = cls(**{key: {**text.to_dict(), **overrides}})
-    target = config.get_text_config(decoder=True)
-    for attr in ZEROED:
-        if isinstance(getattr(target, attr, None), float):
-            setattr(target, attr, 0.0)
-    for attr in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-        value = getattr(target, attr, None)
-        if isinstance(value, int) and value >= VOCAB:
-            setattr(target, attr, 0)
-    return config
-
-
-def _overrides(text, cls) -> dict:
-    """SIZES for the attributes the config has and can be given (not read-only properties), layer
-    counts deep enough for one layer of each kind of its per-layer pattern."""
-    out = {key: value for key, value in SIZES.items() if _has_number(text, key) and _settable(cls, key)}
-    if "qk_rope_head_dim" in out and "head_dim" in out:  # MLA: head_dim names the rotary part
-        out["head_dim"] = out["qk_rope_head_dim"]
-    if "kv_lora_rank" in out:  # MLA expands its latent to every query head: as many KV heads as heads
-        for key in ("num_key_value_heads", "num_kv_heads", "n_kv_heads"):
-            if key in out:
-                out[key] = out.get("num_attention_heads", 4)
-    layer_types = getattr(text, "layer_types", None)
-    if isinstance(layer_types, (list, tuple)) and layer_types:
-        kinds = list(dict.fromkeys(layer_types))
-        depth = max(2, max(list(layer_types).index(kind) for kind in kinds) + 1)
-        if _settable(cls, "layer_types"):
-            out["layer_types"] = list(layer_types[:depth])
-        for key in ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers"):
-            if key in out:
-                out[key] = depth
-    return out
-
-
-def _settable(cls, key: str) -> bool:
-    key = getattr(cls, "attribute_map", {}).get(key, key)  # e.g. Bamba's layer_types names a read-only property
-    attribute = getattr(cls, key, None)
-    return not (isinstance(attribute, property) and attribute.fset is None)
-
-
-def _has_number(config, key) -> bool:
-    value = getattr(config, key, None)
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 class _Skip(Exception):
     """The family cannot be built tiny (it is listed as skipped, with the reason)."""
 
@@ -166,34 +63,45 @@ class _NotBuilt(Exception):
 def build(model_type: str, attn_implementation: str, ids: torch.Tensor, positions: torch.Tensor):
     """(eager model's output on ids, the same weights on attn_implementation, the eager model) for
     the first of RETRIES whose tiny config builds and runs eagerly; raises the first retry's error
-    otherwise."""
-    from transformers import AutoModelForCausalLM
-
+    otherwise (or, where no retry failed, that the model is not tiny)."""
     first = None
     for keep_default in RETRIES:
         try:
             config = tiny_config(model_type, keep_default)
             with torch.device("meta"):  # counted before any memory is spent: a size SIZES missed stays huge
-                parameters = sum(p.numel() for p in AutoModelForCausalLM.from_config(copy.deepcopy(config)).parameters())
-            if parameters > MAX_PARAMETERS:  # later retries keep more defaults: no smaller
-                reason = f"not tiny: {parameters / 1e6:.0f}M parameters (sub-models SIZES does not reach)"
-                raise _Skip(reason if first is None else f"{reason}; with every size set: {_first_line(first)}")
+                parameters = sum(p.numel() for p in causal_lm(model_type, copy.deepcopy(config)).parameters())
+            if parameters > MAX_PARAMETERS and first is not None:  # later retries keep more defaults: no smaller
+                raise first
+            if parameters > MAX_PARAMETERS:
+                raise _Skip(f"not tiny: {parameters / 1e6:.0f}M parameters (sub-models SIZES does not reach)")
             torch.manual_seed(0)
-            eager = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager").eval()
-            with torch.no_grad():
-                expected = eager(input_ids=ids, position_ids=positions, labels=ids, use_cache=False)
+            eager = causal_lm(model_type, copy.deepcopy(config), attn_implementation="eager").eval()
+            expected = _forward(eager, ids, positions)
         except _Skip:
             raise
         except Exception as err:  # noqa: BLE001 - the family's own limits; the next retry keeps more defaults
             first = first or err
             continue
         try:
-            model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=attn_implementation)
+            model = causal_lm(model_type, copy.deepcopy(config), attn_implementation=attn_implementation)
         except Exception as err:  # noqa: BLE001 - transformers' own refusal of a custom attention name
             raise _NotBuilt(_first_line(err)) from err
         model.load_state_dict(eager.state_dict())
         return expected, model.eval(), eager
     raise first
+
+
+def _forward(model, ids, positions):
+    """The model's output on ids with them as labels too; its logits alone (loss None) where its own loss
+    needs more than token ids (GIT's drops the image tokens it assumes, MusicGen's labels are per codebook)."""
+    with torch.no_grad():
+        try:
+            return model(input_ids=ids, position_ids=positions, labels=ids, use_cache=False)
+        except Exception as err:  # noqa: BLE001 - the logits alone, or the error with labels
+            try:
+                return model(input_ids=ids, position_ids=positions, use_cache=False)
+            except Exception:  # noqa: BLE001
+                raise err from None
 
 
 def run_family(model_type: str, name: str, layout: str, group=None, built=None) -> tuple[Outcome, tuple | None]:
@@ -218,7 +126,8 @@ def _compare(model_type, expected, model, ids, positions, layout, group) -> Outc
     from ..integrations import transformers as bt
 
     try:
-        batch = bt.shard_batch({"input_ids": ids, "labels": ids, "position_ids": positions}, group=group,
+        labels = {"labels": ids} if expected.loss is not None else {}
+        batch = bt.shard_batch({"input_ids": ids, **labels, "position_ids": positions}, group=group,
                                layout=layout, model=model)
         with torch.no_grad():
             got = model(**batch, use_cache=False)
@@ -231,19 +140,18 @@ def _compare(model_type, expected, model, ids, positions, layout, group) -> Outc
     if loss is not None and expected.loss is not None:
         difference = max(difference, abs(loss.item() - expected.loss.item()))
     if difference <= TOLERANCE:
-        return Outcome(model_type, "exact", "", difference)
+        note = "" if expected.loss is not None else "logits only (its loss needs more than token ids)"
+        return Outcome(model_type, "exact", note, difference)
     return Outcome(model_type, "silent", f"max abs difference {difference:.2e}", difference)
 
 
 def twin_models(model_type: str, attn_implementation: str):
     """(the family's tiny model with eager attention, the same weights on `attn_implementation`), in
     training mode: for a training step's comparison (train_step_errors)."""
-    from transformers import AutoModelForCausalLM
-
     config = tiny_config(model_type)
     torch.manual_seed(0)
-    eager = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
-    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=attn_implementation)
+    eager = causal_lm(model_type, copy.deepcopy(config), attn_implementation="eager")
+    model = causal_lm(model_type, copy.deepcopy(config), attn_implementation=attn_implementation)
     model.load_state_dict(eager.state_dict())
     return eager, model
 
@@ -300,7 +208,10 @@ def _raised_by_burst(err: BaseException) -> bool:
 
 
 def _first_line(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}".strip().split("\n")[0]
+    """The error's type and the first line of its message (and the next, where that line only introduces it)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    message = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
+    text = f"{type(err).__name__}: {message}"
     return text if len(text) <= 160 else text[:157] + "..."
 
 
@@ -351,7 +262,7 @@ def table(rows: dict[str, dict[str, Outcome]]) -> str:
         cells = []
         for setting in settings:
             o = by_setting[setting]
-            cells.append(o.outcome + (f": {o.detail.replace('|', '/')}" if o.detail and o.outcome != "exact" else ""))
+            cells.append(o.outcome + (f": {o.detail.replace('|', '/')}" if o.detail else ""))
         lines.append(f"| {family} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
