@@ -14,19 +14,25 @@ so by every door that prepares a model) takes over each indexer's forward:
 - the indices it returns are then global key positions, which the attention function passes to
   burst.attention(indices=) (masks/selection.py) as the layer hands them to a custom backend.
 
-Ties: the scores of a row against all keys are the same numbers as in one process (the same
-projections, and each dot product over index_head_dim), and torch.topk orders them alike; the test
-(tests/test_hf_dsa.py) checks the selected indices themselves, row by row, against one process.
+Ties: a row's scores are computed by the same code from the same projections as in one process;
+the test (tests/test_hf_dsa.py) checks the selected indices themselves, row by row, against one
+process. Where a row's top-k is not unique (fewer than index_topk positive scores: the indexer's
+ReLU leaves exact zeros), torch.topk breaks the exact ties in an order that depends on the last
+bits of the row's other scores, which a shard's matmul need not reproduce, so such a row may attend
+an equally-scored other key (benchmarks/dsa_bytes.md: 1 row of 4096 in one run).
 Packed documents and sharded decoding are refused.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 
 import torch
 
 from burst import layout as layout_mod
+from burst.comm import tensor_bytes
+from burst.comm.collectives import record_to_peers
 
 _prepared: dict[int, object] = {}  # id(config) -> config, for models whose indexers see the whole sequence
 
@@ -70,11 +76,15 @@ class _GatheredKeys:
         self.group, self.layout = group, layout
 
     def update_indexer(self, keys: torch.Tensor, layer_idx: int) -> torch.Tensor:
-        """keys: (batch, seq_local, index_head_dim) -> (batch, seq, index_head_dim) in global order."""
+        """keys: (batch, seq_local, index_head_dim) -> (batch, seq, index_head_dim) in global order.
+        Counted in CommStats under the phase "indexer" (bytes this rank sent)."""
         world, _ = layout_mod._world_and_rank(self.group)
         if world == 1:
             return keys
-        return layout_mod.unshard(keys.contiguous(), group=self.group, layout=self.layout, dim=1)
+        posted = time.perf_counter()
+        whole = layout_mod.unshard(keys.contiguous(), group=self.group, layout=self.layout, dim=1)
+        record_to_peers("indexer", tensor_bytes(keys), self.group, posted=posted)
+        return whole
 
 
 def _whole_sequence_indexer(module, forward, group, layout, hidden_states, q_resid, position_embeddings,
