@@ -38,7 +38,9 @@ SIZES = {
     "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
     "first_k_dense_replace": 1, "sliding_window": 32, "attention_chunk_size": 64,
     # indexers choosing each query's keys (DeepSeek sparse attention, Qwen4's compressed blocks): fewer than 128
-    "index_n_heads": 2, "index_head_dim": 16, "indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16,
+    # index_topk 16 of 128 tokens: the selection prunes (a top-k covering every key would prove nothing)
+    "index_topk": 16, "index_n_heads": 2, "index_head_dim": 16, "indexer_n_heads": 2, "indexer_kv_heads": 1,
+    "indexer_head_dim": 16,
     "indexer_budget": 32, "indexer_compress_ratio": 4,
     # per-layer embeddings (Gemma 3n / 4)
     "hidden_size_per_layer_input": 16, "laurel_rank": 8, "backbone_hidden_size": 64,

@@ -51,6 +51,8 @@ ACCEPTED_KEYWORDS: dict[str, tuple[str, str]] = {
     "return_dict": (NO_EFFECT, "outputs to return"),
     "num_items_in_batch": (NO_EFFECT, "the loss's token count (bt.shard_batch)"),
     "shift_labels": (NO_EFFECT, "the loss's labels (bt.shard_batch)"),
+    "labels": (NO_EFFECT, "the loss's labels, passed through by multimodal wrappers (Gemma 4)"),
+    "logits_to_keep": (NO_EFFECT, "which logits the head computes, passed through by multimodal wrappers"),
 }
 
 
