@@ -9,7 +9,6 @@ rank's indexer keys replaced by zeros (a rank choosing from what it holds), whic
 
 from __future__ import annotations
 
-import copy
 from unittest import mock
 
 import pytest
@@ -50,33 +49,18 @@ def _chosen_sets(indices: torch.Tensor) -> list:
 
 
 def _errors(family, name, layout, group=None) -> dict:
-    from transformers import AutoModelForCausalLM
-
-    import burst.integrations.transformers as bt
     from burst import layout as layout_mod
-    from burst.bench.hf_zoo import VOCAB, gradient_error
+    from burst.bench.hf_zoo import VOCAB, step_errors, twin_models
 
-    config = _config(family)
-    torch.manual_seed(0)
-    eager = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
-    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=name)
-    model.load_state_dict(eager.state_dict())
+    eager, model = twin_models(family, name, _config(family))
     expected_sel, got_sel = _selections(eager), _selections(model)
     ids = torch.randint(3, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
-    expected = eager(input_ids=ids, labels=ids, use_cache=False)
-    expected.loss.backward()
-    got = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, group=group, layout=layout, model=model),
-                use_cache=False)
-    got.loss.backward()
-    bt.reduce_gradients(model, group)
-    logits = layout_mod.unshard(got.logits.contiguous(), group=group, layout=layout, dim=1)
-    pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
+    errors = step_errors(eager, model, ids, layout, group)
     whole = [layout_mod.unshard(s.contiguous(), group=group, layout=layout, dim=1) for s in got_sel]
-    same = len(whole) == len(expected_sel) > 0 and all(
+    errors["same selections"] = len(whole) == len(expected_sel) > 0 and all(
         _chosen_sets(a) == _chosen_sets(b) for a, b in zip(whole, expected_sel))
-    return {"logits": (logits - expected.logits).abs().max().item(),
-            "loss": abs(bt.reduce_loss(got.loss, group).item() - expected.loss.item()),
-            "gradients": gradient_error(pairs), "same selections": same, "layers": len(whole)}
+    errors["layers"] = len(whole)
+    return errors
 
 
 def _dsa(rank, world):

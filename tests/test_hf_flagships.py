@@ -14,7 +14,6 @@ global temperature left out, and the features switched off in the reference, mus
 
 from __future__ import annotations
 
-import copy
 from unittest import mock
 
 import pytest
@@ -49,30 +48,13 @@ def llama4_config():
 CONFIGS = {"gemma2": gemma2_config, "llama4_text": llama4_config}
 
 
-def _errors(config, name, layout, group=None, reference_config=None) -> dict:
-    """One forward + backward split over the group against eager attention in one process."""
-    from transformers import AutoModelForCausalLM
+def _errors(family, config, name, layout, reference_config=None) -> dict:
+    """One forward + backward split over the world against eager attention in one process."""
+    from burst.bench.hf_zoo import VOCAB, step_errors, twin_models
 
-    import burst.integrations.transformers as bt
-    from burst import layout as layout_mod
-    from burst.bench.hf_zoo import VOCAB, gradient_error
-
-    torch.manual_seed(0)
-    eager = AutoModelForCausalLM.from_config(copy.deepcopy(reference_config or config), attn_implementation="eager")
-    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=name)
-    model.load_state_dict(eager.state_dict())
+    eager, model = twin_models(family, name, config, reference_config)
     ids = torch.randint(3, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
-    expected = eager(input_ids=ids, labels=ids, use_cache=False)
-    expected.loss.backward()
-    got = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, group=group, layout=layout, model=model),
-                use_cache=False)
-    got.loss.backward()
-    bt.reduce_gradients(model, group)
-    logits = layout_mod.unshard(got.logits.contiguous(), group=group, layout=layout, dim=1)
-    pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
-    return {"logits": (logits - expected.logits).abs().max().item(),
-            "loss": abs(bt.reduce_loss(got.loss, group).item() - expected.loss.item()),
-            "gradients": gradient_error(pairs)}
+    return step_errors(eager, model, ids, layout)
 
 
 def _flagships(rank, world):
@@ -86,16 +68,18 @@ def _flagships(rank, world):
     for layout in ("contiguous", "zigzag"):
         name = bt.register(f"flagship_{layout}", layout=layout)
         for family, make in CONFIGS.items():
-            out[(family, layout)] = _errors(make(), name, layout)
+            out[(family, layout)] = _errors(family, make(), name, layout)
     name = bt.register("flagship_planted", layout="zigzag")
     with mock.patch.object(attention, "global_temperature", lambda name, module, query, backend: query):
-        out["planted: local temperature"] = _errors(llama4_config(), name, "zigzag")
+        out["planted: local temperature"] = _errors("llama4_text", llama4_config(), name, "zigzag")
     unchunked = llama4_config()
     unchunked.layer_types = ["full_attention"] * len(unchunked.layer_types)
-    out["planted: no chunks in the reference"] = _errors(llama4_config(), name, "zigzag", reference_config=unchunked)
+    out["planted: no chunks in the reference"] = _errors("llama4_text", llama4_config(), name, "zigzag",
+                                                          reference_config=unchunked)
     uncapped = gemma2_config()
     uncapped.attn_logit_softcapping = None
-    out["planted: no cap in the reference"] = _errors(gemma2_config(), name, "zigzag", reference_config=uncapped)
+    out["planted: no cap in the reference"] = _errors("gemma2", gemma2_config(), name, "zigzag",
+                                                       reference_config=uncapped)
     return out
 
 

@@ -10,7 +10,6 @@ attention. Planted: the all-reduce of the longest position skipped, which must b
 
 from __future__ import annotations
 
-import copy
 from unittest import mock
 
 import pytest
@@ -45,33 +44,20 @@ def rope_parameters(head_dim: int = 16) -> dict:
 
 
 def _twins(rope: dict, name: str):
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import LlamaConfig
+
+    from burst.bench.hf_zoo import twin_models
 
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=ORIGINAL,
                          rope_parameters=rope)
-    torch.manual_seed(0)
-    eager = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
-    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=name)
-    model.load_state_dict(eager.state_dict())
-    return eager, model
+    return twin_models("llama", name, config)
 
 
-def _errors(eager, model, ids, layout, group=None) -> dict:
-    import burst.integrations.transformers as bt
-    from burst import layout as layout_mod
-    from burst.bench.hf_zoo import gradient_error
+def _errors(eager, model, ids, layout) -> dict:
+    from burst.bench.hf_zoo import step_errors
 
-    expected = eager(input_ids=ids, labels=ids)
-    expected.loss.backward()
-    got = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, group=group, layout=layout, model=model))
-    got.loss.backward()
-    bt.reduce_gradients(model, group)
-    logits = layout_mod.unshard(got.logits.contiguous(), group=group, layout=layout, dim=1)
-    pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
-    return {"logits": (logits - expected.logits).abs().max().item(),
-            "loss": abs(bt.reduce_loss(got.loss, group).item() - expected.loss.item()),
-            "gradients": gradient_error(pairs)}
+    return step_errors(eager, model, ids, layout)
 
 
 def _rope_world(rank, world):

@@ -145,12 +145,13 @@ def _compare(model_type, expected, model, ids, positions, layout, group) -> Outc
     return Outcome(model_type, "silent", f"max abs difference {difference:.2e}", difference)
 
 
-def twin_models(model_type: str, attn_implementation: str):
-    """(the family's tiny model with eager attention, the same weights on `attn_implementation`), in
-    training mode: for a training step's comparison (train_step_errors)."""
-    config = tiny_config(model_type)
+def twin_models(model_type: str, attn_implementation: str, config=None, reference_config=None):
+    """(the family's model with eager attention, the same weights on `attn_implementation`), in
+    training mode: for a training step's comparison (step_errors). config: the family's tiny config
+    unless given; reference_config: the eager twin's own config (a planted difference), default the same."""
+    config = tiny_config(model_type) if config is None else config
     torch.manual_seed(0)
-    eager = causal_lm(model_type, copy.deepcopy(config), attn_implementation="eager")
+    eager = causal_lm(model_type, copy.deepcopy(reference_config or config), attn_implementation="eager")
     model = causal_lm(model_type, copy.deepcopy(config), attn_implementation=attn_implementation)
     model.load_state_dict(eager.state_dict())
     return eager, model
@@ -158,18 +159,23 @@ def twin_models(model_type: str, attn_implementation: str):
 
 def train_step_errors(model_type: str, name: str, layout: str, group=None, seq_len: int = 64,
                       checkpointing: bool = False) -> dict:
-    """One forward + backward of the family's tiny model (batch 2) split over `group` on the burst
-    backend `name`, against the same model in this process with eager attention: the max abs
-    difference of the logits and the loss, and gradient_error over every parameter's gradient.
+    """step_errors of the family's tiny model (batch 2 of seq_len tokens) on the burst backend `name`.
     checkpointing: the split model recomputes each layer in the backward. Call on every rank of the
     group alike."""
-    from .. import layout as layout_mod
-    from ..integrations import transformers as bt
-
     eager, model = twin_models(model_type, name)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(3, VOCAB, (2, seq_len), generator=torch.Generator().manual_seed(1))
+    return step_errors(eager, model, ids, layout, group)
+
+
+def step_errors(eager, model, ids: torch.Tensor, layout: str, group=None) -> dict:
+    """One forward + backward of `model` split over `group` (shard_batch, reduce_gradients) against
+    `eager` in this process on the same ids (batch, seq_len): the max abs difference of the logits
+    and the loss, and gradient_error over every parameter's gradient. Call on every rank alike."""
+    from .. import layout as layout_mod
+    from ..integrations import transformers as bt
+
     expected = eager(input_ids=ids, labels=ids, use_cache=False)
     expected.loss.backward()
     batch = bt.shard_batch({"input_ids": ids, "labels": ids}, group=group, layout=layout, model=model)
