@@ -26,24 +26,25 @@ def attend_forward(kernel, q, k, v, tiles: list[Tile], out_acc, lse_acc, scale: 
     out_acc: (batch, seqlen_q, nheads, headdim) float32; lse_acc: (batch, nheads, seqlen_q) float32.
     indices: (batch, seqlen_q, topk) the q rows' chosen global key positions (masks/selection.py), or None.
     """
-    start, pairs = time.perf_counter(), 0
+    start, computed = time.perf_counter(), []
     for t in tiles:
         qr, kr = t.q.rows, t.k.rows
-        causal, mask, n = _tile_mask(t, indices)
-        if n == 0:
+        causal, mask, pairs = _tile_mask(t, indices)
+        if pairs == 0:
             continue
         out, lse = kernel.forward(q[:, qr], k[:, kr], v[:, kr], scale, causal, mask)
         merge_partial(out_acc[:, qr], lse_acc[:, :, qr], out, lse)
         del out, lse  # free this tile's result before the next kernel call allocates its own
-        pairs += n
-    _account("forward", pairs, start)
+        computed.append(pairs)
+    _account("forward", computed, start)
 
 
 def _tile_mask(t: Tile, indices):
-    """(causal, mask, pairs) the kernel gets for tile t: the tile's own, or with an index selection its
-    mask intersected with the selection as a (batch, 1, rows, keys) bool; pairs 0: nothing to compute."""
+    """(causal, mask, pairs) the kernel gets for tile t: the tile's own (pairs: the tile, counted only
+    when CommStats asks), or with an index selection its mask intersected with the selection as a
+    (batch, 1, rows, keys) bool and the selected pairs (0: nothing to compute)."""
     if indices is None:
-        return t.causal, t.kernel_mask, t.pairs
+        return t.causal, t.kernel_mask, t
     chosen = selected(indices, t.q, t.k)
     if t.cover is Cover.DIAG:
         chosen &= torch.ones(t.q.length, t.k.length, dtype=torch.bool, device=chosen.device).tril()
@@ -54,11 +55,12 @@ def _tile_mask(t: Tile, indices):
     return False, chosen[:, None], pairs
 
 
-def _account(phase: str, pairs: int, start: float) -> None:
-    """Work and kernel time of a block pair, for CommStats (nothing to do when none is active)."""
-    if pairs and stats_active():
+def _account(phase: str, computed: list, start: float) -> None:
+    """Work and kernel time of a block pair, for CommStats (nothing to do when none is active).
+    computed: per computed tile, its Tile (its own pairs) or its selected pairs."""
+    if computed and stats_active():
         record_compute(phase, time.perf_counter() - start)
-        record_pairs(phase, pairs)
+        record_pairs(phase, sum(c if isinstance(c, int) else c.pairs for c in computed))
 
 
 def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, dk_acc, dv_acc, scale: float,
@@ -73,12 +75,12 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
     function returning it, called after the first kernel call (see kernels/accumulators.py, ArrivingAccumulators).
     indices: as attend_forward's, for the q rows.
     """
-    start, pairs = time.perf_counter(), 0
+    start, computed = time.perf_counter(), []
     rebuilt_for, out_rows = None, None
     for t in tiles:
         qr, kr = t.q.rows, t.k.rows
-        causal, mask, n = _tile_mask(t, indices)
-        if n == 0:
+        causal, mask, pairs = _tile_mask(t, indices)
+        if pairs == 0:
             continue
         if out is not None:
             out_rows = out[:, qr]
@@ -94,5 +96,5 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
         dk_acc[:, kr] += dk
         dv_acc[:, kr] += dv
         del dq, dk, dv  # free this tile's gradients before the next kernel call
-        pairs += n
-    _account("backward", pairs, start)
+        computed.append(pairs)
+    _account("backward", computed, start)
