@@ -18,6 +18,8 @@ The bottom of the package: it imports nothing of burst.
 
 from __future__ import annotations
 
+import inspect
+
 USED = "used"
 OFF_ONLY = "accepted when off (None, False or 0), refused otherwise"
 NO_EFFECT = "bookkeeping of the model or the loss: does not change attention"
@@ -121,6 +123,16 @@ def layer_kinds(config) -> set:
         if isinstance(value, (list, tuple)):
             kinds.update(v for v in value if isinstance(v, str))
     return kinds
+
+
+def cache_keyword(forward) -> str:
+    """The name a layer's forward takes its cache by (transformers 5.24 renamed past_key_values to cache)."""
+    parameters = inspect.signature(inspect.unwrap(forward)).parameters
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    raise ValueError(f"{getattr(forward, '__qualname__', forward)} takes neither cache nor past_key_values: this "
+                     "transformers release arranges the layer differently from what burst knows")
 
 
 def _layer_type(config, layer_idx):

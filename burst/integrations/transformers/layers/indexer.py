@@ -34,6 +34,8 @@ from burst import layout as layout_mod
 from burst.comm import tensor_bytes
 from burst.comm.collectives import record_to_peers
 
+from ..keywords import cache_keyword
+
 _prepared: dict[int, object] = {}  # id(config) -> config, for models whose indexers see the whole sequence
 
 
@@ -88,9 +90,10 @@ class _GatheredKeys:
 
 
 def _whole_sequence_indexer(module, forward, group, layout, hidden_states, q_resid, position_embeddings,
-                            attention_mask=None, position_ids=None, cache=None):
+                            attention_mask=None, position_ids=None, cache=None, past_key_values=None):
     """The indexer's own forward over this rank's queries and every key: (batch, seq_local, topk)
-    global key positions."""
+    global key positions. (Its cache comes as `cache`, or `past_key_values` before transformers 5.24.)"""
+    cache = cache if cache is not None else past_key_values
     if cache is not None and cache.get_seq_length(module.layer_idx) > 0:
         raise ValueError(f"{type(module).__name__}: decoding on a cache with DeepSeek sparse attention split across "
                          "ranks is not supported; generate on one rank")
@@ -103,4 +106,4 @@ def _whole_sequence_indexer(module, forward, group, layout, hidden_states, q_res
     keys = torch.arange(local * world, device=hidden_states.device)
     causal = (keys[None, :] <= rows[:, None]).expand(hidden_states.shape[0], -1, -1)  # (batch, seq_local, seq)
     return forward(module, hidden_states, q_resid, position_embeddings, causal, position_ids,
-                   cache=_GatheredKeys(group, layout))
+                   **{cache_keyword(forward): _GatheredKeys(group, layout)})

@@ -11,12 +11,11 @@ as the cache the layer reads.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from burst import state_passing
 
+from ...keywords import cache_keyword
 from .state import Shards, cache_refused, from_true_starts, local_chunks, refuse_state_arguments
 
 
@@ -62,16 +61,6 @@ class _StartState:
         pass
 
 
-def _cache_keyword(forward) -> str:
-    """The name a layer's forward takes its cache by (transformers renamed past_key_values to cache)."""
-    parameters = inspect.signature(forward).parameters
-    for name in ("cache", "past_key_values"):
-        if name in parameters:
-            return name
-    raise ValueError(f"{getattr(forward, '__qualname__', forward)} takes neither cache nor past_key_values: this "
-                     "transformers release arranges the layer differently from what burst knows")
-
-
 def lightning_attention(module, forward, shards: Shards, hidden_states, *args, **kwargs):
     """MiniMax's lightning attention (linear attention with a decay per head, its loop inline in the
     forward); hidden_states (B, T, D); state (B, H, d, d), decaying by exp(-slope) per token. Each
@@ -79,7 +68,7 @@ def lightning_attention(module, forward, shards: Shards, hidden_states, *args, *
     state it truly starts from (handed in as the cache the layer reads)."""
     if shards.world == 1:
         return forward(hidden_states, *args, **kwargs)
-    keyword = _cache_keyword(forward)
+    keyword = cache_keyword(forward)
     if any(kwargs.pop(name, None) is not None for name in ("cache", "past_key_values")):
         raise cache_refused(module, shards.world)
     state_dtype = {}  # the layer's own state dtype (its value projection's, under autocast too)
