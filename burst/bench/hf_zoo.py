@@ -173,20 +173,27 @@ def step_errors(eager, model, ids: torch.Tensor, layout: str, group=None) -> dic
     """One forward + backward of `model` split over `group` (shard_batch, reduce_gradients) against
     `eager` in this process on the same ids (batch, seq_len): the max abs difference of the logits
     and the loss, and gradient_error over every parameter's gradient. Call on every rank alike."""
+    expected = eager(input_ids=ids, labels=ids, use_cache=False)
+    expected.loss.backward()
+    logits, loss = sharded_step(model, ids, layout, group)
+    pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
+    return {"logits": (logits - expected.logits).abs().max().item(), "loss": abs(loss - expected.loss.item()),
+            "gradients": gradient_error(pairs), "gradient_count": len(pairs)}
+
+
+def sharded_step(model, ids: torch.Tensor, layout: str, group=None) -> tuple[torch.Tensor, float]:
+    """One training step's forward and backward of `model` on this rank's shard of ids (batch, seq_len),
+    as a user runs it (shard_batch(model=), reduce_gradients): (the whole sequence's logits, the
+    global mean loss). The gradients are left on the parameters. Call on every rank alike."""
     from .. import layout as layout_mod
     from ..integrations import transformers as bt
 
-    expected = eager(input_ids=ids, labels=ids, use_cache=False)
-    expected.loss.backward()
     batch = bt.shard_batch({"input_ids": ids, "labels": ids}, group=group, layout=layout, model=model)
     got = model(**batch, use_cache=False)
     got.loss.backward()
     bt.reduce_gradients(model, group)
-    logits = layout_mod.unshard(got.logits.contiguous(), group=group, layout=layout, dim=1)
-    pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
-    return {"logits": (logits - expected.logits).abs().max().item(),
-            "loss": abs(bt.reduce_loss(got.loss, group).item() - expected.loss.item()),
-            "gradients": gradient_error(pairs), "gradient_count": len(pairs)}
+    logits = layout_mod.unshard(got.logits.detach().contiguous(), group=group, layout=layout, dim=1)
+    return logits, bt.reduce_loss(got.loss.detach(), group).item()
 
 
 def gradient_error(pairs) -> float:

@@ -172,22 +172,14 @@ def sharded(case: Case, seq_len: int, saved: dict, name: str, layout: str, group
     saved eager reference."""
     from transformers import AutoModelForCausalLM
 
-    import burst.integrations.transformers as bt
-    from burst import layout as layout_mod
-
-    from .hf_zoo import _first_line, _raised_by_burst, gradient_error
+    from .hf_zoo import _first_line, _raised_by_burst, gradient_error, sharded_step
 
     start = time.time()
     model = AutoModelForCausalLM.from_config(build_config(case), attn_implementation=name)
     model.load_state_dict(saved["state"])
     ids = token_ids(seq_len)
     try:
-        batch = bt.shard_batch({"input_ids": ids, "labels": ids}, group=group, layout=layout, model=model)
-        got = model(**batch, use_cache=False)
-        got.loss.backward()
-        bt.reduce_gradients(model, group)
-        logits = layout_mod.unshard(got.logits.detach().contiguous(), group=group, layout=layout, dim=1)
-        loss = bt.reduce_loss(got.loss.detach(), group).item()
+        logits, loss = sharded_step(model, ids, layout, group)
     except Exception as err:  # noqa: BLE001 - classified: burst's own clear error, or a crash
         kind = "refused" if _raised_by_burst(err) else "crash"
         return Result(kind, detail=_first_line(err), seconds=time.time() - start)
