@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from . import custom_op
+from .compressed import CompressedKV
 from .prepare import prepare_attention, prepare_single_device, unit_stride_last
 from .strategies import STRATEGIES  # the names, here too for callers
 from .validation import DTYPES, STRATEGY_NAMES, check_tensors, checked_call  # the names, here too for callers
@@ -30,6 +31,7 @@ def attention(
     softcap: float = 0.0,
     chunk_size: int | None = None,
     indices: torch.Tensor | None = None,
+    compressed: CompressedKV | None = None,
     **options,
 ):
     """Exact attention over a sequence split across the ranks of `group`.
@@ -80,6 +82,11 @@ def attention(
             (and only where the other masks allow). Applied per tile on top of the plan (masks/
             selection.py); tiles nothing selected are not computed. No gradient. Strategies burst,
             ring and allgather take it (burst's backward carries the rows' indices with the queries).
+        compressed: a burst.CompressedKV: entries every rank holds whole, each summarising `rate` tokens
+            (DeepSeek-V4's compressed attention), attended beside the sharded keys: a query sees entry w
+            once its window has ended (position >= (w+1)*rate - 1) and, with the CompressedKV's
+            indices, only the entries it chose; no window, chunk or document mask applies to them
+            (burst/compressed.py). Differentiable; an entry's gradient is this rank's queries' share.
         **options: the chosen strategy's own options (see its module); others raise ValueError.
 
     Every rank of the group must pass the same options and shards of one shape: one small
@@ -98,23 +105,24 @@ def attention(
     of the strategy starts, so no rank is left waiting.
     """
     q, k, v = autocast_inputs(q, k, v)
-    if (torch.compiler.is_compiling() and indices is None
+    if (torch.compiler.is_compiling() and indices is None and compressed is None
             and custom_op.takes(layout, cu_seqlens, block_sparse, topology, options)):
         # traced as one op (burst/custom_op.py): no graph break, so checkpointed blocks compile too
         return custom_op.attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
                                    cu_seqlens, sinks, options, softcap, chunk_size)
     return _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
-                              cu_seqlens, block_sparse, topology, sinks, softcap, chunk_size, indices, **options)
+                              cu_seqlens, block_sparse, topology, sinks, softcap, chunk_size, indices, compressed,
+                              **options)
 
 
 @torch.compiler.disable  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
 def _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens,
-                       block_sparse, topology, sinks, softcap, chunk_size, indices, **options):
+                       block_sparse, topology, sinks, softcap, chunk_size, indices, compressed, **options):
     chosen, call = prepare_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
                                      cu_seqlens, block_sparse, topology, sinks=sinks, softcap=softcap,
-                                     chunk_size=chunk_size, indices=indices, **options)
+                                     chunk_size=chunk_size, indices=indices, compressed=compressed, **options)
     with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
-        out, lse = chosen(call, *(unit_stride_last(t) for t in (q, k, v)), sinks=sinks)
+        out, lse = chosen(call, *(unit_stride_last(t) for t in (q, k, v)), sinks=sinks, compressed=compressed)
     return (out, lse) if return_lse else out
 
 

@@ -75,12 +75,15 @@ class AttentionCall:
         """Kernel calls for `q_rank`'s queries against `k_rank`'s keys (empty when the mask skips all)."""
         return self.plan(self.segments(q_rank), self.segments(k_rank))
 
-    def plan(self, q_segs: list[Segment], k_segs: list[Segment], max_rows: int | None = None) -> list[Tile]:
+    def plan(self, q_segs: list[Segment], k_segs: list[Segment], max_rows: int | None = None,
+             spec: MaskSpec | None = None) -> list[Tile]:
         """Kernel calls for any query runs against any key runs, sized for this call's kernel (at most
-        `max_rows` rows each way when given, to bound each call's fresh outputs)."""
+        `max_rows` rows each way when given, to bound each call's fresh outputs), under this call's
+        mask or `spec` (the compressed entries' own, compressed.py)."""
+        spec = self.spec if spec is None else spec
         sizes = TileSizes.for_kernel(self.kernel, max_rows)
-        key = (self.spec.key, tuple(q_segs), tuple(k_segs), sizes)
-        return _TILES.get(key, lambda: tuple(plan_tiles(q_segs, k_segs, self.spec, sizes=sizes)))  # shared: read only
+        key = (spec.key, tuple(q_segs), tuple(k_segs), sizes)
+        return _TILES.get(key, lambda: tuple(plan_tiles(q_segs, k_segs, spec, sizes=sizes)))  # shared: read only
 
     @cached_property
     def mask_key(self) -> tuple:

@@ -14,6 +14,7 @@ from .agreement import agree
 from .call import AttentionCall
 from .comm.p2p import open_host_channels
 from .plan.auto import auto_choice
+from .compressed import check_compressed
 from .sinks import check_sinks
 from .strategies import STRATEGIES
 from .validation import check_tensors, checked_call
@@ -21,7 +22,7 @@ from .validation import check_tensors, checked_call
 
 def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous", causal=False, window=None,
                       softmax_scale=None, return_lse=False, cu_seqlens=None, block_sparse=None, topology=None,
-                      sinks=None, softcap=0.0, chunk_size=None, indices=None, **options):
+                      sinks=None, softcap=0.0, chunk_size=None, indices=None, compressed=None, **options):
     """burst.attention's validation and cross-rank agreement, without running it: the chosen
     Strategy and its AttentionCall, for callers that drive forward and backward themselves (the
     engine's rematerialization-aware checkpointing replays a stored output into strategy.backward).
@@ -36,9 +37,10 @@ def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous"
                                   cu_seqlens, block_sparse, options, topology, auto=auto_choice, softcap=softcap,
                                   chunk_size=chunk_size, indices=indices)
         check_sinks(sinks, q)
+        check_compressed(compressed, q, v, q.shape[1] * world)
     except (TypeError, ValueError, NotImplementedError) as err:
         problem = err
-    facts = _call_facts(q, k, name, call, return_lse, sinks, softcap) if problem is None else None
+    facts = _call_facts(q, k, name, call, return_lse, sinks, softcap, compressed) if problem is None else None
     agree("burst.attention", facts, problem, group, world, hints=_HINTS)
     if world > 1:
         open_host_channels(group)  # collective on a group's first call: every rank has agreed to run it
@@ -64,7 +66,8 @@ def unit_stride_last(t: torch.Tensor) -> torch.Tensor:
 _HINTS = {"seqlen": " (shard with burst.shard, or pad every rank to one length)"}
 
 
-def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool, sinks=None, softcap=0.0) -> dict:
+def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool, sinks=None, softcap=0.0,
+                compressed=None) -> dict:
     """What must be equal on every rank for the call to be right: shard shapes, dtype, options."""
     spec = call.spec
     facts = {
@@ -76,6 +79,8 @@ def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool, sinks=No
         "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
         "topology": (call.topology.local_world_size, call.topology.double_ring),
         "sinks": None if sinks is None else (str(sinks.dtype), tuple(sinks.detach().float().tolist())),
+        "compressed": None if compressed is None else (tuple(compressed.k.shape), compressed.rate,
+                                                       compressed.indices is not None),
     }
     facts.update((f"option {key}", value) for key, value in sorted(call.options.as_dict().items()))
     return facts

@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from ..call import AttentionCall, Options
+from ..compressed import compressed_backward, fold_compressed
 from ..sinks import fold_sinks, sink_gradient
 
 
@@ -54,31 +55,41 @@ class Strategy:
     def takes(self, given: dict) -> bool:
         return set(given) <= set(self.options.names())
 
-    def __call__(self, call: AttentionCall, q, k, v, sinks=None):
-        """Differentiable (out, lse) for this rank's shards, with attention sinks (heads,) folded in
-        when given (burst/sinks.py); lse is not differentiable."""
-        return ShardedAttentionFunction.apply(q, k, v, sinks, call, self)
+    def __call__(self, call: AttentionCall, q, k, v, sinks=None, compressed=None):
+        """Differentiable (out, lse) for this rank's shards, with compressed entries (a CompressedKV,
+        burst/compressed.py) and attention sinks (heads,) folded in when given (burst/sinks.py); lse
+        is not differentiable."""
+        ck, cv = (compressed.k, compressed.v) if compressed is not None else (None, None)
+        return ShardedAttentionFunction.apply(q, k, v, sinks, ck, cv, compressed, call, self)
 
 
 class ShardedAttentionFunction(torch.autograd.Function):
-    """Any strategy's loops as one autograd node. Sinks are folded into the finished rows here, so
-    every strategy honours them; its backward then runs on (out', lse'), which is exact for q, k, v
-    (burst/sinks.py), and the sinks' gradient is one reduction over this rank's rows."""
+    """Any strategy's loops as one autograd node. Compressed entries and sinks are folded into the
+    finished rows here, so every strategy honours them; its backward then runs on (out', lse'), which
+    is exact for q, k, v (burst/sinks.py, burst/compressed.py); the entries' gradients come from their
+    own backward on the same rows, and the sinks' from one reduction over this rank's rows."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, call: AttentionCall, strategy: Strategy):
+    def forward(ctx, q, k, v, sinks, ck, cv, compressed, call: AttentionCall, strategy: Strategy):
         out, lse = strategy.forward(call, q, k, v)
+        if compressed is not None:
+            out, lse = fold_compressed(call, q, compressed, out, lse)
         if sinks is not None:
             out, lse = fold_sinks(out, lse, sinks)
-        ctx.save_for_backward(q, k, v, out, lse, sinks)
-        ctx.call, ctx.strategy = call, strategy
+        ctx.save_for_backward(q, k, v, out, lse, sinks, ck, cv)
+        ctx.call, ctx.strategy, ctx.compressed = call, strategy, compressed
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, sinks = ctx.saved_tensors
+        q, k, v, out, lse, sinks, ck, cv = ctx.saved_tensors
         dout = dout.contiguous()
         dq, dk, dv = ctx.strategy.backward(ctx.call, dout, q, k, v, out, lse)
+        dck = dcv = None
+        if ctx.compressed is not None:
+            dq_c, dck, dcv = compressed_backward(ctx.call, dout, q, ctx.compressed, out, lse)
+            dq = (dq_c.add_(dq)).to(q.dtype)
+            dck, dcv = dck.to(ck.dtype), dcv.to(cv.dtype)
         dsinks = sink_gradient(dout, out, lse, sinks) if sinks is not None and ctx.needs_input_grad[3] else None
-        return dq, dk, dv, dsinks, None, None
+        return dq, dk, dv, dsinks, dck, dcv, None, None, None
