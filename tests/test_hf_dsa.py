@@ -1,10 +1,14 @@
-"""DeepSeek sparse attention (DeepSeek-V3.2 and the families that reuse its indexer) across ranks.
+"""DeepSeek sparse attention (DeepSeek-V3.2 and the families that reuse its indexer) and DeepSeek-V4's
+compressed attention across ranks.
 
 Tiny configs with index_topk 8 over 128 tokens, so the selection prunes (each query attends at most
-8 of up to 128 keys). At 2 and 4 ranks, contiguous and zigzag, against the same model with eager
-attention in one process: logits, loss, every parameter gradient, and the indexer's selections
-themselves, row by row (the keys each query chose, among those it may see). Planted: every other
-rank's indexer keys replaced by zeros (a rank choosing from what it holds), which must be caught.
+8 of up to 128 keys); DeepSeek-V4 with a CSA layer (entries of 4 tokens, index_topk 4 of up to 32
+entries) and an HCA layer (entries of 8 tokens) beside a 32-token sliding window and sinks. At 2 and
+4 ranks, contiguous and zigzag, against the same model with eager attention in one process: logits,
+loss, every parameter gradient, and the indexers' selections themselves, row by row (the keys or
+entries each query chose, among those it may see). Planted: every other rank's indexer keys replaced
+by zeros (a V3.2 rank choosing from what it holds), and every other rank's compressed entries zeroed
+(a V4 rank compressing only its own windows), each of which must be caught.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from world import results_by_world
 
 transformers_or_skip()
 
-SEQ, TOPK = 128, 8
-FAMILIES = ("deepseek_v32", "glm_moe_dsa", "hy_v4", "axk2")
+SEQ = 128
+TOPK = {"deepseek_v32": 8, "glm_moe_dsa": 8, "hy_v4": 8, "axk2": 8, "deepseek_v4": 4}
+FAMILIES = tuple(TOPK)
 BOUND = {"logits": 2e-4, "loss": 2e-5, "gradients": 1e-3}
 
 
@@ -28,24 +33,24 @@ def _config(family):
     from burst.bench.hf_zoo import tiny_config
 
     config = tiny_config(family)
-    config.index_topk = TOPK
+    config.index_topk = TOPK[family]
     return config
 
 
 def _selections(model):
-    """A list that fills with each indexer's output, (batch, rows, topk), in call order."""
-    from burst.integrations.transformers.layers.indexer import is_indexer
-
+    """A list that fills with each indexer's output, (batch, rows, topk), in call order (V3.2's and
+    V4's: key positions or entry numbers)."""
     seen = []
     for module in model.modules():
-        if is_indexer(module):
+        if type(module).__name__.endswith("Indexer") and hasattr(module, "index_topk"):
             module.register_forward_hook(lambda mod, args, kwargs, out: seen.append(out), with_kwargs=True)
     return seen
 
 
 def _chosen_sets(indices: torch.Tensor) -> list:
-    """For each (batch, row): the set of chosen keys it may see (key <= row: the others are masked)."""
-    return [[{j for j in row.tolist() if j <= i} for i, row in enumerate(b)] for b in indices]
+    """For each (batch, row): the set of chosen keys it may see (key <= row: the others are masked;
+    V4's entries numbers, -1 where none)."""
+    return [[{j for j in row.tolist() if 0 <= j <= i} for i, row in enumerate(b)] for b in indices]
 
 
 def _errors(family, name, layout, group=None) -> dict:
@@ -60,7 +65,21 @@ def _errors(family, name, layout, group=None) -> dict:
     errors["same selections"] = len(whole) == len(expected_sel) > 0 and all(
         _chosen_sets(a) == _chosen_sets(b) for a, b in zip(whole, expected_sel))
     errors["layers"] = len(whole)
+    rate = getattr(model.config, "compress_rates", {}).get("compressed_sparse_attention")
+    errors["pruned rows"] = _pruned_share(whole[0], rate) if whole else 0.0
     return errors
+
+
+def _pruned_share(indices: torch.Tensor, rate: int | None) -> float:
+    """The share of rows (past the first quarter) that chose fewer keys than they may see (row i: i + 1
+    keys, or (i + 1) // rate of V4's entries): the selection prunes (a top-k covering every key would
+    prove nothing)."""
+    chosen = torch.tensor([[len(s) for s in rows] for rows in _chosen_sets(indices)])
+    visible = torch.arange(indices.shape[1]) + 1
+    if rate is not None:
+        visible = visible // rate
+    late = slice(indices.shape[1] // 4, None)
+    return float((chosen[:, late] < visible[None, late]).float().mean())
 
 
 def _dsa(rank, world):
@@ -68,7 +87,7 @@ def _dsa(rank, world):
 
     import burst.integrations.transformers as bt
     from burst.bench.hf_zoo import families
-    from burst.integrations.transformers.layers import indexer
+    from burst.integrations.transformers.layers import compressed, indexer
 
     transformers.logging.set_verbosity_error()
     out = {}
@@ -90,6 +109,17 @@ def _dsa(rank, world):
 
     with mock.patch.object(indexer._GatheredKeys, "update_indexer", own_keys_only):
         out["planted"] = _errors("deepseek_v32", bt.register("dsa_planted", layout="zigzag"), "zigzag")
+    gather_entries = compressed._gathered_in_order
+
+    def own_entries_only(made, every, rate, group):  # the planted fault: every other rank's entries lost (zeros)
+        whole = gather_entries(made, every, rate, group)
+        own = torch.zeros(whole.shape[1], dtype=whole.dtype)
+        for seg in every[rank]:
+            own[seg.first // rate:(seg.first + seg.length) // rate] = 1
+        return whole * own[None, :, None]
+
+    with mock.patch.object(compressed, "_gathered_in_order", own_entries_only):
+        out["planted v4"] = _errors("deepseek_v4", bt.register("v4_planted", layout="zigzag"), "zigzag")
     return out
 
 
@@ -101,14 +131,16 @@ def test_dsa_families_exact_with_pruning_selections(world):
     results = _results(world)[0]
     assert ("deepseek_v32", "zigzag") in results
     for case, errors in results.items():
-        if case == "planted":
+        if isinstance(case, str):  # the planted faults
             continue
-        assert errors["same selections"] and errors["layers"] >= 2, (case, errors)
+        assert errors["same selections"] and errors["layers"] >= (1 if case[0] == "deepseek_v4" else 2), (case, errors)
+        assert errors["pruned rows"] > 0.5, (case, errors)
         assert all(errors[k] <= BOUND[k] for k in BOUND), (case, errors)
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_an_indexer_choosing_from_its_shard_is_caught(world):
-    planted = _results(world)[0]["planted"]
+@pytest.mark.parametrize("planted", ["planted", "planted v4"])
+def test_an_indexer_or_compressor_seeing_only_its_shard_is_caught(world, planted):
+    planted = _results(world)[0][planted]
     assert not planted["same selections"]
     assert planted["logits"] > BOUND["logits"] or planted["gradients"] > BOUND["gradients"], planted

@@ -17,9 +17,9 @@ transformers_or_skip()
 
 SINK_FAMILIES = ("gpt_oss", "flint", "granite_swa", "granitemoe_swa", "mimo_v2_flash")
 # issue 53's and 54's flagships: softcap, chunked attention, per-layer head dims, DeepSeek sparse attention
-# (index_topk 16 of 128 tokens in the zoo's configs: the selection prunes)
+# (index_topk 16 of 128 tokens in the zoo's configs: the selection prunes) and DeepSeek-V4's compressed attention
 FLAGSHIPS = ("gemma2", "vaultgemma", "llama4", "llama4_text", "gemma4", "gemma4_text", "gemma4_unified",
-             "gemma4_unified_text", "deepseek_v32", "glm_moe_dsa", "hy_v4", "axk2")
+             "gemma4_unified_text", "deepseek_v32", "glm_moe_dsa", "hy_v4", "axk2", "deepseek_v4")
 # issue 53 item 3: every family is built tiny but where transformers itself cannot run it eagerly on token
 # ids (a timm vision tower without timm, an assistant that needs its backbone's KV)
 MAX_SKIPPED = 10

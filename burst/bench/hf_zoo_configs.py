@@ -95,6 +95,12 @@ OVERRIDES = {
     "zaya": {"num_experts_per_tok": 1},
     # per-layer-type rope parameters whose default is empty (no rope for any layer: KeyError in the model)
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # DeepSeek-V4: one layer of each compressed kind, HCA's windows of 8 tokens instead of 128 (so that a 128-token
+    # sequence has 16 entries and a shard of 4 ranks' zigzag (16 tokens) holds whole windows), a grouped output
+    # projection of a tiny rank
+    "deepseek_v4": {"compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+                    "layer_types": ["compressed_sparse_attention", "heavily_compressed_attention"],
+                    "mlp_layer_types": ["hash_moe", "moe"], "num_hidden_layers": 2, "o_groups": 2, "o_lora_rank": 16},
     # the assistant shares every layer's KV with its backbone and has no per-layer inputs (its validator)
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},
 }

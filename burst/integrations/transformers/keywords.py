@@ -112,7 +112,9 @@ def check_model_features(name: str, module, sliding_window) -> int | None:
 # Per-layer kinds (config.layer_types / layers_block_type) that mix tokens only through attention, or not at all
 # ("indexed_attention": DeepSeek sparse attention, whose indexer backend/checks.py refuses until it is prepared)
 ATTENTION_LAYER_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention",
-                                   "indexed_attention", "mlp", "moe"})
+                                   "indexed_attention", "mlp", "moe",
+                                   # DeepSeek-V4's (its compressors: layers/compressed.py; refused unprepared)
+                                   "compressed_sparse_attention", "heavily_compressed_attention"})
 
 
 def layer_kinds(config) -> set:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -21,6 +22,7 @@ from burst import api, layout as layout_mod
 from burst.agreement import agree
 
 from ..keywords import check_keywords, check_model_features, model_name
+from ..layers import compressed
 from .checks import check_config
 from .documents import documents
 from .registry import BACKENDS, Backend, backend_of, running_cache, world_size
@@ -78,6 +80,7 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     decoded = _decode_step(name, module, query, scaling, sliding_window, sinks, softcap, chunk_size)
     if decoded is not None:
         return decoded
+    key, value, entries = _compressed_entries(name, module, query, key, value)
     _refuse_unsupported(name, query, key, attention_mask)
     is_causal = kwargs.get("is_causal")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
@@ -100,11 +103,30 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
         scaling = query.shape[-1] ** -0.5
     query, key, value, head_dim_v = _one_head_dim(query, key, value)
     indices = kwargs.get("indices")
+    if entries is not None:  # in the attention's dtype, as q, k, v are
+        entries = replace(entries, k=entries.k.to(query.dtype), v=entries.v.to(query.dtype))
     out = api.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), group=backend.group,
                         strategy=backend.strategy, layout=backend.layout, causal=causal, window=window,
                         softmax_scale=scaling, cu_seqlens=cu_seqlens, sinks=sinks, softcap=softcap,
-                        chunk_size=chunk_size, indices=indices, **backend.options)
+                        chunk_size=chunk_size, indices=indices, compressed=entries, **backend.options)
     return out[..., :head_dim_v], None
+
+
+def _compressed_entries(name, module, query, key, value):
+    """(key, value, burst.CompressedKV or None): DeepSeek-V4's layers concatenate the compressed entries
+    their compressor made for the whole sequence (layers/compressed.py) after this shard's keys; they
+    go to burst.attention apart, as entries every rank holds."""
+    found = compressed.pending(module)
+    if found is None:
+        return key, value, None
+    rate, count, chosen = found
+    local = query.shape[2]
+    if key.shape[2] != local + count:
+        raise ValueError(f"attn_implementation={name!r}: {model_name(module)} handed {key.shape[2]} keys for {local} "
+                         f"queries and {count} compressed entries; this transformers release arranges DeepSeek-V4's "
+                         "attention differently from what burst knows")
+    entries = api.CompressedKV(key[:, :, local:].transpose(1, 2), value[:, :, local:].transpose(1, 2), rate, chosen)
+    return key[:, :, :local], value[:, :, :local], entries
 
 
 def _one_head_dim(query, key, value):
@@ -238,8 +260,9 @@ def burst_attention_mask(batch_size: int, q_length: int, kv_length: int, q_offse
 
 
 def _indexed(config) -> bool:
+    """A model whose V3.2-style indexers slice the attention mask (DeepSeek-V4's use none)."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    return bool(getattr(text, "index_topk", None))
+    return bool(getattr(text, "index_topk", None)) and not (compressed.prepared(config) or compressed.prepared(text))
 
 
 def _placeholder(batch_size: int, q_length: int, kv_length: int, device) -> torch.Tensor:

@@ -17,7 +17,7 @@ import weakref
 import torch
 
 from ..keywords import ATTENTION_LAYER_KINDS, layer_kinds
-from ..layers import indexer, mixers, rope
+from ..layers import compressed, indexer, mixers, rope
 from .registry import backend_of, world_size
 
 
@@ -29,11 +29,11 @@ def check_config(name: str, config, world: int) -> None:
     from a zero state."""
     check_backend_compatible(name, config)
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    if getattr(text, "index_topk", None) and not (indexer.prepared(config) or indexer.prepared(text)):
+    if getattr(text, "index_topk", None) and not any(m.prepared(c) for m in (indexer, compressed) for c in (config, text)):
         raise ValueError(f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses "
-                         f"DeepSeek sparse attention (index_topk={text.index_topk}), whose indexer must see the whole "
-                         "sequence: prepare the model with bt.shard_batch(..., model=model) (V3.2-style indexers; "
-                         "DeepSeek-V4's compressed attention is not implemented)")
+                         f"DeepSeek sparse attention (index_topk={text.index_topk}), whose indexer (and DeepSeek-V4's "
+                         "compressors) must see the whole sequence: prepare the model with "
+                         "bt.shard_batch(..., model=model)")
     if world > 1 and rope.needs_global_length(text):
         raise ValueError(
             f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses the rope types "

@@ -18,7 +18,7 @@ from burst import state_passing
 from burst.layout import _world_and_rank
 
 from ...keywords import ATTENTION_LAYER_KINDS, layer_kinds
-from .. import indexer, rope
+from .. import compressed, indexer, rope
 from . import convolution, linear_attention, normalised, rg_lru, ssm
 from .state import Shards, calls_any, hook, wrap
 
@@ -100,6 +100,7 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     _capture_position_ids(model)
     rope.see_global_length(model, group)
     indexer.show_whole_sequence(model, group, layout)
+    compressed.compress_whole_sequence(model, group, layout)
     config = model.config
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     module = sys.modules[type(model).__module__]

@@ -1,0 +1,194 @@
+"""DeepSeek-V4's compressed attention (CSA and HCA), its entries made across ranks.
+
+Each V4 attention layer beside its sliding window attends compressed entries: one per window of
+`compress_rate` tokens (CSA: 4, HCA: 128), a softmax-gated sum of the window's projections (CSA
+windows overlap: entry w also reads the first half of window w - 1's projections), normed and
+rotated at the window's first position. A CSA layer's own lightning indexer, with entries of its
+own made the same way, then picks each query's top-k entries; an HCA query sees every entry whose
+window has ended. On a shard the compressors would see only its own windows, from position 0.
+
+`compress_whole_sequence(model, group, layout)` (run by shard_mixers, so by every door that prepares
+a model) takes over the forward of each compressor:
+
+- entries are made where their windows' tokens live: each chunk of a rank's shard (layout runs)
+  makes the entries whose window ends inside it, with a halo of the tokens before it (state_passing.
+  halo: `rate` tokens, 2 * rate where windows overlap), so a window that crosses a chunk boundary
+  is made whole; rotated at its global position;
+- one differentiable all-gather then gives every rank every entry in global order (N / rate of
+  them: N/4 and N/128 entries of head_dim, against the N tokens of K/V the ring moves), counted in
+  CommStats under "compressed";
+- the CSA indexer runs its own code (scores, causal threshold, top-k) on this rank's queries
+  against the whole sequence's indexer entries, made the same way and handed to it through a
+  stand-in for its cache;
+- the layer then concatenates the entries to its keys, as in one process, and the attention function
+  hands them to burst.attention as a burst.CompressedKV (with the indexer's choice for CSA): folded
+  into each row beside the ring's sliding window and the sinks (burst/compressed.py), never
+  travelling with the ring.
+
+Ties in the indexer's top-k break as on one device wherever a row's scores are equal bit for bit;
+see indexer.py for the exact zeros a ReLU can leave. Cached decoding is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+
+import torch
+
+from burst import layout as layout_mod
+from burst import state_passing
+
+from ..keywords import cache_keyword
+
+_prepared: dict[int, weakref.ref] = {}  # id(config) -> config, for models whose compressors see the whole sequence
+PENDING = "_burst_compressed"  # the attention module's entries' rate and choice, for its attention function
+
+
+def kind(module: torch.nn.Module) -> str | None:
+    """"csa" or "hca" for a DeepSeek-V4 compressor, else None."""
+    name = type(module).__name__
+    if not all(hasattr(module, a) for a in ("compress_rate", "kv_proj", "gate_proj", "position_bias", "kv_norm")):
+        return None
+    if name.endswith("CSACompressor") and hasattr(module, "indexer"):
+        return "csa"
+    if name.endswith("HCACompressor"):
+        return "hca"
+    return None
+
+
+def prepared(config) -> bool:
+    ref = _prepared.get(id(config))
+    return ref is not None and ref() is config
+
+
+def compress_whole_sequence(model: torch.nn.Module, group=None, layout="contiguous") -> int:
+    """Take over the forward of every DeepSeek-V4 compressor of `model` (see the module docstring);
+    returns how many. ValueError for a layout without runs of positions (striped, doc_*)."""
+    layers = [(m, a) for m in model.modules() for a in m.children() if kind(a) is not None]
+    if not layers:
+        return 0
+    if layout not in layout_mod.LAYOUTS:
+        raise ValueError(f"{type(model).__name__}: compressed attention runs under the layouts {layout_mod.LAYOUTS}, "
+                         f"not {layout!r}")
+    world, _ = layout_mod._world_and_rank(group)
+    state_passing.chunks(layout, group, 2 * world)  # striped raises here: its shards have no runs
+    for attention, compressor in layers:
+        compressor.forward = functools.partial(_whole_sequence_compressor, compressor, weakref.ref(attention),
+                                               group, layout)
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    for c in (config, text):
+        _prepared[id(c)] = weakref.ref(c)
+    return len(layers)
+
+
+def _whole_sequence_compressor(module, attention, group, layout, hidden_states, q_residual, position_ids,
+                               cache=None, layer_idx=None, past_key_values=None):
+    """(entries (batch, 1, n, head_dim) of the whole sequence, None): the layer concatenates them to its
+    keys; their rate and the CSA indexer's choice wait on the attention module for its attention
+    function (PENDING)."""
+    if (cache if cache is not None else past_key_values) is not None:
+        raise ValueError(f"{type(module).__name__}: decoding on a cache with DeepSeek-V4's compressed attention under "
+                         "burst is not supported; run the forward without a cache (use_cache=False), or generate "
+                         "with another attention implementation")
+    overlap = kind(module) == "csa"
+    entries = whole_sequence_entries(module, module.kv_proj(hidden_states), module.gate_proj(hidden_states),
+                                     group, layout, overlap)
+    chosen = None
+    if overlap:
+        indexer = module.indexer
+        stand_in = _IndexerEntries(indexer, group, layout, layer_idx)
+        chosen = indexer(hidden_states, q_residual, position_ids, **{cache_keyword(type(indexer).forward): stand_in},
+                         layer_idx=layer_idx)
+    setattr(attention(), PENDING, (module.compress_rate, entries.shape[1], chosen))
+    return entries.unsqueeze(1), None
+
+
+class _IndexerEntries:
+    """Stands in for a CSA cache layer inside the indexer's forward: the indexer hands it this rank's
+    projections, it makes the whole sequence's indexer entries from them and returns them as the
+    cache's entries, so the indexer's own code scores and picks over every entry."""
+
+    def __init__(self, indexer, group, layout, layer_idx):
+        self.indexer, self.group, self.layout = indexer, group, layout
+        self.layers = {layer_idx: self}
+        self.entries = None
+
+    def store_compression_weights(self, name, kv, gate):
+        self.entries = whole_sequence_entries(self.indexer, kv, gate, self.group, self.layout, overlap=True)
+        return kv[:, :0], gate[:, :0], 0  # nothing left for the indexer to compress itself
+
+    def update_compressor_states(self, name, compressed):
+        return self.entries
+
+
+def whole_sequence_entries(module, kv: torch.Tensor, gate: torch.Tensor, group, layout, overlap: bool) -> torch.Tensor:
+    """Every entry of the sequence, (batch, N // rate, head_dim), in global order, on every rank.
+
+    kv, gate: (batch, local, C) this rank's projections (C = head_dim, or 2 head_dim for overlapping
+    windows: the first half is read by the next window). module: the compressor (its rate, head_dim,
+    position_bias, kv_norm and rotary embedding)."""
+    rate = module.compress_rate
+    width = rate * (2 if overlap else 1)
+    local = kv.shape[1]
+    mine, every = state_passing.chunks(layout, group, local)
+    short = min(s.length for segs in every for s in segs)
+    if short < width:
+        raise ValueError(f"{type(module).__name__}: a compressed entry reads the {width} tokens before a chunk and "
+                         f"layout={layout!r} gives a chunk of {short} tokens: use a longer sequence or fewer ranks")
+    both = torch.cat([kv, gate.to(kv.dtype)], dim=-1)
+    if len(every) == 1:  # one rank holds the whole sequence in order, whatever the layout
+        before = both.new_zeros(both.shape[0], width, both.shape[2])
+        return _entries_of_chunk(module, torch.cat([before, both], dim=1), 0, local, width, overlap)
+    tails = [both[:, seg.rows][:, -width:] for seg in mine]
+    halos = state_passing.halo(tails, width, layout, group, local, phase="compressed_halo")
+    made = [_entries_of_chunk(module, torch.cat([halo, both[:, seg.rows]], dim=1), seg.first, seg.length, width,
+                              overlap) for seg, halo in zip(mine, halos)]
+    return _gathered_in_order(made, every, rate, group)
+
+
+def _entries_of_chunk(module, tokens, first: int, length: int, width: int, overlap: bool) -> torch.Tensor:
+    """The entries whose window ends in the chunk [first, first + length): (batch, n, head_dim).
+
+    tokens: (batch, width + length, 2C), kv then gate, of positions first - width onward (zeros
+    before position 0)."""
+    rate, head_dim = module.compress_rate, module.head_dim
+    lo, hi = first // rate, (first + length) // rate  # windows ending at or after first, before first + length
+    batch, channels = tokens.shape[0], tokens.shape[2] // 2
+    back = 1 if overlap else 0
+    start = (lo - back) * rate - (first - width)
+    windows = tokens[:, start:start + (hi - lo + back) * rate].reshape(batch, hi - lo + back, rate, 2 * channels)
+    kv, gate = windows[..., :channels], windows[..., channels:] + module.position_bias
+    if overlap:  # entry w: window w - 1's first half beside window w's second half (a window before 0 weighs 0)
+        kv = torch.cat([kv[:, :-1, :, :head_dim], kv[:, 1:, :, head_dim:]], dim=2)
+        earlier = gate[:, :-1, :, :head_dim]
+        if lo == 0:
+            earlier = torch.cat([torch.full_like(earlier[:, :1], float("-inf")), earlier[:, 1:]], dim=1)
+        gate = torch.cat([earlier, gate[:, 1:, :, head_dim:]], dim=2)
+    compressed = module.kv_norm((kv * gate.softmax(dim=2, dtype=torch.float32).to(kv.dtype)).sum(dim=2))
+    positions = (torch.arange(lo, hi, device=tokens.device) * rate).unsqueeze(0).expand(batch, -1)
+    cos, sin = module.rotary_emb(compressed, position_ids=positions, layer_type=module.rope_layer_type)
+    rotate = sys.modules[type(module).__module__].apply_rotary_pos_emb
+    return rotate(compressed.unsqueeze(1), cos, sin).squeeze(1)
+
+
+def _gathered_in_order(made, every, rate: int, group) -> torch.Tensor:
+    """Every rank's chunks' entries (one all-gather, each chunk padded to the most any chunk makes),
+    concatenated in global order."""
+    counts = [[(s.first + s.length) // rate - s.first // rate for s in segs] for segs in every]
+    most = max(max(c) for c in counts)
+    padded = [torch.nn.functional.pad(e, (0, 0, 0, most - e.shape[1])) for e in made]
+    gathered, anchor = state_passing.all_gather_tensors(padded, group, "compressed")  # counted in CommStats
+    order = sorted((seg.first, r, c) for r, segs in enumerate(every) for c, seg in enumerate(segs))
+    return torch.cat([gathered[r][c][:, :counts[r][c]] for _, r, c in order], dim=1) + anchor
+
+
+def pending(module):
+    """(rate, entries, the CSA indexer's choice or None) that the layer's compressor left for this
+    attention call, taken (None when it left nothing)."""
+    found = getattr(module, PENDING, None)
+    if found is not None:
+        setattr(module, PENDING, None)
+    return found
