@@ -4,7 +4,7 @@ compressed attention across ranks.
 Tiny configs with index_topk 8 over 128 tokens, so the selection prunes (each query attends at most
 8 of up to 128 keys); DeepSeek-V4 with a CSA layer (entries of 4 tokens, index_topk 4 of up to 32
 entries) and an HCA layer (entries of 8 tokens) beside a 32-token sliding window and sinks. At 2 and
-4 ranks, contiguous and zigzag, against the same model with eager attention in one process: logits,
+4 ranks, contiguous and zigzag (V4 also at 120 tokens, so that windows cross chunk boundaries), against the same model with eager attention in one process: logits,
 loss, every parameter gradient, and the indexers' selections themselves, row by row (the keys or
 entries each query chose, among those it may see). Planted: every other rank's indexer keys replaced
 by zeros (a V3.2 rank choosing from what it holds), and every other rank's compressed entries zeroed
@@ -53,13 +53,13 @@ def _chosen_sets(indices: torch.Tensor) -> list:
     return [[{j for j in row.tolist() if 0 <= j <= i} for i, row in enumerate(b)] for b in indices]
 
 
-def _errors(family, name, layout, group=None) -> dict:
+def _errors(family, name, layout, group=None, seq=SEQ) -> dict:
     from burst import layout as layout_mod
     from burst.bench.hf_zoo import VOCAB, step_errors, twin_models
 
     eager, model = twin_models(family, name, _config(family))
     expected_sel, got_sel = _selections(eager), _selections(model)
-    ids = torch.randint(3, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(3, VOCAB, (2, seq), generator=torch.Generator().manual_seed(1))
     errors = step_errors(eager, model, ids, layout, group)
     whole = [layout_mod.unshard(s.contiguous(), group=group, layout=layout, dim=1) for s in got_sel]
     errors["same selections"] = len(whole) == len(expected_sel) > 0 and all(
@@ -96,6 +96,8 @@ def _dsa(rank, world):
         for family in FAMILIES:
             if family in families():
                 out[(family, layout)] = _errors(family, name, layout)
+        if "deepseek_v4" in families():  # 120 tokens: windows of 4 and 8 tokens cross the shards' chunk boundaries
+            out[("deepseek_v4", layout, "120 tokens")] = _errors("deepseek_v4", name, layout, seq=120)
     gather = indexer._GatheredKeys.update_indexer
 
     def own_keys_only(self, keys, layer_idx):  # the planted fault: every other rank's keys lost (zeros)
