@@ -113,8 +113,8 @@ def _dsa(rank, world):
         out["planted"] = _errors("deepseek_v32", bt.register("dsa_planted", layout="zigzag"), "zigzag")
     gather_entries = compressed._gathered_in_order
 
-    def own_entries_only(made, every, rate, group):  # the planted fault: every other rank's entries lost (zeros)
-        whole = gather_entries(made, every, rate, group)
+    def own_entries_only(made, every, rate, group, phase):  # the planted fault: every other rank's entries lost
+        whole = gather_entries(made, every, rate, group, phase)
         own = torch.zeros(whole.shape[1], dtype=whole.dtype)
         for seg in every[rank]:
             own[seg.first // rate:(seg.first + seg.length) // rate] = 1

@@ -12,11 +12,12 @@ a model) takes over the forward of each compressor:
 
 - entries are made where their windows' tokens live: each chunk of a rank's shard (layout runs)
   makes the entries whose window ends inside it, with a halo of the tokens before it (state_passing.
-  halo: `rate` tokens, 2 * rate where windows overlap), so a window that crosses a chunk boundary
-  is made whole; rotated at its global position;
+  halo: CSA's window before the chunk, plus the start of a window that crosses a chunk boundary; none
+  for HCA when the chunks hold whole windows), so every window is made whole; rotated at its global
+  position;
 - one differentiable all-gather then gives every rank every entry in global order (N / rate of
   them: N/4 and N/128 entries of head_dim, against the N tokens of K/V the ring moves), counted in
-  CommStats under "compressed";
+  CommStats under "compressed" (the halo too; the indexer's entries under "indexer");
 - the CSA indexer runs its own code (scores, causal threshold, top-k) on this rank's queries
   against the whole sequence's indexer entries, made the same way and handed to it through a
   stand-in for its cache;
@@ -117,23 +118,27 @@ class _IndexerEntries:
         self.entries = None
 
     def store_compression_weights(self, name, kv, gate):
-        self.entries = whole_sequence_entries(self.indexer, kv, gate, self.group, self.layout, overlap=True)
+        self.entries = whole_sequence_entries(self.indexer, kv, gate, self.group, self.layout, overlap=True,
+                                              phase="indexer")
         return kv[:, :0], gate[:, :0], 0  # nothing left for the indexer to compress itself
 
     def update_compressor_states(self, name, compressed):
         return self.entries
 
 
-def whole_sequence_entries(module, kv: torch.Tensor, gate: torch.Tensor, group, layout, overlap: bool) -> torch.Tensor:
+def whole_sequence_entries(module, kv: torch.Tensor, gate: torch.Tensor, group, layout, overlap: bool,
+                           phase: str = "compressed") -> torch.Tensor:
     """Every entry of the sequence, (batch, N // rate, head_dim), in global order, on every rank.
+    Its halo and gather are counted in CommStats under `phase` (the indexer's entries: "indexer").
 
     kv, gate: (batch, local, C) this rank's projections (C = head_dim, or 2 head_dim for overlapping
     windows: the first half is read by the next window). module: the compressor (its rate, head_dim,
     position_bias, kv_norm and rotary embedding)."""
     rate = module.compress_rate
-    width = rate * (2 if overlap else 1)
     local = kv.shape[1]
     mine, every = state_passing.chunks(layout, group, local)
+    # the tokens a chunk needs before it: its first window's part there, and the window before (overlap)
+    width = max(s.first % rate for segs in every for s in segs) + (rate if overlap else 0)
     short = min(s.length for segs in every for s in segs)
     if short < width:
         raise ValueError(f"{type(module).__name__}: a compressed entry reads the {width} tokens before a chunk and "
@@ -142,11 +147,14 @@ def whole_sequence_entries(module, kv: torch.Tensor, gate: torch.Tensor, group, 
     if len(every) == 1:  # one rank holds the whole sequence in order, whatever the layout
         before = both.new_zeros(both.shape[0], width, both.shape[2])
         return _entries_of_chunk(module, torch.cat([before, both], dim=1), 0, local, width, overlap)
-    tails = [both[:, seg.rows][:, -width:] for seg in mine]
-    halos = state_passing.halo(tails, width, layout, group, local, phase="compressed_halo")
+    if width == 0:  # windows aligned with every chunk and not overlapping (HCA): nothing from before
+        halos = [both[:, :0]] * len(mine)
+    else:
+        tails = [both[:, seg.rows][:, -width:] for seg in mine]
+        halos = state_passing.halo(tails, width, layout, group, local, phase=phase)
     made = [_entries_of_chunk(module, torch.cat([halo, both[:, seg.rows]], dim=1), seg.first, seg.length, width,
                               overlap) for seg, halo in zip(mine, halos)]
-    return _gathered_in_order(made, every, rate, group)
+    return _gathered_in_order(made, every, rate, group, phase)
 
 
 def _entries_of_chunk(module, tokens, first: int, length: int, width: int, overlap: bool) -> torch.Tensor:
@@ -174,13 +182,13 @@ def _entries_of_chunk(module, tokens, first: int, length: int, width: int, overl
     return rotate(compressed.unsqueeze(1), cos, sin).squeeze(1)
 
 
-def _gathered_in_order(made, every, rate: int, group) -> torch.Tensor:
+def _gathered_in_order(made, every, rate: int, group, phase: str = "compressed") -> torch.Tensor:
     """Every rank's chunks' entries (one all-gather, each chunk padded to the most any chunk makes),
     concatenated in global order."""
     counts = [[(s.first + s.length) // rate - s.first // rate for s in segs] for segs in every]
     most = max(max(c) for c in counts)
     padded = [torch.nn.functional.pad(e, (0, 0, 0, most - e.shape[1])) for e in made]
-    gathered, anchor = state_passing.all_gather_tensors(padded, group, "compressed")  # counted in CommStats
+    gathered, anchor = state_passing.all_gather_tensors(padded, group, phase)  # counted in CommStats
     order = sorted((seg.first, r, c) for r, segs in enumerate(every) for c, seg in enumerate(segs))
     return torch.cat([gathered[r][c][:, :counts[r][c]] for _, r, c in order], dim=1) + anchor
 
