@@ -259,3 +259,34 @@ def test_each_papers_command_gives_the_planned_value(capsys):
                "mem_gb": row["mem_bytes_per_device"] / 1e9, "fits": float(row["fits"])}[run.metric]
         assert cli == pytest.approx(value, rel=1e-9), run.label
         assert row["fits"] == fits, run.label
+
+
+def test_sparse_attention_gathers_are_counted(capsys, tmp_path):
+    """DeepSeek-V3.2's indexer keys and DeepSeek-V4's compressed entries, from their published configs:
+    the numbers per token worked out here by hand, and a plan that gathers them costs more."""
+    transformers = pytest.importorskip("transformers")
+    from burst.plan.sparse import gathered_numbers
+
+    v4 = getattr(transformers, "DeepseekV4Config", None)
+    if v4 is None:
+        pytest.skip("this transformers release has no DeepSeek-V4")
+    config = v4()
+    kinds = config.layer_types
+    csa = sum(k == "compressed_sparse_attention" for k in kinds) / len(kinds)
+    hca = sum(k == "heavily_compressed_attention" for k in kinds) / len(kinds)
+    assert gathered_numbers(config) == pytest.approx((csa * 128 / 4, csa * 512 / 4 + hca * 512 / 128))
+    v32 = transformers.DeepseekV32Config()
+    assert gathered_numbers(v32) == (v32.index_head_dim, 0.0)
+    assert gathered_numbers(transformers.LlamaConfig()) == (0.0, 0.0)
+    cluster = Cluster(gpus=8, gpus_per_node=8, profile=H100)
+    base = Workload(seq_len=1 << 20, heads=64, head_dim=512, kv_heads=1, layers=43, causal=True)
+    sparse = replace(base, gathered=14.9, gathered_with_gradient=61.7)
+    plain, gathered = estimate("burst", cluster, base), estimate("burst", cluster, sparse)
+    assert gathered.comm_s > plain.comm_s and gathered.mem_bytes_per_device > plain.mem_bytes_per_device
+    added = gathered.intra_node_bytes_per_device - plain.intra_node_bytes_per_device
+    per_rank_tokens = (1 << 20) / 8
+    assert added == pytest.approx(43 * 7 * per_rank_tokens * 2 * (14.9 + 61.7 + 2 * 61.7))  # bf16; fwd + bwd
+    config.save_pretrained(tmp_path)
+    assert main(["plan", "--gpus", "8", "--seq-len", "65536", "--hf-config", str(tmp_path), "--causal"]) == 0
+    out = capsys.readouterr().out
+    assert "64 heads (1 kv) x 512, 43 layer(s)" in out and "compressed entries" in out

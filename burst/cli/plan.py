@@ -37,6 +37,10 @@ def add_parser(sub) -> None:
     p.add_argument("--layers", type=positive_int, default=None,
                    help="layers (time and memory scale by it); default: the model's, else 1")
     p.add_argument("--attention-only", action="store_true", help="with --model: plan its attention alone")
+    p.add_argument("--hf-config", default=None, metavar="PATH",
+                   help="a transformers model's config (config.json, its folder or a hub id): plan its attention "
+                        "layers, with the indexer keys and compressed entries of DeepSeek's sparse attention "
+                        "(needs burst[hf])")
     p.add_argument("--mode", type=any_case(MODES), default="train",
                    help="train (forward + backward, and the optimizer for a whole model) or prefill (one forward)")
     p.add_argument("--checkpointing", type=any_case(CHECKPOINTING), default="none",
@@ -64,6 +68,8 @@ def add_parser(sub) -> None:
 
 
 def validate(args) -> None:
+    if args.hf_config is not None:
+        _apply_hf_config(args)
     whole = args.model is not None or args.hidden is not None
     if args.model is None and args.attention_only:
         raise BadOption("--attention-only", "needs --model (without one, attention alone is planned)")
@@ -104,6 +110,31 @@ def validate(args) -> None:
 
         profile(args.profile)  # `local` reads a saved calibration
     check_writable_file("--json", args.json)
+
+
+def _apply_hf_config(args) -> None:
+    """--hf-config: the config's attention shapes into the shape flags not given, and the numbers per
+    token its sparse attention gathers (burst.plan.sparse) into args.gathered."""
+    if args.model is not None or args.hidden is not None:
+        raise BadOption("--hf-config", "plans a transformers config's attention alone: give it without --model / "
+                                       "--hidden")
+    with blame("--hf-config"):
+        from transformers import AutoConfig
+
+        from ..plan.sparse import gathered_numbers
+
+        config = AutoConfig.from_pretrained(args.hf_config)
+        text = config.get_text_config(decoder=True)
+        heads = text.num_attention_heads
+        qk = getattr(text, "qk_nope_head_dim", 0) + getattr(text, "qk_rope_head_dim", 0)
+        head_dim = max(qk, getattr(text, "v_head_dim", 0)) if qk and getattr(text, "kv_lora_rank", None) else \
+            getattr(text, "head_dim", None) or text.hidden_size // heads
+        shapes = {"heads": heads, "kv_heads": getattr(text, "num_key_value_heads", None) or heads,
+                  "head_dim": head_dim, "layers": text.num_hidden_layers}
+        args.gathered = gathered_numbers(config)
+    for option, value in shapes.items():
+        if getattr(args, option) is None:
+            setattr(args, option, value)
 
 
 def _model(args):
@@ -148,7 +179,9 @@ def run(args) -> int:
     else:
         workload = Workload(seq_len=args.seq_len, heads=args.heads, head_dim=args.head_dim, kv_heads=args.kv_heads,
                             batch=args.batch, layers=args.layers or 1, causal=args.causal,
-                            dtype_bytes=args.dtype_bytes, layout=args.layout, forward_only=args.mode == "prefill")
+                            dtype_bytes=args.dtype_bytes, layout=args.layout, forward_only=args.mode == "prefill",
+                            gathered=getattr(args, "gathered", (0.0, 0.0))[0],
+                            gathered_with_gradient=getattr(args, "gathered", (0.0, 0.0))[1])
     rows = [e.row() for e in plan(cluster, workload)]
     publish(args, rows, table(args, cluster, rows))
     return 0
@@ -163,7 +196,8 @@ def table(args, cluster, rows) -> str:
     lines = [
         f"{args.gpus} x {args.profile} ({cluster.nodes} node(s) of {cluster.gpus_per_node}), {args.seq_len} tokens, "
         f"{args.heads} heads ({args.kv_heads or args.heads} kv) x {args.head_dim}, {args.layers or 1} layer(s), "
-        f"{'causal' if args.causal else 'full'}, layout {args.layout}; {what}, modelled",
+        f"{'causal' if args.causal else 'full'}, layout {args.layout}; {what}, modelled"
+        + _gathered_note(args),
         "| rank | strategy | fits | step (s) | tokens/s/device | compute (s) | comm hidden | memory/device (GiB) "
         "| inter-node GB/device | note |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -174,3 +208,11 @@ def table(args, cluster, rows) -> str:
                      f"{r['compute_s']:.3g} | {r['overlap']:.0%} | {r['mem_bytes_per_device'] / 2**30:.2f} | "
                      f"{r['inter_node_bytes_per_device'] / 1e9:.3g} | {r['note']} |")
     return "\n".join(lines)
+
+
+def _gathered_note(args) -> str:
+    plain, with_gradient = getattr(args, "gathered", (0.0, 0.0))
+    if not (plain or with_gradient):
+        return ""
+    return (f"; sparse attention gathers {plain:.4g} numbers per token and layer (indexer keys) and "
+            f"{with_gradient:.4g} with gradients (compressed entries) to every rank")

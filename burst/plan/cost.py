@@ -32,6 +32,7 @@ from ..schedules.chunk_stream import CHUNKS_PER_BLOCK
 from ..schedules.cqs import interest_set
 from ..strategies import split_variant
 from .profiles import Profile
+from .sparse import gather_bytes
 
 STRATEGIES = ("burst", "ring", "burst:flat", "ring:flat", "distflash", "allgather", "ulysses", "usp",
               "cqs")
@@ -80,6 +81,8 @@ class Workload:
     dtype_bytes: int | None = None  # default: the profile's
     layout: str = "zigzag"          # contiguous shards leave causal work unbalanced on ring strategies
     forward_only: bool = False      # a prefill: attention's forward pass alone
+    gathered: float = 0.0           # numbers per token each layer gathers to every rank, no gradient (sparse.py)
+    gathered_with_gradient: float = 0.0  # ... whose gradients return in the backward (DeepSeek-V4's entries)
 
     @property
     def kv(self) -> int:
@@ -157,6 +160,7 @@ def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
         straggler = (2 * cluster.gpus - 1) / cluster.gpus
         c_fwd, c_bwd = c_fwd * straggler, c_bwd * straggler
     est = _MODELS[split_variant(strategy)[0]](strategy, cluster, w, s, c_fwd, c_bwd)
+    _add_sparse_gathers(est, cluster, w, s)
     saved = w.layers * (3 * s.q + s.kv + s.stat) if w.kv == w.heads else w.layers * (2 * s.q + s.kv + s.stat)
     est.mem_bytes_per_device += saved
     for attr in ("compute_s", "comm_s", "exposed_comm_s", "wall_s", "inter_node_bytes_per_device",
@@ -166,6 +170,21 @@ def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
     if est.mem_bytes_per_device > cluster.profile.memory_bytes:
         est.note = (est.note + "; " if est.note else "") + "does not fit in device memory"
     return est
+
+
+def _add_sparse_gathers(est: Estimate, cluster: Cluster, w: Workload, s: _Sizes) -> None:
+    """One layer's indexer keys and compressed entries (sparse.py): collectives compute does not hide,
+    and the whole sequence's entries held for the backward."""
+    if not (w.gathered or w.gathered_with_gradient):
+        return
+    g = cluster.gpus
+    share = 0.0 if cluster.nodes == 1 else (g - cluster.gpus_per_node) / (g - 1) if g > 1 else 0.0
+    for nbytes in gather_bytes(g, s.n, w.batch, w.gathered, w.gathered_with_gradient, s.dtype_bytes, w.forward_only):
+        t, inter, intra = _collective_time(cluster, nbytes, share)
+        est.comm_s, est.exposed_comm_s, est.wall_s = est.comm_s + t, est.exposed_comm_s + t, est.wall_s + t
+        est.inter_node_bytes_per_device += inter
+        est.intra_node_bytes_per_device += intra
+    est.mem_bytes_per_device += w.layers * w.seq_len * w.batch * (w.gathered + w.gathered_with_gradient) * s.dtype_bytes
 
 
 def _ring_pass(cluster: Cluster, steps: int, compute: float, block: float, double: bool, tail: float = 0.0):

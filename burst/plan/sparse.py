@@ -1,0 +1,40 @@
+"""What sparse attention adds to a layer's traffic: the numbers every rank gathers per token.
+
+DeepSeek sparse attention's indexer keys (index_head_dim numbers per token, V3.2 and the families
+that reuse it) and DeepSeek-V4's compressed entries (head_dim / rate per token for its CSA and HCA
+entries, index_head_dim / rate for the CSA indexer's) are gathered once per layer to every rank
+(burst/integrations/transformers/layers/indexer.py and compressed.py), outside the ring, so the
+cost model adds them as collectives that compute does not hide. The entries' gradients come back by
+an all-reduce of the gathered entries in the backward; the indexers' selections carry none.
+"""
+
+from __future__ import annotations
+
+
+def gathered_numbers(config) -> tuple[float, float]:
+    """(numbers per token gathered without gradient, with gradient), averaged over the layers, for a
+    transformers config (its text config where it has one); (0, 0) for a model without an indexer."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if not getattr(text, "index_topk", None):
+        return 0.0, 0.0
+    index_dim = next((getattr(text, a) for a in ("index_head_dim", "indexer_head_dim") if getattr(text, a, None)), 0)
+    rates = getattr(text, "compress_rates", None)
+    if not rates:  # an indexer on every layer, over the raw tokens
+        return float(index_dim), 0.0
+    kinds = list(getattr(text, "layer_types", None) or [])
+    plain = sum(index_dim / rates[k] for k in kinds if k == "compressed_sparse_attention")
+    with_gradient = sum(text.head_dim / rates[k] for k in kinds if k in rates)
+    return plain / max(1, len(kinds)), with_gradient / max(1, len(kinds))
+
+
+def gather_bytes(world: int, local_tokens: float, batch: int, plain: float, with_gradient: float,
+                 dtype_bytes: int, forward_only: bool) -> tuple[float, float]:
+    """(forward, backward) bytes one rank sends per layer: its share of the gathered numbers to each
+    of world - 1 peers, and in the backward an all-reduce of the gathered entries' gradients
+    (2 (world - 1) / world of the whole gathered tensor)."""
+    if world == 1:
+        return 0.0, 0.0
+    per_rank = local_tokens * batch * dtype_bytes
+    forward = (world - 1) * per_rank * (plain + with_gradient)
+    backward = 0.0 if forward_only else 2 * (world - 1) * per_rank * with_gradient
+    return forward, backward
