@@ -146,3 +146,24 @@ def test_an_indexer_or_compressor_seeing_only_its_shard_is_caught(world, planted
     planted = _results(world)[0][planted]
     assert not planted["same selections"]
     assert planted["logits"] > BOUND["logits"] or planted["gradients"] > BOUND["gradients"], planted
+
+
+def test_a_prepared_v4_refuses_another_attention_backend():
+    """Prepared compressors return entries without transformers' block bias; on another backend every
+    query would see every entry, so the compressor refuses it."""
+    import transformers
+
+    import burst.integrations.transformers as bt
+    from burst.bench.hf_zoo import VOCAB, families, twin_models
+
+    if "deepseek_v4" not in families():
+        pytest.skip("this transformers release has no DeepSeek-V4")
+    transformers.logging.set_verbosity_error()
+    eager, model = twin_models("deepseek_v4", bt.register("v4_alone"), _config("deepseek_v4"))
+    ids = torch.randint(3, VOCAB, (1, 64), generator=torch.Generator().manual_seed(1))
+    batch = bt.shard_batch({"input_ids": ids, "labels": ids}, model=model)
+    expected = eager(input_ids=ids, use_cache=False).logits
+    assert (model(**batch, use_cache=False).logits - expected).abs().max() < BOUND["logits"]
+    model.set_attn_implementation("eager")
+    with pytest.raises(ValueError, match="not a burst backend"):
+        model(**batch, use_cache=False)

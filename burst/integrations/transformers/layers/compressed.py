@@ -94,6 +94,7 @@ def _whole_sequence_compressor(module, attention, group, layout, hidden_states, 
         raise ValueError(f"{type(module).__name__}: decoding on a cache with DeepSeek-V4's compressed attention under "
                          "burst is not supported; run the forward without a cache (use_cache=False), or generate "
                          "with another attention implementation")
+    _check_runs_on_burst(module, attention())
     overlap = kind(module) == "csa"
     entries = whole_sequence_entries(module, module.kv_proj(hidden_states), module.gate_proj(hidden_states),
                                      group, layout, overlap)
@@ -105,6 +106,19 @@ def _whole_sequence_compressor(module, attention, group, layout, hidden_states, 
                          layer_idx=layer_idx)
     setattr(attention(), PENDING, (module.compress_rate, entries.shape[1], chosen))
     return entries.unsqueeze(1), None
+
+
+def _check_runs_on_burst(module, attention) -> None:
+    """ValueError unless the layer's attention function is burst's: any other would be handed the
+    entries without their per-query validity (transformers' block bias, which burst does not build)
+    and let every query see every entry."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = getattr(getattr(attention, "config", None), "_attn_implementation", None)
+    if getattr(ALL_ATTENTION_FUNCTIONS.get(name), "__name__", None) != "burst_attention_forward":
+        raise ValueError(f"{type(module).__name__}: this model was prepared for burst's attention backend "
+                         f"(bt.shard_batch(..., model=model)), whose compressed attention runs only there; "
+                         f"attn_implementation={name!r} is not a burst backend")
 
 
 class _IndexerEntries:
