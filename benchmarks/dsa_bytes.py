@@ -114,7 +114,7 @@ V32_NOTES = ["", "Per token and layer the indexer sends index_head_dim numbers (
              "full size. MLA's values are padded to the query head dim (192) before they travel, and K, V move "
              "expanded per head: moving the compressed latent (kv_lora_rank + qk_rope numbers per token) and "
              "expanding on arrival would cut attention's bytes by about heads x 384 / 576, not done yet. The "
-             "planner's cost model does not count the indexer yet.", "",
+             "planner counts the indexer's keys (burst.plan.sparse; `burst plan --hf-config`).", "",
              "Selections: in these runs every row whose top-k set is unique got exactly one process's. A row "
              "with fewer than index_topk positive scores (the indexer's ReLU leaves many exact zeros) ties at the "
              "boundary, and torch.topk breaks exact ties in an order that depends on the last bits of the row's "
@@ -123,14 +123,19 @@ V32_NOTES = ["", "Per token and layer the indexer sends index_head_dim numbers (
              "index score 0.0 in both runs; that one row is the logits error there)."]
 
 
-V4_NOTES = ["", "Per token and layer every rank receives, from the others: CSA entries head_dim / 4 = 128 numbers, the "
-            "indexer's entries index_head_dim / 4 = 32 and HCA entries head_dim / 128 = 4 (plus halos of 8 and 128 "
-            "tokens per chunk), once per layer, against the ring's K, V of 2 x 512 per token at each of its steps. The "
-            "entries' gradients return by an all-reduce of the gathered entries in the backward (2 (G - 1) / G of "
-            "them). The sliding window (128 tokens) needs only the neighbouring chunks' keys, so the ring stops "
-            "after the steps it needs (zigzag: a rank's two chunks neighbour chunks on two other ranks). K = V in "
-            "DeepSeek-V4 and burst moves both: sending one would halve the ring's bytes, not done yet.", "",
-            "Selections: compared row by row as for DeepSeek-V3.2 (the chosen entries, -1 slots dropped)."]
+V4_NOTES = ["", "Per token and layer every rank receives from the others: CSA entries head_dim / 4 = 128 numbers, the "
+            "indexer's entries index_head_dim / 4 = 32 and HCA entries head_dim / 128 = 4, once per layer, plus the "
+            "halo a chunk needs (CSA: the 4-token window before it; HCA: none, the chunks hold whole windows); in the "
+            "backward the entries' gradients return by an all-reduce of the gathered entries (counted under "
+            "compressed). The ring carries only the sliding window (128 tokens): burst serves a neighbour just the "
+            "rows the window needs, so its bytes stay the same as the sequence and the world grow, while the entries "
+            "grow with the sequence: at these shapes they pass the ring's forward bytes already at 2048 tokens, and "
+            "at long sequences they are most of what a rank sends (the planner counts them: burst.plan.sparse). "
+            "K = V in DeepSeek-V4 and the ring moves both: sending one would halve its forward bytes, not done yet. "
+            "With one K, V head and many query heads, burst's backward (moving queries of every head) sends more "
+            "than ring's would (K, V of one head), as the planner's model has it.", "",
+            "Selections: compared row by row as for DeepSeek-V3.2 (the chosen entries, -1 slots dropped): no row "
+            "differed in these runs."]
 
 
 def main():
