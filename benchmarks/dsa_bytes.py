@@ -131,7 +131,8 @@ V4_NOTES = ["", "Per token and layer every rank receives from the others: CSA en
             "rows the window needs, so its bytes stay the same as the sequence and the world grow, while the entries "
             "grow with the sequence: at these shapes they pass the ring's forward bytes already at 2048 tokens, and "
             "at long sequences they are most of what a rank sends (the planner counts them: burst.plan.sparse). "
-            "K = V in DeepSeek-V4 and the ring moves both: sending one would halve its forward bytes, not done yet. "
+            "K = V in DeepSeek-V4: the layer passes one tensor as both, and one block travels (ring's backward: one "
+            "gradient too). "
             "With one K, V head and many query heads, burst's backward (moving queries of every head) sends more "
             "than ring's would (K, V of one head), as the planner's model has it.", "",
             "Selections: compared row by row as for DeepSeek-V3.2 (the chosen entries, -1 slots dropped): no row "

@@ -121,8 +121,11 @@ def _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax
     chosen, call = prepare_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
                                      cu_seqlens, block_sparse, topology, sinks=sinks, softcap=softcap,
                                      chunk_size=chunk_size, indices=indices, compressed=compressed, **options)
+    same = v is k  # values that are the keys stay one tensor through any copy: one K, V block travels
+    q, k = unit_stride_last(q), unit_stride_last(k)
+    v = k if same else unit_stride_last(v)
     with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
-        out, lse = chosen(call, *(unit_stride_last(t) for t in (q, k, v)), sinks=sinks, compressed=compressed)
+        out, lse = chosen(call, q, k, v, sinks=sinks, compressed=compressed)
     return (out, lse) if return_lse else out
 
 
@@ -139,4 +142,9 @@ def autocast_inputs(q, k, v):
     if not torch.is_autocast_enabled(device_type):
         return q, k, v
     dtype = torch.get_autocast_dtype(device_type)
-    return tuple(t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t for t in (q, k, v))
+
+    def cast(t):
+        return t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t
+
+    k_cast = cast(k)
+    return cast(q), k_cast, k_cast if v is k else cast(v)  # values that are the keys stay one tensor

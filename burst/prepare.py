@@ -40,7 +40,7 @@ def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous"
         check_compressed(compressed, q, v, q.shape[1] * world)
     except (TypeError, ValueError, NotImplementedError) as err:
         problem = err
-    facts = _call_facts(q, k, name, call, return_lse, sinks, softcap, compressed) if problem is None else None
+    facts = _call_facts(q, k, name, call, return_lse, sinks, softcap, compressed, v is k) if problem is None else None
     agree("burst.attention", facts, problem, group, world, hints=_HINTS)
     if world > 1:
         open_host_channels(group)  # collective on a group's first call: every rank has agreed to run it
@@ -67,7 +67,7 @@ _HINTS = {"seqlen": " (shard with burst.shard, or pad every rank to one length)"
 
 
 def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool, sinks=None, softcap=0.0,
-                compressed=None) -> dict:
+                compressed=None, values_are_keys: bool = False) -> dict:
     """What must be equal on every rank for the call to be right: shard shapes, dtype, options."""
     spec = call.spec
     facts = {
@@ -79,6 +79,7 @@ def _call_facts(q, k, name: str, call: AttentionCall, return_lse: bool, sinks=No
         "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
         "topology": (call.topology.local_world_size, call.topology.double_ring),
         "sinks": None if sinks is None else (str(sinks.dtype), tuple(sinks.detach().float().tolist())),
+        "values are keys": values_are_keys,  # v is k: one K, V block travels (strategies.base.travelling_kv)
         "compressed": None if compressed is None else (tuple(compressed.k.shape), compressed.rate,
                                                        compressed.indices is not None),
     }

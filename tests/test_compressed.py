@@ -7,7 +7,8 @@ entry not yet complete, which must be dropped), and the sinks, in one softmax.
 One world per size, cases looped inside: burst (whole blocks and served chunks), ring and allgather,
 three layouts, HCA-like (every visible entry) and CSA-like (a pruning choice), with and without
 sinks, float64 and bf16; out, lse, dq, dk, dv, and the entries' and sinks' gradients summed over
-the ranks.
+the ranks. Beside them, values that are the keys (`v is k`, DeepSeek-V4's K = V): exact, and one
+block travels where two did.
 """
 
 from __future__ import annotations
@@ -116,7 +117,32 @@ def _cases(rank, world):
                     for strategy in STRATEGIES if dtype == torch.float64 else ("burst",):
                         errs = _errors(full, ref, ck, cv, s, indices, dtype, layout, strategy)
                         results.append(((strategy, layout, kind, with_sinks, str(dtype)), errs))
-    return results
+    return results, _values_are_keys(full)
+
+
+def _values_are_keys(full):
+    """v is k (DeepSeek-V4's and Gemma 4's K = V): one block travels. Against the reference with v = k
+    (the tensor's gradient: the sum of both roles), and the bytes against the same values copied."""
+    q_full, k_full, _, dout_full = full
+    none = torch.zeros(B, 0, HK, D, dtype=torch.float64)  # no entries
+    ref = reference([q_full, k_full, k_full, dout_full], none, none, None, allowed_pairs(q_full.shape[1], 0, None))
+    out = {}
+    for strategy in ("burst", "burst:chunk_rows=0", "ring", "allgather"):
+        for layout in ("contiguous", "zigzag"):
+            q, k, dout = (burst.shard(t, layout=layout).detach() for t in (q_full, k_full, dout_full))
+            sent = {}
+            for shared in (True, False):
+                qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+                with burst.CommStats() as stats:
+                    got = burst.attention(qq, kk, kk if shared else kk.clone(), layout=layout, causal=True,
+                                          window=(WINDOW, 0), **strategy_kwargs(strategy))
+                    got.backward(dout)
+                sent[shared] = (stats.sent("forward"), stats.sent("backward"))
+                if shared:
+                    theirs = [burst.shard(t, layout=layout) for t in (ref[0], ref[2], ref[3] + ref[4])]
+                    errors = [rel_err(x, r) for x, r in zip((got, qq.grad, kk.grad), theirs)]
+            out[(strategy, layout)] = (max(errors), sent[True], sent[False])
+    return out
 
 
 _results = results_by_world(_cases)
@@ -125,14 +151,24 @@ _results = results_by_world(_cases)
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_entries_join_the_sharded_keys_exactly(world):
     failures = []
-    for rank, cases in enumerate(_results(world)):
+    for rank, (cases, _) in enumerate(_results(world)):
         for key, errs in cases:
             bound = TOL[getattr(torch, key[-1].removeprefix("torch."))]
             measured = {n: e for n, e in errs.items() if n != "nan"}
             if errs["nan"] or not all(e <= bound for e in measured.values()):
                 failures.append(f"rank {rank} {key}: {errs}")
     assert not failures, "\n".join(failures)
-    assert len(_results(world)[0]) == 2 * 2 * 3 * (len(STRATEGIES) + 1)
+    assert len(_results(world)[0][0]) == 2 * 2 * 3 * (len(STRATEGIES) + 1)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_values_that_are_the_keys_travel_once(world):
+    for rank, (_, shared) in enumerate(_results(world)):
+        for (strategy, layout), (error, (fwd, bwd), (fwd_copy, bwd_copy)) in shared.items():
+            assert error <= TOL[torch.float64], (rank, strategy, layout, error)
+            assert fwd_copy > 0 and 2 * fwd == fwd_copy or strategy == "allgather", (rank, strategy, layout, fwd, fwd_copy)
+            if strategy == "ring":  # ring's backward moves K, V and their gradients: one block and one gradient
+                assert 2 * bwd == bwd_copy, (rank, layout, bwd, bwd_copy)
 
 
 def test_the_entries_change_the_answer():

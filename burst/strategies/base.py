@@ -34,6 +34,20 @@ def int_at_least(name: str, value, low: int, meaning: str = "") -> None:
         raise ValueError(f"{name} must be a {kind} int{meaning}, got {value!r}")
 
 
+def travelling_kv(k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
+    """The K, V blocks a strategy moves: one when the values are the keys (`v is k`: DeepSeek-V4's
+    and Gemma 4's K = V layers), sent once and read as both (held[0], held[-1])."""
+    return [k] if v is k else [k, v]
+
+
+def kv_gradients(dk: torch.Tensor, dv: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """(dk, dv) in k's and v's dtypes; with v is k, dk is dv is one accumulator holding both sums, returned
+    once (the other None: autograd adds nothing more for the same tensor)."""
+    if v is k:
+        return dk.to(k.dtype), None
+    return dk.to(k.dtype), dv.to(v.dtype)
+
+
 @dataclass(frozen=True)
 class Strategy:
     name: str

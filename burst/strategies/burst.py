@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ..call import AttentionCall
 from ..kernels.accumulators import accumulator_zeros_like, lse_for_backward, row_delta
 from ..kernels.attend import attend_backward
-from .base import Options, Strategy, int_at_least
+from .base import Options, Strategy, int_at_least, kv_gradients
 from .burst_stream import chunk_rows, keys_partly_needed, served_backward, served_forward
 from .ring import ring_forward, visit_blocks
 
@@ -45,7 +45,8 @@ def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
     order); on one node served chunk by chunk, across nodes on the double ring.
     """
     delta = row_delta(dout, out)  # D_i, computed once here instead of at every step
-    dk, dv = accumulator_zeros_like(k), accumulator_zeros_like(v)
+    dk = accumulator_zeros_like(k)
+    dv = dk if v is k else accumulator_zeros_like(v)  # keys reused as values: one accumulator for both
     travelling = [q, dout, delta, lse_for_backward(lse)]
     if call.indices is not None:  # the queries' chosen keys travel with them (int64, topk per row)
         travelling.append(call.indices)
@@ -54,7 +55,7 @@ def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
         dq = served_backward(call, rows, travelling, out, k, v, dk, dv)
     else:
         dq = _ring_backward(call, travelling, out, k, v, dk, dv)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return (dq.to(q.dtype), *kv_gradients(dk, dv, k, v))
 
 
 def _on_one_node(call: AttentionCall) -> bool:

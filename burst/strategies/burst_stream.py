@@ -44,6 +44,7 @@ from ..kernels.attend import attend_backward, attend_forward
 from ..masks import may_attend
 from ..schedules.chunk_stream import CACHE_LIMIT, BoundedCache, cached_plan, default_chunk_rows, plan_stream, row_chunks
 from ..schedules.ring import RingSchedule
+from .base import travelling_kv
 
 
 def chunk_rows(call: AttentionCall) -> int:
@@ -88,10 +89,11 @@ def served_forward(call: AttentionCall, rows: int, q, k, v):
 
     def attend(src, chunk, held, _accs):
         tiles = call.plan(mine, call.chunk_segments(src, *chunk))
-        attend_forward(call.kernel, q, held[0], held[1], tiles, out_acc, lse_acc, call.scale, indices=call.indices)
+        attend_forward(call.kernel, q, held[0], held[-1], tiles, out_acc, lse_acc, call.scale, indices=call.indices)
 
-    stream_chunks(call, call.kv_schedule, "forward", [k, v], (1, 1), rows, functools.partial(key_chunk_needed, call),
-                  attend, acc_likes=[], plan_key=("keys", call.mask_key))
+    blocks = travelling_kv(k, v)
+    stream_chunks(call, call.kv_schedule, "forward", blocks, (1,) * len(blocks), rows,
+                  functools.partial(key_chunk_needed, call), attend, acc_likes=[], plan_key=("keys", call.mask_key))
     return out_acc.to(q.dtype), lse_acc
 
 

@@ -28,7 +28,7 @@ from ..comm.ring import RingComm
 from ..kernels.accumulators import ArrivingAccumulators, accumulator_zeros_like, empty_accumulators, lse_for_backward
 from ..kernels.attend import attend_backward, attend_forward
 from ..schedules.ring import RingSchedule
-from .base import Strategy
+from .base import Strategy, kv_gradients, travelling_kv
 
 
 def ring_forward(call: AttentionCall, q, k, v):
@@ -40,11 +40,11 @@ def ring_forward(call: AttentionCall, q, k, v):
     """
     out_acc, lse_acc = empty_accumulators(q)
 
-    def attend(src, kv, _):  # our queries against the K, V of rank src
-        attend_forward(call.kernel, q, kv[0], kv[1], call.tiles(call.rank, src), out_acc, lse_acc, call.scale,
+    def attend(src, kv, _):  # our queries against the K, V of rank src (one block when v is k)
+        attend_forward(call.kernel, q, kv[0], kv[-1], call.tiles(call.rank, src), out_acc, lse_acc, call.scale,
                        indices=call.indices)
 
-    visit_blocks(call, call.kv_schedule, "forward", [k, v], attend)
+    visit_blocks(call, call.kv_schedule, "forward", travelling_kv(k, v), attend)
     return out_acc.to(q.dtype), lse_acc
 
 
@@ -54,11 +54,12 @@ def ring_backward(call: AttentionCall, dout, q, k, v, out, lse):
     dq = accumulator_zeros_like(q)
 
     def attend(src, kv, grads):  # the visiting block's dK, dV add onto what the ranks before us added
-        attend_backward(call.kernel, dout, q, kv[0], kv[1], out, lse, call.tiles(call.rank, src), dq,
-                        grads.part(0), grads.part(1), call.scale, indices=call.indices)
+        attend_backward(call.kernel, dout, q, kv[0], kv[-1], out, lse, call.tiles(call.rank, src), dq,
+                        grads.part(0), grads.part(-1), call.scale, indices=call.indices)
 
-    dk, dv = visit_blocks(call, call.kv_schedule, "backward", [k, v], attend, acc_likes=[k, v])
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    blocks = travelling_kv(k, v)  # with v is k one block and one accumulator, dK and dV added into it
+    grads = visit_blocks(call, call.kv_schedule, "backward", blocks, attend, acc_likes=blocks)
+    return (dq.to(q.dtype), *kv_gradients(grads[0], grads[-1], k, v))
 
 
 def visit_blocks(call, schedule: RingSchedule, phase: str, block: Sequence[torch.Tensor],

@@ -80,6 +80,7 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     decoded = _decode_step(name, module, query, scaling, sliding_window, sinks, softcap, chunk_size)
     if decoded is not None:
         return decoded
+    values_are_keys = value is key  # DeepSeek-V4 and Gemma 4's K = V layers: one K, V block travels
     key, value, entries = _compressed_entries(name, module, query, key, value)
     _refuse_unsupported(name, query, key, attention_mask)
     is_causal = kwargs.get("is_causal")
@@ -105,7 +106,9 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     indices = kwargs.get("indices")
     if entries is not None:  # in the attention's dtype, as q, k, v are
         entries = replace(entries, k=entries.k.to(query.dtype), v=entries.v.to(query.dtype))
-    out = api.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), group=backend.group,
+    key = key.transpose(1, 2)
+    value = key if values_are_keys else value.transpose(1, 2)  # the same steps made both from one tensor
+    out = api.attention(query.transpose(1, 2), key, value, group=backend.group,
                         strategy=backend.strategy, layout=backend.layout, causal=causal, window=window,
                         softmax_scale=scaling, cu_seqlens=cu_seqlens, sinks=sinks, softcap=softcap,
                         chunk_size=chunk_size, indices=indices, compressed=entries, **backend.options)
