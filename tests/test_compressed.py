@@ -121,7 +121,7 @@ def _cases(rank, world):
 
 
 def _values_are_keys(full):
-    """v is k (DeepSeek-V4's and Gemma 4's K = V): one block travels. Against the reference with v = k
+    """v is k (DeepSeek-V4's shared K = V): one block travels. Against the reference with v = k
     (the tensor's gradient: the sum of both roles), and the bytes against the same values copied."""
     q_full, k_full, _, dout_full = full
     none = torch.zeros(B, 0, HK, D, dtype=torch.float64)  # no entries

@@ -36,7 +36,7 @@ def int_at_least(name: str, value, low: int, meaning: str = "") -> None:
 
 def travelling_kv(k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
     """The K, V blocks a strategy moves: one when the values are the keys (`v is k`: DeepSeek-V4's
-    and Gemma 4's K = V layers), sent once and read as both (held[0], held[-1])."""
+    shared K = V, or any caller passing one tensor as both), sent once and read as both (held[0], held[-1])."""
     return [k] if v is k else [k, v]
 
 

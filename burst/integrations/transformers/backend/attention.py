@@ -80,7 +80,7 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     decoded = _decode_step(name, module, query, scaling, sliding_window, sinks, softcap, chunk_size)
     if decoded is not None:
         return decoded
-    values_are_keys = value is key  # DeepSeek-V4 and Gemma 4's K = V layers: one K, V block travels
+    values_are_keys = value is key  # DeepSeek-V4 passes one tensor as both: one block travels
     key, value, entries = _compressed_entries(name, module, query, key, value)
     _refuse_unsupported(name, query, key, attention_mask)
     is_causal = kwargs.get("is_causal")
