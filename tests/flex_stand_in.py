@@ -18,12 +18,14 @@ CALLS: list[tuple] = []  # ("flex_attention", -1, -1, 1) per call: the record sh
 
 
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cpu", **kwargs):
-    assert B is None and H is None and not kwargs
+    """B None: one mask for every batch row (mask_mod called with b = 0), else one per row, as FlexAttention."""
+    assert H is None and not kwargs
     q_idx = torch.arange(Q_LEN, device=device)[:, None]
     kv_idx = torch.arange(KV_LEN, device=device)[None, :]
-    dense = torch.as_tensor(mask_mod(0, 0, q_idx, kv_idx)).expand(Q_LEN, KV_LEN)
+    rows = [torch.as_tensor(mask_mod(b, 0, q_idx, kv_idx)).expand(Q_LEN, KV_LEN) for b in range(B or 1)]
+    dense = torch.stack(rows)[:, None]  # (B or 1, 1, Q_LEN, KV_LEN)
     assert dense.dtype == torch.bool
-    return types.SimpleNamespace(dense=dense, shape=(1, 1, Q_LEN, KV_LEN))
+    return types.SimpleNamespace(dense=dense, shape=(B or 1, 1, Q_LEN, KV_LEN))
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
@@ -33,7 +35,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     hk = key.shape[1]
     assert enable_gqa == (h != hk) and h % hk == 0, "GQA needs enable_gqa=True"
     if block_mask is not None:
-        assert block_mask.shape == (1, 1, sq, key.shape[2]), "BlockMask built for another tile shape"
+        assert block_mask.shape in ((1, 1, sq, key.shape[2]), (b, 1, sq, key.shape[2])), \
+            "BlockMask built for another tile shape"
     CALLS.append(("flex_attention", -1, -1, 1))
     kk, vv = key.repeat_interleave(h // hk, 1), value.repeat_interleave(h // hk, 1)
     s = (query @ kk.transpose(-1, -2)) * (d ** -0.5 if scale is None else scale)

@@ -5,7 +5,8 @@ arithmetic) in place of the package and makes bf16 dispatch to kernels/cuda_flas
 on a GPU. Every case is compared with float64 attention on the whole sequence (bf16 bounds), and must
 reach the kernel with its masks as arguments: no call builds a dense mask (CommStats.dense_masks) for
 causal, sliding-window or document masks, whatever the layout puts side by side; block-sparse tiles go
-whole, as rules, to FlexAttention (its stand-in: tests/flex_stand_in.py). One world of 4 ranks.
+whole, as rules, to FlexAttention (its stand-in: tests/flex_stand_in.py), and so do DeepSeek-V4's
+compressed entries (tests/test_compressed.py's cases). One world of 4 ranks.
 """
 
 from __future__ import annotations
@@ -101,6 +102,30 @@ def _cases(rank, world):
                     flex_calls=sum(name == "flex_attention" for name, *_ in calls),
                     varlen_calls=sum(name.startswith("varlen") for name, *_ in calls))
         results.append((("doc layout", split, "burst"), errs))
+    return results + _compressed_cases(calls, world)
+
+
+def _compressed_cases(calls, world):
+    """DeepSeek-V4's compressed entries (burst.CompressedKV, a key run of stride 4) with a window and
+    sinks, as tests/test_compressed.py builds them, through the flash_attn adapter: HCA-like (every
+    ended entry: their causal tiles) and CSA-like (an index selection)."""
+    import test_compressed as tc
+
+    n = tc.N_LOCAL * world
+    full = full_inputs(41, tc.B, n, tc.H, tc.HK, tc.D, torch.float64)
+    ck, cv, sinks = tc.entries_and_sinks(n // tc.RATE, 7)
+    results = []
+    for kind, indices in (("hca", None), ("csa", tc.chosen_entries(n, n // tc.RATE, world))):
+        ref = tc.reference(full, ck, cv, sinks, tc.allowed_pairs(n, n // tc.RATE, indices))
+        for layout in LAYOUTS:
+            for strategy in ("burst", "ring"):
+                calls.clear()
+                with burst.CommStats() as stats:
+                    errs = tc._errors(full, ref, ck, cv, sinks, indices, torch.bfloat16, layout, strategy)
+                errs.update(dense_masks=stats.dense_masks(), flash_calls=len(calls),
+                            flex_calls=sum(name == "flex_attention" for name, *_ in calls), varlen_calls=0,
+                            dq=errs["dq"])
+                results.append(((f"compressed {kind}", layout, strategy), errs))
     return results
 
 
@@ -136,6 +161,8 @@ def test_block_sparse_tiles_reach_flex_attention():
     blocks: no tile is partial); no other mask needs it."""
     for cases in _results(WORLD):
         for (mask, layout, strategy), errs in cases:
+            if mask.startswith("compressed"):  # test_compressed_entries_through_flash_attn_arguments
+                continue
             wanted = mask == "block-sparse" and layout != "zigzag"
             assert (errs["flex_calls"] > 0) == wanted, (mask, layout, strategy, errs["flex_calls"])
 
@@ -147,3 +174,21 @@ def test_documents_reach_the_varlen_interface():
         for layout in LAYOUTS:
             assert any(varlen[(mask_name, layout, s)] for s in STRATEGIES if (mask_name, layout, s) in varlen), \
                 (mask_name, layout)
+
+
+def test_compressed_entries_through_flash_attn_arguments():
+    """DeepSeek-V4's entries (a key run of stride 4 under a causal mask, CSA's choice as an index
+    selection) on the GPU path: exact in bf16 with the entries' and sinks' gradients, their partial
+    tiles whole to FlexAttention (per batch row for a selection), no dense mask built."""
+    ran = 0
+    for rank, cases in enumerate(_results(WORLD)):
+        for key, errs in cases:
+            if not key[0].startswith("compressed"):
+                continue
+            ran += 1
+            measured = {n: errs[n] for n in ("out", "lse", "dq", "dk", "dv", "dck", "dcv", "dsinks")}
+            assert not errs["nan"] and all(e <= TOL[torch.bfloat16] for e in measured.values()), (rank, key, measured)
+            assert errs["dense_masks"] == 0 and errs["flash_calls"] > 0, (rank, key, errs)
+            if key[1] != "striped":
+                assert errs["flex_calls"] > 0, (rank, key, errs)
+    assert ran == WORLD * 2 * len(LAYOUTS) * 2
