@@ -40,7 +40,8 @@ def attention(
         q: (batch_size, seqlen_local, nheads, headdim), this rank's shard of the queries.
         k: (batch_size, seqlen_local, nheads_k, headdim); v: same shape as k.
             The number of heads in Q must be divisible by the number of heads in KV (GQA/MQA); only
-            the KV heads travel between ranks.
+            the KV heads travel between ranks. Pass one tensor as both k and v (v is k: DeepSeek-V4's
+            shared K = V) and burst and ring move it once.
         group: the process group the sequence is split over; None = the default group (or a single
             process when torch.distributed is not initialized).
         strategy: "burst" (BurstAttention: ring forward; backward moving Q/dQ/dO/D/lse, on one
