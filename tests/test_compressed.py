@@ -4,8 +4,8 @@ keys under a causal sliding window, the entries each query may see (entry w once
 (w+1)*RATE - 1 is reached; with indices, only the chosen ones, some slots -1 and one pointing at an
 entry not yet complete, which must be dropped), and the sinks, in one softmax.
 
-One world per size, cases looped inside: burst (whole blocks and served chunks), ring and allgather,
-three layouts, HCA-like (every visible entry) and CSA-like (a pruning choice), with and without
+One world per size, cases looped inside: burst (whole blocks and served chunks), ring, allgather,
+ulysses, usp and cqs (the entries fold in after any strategy's forward), three layouts, HCA-like (every visible entry) and CSA-like (a pruning choice), with and without
 sinks, float64 and bf16; out, lse, dq, dk, dv, and the entries' and sinks' gradients summed over
 the ranks. Beside them, values that are the keys (`v is k`, DeepSeek-V4's K = V): exact, and one
 block travels where two did.
@@ -23,7 +23,7 @@ from cases import TOL, full_inputs, rel_err, strategy_kwargs
 from world import results_by_world
 
 N_LOCAL, H, HK, D, B, RATE, TOPK, WINDOW = 16, 4, 1, 8, 2, 4, 3, 7
-STRATEGIES = ("burst", "burst:chunk_rows=8", "ring", "allgather")
+STRATEGIES = ("burst", "burst:chunk_rows=8", "ring", "allgather", "ulysses", "usp", "cqs")  # folded after any
 
 
 def entries_and_sinks(n_entries: int, seed: int):
