@@ -110,6 +110,8 @@ def _attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     dout = dout.contiguous()
     with torch.autocast(q.device.type, enabled=False):
         dq, dk, dv = chosen.backward(call, dout, q, k, v, out, lse)
+        if dv is None:  # v is k: dk holds both roles' sums (strategies.base.kv_gradients); an op returns tensors
+            dv = torch.zeros_like(v)
         dsinks = sink_gradient(dout, out, lse, sinks) if sinks is not None else q.new_empty(0)
     return dq.contiguous(), dk.contiguous(), dv.contiguous(), dsinks
 

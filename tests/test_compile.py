@@ -3,7 +3,7 @@
 On 2 ranks, against eager burst.attention (which tests elsewhere compare with float64 attention):
 compiled with fullgraph=True (which fails on any graph break), output and gradients equal; the
 same inside an activation-checkpointed block, where a graph break would make dynamo run the whole
-block eagerly; with sinks, GQA and a strategy option; under bf16 autocast; SDPA routed by burst.context_parallel in a
+block eagerly; with sinks, GQA and a strategy option; under bf16 autocast; one tensor as both keys and values; SDPA routed by burst.context_parallel in a
 compiled checkpointed block; and a call the op's schema cannot carry
 (a block-sparse mask) still right, through the eager path behind a graph break.
 """
@@ -100,6 +100,17 @@ def _cases(rank, world):
     eager = _grads(autocast_attend, (q, k, v), weight)
     compiled = _grads(torch.compile(autocast_attend, fullgraph=True), (q, k, v), weight)
     results["bf16 autocast"] = (0, _max_diff(compiled, eager), _max_diff(compiled, eager))  # the same kernels run
+
+    # One tensor as both keys and values (DeepSeek-V4's K = V): the op's backward returns its gradient once.
+    (q, k, _), weight = _inputs(6, "zigzag")
+
+    def shared(q, k, weight):
+        return burst.attention(q, k, k, causal=True, layout="zigzag").flatten(2) @ weight
+
+    torch._dynamo.reset()
+    eager = _grads(shared, (q, k), weight)
+    compiled = _grads(torch.compile(shared, fullgraph=True), (q, k), weight)
+    results["values are keys"] = (0, _max_diff(compiled, eager), _max_diff(compiled, eager))
 
     # Ranks that disagree (a window on one rank only) raise on every rank, as eager burst.attention does.
     (q, k, v), weight = _inputs(4, "contiguous")
