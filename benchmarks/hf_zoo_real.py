@@ -145,6 +145,9 @@ def report(cases, references, rows, seq_len, worlds, seconds, command) -> str:
         "published).",
         "- Gemma 4: the values come from public copies of google/gemma-4-26B-A4B's config.json (not fetched from "
         "the Hub here); its full-attention layers have head_dim 512, 2 KV heads and keys reused as values.",
+        "- DeepSeek-V4: the attention values transformers' DeepseekV4Config documents for V4-Flash (not fetched "
+        "from the Hub). At 4096 tokens everything bites: the 128-token window, CSA's top-512 of 1024 entries, "
+        "HCA's 32 entries of 128 tokens, the sinks; one K = V tensor travels once.",
         "",
     ])
 
