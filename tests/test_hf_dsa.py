@@ -167,3 +167,21 @@ def test_a_prepared_v4_refuses_another_attention_backend():
     model.set_attn_implementation("eager")
     with pytest.raises(ValueError, match="not a burst backend"):
         model(**batch, use_cache=False)
+
+
+def test_v4_with_packed_documents_is_refused():
+    """Packed rows (position ids restarting) would give entries spanning documents: refused, not silent."""
+    import transformers
+
+    import burst.integrations.transformers as bt
+    from burst.bench.hf_zoo import VOCAB, families, twin_models
+
+    if "deepseek_v4" not in families():
+        pytest.skip("this transformers release has no DeepSeek-V4")
+    transformers.logging.set_verbosity_error()
+    _, model = twin_models("deepseek_v4", bt.register("v4_packed"), _config("deepseek_v4"))
+    ids = torch.randint(3, VOCAB, (1, 64), generator=torch.Generator().manual_seed(1))
+    positions = torch.cat([torch.arange(40), torch.arange(24)])[None]
+    batch = bt.shard_batch({"input_ids": ids, "labels": ids, "position_ids": positions}, model=model)
+    with pytest.raises(ValueError, match="compressed attention with packed documents"):
+        model(**batch, use_cache=False)

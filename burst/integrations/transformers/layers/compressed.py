@@ -95,6 +95,7 @@ def _whole_sequence_compressor(module, attention, group, layout, hidden_states, 
                          "burst is not supported; run the forward without a cache (use_cache=False), or generate "
                          "with another attention implementation")
     _check_runs_on_burst(module, attention())
+    _check_one_sequence_per_row(module, position_ids, group, layout)
     overlap = kind(module) == "csa"
     entries = whole_sequence_entries(module, module.kv_proj(hidden_states), module.gate_proj(hidden_states),
                                      group, layout, overlap)
@@ -119,6 +120,20 @@ def _check_runs_on_burst(module, attention) -> None:
         raise ValueError(f"{type(module).__name__}: this model was prepared for burst's attention backend "
                          f"(bt.shard_batch(..., model=model)), whose compressed attention runs only there; "
                          f"attn_implementation={name!r} is not a burst backend")
+
+
+def _check_one_sequence_per_row(module, position_ids, group, layout) -> None:
+    """ValueError for packed documents (position ids restarting inside a row): the entries are made over
+    the row's tokens, so they would span documents, and the layer's validity reads positions inside
+    each document; burst does not split that."""
+    if position_ids is None:
+        return
+    world, rank = layout_mod._world_and_rank(group)
+    local = position_ids.shape[-1]
+    rows = layout_mod.shard_indices(layout, rank, world, local * world, device=position_ids.device)
+    if not bool((position_ids == rows).all()):
+        raise ValueError(f"{type(module).__name__}: DeepSeek-V4's compressed attention with packed documents "
+                         "(position_ids restarting inside a row) is not supported; one sequence per row")
 
 
 class _IndexerEntries:
