@@ -101,7 +101,7 @@ def report(cases, references, rows, seq_len, worlds, seconds, command) -> str:
         "ranks, attention multipliers: the *kept* column) and shrinks what does not (the *shrunk* column): "
         "2 layers, one of each kind where the family alternates; hidden size 64; a narrow MLP; a 256-token "
         f"vocabulary; few experts. A family with more than {MAX_HEADS} query heads runs with fewer, its GQA "
-        "ratio kept (bold in the table): the eager reference materialises heads x n x n fp32 scores in one "
+        "ratio kept (MQA: its one KV head) (bold in the table): the eager reference materialises heads x n x n fp32 scores in one "
         "process. Where a published window, chunk, temperature floor (Llama 4's floor_scale) or LongRoPE "
         f"original length is {seq_len} or longer, so that it changes nothing at {seq_len} tokens, a variant "
         "row runs it shrunk (its name says to what) so it bites.",

@@ -95,7 +95,8 @@ def test_each_shrunk_feature_moves_the_logits_well_past_the_bound():
 
 
 def test_the_published_attention_values_reach_the_config():
-    """What the table calls kept is what the model is built with (fewer heads only where said, ratio kept)."""
+    """What the table calls kept is what the model is built with (fewer heads only where said, GQA ratio
+    kept, or MQA's one KV head)."""
     from burst.bench.hf_zoo_real import PUBLISHED, build_config
 
     for case in PUBLISHED:
@@ -111,7 +112,9 @@ def test_the_published_attention_values_reach_the_config():
                 _assert_contains(got, value, case.name)
             else:
                 assert got == value, (case.name, key, got, value)
-        if case.heads is not None:
+        if case.heads is not None and case.kept["num_key_value_heads"] == 1:  # MQA: one KV head kept
+            assert case.heads[1] == 1, case.name
+        elif case.heads is not None:
             published = case.kept["num_attention_heads"] // case.kept["num_key_value_heads"]
             assert case.heads[0] // case.heads[1] == published and case.heads[0] % case.heads[1] == 0, case.name
 

@@ -86,14 +86,14 @@ def _balance(rank, world):
         burst.attention(q, q, q, strategy="burst", layout="zigzag", causal=True, chunk_rows=16).sum().backward()
     out[("burst", "zigzag served")] = stats.sent("backward")
     # Early stop: a window shorter than a shard needs only the previous rank's keys.
-    k = torch.randn(1, n, 2, 8, requires_grad=True)
+    k, v = (torch.randn(1, n, 2, 8, requires_grad=True) for _ in range(2))  # two tensors: K and V both travel
     for strategy in ("ring", "burst"):
         with burst.CommStats() as stats:
-            burst.attention(q, k, k, strategy=strategy, causal=True, window=(n // 2, 0)).sum().backward()
+            burst.attention(q, k, v, strategy=strategy, causal=True, window=(n // 2, 0)).sum().backward()
         out[(strategy, "window")] = (stats.sent("forward"), stats.sent("backward"))
     # In chunks of 16 rows, burst's forward is served too: only the keys the window sees travel.
     with burst.CommStats() as stats:
-        burst.attention(q, k, k, strategy="burst", causal=True, window=(n // 2, 0), chunk_rows=16).sum().backward()
+        burst.attention(q, k, v, strategy="burst", causal=True, window=(n // 2, 0), chunk_rows=16).sum().backward()
     out[("burst", "window served")] = stats.sent("forward")
     return out
 

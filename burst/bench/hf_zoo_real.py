@@ -281,7 +281,8 @@ def describe(case: Case) -> tuple[str, str]:
     shrunk += [f"{k} {v}" for k, v in case.small.items() if k != "layer_types"]
     if case.heads is not None:
         published = (case.kept["num_attention_heads"], case.kept["num_key_value_heads"])
-        shrunk.append(f"**heads {published[0]}/{published[1]} -> {case.heads[0]}/{case.heads[1]}** (ratio kept; time)")
+        kept = "one KV head kept" if published[1] == 1 else "ratio kept"
+        shrunk.append(f"**heads {published[0]}/{published[1]} -> {case.heads[0]}/{case.heads[1]}** ({kept}; time)")
     return "; ".join(kept), "; ".join(shrunk)
 
 
