@@ -290,3 +290,46 @@ def test_sparse_attention_gathers_are_counted(capsys, tmp_path):
     assert main(["plan", "--gpus", "8", "--seq-len", "65536", "--hf-config", str(tmp_path), "--causal"]) == 0
     out = capsys.readouterr().out
     assert "64 heads (1 kv) x 512, 43 layer(s)" in out and "compressed entries" in out
+
+
+def test_sliding_windows_are_costed():
+    """A causal window: the pairs it leaves (counted here by brute force), balanced contiguous shards,
+    a ring that stops after the ranks the window reaches (contiguous) or goes round (zigzag), and a
+    model mixing windowed and full layers costed per kind."""
+    from burst.plan.windows import causal_pairs, ring_steps
+
+    assert causal_pairs(1000, 100) == sum(min(i + 1, 100) for i in range(1000))
+    assert causal_pairs(1000, 5000) == 1000 * 1001 / 2
+    n, g, window = 1 << 20, 8, 4096
+    assert ring_steps(n, g, window, "contiguous") == 2 and ring_steps(n, g, n // g + 2, "contiguous") == 3
+    assert ring_steps(n, g, window, "zigzag") == g and ring_steps(n, g, None, "contiguous") == g
+    cluster = Cluster(gpus=g, gpus_per_node=8, profile=H100)
+    full = Workload(seq_len=n, heads=32, head_dim=128, kv_heads=8, layers=4, causal=True, layout="contiguous")
+    windowed = replace(full, window=window)
+    for strategy in ("burst", "ring"):
+        a, b = estimate(strategy, cluster, full), estimate(strategy, cluster, windowed)
+        assert b.compute_s < a.compute_s / 100  # 4K of 1M keys per query, and no straggler
+        assert b.intra_node_bytes_per_device < a.intra_node_bytes_per_device / 3  # one hop instead of seven
+        zig = estimate(strategy, cluster, replace(windowed, layout="zigzag"))
+        assert zig.compute_s == pytest.approx(b.compute_s)  # balanced either way
+        assert zig.intra_node_bytes_per_device > b.intra_node_bytes_per_device  # zigzag's ring goes round
+        half = estimate(strategy, cluster, replace(windowed, windowed_share=0.5))
+        assert half.compute_s == pytest.approx((a.compute_s + b.compute_s) / 2)
+        assert half.wall_s == pytest.approx((a.wall_s + b.wall_s) / 2)
+
+
+def test_cli_window_and_a_config_with_sliding_layers(capsys, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    base = ["plan", "--gpus", "8", "--seq-len", "131072", "--heads", "32", "--head-dim", "128"]
+    with pytest.raises(SystemExit):
+        main([*base, "--window", "4096"])  # a window needs --causal
+    assert "--window" in capsys.readouterr().err
+    assert main([*base, "--causal", "--window", "4096", "--json", "-"]) == 0
+    windowed = {r["strategy"]: r for r in json.loads(capsys.readouterr().out)}
+    assert main([*base, "--causal", "--json", "-"]) == 0
+    full = {r["strategy"]: r for r in json.loads(capsys.readouterr().out)}
+    assert windowed["burst"]["compute_s"] < full["burst"]["compute_s"] / 10
+    config = transformers.GptOssConfig()  # sliding and full layers alternating, a 128-token window
+    config.save_pretrained(tmp_path)
+    assert main(["plan", "--gpus", "8", "--seq-len", "131072", "--hf-config", str(tmp_path), "--causal"]) == 0
+    assert "a 128-token sliding window on 50% of the layers" in capsys.readouterr().out

@@ -56,6 +56,8 @@ def add_parser(sub) -> None:
     p.add_argument("--gpu-mem-gib", type=positive_float, default=None,
                    help="device memory in GiB that decides fits; default: the profile's")
     p.add_argument("--causal", action="store_true", help="causal mask (default: full attention)")
+    p.add_argument("--window", type=positive_int, default=None,
+                   help="causal sliding window: the keys each query sees at most (with --causal; attention alone)")
     p.add_argument("--layout", type=any_case(LAYOUTS), default="zigzag", help="how the sequence is split: "
                    + ", ".join(LAYOUTS))
     p.add_argument("--dtype-bytes", type=int, choices=(1, 2, 4, 8), default=None,
@@ -92,6 +94,10 @@ def validate(args) -> None:
             raise BadOption("--heads", f"{cfg.heads} does not divide the hidden size {cfg.dim}")
         if args.kv_heads is None and cfg.heads % cfg.kv_heads:
             raise BadOption("--heads", f"{cfg.heads} is not a multiple of the model's {cfg.kv_heads} KV heads")
+    if args.window is not None and not args.causal:
+        raise BadOption("--window", "is a causal sliding window: give --causal")
+    if args.window is not None and whole and not args.attention_only:
+        raise BadOption("--window", "plans attention alone: give --attention-only with --model, or no --model")
     if args.dp > 1 and (not whole or args.attention_only):
         raise BadOption("--dp", "needs --model or --hidden (attention alone runs on all --gpus)")
     with blame("--dp"):
@@ -121,7 +127,7 @@ def _apply_hf_config(args) -> None:
     with blame("--hf-config"):
         from transformers import AutoConfig
 
-        from ..plan.sparse import gathered_numbers
+        from ..plan.sparse import gathered_numbers, windowed_layers
 
         config = AutoConfig.from_pretrained(args.hf_config)
         text = config.get_text_config(decoder=True)
@@ -132,6 +138,8 @@ def _apply_hf_config(args) -> None:
         shapes = {"heads": heads, "kv_heads": getattr(text, "num_key_value_heads", None) or heads,
                   "head_dim": head_dim, "layers": text.num_hidden_layers}
         args.gathered = gathered_numbers(config)
+        window, args.windowed_share = windowed_layers(text)
+        shapes["window"] = window if args.causal else None
     for option, value in shapes.items():
         if getattr(args, option) is None:
             setattr(args, option, value)
@@ -181,7 +189,8 @@ def run(args) -> int:
                             batch=args.batch, layers=args.layers or 1, causal=args.causal,
                             dtype_bytes=args.dtype_bytes, layout=args.layout, forward_only=args.mode == "prefill",
                             gathered=getattr(args, "gathered", (0.0, 0.0))[0],
-                            gathered_with_gradient=getattr(args, "gathered", (0.0, 0.0))[1])
+                            gathered_with_gradient=getattr(args, "gathered", (0.0, 0.0))[1],
+                            window=args.window, windowed_share=getattr(args, "windowed_share", 1.0))
     rows = [e.row() for e in plan(cluster, workload)]
     publish(args, rows, table(args, cluster, rows))
     return 0
@@ -212,7 +221,11 @@ def table(args, cluster, rows) -> str:
 
 def _gathered_note(args) -> str:
     plain, with_gradient = getattr(args, "gathered", (0.0, 0.0))
-    if not (plain or with_gradient):
-        return ""
-    return (f"; sparse attention gathers {plain:.4g} numbers per token and layer (indexer keys) and "
-            f"{with_gradient:.4g} with gradients (compressed entries) to every rank")
+    notes = []
+    if args.window is not None:
+        share = getattr(args, "windowed_share", 1.0)
+        notes.append(f"a {args.window}-token sliding window" + (f" on {share:.0%} of the layers" if share < 1 else ""))
+    if plain or with_gradient:
+        notes.append(f"sparse attention gathers {plain:.4g} numbers per token and layer (indexer keys) and "
+                     f"{with_gradient:.4g} with gradients (compressed entries) to every rank")
+    return "".join(f"; {n}" for n in notes)

@@ -16,23 +16,24 @@ prefill: Workload.forward_only) is modelled, then multiplied by the number of la
 Volumes per device follow our implementations (the same numbers CommStats reports): burst's backward
 moves Q, dO (input dtype), D, lse (fp32) for G-1 steps and dQ (fp32) for G (across nodes, on the
 ring) or G-1 (one node: the chunk stream sends each dQ part straight home, strategies/burst_stream.py);
-ring's moves K, V for G-1 and dK, dV (fp32) for G. Masks are not modelled: a causal mask makes the
-chunk stream send less than this. Memory is what attention holds per device: the inputs, outputs and lse
-saved for backward in every layer, plus one layer's backward peak (gradients, travelling buffers,
-and whatever the strategy gathers). Model weights and MLP activations are not included here:
+ring's moves K, V for G-1 and dK, dV (fp32) for G. Of the masks beyond causal only a sliding window is
+modelled (windows.py); a causal mask makes the chunk stream send less than this. Memory is what
+attention holds per device: the inputs, outputs and lse saved for backward in every layer, plus one
+layer's backward peak (gradients, travelling buffers, and whatever the strategy gathers). Model weights and MLP activations are not included here:
 model_cost.py adds the rest of the model, contention and synchronisation on top of this.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..schedules.chunk_stream import CHUNKS_PER_BLOCK
 from ..schedules.cqs import interest_set
 from ..strategies import split_variant
 from .profiles import Profile
 from .sparse import gather_bytes
+from .windows import balanced, blend, causal_pairs, ring_steps
 
 STRATEGIES = ("burst", "ring", "burst:flat", "ring:flat", "distflash", "allgather", "ulysses", "usp",
               "cqs")
@@ -81,6 +82,8 @@ class Workload:
     dtype_bytes: int | None = None  # default: the profile's
     layout: str = "zigzag"          # contiguous shards leave causal work unbalanced on ring strategies
     forward_only: bool = False      # a prefill: attention's forward pass alone
+    window: int | None = None       # causal layers: the keys each query sees at most (windows.py)
+    windowed_share: float = 1.0     # the share of layers with that window; the rest full causal
     gathered: float = 0.0           # numbers per token each layer gathers to every rank, no gradient (sparse.py)
     gathered_with_gradient: float = 0.0  # ... whose gradients return in the backward (DeepSeek-V4's entries)
 
@@ -141,7 +144,10 @@ def pair_flops(pairs: float, batch: int, heads: int, head_dim: int) -> tuple[flo
 
 
 def attention_flops(w: Workload) -> tuple[float, float]:
-    """(forward, backward) FLOPs of one attention layer over the whole sequence (causal: half the pairs)."""
+    """(forward, backward) FLOPs of one attention layer over the whole sequence (causal: half the pairs;
+    a causal window shorter than the sequence: the pairs it leaves, windows.py)."""
+    if w.causal and w.window is not None and w.window < w.seq_len:
+        return pair_flops(causal_pairs(w.seq_len, w.window), w.batch, w.heads, w.head_dim)
     return pair_flops(w.seq_len ** 2 * (0.5 if w.causal else 1.0), w.batch, w.heads, w.head_dim)
 
 
@@ -150,12 +156,16 @@ def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
     forward alone when w.forward_only)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; modelled: {STRATEGIES}")
+    if w.causal and w.window is not None and w.windowed_share < 1:  # windowed and full layers, each costed
+        return blend(estimate(strategy, cluster, replace(w, windowed_share=1.0)),
+                     estimate(strategy, cluster, replace(w, window=None)), w.windowed_share)
     dtype_bytes = w.dtype_bytes or cluster.profile.dtype_bytes
     s = _Sizes(w, cluster.gpus, dtype_bytes)
     fwd_flops, bwd_flops = attention_flops(w)
     c_fwd = fwd_flops / cluster.gpus / cluster.profile.flops  # per device, one layer
     c_bwd = 0.0 if w.forward_only else bwd_flops / cluster.gpus / cluster.profile.flops
-    if w.causal and w.layout == "contiguous" and strategy in _BY_SHARD:
+    if (w.causal and w.layout == "contiguous" and strategy in _BY_SHARD
+            and not balanced(w.seq_len, cluster.gpus, w.window)):
         # The last rank's queries see G - 1/2 blocks where the average sees G/2: it sets the pace.
         straggler = (2 * cluster.gpus - 1) / cluster.gpus
         c_fwd, c_bwd = c_fwd * straggler, c_bwd * straggler
@@ -230,7 +240,7 @@ def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     "ring:flat", the flat ring: the forward is the same K, V ring for both."""
     base, variant = split_variant(name)
     double = variant != "flat"
-    g = cluster.gpus
+    g = ring_steps(w.seq_len, cluster.gpus, w.window if w.causal else None, w.layout)  # a window stops it early
     fwd = _ring_pass(cluster, g, c_fwd, s.kv, double)
     if base == "burst" and cluster.nodes == 1:  # the chunk stream: a few chunks held, dQ parts go home
         bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, 2 * s.q + 2 * s.stat + s.dq32, False,

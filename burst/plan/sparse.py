@@ -1,4 +1,5 @@
-"""What sparse attention adds to a layer's traffic: the numbers every rank gathers per token.
+"""What sparse attention adds to a layer's traffic (the numbers every rank gathers per token), and which
+of a transformers config's layers have a sliding window (windowed_layers, for windows.py).
 
 DeepSeek sparse attention's indexer keys (index_head_dim numbers per token, V3.2 and the families
 that reuse it) and DeepSeek-V4's compressed entries (head_dim / rate per token for its CSA and HCA
@@ -38,3 +39,20 @@ def gather_bytes(world: int, local_tokens: float, batch: int, plain: float, with
     forward = (world - 1) * per_rank * (plain + with_gradient)
     backward = 0.0 if forward_only else 2 * (world - 1) * per_rank * with_gradient
     return forward, backward
+
+
+WINDOWED_KINDS = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
+
+
+def windowed_layers(config) -> tuple[int | None, float]:
+    """(sliding window in keys per query, share of the layers that have it) of a transformers text
+    config: every layer when the config lists no layer kinds (Mistral), the sliding ones otherwise
+    (DeepSeek-V4's compressed layers keep a window too); (None, 1.0) without a window."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None, 1.0
+    kinds = list(getattr(config, "layer_types", None) or [])
+    if not kinds:
+        return int(window), 1.0
+    share = sum(k in WINDOWED_KINDS for k in kinds) / len(kinds)
+    return (int(window), share) if share else (None, 1.0)
