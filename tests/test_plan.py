@@ -275,6 +275,11 @@ def test_sparse_attention_gathers_are_counted(capsys, tmp_path):
     csa = sum(k == "compressed_sparse_attention" for k in kinds) / len(kinds)
     hca = sum(k == "heavily_compressed_attention" for k in kinds) / len(kinds)
     assert gathered_numbers(config) == pytest.approx((csa * 128 / 4, csa * 512 / 4 + hca * 512 / 128))
+    from burst.plan.sparse import entries_per_query
+
+    n = 1 << 20  # a CSA query attends its top 512 entries, an HCA query its (i + 1) // 128: n / 256 on average
+    assert entries_per_query(config, n) == pytest.approx(csa * 512 + hca * n / 256)
+    assert entries_per_query(transformers.DeepseekV32Config(), n) == 0.0
     v32 = transformers.DeepseekV32Config()
     assert gathered_numbers(v32) == (v32.index_head_dim, 0.0)
     assert gathered_numbers(transformers.LlamaConfig()) == (0.0, 0.0)
@@ -290,6 +295,7 @@ def test_sparse_attention_gathers_are_counted(capsys, tmp_path):
     assert main(["plan", "--gpus", "8", "--seq-len", "65536", "--hf-config", str(tmp_path), "--causal"]) == 0
     out = capsys.readouterr().out
     assert "64 heads (1 kv) x 512, 43 layer(s)" in out and "compressed entries" in out
+    assert "128-token sliding window" in out and "attends" in out
 
 
 def test_sliding_windows_are_costed():

@@ -127,7 +127,7 @@ def _apply_hf_config(args) -> None:
     with blame("--hf-config"):
         from transformers import AutoConfig
 
-        from ..plan.sparse import gathered_numbers, windowed_layers
+        from ..plan.sparse import entries_per_query, gathered_numbers, windowed_layers
 
         config = AutoConfig.from_pretrained(args.hf_config)
         text = config.get_text_config(decoder=True)
@@ -138,6 +138,7 @@ def _apply_hf_config(args) -> None:
         shapes = {"heads": heads, "kv_heads": getattr(text, "num_key_value_heads", None) or heads,
                   "head_dim": head_dim, "layers": text.num_hidden_layers}
         args.gathered = gathered_numbers(config)
+        args.entries = entries_per_query(config, args.seq_len)
         window, args.windowed_share = windowed_layers(text)
         shapes["window"] = window if args.causal else None
     for option, value in shapes.items():
@@ -190,7 +191,8 @@ def run(args) -> int:
                             dtype_bytes=args.dtype_bytes, layout=args.layout, forward_only=args.mode == "prefill",
                             gathered=getattr(args, "gathered", (0.0, 0.0))[0],
                             gathered_with_gradient=getattr(args, "gathered", (0.0, 0.0))[1],
-                            window=args.window, windowed_share=getattr(args, "windowed_share", 1.0))
+                            window=args.window, windowed_share=getattr(args, "windowed_share", 1.0),
+                            entries=getattr(args, "entries", 0.0))
     rows = [e.row() for e in plan(cluster, workload)]
     publish(args, rows, table(args, cluster, rows))
     return 0
@@ -225,6 +227,8 @@ def _gathered_note(args) -> str:
     if args.window is not None:
         share = getattr(args, "windowed_share", 1.0)
         notes.append(f"a {args.window}-token sliding window" + (f" on {share:.0%} of the layers" if share < 1 else ""))
+    if getattr(args, "entries", 0.0):
+        notes.append(f"each query also attends {args.entries:.4g} compressed entries on average")
     if plain or with_gradient:
         notes.append(f"sparse attention gathers {plain:.4g} numbers per token and layer (indexer keys) and "
                      f"{with_gradient:.4g} with gradients (compressed entries) to every rank")

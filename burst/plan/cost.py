@@ -33,7 +33,7 @@ from ..schedules.cqs import interest_set
 from ..strategies import split_variant
 from .profiles import Profile
 from .sparse import gather_bytes
-from .windows import balanced, blend, causal_pairs, ring_steps
+from .windows import balanced, blend, layer_pairs, ring_steps
 
 STRATEGIES = ("burst", "ring", "burst:flat", "ring:flat", "distflash", "allgather", "ulysses", "usp",
               "cqs")
@@ -86,6 +86,7 @@ class Workload:
     windowed_share: float = 1.0     # the share of layers with that window; the rest full causal
     gathered: float = 0.0           # numbers per token each layer gathers to every rank, no gradient (sparse.py)
     gathered_with_gradient: float = 0.0  # ... whose gradients return in the backward (DeepSeek-V4's entries)
+    entries: float = 0.0            # compressed entries a query attends beside its keys, on average (sparse.py)
 
     @property
     def kv(self) -> int:
@@ -145,10 +146,9 @@ def pair_flops(pairs: float, batch: int, heads: int, head_dim: int) -> tuple[flo
 
 def attention_flops(w: Workload) -> tuple[float, float]:
     """(forward, backward) FLOPs of one attention layer over the whole sequence (causal: half the pairs;
-    a causal window shorter than the sequence: the pairs it leaves, windows.py)."""
-    if w.causal and w.window is not None and w.window < w.seq_len:
-        return pair_flops(causal_pairs(w.seq_len, w.window), w.batch, w.heads, w.head_dim)
-    return pair_flops(w.seq_len ** 2 * (0.5 if w.causal else 1.0), w.batch, w.heads, w.head_dim)
+    a causal window: the pairs it leaves, windows.py; plus the compressed entries each query attends)."""
+    return pair_flops(layer_pairs(w.seq_len, w.causal, w.window) + w.seq_len * w.entries, w.batch, w.heads,
+                      w.head_dim)
 
 
 def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:

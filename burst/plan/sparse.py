@@ -28,6 +28,22 @@ def gathered_numbers(config) -> tuple[float, float]:
     return plain / max(1, len(kinds)), with_gradient / max(1, len(kinds))
 
 
+def entries_per_query(config, seq_len: int) -> float:
+    """Compressed entries a query attends on average, over the layers (DeepSeek-V4: a CSA query its
+    top-k of the (i + 1) // rate ended entries, an HCA query all of them); 0 without compressors."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    rates = getattr(text, "compress_rates", None)
+    kinds = list(getattr(text, "layer_types", None) or [])
+    if not rates or not kinds:
+        return 0.0
+    total = 0.0
+    for kind in kinds:
+        if kind in rates:
+            ended = seq_len / rates[kind] / 2  # the mean over queries of (i + 1) // rate
+            total += min(text.index_topk, ended) if kind == "compressed_sparse_attention" else ended
+    return total / len(kinds)
+
+
 def gather_bytes(world: int, local_tokens: float, batch: int, plain: float, with_gradient: float,
                  dtype_bytes: int, forward_only: bool) -> tuple[float, float]:
     """(forward, backward) bytes one rank sends per layer: its share of the gathered numbers to each

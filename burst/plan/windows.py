@@ -26,6 +26,14 @@ def causal_pairs(seq_len: int, window: int | None) -> float:
     return seq_len * window - window * (window - 1) / 2
 
 
+def layer_pairs(seq_len: int, causal: bool, window: int | None) -> float:
+    """Pairs of one layer: all of them, half with a causal mask (the model's long-standing count), or
+    what a causal window shorter than the sequence leaves."""
+    if causal and window is not None and window < seq_len:
+        return causal_pairs(seq_len, window)
+    return seq_len ** 2 * (0.5 if causal else 1.0)
+
+
 def balanced(seq_len: int, gpus: int, window: int | None) -> bool:
     """Contiguous causal shards do equal work when the window is no longer than a shard."""
     return window is not None and window <= seq_len / gpus
@@ -50,4 +58,4 @@ def blend(windowed, full, share: float):
     return mixed
 
 
-__all__ = ["balanced", "blend", "causal_pairs", "ring_steps"]
+__all__ = ["balanced", "blend", "causal_pairs", "layer_pairs", "ring_steps"]
