@@ -322,6 +322,14 @@ def test_sliding_windows_are_costed():
         half = estimate(strategy, cluster, replace(windowed, windowed_share=0.5))
         assert half.compute_s == pytest.approx((a.compute_s + b.compute_s) / 2)
         assert half.wall_s == pytest.approx((a.wall_s + b.wall_s) / 2)
+    # burst's chunk stream serves a window only its rows: 127 per rank at 2 ranks, zigzag, 2048 tokens
+    # (benchmarks/compressed_bytes.md measured 128 rows of K per layer: the stream's chunk of the window)
+    from burst.plan.windows import served_share
+
+    assert served_share(2048, 2, 128, "zigzag") * 1024 == pytest.approx(127)
+    zigzag = replace(windowed, layout="zigzag")
+    assert estimate("burst", cluster, zigzag).intra_node_bytes_per_device < \
+        estimate("ring", cluster, zigzag).intra_node_bytes_per_device / 10
 
 
 def test_cli_window_and_a_config_with_sliding_layers(capsys, tmp_path):

@@ -33,7 +33,7 @@ from ..schedules.cqs import interest_set
 from ..strategies import split_variant
 from .profiles import Profile
 from .sparse import gather_bytes
-from .windows import balanced, blend, layer_pairs, ring_steps
+from .windows import balanced, blend, layer_pairs, ring_steps, served_share
 
 STRATEGIES = ("burst", "ring", "burst:flat", "ring:flat", "distflash", "allgather", "ulysses", "usp",
               "cqs")
@@ -240,11 +240,13 @@ def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     "ring:flat", the flat ring: the forward is the same K, V ring for both."""
     base, variant = split_variant(name)
     double = variant != "flat"
-    g = ring_steps(w.seq_len, cluster.gpus, w.window if w.causal else None, w.layout)  # a window stops it early
-    fwd = _ring_pass(cluster, g, c_fwd, s.kv, double)
+    window = w.window if w.causal else None
+    g = ring_steps(w.seq_len, cluster.gpus, window, w.layout)  # a window stops it early
+    f = served_share(w.seq_len, cluster.gpus, window, w.layout) if base == "burst" and cluster.nodes == 1 else 1.0
+    fwd = _ring_pass(cluster, g, c_fwd, s.kv * f, double)  # f: the chunk stream serves only a window's rows
     if base == "burst" and cluster.nodes == 1:  # the chunk stream: a few chunks held, dQ parts go home
-        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, 2 * s.q + 2 * s.stat + s.dq32, False,
-                                              tail=s.dq32 / CHUNKS_PER_BLOCK))
+        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, (2 * s.q + 2 * s.stat + s.dq32) * f, False,
+                                              tail=s.dq32 * f / CHUNKS_PER_BLOCK))
         peak = s.dq32 + s.dkv32 + (2 * (2 * s.q + 2 * s.stat) + 3 * s.dq32 + s.q) / CHUNKS_PER_BLOCK
     elif base == "burst":  # Q, dO, D, lse travel with dQ (fp32), which also takes the last hop home
         bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, 2 * s.q + 2 * s.stat + s.dq32, double, tail=s.dq32))

@@ -8,7 +8,8 @@ Three things change against full causal attention, all from the window alone:
   work (full causal leaves the last rank the most);
 - the ring's length: with contiguous shards a rank needs keys from ceil((W − 1) / n) ranks back, and
   the ring stops after those steps (burst's schedules do: distflashattn.md App. D); zigzag and striped
-  shards neighbour shards on every side, so their ring goes round.
+  shards neighbour shards on every side, so their ring goes round;
+- what burst moves on one node: its chunk stream serves only the rows the window needs (served_share).
 
 A model that mixes windowed and full layers is costed per kind and summed (`blend`).
 """
@@ -46,6 +47,21 @@ def ring_steps(seq_len: int, gpus: int, window: int | None, layout: str) -> int:
     return min(gpus, 1 + math.ceil((window - 1) / (seq_len / gpus)))
 
 
+def served_share(seq_len: int, gpus: int, window: int | None, layout: str) -> float:
+    """burst's chunk stream on one node serves a causal window only the rows it needs: the W - 1 rows
+    before each run, from the rank holding the run before (G - 1 such pairs across ranks for contiguous
+    shards, 2G - 2 for zigzag). The share of a whole block it moves per ring hop; 1 where the window
+    reaches past the run before, or the layout has no runs."""
+    if window is None or layout not in ("contiguous", "zigzag") or gpus == 1:
+        return 1.0
+    runs, shard = (2 if layout == "zigzag" else 1), seq_len / gpus
+    if window - 1 > shard / runs:
+        return 1.0
+    pairs = 2 * gpus - 2 if layout == "zigzag" else gpus - 1
+    hops = ring_steps(seq_len, gpus, window, layout) - 1
+    return (window - 1) * pairs / gpus / shard / hops
+
+
 def blend(windowed, full, share: float):
     """The estimate of a model whose `share` of layers are windowed and the rest full: times and bytes
     add by share (each estimate covers all layers), memory and fit take the larger."""
@@ -58,4 +74,4 @@ def blend(windowed, full, share: float):
     return mixed
 
 
-__all__ = ["balanced", "blend", "causal_pairs", "layer_pairs", "ring_steps"]
+__all__ = ["balanced", "blend", "causal_pairs", "layer_pairs", "ring_steps", "served_share"]
