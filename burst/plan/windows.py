@@ -1,7 +1,7 @@
 """Sliding windows in the cost model: a causal layer whose queries see only their last `window` keys
 (Mistral, gpt-oss's and Gemma's sliding layers, DeepSeek-V4's every layer).
 
-Three things change against full causal attention, all from the window alone:
+Four things change against full causal attention, all from the window alone:
 
 - the work: each query attends min(i + 1, window) keys, N·W − W(W − 1)/2 pairs for W < N;
 - the balance: with contiguous shards a window no longer than a shard gives every rank the same
