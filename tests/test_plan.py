@@ -280,6 +280,16 @@ def test_sparse_attention_gathers_are_counted(capsys, tmp_path):
     n = 1 << 20  # a CSA query attends its top 512 entries, an HCA query its (i + 1) // 128: n / 256 on average
     assert entries_per_query(config, n) == pytest.approx(csa * 512 + hca * n / 256)
     assert entries_per_query(transformers.DeepseekV32Config(), n) == 0.0
+    from burst.plan.cost import attention_flops
+    from burst.plan.sparse import indexer_macs
+
+    v32 = transformers.DeepseekV32Config()  # its indexer scores every earlier token: n / 2 on average
+    assert indexer_macs(v32, n) == pytest.approx(v32.index_n_heads * v32.index_head_dim * n / 2)
+    assert indexer_macs(config, n) == pytest.approx(csa * 64 * 128 * n / 8)  # V4's CSA layers, the ended entries
+    assert indexer_macs(transformers.LlamaConfig(), n) == 0.0
+    plain = Workload(seq_len=n, heads=8, head_dim=64)
+    (f0, b0), (f1, b1) = attention_flops(plain), attention_flops(replace(plain, indexer_macs=1000.0))
+    assert f1 - f0 == pytest.approx(2 * n * 1000.0) and b1 == b0  # forward only: the choice carries no gradient
     v32 = transformers.DeepseekV32Config()
     assert gathered_numbers(v32) == (v32.index_head_dim, 0.0)
     assert gathered_numbers(transformers.LlamaConfig()) == (0.0, 0.0)

@@ -127,7 +127,7 @@ def _apply_hf_config(args) -> None:
     with blame("--hf-config"):
         from transformers import AutoConfig
 
-        from ..plan.sparse import entries_per_query, gathered_numbers, windowed_layers
+        from ..plan.sparse import entries_per_query, gathered_numbers, indexer_macs, windowed_layers
 
         config = AutoConfig.from_pretrained(args.hf_config)
         text = config.get_text_config(decoder=True)
@@ -139,6 +139,7 @@ def _apply_hf_config(args) -> None:
                   "head_dim": head_dim, "layers": text.num_hidden_layers}
         args.gathered = gathered_numbers(config)
         args.entries = entries_per_query(config, args.seq_len)
+        args.indexer_macs = indexer_macs(config, args.seq_len)
         window, args.windowed_share = windowed_layers(text)
         shapes["window"] = window if args.causal else None
     for option, value in shapes.items():
@@ -192,7 +193,7 @@ def run(args) -> int:
                             gathered=getattr(args, "gathered", (0.0, 0.0))[0],
                             gathered_with_gradient=getattr(args, "gathered", (0.0, 0.0))[1],
                             window=args.window, windowed_share=getattr(args, "windowed_share", 1.0),
-                            entries=getattr(args, "entries", 0.0))
+                            entries=getattr(args, "entries", 0.0), indexer_macs=getattr(args, "indexer_macs", 0.0))
     rows = [e.row() for e in plan(cluster, workload)]
     publish(args, rows, table(args, cluster, rows))
     return 0

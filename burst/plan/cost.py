@@ -19,8 +19,9 @@ ring) or G-1 (one node: the chunk stream sends each dQ part straight home, strat
 ring's moves K, V for G-1 and dK, dV (fp32) for G. Of the masks beyond causal only a sliding window is
 modelled (windows.py); a causal mask makes the chunk stream send less than this. Memory is what
 attention holds per device: the inputs, outputs and lse saved for backward in every layer, plus one
-layer's backward peak (gradients, travelling buffers, and whatever the strategy gathers). Model weights and MLP activations are not included here:
-model_cost.py adds the rest of the model, contention and synchronisation on top of this.
+layer's backward peak (gradients, travelling buffers, and whatever the strategy gathers). Model
+weights and MLP activations are not included here: model_cost.py adds the rest of the model,
+contention and synchronisation on top of this.
 """
 
 from __future__ import annotations
@@ -32,11 +33,10 @@ from ..schedules.chunk_stream import CHUNKS_PER_BLOCK
 from ..schedules.cqs import interest_set
 from ..strategies import split_variant
 from .profiles import Profile
-from .sparse import gather_bytes
+from .sparse import add_gathers
 from .windows import balanced, blend, layer_pairs, ring_steps, served_share
 
-STRATEGIES = ("burst", "ring", "burst:flat", "ring:flat", "distflash", "allgather", "ulysses", "usp",
-              "cqs")
+STRATEGIES = ("burst", "ring", "burst:flat", "ring:flat", "distflash", "allgather", "ulysses", "usp", "cqs")
 BACKWARD_FLOPS_RATIO = 2.5
 # Strategies whose work per rank follows the layout's shard (Ulysses and CQS rebalance by design,
 # DistFlashAttn's schedule balances contiguous shards).
@@ -87,6 +87,7 @@ class Workload:
     gathered: float = 0.0           # numbers per token each layer gathers to every rank, no gradient (sparse.py)
     gathered_with_gradient: float = 0.0  # ... whose gradients return in the backward (DeepSeek-V4's entries)
     entries: float = 0.0            # compressed entries a query attends beside its keys, on average (sparse.py)
+    indexer_macs: float = 0.0       # multiply-adds of the indexers' scores per query, on average (sparse.py)
 
     @property
     def kv(self) -> int:
@@ -146,9 +147,11 @@ def pair_flops(pairs: float, batch: int, heads: int, head_dim: int) -> tuple[flo
 
 def attention_flops(w: Workload) -> tuple[float, float]:
     """(forward, backward) FLOPs of one attention layer over the whole sequence (causal: half the pairs;
-    a causal window: the pairs it leaves, windows.py; plus the compressed entries each query attends)."""
-    return pair_flops(layer_pairs(w.seq_len, w.causal, w.window) + w.seq_len * w.entries, w.batch, w.heads,
-                      w.head_dim)
+    a causal window: the pairs it leaves, windows.py; plus the compressed entries each query attends,
+    and DeepSeek sparse attention's indexer scoring)."""
+    pairs = layer_pairs(w.seq_len, w.causal, w.window) + w.seq_len * w.entries
+    fwd, bwd = pair_flops(pairs, w.batch, w.heads, w.head_dim)
+    return fwd + 2.0 * w.batch * w.seq_len * w.indexer_macs, bwd  # the indexers score in the forward, no gradient
 
 
 def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
@@ -170,7 +173,7 @@ def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
         straggler = (2 * cluster.gpus - 1) / cluster.gpus
         c_fwd, c_bwd = c_fwd * straggler, c_bwd * straggler
     est = _MODELS[split_variant(strategy)[0]](strategy, cluster, w, s, c_fwd, c_bwd)
-    _add_sparse_gathers(est, cluster, w, s)
+    add_gathers(est, cluster, w, s, _collective_time)  # sparse attention's gathers: sparse.py
     saved = w.layers * (3 * s.q + s.kv + s.stat) if w.kv == w.heads else w.layers * (2 * s.q + s.kv + s.stat)
     est.mem_bytes_per_device += saved
     for attr in ("compute_s", "comm_s", "exposed_comm_s", "wall_s", "inter_node_bytes_per_device",
@@ -180,21 +183,6 @@ def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
     if est.mem_bytes_per_device > cluster.profile.memory_bytes:
         est.note = (est.note + "; " if est.note else "") + "does not fit in device memory"
     return est
-
-
-def _add_sparse_gathers(est: Estimate, cluster: Cluster, w: Workload, s: _Sizes) -> None:
-    """One layer's indexer keys and compressed entries (sparse.py): collectives compute does not hide,
-    and the whole sequence's entries held for the backward."""
-    if not (w.gathered or w.gathered_with_gradient):
-        return
-    g = cluster.gpus
-    share = 0.0 if cluster.nodes == 1 else (g - cluster.gpus_per_node) / (g - 1) if g > 1 else 0.0
-    for nbytes in gather_bytes(g, s.n, w.batch, w.gathered, w.gathered_with_gradient, s.dtype_bytes, w.forward_only):
-        t, inter, intra = _collective_time(cluster, nbytes, share)
-        est.comm_s, est.exposed_comm_s, est.wall_s = est.comm_s + t, est.exposed_comm_s + t, est.wall_s + t
-        est.inter_node_bytes_per_device += inter
-        est.intra_node_bytes_per_device += intra
-    est.mem_bytes_per_device += w.layers * w.seq_len * w.batch * (w.gathered + w.gathered_with_gradient) * s.dtype_bytes
 
 
 def _ring_pass(cluster: Cluster, steps: int, compute: float, block: float, double: bool, tail: float = 0.0):

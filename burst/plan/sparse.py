@@ -44,6 +44,40 @@ def entries_per_query(config, seq_len: int) -> float:
     return total / len(kinds)
 
 
+def add_gathers(est, cluster, w, sizes, collective_time) -> None:
+    """Add one layer's indexer keys and compressed entries to `est` (cost.py's Estimate for Workload `w`
+    on `cluster`, its block sizes `sizes`): collectives compute does not hide, timed by
+    `collective_time(cluster, nbytes, share_inter)`, and the whole sequence's entries held for the backward."""
+    if not (w.gathered or w.gathered_with_gradient):
+        return
+    g = cluster.gpus
+    share = 0.0 if cluster.nodes == 1 else (g - cluster.gpus_per_node) / (g - 1) if g > 1 else 0.0
+    for nbytes in gather_bytes(g, sizes.n, w.batch, w.gathered, w.gathered_with_gradient, sizes.dtype_bytes,
+                               w.forward_only):
+        t, inter, intra = collective_time(cluster, nbytes, share)
+        est.comm_s, est.exposed_comm_s, est.wall_s = est.comm_s + t, est.exposed_comm_s + t, est.wall_s + t
+        est.inter_node_bytes_per_device += inter
+        est.intra_node_bytes_per_device += intra
+    held = w.layers * w.seq_len * w.batch * (w.gathered + w.gathered_with_gradient)  # numbers, every layer
+    est.mem_bytes_per_device += held * sizes.dtype_bytes
+
+
+def indexer_macs(config, seq_len: int) -> float:
+    """Multiply-adds of the indexers' scoring per query, averaged over the layers: index heads x
+    index_head_dim per scored key; DeepSeek-V3.2's indexer scores the (on average N / 2) earlier
+    tokens on every layer, DeepSeek-V4's CSA indexer the (N / 8) ended entries on its CSA layers."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if not getattr(text, "index_topk", None):
+        return 0.0
+    per_key = getattr(text, "index_n_heads", 0) * getattr(text, "index_head_dim", 0)
+    rates = getattr(text, "compress_rates", None)
+    if not rates:
+        return per_key * seq_len / 2
+    kinds = list(getattr(text, "layer_types", None) or [])
+    csa = sum(k == "compressed_sparse_attention" for k in kinds) / max(1, len(kinds))
+    return csa * per_key * seq_len / rates["compressed_sparse_attention"] / 2
+
+
 def gather_bytes(world: int, local_tokens: float, batch: int, plain: float, with_gradient: float,
                  dtype_bytes: int, forward_only: bool) -> tuple[float, float]:
     """(forward, backward) bytes one rank sends per layer: its share of the gathered numbers to each
