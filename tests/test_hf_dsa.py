@@ -4,7 +4,8 @@ compressed attention across ranks.
 Tiny configs with index_topk 8 over 128 tokens, so the selection prunes (each query attends at most
 8 of up to 128 keys); DeepSeek-V4 with a CSA layer (entries of 4 tokens, index_topk 4 of up to 32
 entries) and an HCA layer (entries of 8 tokens) beside a 32-token sliding window and sinks. At 2 and
-4 ranks, contiguous and zigzag (V4 also at 120 tokens, so that windows cross chunk boundaries), against the same model with eager attention in one process: logits,
+4 ranks, contiguous and zigzag (V4 also at 120 tokens, so that windows cross chunk boundaries, and at
+64 tokens with HCA's published 128-token windows, none of which ends), against the same model with eager attention in one process: logits,
 loss, every parameter gradient, and the indexers' selections themselves, row by row (the keys or
 entries each query chose, among those it may see). Planted: every other rank's indexer keys replaced
 by zeros (a V3.2 rank choosing from what it holds), and every other rank's compressed entries zeroed
@@ -53,11 +54,11 @@ def _chosen_sets(indices: torch.Tensor) -> list:
     return [[{j for j in row.tolist() if 0 <= j <= i} for i, row in enumerate(b)] for b in indices]
 
 
-def _errors(family, name, layout, group=None, seq=SEQ) -> dict:
+def _errors(family, name, layout, group=None, seq=SEQ, config=None) -> dict:
     from burst import layout as layout_mod
     from burst.bench.hf_zoo import VOCAB, step_errors, twin_models
 
-    eager, model = twin_models(family, name, _config(family))
+    eager, model = twin_models(family, name, config or _config(family))
     expected_sel, got_sel = _selections(eager), _selections(model)
     ids = torch.randint(3, VOCAB, (2, seq), generator=torch.Generator().manual_seed(1))
     errors = step_errors(eager, model, ids, layout, group)
@@ -98,6 +99,10 @@ def _dsa(rank, world):
                 out[(family, layout)] = _errors(family, name, layout)
         if "deepseek_v4" in families():  # 120 tokens: windows of 4 and 8 tokens cross the shards' chunk boundaries
             out[("deepseek_v4", layout, "120 tokens")] = _errors("deepseek_v4", name, layout, seq=120)
+            published = _config("deepseek_v4")  # HCA's published 128-token windows: none ends in 64 tokens
+            published.compress_rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+            out[("deepseek_v4", layout, "64 tokens, HCA of 128")] = _errors("deepseek_v4", name, layout, seq=64,
+                                                                            config=published)
     gather = indexer._GatheredKeys.update_indexer
 
     def own_keys_only(self, keys, layer_idx):  # the planted fault: every other rank's keys lost (zeros)

@@ -124,6 +124,8 @@ def _compressed_entries(name, module, query, key, value):
         return key, value, None
     rate, count, chosen = found
     local = query.shape[2]
+    if count == 0 and key.shape[2] == local:  # no window has ended yet (a sequence shorter than one)
+        return key, value, None
     if key.shape[2] != local + count:
         raise ValueError(f"attn_implementation={name!r}: {model_name(module)} handed {key.shape[2]} keys for {local} "
                          f"queries and {count} compressed entries; this transformers release arranges DeepSeek-V4's "

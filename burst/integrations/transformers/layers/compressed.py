@@ -166,6 +166,8 @@ def whole_sequence_entries(module, kv: torch.Tensor, gate: torch.Tensor, group, 
     rate = module.compress_rate
     local = kv.shape[1]
     mine, every = state_passing.chunks(layout, group, local)
+    if local * len(every) < rate:  # no window has ended: no entry, as in one process (every rank knows it)
+        return kv.new_zeros(kv.shape[0], 0, module.head_dim)
     # the tokens a chunk needs before it: its first window's part there, and the window before (overlap)
     width = max(s.first % rate for segs in every for s in segs) + (rate if overlap else 0)
     short = min(s.length for segs in every for s in segs)
@@ -213,9 +215,11 @@ def _entries_of_chunk(module, tokens, first: int, length: int, width: int, overl
 
 def _gathered_in_order(made, every, rate: int, group, phase: str = "compressed") -> torch.Tensor:
     """Every rank's chunks' entries (one all-gather, each chunk padded to the most any chunk makes),
-    concatenated in global order."""
+    concatenated in global order. None made anywhere (a sequence shorter than a window): no gather."""
     counts = [[(s.first + s.length) // rate - s.first // rate for s in segs] for segs in every]
     most = max(max(c) for c in counts)
+    if most == 0:  # every rank knows it from the layout alone
+        return made[0][:, :0]
     padded = [torch.nn.functional.pad(e, (0, 0, 0, most - e.shape[1])) for e in made]
     gathered, anchor = state_passing.all_gather_tensors(padded, group, phase)  # counted in CommStats
     order = sorted((seg.first, r, c) for r, segs in enumerate(every) for c, seg in enumerate(segs))
