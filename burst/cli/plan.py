@@ -67,6 +67,8 @@ def add_parser(sub) -> None:
     p.add_argument("--intra-node-gbps", type=positive_float, default=None,
                    help="intra-node GB/s per device per direction; default: the profile's")
     add_common(p, world=False)
+    # what --hf-config reads of a model beyond its shapes (_apply_hf_config): nothing without one
+    p.set_defaults(gathered=(0.0, 0.0), entries=0.0, indexer_macs=0.0, windowed_share=1.0)
 
 
 def validate(args) -> None:
@@ -190,10 +192,9 @@ def run(args) -> int:
         workload = Workload(seq_len=args.seq_len, heads=args.heads, head_dim=args.head_dim, kv_heads=args.kv_heads,
                             batch=args.batch, layers=args.layers or 1, causal=args.causal,
                             dtype_bytes=args.dtype_bytes, layout=args.layout, forward_only=args.mode == "prefill",
-                            gathered=getattr(args, "gathered", (0.0, 0.0))[0],
-                            gathered_with_gradient=getattr(args, "gathered", (0.0, 0.0))[1],
-                            window=args.window, windowed_share=getattr(args, "windowed_share", 1.0),
-                            entries=getattr(args, "entries", 0.0), indexer_macs=getattr(args, "indexer_macs", 0.0))
+                            gathered=args.gathered[0], gathered_with_gradient=args.gathered[1],
+                            window=args.window, windowed_share=args.windowed_share, entries=args.entries,
+                            indexer_macs=args.indexer_macs)
     rows = [e.row() for e in plan(cluster, workload)]
     publish(args, rows, table(args, cluster, rows))
     return 0
@@ -223,12 +224,12 @@ def table(args, cluster, rows) -> str:
 
 
 def _gathered_note(args) -> str:
-    plain, with_gradient = getattr(args, "gathered", (0.0, 0.0))
+    plain, with_gradient = args.gathered
     notes = []
     if args.window is not None:
-        share = getattr(args, "windowed_share", 1.0)
+        share = args.windowed_share
         notes.append(f"a {args.window}-token sliding window" + (f" on {share:.0%} of the layers" if share < 1 else ""))
-    if getattr(args, "entries", 0.0):
+    if args.entries:
         notes.append(f"each query also attends {args.entries:.4g} compressed entries on average")
     if plain or with_gradient:
         notes.append(f"sparse attention gathers {plain:.4g} numbers per token and layer (indexer keys) and "

@@ -12,10 +12,15 @@ an all-reduce of the gathered entries in the backward; the indexers' selections 
 from __future__ import annotations
 
 
+def _text_config(config):
+    """A transformers config's decoder text config (the config itself for a text-only model)."""
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
 def gathered_numbers(config) -> tuple[float, float]:
     """(numbers per token gathered without gradient, with gradient), averaged over the layers, for a
     transformers config (its text config where it has one); (0, 0) for a model without an indexer."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text = _text_config(config)
     if not getattr(text, "index_topk", None):
         return 0.0, 0.0
     index_dim = next((getattr(text, a) for a in ("index_head_dim", "indexer_head_dim") if getattr(text, a, None)), 0)
@@ -31,7 +36,7 @@ def gathered_numbers(config) -> tuple[float, float]:
 def entries_per_query(config, seq_len: int) -> float:
     """Compressed entries a query attends on average, over the layers (DeepSeek-V4: a CSA query its
     top-k of the (i + 1) // rate ended entries, an HCA query all of them); 0 without compressors."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text = _text_config(config)
     rates = getattr(text, "compress_rates", None)
     kinds = list(getattr(text, "layer_types", None) or [])
     if not rates or not kinds:
@@ -66,7 +71,7 @@ def indexer_macs(config, seq_len: int) -> float:
     """Multiply-adds of the indexers' scoring per query, averaged over the layers: index heads x
     index_head_dim per scored key; DeepSeek-V3.2's indexer scores the (on average N / 2) earlier
     tokens on every layer, DeepSeek-V4's CSA indexer the (N / 8) ended entries on its CSA layers."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text = _text_config(config)
     if not getattr(text, "index_topk", None):
         return 0.0
     per_key = getattr(text, "index_n_heads", 0) * getattr(text, "index_head_dim", 0)

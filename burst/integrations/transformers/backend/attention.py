@@ -23,6 +23,7 @@ from burst.agreement import agree
 
 from ..keywords import check_keywords, check_model_features, model_name
 from ..layers import compressed
+from ..layers.configs import text_config
 from .checks import check_config
 from .documents import documents
 from .registry import BACKENDS, Backend, backend_of, running_cache, world_size
@@ -266,7 +267,7 @@ def burst_attention_mask(batch_size: int, q_length: int, kv_length: int, q_offse
 
 def _indexed(config) -> bool:
     """A model whose V3.2-style indexers slice the attention mask (DeepSeek-V4's use none)."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     return bool(getattr(text, "index_topk", None)) and not (compressed.prepared(config) or compressed.prepared(text))
 
 

@@ -18,6 +18,7 @@ import torch
 
 from ..keywords import ATTENTION_LAYER_KINDS, layer_kinds
 from ..layers import compressed, indexer, mixers, rope
+from ..layers.configs import text_config
 from .registry import backend_of, world_size
 
 
@@ -28,7 +29,7 @@ def check_config(name: str, config, world: int) -> None:
     tokens outside attention (linear attention, Mamba, convolutions), which would run on a shard
     from a zero state."""
     check_backend_compatible(name, config)
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     if getattr(text, "index_topk", None) and not any(m.prepared(c) for m in (indexer, compressed) for c in (config, text)):
         raise ValueError(f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses "
                          f"DeepSeek sparse attention (index_topk={text.index_topk}), whose indexer (and DeepSeek-V4's "

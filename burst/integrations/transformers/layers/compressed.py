@@ -42,8 +42,10 @@ from burst import layout as layout_mod
 from burst import state_passing
 
 from ..keywords import cache_keyword
+from .configs import PreparedConfigs, text_config
+from .indexer import one_sequence_per_row
 
-_prepared: dict[int, weakref.ref] = {}  # id(config) -> config, for models whose compressors see the whole sequence
+_prepared = PreparedConfigs()  # the configs of models whose compressors see the whole sequence
 PENDING = "_burst_compressed"  # the attention module's entries' rate and choice, for its attention function
 
 
@@ -60,8 +62,7 @@ def kind(module: torch.nn.Module) -> str | None:
 
 
 def prepared(config) -> bool:
-    ref = _prepared.get(id(config))
-    return ref is not None and ref() is config
+    return config in _prepared
 
 
 def compress_whole_sequence(model: torch.nn.Module, group=None, layout="contiguous") -> int:
@@ -78,10 +79,7 @@ def compress_whole_sequence(model: torch.nn.Module, group=None, layout="contiguo
     for attention, compressor in layers:
         compressor.forward = functools.partial(_whole_sequence_compressor, compressor, weakref.ref(attention),
                                                group, layout)
-    config = model.config
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    for c in (config, text):
-        _prepared[id(c)] = weakref.ref(c)
+    _prepared.add(model.config, text_config(model.config))
     return len(layers)
 
 
@@ -95,7 +93,8 @@ def _whole_sequence_compressor(module, attention, group, layout, hidden_states, 
                          "burst is not supported; run the forward without a cache (use_cache=False), or generate "
                          "with another attention implementation")
     _check_runs_on_burst(module, attention())
-    _check_one_sequence_per_row(module, position_ids, group, layout)
+    one_sequence_per_row(f"{type(module).__name__}: DeepSeek-V4's compressed attention", position_ids, group, layout,
+                         hidden_states)  # entries over a packed row would span its documents
     overlap = kind(module) == "csa"
     entries = whole_sequence_entries(module, module.kv_proj(hidden_states), module.gate_proj(hidden_states),
                                      group, layout, overlap)
@@ -120,20 +119,6 @@ def _check_runs_on_burst(module, attention) -> None:
         raise ValueError(f"{type(module).__name__}: this model was prepared for burst's attention backend "
                          f"(bt.shard_batch(..., model=model)), whose compressed attention runs only there; "
                          f"attn_implementation={name!r} is not a burst backend")
-
-
-def _check_one_sequence_per_row(module, position_ids, group, layout) -> None:
-    """ValueError for packed documents (position ids restarting inside a row): the entries are made over
-    the row's tokens, so they would span documents, and the layer's validity reads positions inside
-    each document; burst does not split that."""
-    if position_ids is None:
-        return
-    world, rank = layout_mod._world_and_rank(group)
-    local = position_ids.shape[-1]
-    rows = layout_mod.shard_indices(layout, rank, world, local * world, device=position_ids.device)
-    if not bool((position_ids == rows).all()):
-        raise ValueError(f"{type(module).__name__}: DeepSeek-V4's compressed attention with packed documents "
-                         "(position_ids restarting inside a row) is not supported; one sequence per row")
 
 
 class _IndexerEntries:
@@ -194,7 +179,7 @@ def _entries_of_chunk(module, tokens, first: int, length: int, width: int, overl
     tokens: (batch, width + length, 2C), kv then gate, of positions first - width onward (zeros
     before position 0)."""
     rate, head_dim = module.compress_rate, module.head_dim
-    lo, hi = first // rate, (first + length) // rate  # windows ending at or after first, before first + length
+    lo, hi = _windows_ending_in(first, length, rate)
     batch, channels = tokens.shape[0], tokens.shape[2] // 2
     back = 1 if overlap else 0
     start = (lo - back) * rate - (first - width)
@@ -213,13 +198,16 @@ def _entries_of_chunk(module, tokens, first: int, length: int, width: int, overl
     return rotate(compressed.unsqueeze(1), cos, sin).squeeze(1)
 
 
+def _windows_ending_in(first: int, length: int, rate: int) -> tuple[int, int]:
+    """The windows [lo, hi) whose last token lies in the chunk [first, first + length)."""
+    return first // rate, (first + length) // rate
+
+
 def _gathered_in_order(made, every, rate: int, group, phase: str = "compressed") -> torch.Tensor:
     """Every rank's chunks' entries (one all-gather, each chunk padded to the most any chunk makes),
-    concatenated in global order. None made anywhere (a sequence shorter than a window): no gather."""
-    counts = [[(s.first + s.length) // rate - s.first // rate for s in segs] for segs in every]
+    concatenated in global order."""
+    counts = [[hi - lo for lo, hi in (_windows_ending_in(s.first, s.length, rate) for s in segs)] for segs in every]
     most = max(max(c) for c in counts)
-    if most == 0:  # every rank knows it from the layout alone
-        return made[0][:, :0]
     padded = [torch.nn.functional.pad(e, (0, 0, 0, most - e.shape[1])) for e in made]
     gathered, anchor = state_passing.all_gather_tensors(padded, group, phase)  # counted in CommStats
     order = sorted((seg.first, r, c) for r, segs in enumerate(every) for c, seg in enumerate(segs))

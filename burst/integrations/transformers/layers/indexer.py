@@ -35,8 +35,9 @@ from burst.comm import tensor_bytes
 from burst.comm.collectives import record_to_peers
 
 from ..keywords import cache_keyword
+from .configs import PreparedConfigs, text_config
 
-_prepared: dict[int, object] = {}  # id(config) -> config, for models whose indexers see the whole sequence
+_prepared = PreparedConfigs()  # the configs of models whose indexers see the whole sequence
 
 
 def is_indexer(module: torch.nn.Module) -> bool:
@@ -51,7 +52,7 @@ def is_indexer(module: torch.nn.Module) -> bool:
 
 
 def prepared(config) -> bool:
-    return _prepared.get(id(config)) is config
+    return config in _prepared
 
 
 def show_whole_sequence(model: torch.nn.Module, group=None, layout="contiguous") -> int:
@@ -65,9 +66,7 @@ def show_whole_sequence(model: torch.nn.Module, group=None, layout="contiguous")
                          f"{layout_mod.LAYOUTS}, not {layout!r}")
     for indexer in indexers:
         indexer.forward = functools.partial(_whole_sequence_indexer, indexer, type(indexer).forward, group, layout)
-    config = model.config
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    _prepared[id(config)], _prepared[id(text)] = config, text
+    _prepared.add(model.config, text_config(model.config))
     return len(indexers)
 
 
@@ -89,6 +88,19 @@ class _GatheredKeys:
         return whole
 
 
+def one_sequence_per_row(what: str, position_ids, group, layout, hidden_states) -> torch.Tensor:
+    """This rank's rows' global positions (seq_local,); ValueError naming `what` when the position ids
+    restart inside a row (packed documents), which the layers that see the whole sequence (this
+    indexer, compressed.py's compressors) do not split. hidden_states: (batch, seq_local, ...)."""
+    world, rank = layout_mod._world_and_rank(group)
+    local = hidden_states.shape[1]
+    rows = layout_mod.shard_indices(layout, rank, world, local * world, device=hidden_states.device)
+    if position_ids is not None and not bool((position_ids == rows).all()):
+        raise ValueError(f"{what} with packed documents (position_ids restarting inside a row) is not supported "
+                         "across ranks; one sequence per row")
+    return rows
+
+
 def _whole_sequence_indexer(module, forward, group, layout, hidden_states, q_resid, position_embeddings,
                             attention_mask=None, position_ids=None, cache=None, past_key_values=None):
     """The indexer's own forward over this rank's queries and every key: (batch, seq_local, topk)
@@ -97,13 +109,9 @@ def _whole_sequence_indexer(module, forward, group, layout, hidden_states, q_res
     if cache is not None and cache.get_seq_length(module.layer_idx) > 0:
         raise ValueError(f"{type(module).__name__}: decoding on a cache with DeepSeek sparse attention split across "
                          "ranks is not supported; generate on one rank")
-    world, rank = layout_mod._world_and_rank(group)
-    local = hidden_states.shape[1]
-    rows = layout_mod.shard_indices(layout, rank, world, local * world, device=hidden_states.device)
-    if position_ids is not None and not bool((position_ids == rows).all()):
-        raise ValueError(f"{type(module).__name__}: DeepSeek sparse attention with packed documents (position_ids "
-                         "restarting inside a row) is not supported across ranks; one sequence per row")
-    keys = torch.arange(local * world, device=hidden_states.device)
+    rows = one_sequence_per_row(f"{type(module).__name__}: DeepSeek sparse attention", position_ids, group, layout,
+                                hidden_states)
+    keys = torch.arange(rows.numel() * layout_mod._world_and_rank(group)[0], device=hidden_states.device)
     causal = (keys[None, :] <= rows[:, None]).expand(hidden_states.shape[0], -1, -1)  # (batch, seq_local, seq)
     return forward(module, hidden_states, q_resid, position_embeddings, causal, position_ids,
                    **{cache_keyword(forward): _GatheredKeys(group, layout)})

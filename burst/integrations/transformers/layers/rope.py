@@ -18,12 +18,12 @@ model that was not prepared is refused by the backend (backend/checks.py: check_
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch.distributed as dist
 
-_prepared: dict[int, weakref.ref] = {}  # id(config) -> config, for models whose rotary modules see the whole length
+from .configs import PreparedConfigs, text_config
+
+_prepared = PreparedConfigs()  # the configs of models whose rotary modules see the whole length
 
 
 def length_dependent(rope_type: str) -> bool:
@@ -43,8 +43,7 @@ def rope_types(config) -> set[str]:
 
 def needs_global_length(config) -> bool:
     """A config whose rotary frequencies depend on the length and whose model was not prepared."""
-    ref = _prepared.get(id(config))
-    if ref is not None and ref() is config:
+    if config in _prepared:
         return False
     return any(length_dependent(t) for t in rope_types(config))
 
@@ -72,14 +71,13 @@ def see_global_length(model: torch.nn.Module, group=None) -> int:
         raise ValueError(f"{type(model).__name__}: its config asks for the rope types {sorted(rope_types(configs[0]))}, "
                          "whose frequencies depend on the sequence's length, and burst found no rotary module of "
                          "transformers' kind to show the whole length to; refused (each rank would see its shard's)")
-    for config in configs:
-        _prepared[id(config)] = weakref.ref(config)
+    _prepared.add(*configs)
     return wrapped
 
 
 def _configs(model) -> list:
     config = model.config
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     return [config] if text is config else [config, text]
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import weakref
 
 import torch
 
@@ -19,6 +18,7 @@ from burst.layout import _world_and_rank
 
 from ...keywords import ATTENTION_LAYER_KINDS, layer_kinds
 from .. import compressed, indexer, rope
+from ..configs import PreparedConfigs, text_config
 from . import convolution, linear_attention, normalised, rg_lru, ssm
 from .state import Shards, calls_any, hook, wrap
 
@@ -76,7 +76,7 @@ _SHARDED = {  # a function of a modeling module -> its sharded version: (origina
 _TAKEN_OVER = {"MiniMaxLightningAttention": linear_attention.lightning_attention, "xLSTMBackend": normalised.mlstm,
                "RecurrentGemmaRglru": rg_lru.rg_lru}
 
-_prepared: dict[int, weakref.ref] = {}  # id(config) -> config, for configs of models shard_mixers prepared
+_prepared = PreparedConfigs()  # the configs of models shard_mixers prepared
 
 
 def supported(model_type: str | None) -> bool:
@@ -85,8 +85,7 @@ def supported(model_type: str | None) -> bool:
 
 def prepared(config) -> bool:
     """Whether shard_mixers prepared a model with this config (or its text config)."""
-    ref = _prepared.get(id(config))
-    return ref is not None and ref() is config
+    return config in _prepared
 
 
 def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int:
@@ -102,7 +101,7 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     indexer.show_whole_sequence(model, group, layout)
     compressed.compress_whole_sequence(model, group, layout)
     config = model.config
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     module = sys.modules[type(model).__module__]
     names = [n for n in (*_SHARDED, *UNSPLIT, *FUSED) if callable(getattr(module, n, None))]
     inline = [m for m in model.modules() if type(m).__name__ in _TAKEN_OVER]
@@ -135,8 +134,7 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
             handle.remove()
         mixer._burst_mixer_hooks = hook(mixer, shards)
     convolution.shard_token_shifts(model, shards)
-    for c in {id(config): config, id(text): text}.values():
-        _prepared[id(c)] = weakref.ref(c)
+    _prepared.add(config, text)
     model._burst_mixers = (group, layout, len(mixers) + len(inline))
     return len(mixers) + len(inline)
 
