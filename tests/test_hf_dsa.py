@@ -190,3 +190,25 @@ def test_v4_with_packed_documents_is_refused():
     batch = bt.shard_batch({"input_ids": ids, "labels": ids, "position_ids": positions}, model=model)
     with pytest.raises(ValueError, match="compressed attention with packed documents"):
         model(**batch, use_cache=False)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "deepseek_v4"])
+def test_the_first_forward_on_a_cache_runs_and_decoding_on_it_is_refused(family):
+    """transformers makes a cache unless use_cache=False (the README's line passes none): that forward
+    runs exactly; a later one on the same cache would see only the new tokens, and raises."""
+    import transformers
+
+    import burst.integrations.transformers as bt
+    from burst.bench.hf_zoo import VOCAB, families, twin_models
+
+    if family not in families():
+        pytest.skip(f"this transformers release has no {family}")
+    transformers.logging.set_verbosity_error()
+    eager, model = twin_models(family, bt.register("dsa_cache"), _config(family))
+    ids = torch.randint(3, VOCAB, (1, 64), generator=torch.Generator().manual_seed(1))
+    out = model(**bt.shard_batch({"input_ids": ids}, model=model))  # use_cache left to the config: a cache
+    cache = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
+    assert cache is not None
+    assert (out.logits - eager(input_ids=ids, use_cache=False).logits).abs().max() < BOUND["logits"]
+    with pytest.raises(ValueError, match="decoding on a cache"):
+        model(input_ids=ids[:, -1:], past_key_values=cache, position_ids=torch.tensor([[64]]))

@@ -17,7 +17,8 @@ from world import run_world
 transformers_or_skip()
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
-FAMILIES = ("llama", "mamba", "rwkv", "qwen3_next", "gemma3_text", "openai-gpt", "xlm", "cpmant", "prophetnet")
+FAMILIES = ("llama", "mamba", "rwkv", "qwen3_next", "gemma3_text", "openai-gpt", "xlm", "cpmant", "prophetnet",
+            "deepseek_v32", "deepseek_v4")
 
 
 def readme_transformers_lines() -> str:
@@ -95,4 +96,6 @@ def test_the_readme_example_is_exact_or_refused_for_the_families_a_user_brings()
             continue
         assert detail["logits"] < 2e-4 and detail["loss"] < 2e-5 and detail["gradients"] < 1e-3, (family, detail)
     assert outcomes["llama"][0] == outcomes["mamba"][0] == "ran"
+    for family in ("deepseek_v32", "deepseek_v4"):  # sparse and compressed attention, through the same lines
+        assert outcomes.get(family, ("ran",))[0] == "ran", (family, outcomes.get(family))
     assert outcomes["openai-gpt"][0] == "refused"

@@ -27,7 +27,7 @@ a model) takes over the forward of each compressor:
   travelling with the ring.
 
 Ties in the indexer's top-k break as on one device wherever a row's scores are equal bit for bit;
-see indexer.py for the exact zeros a ReLU can leave. Cached decoding is refused.
+see indexer.py for the exact zeros a ReLU can leave. A forward may carry a cache (its first forward runs); decoding on it is refused.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from burst import state_passing
 
 from ..keywords import cache_keyword
 from .configs import PreparedConfigs, text_config
-from .indexer import one_sequence_per_row
+from .indexer import one_sequence_per_row, refuse_decoding
 
 _prepared = PreparedConfigs()  # the configs of models whose compressors see the whole sequence
 PENDING = "_burst_compressed"  # the attention module's entries' rate and choice, for its attention function
@@ -88,10 +88,8 @@ def _whole_sequence_compressor(module, attention, group, layout, hidden_states, 
     """(entries (batch, 1, n, head_dim) of the whole sequence, None): the layer concatenates them to its
     keys; their rate and the CSA indexer's choice wait on the attention module for its attention
     function (PENDING)."""
-    if (cache if cache is not None else past_key_values) is not None:
-        raise ValueError(f"{type(module).__name__}: decoding on a cache with DeepSeek-V4's compressed attention under "
-                         "burst is not supported; run the forward without a cache (use_cache=False), or generate "
-                         "with another attention implementation")
+    refuse_decoding(f"{type(module).__name__}: decoding on a cache with DeepSeek-V4's compressed attention under "
+                    "burst", cache if cache is not None else past_key_values, layer_idx)
     _check_runs_on_burst(module, attention())
     one_sequence_per_row(f"{type(module).__name__}: DeepSeek-V4's compressed attention", position_ids, group, layout,
                          hidden_states)  # entries over a packed row would span its documents

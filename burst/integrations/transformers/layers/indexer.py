@@ -88,6 +88,19 @@ class _GatheredKeys:
         return whole
 
 
+def refuse_decoding(what: str, cache, layer_idx) -> None:
+    """The layers that see the whole sequence (this indexer, compressed.py's compressors) leave a
+    forward's cache as it is (transformers makes one unless use_cache=False): they gather what they
+    need instead of keeping it there. So the first forward on a cache runs, and any later one on the
+    same cache (decoding, which would see only the new tokens) raises ValueError naming `what`."""
+    if cache is None:
+        return
+    seen = cache.__dict__.setdefault("_burst_whole_sequence_layers", set())
+    if layer_idx in seen:
+        raise ValueError(f"{what} is not supported; generate with another attention implementation")
+    seen.add(layer_idx)
+
+
 def one_sequence_per_row(what: str, position_ids, group, layout, hidden_states) -> torch.Tensor:
     """This rank's rows' global positions (seq_local,); ValueError naming `what` when the position ids
     restart inside a row (packed documents), which the layers that see the whole sequence (this
@@ -105,10 +118,8 @@ def _whole_sequence_indexer(module, forward, group, layout, hidden_states, q_res
                             attention_mask=None, position_ids=None, cache=None, past_key_values=None):
     """The indexer's own forward over this rank's queries and every key: (batch, seq_local, topk)
     global key positions. (Its cache comes as `cache`, or `past_key_values` before transformers 5.24.)"""
-    cache = cache if cache is not None else past_key_values
-    if cache is not None and cache.get_seq_length(module.layer_idx) > 0:
-        raise ValueError(f"{type(module).__name__}: decoding on a cache with DeepSeek sparse attention split across "
-                         "ranks is not supported; generate on one rank")
+    refuse_decoding(f"{type(module).__name__}: decoding on a cache with DeepSeek sparse attention under burst",
+                    cache if cache is not None else past_key_values, module.layer_idx)
     rows = one_sequence_per_row(f"{type(module).__name__}: DeepSeek sparse attention", position_ids, group, layout,
                                 hidden_states)
     keys = torch.arange(rows.numel() * layout_mod._world_and_rank(group)[0], device=hidden_states.device)
