@@ -3,6 +3,7 @@
     torchrun --nproc-per-node 2 examples/trainer_train.py                  # 2 ranks on one sequence
     torchrun --nproc-per-node 4 examples/trainer_train.py --sp-size 2      # 2 replicas x 2 ranks
     python examples/trainer_train.py --reference --batch 4                 # one process, eager attention
+    torchrun --nproc-per-node 1 examples/trainer_train.py --device cuda --bf16 --fsdp   # a GPU, FSDP2
 
 A tiny Llama (random weights from a config, no download) trains on random token rows of uneven
 lengths, right-padded by the collator (--packed: packed into one row per batch), with gradient
@@ -87,6 +88,10 @@ def main() -> None:
     parser.add_argument("--packed", action="store_true", help="pack each batch's rows into one (no padding)")
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     parser.add_argument("--reference", action="store_true", help="plain Trainer, eager attention, one process")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank")
+    parser.add_argument("--bf16", action="store_true", help="TrainingArguments.bf16 (autocast; float32 weights)")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="FSDP2 through the Trainer's own accelerate plugin (fsdp='full_shard', version 2)")
     parser.add_argument("--out", default=None, help="save losses, gradients, weights, eval and predictions here")
     args = parser.parse_args()
 
@@ -103,8 +108,9 @@ def main() -> None:
         output_dir=args.out or "trainer-out", per_device_train_batch_size=args.batch,
         per_device_eval_batch_size=2, gradient_accumulation_steps=args.accumulate, max_steps=args.steps,
         optim=args.optim, learning_rate=args.lr, max_grad_norm=0.5, lr_scheduler_type="constant",
-        logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=3,
-        gradient_checkpointing=args.checkpointing,
+        logging_steps=1, report_to=[], save_strategy="no", use_cpu=args.device == "cpu", seed=3,
+        gradient_checkpointing=args.checkpointing, bf16=args.bf16,
+        **(dict(fsdp="full_shard", fsdp_config={"version": 2}) if args.fsdp else {}),
         dataloader_drop_last=False, disable_tqdm=True)
     recorder = RecordGradients()  # a copy of every gradient each step: only when they are saved
     common = dict(model=model, args=training, data_collator=pack if args.packed else pad_right,
@@ -119,6 +125,9 @@ def main() -> None:
         trainer = SequenceParallelTrainer(**common, sp_size=args.sp_size, strategy=args.strategy,
                                           layout=args.layout)
     trainer.train()
+    sharded = any(hasattr(p, "full_tensor") for p in trainer.model.parameters())  # FSDP2 holds DTensors
+    if args.fsdp and not sharded:  # accelerate runs DDP instead where it cannot apply FSDP (on the CPU)
+        raise SystemExit(f"--fsdp: accelerate did not shard the model (wrapped as {type(trainer.model_wrapped).__name__})")
     metrics = trainer.evaluate()
     predictions = trainer.predict(RandomRows(args.eval_rows, args.seq_len // 2, args.seq_len, seed=4))
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
@@ -132,7 +141,8 @@ def main() -> None:
         os.makedirs(args.out, exist_ok=True)
         torch.save({"losses": losses, "grads": recorder.steps, "weights": weights,
                     "eval_loss": metrics["eval_loss"], "predictions": predictions.predictions,
-                    "label_ids": predictions.label_ids, "predict_loss": predictions.metrics["test_loss"]},
+                    "label_ids": predictions.label_ids, "predict_loss": predictions.metrics["test_loss"],
+                    "sharded": sharded},
                    os.path.join(args.out, "result.pt"))
     if torch.distributed.is_initialized():
         end_rank()  # past every peer's last collective, then no interpreter finalization (gloo can abort there)

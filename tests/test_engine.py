@@ -260,3 +260,16 @@ def test_burst_train_checkpoints_and_resumes_exactly(tmp_path):
                          (["--seq-len", "64", "--checkpoint-every", "2"], "needs --checkpoint-dir")):
         with pytest.raises(SystemExit, match=message):
             main(["train", "--model", "tiny", "--nproc", "2", *bad])
+
+
+def _one_rank_fsdp(rank, world):
+    cfg = TrainConfig(seq_len=32, batch=2, steps=3, lr=1e-2, warmup=1, fsdp="dp")
+    return _compare(_train(cfg, setup(1, "dp")), _train(TrainConfig(seq_len=32, batch=2, steps=3, lr=1e-2, warmup=1)))
+
+
+def test_fsdp_on_one_rank_equals_single_process():
+    """`burst train --fsdp dp` on one rank (a one-GPU machine) raised TypeError: setup built no mesh for a
+    world of one (found by scripts/gpu_check.sh on an H200). Without a process group it is refused."""
+    _assert_equal_training(run_world(1, _one_rank_fsdp, timeout=200)[0], "fsdp dp on 1 rank")
+    with pytest.raises(ValueError, match="initialized process group"):
+        setup(1, "dp")

@@ -51,7 +51,7 @@ def _table(section, name_start):
 def test_cpu_mode_writes_every_section_and_all_pass(cpu_report):
     data, md, log = cpu_report
     assert data["mode"] == "cpu" and data["ok"], [(s["id"], s["status"], s["notes"]) for s in data["sections"]]
-    assert [s["id"] for s in data["sections"]] == ["1", "2", "3", "4", "5"]
+    assert [s["id"] for s in data["sections"]] == ["1", "2", "3", "4", "5", "6"]
     for s in data["sections"]:
         assert s["status"] == "ok" and not s["error"], s
         assert f"## {s['id']}. {s['title']}" in md

@@ -96,12 +96,13 @@ def test_dispatch_by_device_and_dtype(stand_in, monkeypatch):
     assert kernels.select_kernel(torch.device("cpu"), torch.bfloat16) is kernels.cpu_flash
     assert kernels.select_kernel(cuda, torch.bfloat16) is cuda_flash_attn
     assert kernels.select_kernel(cuda, torch.float16) is cuda_flash_attn
-    assert kernels.select_kernel(cuda, torch.float32) is flex  # this torch has FlexAttention
+    assert kernels.select_kernel(cuda, torch.float32) is cuda_sdpa  # flex only where asked (compiled: recompiles)
     assert kernels.select_kernel(cuda, torch.float64) is kernels.reference
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # not installed
     monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", None)
     cuda_flash_attn.available.cache_clear()
-    assert kernels.select_kernel(cuda, torch.bfloat16) is flex
+    assert kernels.select_kernel(cuda, torch.bfloat16) is cuda_sdpa
+    assert kernels.select_kernel(cuda, torch.bfloat16, softcap=30.0).kernel is flex  # the fused path with softcap
     monkeypatch.setattr(flex, "available", lambda: False)  # an older torch
     assert kernels.select_kernel(cuda, torch.bfloat16) is cuda_sdpa
     assert kernels.select_kernel(cuda, torch.float32) is cuda_sdpa

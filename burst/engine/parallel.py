@@ -52,10 +52,10 @@ def setup(dp: int, fsdp: str = "none", device: str = "cpu") -> Parallel:
     world = dist.get_world_size() if dist.is_initialized() else 1
     check_dp(dp, world)
     sp = world // dp
-    if world == 1:
-        return Parallel(fsdp=fsdp)
-    if dp == 1 and fsdp == "none":
-        return Parallel(sp=sp, sp_rank=dist.get_rank())
+    if dp == 1 and fsdp == "none":  # (dp > 1 needs the mesh's groups even without FSDP)
+        return Parallel() if world == 1 else Parallel(sp=sp, sp_rank=dist.get_rank())
+    if not dist.is_initialized():  # FSDP2 shards over a device mesh, which needs a process group
+        raise ValueError(f"--fsdp {fsdp}: FSDP2 needs an initialized process group (burst.launch starts one)")
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device, (dp, sp), mesh_dim_names=("dp", "sp"))

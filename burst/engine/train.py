@@ -237,7 +237,7 @@ def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
 
     cfg.check(world)
     device = bind(resolve_device(cfg.device, local_ranks(world)))  # the launcher bound it already: the same
-    par = setup(cfg.dp, cfg.fsdp)
+    par = setup(cfg.dp, cfg.fsdp, device.type)  # the mesh on the ranks' own device type (NCCL on cuda)
     model = build(cfg, par, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     first = 0

@@ -63,7 +63,10 @@ def _fastest(device: torch.device, dtype: torch.dtype):
     if device.type == "cuda" and dtype in cuda_flash_attn.DTYPES and cuda_flash_attn.available():
         return cuda_flash_attn
     if device.type == "cuda" and dtype != torch.float64:
-        return flex if flex.available() else cuda_sdpa
+        # aten's efficient kernel, not FlexAttention: on an H200 (benchmarks/gpu.md) compiled flex_attention
+        # hit dynamo's recompile limit over a run's tile shapes, dtypes and grad modes and fell back to
+        # its unfused path (0.03x SDPA); flex serves softcap (_fastest_with_softcap) and BURST_KERNEL=flex
+        return cuda_sdpa
     return reference
 
 

@@ -1,7 +1,9 @@
 """FlexAttention backend (torch.nn.attention.flex_attention): any mask as a rule, never as a bias.
 
-For CUDA tiles that flash_attn cannot take (block-sparse masks, runs of unequal strides, fp32, or no
-flash_attn at all). The tile's mask reaches it as a rule over global positions (masks.PositionRule),
+For CUDA tiles that flash_attn cannot take (block-sparse masks, runs of unequal strides, fp32), for
+softcap, and wherever BURST_KERNEL=flex asks. Without flash_attn the default CUDA kernel is aten's
+efficient op (cuda_sdpa.py), not this one: on an H200 the compiled flex_attention recompiled per tile
+shape, dtype and grad mode until dynamo's recompile limit sent it to the unfused path (benchmarks/gpu.md). The tile's mask reaches it as a rule over global positions (masks.PositionRule),
 as bands (masks.Bands) or as a dense bool tensor; each becomes a `mask_mod`, and the `BlockMask` built
 from it (once per plan and device, cached) lets the kernel skip the blocks the mask leaves out.
 
@@ -16,7 +18,8 @@ D = rowsum(dout * out_global):
 Then dS = P_tile * w * (dout . v_j - D) = P_global * (dP - D): the global softmax's gradient, exactly
 what flash_attn's backward computes from the global out and lse. The suite checks this algebra
 against float64 with a differentiable stand-in of flex_attention (torch on the CPU has no
-FlexAttention backward) and the forward against the real one on the CPU; it has not run on a GPU.
+FlexAttention backward) and the forward against the real one on the CPU; scripts/gpu_check.sh ran
+it on an H200, exact (benchmarks/gpu.md).
 
 On CUDA, flex_attention is compiled (torch.compile) as its documentation asks; eager it runs a slow
 reference implementation.

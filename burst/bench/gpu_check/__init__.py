@@ -16,6 +16,8 @@ leaves what it measured):
 4. memory: the longest sequence whose fwd+bwd fits, burst vs SDPA; peak per rank vs the 1/G share;
    the engine's model trained two steps at the longest length each checkpointing mode reaches.
 5. CUDA-only features: FSDP2 CPU offload in `burst train`, bf16 autocast, `burst check`.
+6. training stacks against one process: `burst train --device cuda --dtype bfloat16`, the transformers
+   Trainer with accelerate's FSDP2 plugin in bf16 (training.py).
 
 BURST_DEVICE=cpu runs the same code at tiny sizes on the CPU (the test suite does, so this cannot
 rot); there "fits" in section 4 means a peak-RSS growth under a cap, not a CUDA out-of-memory.
@@ -24,7 +26,7 @@ rot); there "fits" in section 4 means a peak-RSS growth under a cap, not a CUDA 
 
 One module per part: cases.py (sizes, masks, inputs, the float64 reference, the block step),
 report.py (sections and the written report), kernels.py, worlds.py, speed.py, memory.py and
-features.py (sections 1-5), launch.py (the sections in order, the command line).
+features.py and training.py (sections 1-6), launch.py (the sections in order, the command line).
 """
 
 from .cases import CPU_SIZES, CUDA_SIZES, KERNEL_CASES, QUANTITIES, Sizes, compare

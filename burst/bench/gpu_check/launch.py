@@ -14,6 +14,7 @@ from .kernels import section_kernels
 from .memory import section_memory
 from .report import Report
 from .speed import section_speed
+from .training import section_training
 from .worlds import section_worlds
 
 
@@ -36,6 +37,7 @@ def run(outdir: str, device: torch.device | None = None, budget: float | None = 
     section_speed(rep, several)
     section_memory(rep, several)
     section_features(rep)
+    section_training(rep)
     rep.write()
     return rep.as_dict()
 

@@ -159,7 +159,8 @@ def _git_commit() -> str | None:
 
 
 def repo_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    """The repository's root (this file is burst/bench/gpu_check/report.py)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def first_line(err: BaseException) -> str:
