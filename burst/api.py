@@ -44,9 +44,11 @@ def attention(
             shared K = V) and burst and ring move it once.
         group: the process group the sequence is split over; None = the default group (or a single
             process when torch.distributed is not initialized).
-        strategy: "burst" (BurstAttention: ring forward; backward moving Q/dQ/dO/D/lse, on one
-            node served in chunks by their owners so a rank holds ~1/G of one process's memory;
-            option chunk_rows: rows per chunk, 0 = whole blocks on the paper's ring),
+        strategy: "burst" (BurstAttention: ring forward; a backward moving the smaller side,
+            Q/dQ/dO/D/lse for multi-head attention or K/V/dK/dV for grouped heads, on one node
+            served in chunks by their owners so a rank holds ~1/G of one process's memory;
+            options chunk_rows: rows per chunk, 0 = whole blocks on the paper's ring;
+            backward_side: "auto", "queries" or "keys"),
             "ring" (RingAttention), "distflash" (DistFlashAttn's balanced causal schedule; contiguous
             layout, causal only), "allgather" (gather K/V once; holds the whole sequence's K/V),
             "ulysses" (all-to-all to head shards), "usp" (Ulysses x ring; option ulysses_degree),

@@ -24,12 +24,13 @@ __all__ = ["TOL", "full_inputs", "reference_grads", "rel_err", "within_bounds", 
 def strategy_kwargs(name: str) -> dict:
     """burst.attention's strategy arguments for a case name: "burst:chunk_rows=5" is burst with
     chunk_rows=5 (its backward's queries served in chunks of 5 rows, so short test shards use several
-    chunks); the part after ":" is one integer option, as "strategy:variant" spells variants elsewhere."""
+    chunks); "burst:backward_side=keys" forces its key-side backward. The part after ":" is one option,
+    an integer or a word, as "strategy:variant" spells variants elsewhere."""
     strategy, _, option = name.partition(":")
     if not option:
         return dict(strategy=strategy)
     key, value = option.split("=")
-    return {"strategy": strategy, key: int(value)}
+    return {"strategy": strategy, key: int(value) if value.lstrip("-").isdigit() else value}
 
 
 def sharded_errors(full, ref, dtype, layout="contiguous", **kwargs):

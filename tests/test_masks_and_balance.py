@@ -81,12 +81,19 @@ def _balance(rank, world):
         with burst.CommStats() as stats:
             burst.attention(q, q, q, strategy=strategy, layout=layout, causal=True).sum().backward()
         out[(strategy, layout)] = (stats.pairs("forward"), stats.pairs("backward"))
-    # Chunks of queries are served only where the mask needs them (zigzag causal: often half a block).
+    # Chunks of queries are served only where the mask needs them (zigzag causal: often half a block);
+    # forced: one tensor as q, k and v makes the key side the smaller (K = V travels once).
     with burst.CommStats() as stats:
-        burst.attention(q, q, q, strategy="burst", layout="zigzag", causal=True, chunk_rows=16).sum().backward()
+        burst.attention(q, q, q, strategy="burst", layout="zigzag", causal=True, chunk_rows=16,
+                        backward_side="queries").sum().backward()
     out[("burst", "zigzag served")] = stats.sent("backward")
-    # Early stop: a window shorter than a shard needs only the previous rank's keys.
     k, v = (torch.randn(1, n, 2, 8, requires_grad=True) for _ in range(2))  # two tensors: K and V both travel
+    # The key side likewise: chunks of K, V only where some query needs them, their dK, dV home.
+    with burst.CommStats() as stats:
+        burst.attention(q, k, v, strategy="burst", layout="zigzag", causal=True, chunk_rows=16,
+                        backward_side="keys").sum().backward()
+    out[("burst", "zigzag served keys")] = stats.sent("backward"), stats.choices()
+    # Early stop: a window shorter than a shard needs only the previous rank's keys.
     for strategy in ("ring", "burst"):
         with burst.CommStats() as stats:
             burst.attention(q, k, v, strategy=strategy, causal=True, window=(n // 2, 0)).sum().backward()
@@ -165,6 +172,25 @@ def test_burst_serves_only_the_query_rows_the_mask_needs(world):
         expect = sum(needed_rows(rank, d) * served + needed_rows(d, rank) * back for d in range(world) if d != rank)
         assert balance[("burst", "zigzag served")] == expect, rank
         assert expect < whole
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
+def test_burst_key_side_serves_only_the_key_rows_the_mask_needs(world):
+    """The key side (forced): rank r sends K, V of each of its key rows that some query of the receiving
+    rank attends, and the dK, dV parts of others' such rows back home; dQ never travels."""
+    n, heads, dim = 64, 2, 8
+    pos = [burst.layout.shard_indices("zigzag", r, world, n * world) for r in range(world)]
+
+    def needed_rows(src, dst):  # src's keys that at least one of dst's queries attends (causal)
+        return int((pos[src] <= pos[dst].max()).sum())
+
+    served = back = 2 * heads * dim * 4  # per row: K and V; dK and dV (float32)
+    for rank, (_, balance) in enumerate(_results(world)):
+        sent, choices = balance[("burst", "zigzag served keys")]
+        expect = sum(needed_rows(rank, d) * served + needed_rows(d, rank) * back for d in range(world) if d != rank)
+        assert sent == expect, (rank, sent, expect)
+        assert expect < (world - 1) * (served + back) * n
+        assert choices == {"backward_side=keys": 1}
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

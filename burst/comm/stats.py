@@ -34,6 +34,7 @@ class CommStats:
         self._messages: dict[str, int] = defaultdict(int)
         self._compute: dict[str, float] = defaultdict(float)
         self._dense_masks = 0
+        self._choices: dict[str, int] = defaultdict(int)
 
     def __enter__(self) -> "CommStats":
         _ACTIVE.append(self)
@@ -70,6 +71,11 @@ class CommStats:
         masked tile on a backend without band arguments (the CPU one, aten's efficient kernel)."""
         return self._dense_masks
 
+    def choices(self) -> dict[str, int]:
+        """How often each choice a strategy made per call was taken, as "what=choice": count (burst's
+        backward: "backward_side=queries" or "backward_side=keys")."""
+        return dict(self._choices)
+
     def as_dict(self) -> dict:
         return {
             "sent": dict(self._sent),
@@ -77,6 +83,7 @@ class CommStats:
             "pairs": dict(self._pairs),
             "compute_seconds": dict(self._compute),
             "dense_masks": self._dense_masks,
+            "choices": dict(self._choices),
         }
 
     def __repr__(self) -> str:
@@ -103,6 +110,12 @@ def record_pairs(phase: str, pairs: int) -> None:
 def record_compute(phase: str, seconds: float) -> None:
     for stats in _ACTIVE:
         stats._compute[phase] += seconds
+
+
+def record_choice(what: str, choice: str) -> None:
+    """A choice a strategy made for one call (see CommStats.choices)."""
+    for stats in _ACTIVE:
+        stats._choices[f"{what}={choice}"] += 1
 
 
 def record_dense_mask() -> None:

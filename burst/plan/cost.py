@@ -14,8 +14,9 @@ prefill: Workload.forward_only) is modelled, then multiplied by the number of la
 - collectives (all-gather, all-to-all, CQS's exchange) are not overlapped with compute.
 
 Volumes per device follow our implementations (the same numbers CommStats reports): burst's backward
-moves Q, dO (input dtype), D, lse (fp32) for G-1 steps and dQ (fp32) for G (across nodes, on the
-ring) or G-1 (one node: the chunk stream sends each dQ part straight home, strategies/burst_stream.py);
+moves the smaller side: Q, dO (input dtype), D, lse (fp32) for G-1 steps and dQ (fp32) for G (across
+nodes, on the ring) or G-1 (one node: the chunk stream sends each dQ part straight home,
+strategies/burst_stream.py), or, with grouped heads, K, V and dK, dV the same way;
 ring's moves K, V for G-1 and dK, dV (fp32) for G. Of the masks beyond causal only a sliding window is
 modelled (windows.py); a causal mask makes the chunk stream send less than this. Memory is what
 attention holds per device: the inputs, outputs and lse saved for backward in every layer, plus one
@@ -232,21 +233,32 @@ def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     g = ring_steps(w.seq_len, cluster.gpus, window, w.layout)  # a window stops it early
     f = served_share(w.seq_len, cluster.gpus, window, w.layout) if base == "burst" and cluster.nodes == 1 else 1.0
     fwd = _ring_pass(cluster, g, c_fwd, s.kv * f, double)  # f: the chunk stream serves only a window's rows
-    if base == "burst" and cluster.nodes == 1:  # the chunk stream: a few chunks held, dQ parts go home
-        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, (2 * s.q + 2 * s.stat + s.dq32) * f, False,
-                                              tail=s.dq32 * f / CHUNKS_PER_BLOCK))
-        peak = s.dq32 + s.dkv32 + (2 * (2 * s.q + 2 * s.stat) + 3 * s.dq32 + s.q) / CHUNKS_PER_BLOCK
-    elif base == "burst":  # Q, dO, D, lse travel with dQ (fp32), which also takes the last hop home
-        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, 2 * s.q + 2 * s.stat + s.dq32, double, tail=s.dq32))
-        peak = 2 * (2 * s.q + 2 * s.stat) + 2 * s.dq32 + s.dkv32 + s.q
-    else:  # K, V travel with dK, dV (fp32)
-        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, s.kv + s.dkv32, double, tail=s.dkv32))
-        peak = 2 * s.kv + 2 * s.dkv32 + s.dq32 + s.q
+    # burst's backward moves the smaller side (strategies/burst.py backward_side; ties: the queries)
+    side = burst_backward_side(s) if base == "burst" else "keys"
+    # (travelling, accumulator going home) per block: the queries (Q, dO, D, lse; dQ) or the keys (K, V; dK, dV)
+    moving, acc = (2 * s.q + 2 * s.stat, s.dq32) if side == "queries" else (s.kv, s.dkv32)
+    staying = s.dkv32 + s.q if side == "queries" else s.dq32 + s.q  # the other side's accumulators, and O
+    if base == "burst" and cluster.nodes == 1:  # the chunk stream: a few chunks held, accumulator parts go home
+        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, (moving + acc) * f, False,
+                                              tail=acc * f / CHUNKS_PER_BLOCK))
+        peak = acc + staying - s.q + (2 * moving + 3 * acc + s.q) / CHUNKS_PER_BLOCK
+    else:  # whole blocks on the (double) ring, their accumulators taking the last hop home
+        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, moving + acc, double, tail=acc))
+        peak = 2 * moving + 2 * acc + staying
     est = _sum(name, fwd, bwd, c_fwd + c_bwd)
     est.mem_bytes_per_device = peak
-    if not double and cluster.nodes == 1:
-        est.note = f"one node: the same ring as {base}"
+    notes = [f"one node: the same ring as {base}"] if not double and cluster.nodes == 1 else []
+    if base == "burst" and not w.forward_only:
+        notes.append(f"backward moves the {side}")
+    est.note = "; ".join(notes)
     return est
+
+
+def burst_backward_side(s: "_Sizes") -> str:
+    """The side burst's backward moves, as strategies/burst.py picks it: the keys when K, V and their
+    float32 gradients are fewer bytes than Q, dO, D, lse and the float32 dQ (grouped heads), else the
+    queries."""
+    return "keys" if s.kv + s.dkv32 < 2 * s.q + 2 * s.stat + s.dq32 else "queries"
 
 
 _NO_PASS = (0.0, 0.0, 0.0, 0.0, 0.0)

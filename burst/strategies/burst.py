@@ -2,10 +2,13 @@
 
 Forward: the same K, V ring with online softmax as RingAttention (strategies/ring.py); on one node,
 when a mask needs only part of some rank's keys (a sliding window), those served in chunks instead.
-Backward: K, V, dK, dV stay home; Q, dO, D = rowsum(dO∘O) and lse travel (read-only), and dQ travels
-as a float32 accumulator that arrives home. Per row and head that is 3d + 2 numbers against
-RingAttention's 4d: about 25% less backward traffic for fp32 and MHA. (With GQA, Q has more heads
-than K, V, so ring's backward can be the cheaper one; the planner weighs that.)
+Backward, the query side: K, V, dK, dV stay home; Q, dO, D = rowsum(dO∘O) and lse travel (read-only),
+and dQ travels as a float32 accumulator that arrives home. Per row and head that is 3d + 2 numbers
+against RingAttention's 4d: about 25% less backward traffic for fp32 and MHA.
+With grouped heads (GQA, MQA) the key side is the smaller one: Q has hq heads, K and V hk. Then the
+backward moves the key side instead: K, V travel (served in chunks on one node, like the queries), dK,
+dV come home as float32 accumulators, and Q, dO, dQ stay home. `backward_side` picks per call from the
+call's shapes and dtypes (the same on every rank, so every rank takes the same side), or forces one.
 
 On one node the queries are served in chunks by their owners (strategies/burst_stream.py): the ring's
 block pairs in the ring's order, but a rank holds a few chunks of Q, dO, dQ instead of two whole
@@ -22,10 +25,13 @@ import torch.distributed as dist
 
 from ..call import AttentionCall
 from ..kernels.accumulators import accumulator_zeros_like, lse_for_backward, row_delta
+from ..comm.stats import record_choice
 from ..kernels.attend import attend_backward
 from .base import Options, Strategy, int_at_least, kv_gradients
-from .burst_stream import chunk_rows, keys_partly_needed, served_backward, served_forward
-from .ring import ring_forward, visit_blocks
+from .burst_stream import chunk_rows, keys_partly_needed, served_backward, served_forward, served_key_backward
+from .ring import ring_backward, ring_forward, visit_blocks
+
+BACKWARD_SIDES = ("auto", "queries", "keys")
 
 
 def burst_forward(call: AttentionCall, q, k, v):
@@ -39,11 +45,54 @@ def burst_forward(call: AttentionCall, q, k, v):
 
 
 def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
-    """burstengine.md Alg. 2. Shapes as in ring_backward; returns dq, dk, dv in input dtypes.
+    """burstengine.md Alg. 2 on the side that moves fewer bytes (backward_side). Shapes as in
+    ring_backward; returns dq, dk, dv in input dtypes."""
+    side = backward_side(call, dout, q, k, v)
+    record_choice("backward_side", side)
+    if side == "keys":
+        return _key_side_backward(call, dout, q, k, v, out, lse)
+    return _query_side_backward(call, dout, q, k, v, out, lse)
 
-    Queries meet this rank's keys in the order of call.q_schedule (the forward's pairs, in the same
-    order); on one node served chunk by chunk, across nodes on the double ring.
-    """
+
+def side_bytes_per_row(q, dout, k, v, indices=None) -> dict[str, int]:
+    """Bytes one row of a shard puts on the wire per ring step, each side (batch rows counted once):
+    queries: Q, dO (their dtypes), D and lse (float32), the dQ accumulator (float32), and an index
+    selection's chosen keys (they travel with their queries); keys: K, V (their dtypes; once when the
+    values are the keys) and the dK, dV accumulators (float32)."""
+    hq, d = q.shape[2], q.shape[3]
+    queries = hq * d * (q.element_size() + dout.element_size() + 4) + 2 * hq * 4
+    if indices is not None:
+        queries += indices[0, 0].numel() * indices.element_size()
+    kv = [k] if v is k else [k, v]
+    keys = sum(t.shape[2] * t.shape[3] * (t.element_size() + 4) for t in kv)
+    return {"queries": queries, "keys": keys}
+
+
+def backward_side(call: AttentionCall, dout, q, k, v) -> str:
+    """"queries" or "keys": the option when it names one, else the side with fewer bytes per row (ties
+    go to the queries, the paper's side). Shapes and dtypes agree across ranks, so every rank picks
+    the same side without a collective."""
+    forced = call.options.backward_side
+    if forced != "auto":
+        return forced
+    sizes = side_bytes_per_row(q, dout, k, v, call.indices)
+    return "keys" if sizes["keys"] < sizes["queries"] else "queries"
+
+
+def _key_side_backward(call: AttentionCall, dout, q, k, v, out, lse):
+    """K, V travel to the queries that need them, dK, dV (float32) come home; Q, dO, dQ stay. On one
+    node the keys' owners serve them in chunks (strategies/burst_stream.py), across nodes ring's
+    backward runs on the double ring."""
+    rows = chunk_rows(call)
+    if rows and _on_one_node(call):
+        dq, dk, dv = served_key_backward(call, rows, dout, q, k, v, out, lse_for_backward(lse))
+        return (dq.to(q.dtype), *kv_gradients(dk, dv, k, v))
+    return ring_backward(call, dout, q, k, v, out, lse)
+
+
+def _query_side_backward(call: AttentionCall, dout, q, k, v, out, lse):
+    """Queries meet this rank's keys in the order of call.q_schedule (the forward's pairs, in the same
+    order); on one node served chunk by chunk, across nodes on the double ring."""
     delta = row_delta(dout, out)  # D_i, computed once here instead of at every step
     dk = accumulator_zeros_like(k)
     dv = dk if v is k else accumulator_zeros_like(v)  # keys reused as values: one accumulator for both
@@ -83,15 +132,19 @@ def _ring_backward(call: AttentionCall, travelling, out, k, v, dk, dv):
 
 @dataclass(frozen=True)
 class BurstOptions(Options):
-    """chunk_rows: rows per served chunk on one node, query chunks in the backward and key chunks in a
-    masked forward (None: an eighth of the shard, 256 to the kernel's call size; 0: the paper's ring
-    of whole blocks)."""
+    """chunk_rows: rows per served chunk on one node, query or key chunks in the backward and key chunks
+    in a masked forward (None: an eighth of the shard, 256 to the kernel's call size; 0: the paper's
+    ring of whole blocks). backward_side: "auto" (the side with fewer bytes: the queries for
+    multi-head attention, the keys for most grouped heads), "queries" or "keys"."""
 
     chunk_rows: int | None = None
+    backward_side: str = "auto"
 
     def __post_init__(self):
         if self.chunk_rows is not None:
             int_at_least("chunk_rows", self.chunk_rows, 0, " (0: whole blocks on the ring)")
+        if self.backward_side not in BACKWARD_SIDES:
+            raise ValueError(f"backward_side must be one of {BACKWARD_SIDES}, got {self.backward_side!r}")
 
 
 BURST = Strategy("burst", forward=burst_forward, backward=burst_backward, options=BurstOptions, takes_indices=True)

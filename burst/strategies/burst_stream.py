@@ -1,7 +1,8 @@
 """BurstAttention on one node, the owner-served chunk stream: a ring's block pairs, in its order,
 holding a few chunks instead of two blocks. The backward serves query chunks (q, dO, D, lse) and sends
-their dQ home (served_backward); the forward serves key chunks (k, v) when a mask needs only part of
-some rank's keys, a sliding window above all, and its out, lse stay home (served_forward).
+their dQ home (served_backward), or, on the key side (grouped heads), key chunks (k, v) whose dK, dV
+go home (served_key_backward); the forward serves key chunks when a mask needs only part of some
+rank's keys, a sliding window above all, and its out, lse stay home (served_forward).
 
 A ring (strategies/ring.py) forwards each block from rank to rank, so a rank holds two whole travelling
 blocks (the one computed, the one arriving) and two accumulators (the one arriving, the one
@@ -115,6 +116,26 @@ def served_backward(call: AttentionCall, rows: int, travelling, out, k, v, dk, d
     (dq,) = stream_chunks(call, call.q_schedule, "backward", travelling, row_dims, rows, needs, attend,
                           acc_likes=travelling[:1], plan_key=("queries", call.mask_key))
     return dq
+
+
+def served_key_backward(call: AttentionCall, rows: int, dout, q, k, v, out, lse):
+    """BurstAttention's key side: chunks of (k, v) from their owners, only those our queries attend, in
+    the ring's order (call.kv_schedule); their dK, dV chunks (float32) straight home; dQ stays here.
+    lse as kernels.lse_for_backward gives it. Returns float32 dq, dk, dv (dk is dv when v is k)."""
+    dq = accumulator_zeros_like(q)
+    mine = call.segments(call.rank)
+
+    def attend(src, chunk, held, accs):
+        # Kernel calls sized to the chunk bound their fresh dQ, dK, dV (our own block: the full call size).
+        tiles = call.plan(mine, call.chunk_segments(src, *chunk), max_rows=None if src == call.rank else rows)
+        attend_backward(call.kernel, dout, q, held[0], held[-1], out, lse, tiles, dq, accs[0], accs[-1], call.scale,
+                        indices=call.indices)
+
+    blocks = travelling_kv(k, v)
+    grads = stream_chunks(call, call.kv_schedule, "backward", blocks, (1,) * len(blocks), rows,
+                          functools.partial(key_chunk_needed, call), attend, acc_likes=blocks,
+                          plan_key=("keys", call.mask_key))
+    return dq, grads[0], grads[-1]
 
 
 def stream_chunks(call, schedule: RingSchedule, phase: str, block: Sequence[torch.Tensor],
