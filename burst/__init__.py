@@ -1,7 +1,7 @@
 """burst: exact attention over very long sequences split across devices.
 
 Public names: attention, shard, unshard, CommStats, BlockSparseMask, set_agreement_check, check, Topology (see DESIGN.md);
-also set_agreement_timeout, context_parallel, DocumentLayout and CompressedKV.
+also set_agreement_timeout, context_parallel, DocumentLayout, CompressedKV and LatentKV.
 """
 
 from . import cqs
@@ -9,11 +9,12 @@ from .agreement import set_agreement_check, set_agreement_timeout
 from .api import attention
 from .comm.stats import CommStats
 from .compressed import CompressedKV
+from .latent import LatentKV
 from .comm.topology import Topology
 from .context_parallel import context_parallel
 from .layout import DocumentLayout, shard, unshard
 from .masks import BlockSparseMask
 from .check import check
 
-__all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask", "set_agreement_check", "set_agreement_timeout", "check", "Topology", "context_parallel", "DocumentLayout", "CompressedKV"]
+__all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask", "set_agreement_check", "set_agreement_timeout", "check", "Topology", "context_parallel", "DocumentLayout", "CompressedKV", "LatentKV"]
 __version__ = "0.1.0"

@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from . import custom_op
 from .compressed import CompressedKV
+from .latent import LatentKV, latent_attention
 from .prepare import prepare_attention, prepare_single_device, unit_stride_last
 from .strategies import STRATEGIES  # the names, here too for callers
 from .validation import DTYPES, STRATEGY_NAMES, check_tensors, checked_call  # the names, here too for callers
@@ -15,8 +16,8 @@ from .validation import DTYPES, STRATEGY_NAMES, check_tensors, checked_call  # t
 
 def attention(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
     group: dist.ProcessGroup | None = None,
     strategy: str = "burst",
     layout="contiguous",
@@ -32,6 +33,7 @@ def attention(
     chunk_size: int | None = None,
     indices: torch.Tensor | None = None,
     compressed: CompressedKV | None = None,
+    latent: LatentKV | None = None,
     **options,
 ):
     """Exact attention over a sequence split across the ranks of `group`.
@@ -90,6 +92,12 @@ def attention(
             once its window has ended (position >= (w+1)*rate - 1) and, with the CompressedKV's
             indices, only the entries it chose; no window, chunk or document mask applies to them
             (burst/compressed.py). Differentiable; an entry's gradient is this rank's queries' share.
+        latent: a burst.LatentKV in place of k and v: multi-head latent attention (DeepSeek-V2/V3, Kimi,
+            GLM, Mistral Large 4...): the latent and the shared rotary key travel on burst's ring and
+            each rank expands the block it holds with the layer's kv_b_proj weight (burst/latent.py).
+            q: (batch, seqlen_local, nheads, nope_dim + rope_dim); the output's headdim is value_dim.
+            strategy "burst" (or "auto") only; masks and chunk_rows apply; no sinks, softcap,
+            indices or compressed entries with it. The weight's gradient is this rank's share.
         **options: the chosen strategy's own options (see its module); others raise ValueError.
 
     Every rank of the group must pass the same options and shards of one shape: one small
@@ -107,6 +115,10 @@ def attention(
     Raises ValueError / TypeError on bad input on every rank of the group, before any communication
     of the strategy starts, so no rank is left waiting.
     """
+    if latent is not None or k is None or v is None:
+        return _latent_attention(q, k, v, latent, group, strategy, layout, causal, window, softmax_scale, return_lse,
+                                 cu_seqlens, block_sparse, topology, sinks, softcap, chunk_size, indices, compressed,
+                                 **options)
     q, k, v = autocast_inputs(q, k, v)
     if (torch.compiler.is_compiling() and indices is None and compressed is None
             and custom_op.takes(layout, cu_seqlens, block_sparse, topology, options)):
@@ -129,6 +141,28 @@ def _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax
     v = k if same else unit_stride_last(v)
     with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
         out, lse = chosen(call, q, k, v, sinks=sinks, compressed=compressed)
+    return (out, lse) if return_lse else out
+
+
+@torch.compiler.disable
+def _latent_attention(q, k, v, latent, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens,
+                      block_sparse, topology, sinks, softcap, chunk_size, indices, compressed, **options):
+    """burst.attention(q, latent=...): validated and agreed like any call, with stand-ins for k and v (one
+    head of q's width, nothing allocated), then burst/latent.py."""
+    if latent is None:
+        raise TypeError("burst.attention needs k and v, or latent=burst.LatentKV(...) in their place")
+    if k is not None or v is not None:
+        raise ValueError("latent= replaces k and v: pass k and v, or latent=, not both")
+    if isinstance(q, torch.Tensor) and torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
+        q = q.to(torch.get_autocast_dtype(q.device.type))
+    stand_in = q.new_empty(1, 1, 1, q.shape[-1]).expand(q.shape[0], q.shape[1], 1, q.shape[-1]) \
+        if isinstance(q, torch.Tensor) and q.dim() == 4 else q
+    _, call = prepare_attention(q, stand_in, stand_in, group, "burst" if strategy == "auto" else strategy, layout,
+                                causal, window, softmax_scale, return_lse, cu_seqlens, block_sparse, topology,
+                                sinks=sinks, softcap=softcap, chunk_size=chunk_size, indices=indices,
+                                compressed=compressed, latent=latent, **options)
+    with torch.autocast(q.device.type, enabled=False):
+        out, lse = latent_attention(call, unit_stride_last(q), latent)
     return (out, lse) if return_lse else out
 
 

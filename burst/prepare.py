@@ -15,6 +15,7 @@ from .call import AttentionCall
 from .comm.p2p import open_host_channels
 from .plan.auto import auto_choice
 from .compressed import check_compressed
+from .latent import check_latent
 from .sinks import check_sinks
 from .strategies import STRATEGIES
 from .validation import check_tensors, checked_call
@@ -22,7 +23,7 @@ from .validation import check_tensors, checked_call
 
 def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous", causal=False, window=None,
                       softmax_scale=None, return_lse=False, cu_seqlens=None, block_sparse=None, topology=None,
-                      sinks=None, softcap=0.0, chunk_size=None, indices=None, compressed=None, **options):
+                      sinks=None, softcap=0.0, chunk_size=None, indices=None, compressed=None, latent=None, **options):
     """burst.attention's validation and cross-rank agreement, without running it: the chosen
     Strategy and its AttentionCall, for callers that drive forward and backward themselves (the
     engine's rematerialization-aware checkpointing replays a stored output into strategy.backward).
@@ -38,13 +39,32 @@ def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous"
                                   chunk_size=chunk_size, indices=indices)
         check_sinks(sinks, q)
         check_compressed(compressed, q, v, q.shape[1] * world)
+        if latent is not None:
+            _check_latent_call(latent, q, name, call, sinks, softcap, indices, compressed)
     except (TypeError, ValueError, NotImplementedError) as err:
         problem = err
     facts = _call_facts(q, k, name, call, return_lse, sinks, softcap, compressed, v is k) if problem is None else None
+    if facts is not None and latent is not None:
+        facts["latent"] = (tuple(latent.latent.shape), tuple(latent.rope_rows().shape), tuple(latent.weight.shape),
+                           latent.nope_dim, latent.value_dim)
     agree("burst.attention", facts, problem, group, world, hints=_HINTS)
     if world > 1:
         open_host_channels(group)  # collective on a group's first call: every rank has agreed to run it
     return STRATEGIES[name], call
+
+
+def _check_latent_call(latent, q, name, call, sinks, softcap, indices, compressed) -> None:
+    """latent= (burst/latent.py): burst's ring and key-side backward move it; what it does not take yet."""
+    check_latent(latent, q)
+    if name != "burst":
+        raise ValueError(f"latent=: strategy {name!r} does not move MLA's latent; strategy='burst' does (its key side)")
+    if call.options.backward_side == "queries":
+        raise ValueError("latent=: burst's backward moves the latent (its key side); backward_side='queries' would "
+                         "move every expanded head's queries")
+    for given, what in ((sinks is not None, "sinks"), (bool(softcap), "softcap"), (indices is not None, "indices"),
+                        (compressed is not None, "compressed")):
+        if given:
+            raise ValueError(f"latent= does not take {what} (not built: no MLA family uses them together)")
 
 
 def prepare_single_device(q, k, causal: bool = True, softmax_scale=None):

@@ -40,6 +40,35 @@ def travelling_kv(k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
     return [k] if v is k else [k, v]
 
 
+class KeyBlocks:
+    """What the key side of a ring moves and how a held block becomes the kernel's K, V.
+
+    Here the K, V tensors themselves (one when v is k). burst/latent.py's LatentKeys moves MLA's
+    latent instead and expands each held block with the layer's own weight. travelling: this rank's
+    blocks; expand(held) -> (k, v); for_backward(held, acc_first, acc_last) -> (k, v, dk, dv, finish):
+    what attend_backward adds the held block's dK, dV into and a call that completes the step (the
+    accumulators may be deferred, kernels/accumulators.ArrivingAccumulators); gradients(accs) -> the
+    inputs' gradients from the float32 accumulators that came home.
+    """
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor):
+        self.k, self.v = k, v
+        self.travelling = travelling_kv(k, v)
+
+    def expand(self, held):
+        return held[0], held[-1]
+
+    def for_backward(self, held, acc_first, acc_last):
+        return held[0], held[-1], acc_first, acc_last, _nothing
+
+    def gradients(self, accs):
+        return kv_gradients(accs[0], accs[-1], self.k, self.v)
+
+
+def _nothing() -> None:
+    return None
+
+
 def kv_gradients(dk: torch.Tensor, dv: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """(dk, dv) in k's and v's dtypes; with v is k, dk is dv is one accumulator holding both sums, returned
     once (the other None: autograd adds nothing more for the same tensor)."""

@@ -27,21 +27,23 @@ from ..call import AttentionCall
 from ..kernels.accumulators import accumulator_zeros_like, lse_for_backward, row_delta
 from ..comm.stats import record_choice
 from ..kernels.attend import attend_backward
-from .base import Options, Strategy, int_at_least, kv_gradients
+from .base import KeyBlocks, Options, Strategy, int_at_least, kv_gradients
 from .burst_stream import chunk_rows, keys_partly_needed, served_backward, served_forward, served_key_backward
-from .ring import ring_backward, ring_forward, visit_blocks
+from .ring import ring_forward, ring_key_backward, visit_blocks
 
 BACKWARD_SIDES = ("auto", "queries", "keys")
 
 
-def burst_forward(call: AttentionCall, q, k, v):
+def burst_forward(call: AttentionCall, q, k, v, keys: KeyBlocks | None = None):
     """RingAttention's forward (strategies/ring.py), or on one node, when a mask needs only part of some
     rank's keys (a sliding window, local documents), those keys served in chunks by their owners
-    (strategies/burst_stream.py): the same block pairs, fewer bytes. Shapes as ring_forward's."""
+    (strategies/burst_stream.py): the same block pairs, fewer bytes. Shapes as ring_forward's; `keys`:
+    what travels instead of k, v (MLA's latent, burst/latent.py)."""
+    keys = keys or KeyBlocks(k, v)
     rows = chunk_rows(call)
     if rows and not call.spec.is_dense and _on_one_node(call) and keys_partly_needed(call, rows):
-        return served_forward(call, rows, q, k, v)
-    return ring_forward(call, q, k, v)
+        return served_forward(call, rows, q, keys)
+    return ring_forward(call, q, k, v, keys)
 
 
 def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
@@ -50,7 +52,7 @@ def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
     side = backward_side(call, dout, q, k, v)
     record_choice("backward_side", side)
     if side == "keys":
-        return _key_side_backward(call, dout, q, k, v, out, lse)
+        return key_side_backward(call, dout, q, KeyBlocks(k, v), out, lse)
     return _query_side_backward(call, dout, q, k, v, out, lse)
 
 
@@ -79,15 +81,17 @@ def backward_side(call: AttentionCall, dout, q, k, v) -> str:
     return "keys" if sizes["keys"] < sizes["queries"] else "queries"
 
 
-def _key_side_backward(call: AttentionCall, dout, q, k, v, out, lse):
-    """K, V travel to the queries that need them, dK, dV (float32) come home; Q, dO, dQ stay. On one
-    node the keys' owners serve them in chunks (strategies/burst_stream.py), across nodes ring's
-    backward runs on the double ring."""
-    rows = chunk_rows(call)
+def key_side_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
+    """K, V (or what `keys` moves) travel to the queries that need them, their gradients (float32) come
+    home; Q, dO, dQ stay. On one node the keys' owners serve them in chunks (strategies/burst_stream.py),
+    across nodes the ring's backward loop runs on the double ring. Returns dq in q's dtype and
+    keys.gradients(...)."""
+    rows, lse = chunk_rows(call), lse_for_backward(lse)
     if rows and _on_one_node(call):
-        dq, dk, dv = served_key_backward(call, rows, dout, q, k, v, out, lse_for_backward(lse))
-        return (dq.to(q.dtype), *kv_gradients(dk, dv, k, v))
-    return ring_backward(call, dout, q, k, v, out, lse)
+        dq, grads = served_key_backward(call, rows, dout, q, keys, out, lse)
+    else:
+        dq, grads = ring_key_backward(call, dout, q, keys, out, lse)
+    return (dq.to(q.dtype), *keys.gradients(grads))
 
 
 def _query_side_backward(call: AttentionCall, dout, q, k, v, out, lse):

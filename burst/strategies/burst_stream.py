@@ -45,7 +45,7 @@ from ..kernels.attend import attend_backward, attend_forward
 from ..masks import may_attend
 from ..schedules.chunk_stream import CACHE_LIMIT, BoundedCache, cached_plan, default_chunk_rows, plan_stream, row_chunks
 from ..schedules.ring import RingSchedule
-from .base import travelling_kv
+from .base import KeyBlocks
 
 
 def chunk_rows(call: AttentionCall) -> int:
@@ -81,18 +81,20 @@ def keys_partly_needed(call: AttentionCall, rows: int) -> bool:
     return _PARTLY_NEEDED.get((call.mask_key, rows), decide)
 
 
-def served_forward(call: AttentionCall, rows: int, q, k, v):
-    """K, V chunks from their owners, only those our queries attend: the ring's block pairs in the
-    ring's order (call.kv_schedule), holding a few chunks instead of a whole travelling block, and
-    sending a window only the rows it sees. Out and lse stay home. Shapes as ring_forward's."""
+def served_forward(call: AttentionCall, rows: int, q, keys: KeyBlocks):
+    """K, V chunks from their owners (or what `keys` moves instead), only those our queries attend: the
+    ring's block pairs in the ring's order (call.kv_schedule), holding a few chunks instead of a whole
+    travelling block, and sending a window only the rows it sees. Out and lse stay home. Shapes as
+    ring_forward's."""
     out_acc, lse_acc = empty_accumulators(q)
     mine = call.segments(call.rank)
 
     def attend(src, chunk, held, _accs):
         tiles = call.plan(mine, call.chunk_segments(src, *chunk))
-        attend_forward(call.kernel, q, held[0], held[-1], tiles, out_acc, lse_acc, call.scale, indices=call.indices)
+        k_src, v_src = keys.expand(held)
+        attend_forward(call.kernel, q, k_src, v_src, tiles, out_acc, lse_acc, call.scale, indices=call.indices)
 
-    blocks = travelling_kv(k, v)
+    blocks = keys.travelling
     stream_chunks(call, call.kv_schedule, "forward", blocks, (1,) * len(blocks), rows,
                   functools.partial(key_chunk_needed, call), attend, acc_likes=[], plan_key=("keys", call.mask_key))
     return out_acc.to(q.dtype), lse_acc
@@ -118,24 +120,27 @@ def served_backward(call: AttentionCall, rows: int, travelling, out, k, v, dk, d
     return dq
 
 
-def served_key_backward(call: AttentionCall, rows: int, dout, q, k, v, out, lse):
-    """BurstAttention's key side: chunks of (k, v) from their owners, only those our queries attend, in
-    the ring's order (call.kv_schedule); their dK, dV chunks (float32) straight home; dQ stays here.
-    lse as kernels.lse_for_backward gives it. Returns float32 dq, dk, dv (dk is dv when v is k)."""
+def served_key_backward(call: AttentionCall, rows: int, dout, q, keys: KeyBlocks, out, lse):
+    """BurstAttention's key side: chunks of what `keys` moves (k, v; MLA's latent) from their owners,
+    only those our queries attend, in the ring's order (call.kv_schedule); their float32 gradient chunks
+    straight home; dQ stays here. lse as kernels.lse_for_backward gives it. Returns (dq float32, the
+    accumulators of this rank's blocks)."""
     dq = accumulator_zeros_like(q)
     mine = call.segments(call.rank)
 
     def attend(src, chunk, held, accs):
         # Kernel calls sized to the chunk bound their fresh dQ, dK, dV (our own block: the full call size).
         tiles = call.plan(mine, call.chunk_segments(src, *chunk), max_rows=None if src == call.rank else rows)
-        attend_backward(call.kernel, dout, q, held[0], held[-1], out, lse, tiles, dq, accs[0], accs[-1], call.scale,
+        k_src, v_src, dk, dv, finish = keys.for_backward(held, accs[0], accs[-1])
+        attend_backward(call.kernel, dout, q, k_src, v_src, out, lse, tiles, dq, dk, dv, call.scale,
                         indices=call.indices)
+        finish()
 
-    blocks = travelling_kv(k, v)
+    blocks = keys.travelling
     grads = stream_chunks(call, call.kv_schedule, "backward", blocks, (1,) * len(blocks), rows,
                           functools.partial(key_chunk_needed, call), attend, acc_likes=blocks,
                           plan_key=("keys", call.mask_key))
-    return dq, grads[0], grads[-1]
+    return dq, grads
 
 
 def stream_chunks(call, schedule: RingSchedule, phase: str, block: Sequence[torch.Tensor],

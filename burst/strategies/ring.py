@@ -28,38 +28,50 @@ from ..comm.ring import RingComm
 from ..kernels.accumulators import ArrivingAccumulators, accumulator_zeros_like, empty_accumulators, lse_for_backward
 from ..kernels.attend import attend_backward, attend_forward
 from ..schedules.ring import RingSchedule
-from .base import Strategy, kv_gradients, travelling_kv
+from .base import KeyBlocks, Strategy
 
 
-def ring_forward(call: AttentionCall, q, k, v):
+def ring_forward(call: AttentionCall, q, k, v, keys: KeyBlocks | None = None):
     """Forward pass with K, V rotating (burstattention.md Alg. 1-2, forward), on the flat ring or,
     across nodes, the double ring (schedules/ring.py).
 
-    q: (batch, seqlen, nheads, headdim); k, v: (batch, seqlen, nheads_k, headdim), this rank's shard.
-    Returns out in q's dtype and lse (batch, nheads, seqlen) float32.
+    q: (batch, seqlen, nheads, headdim); k, v: (batch, seqlen, nheads_k, headdim), this rank's shard
+    (or `keys`: what travels instead, MLA's latent). Returns out in q's dtype and lse (batch, nheads,
+    seqlen) float32.
     """
+    keys = keys or KeyBlocks(k, v)
     out_acc, lse_acc = empty_accumulators(q)
 
-    def attend(src, kv, _):  # our queries against the K, V of rank src (one block when v is k)
-        attend_forward(call.kernel, q, kv[0], kv[-1], call.tiles(call.rank, src), out_acc, lse_acc, call.scale,
+    def attend(src, held, _):  # our queries against the K, V of rank src (one block when v is k)
+        k_src, v_src = keys.expand(held)
+        attend_forward(call.kernel, q, k_src, v_src, call.tiles(call.rank, src), out_acc, lse_acc, call.scale,
                        indices=call.indices)
 
-    visit_blocks(call, call.kv_schedule, "forward", travelling_kv(k, v), attend)
+    visit_blocks(call, call.kv_schedule, "forward", keys.travelling, attend)
     return out_acc.to(q.dtype), lse_acc
 
 
 def ring_backward(call: AttentionCall, dout, q, k, v, out, lse):
     """Backward with K, V, dK, dV rotating (burstengine.md Alg. 1). Returns dq, dk, dv in input dtypes."""
-    lse = lse_for_backward(lse)
+    keys = KeyBlocks(k, v)
+    dq, grads = ring_key_backward(call, dout, q, keys, out, lse_for_backward(lse))
+    return (dq.to(q.dtype), *keys.gradients(grads))
+
+
+def ring_key_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
+    """The key side's blocks and their float32 gradient accumulators around the ring; dq stays here.
+    lse as kernels.lse_for_backward gives it. Returns (dq float32, the accumulators that came home)."""
     dq = accumulator_zeros_like(q)
 
-    def attend(src, kv, grads):  # the visiting block's dK, dV add onto what the ranks before us added
-        attend_backward(call.kernel, dout, q, kv[0], kv[-1], out, lse, call.tiles(call.rank, src), dq,
-                        grads.part(0), grads.part(-1), call.scale, indices=call.indices)
+    def attend(src, held, grads):  # the visiting block's dK, dV add onto what the ranks before us added
+        k_src, v_src, dk, dv, finish = keys.for_backward(held, grads.part(0), grads.part(-1))
+        attend_backward(call.kernel, dout, q, k_src, v_src, out, lse, call.tiles(call.rank, src), dq, dk, dv,
+                        call.scale, indices=call.indices)
+        finish()
 
-    blocks = travelling_kv(k, v)  # with v is k one block and one accumulator, dK and dV added into it
-    grads = visit_blocks(call, call.kv_schedule, "backward", blocks, attend, acc_likes=blocks)
-    return (dq.to(q.dtype), *kv_gradients(grads[0], grads[-1], k, v))
+    # with v is k one block and one accumulator, dK and dV added into it
+    grads = visit_blocks(call, call.kv_schedule, "backward", keys.travelling, attend, acc_likes=keys.travelling)
+    return dq, grads
 
 
 def visit_blocks(call, schedule: RingSchedule, phase: str, block: Sequence[torch.Tensor],
