@@ -96,8 +96,8 @@ def attention(
             GLM, Mistral Large 4...): the latent and the shared rotary key travel on burst's ring and
             each rank expands the block it holds with the layer's kv_b_proj weight (burst/latent.py).
             q: (batch, seqlen_local, nheads, nope_dim + rope_dim); the output's headdim is value_dim.
-            strategy "burst" (or "auto") only; masks and chunk_rows apply; no sinks, softcap,
-            indices or compressed entries with it. The weight's gradient is this rank's share.
+            strategy "burst" (or "auto") only; masks, sinks, softcap, indices and chunk_rows apply;
+            no compressed entries with it. The weight's gradient is this rank's share.
         **options: the chosen strategy's own options (see its module); others raise ValueError.
 
     Every rank of the group must pass the same options and shards of one shape: one small
@@ -162,7 +162,7 @@ def _latent_attention(q, k, v, latent, group, strategy, layout, causal, window, 
                                 sinks=sinks, softcap=softcap, chunk_size=chunk_size, indices=indices,
                                 compressed=compressed, latent=latent, **options)
     with torch.autocast(q.device.type, enabled=False):
-        out, lse = latent_attention(call, unit_stride_last(q), latent)
+        out, lse = latent_attention(call, unit_stride_last(q), latent, sinks)
     return (out, lse) if return_lse else out
 
 

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .comm.stats import record_choice
 from .kernels.accumulators import accumulator_zeros_like
+from .sinks import fold_sinks, sink_gradient
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,11 +132,14 @@ class LatentAttentionFunction(torch.autograd.Function):
     with LatentKeys as what travels. Returns out (b, n, h, value_dim) in q's dtype and lse."""
 
     @staticmethod
-    def forward(ctx, q, latent, rope, weight, call, nope_dim: int, value_dim: int):
+    def forward(ctx, q, latent, rope, weight, sinks, call, nope_dim: int, value_dim: int):
         from .strategies.burst import burst_forward
 
+        record_choice("keys", "latent")  # CommStats.choices(): what this call moved on the key side
         out, lse = burst_forward(call, q, None, None, LatentKeys(latent, rope, weight, nope_dim, value_dim))
-        ctx.save_for_backward(q, latent, rope, weight, out, lse)
+        if sinks is not None:  # folded into the finished rows, as for any strategy (strategies/base.py)
+            out, lse = fold_sinks(out, lse, sinks)
+        ctx.save_for_backward(q, latent, rope, weight, sinks, out, lse)
         ctx.call, ctx.dims = call, (nope_dim, value_dim)
         ctx.mark_non_differentiable(lse)
         return out[..., :value_dim], lse
@@ -143,16 +148,19 @@ class LatentAttentionFunction(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         from .strategies.burst import key_side_backward
 
-        q, latent, rope, weight, out, lse = ctx.saved_tensors
+        q, latent, rope, weight, sinks, out, lse = ctx.saved_tensors
         nope_dim, value_dim = ctx.dims
         dout = F.pad(dout, (0, out.shape[-1] - value_dim)).contiguous()  # the padding's gradient is zero
         keys = LatentKeys(latent, rope, weight, nope_dim, value_dim)
         dq, d_latent, d_rope, d_weight = key_side_backward(ctx.call, dout, q, keys, out, lse)
-        return dq, d_latent.to(latent.dtype), d_rope.to(rope.dtype), d_weight.to(weight.dtype), None, None, None
+        d_sinks = sink_gradient(dout, out, lse, sinks) if sinks is not None and ctx.needs_input_grad[4] else None
+        return (dq, d_latent.to(latent.dtype), d_rope.to(rope.dtype), d_weight.to(weight.dtype), d_sinks,
+                None, None, None)
 
 
-def latent_attention(call, q: torch.Tensor, latent: LatentKV):
-    """(out, lse) of q against the keys and values `latent` expands to, for a prepared call."""
+def latent_attention(call, q: torch.Tensor, latent: LatentKV, sinks: torch.Tensor | None = None):
+    """(out, lse) of q against the keys and values `latent` expands to (and the sinks, burst/sinks.py),
+    for a prepared call."""
     c, rope, w = (t.to(q.dtype) for t in (latent.latent, latent.rope_rows(), latent.weight))
     c, rope = (t if t.stride(-1) == 1 else t.contiguous() for t in (c, rope))
-    return LatentAttentionFunction.apply(q, c, rope, w, call, latent.nope_dim, latent.value_dim)
+    return LatentAttentionFunction.apply(q, c, rope, w, sinks, call, latent.nope_dim, latent.value_dim)

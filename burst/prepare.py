@@ -40,7 +40,7 @@ def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous"
         check_sinks(sinks, q)
         check_compressed(compressed, q, v, q.shape[1] * world)
         if latent is not None:
-            _check_latent_call(latent, q, name, call, sinks, softcap, indices, compressed)
+            _check_latent_call(latent, q, name, call, compressed)
     except (TypeError, ValueError, NotImplementedError) as err:
         problem = err
     facts = _call_facts(q, k, name, call, return_lse, sinks, softcap, compressed, v is k) if problem is None else None
@@ -53,7 +53,7 @@ def prepare_attention(q, k, v, group=None, strategy="burst", layout="contiguous"
     return STRATEGIES[name], call
 
 
-def _check_latent_call(latent, q, name, call, sinks, softcap, indices, compressed) -> None:
+def _check_latent_call(latent, q, name, call, compressed) -> None:
     """latent= (burst/latent.py): burst's ring and key-side backward move it; what it does not take yet."""
     check_latent(latent, q)
     if name != "burst":
@@ -61,10 +61,8 @@ def _check_latent_call(latent, q, name, call, sinks, softcap, indices, compresse
     if call.options.backward_side == "queries":
         raise ValueError("latent=: burst's backward moves the latent (its key side); backward_side='queries' would "
                          "move every expanded head's queries")
-    for given, what in ((sinks is not None, "sinks"), (bool(softcap), "softcap"), (indices is not None, "indices"),
-                        (compressed is not None, "compressed")):
-        if given:
-            raise ValueError(f"latent= does not take {what} (not built: no MLA family uses them together)")
+    if compressed is not None:
+        raise ValueError("latent= does not take compressed entries (not built: no MLA family uses them)")
 
 
 def prepare_single_device(q, k, causal: bool = True, softmax_scale=None):

@@ -73,7 +73,7 @@ class CommStats:
 
     def choices(self) -> dict[str, int]:
         """How often each choice a strategy made per call was taken, as "what=choice": count (burst's
-        backward: "backward_side=queries" or "backward_side=keys")."""
+        backward: "backward_side=queries" or "backward_side=keys"; MLA's latent on the key side: "keys=latent")."""
         return dict(self._choices)
 
     def as_dict(self) -> dict:

@@ -22,7 +22,7 @@ from burst import api, layout as layout_mod
 from burst.agreement import agree
 
 from ..keywords import check_keywords, check_model_features, model_name
-from ..layers import compressed
+from ..layers import compressed, latent as latents
 from ..layers.configs import text_config
 from .checks import check_config
 from .documents import documents
@@ -81,9 +81,10 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     decoded = _decode_step(name, module, query, scaling, sliding_window, sinks, softcap, chunk_size)
     if decoded is not None:
         return decoded
+    handed = latents.handed_over(module, key, value)  # MLA: the latent and rotary key, not expanded heads
     values_are_keys = value is key  # DeepSeek-V4 passes one tensor as both: one block travels
     key, value, entries = _compressed_entries(name, module, query, key, value)
-    _refuse_unsupported(name, query, key, attention_mask)
+    _refuse_unsupported(name, query, query if handed is not None else key, attention_mask)
     is_causal = kwargs.get("is_causal")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     window = None
@@ -103,6 +104,9 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     query, key, value = _one_dtype(query, key, value)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    if handed is not None:
+        return _latent_attention(query, handed, backend, causal, window, scaling, cu_seqlens, kwargs.get("indices"),
+                                 sinks, softcap, chunk_size), None
     query, key, value, head_dim_v = _one_head_dim(query, key, value)
     indices = kwargs.get("indices")
     if entries is not None:  # in the attention's dtype, as q, k, v are
@@ -114,6 +118,25 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
                         softmax_scale=scaling, cu_seqlens=cu_seqlens, sinks=sinks, softcap=softcap,
                         chunk_size=chunk_size, indices=indices, compressed=entries, **backend.options)
     return out[..., :head_dim_v], None
+
+
+def hands_over_latent(layer) -> bool:
+    """Whether an MLA layer hands burst its latent (layers/latent.py): its attention is burst's with
+    the "burst" strategy (whose key side moves the latent), outside a generation cache's steps."""
+    backend = BACKENDS.get(getattr(getattr(layer, "config", None), "_attn_implementation", None))
+    return (backend is not None and backend.strategy in ("burst", "auto") and running_cache() is None
+            and backend.options.get("backward_side", "auto") != "queries")
+
+
+def _latent_attention(query, handed, backend: Backend, causal, window, scaling, cu_seqlens, indices, sinks, softcap,
+                      chunk_size):
+    """out (batch, seq_local, heads, v_head_dim) of burst.attention(latent=...): the latent (in the
+    attention's dtype, as q) rides the ring, each rank expands it with the layer's kv_b_proj."""
+    handed = replace(handed, latent=handed.latent.to(query.dtype), rope=handed.rope.to(query.dtype))
+    return api.attention(query.transpose(1, 2), latent=handed, group=backend.group, strategy=backend.strategy,
+                         layout=backend.layout, causal=causal, window=window, softmax_scale=scaling,
+                         cu_seqlens=cu_seqlens, indices=indices, sinks=sinks, softcap=softcap, chunk_size=chunk_size,
+                         **backend.options)
 
 
 def _compressed_entries(name, module, query, key, value):

@@ -13,7 +13,9 @@ import torch.distributed as dist
 from burst import layout as layout_mod
 from burst.agreement import agree
 
+from ..layers.latent import move_latents
 from ..layers.mixers import shard_mixers
+from .attention import hands_over_latent
 from .checks import check_model
 from .documents import documents_from_positions
 from .registry import world_size
@@ -44,6 +46,7 @@ def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_inde
     """
     model = _the_model(model)
     shard_mixers(model, group, layout)
+    move_latents(model, hands_over_latent)
     check_model(model)
     if layout not in layout_mod.DOCUMENT_LAYOUTS:
         layout_mod.check_layout(layout)
