@@ -357,3 +357,24 @@ def test_cli_window_and_a_config_with_sliding_layers(capsys, tmp_path):
     config.save_pretrained(tmp_path)
     assert main(["plan", "--gpus", "8", "--seq-len", "131072", "--hf-config", str(tmp_path), "--causal"]) == 0
     assert "a 128-token sliding window on 50% of the layers" in capsys.readouterr().out
+
+
+def test_mla_latent_is_what_burst_moves():
+    """Multi-head latent attention (plan/latent.py): burst's ring moves the latent (576 numbers a token at
+    DeepSeek-V3's shapes) instead of 128 expanded heads, and each device pays for expanding the blocks
+    it attends; the other strategies keep the expanded heads."""
+    from dataclasses import replace
+
+    from burst.plan.cost import Cluster, Workload, estimate
+    from burst.plan.latent import Latent
+    from burst.plan.profiles import profile
+
+    cluster = Cluster(16, 8, profile("H100"))
+    expanded = Workload(seq_len=32768, heads=128, head_dim=192, kv_heads=128, causal=True, dtype_bytes=2)
+    mla = replace(expanded, latent=Latent(rank=512, rope=64, expanded=128 * (128 + 128)))
+    burst_expanded, burst_latent = estimate("burst", cluster, expanded), estimate("burst", cluster, mla)
+    assert estimate("ring", cluster, mla).row() == estimate("ring", cluster, expanded).row()
+    assert burst_latent.inter_node_bytes_per_device < burst_expanded.inter_node_bytes_per_device / 30
+    extra = 8.0 * 32768 * 512 * 128 * 256 / 16 / profile("H100").flops  # 2 forward + 6 backward FLOPs a pair
+    assert burst_latent.compute_s - burst_expanded.compute_s == pytest.approx(extra, rel=1e-9)
+    assert "the latent" in burst_latent.note

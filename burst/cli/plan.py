@@ -68,7 +68,7 @@ def add_parser(sub) -> None:
                    help="intra-node GB/s per device per direction; default: the profile's")
     add_common(p, world=False)
     # what --hf-config reads of a model beyond its shapes (_apply_hf_config): nothing without one
-    p.set_defaults(gathered=(0.0, 0.0), entries=0.0, indexer_macs=0.0, windowed_share=1.0)
+    p.set_defaults(gathered=(0.0, 0.0), entries=0.0, indexer_macs=0.0, windowed_share=1.0, latent=None)
 
 
 def validate(args) -> None:
@@ -129,6 +129,7 @@ def _apply_hf_config(args) -> None:
     with blame("--hf-config"):
         from transformers import AutoConfig
 
+        from ..plan.latent import latent_of
         from ..plan.sparse import entries_per_query, gathered_numbers, indexer_macs, windowed_layers
 
         config = AutoConfig.from_pretrained(args.hf_config)
@@ -139,6 +140,7 @@ def _apply_hf_config(args) -> None:
             getattr(text, "head_dim", None) or text.hidden_size // heads
         shapes = {"heads": heads, "kv_heads": getattr(text, "num_key_value_heads", None) or heads,
                   "head_dim": head_dim, "layers": text.num_hidden_layers}
+        args.latent = latent_of(text)  # MLA: burst moves the latent (plan/latent.py)
         args.gathered = gathered_numbers(config)
         args.entries = entries_per_query(config, args.seq_len)
         args.indexer_macs = indexer_macs(config, args.seq_len)
@@ -194,7 +196,7 @@ def run(args) -> int:
                             dtype_bytes=args.dtype_bytes, layout=args.layout, forward_only=args.mode == "prefill",
                             gathered=args.gathered[0], gathered_with_gradient=args.gathered[1],
                             window=args.window, windowed_share=args.windowed_share, entries=args.entries,
-                            indexer_macs=args.indexer_macs)
+                            indexer_macs=args.indexer_macs, latent=args.latent)
     rows = [e.row() for e in plan(cluster, workload)]
     publish(args, rows, table(args, cluster, rows))
     return 0

@@ -34,6 +34,7 @@ from ..schedules.chunk_stream import CHUNKS_PER_BLOCK
 from ..schedules.cqs import interest_set
 from ..strategies import split_variant
 from .profiles import Profile
+from .latent import Latent, burst_blocks, expansion_flops
 from .sparse import add_gathers
 from .windows import balanced, blend, layer_pairs, ring_steps, served_share
 
@@ -89,6 +90,7 @@ class Workload:
     gathered_with_gradient: float = 0.0  # ... whose gradients return in the backward (DeepSeek-V4's entries)
     entries: float = 0.0            # compressed entries a query attends beside its keys, on average (sparse.py)
     indexer_macs: float = 0.0       # multiply-adds of the indexers' scores per query, on average (sparse.py)
+    latent: Latent | None = None    # MLA: burst moves the latent, others the expanded heads (latent.py)
 
     @property
     def kv(self) -> int:
@@ -232,11 +234,11 @@ def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     window = w.window if w.causal else None
     g = ring_steps(w.seq_len, cluster.gpus, window, w.layout)  # a window stops it early
     f = served_share(w.seq_len, cluster.gpus, window, w.layout) if base == "burst" and cluster.nodes == 1 else 1.0
-    fwd = _ring_pass(cluster, g, c_fwd, s.kv * f, double)  # f: the chunk stream serves only a window's rows
-    # burst's backward moves the smaller side (strategies/burst.py backward_side; ties: the queries)
-    side = burst_backward_side(s) if base == "burst" else "keys"
-    # (travelling, accumulator going home) per block: the queries (Q, dO, D, lse; dQ) or the keys (K, V; dK, dV)
-    moving, acc = (2 * s.q + 2 * s.stat, s.dq32) if side == "queries" else (s.kv, s.dkv32)
+    # burst moves the smaller side in its backward, and MLA's latent instead of heads (latent.py); ring: K, V
+    forward, side, moving, acc = burst_blocks(w, s) if base == "burst" else (s.kv, "keys", s.kv, s.dkv32)
+    if base == "burst":  # MLA: each rank expands the blocks it attends
+        c_fwd, c_bwd = (c + x / cluster.gpus / cluster.profile.flops for c, x in zip((c_fwd, c_bwd), expansion_flops(w)))
+    fwd = _ring_pass(cluster, g, c_fwd, forward * f, double)  # f: the chunk stream serves only a window's rows
     staying = s.dkv32 + s.q if side == "queries" else s.dq32 + s.q  # the other side's accumulators, and O
     if base == "burst" and cluster.nodes == 1:  # the chunk stream: a few chunks held, accumulator parts go home
         bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, (moving + acc) * f, False,
@@ -253,12 +255,6 @@ def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     est.note = "; ".join(notes)
     return est
 
-
-def burst_backward_side(s: "_Sizes") -> str:
-    """The side burst's backward moves, as strategies/burst.py picks it: the keys when K, V and their
-    float32 gradients are fewer bytes than Q, dO, D, lse and the float32 dQ (grouped heads), else the
-    queries."""
-    return "keys" if s.kv + s.dkv32 < 2 * s.q + 2 * s.stat + s.dq32 else "queries"
 
 
 _NO_PASS = (0.0, 0.0, 0.0, 0.0, 0.0)
