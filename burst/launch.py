@@ -20,6 +20,11 @@ sent to the launcher alone (they become SystemExit(128 + signal) while a world r
 forked by multiprocessing's forkserver, so they are the forkserver's children, not the launcher's;
 it kills them by pid. burst's ranks start no processes of their own (on CUDA, torch.compile's
 compile workers may: they exit when their rank does). Each rank is named burst-rank-N (ps, top).
+
+A launcher killed outright (kill -9, the OOM killer, a scheduler's timeout) cannot end anything, so
+each rank ends itself within a second of its launcher's death (end_with_launcher): on Linux the
+kernel sends it SIGKILL when its parent dies (the forkserver, which exits when the launcher does;
+under torchrun, torchrun's agent), and a thread watching the launcher's pid covers the rest.
 """
 
 from __future__ import annotations
@@ -83,8 +88,9 @@ def _save(outdir: str, rank: int, result) -> None:
 
 
 def _entry(rank: int, world: int, port: int, threads: int | None, backend: str, env: dict, fn, args,
-           outdir: str, parent_env: dict | None = None) -> None:
+           outdir: str, parent_env: dict | None = None, launcher: int | None = None) -> None:
     _name_process(f"burst-rank-{rank}")
+    end_with_launcher(launcher)
     if parent_env is not None:  # a forkserver's child starts with the server's environment, not ours
         os.environ.clear()
         os.environ.update(parent_env)
@@ -103,6 +109,37 @@ def _entry(rank: int, world: int, port: int, threads: int | None, backend: str, 
         leave(1)
     _save(outdir, rank, ("ok", result))
     end_rank()
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+WATCH_SECONDS = 0.5
+
+
+def end_with_launcher(launcher: int | None) -> None:
+    """End this process (SIGKILL / exit 1) within WATCH_SECONDS of its launcher's death, whatever
+    killed the launcher: the parent-death signal on Linux (the parent is the forkserver, which exits
+    when the launcher does, or torchrun's agent), and a daemon thread that polls the launcher's pid
+    (`launcher`: None under torchrun, whose agent is the parent itself)."""
+    parent = os.getppid()
+    with contextlib.suppress(Exception):  # not Linux, or no libc: the watcher alone
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the signal was set
+        os._exit(1)
+    if launcher is not None:
+        threading.Thread(target=_watch, args=(launcher,), name="burst-launcher-watch", daemon=True).start()
+
+
+def _watch(launcher: int) -> None:
+    while True:
+        time.sleep(WATCH_SECONDS)
+        try:
+            os.kill(launcher, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:  # alive, someone else's (a reused pid would be too; the prctl covers it)
+            pass
 
 
 def _name_process(name: str) -> None:
@@ -155,7 +192,8 @@ def spawn_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | No
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     with tempfile.TemporaryDirectory() as outdir, _signals_exit():
         context = _rank_context()
-        entry_args = (nproc, free_port(), threads, backend, dict(env or {}), fn, args, outdir, dict(os.environ))
+        entry_args = (nproc, free_port(), threads, backend, dict(env or {}), fn, args, outdir, dict(os.environ),
+                      os.getpid())
         ranks = [context.Process(target=_entry, args=(rank, *entry_args), daemon=False) for rank in range(nproc)]
         try:  # from the first start on: whatever leaves this block, no rank outlives it
             for process in ranks:
@@ -290,6 +328,7 @@ def _in_torchrun_world(fn: Callable[..., Any], args: tuple, threads: int | None,
     before the group starts) when there is one or backend says so, else gloo. A group this call
     starts, it also closes (after a barrier, as a spawned rank does); one the caller started stays open."""
     starts = not dist.is_initialized()
+    end_with_launcher(None)  # torchrun's agent killed outright: this worker goes too (prctl, Linux)
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     bind(device_of_backend(backend))
     if starts:
