@@ -1,12 +1,5 @@
-"""Peak memory of this process, the one way burst measures it (bench, gpu_check, train's metrics).
-
-On a GPU: PyTorch's CUDA allocator (bytes in tensors). On the CPU: the resident set (VmRSS / VmHWM),
-which also counts the allocator's and the runtime's own pages.
-
-    floor = held_bytes(device)          # before the inputs: what the call adds is above this
-    reset_peak(device)
-    run()
-    peak = peak_bytes(device) - floor
+"""Peak memory for the benchmarks: held_bytes, reset_peak and peak_bytes (burst/memory.py, which the
+engine's training metrics read too), and the live-heap ruler.
 
 On the CPU the resident set moves with glibc's retained pages, not only with what a step holds; the
 ruler that sees tensors there is the live heap (live_heap_bytes: bytes malloc has handed out and not
@@ -17,45 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import resource
 import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..memory import held_bytes, peak_bytes, reset_peak  # below both bench and the engine
 
-def held_bytes(device: torch.device) -> int:
-    """Bytes held now: allocated CUDA tensors, or this process's resident set."""
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated()
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
-def reset_peak(device: torch.device) -> None:
-    """Start a new peak window (on the CPU, Linux >= 4.0: writing 5 to clear_refs resets VmHWM)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        return
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def peak_bytes(device: torch.device) -> int:
-    """The peak since the last reset_peak (or since the process started)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated()
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+__all__ = ["held_bytes", "peak_bytes", "reset_peak", "live_heap_bytes", "HeapPeak"]
 
 
 class _MallInfo2(ctypes.Structure):

@@ -279,9 +279,9 @@ def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
 
 
 def peak_memory_bytes() -> int:
-    """This process's peak memory since it started (bench/memory.py): CUDA's allocator peak on a
+    """This process's peak memory since it started (burst/memory.py): CUDA's allocator peak on a
     GPU, else the peak resident set."""
-    from ..bench.memory import peak_bytes
+    from ..memory import peak_bytes
 
     on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
     return int(peak_bytes(torch.device("cuda" if on_gpu else "cpu")))
