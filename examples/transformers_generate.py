@@ -3,7 +3,8 @@
     torchrun --nproc-per-node 2 examples/transformers_generate.py [--prompt-len 100] [--new-tokens 16]
 
 A Llama with random weights (from a config, no download). Every rank passes the same whole prompt to
-generate() with past_key_values=bt.ShardedCache(model): the prefill runs sequence-parallel (each rank
+generate() with **bt.sharded_cache(model) (`cache=bt.ShardedCache(model)` on transformers 5.24 and later,
+`past_key_values=` before): the prefill runs sequence-parallel (each rank
 holds 1/G of the prompt) and every rank keeps ~1/G of the KV cache. Rank 0 prints the new tokens of
 each prompt, the same as one process prints (`--nproc-per-node 1`).
 """
@@ -36,7 +37,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_config(config, attn_implementation=name).eval()
     prompts = torch.randint(1, config.vocab_size, (2, args.prompt_len), generator=torch.Generator().manual_seed(1))
     torch.manual_seed(2)  # sampling draws from the global generator: seeded alike, every rank draws the same
-    out = model.generate(prompts, past_key_values=bt.ShardedCache(model), max_new_tokens=args.new_tokens,
+    out = model.generate(prompts, **bt.sharded_cache(model), max_new_tokens=args.new_tokens,
                          min_new_tokens=args.new_tokens, do_sample=args.sample, top_p=0.9)
     if dist.get_rank() == 0:
         for row in out[:, args.prompt_len:].tolist():

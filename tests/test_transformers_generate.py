@@ -20,6 +20,8 @@ from world import results_by_world, value_errors
 
 transformers_or_skip()
 
+from burst.integrations.transformers.keywords import generate_cache_keyword  # noqa: E402 - after the skip
+
 VOCAB, NEW = 64, 6
 LAYOUTS = ("contiguous", "zigzag", "striped")
 
@@ -66,7 +68,7 @@ def _generate(model, ids, cache=None, seed=None, **options):
     """(tokens, logits of each step (steps, batch, vocab)) of model.generate."""
     if seed is not None:
         torch.manual_seed(seed)  # the same seed on every rank
-    extra = {"past_key_values": cache} if cache is not None else {}
+    extra = {generate_cache_keyword(): cache} if cache is not None else {}
     out = model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, return_dict_in_generate=True,
                          output_logits=True, **extra, **options)
     return out.sequences[:, ids.shape[1]:], torch.stack(out.logits)
@@ -144,16 +146,16 @@ def _errors(rank, world):
         "no cache": lambda: model.generate(ids, max_new_tokens=2),
         "use_cache=False": lambda: model.generate(ids, max_new_tokens=2, use_cache=False),
         "padding mask": lambda: model.generate(torch.cat([ids, ids]), attention_mask=left_padded, max_new_tokens=2,
-                                               past_key_values=bt.ShardedCache(model)),
+                                               **bt.sharded_cache(model)),
         "beam search": lambda: model.generate(ids, num_beams=2, max_new_tokens=2,
-                                              past_key_values=bt.ShardedCache(model)),
+                                              **bt.sharded_cache(model)),
     }
     results = value_errors(cases)
     tokens = _generate(model, ids, bt.ShardedCache(model), do_sample=False)[0]
     results["works after"] = tokens.shape == (1, NEW)
     # A prompt given as inputs_embeds (generate returns only the new tokens then) is sharded the same way.
     embeds = model.get_input_embeddings()(ids)
-    out = model.generate(inputs_embeds=embeds, past_key_values=bt.ShardedCache(model), max_new_tokens=NEW,
+    out = model.generate(inputs_embeds=embeds, **bt.sharded_cache(model), max_new_tokens=NEW,
                          min_new_tokens=NEW, do_sample=False)
     results["inputs_embeds"] = torch.equal(out, tokens)
     return results
@@ -239,7 +241,9 @@ def _torchrun_tokens(nproc: int) -> list[str]:
     torchrun = pathlib.Path(sys.executable).parent / "torchrun"
     done = subprocess.run([str(torchrun), "--standalone", f"--nproc-per-node={nproc}",
                            str(root / "examples" / "transformers_generate.py"), "--new-tokens", "8"],
-                          capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          capture_output=True, text=True, timeout=240,
+                          # the example as a user runs it, with no deprecated keyword (FutureWarning as an error)
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error::FutureWarning"})
     assert done.returncode == 0, done.stderr[-3000:]
     return [line for line in done.stdout.splitlines() if line.startswith("tokens")]
 

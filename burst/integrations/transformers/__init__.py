@@ -19,8 +19,9 @@ shifted on the global sequence. Packed sequences (position_ids restarting at 0 f
 a row, transformers' packing convention) become burst's `cu_seqlens`, computed on the global
 positions, so packed training needs no padding. What the backend cannot do raises on every rank:
 padding masks with holes, dropout and `output_attentions=True`. Generation: `model.generate(ids,
-past_key_values=ShardedCache(model))` prefills sequence-parallel and decodes on a sharded KV cache
-(generate.py); generate() without it raises. FSDP2: `fully_shard(model)` here, or torch's own, with
+**sharded_cache(model))` (`cache=ShardedCache(model)` from transformers 5.24 on, `past_key_values=`
+before) prefills sequence-parallel and decodes on a sharded KV cache (generate.py); generate()
+without it raises. FSDP2: `fully_shard(model)` here, or torch's own, with
 `reduce_gradients` (which sees FSDP-managed gradients). Under torch.autocast q, k, v run in the
 autocast dtype. layout="doc_zigzag" / "doc_contiguous" cut each packed document on its own.
 Hybrid models (gated delta net, Mamba / Mamba2 layers, short convolutions: FAMILIES) pass their
@@ -64,16 +65,16 @@ __all__ = [
     "ShardedCache", "TESTED_TRANSFORMERS", "backend_of", "burst_attention_forward", "burst_attention_mask",
     "check_backend_compatible", "check_config", "check_keywords", "check_model", "check_model_features",
     "check_same_batch", "documents_from_positions", "fsdp_reduction", "fully_shard", "model_name", "reduce_gradients",
-    "reduce_loss", "register", "shard_batch", "shard_mixers",
+    "reduce_loss", "register", "shard_batch", "shard_mixers", "sharded_cache",
 ]
 
 
 def __getattr__(attr: str):
     # ShardedCache and SequenceParallelTrainer subclass transformers' classes: imported on first use.
-    if attr == "ShardedCache":
-        from .generate import ShardedCache
+    if attr in ("ShardedCache", "sharded_cache"):
+        from . import generate
 
-        return ShardedCache
+        return getattr(generate, attr)
     if attr == "SequenceParallelTrainer":  # imports transformers' Trainer (and accelerate)
         from .trainer import SequenceParallelTrainer
 

@@ -5,7 +5,10 @@ runs on a sharded KV cache.
 
     name = bt.register(layout="zigzag")
     model = AutoModelForCausalLM.from_config(config, attn_implementation=name)
-    out = model.generate(ids, past_key_values=bt.ShardedCache(model), max_new_tokens=32)
+    out = model.generate(ids, **bt.sharded_cache(model), max_new_tokens=32)
+
+`bt.sharded_cache(model)` is {keyword: ShardedCache(model)} in the keyword the installed transformers'
+generate() takes: `cache=` from 5.24 on, `past_key_values=` before (keywords.generate_cache_keyword).
 
 Every rank calls generate() with the same full prompt, as on one device. `ShardedCache` is a
 transformers `Cache` around burst's ShardedKVCache. Building one installs two hooks on the model's
@@ -49,6 +52,7 @@ from burst.inference.generate import last_hidden
 from burst.layout import LAYOUTS, local_multiple, shard
 
 from .backend.checks import check_model
+from .keywords import generate_cache_keyword
 from .backend.registry import backend_of, set_running_cache
 
 
@@ -58,7 +62,8 @@ class ShardedCache(Cache):
 
     model: a transformers model whose attn_implementation was registered with burst; the group and
     layout are that registration's. chunk: entries the storage grows by. Pass a new one to each
-    generate() call: `model.generate(ids, past_key_values=ShardedCache(model), ...)`.
+    generate() call: `model.generate(ids, **sharded_cache(model), ...)` (`cache=ShardedCache(model)` on
+    transformers 5.24 and later, `past_key_values=` before).
     """
 
     def __init__(self, model: torch.nn.Module, chunk: int = 256):
@@ -217,6 +222,12 @@ def _drop_all_ones_mask(kwargs: dict, name: str) -> None:
                          "as their own batch")
 
 
+def sharded_cache(model: torch.nn.Module, chunk: int = 256) -> dict:
+    """{keyword: ShardedCache(model, chunk)} for `model.generate(ids, **sharded_cache(model), ...)`, in the
+    keyword the installed transformers' generate() takes (`cache`, or `past_key_values` before 5.24)."""
+    return {generate_cache_keyword(): ShardedCache(model, chunk)}
+
+
 # The keyword a decoder's forward takes its cache by: `cache` from transformers 5.24 on (generate passes it
 # so), `past_key_values` before (and still accepted, deprecated, by 5.24's forwards).
 CACHE_KEYWORDS = ("cache", "past_key_values")
@@ -235,7 +246,7 @@ def _before_decoder(module, args, kwargs):
     if cache is None:
         return None
     if args:
-        raise ValueError("with past_key_values=ShardedCache(...), pass the decoder's inputs by keyword (input_ids=...)")
+        raise ValueError("with a ShardedCache, pass the decoder's inputs by keyword (input_ids=...)")
     kwargs = dict(kwargs)
     cache._begin(kwargs)
     set_running_cache(cache)  # the attention function runs its decode steps (backend/attention.py)

@@ -127,6 +127,16 @@ def layer_kinds(config) -> set:
     return kinds
 
 
+def generate_cache_keyword() -> str:
+    """The keyword the installed transformers' generate() takes its cache by: `cache` from 5.24 on
+    (where `past_key_values` warns, deprecated, and goes in 6.0), `past_key_values` before. By release:
+    generate() takes both through **kwargs, renamed by a decorator its signature does not show."""
+    import transformers
+    from packaging.version import Version
+
+    return "cache" if Version(transformers.__version__) >= Version("5.24.0.dev0") else "past_key_values"
+
+
 def cache_keyword(forward) -> str:
     """The name a layer's forward takes its cache by (transformers 5.24 renamed past_key_values to cache)."""
     parameters = inspect.signature(inspect.unwrap(forward)).parameters

@@ -21,7 +21,7 @@ import torch
 from burst import api, layout as layout_mod
 from burst.agreement import agree
 
-from ..keywords import check_keywords, check_model_features, model_name
+from ..keywords import check_keywords, check_model_features, generate_cache_keyword, model_name
 from ..layers import compressed, latent as latents
 from ..layers.configs import text_config
 from .checks import check_config
@@ -213,9 +213,9 @@ def _decode_step(name: str, module, query: torch.Tensor, scaling: float | None, 
         return cache.attend(module.layer_idx, query, scaling, sliding_window, sinks), None
     if not torch.is_grad_enabled() and _inside_generate():  # generate runs under no_grad: training skips the walk
         raise ValueError(
-            f"attn_implementation={name!r}: model.generate() needs past_key_values=bt.ShardedCache(model) "
-            "(import burst.integrations.transformers as bt). Without it every rank would run the whole prompt and "
-            "decode against a whole, unsharded cache")
+            f"attn_implementation={name!r}: model.generate() needs {generate_cache_keyword()}=bt.ShardedCache(model), "
+            "or **bt.sharded_cache(model) (import burst.integrations.transformers as bt). Without it every rank would "
+            "run the whole prompt and decode against a whole, unsharded cache")
     return None
 
 
@@ -256,8 +256,9 @@ def _refuse_unsupported(name, query, key, attention_mask) -> None:
         raise ValueError(
             f"attn_implementation={name!r} got {query.shape[2]} queries against {key.shape[2]} keys: burst attends a "
             "shard's queries to the same shard's keys. Cached decoding needs burst's sharded KV cache: "
-            "model.generate(ids, past_key_values=bt.ShardedCache(model)) (import burst.integrations.transformers as "
-            "bt); a model that adds keys of its own (compressed or memory tokens) is not supported")
+            f"model.generate(ids, {generate_cache_keyword()}=bt.ShardedCache(model)) (import "
+            "burst.integrations.transformers as bt); a model that adds keys of its own (compressed or memory tokens) "
+            "is not supported")
     if attention_mask is not None and not getattr(attention_mask, "_burst_placeholder", False):
         raise ValueError(f"attn_implementation={name!r} got an attention mask it cannot apply "
                          f"(shape {tuple(attention_mask.shape)}); pass no mask, or packed position_ids")
