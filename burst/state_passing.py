@@ -107,17 +107,30 @@ def initial_states(finals: Sequence[torch.Tensor], transitions: Sequence[torch.T
 
 
 def halo(tails: Sequence[torch.Tensor], width: int, layout, group, local_len: int,
-         phase: str = "halo") -> list[torch.Tensor]:
-    """The `width` tokens before each of this rank's chunks, from whichever rank holds them.
+         phase: str = "halo", dim: int = -1) -> list[torch.Tensor]:
+    """The `width` tokens before each of this rank's chunks, from whichever ranks hold them.
 
-    tails[c]: the last `width` tokens of local chunk c, in any shape (the same on every rank; the
-    convolutions pass (B, C, width)). Returns one such tensor per local chunk, zeros before the
-    sequence's first token."""
+    tails[c]: the last min(width, chunk length) tokens of local chunk c along `dim`, in any shape (the
+    same on every rank; the convolutions pass (B, C, width), the compressors (B, width, C) with dim=1).
+    A halo wider than a chunk is made of as many chunks before it as it spans (their tails are then
+    the whole chunks), all in the same one all-gather. Returns one tensor per local chunk with `width`
+    tokens along `dim`, zeros before the sequence's first token."""
     mine, every = chunks(layout, group, local_len)
-    short = min(s.length for segs in every for s in segs)
-    if short < width:
-        raise ValueError(f"a convolution of width {width + 1} needs the {width} tokens before each chunk, and "
-                         f"layout={layout!r} gives a chunk of {short} tokens: use a longer sequence or fewer ranks")
     gathered, anchor = all_gather_tensors(tails, group, phase)
-    ending_at = {seg.last: gathered[r][c] for r, segs in enumerate(every) for c, seg in enumerate(segs)}
-    return [ending_at.get(seg.first - 1, torch.zeros_like(tails[c])) + anchor for c, seg in enumerate(mine)]
+    ending_at = {seg.last: (seg, gathered[r][c]) for r, segs in enumerate(every) for c, seg in enumerate(segs)}
+    return [_tokens_before(seg.first, width, ending_at, tails[c], dim) + anchor for c, seg in enumerate(mine)]
+
+
+def _tokens_before(first: int, width: int, ending_at: dict, like: torch.Tensor, dim: int) -> torch.Tensor:
+    """The `width` tokens before position `first`, walking back through the chunks' gathered tails."""
+    pieces, need, end = [], width, first - 1
+    while need > 0 and end in ending_at:
+        seg, tail = ending_at[end]
+        take = min(need, tail.shape[dim])
+        pieces.insert(0, tail.narrow(dim, tail.shape[dim] - take, take))
+        need, end = need - take, seg.first - 1  # a tail shorter than `need` is the whole chunk
+    if need > 0:  # before the sequence's first token
+        shape = list(like.shape)
+        shape[dim] = need
+        pieces.insert(0, like.new_zeros(shape))
+    return torch.cat(pieces, dim=dim) if len(pieces) > 1 else pieces[0]

@@ -153,10 +153,6 @@ def whole_sequence_entries(module, kv: torch.Tensor, gate: torch.Tensor, group, 
         return kv.new_zeros(kv.shape[0], 0, module.head_dim)
     # the tokens a chunk needs before it: its first window's part there, and the window before (overlap)
     width = max(s.first % rate for segs in every for s in segs) + (rate if overlap else 0)
-    short = min(s.length for segs in every for s in segs)
-    if short < width:
-        raise ValueError(f"{type(module).__name__}: a compressed entry reads the {width} tokens before a chunk and "
-                         f"layout={layout!r} gives a chunk of {short} tokens: use a longer sequence or fewer ranks")
     both = torch.cat([kv, gate.to(kv.dtype)], dim=-1)
     if len(every) == 1:  # one rank holds the whole sequence in order, whatever the layout
         before = both.new_zeros(both.shape[0], width, both.shape[2])
@@ -165,7 +161,7 @@ def whole_sequence_entries(module, kv: torch.Tensor, gate: torch.Tensor, group, 
         halos = [both[:, :0]] * len(mine)
     else:
         tails = [both[:, seg.rows][:, -width:] for seg in mine]
-        halos = state_passing.halo(tails, width, layout, group, local, phase=phase)
+        halos = state_passing.halo(tails, width, layout, group, local, phase=phase, dim=1)  # wider than chunks too
     made = [_entries_of_chunk(module, torch.cat([halo, both[:, seg.rows]], dim=1), seg.first, seg.length, width,
                               overlap) for seg, halo in zip(mine, halos)]
     return _gathered_in_order(made, every, rate, group, phase)

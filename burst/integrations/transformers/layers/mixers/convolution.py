@@ -25,8 +25,7 @@ def causal_conv(original, shards: Shards, hidden_states, weight, bias=None, *arg
     mine = local_chunks(shards, local_len)
     if width == 0:
         return original(hidden_states, weight, bias, *args, **kwargs)
-    tails = [hidden_states[..., seg.rows][..., -width:] if seg.length >= width else
-             hidden_states.new_zeros(hidden_states.shape[:-1] + (width,)) for seg in mine]
+    tails = [hidden_states[..., seg.rows][..., -width:] for seg in mine]  # a chunk shorter than width: all of it
     halos = state_passing.halo(tails, width, shards.layout, shards.group, local_len, phase="conv_halo")
     outs = [original(torch.cat([halo, hidden_states[..., seg.rows]], dim=-1), weight, bias, *args, **kwargs)
             [..., width:] for seg, halo in zip(mine, halos)]
@@ -69,7 +68,7 @@ class TokenShift(torch.nn.Module):
         mine = local_chunks(self.shards, hidden.shape[1])
         tails = [hidden[:, seg.rows][:, -1:] for seg in mine]
         halos = state_passing.halo(tails, 1, self.shards.layout, self.shards.group, hidden.shape[1],
-                                   phase="token_shift")
+                                   phase="token_shift", dim=1)
         return torch.cat([torch.cat([halo, hidden[:, seg.rows][:, :-1]], dim=1) for seg, halo in zip(mine, halos)],
                          dim=1)
 
