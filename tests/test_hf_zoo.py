@@ -79,3 +79,16 @@ def test_hybrids_are_exact_across_ranks_or_refused():
         assert {o.outcome for o in rows[family].values()} == {"exact"}, (family, rows[family])
     for family in (f for f in UNSPLIT_HYBRIDS if f in rows):
         assert rows[family]["2 ranks zigzag"].outcome in ("refused", "skip"), (family, rows[family])
+
+
+def test_families_that_pick_attention_classes_by_name_are_refused_by_burst():
+    """falcon, gpt_neo and git look their attention class up by implementation name: transformers raises
+    a bare KeyError for any registered backend. burst's own check (bt.check_backend_compatible, which the
+    zoo calls before building, as a user can) says why instead."""
+    rows = _zoo()[0]
+    for family in ("falcon", "gpt_neo", "git"):
+        if family not in rows:
+            continue
+        for setting, outcome in rows[family].items():
+            assert outcome.outcome == "refused" and "ATTENTION_CLASSES by name" in outcome.detail, (family, setting,
+                                                                                                   outcome)

@@ -56,6 +56,10 @@ class _Skip(Exception):
     """The family cannot be built tiny (it is listed as skipped, with the reason)."""
 
 
+class _RefusedByBurst(Exception):
+    """burst's own check refuses the family before it is built (bt.check_backend_compatible)."""
+
+
 class _NotBuilt(Exception):
     """transformers itself raises when the family is built with a custom attention implementation."""
 
@@ -82,6 +86,12 @@ def build(model_type: str, attn_implementation: str, ids: torch.Tensor, position
         except Exception as err:  # noqa: BLE001 - the family's own limits; the next retry keeps more defaults
             first = first or err
             continue
+        from ..integrations.transformers.backend.checks import check_buildable
+
+        try:  # burst's own refusal, before transformers' bare KeyError
+            check_buildable(attn_implementation, config)
+        except ValueError as err:
+            raise _RefusedByBurst(_first_line(err)) from err
         try:
             model = causal_lm(model_type, copy.deepcopy(config), attn_implementation=attn_implementation)
         except Exception as err:  # noqa: BLE001 - transformers' own refusal of a custom attention name
@@ -114,6 +124,8 @@ def run_family(model_type: str, name: str, layout: str, group=None, built=None) 
         built = built if built is not None else build(model_type, name, ids, positions)
     except _Skip as err:
         return Outcome(model_type, "skip", str(err)), None
+    except _RefusedByBurst as err:
+        return Outcome(model_type, "refused", str(err)), None
     except _NotBuilt as err:
         return Outcome(model_type, "refused", f"by transformers, at from_config: {err}"), None
     except Exception as err:  # noqa: BLE001 - any failure to build or run eagerly is the family's, not burst's

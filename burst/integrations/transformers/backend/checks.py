@@ -75,6 +75,8 @@ def check_backend_compatible(name: str, model_or_config) -> None:
         return
     if getattr(config, "model_type", None) in CALLS_THE_INTERFACE:
         return
+    if cls is not None:
+        check_buildable(name, cls)
     if cls is None or not hasattr(cls, "is_backend_compatible") or cls.is_backend_compatible():
         return
     raise ValueError(
@@ -85,6 +87,32 @@ def check_backend_compatible(name: str, model_or_config) -> None:
 
 
 _classes: dict = {}
+
+
+def check_buildable(name: str, model_or_config) -> None:
+    """ValueError when transformers cannot build the model's class on a registered backend at all: it
+    looks its attention class up by implementation name (falcon, gpt_neo, git), where transformers
+    raises a bare KeyError. model_or_config: a model class, a model or a config."""
+    cls = model_or_config if isinstance(model_or_config, type) else _model_class(model_or_config)
+    picked_by_name = _attention_classes_by_name(cls)
+    if picked_by_name is not None:
+        table, names = picked_by_name
+        raise ValueError(f"attn_implementation={name!r}: {cls.__name__} picks its attention class from {table} by "
+                         f"name ({', '.join(names)}) and runs its own attention code, not an attention function: it "
+                         "cannot be built on a registered backend (transformers raises KeyError), so burst cannot "
+                         "split it; check before building with bt.check_backend_compatible(name, config)")
+
+
+def _attention_classes_by_name(cls) -> tuple[str, list[str]] | None:
+    """(the table's name, its keys) when cls's modeling module picks attention classes from a dict of
+    implementation names (FALCON_ATTENTION_CLASSES...), which no registered name is in; else None."""
+    import sys
+
+    module = sys.modules.get(getattr(cls, "__module__", ""), None) if cls is not None else None
+    for table, classes in vars(module).items() if module is not None else ():
+        if table.endswith("ATTENTION_CLASSES") and isinstance(classes, dict):
+            return table, sorted(classes)
+    return None
 
 
 def _model_class(model_or_config):
