@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from ..call import AttentionCall
-from ..kernels.accumulators import accumulator_zeros_like, lse_for_backward, row_delta
 from ..comm.stats import record_choice
+from ..kernels.accumulators import accumulator_zeros_like, lse_for_backward, row_delta
 from ..kernels.attend import attend_backward
 from .base import KeyBlocks, Options, Strategy, int_at_least, kv_gradients
 from .burst_stream import chunk_rows, keys_partly_needed, served_backward, served_forward, served_key_backward
