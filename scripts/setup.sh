@@ -16,6 +16,11 @@ fi
 stamp=.venv/.burst-pyproject.sha256
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! .venv/bin/python -c "import burst, pytest" >/dev/null 2>&1; then
+  # the distribution was called "burst" before it became burst-attention ("burst" on PyPI is another
+  # project, which would shadow `import burst` too): a .venv holding either loses it first
+  if .venv/bin/pip show -q burst >/dev/null 2>&1; then
+    .venv/bin/pip uninstall -q -y burst
+  fi
   .venv/bin/pip install -q -e ".[dev,hf,plot]"
   echo "$want" > "$stamp"
 fi

@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
     p.add_argument("--hf-config", default=None, metavar="PATH",
                    help="a transformers model's config (config.json, its folder or a hub id): plan its attention "
                         "layers, with the indexer keys and compressed entries of DeepSeek's sparse attention "
-                        "(needs burst[hf])")
+                        "(needs transformers: pip install 'burst-attention[hf]')")
     p.add_argument("--mode", type=any_case(MODES), default="train",
                    help="train (forward + backward, and the optimizer for a whole model) or prefill (one forward)")
     p.add_argument("--checkpointing", type=any_case(CHECKPOINTING), default="none",
@@ -126,9 +126,11 @@ def _apply_hf_config(args) -> None:
     if args.model is not None or args.hidden is not None:
         raise BadOption("--hf-config", "plans a transformers config's attention alone: give it without --model / "
                                        "--hidden")
-    with blame("--hf-config"):
+    try:
         from transformers import AutoConfig
-
+    except ImportError as err:  # the extra is missing: one line that names it, not a traceback
+        raise BadOption("--hf-config", "needs transformers: pip install 'burst-attention[hf]'") from err
+    with blame("--hf-config"):
         from ..plan.latent import latent_of
         from ..plan.sparse import entries_per_query, gathered_numbers, indexer_macs, windowed_layers
 

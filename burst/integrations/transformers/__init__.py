@@ -71,12 +71,18 @@ __all__ = [
 
 def __getattr__(attr: str):
     # ShardedCache and SequenceParallelTrainer subclass transformers' classes: imported on first use.
-    if attr in ("ShardedCache", "sharded_cache"):
-        from . import generate
+    try:
+        if attr in ("ShardedCache", "sharded_cache"):
+            from . import generate
 
-        return getattr(generate, attr)
-    if attr == "SequenceParallelTrainer":  # imports transformers' Trainer (and accelerate)
-        from .trainer import SequenceParallelTrainer
+            return getattr(generate, attr)
+        if attr == "SequenceParallelTrainer":  # imports transformers' Trainer (and accelerate)
+            from .trainer import SequenceParallelTrainer
 
-        return SequenceParallelTrainer
+            return SequenceParallelTrainer
+    except ModuleNotFoundError as err:  # the extra is missing: say which install brings it
+        if (err.name or "").partition(".")[0] not in ("transformers", "accelerate"):
+            raise
+        raise ImportError(f"{__name__}.{attr} needs transformers{TESTED_TRANSFORMERS} and accelerate: "
+                          "pip install 'burst-attention[hf]'") from err
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

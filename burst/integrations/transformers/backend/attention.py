@@ -59,7 +59,7 @@ def _transformers_interfaces():
         from transformers.masking_utils import AttentionMaskInterface
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError(
-            f"burst.integrations.transformers needs transformers{TESTED_TRANSFORMERS}: pip install 'burst[hf]'"
+            f"burst.integrations.transformers needs transformers{TESTED_TRANSFORMERS}: pip install 'burst-attention[hf]'"
         ) from err
     return AttentionInterface, AttentionMaskInterface
 
