@@ -15,4 +15,4 @@ def transformers_or_skip() -> None:
     except ImportError:
         if os.environ.get("CI"):
             raise
-        pytest.skip("transformers is not installed (pip install 'burst[hf]')", allow_module_level=True)
+        pytest.skip("transformers is not installed (pip install 'burst-attention[hf]')", allow_module_level=True)
