@@ -72,10 +72,14 @@ __all__ = [
 def __getattr__(attr: str):
     # ShardedCache and SequenceParallelTrainer subclass transformers' classes: imported on first use.
     try:
-        if attr in ("ShardedCache", "sharded_cache"):
-            from . import generate
+        if attr == "ShardedCache":
+            from .generate import ShardedCache
 
-            return getattr(generate, attr)
+            return ShardedCache
+        if attr == "sharded_cache":
+            from .generate import sharded_cache
+
+            return sharded_cache
         if attr == "SequenceParallelTrainer":  # imports transformers' Trainer (and accelerate)
             from .trainer import SequenceParallelTrainer
 
