@@ -130,3 +130,26 @@ def test_chunk_stream_plans_agree_and_cover_the_needed_rows(layout, world):
                 assert bool((covered.bool() | ~needed).all()), (kwargs, r, j, step.chunks_in)
         if kwargs == dict(causal=True) and layout == "zigzag":  # equal work per slot on every rank
             assert all(len(s.chunks_in) == s.slots for p in plans for s in p[1:])
+
+
+# The layouts pinned by hand, not through shard_indices itself: every test above (and burst.shard,
+# burst.unshard, the strategies) takes shard_indices' word for which tokens a rank holds.
+PINNED = {  # (layout, world, seq_len) -> each rank's global token indices, in local order
+    # BurstEngine eq. 11: 2G chunks, rank r holds chunk r and chunk 2G-1-r (16 tokens: chunks of 2)
+    ("zigzag", 4, 16): [[0, 1, 14, 15], [2, 3, 12, 13], [4, 5, 10, 11], [6, 7, 8, 9]],
+    ("zigzag", 2, 8): [[0, 1, 6, 7], [2, 3, 4, 5]],
+    # eq. 13: rank r holds tokens r, r+G, r+2G, ...
+    ("striped", 4, 16): [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]],
+    ("striped", 2, 8): [[0, 2, 4, 6], [1, 3, 5, 7]],
+    ("contiguous", 4, 16): [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]],
+}
+
+
+@pytest.mark.parametrize("layout, world, seqlen", list(PINNED))
+def test_layouts_hold_the_papers_token_indices(layout, world, seqlen):
+    held = [shard_indices(layout, r, world, seqlen).tolist() for r in range(world)]
+    assert held == PINNED[(layout, world, seqlen)], (layout, world, held)
+    # the planner's segments name the same tokens, in the same order
+    for r in range(world):
+        positions = [p for s in segments(layout, r, world, seqlen // world) for p in s.positions().tolist()]
+        assert positions == PINNED[(layout, world, seqlen)][r], (layout, world, r, positions)
