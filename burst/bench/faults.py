@@ -68,8 +68,8 @@ def run_one(fault: str | None, victim: int, world: int) -> dict:
         right = error is None
     elif fault == "raise":
         right = failed_rank == victim and "planted fault" in (error or "")
-    elif fault == "kill":
-        right = error is not None and failed_rank is not None and "TimeoutError: world" not in error
+    elif fault == "kill":  # the killed rank named, as killed (its peers' broken connections come after)
+        right = failed_rank == victim and f"killed by signal {int(signal.SIGKILL)}" in (error or "")
     else:  # stall: a waiting rank's agreement timeout, naming the call
         right = failed_rank is not None and failed_rank != victim and "TimeoutError" in (error or "")
     ok = right and elapsed < BOUND_S and not left_files and not left_processes
