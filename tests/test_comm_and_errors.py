@@ -45,6 +45,10 @@ def _expected_bytes(strategy, world, kv_heads, dtype, rank=0, causal=False):
     forward = (world - 1) * 2 * kv
     if strategy == "ring":                      # burstengine.md Alg. 1: K, V, dK, dV travel
         backward = (world - 1) * 2 * kv + world * 2 * kv32
+    elif strategy == "burst" and 2 * kv + 2 * kv32 < 2 * qrow + 2 * stat + q32:  # grouped heads: the key side,
+        backward = (world - 1) * (2 * kv + 2 * kv32)  # K, V to each rank once, dK, dV parts straight home
+        if causal:  # contiguous: rank r's keys go to the ranks after it; the dK, dV parts of those before, home
+            backward = (world - 1 - rank) * 2 * kv + rank * 2 * kv32
     elif strategy == "burst":                   # burstengine.md Alg. 2: Q, dO, D, lse to each rank once,
         backward = (world - 1) * (2 * qrow + 2 * stat + q32)  # served by their owner; dQ parts straight home
         if causal:  # contiguous: rank r's queries go to the r ranks before it; its dQ parts to those after
