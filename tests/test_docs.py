@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from requires import importorskip
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -61,7 +61,7 @@ def test_readme_links_point_to_files():
 
 
 def test_mkdocs_build_strict(tmp_path):
-    pytest.importorskip("mkdocs", reason="mkdocs is not installed (pip install -e '.[dev]' installs it)")
+    importorskip("mkdocs", reason="mkdocs is not installed (pip install -e '.[dev]' installs it)")
     site = tmp_path / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),

@@ -22,11 +22,11 @@ import pathlib
 import pytest
 import torch
 
-from requires import transformers_or_skip
+from requires import importorskip, transformers_or_skip
 from world import run_process_group, run_torchrun
 
 transformers_or_skip()
-pytest.importorskip("accelerate")
+importorskip("accelerate", reason="accelerate is not installed (pip install 'burst-attention[hf]')")
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 TRAINER = (EXAMPLES / "trainer_train.py", "--optim", "sgd", "--lr", "1.0", "--steps", "3")
