@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import burst
+from burst.kernels.reference import attention as reference_attention
 
-from cases import full_inputs, reference_grads, rel_err, sharded_errors, strategy_kwargs
+from cases import full_inputs, reference_grads, rel_err, sharded_errors, strategy_kwargs, within_bounds
 from world import run_world
 
 WORLD, N_LOCAL, H, D = 8, 32, 4, 32
@@ -41,9 +42,14 @@ def _cases(rank, world):
                 ref = reference_grads(*full, causal=causal)
                 for dtype in (torch.bfloat16, torch.float32):
                     sdpa = _sdpa_errors(full, ref, dtype, causal)
+                    # lse's error is absolute: against float64 attention on the inputs as cast to dtype (the
+                    # inputs are float64 here, so that SDPA and burst round them alike, and casting 8x
+                    # scores to bf16 moves the lse by ~0.1 before any kernel runs)
+                    cast_lse = reference_attention(*(t.to(dtype).double() for t in full[:3]), causal=causal)[1]
+                    with_lse = (ref[0], cast_lse, *ref[2:])
                     # burst:chunk_rows=8: the chunk stream, 4 chunks per shard
                     for strategy in ("burst", "burst:chunk_rows=8", "ring"):
-                        errs = sharded_errors(full, ref, dtype, causal=causal, **strategy_kwargs(strategy))
+                        errs = sharded_errors(full, with_lse, dtype, causal=causal, **strategy_kwargs(strategy))
                         results.append(((strategy, kv_heads, logit_scale, causal, str(dtype)), errs, sdpa))
     return results
 
@@ -68,9 +74,14 @@ def test_8_ranks_as_accurate_as_single_device_sdpa():
     assert not failures, "\n".join(failures)
 
 
-def test_8_ranks_bf16_within_issue_tolerance():
-    for cases in _results():
+def test_8_ranks_within_the_dtype_bounds():
+    """out, lse, dq, dk, dv on every rank against float64 attention within reference.BOUNDS (bf16 3e-2,
+    float32 1e-4; lse's error absolute, against the inputs as cast): the lse each rank returns is the
+    one merged over all 8 ranks."""
+    failures = []
+    for rank, cases in enumerate(_results()):
         for case, errs, _ in cases:
-            tol = 3e-2 if "bfloat16" in case[-1] else 1e-4
-            assert not errs["nan"]
-            assert max(errs[n] for n in ("out", "dq", "dk", "dv")) < tol, (case, errs)
+            measured = {n: errs[n] for n in ("out", "lse", "dq", "dk", "dv")}
+            if errs["nan"] or not within_bounds(measured, case[-1]):
+                failures.append(f"rank {rank} {case}: {measured}")
+    assert not failures, "\n".join(failures)
