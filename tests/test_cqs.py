@@ -2,14 +2,13 @@
 
 The maths runs in this process; the strategy runs in one world per size (1, 2, 3, 4; 5 is left out for the suite's time): full and
 causal, MHA and GQA, fp32 and bf16, lost workers, the exchange volume the schedule predicts, and no
-bytes or messages between the first and the last block computation. Worlds 7 and 8 (fewer cases)
-run with BURST_CQS_LARGE=1.
+bytes or messages between the first and the last block computation. Worlds 7 and 8 run fewer cases
+(~2-3 s each on 2 cores).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 
 import pytest
@@ -198,8 +197,6 @@ def _large_cases(rank, world):
     return results
 
 
-@pytest.mark.skipif(not os.environ.get("BURST_CQS_LARGE"),
-                    reason="~20 s each on 2 cores (spawning 7-8 processes); set BURST_CQS_LARGE=1")
 @pytest.mark.parametrize("world", [7, 8])
 def test_cqs_matches_float64_at_7_and_8_ranks(world):
     assert_within_bounds(run_world(world, _large_cases, timeout=300), lambda key: key[2])
