@@ -2,7 +2,8 @@
 
 Each rank puts the flash_attn stand-in (tests/flash_stand_in.py: flash_attn's argument rules, float64
 arithmetic) in place of the package and makes bf16 dispatch to kernels/cuda_flash_attn.py, as it does
-on a GPU. Every case is compared with float64 attention on the whole sequence (bf16 bounds), and must
+on a GPU. Every case is compared with float64 attention on the whole sequence (the bounds of what the
+stand-ins compute: FLASH_BOUND), each refusal is named (may_refuse), and every case must
 reach the kernel with its masks as arguments: no call builds a dense mask (CommStats.dense_masks) for
 causal, sliding-window or document masks, whatever the layout puts side by side; block-sparse tiles go
 whole, as rules, to FlexAttention (its stand-in: tests/flex_stand_in.py), and so do DeepSeek-V4's
@@ -74,7 +75,7 @@ def _use_flash_stand_in():
 
 def _cases(rank, world):
     calls = _use_flash_stand_in()
-    full = full_inputs(3, 1, SEQ, 4, 2, 16, torch.float64)
+    full = full_inputs(3, 1, SEQ, 4, 2, 16, torch.bfloat16)  # bf16 values: the reference sees what the kernels see
     results = []
     for mask_name, mask in MASKS.items():
         ref = _reference(full, mask)
@@ -84,7 +85,8 @@ def _cases(rank, world):
                 try:
                     with burst.CommStats() as stats:
                         errs = sharded_errors(full, ref, torch.bfloat16, layout=layout, strategy=strategy, **mask)
-                except ValueError:  # a strategy that refuses this layout or mask (burst and ring take all)
+                except ValueError as err:  # refused: only where may_refuse names it (test below)
+                    results.append(((mask_name, layout, strategy), str(err).split("\n")[0]))
                     continue
                 errs["dense_masks"] = stats.dense_masks()
                 errs["flash_calls"] = len(calls)
@@ -129,14 +131,56 @@ def _compressed_cases(calls, world):
     return results
 
 
-_results = results_by_world(_cases)
+_all_results = results_by_world(_cases)
+
+
+def _results(world):
+    """Per rank, the cases that ran: (key, errors)."""
+    return [[(key, errs) for key, errs in cases if not isinstance(errs, str)] for cases in _all_results(world)]
+
+
+DISTFLASH_REFUSAL = ("strategy='distflash' supports layout='contiguous' with causal=True and no window, cu_seqlens "
+                     "or block_sparse")
+
+
+def may_refuse(mask_name, layout, strategy) -> str | None:
+    """The refusal's message where a strategy may refuse a case; None where it must run it: burst, ring,
+    usp and cqs take every mask and layout; distflash only causal attention (softcap too) on contiguous shards."""
+    if strategy == "distflash" and not (layout == "contiguous" and mask_name in ("causal", "softcap")):
+        return DISTFLASH_REFUSAL
+    return None
+
+
+# What the stand-ins compute (tests/flash_stand_in.py, tests/flex_stand_in.py), on bf16 inputs the float64
+# reference sees exactly: flash_attn's in float64, out rounded to bf16 once per block, lse in float32, so out
+# and the gradients are off by bf16's rounding of a few merged blocks (measured <= 7.5e-3) and lse by
+# float32's (measured ~1e-6); FlexAttention's (partial block-sparse tiles, DeepSeek-V4's entries) in bf16
+# itself, so its scores' rounding reaches lse (measured ~2e-2): bf16's bound, reference.BOUNDS.
+FLASH_BOUND = {"out": 1e-2, "dq": 1e-2, "dk": 1e-2, "dv": 1e-2, "lse": TOL[torch.float32]}
+
+
+def bound(key, errs) -> dict:
+    """FLASH_BOUND, or bf16's where FlexAttention ran or the inputs are test_compressed's float64 ones
+    (rounded to bf16 on the way in: the reference does not see them as the kernels do)."""
+    if errs["flex_calls"] or key[0].startswith("compressed"):
+        return {n: TOL[torch.bfloat16] for n in FLASH_BOUND}
+    return FLASH_BOUND
 
 
 def test_every_strategy_layout_and_mask_is_exact_through_flash_attn_arguments():
     failures = []
-    for rank, cases in enumerate(_results(WORLD)):
+    for rank, cases in enumerate(_all_results(WORLD)):
+        seen = {key for key, _ in cases}
+        missing = {(m, layout, s) for m in MASKS for layout in LAYOUTS for s in STRATEGIES} - seen
+        assert not missing, (rank, sorted(missing))
         for key, errs in cases:
-            worst = {n: errs[n] for n in ("out", "lse", "dq", "dk", "dv") if not errs[n] <= TOL[torch.bfloat16]}
+            if isinstance(errs, str):  # refused: only where allowed, and with that refusal's message
+                refusal = may_refuse(*key)
+                if refusal is None or not errs.startswith(refusal):
+                    failures.append(f"rank {rank} {key} refused: {errs!r} (allowed: {refusal!r})")
+                continue
+            limits = bound(key, errs)
+            worst = {n: errs[n] for n in limits if not errs[n] <= limits[n]}
             if errs["nan"] or worst:
                 failures.append(f"rank {rank} {key}: {worst or 'nan'}")
     assert not failures, "\n".join(failures)
