@@ -27,7 +27,8 @@ transformers_or_skip()
 SEQ = 128
 TOPK = {"deepseek_v32": 8, "glm_moe_dsa": 8, "hy_v4": 8, "axk2": 8, "deepseek_v4": 4}
 FAMILIES = tuple(TOPK)
-BOUND = {"logits": 2e-4, "loss": 2e-5, "gradients": 1e-3}
+# tiny float32 models, one process against the world: the bounds of tests/test_hf_rope.py and test_hf_hybrid.py
+BOUND = {"logits": 2e-5, "loss": 2e-6, "gradients": 1e-4}
 
 
 def _config(family):
@@ -142,7 +143,9 @@ def test_dsa_families_exact_with_pruning_selections(world):
             continue
         assert errors["same selections"] and errors["layers"] >= (1 if case[0] == "deepseek_v4" else 2), (case, errors)
         assert errors["pruned rows"] > 0.5, (case, errors)
-        assert all(errors[k] <= BOUND[k] for k in BOUND), (case, errors)
+    failures = [(case, errors) for case, errors in results.items()
+                if not isinstance(case, str) and not all(errors[k] <= BOUND[k] for k in BOUND)]
+    assert not failures, failures
 
 
 @pytest.mark.parametrize("world", [2, 4])

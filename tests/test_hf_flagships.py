@@ -25,7 +25,8 @@ from world import results_by_world
 transformers_or_skip()
 
 SEQ = 128
-BOUND = {"logits": 2e-4, "loss": 2e-5, "gradients": 1e-3}
+# tiny float32 models, one process against the world: the bounds of tests/test_hf_rope.py and test_hf_hybrid.py
+BOUND = {"logits": 2e-5, "loss": 2e-6, "gradients": 1e-4}
 
 
 def gemma2_config():
@@ -88,11 +89,10 @@ _results = results_by_world(_flagships)
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_gemma2_softcap_and_llama4_chunks_exact(world):
-    for rank_results in _results(world):
-        for case, errors in rank_results.items():
-            if isinstance(case, str):
-                continue
-            assert all(errors[k] <= BOUND[k] for k in BOUND), (case, errors)
+    failures = [(rank, case, errors) for rank, rank_results in enumerate(_results(world))
+                for case, errors in rank_results.items()
+                if not isinstance(case, str) and not all(errors[k] <= BOUND[k] for k in BOUND)]
+    assert not failures, failures
 
 
 @pytest.mark.parametrize("world", [2, 4])
