@@ -1,6 +1,7 @@
 """The zoo: every causal-LM family transformers ships, built tiny from its own config class, on
 burst's backend at 1 rank and at 2 ranks (contiguous and zigzag) against the same model's eager
-attention in one process (burst/bench/hf_zoo.py); the suite runs zigzag at 2 ranks (the layout
+attention in one process (burst/bench/hf_zoo.py): logits, loss and, where the family's own loss runs on
+token ids, one backward (every parameter's gradient, hf_zoo.GRADIENT_TOLERANCE); the suite runs zigzag at 2 ranks (the layout
 with two chunks per rank), the table both. Each family is exact or refused with a clear
 error, never silently different and never a traceback; benchmarks/hf_zoo.md is the table
 (`python benchmarks/hf_zoo.py`). One 2-rank world runs every family (about a minute).

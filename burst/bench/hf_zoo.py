@@ -2,7 +2,8 @@
 burst's backend against the same model's eager attention in one process.
 
 Each family ends in one of:
-  exact    logits and loss match eager attention (max abs difference <= TOLERANCE)
+  exact    logits and loss match eager attention (max abs difference <= TOLERANCE), and one backward's
+           every parameter gradient (gradient_error <= GRADIENT_TOLERANCE) where the loss runs
   refused  burst raised a clear error (ValueError / NotImplementedError raised inside burst), or
            transformers itself would not build the model with a custom attention implementation
   silent   ran and differs, with no error: the outcome burst must never have
@@ -34,6 +35,7 @@ import torch.distributed as dist
 from .hf_zoo_configs import OVERRIDES, RETRIES, SEQ_LEN, SIZES, VOCAB, causal_lm, tiny_config  # noqa: F401
 
 TOLERANCE = 2e-4
+GRADIENT_TOLERANCE = 1e-4  # gradient_error's relative measure, as the flagship and rope tests hold it
 MAX_PARAMETERS = 30_000_000
 
 
@@ -130,8 +132,11 @@ def run_family(model_type: str, name: str, layout: str, group=None, built=None) 
         return Outcome(model_type, "refused", f"by transformers, at from_config: {err}"), None
     except Exception as err:  # noqa: BLE001 - any failure to build or run eagerly is the family's, not burst's
         return Outcome(model_type, "skip", f"eager model does not run tiny on token ids: {_first_line(err)}"), None
-    expected, model, _ = built
-    return _compare(model_type, expected, model, ids, positions, layout, group), built
+    expected, model, eager = built
+    outcome = _compare(model_type, expected, model, ids, positions, layout, group)
+    if outcome.outcome == "exact" and expected.loss is not None:  # one backward: every parameter's gradient
+        outcome = _compare_gradients(outcome, eager, model, ids, positions, layout, group)
+    return outcome, built
 
 
 def _compare(model_type, expected, model, ids, positions, layout, group) -> Outcome:
@@ -155,6 +160,31 @@ def _compare(model_type, expected, model, ids, positions, layout, group) -> Outc
         note = "" if expected.loss is not None else "logits only (its loss needs more than token ids)"
         return Outcome(model_type, "exact", note, difference)
     return Outcome(model_type, "silent", f"max abs difference {difference:.2e}", difference)
+
+
+def _compare_gradients(outcome: Outcome, eager, model, ids, positions, layout, group) -> Outcome:
+    """The exact forward's outcome, or what one backward shows: every parameter's gradient of the loss
+    (shard_batch, reduce_gradients) against eager's in this process, within GRADIENT_TOLERANCE
+    (gradient_error's relative measure)."""
+    from ..integrations import transformers as bt
+
+    try:
+        for m in (eager, model):
+            m.zero_grad(set_to_none=True)
+        eager(input_ids=ids, position_ids=positions, labels=ids, use_cache=False).loss.backward()
+        batch = bt.shard_batch({"input_ids": ids, "labels": ids, "position_ids": positions}, group=group,
+                               layout=layout, model=model)
+        model(**batch, use_cache=False).loss.backward()
+        bt.reduce_gradients(model, group)
+    except Exception as err:  # noqa: BLE001 - classified as the forward's errors are
+        return Outcome(outcome.family, "refused" if _raised_by_burst(err) else "crash", "backward: " + _first_line(err))
+    pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
+    if any(p is None for p, _ in pairs):
+        return Outcome(outcome.family, "silent", "backward: a parameter eager differentiates got no gradient")
+    error = gradient_error(pairs)
+    if error > GRADIENT_TOLERANCE:
+        return Outcome(outcome.family, "silent", f"backward: gradients off by {error:.2e} (relative)", error)
+    return outcome
 
 
 def twin_models(model_type: str, attn_implementation: str, config=None, reference_config=None):
