@@ -27,8 +27,7 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
     check_model(model)
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    all_reduce_in_place((g for g in grads if not _is_dtensor(g)), group=group)
+    all_reduce_in_place(_gradients_every_rank_has(model, group), group=group)
     sharded: dict[tuple, list] = {}
     for unit, g in _grads_by_unit(model):
         key = (_mesh_ranks(g.device_mesh), _divide_factor(unit, g.device_mesh))
@@ -90,6 +89,22 @@ def fsdp_reduction(fsdp_ranks: tuple[int, ...], group_ranks: tuple[int, ...], fa
     raise NotImplementedError(f"FSDP's mesh (ranks {sorted(mesh)}) and burst's sequence-parallel group (ranks "
                               f"{sorted(sp)}) overlap in part: shard over the group's ranks, every rank, or "
                               "one rank of each group (data parallel)")
+
+
+def _gradients_every_rank_has(model: torch.nn.Module, group) -> list[torch.Tensor]:
+    """The plain (not FSDP-managed) gradients to sum, the same list on every rank: a parameter that got
+    a gradient on some rank only (an MoE expert no token of another rank's shard was routed to) gets
+    zeros where it has none, as one process would give it the sum; one no rank used stays None. One
+    small all-reduce of which parameters have gradients, so every rank's flattened all-reduce matches."""
+    plain = [p for p in model.parameters() if p.requires_grad and not _is_dtensor(p) and not _is_dtensor(p.grad)]
+    if not plain:
+        return []
+    used = torch.tensor([float(p.grad is not None) for p in plain], device=plain[0].device)
+    dist.all_reduce(used, group=group)
+    for p, ranks in zip(plain, used.tolist()):
+        if ranks and p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return [p.grad for p in plain if p.grad is not None]
 
 
 def _is_dtensor(t) -> bool:
