@@ -94,6 +94,7 @@ class LatentKeys:
         self.heads = weight.shape[0] // (nope_dim + value_dim)
         self.travelling = [latent, rope]
         self.dweight: torch.Tensor | None = None  # float32, this rank's sum over the blocks it expanded
+        self._weight32: torch.Tensor | None = None  # the weight in the accumulators' dtype, cast once
 
     def expand(self, held):
         """(latent (b, m, r), rope (b, m, dr)) -> k (b, m, h, nope + dr), v (b, m, h, nope + dr) zero-padded."""
@@ -113,7 +114,9 @@ class LatentKeys:
             into_rope = acc_rope() if callable(acc_rope) else acc_rope
             latent = held[0]
             d_kv = torch.cat([dk[..., :self.nope], dv[..., :self.vdim]], dim=-1).flatten(2)  # (b, m, h*(nope+v))
-            into_latent += d_kv @ self.weight.to(d_kv.dtype)
+            if self._weight32 is None:
+                self._weight32 = self.weight.to(d_kv.dtype)
+            into_latent += d_kv @ self._weight32
             into_rope += dk[..., self.nope:].sum(dim=2)
             d_weight = d_kv.flatten(0, 1).t() @ latent.flatten(0, 1).to(d_kv.dtype)
             self.dweight = d_weight if self.dweight is None else self.dweight.add_(d_weight)

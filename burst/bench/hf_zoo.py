@@ -166,16 +166,11 @@ def _compare_gradients(outcome: Outcome, eager, model, ids, positions, layout, g
     """The exact forward's outcome, or what one backward shows: every parameter's gradient of the loss
     (shard_batch, reduce_gradients) against eager's in this process, within GRADIENT_TOLERANCE
     (gradient_error's relative measure)."""
-    from ..integrations import transformers as bt
-
     try:
         for m in (eager, model):
             m.zero_grad(set_to_none=True)
         eager(input_ids=ids, position_ids=positions, labels=ids, use_cache=False).loss.backward()
-        batch = bt.shard_batch({"input_ids": ids, "labels": ids, "position_ids": positions}, group=group,
-                               layout=layout, model=model)
-        model(**batch, use_cache=False).loss.backward()
-        bt.reduce_gradients(model, group)
+        sharded_step(model, ids, layout, group)  # positions 0..n-1, as `positions`
     except Exception as err:  # noqa: BLE001 - classified as the forward's errors are
         return Outcome(outcome.family, "refused" if _raised_by_burst(err) else "crash", "backward: " + _first_line(err))
     pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
