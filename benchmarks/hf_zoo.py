@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from burst.bench.hf_zoo import TOLERANCE, zoo_world
+from burst.bench.hf_zoo import GRADIENT_TOLERANCE, TOLERANCE, zoo_world
 from burst.launch import spawn_world
 
 OUTCOMES = ("exact", "refused", "skip", "silent", "crash")
@@ -58,7 +58,8 @@ def report(rows: dict, seconds: float) -> str:
         "`bt.register(\"burst\")` (1 rank, then 2 ranks with `bt.shard_batch` in the contiguous and the zigzag "
         "layout) against the same model's eager attention in one process (logits alone where the family's own "
         "loss needs more than token ids: \"exact: logits only\"). exact: within "
-        f"{TOLERANCE:g} (max abs); refused: a clear error from burst (or transformers' own, when it cannot build "
+        f"{TOLERANCE:g} (max abs), and one backward's every parameter gradient within {GRADIENT_TOLERANCE:g} "
+        "(relative, where the loss runs); refused: a clear error from burst (or transformers' own, when it cannot build "
         "the family with a custom attention implementation); skip: the family cannot be built tiny or does "
         "not run eagerly on token ids alone (the reason is given); silent / crash: what must never happen.",
         "",
