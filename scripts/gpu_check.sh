@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh DIR [--budget SECONDS]: prove burst on this machine's GPU in one command (issue 27).
+# scripts/gpu_check.sh DIR [--budget SECONDS] [--sections 1,3]: prove burst on this machine's GPU in one command (issue 27).
 #
 # Runs burst/bench/gpu_check/ (python -m burst.bench.gpu_check) with the python3 that already has a CUDA PyTorch (no install, no
 # download; PYTHON=... to pick another) and writes DIR/report.md, DIR/report.json and DIR/log.txt.

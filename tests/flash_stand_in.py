@@ -155,6 +155,54 @@ def modules() -> dict[str, types.ModuleType]:
     return {"flash_attn": package, "flash_attn.flash_attn_interface": interface}
 
 
+class AtenOps:
+    """aten's `_flash_attention_forward` / `_backward` (the FlashAttention-2 inside torch) on top of the
+    stand-in above, with the ops' own rules: dense when cum_seq_q is None, scale and windows as
+    keywords, the gradients returned; `padded_lse`: the varlen lse as older builds return it,
+    (sequences, h, max_q), which the backward must get back in that layout."""
+
+    def __init__(self, padded_lse: bool = False):
+        self.padded_lse = padded_lse
+
+    def forward(self, q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
+                scale, window_size_left, window_size_right):
+        assert not return_debug_mask and (cum_seq_q is None) == (cum_seq_k is None)
+        empty = torch.empty(0)
+        if cum_seq_q is None:
+            assert (max_q, max_k) == (q.shape[1], k.shape[1])
+            out, lse, _, _ = _flash_attn_forward(q, k, v, dropout_p, scale, is_causal, window_size_left,
+                                                 window_size_right, 0.0, None, False)
+            return out, lse, empty, empty, empty
+        out, lse, _, _ = _flash_attn_varlen_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, scale,
+                                                    is_causal, window_size_left, window_size_right)
+        if self.padded_lse:
+            lse = self._pad(lse, cum_seq_q, max_q)
+        return out, lse, empty, empty, empty
+
+    def backward(self, dout, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, rng_state,
+                 unused, *, scale, window_size_left, window_size_right):
+        assert isinstance(rng_state, torch.Tensor) and isinstance(unused, torch.Tensor)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if cum_seq_q is None:
+            _flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, dropout_p, scale, is_causal, window_size_left,
+                                 window_size_right, 0.0, None, False, rng_state)
+            return dq, dk, dv
+        if self.padded_lse:
+            assert lse.shape == (len(cum_seq_q) - 1, q.shape[1], max_q), lse.shape
+            lse = torch.cat([lse[i, :, : b - a] for i, (a, b) in enumerate(zip(cum_seq_q.tolist(), cum_seq_q.tolist()[1:]))], 1)
+        _flash_attn_varlen_backward(dout, q, k, v, out, lse, dq, dk, dv, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                    scale, is_causal, window_size_left, window_size_right, 0.0, None, False, rng_state)
+        return dq, dk, dv
+
+    @staticmethod
+    def _pad(lse, cu, max_q):
+        cu = cu.tolist()
+        padded = torch.full((len(cu) - 1, lse.shape[0], max_q), float("nan"))
+        for i, (a, b) in enumerate(zip(cu, cu[1:])):
+            padded[i, :, : b - a] = lse[:, a:b]
+        return padded
+
+
 def install() -> None:
     """Put the stand-in in sys.modules for the rest of this process (a spawned rank)."""
     sys.modules.update(modules())

@@ -17,11 +17,12 @@ import pytest
 import torch
 
 from burst import kernels
-from burst.kernels import cuda_flash_attn, cuda_sdpa, flex
+from burst.kernels import aten_flash, cuda_flash_attn, cuda_sdpa, flex
 from burst.kernels.reference import attention as reference_attention
 from burst.kernels.reference import lse_error
 
 import flash_stand_in
+import sdpa_stand_in
 from cases import rel_err
 
 
@@ -34,7 +35,20 @@ def stand_in(monkeypatch):
     cuda_flash_attn.available.cache_clear()
 
 
-def test_flash_attn_adapter_matches_float64_attention(stand_in):
+@pytest.fixture
+def aten_stand_in(monkeypatch):
+    """aten's two flash ops played by flash_stand_in.AtenOps; returns a function that picks the varlen
+    lse layout (padded per sequence, as older builds return it, or (h, total_q))."""
+    def use(padded_lse: bool = False):
+        ops = flash_stand_in.AtenOps(padded_lse)
+        monkeypatch.setattr(aten_flash, "_forward_op", ops.forward)
+        monkeypatch.setattr(aten_flash, "_backward_op", ops.backward)
+    use()
+    return use
+
+
+@pytest.mark.parametrize("kernel", [cuda_flash_attn, aten_flash], ids=["flash_attn", "aten_flash"])
+def test_flash_attn_adapter_matches_float64_attention(stand_in, aten_stand_in, kernel):
     torch.manual_seed(0)
     b, s, d = 2, 48, 16
     for heads, kv_heads in ((4, 4), (4, 2), (4, 1)):
@@ -45,18 +59,19 @@ def test_flash_attn_adapter_matches_float64_attention(stand_in):
             ref_out, ref_lse = reference_attention(q64, k64, v64, causal=causal)
             ref_out.backward(dout64)
             q, k, v, dout = (t.detach().to(torch.bfloat16) for t in (q64, k64, v64, dout64))
-            out, lse = cuda_flash_attn.forward(q, k, v, d ** -0.5, causal)
+            out, lse = kernel.forward(q, k, v, d ** -0.5, causal)
             assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32 and lse.shape == (b, heads, s)
             assert rel_err(out, ref_out) < 2e-2 and rel_err(lse, ref_lse) < 1e-2
             # The backward gets the global out and lse, as in a ring step.
-            grads = cuda_flash_attn.backward(dout, q, k, v, ref_out.detach().to(q.dtype), ref_lse.float(), d ** -0.5, causal)
+            grads = kernel.backward(dout, q, k, v, ref_out.detach().to(q.dtype), ref_lse.float(), d ** -0.5, causal)
             for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
                 assert got.shape == want.shape and got.dtype == torch.bfloat16
                 assert rel_err(got, want) < 3e-2, (heads, kv_heads, causal)
 
 
-def test_flash_attn_hands_what_it_cannot_do_to_sdpa(stand_in, monkeypatch):
-    """Without FlexAttention (see the flex tests for with)."""
+@pytest.mark.parametrize("kernel", [cuda_flash_attn, aten_flash], ids=["flash_attn", "aten_flash"])
+def test_flash_attn_hands_what_it_cannot_do_to_sdpa(stand_in, aten_stand_in, monkeypatch, kernel):
+    """flash_attn without FlexAttention (see the flex tests for with); aten_flash always (its RULES are off)."""
     monkeypatch.setattr(flex, "available", lambda: False)
     handed = []
     monkeypatch.setattr(cuda_sdpa, "forward", lambda *a: handed.append("forward") or "sdpa")
@@ -67,12 +82,16 @@ def test_flash_attn_hands_what_it_cannot_do_to_sdpa(stand_in, monkeypatch):
     cases = [(q, k, False, mask),                        # a partial tile needs a mask
              (q, k[:, :4], True, None),                  # causal but not square: alignment differs
              (odd, odd, False, None),                    # head dim not a multiple of 8
-             (q.float(), k.float(), False, None)]        # float32
+             (q.float(), k.float(), False, None),        # float32
+             (torch.randn(1, 8, 2, 264, dtype=torch.bfloat16),) * 2 + (False, None)]  # head dim over 256
     for qq, kk, causal, m in cases:
-        assert cuda_flash_attn.forward(qq, kk, kk, 1.0, causal, m) == "sdpa"
-        assert cuda_flash_attn.backward(qq, qq, kk, kk, qq, None, 1.0, causal, m) == "sdpa"
-    assert handed == ["forward", "backward"] * len(cases)
-    out, _ = cuda_flash_attn.forward(q, k, k, 1.0, True, None)  # square causal, no mask: flash_attn's
+        assert kernel.forward(qq, kk, kk, 1.0, causal, m) == "sdpa"
+        assert kernel.backward(qq, qq, kk, kk, qq, None, 1.0, causal, m) == "sdpa"
+    narrow_v = torch.randn(1, 8, 2, 8, dtype=torch.bfloat16)  # MLA's v head dim below q's: one head dim only
+    assert kernel.forward(q, k, narrow_v, 1.0, False, None) == "sdpa"
+    assert kernel.backward(q, q, k, narrow_v, q, None, 1.0, False, None) == "sdpa"
+    assert handed == ["forward", "backward"] * (len(cases) + 1)
+    out, _ = kernel.forward(q, k, k, 1.0, True, None)  # square causal, no mask: flash's
     assert out.shape == q.shape
 
 
@@ -101,6 +120,11 @@ def test_dispatch_by_device_and_dtype(stand_in, monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # not installed
     monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", None)
     cuda_flash_attn.available.cache_clear()
+    monkeypatch.setattr(aten_flash, "available", lambda: True)  # torch's own flash kernel (sm80+)
+    assert kernels.select_kernel(cuda, torch.bfloat16) is aten_flash
+    assert kernels.select_kernel(cuda, torch.float32) is cuda_sdpa
+    assert kernels.select_kernel(cuda, torch.bfloat16, softcap=30.0).kernel is flex  # aten's flash has no softcap
+    monkeypatch.setattr(aten_flash, "available", lambda: False)  # an older GPU or torch
     assert kernels.select_kernel(cuda, torch.bfloat16) is cuda_sdpa
     assert kernels.select_kernel(cuda, torch.bfloat16, softcap=30.0).kernel is flex  # the fused path with softcap
     monkeypatch.setattr(flex, "available", lambda: False)  # an older torch
@@ -191,6 +215,34 @@ def test_band_and_varlen_tiles_are_exact_and_build_no_dense_mask(stand_in, flex_
     # The cases reached flash_attn's window arguments and its varlen interface with several sequences.
     assert ("forward", False, True) in seen and ("varlen_forward", True, True) in seen, seen
     assert ("backward", False, True) in seen and ("varlen_backward", True, True) in seen, seen
+
+
+@pytest.mark.parametrize("padded_lse", [False, True], ids=["lse_h_total", "lse_padded"])
+def test_aten_flash_takes_band_and_varlen_tiles_as_arguments(aten_stand_in, monkeypatch, padded_lse):
+    """The same masks through aten's flash ops (the stand-in): exact, windows and documents as
+    arguments, only a block-sparse tile as a dense bias for aten's efficient kernel (its stand-in),
+    whichever varlen lse layout the build returns."""
+    from burst.call import AttentionCall
+    from burst.comm.stats import CommStats
+
+    aten_stand_in(padded_lse)
+    sdpa_stand_in.install(monkeypatch)
+    torch.manual_seed(2)
+    scale, seen = 0.25, set()
+    for name, q_segs, k_segs, spec in _mask_cases():
+        tiles = AttentionCall(None, 0, 1, "contiguous", 0, spec, scale, aten_flash).plan(q_segs, k_segs)
+        q64, k64, v64, dout64, ref_out, ref_lse = _float64_case(q_segs, k_segs, spec, scale)
+        q, k, v, dout = (t.detach().to(torch.bfloat16) for t in (q64, k64, v64, dout64))
+        flash_stand_in.CALLS.clear()
+        with CommStats() as stats:
+            out_acc, lse_acc, grads = _through_tiles(aten_flash, tiles, q, k, v, dout, ref_out, ref_lse, scale)
+        assert rel_err(out_acc, ref_out) < 2e-2 and lse_error(lse_acc, ref_lse) < 5e-2, name
+        for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
+            assert rel_err(got, want) < 3e-2, name
+        assert (stats.dense_masks() > 0) == (spec.block_sparse is not None), name
+        seen |= {(kind, n > 1, (wl, wr) != (-1, -1)) for kind, wl, wr, n in flash_stand_in.CALLS}
+    assert {("forward", False, True), ("varlen_forward", True, True), ("backward", False, True),
+            ("varlen_backward", True, True)} <= seen, seen
 
 
 def test_band_window_sizes_follow_flash_attns_corner():

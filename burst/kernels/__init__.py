@@ -25,7 +25,7 @@ import os
 
 import torch
 
-from . import cpu_flash, cuda_flash_attn, cuda_sdpa, flex, reference
+from . import aten_flash, cpu_flash, cuda_flash_attn, cuda_sdpa, flex, reference
 from .accumulators import accumulator_dtype, lse_for_backward, out_from_delta, row_delta
 from .softcap import Softcapped
 
@@ -62,6 +62,8 @@ def _fastest(device: torch.device, dtype: torch.dtype):
         return cpu_flash
     if device.type == "cuda" and dtype in cuda_flash_attn.DTYPES and cuda_flash_attn.available():
         return cuda_flash_attn
+    if device.type == "cuda" and dtype in aten_flash.DTYPES and aten_flash.available():
+        return aten_flash  # the FlashAttention-2 inside torch: SDPA's flash backend, with lse in and out
     if device.type == "cuda" and dtype != torch.float64:
         # aten's efficient kernel, not FlexAttention: on an H200 (benchmarks/gpu.md) compiled flex_attention
         # hit dynamo's recompile limit over a run's tile shapes, dtypes and grad modes and fell back to
@@ -72,8 +74,8 @@ def _fastest(device: torch.device, dtype: torch.dtype):
 
 def kernels_by_name() -> dict:
     """Backends by the names BURST_KERNEL and `--kernel` take."""
-    return {"cpu_flash": cpu_flash, "flash_attn": cuda_flash_attn, "flex": flex, "sdpa": cuda_sdpa,
-            "reference": reference}
+    return {"cpu_flash": cpu_flash, "flash_attn": cuda_flash_attn, "aten_flash": aten_flash, "flex": flex,
+            "sdpa": cuda_sdpa, "reference": reference}
 
 
 def named_kernel(name: str, device: torch.device, dtype: torch.dtype):
@@ -83,13 +85,18 @@ def named_kernel(name: str, device: torch.device, dtype: torch.dtype):
     problem = None
     if name == "cpu_flash" and device.type != "cpu":
         problem = f"runs on the CPU, the tensors are on {device.type}"
-    elif name in ("flash_attn", "sdpa") and device.type != "cuda":
+    elif name in ("flash_attn", "aten_flash", "sdpa") and device.type != "cuda":
         problem = f"needs CUDA tensors, these are on {device.type}"
     elif name == "flash_attn" and not cuda_flash_attn.available():
         problem = ("flash_attn (2.7 or newer) does not import here: pip install flash-attn, or leave "
-                   f"{KERNEL_ENV} unset to use FlexAttention / SDPA")
+                   f"{KERNEL_ENV} unset to use the flash kernel inside torch (aten_flash) or SDPA")
     elif name == "flash_attn" and dtype not in cuda_flash_attn.DTYPES:
         problem = f"flash_attn takes float16 and bfloat16, not {dtype}"
+    elif name == "aten_flash" and not aten_flash.available():
+        problem = (f"this torch ({torch.__version__}) or GPU has no flash attention with window arguments "
+                   "(an sm80+ GPU and torch 2.5 or newer built with it)")
+    elif name == "aten_flash" and dtype not in aten_flash.DTYPES:
+        problem = f"aten's flash kernel takes float16 and bfloat16, not {dtype}"
     elif name == "flex" and not flex.available():
         problem = f"this torch ({torch.__version__}) has no FlexAttention with lse output"
     elif name == "sdpa" and dtype == torch.float64:
@@ -99,5 +106,5 @@ def named_kernel(name: str, device: torch.device, dtype: torch.dtype):
     return known[name]
 
 
-__all__ = ["KERNEL_ENV", "Softcapped", "accumulator_dtype", "kernels_by_name", "named_kernel", "select_kernel", "lse_for_backward",
+__all__ = ["KERNEL_ENV", "Softcapped", "accumulator_dtype", "aten_flash", "kernels_by_name", "named_kernel", "select_kernel", "lse_for_backward",
            "out_from_delta", "row_delta", "cpu_flash", "cuda_flash_attn", "cuda_sdpa", "flex", "reference"]

@@ -67,19 +67,64 @@ def available() -> bool:
 
 
 def handles(q, k, causal: bool, mask) -> bool:
-    """True when flash_attn runs this tile (else `_fallback` does)."""
-    if q.dtype not in DTYPES or q.shape[-1] % 8 or not (mask is None or isinstance(mask, Bands)):
+    """True when a FlashAttention-2 build runs this tile (else `_fallback` does): fp16/bf16, head dims
+    that are multiples of 8 up to 256, no mask or masks.Bands, a causal tile square."""
+    d = q.shape[-1]
+    if q.dtype not in DTYPES or d % 8 or d > 256 or not (mask is None or isinstance(mask, Bands)):
         return False
     return not causal or q.shape[1] == k.shape[1]
 
 
-def _fallback(mask, softcap: float):
+def _fallback(mask, softcap: float = 0.0):
     """Who runs a tile flash_attn cannot: FlexAttention for a masked or softcapped one when torch has
     it (no bias), else aten's efficient kernel (a dense bias for a mask, counted), or for softcap the
     reference (explicit scores: aten's kernel has no softcap)."""
     if (mask is not None or softcap) and flex.available():
         return flex
     return reference if softcap else cuda_sdpa
+
+
+class FlashAttnPackage:
+    """The four calls into the `flash_attn` package (signatures in the module docstring). Every
+    FlashAttention-2 build burst drives offers these four; kernels/aten_flash.py is the other one."""
+
+    SOFTCAP = True
+    fallback = staticmethod(_fallback)
+
+    @staticmethod
+    def dense_forward(q, k, v, scale, causal, left, right, softcap):
+        """(b, s, h, d) inputs, contiguous -> out (b, sq, h, d), lse (b, h, sq) float32."""
+        out, lse, _, _ = _interface()._flash_attn_forward(q, k, v, 0.0, scale, causal, left, right, softcap, None, False)
+        return out, lse
+
+    @staticmethod
+    def dense_backward(dout, q, k, v, out, lse, scale, causal, left, right, softcap):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _interface()._flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0, scale, causal, left, right,
+                                          softcap, None, False, None)
+        return dq, dk, dv
+
+    @staticmethod
+    def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, softcap):
+        """(total, h, d) inputs -> out (total_q, h, d), lse (h, total_q) float32."""
+        out, lse, _, _ = _interface()._flash_attn_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, scale, False,
+                                                                 left, right, softcap, None, False)
+        return out, lse
+
+    @staticmethod
+    def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _interface()._flash_attn_varlen_backward(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, 0.0,
+                                                 scale, False, left, right, softcap, None, False, None)
+        return dq, dk, dv
+
+
+FLASH_ATTN = FlashAttnPackage()
+
+
+def _runs(library, q, k, v, causal: bool, mask, softcap: float) -> bool:
+    """True when `library` takes this tile as it is (equal q, k, v head dims: FlashAttention-2 has one)."""
+    return handles(q, k, causal, mask) and v.shape[-1] == q.shape[-1] and (not softcap or library.SOFTCAP)
 
 
 def _softcap_kwargs(softcap: float) -> dict:
@@ -112,46 +157,37 @@ def _packed(x):
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
 
 
-def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | None = None, softcap: float = 0.0):
-    """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
-    if not handles(q, k, causal, mask):
-        return _fallback(mask, softcap).forward(q, k, v, scale, causal, mask, **_softcap_kwargs(softcap))
+def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | None = None, softcap: float = 0.0,
+            library=FLASH_ATTN):
+    """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32, on `library`'s
+    FlashAttention-2 (flash_attn's by default)."""
+    if not _runs(library, q, k, v, causal, mask, softcap):
+        return library.fallback(mask, softcap).forward(q, k, v, scale, causal, mask, **_softcap_kwargs(softcap))
     left, right = _window(causal, mask)
     if mask is not None and mask.sequences > 1:
         b, sq, h, _ = q.shape
-        out, lse, _, _ = _interface()._flash_attn_varlen_forward(
-            _packed(q), _packed(k), _packed(v), *_varlen_args(mask, q, k), 0.0, scale, False, left, right,
-            softcap, None, False,
-        )
+        out, lse = library.varlen_forward(_packed(q), _packed(k), _packed(v), *_varlen_args(mask, q, k), scale,
+                                          left, right, softcap)
         out, lse = out.view(q.shape), lse.view(h, b, sq).transpose(0, 1)
     else:
-        out, lse, _, _ = _interface()._flash_attn_forward(
-            q.contiguous(), k.contiguous(), v.contiguous(), 0.0, scale, causal and mask is None, left, right,
-            softcap, None, False,
-        )
+        out, lse = library.dense_forward(q.contiguous(), k.contiguous(), v.contiguous(), scale,
+                                         causal and mask is None, left, right, softcap)
     return out, lse.masked_fill(lse == float("inf"), float("-inf"))
 
 
 def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Tensor | Bands | None = None,
-             softcap: float = 0.0):
+             softcap: float = 0.0, library=FLASH_ATTN):
     """Gradients of one block given the rows' global out and lse (see kernels/__init__.py)."""
-    if not handles(q, k, causal, mask):
-        return _fallback(mask, softcap).backward(dout, q, k, v, out, lse, scale, causal, mask,
-                                                 **_softcap_kwargs(softcap))
+    if not _runs(library, q, k, v, causal, mask, softcap):
+        return library.fallback(mask, softcap).backward(dout, q, k, v, out, lse, scale, causal, mask,
+                                                        **_softcap_kwargs(softcap))
     left, right = _window(causal, mask)
     if mask is not None and mask.sequences > 1:
         b, sq, h, _ = q.shape
-        qp, kp, vp = _packed(q), _packed(k), _packed(v)
-        dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
-        _interface()._flash_attn_varlen_backward(
-            _packed(dout), qp, kp, vp, _packed(out), lse.float().transpose(0, 1).reshape(h, b * sq), dq, dk, dv,
-            *_varlen_args(mask, q, k), 0.0, scale, False, left, right, softcap, None, False, None,
+        dq, dk, dv = library.varlen_backward(
+            _packed(dout), _packed(q), _packed(k), _packed(v), _packed(out),
+            lse.float().transpose(0, 1).reshape(h, b * sq), *_varlen_args(mask, q, k), scale, left, right, softcap,
         )
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _interface()._flash_attn_backward(
-        dout.contiguous(), q, k, v, out.contiguous(), lse.float().contiguous(), dq, dk, dv,
-        0.0, scale, causal and mask is None, left, right, softcap, None, False, None,
-    )
-    return dq, dk, dv
+    return library.dense_backward(dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(),
+                                  lse.float().contiguous(), scale, causal and mask is None, left, right, softcap)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from burst.kernels import cuda_flash_attn, cuda_sdpa, flex, lse_for_backward, reference, row_delta
+from burst.kernels import aten_flash, cuda_flash_attn, cuda_sdpa, flex, lse_for_backward, reference, row_delta
 from burst.kernels.accumulators import accumulator_zeros_like, empty_accumulators
 from burst.kernels.attend import attend_backward, attend_forward
 from burst.layout import Segment
@@ -179,12 +179,12 @@ def tile_backend(kernel, q, k, tile) -> str:
     window or varlen arguments), +rule (FlexAttention's mask_mod), +mask (a dense bias)."""
     name = getattr(kernel, "__name__", str(kernel)).rsplit(".", 1)[-1]
     mask = tile.kernel_mask
-    if kernel is cuda_flash_attn:
+    if kernel in (cuda_flash_attn, aten_flash):
         qt, kt = q[:, tile.q.rows], k[:, tile.k.rows]
-        if cuda_flash_attn.handles(qt, kt, tile.causal, mask):
-            name = "flash_attn"
+        if kernel.handles(qt, kt, tile.causal, mask):
+            name = "flash_attn" if kernel is cuda_flash_attn else "aten_flash"
         else:
-            name = "flex" if cuda_flash_attn._fallback(mask) is flex else "cuda_sdpa(efficient)"
+            name = "flex" if kernel._fallback(mask) is flex else "cuda_sdpa(efficient)"
     elif kernel is cuda_sdpa:
         name = "cuda_sdpa(efficient)"
     if isinstance(mask, Bands):

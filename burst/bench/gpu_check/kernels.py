@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from burst import layout as layout_mod
-from burst.kernels import cpu_flash, cuda_flash_attn, cuda_sdpa, flex, reference
+from burst.kernels import aten_flash, cpu_flash, cuda_flash_attn, cuda_sdpa, flex, reference
 from burst.masks import MaskSpec
 
 from .cases import (DTYPE_NAMES, KERNEL_CASES, Sizes, block_step, compare, float64_reference, mask_spec,
@@ -21,6 +21,8 @@ def kernel_paths(device: torch.device, sizes: Sizes) -> list:
     halves = tuple(getattr(torch, d) for d in sizes.kernel_dtypes)
     if device.type == "cuda":
         paths = [("cuda_sdpa", cuda_sdpa, halves)]
+        if aten_flash.available():
+            paths.append(("aten_flash", aten_flash, tuple(d for d in halves if d in aten_flash.DTYPES)))
         if flex.available():
             paths.append(("flex", flex, halves))
         if cuda_flash_attn.available():
@@ -113,8 +115,8 @@ def section_kernels(rep: Report) -> None:
     with rep.section("1", "Exactness of every kernel path (block step vs float64)") as sec:
         sizes, device = rep.sizes, rep.device
         sec.note("burst selects per dtype: " + ", ".join(f"{d} -> {m}" for d, m in rep.facts["selected_kernels"].items())
-                 + ". cuda_sdpa calls aten's memory-efficient SDPA op directly (the only SDPA op that returns lse "
-                 "and takes the backward's lse); flash/cuDNN/math below are torch's SDPA, checked as the yardstick.")
+                 + ". cuda_sdpa calls aten's memory-efficient SDPA op directly, aten_flash aten's flash ops (both return lse "
+                 "and take the backward's lse); flash/cuDNN/math below are torch's SDPA, checked as the yardstick.")
         if device.type == "cuda" and not cuda_flash_attn.available():
             sec.note("flash_attn is not importable here: the cuda_flash_attn path did not run.")
         rows = kernel_rows(sec, device, sizes, kernel_paths(device, sizes))

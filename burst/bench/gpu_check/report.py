@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from burst.kernels import cuda_flash_attn, select_kernel
+from burst.kernels import aten_flash, cuda_flash_attn, select_kernel
 
 from .cases import DTYPE_NAMES, Sizes, release_memory
 
@@ -107,7 +107,7 @@ class Report:
 def markdown(data: dict) -> str:
     lines = [f"# burst GPU check: {data['device_name']}", "",
              f"Command: `{data['command']}`  ", f"burst commit {data['git_commit']}, torch {data['torch']}, "
-             f"CUDA {data['cuda']}, flash_attn {data['flash_attn']}, mode {data['mode']}, "
+             f"CUDA {data['cuda']}, flash_attn {data['flash_attn']}, aten_flash {data.get('aten_flash')}, mode {data['mode']}, "
              f"{data['total_s']:.0f} s of a {data['budget_s']:.0f} s budget"
              + (f", {data['gpu_memory_bytes'] / 2**30:.0f} GiB of GPU memory." if data["gpu_memory_bytes"] else "."), "",
              "| section | status | seconds |", "|---|---|---|"]
@@ -141,7 +141,7 @@ def environment(device: torch.device) -> dict:
     return {
         "mode": device.type, "device_name": torch.cuda.get_device_name(0) if cuda else f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
         "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
-        "flash_attn": cuda_flash_attn.available(), "git_commit": _git_commit(), "python": sys.version.split()[0],
+        "flash_attn": cuda_flash_attn.available(), "aten_flash": aten_flash.available(), "git_commit": _git_commit(), "python": sys.version.split()[0],
         "command": " ".join(["scripts/gpu_check.sh", *sys.argv[1:]]),
         "selected_kernels": {DTYPE_NAMES[dt]: select_kernel(device, dt).__name__.rsplit(".", 1)[-1]
                              for dt in DTYPE_NAMES},

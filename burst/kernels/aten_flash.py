@@ -1,0 +1,127 @@
+"""CUDA backend: the FlashAttention-2 inside PyTorch (aten's `_flash_attention_forward` / `_backward`).
+
+What SDPA's flash backend runs, called directly so that the forward returns lse and the backward
+takes the rows' global out and lse (what ring backward needs). Chosen for fp16/bf16 on CUDA when the
+`flash_attn` package is not installed: on an H200 aten's efficient kernel reached 0.37-0.47 of SDPA's
+flash backend (benchmarks/gpu.md), this is that backend. The ops take flash_attn's layout and
+conventions (b, s, h, d; GQA native; windows with the band at the bottom-right corner; varlen with
+int32 cu_seqlens), so the tile logic is cuda_flash_attn's, handed this module's `ATEN` library:
+
+    _flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                             return_debug_mask, *, scale, window_size_left, window_size_right)
+        -> out, lse (b, h, sq) or, varlen, (h, total_q), rng_state, unused, debug_mask
+    _flash_attention_backward(dout, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                              is_causal, rng_state, unused, *, scale, window_size_left, window_size_right)
+        -> dq, dk, dv   (cum_seq_q None: the dense kernel; dk, dv summed over the group for GQA)
+
+It has no softcap (select_kernel gives softcapped calls to FlexAttention) and no rules: a tile with
+another mask, an fp32 tile, unequal v head dim (MLA's 192/128) or a head dim over 256 goes to aten's
+efficient kernel (cuda_sdpa.py). tests/test_kernels.py checks this adapter against a stand-in of the
+two ops with their argument rules; scripts/gpu_check.sh runs it on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import cuda_flash_attn, cuda_sdpa, reference
+
+MAX_ROWS = cuda_flash_attn.MAX_ROWS
+DTYPES = cuda_flash_attn.DTYPES
+BANDS = True   # causal, window and document masks as arguments, like flash_attn's
+RULES = False  # other partial tiles as dense masks, for aten's efficient kernel (flex recompiles: gpu.md)
+SOFTCAP = False
+handles = cuda_flash_attn.handles
+
+_forward_op = getattr(torch.ops.aten, "_flash_attention_forward", None)
+_backward_op = getattr(torch.ops.aten, "_flash_attention_backward", None)
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> bool:
+    """True on an sm80+ GPU whose torch was built with flash attention and whose ops take windows."""
+    if _forward_op is None or _backward_op is None or not torch.cuda.is_available():
+        return False
+    takes_windows = all(any(a.name == "window_size_left" for a in op.default._schema.arguments)
+                        for op in (_forward_op, _backward_op))
+    built = getattr(torch.backends.cuda, "is_flash_attention_available", lambda: False)()
+    return takes_windows and built and torch.cuda.get_device_capability() >= (8, 0)
+
+
+def _fallback(mask, softcap: float = 0.0):
+    return reference if softcap else cuda_sdpa
+
+
+@functools.lru_cache(maxsize=8)
+def _no_rng(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward's rng_state and unused arguments: read only with dropout, which burst never asks."""
+    return torch.zeros(2, dtype=torch.int64, device=device), torch.empty(0, device=device)
+
+
+def _rows_of_sequences(cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each packed row: its sequence and its position in that sequence."""
+    lengths = cu[1:] - cu[:-1]
+    seq = torch.repeat_interleave(torch.arange(len(lengths), device=cu.device), lengths)
+    return seq, torch.arange(int(cu[-1]), device=cu.device) - cu[:-1].long()[seq]
+
+
+class AtenFlash:
+    """The four calls cuda_flash_attn makes, on aten's ops. Older builds padded a varlen lse per
+    sequence, (sequences, h, max_q), where newer ones return (h, total_q): the forward takes either,
+    and the backward hands back the layout the forward last returned."""
+
+    SOFTCAP = False
+    fallback = staticmethod(_fallback)
+    padded_varlen_lse = False
+
+    @staticmethod
+    def _windows(left, right) -> dict:
+        return {"window_size_left": left, "window_size_right": right}
+
+    @staticmethod
+    def dense_forward(q, k, v, scale, causal, left, right, softcap):
+        out, lse, *_ = _forward_op(q, k, v, None, None, q.shape[1], k.shape[1], 0.0, causal, False, scale=scale,
+                                   **AtenFlash._windows(left, right))
+        return out, lse[..., : q.shape[1]]
+
+    @staticmethod
+    def dense_backward(dout, q, k, v, out, lse, scale, causal, left, right, softcap):
+        dq, dk, dv = _backward_op(dout, q, k, v, out, lse, None, None, q.shape[1], k.shape[1], 0.0, causal,
+                                  *_no_rng(q.device), scale=scale, **AtenFlash._windows(left, right))
+        return dq, dk, dv
+
+    @classmethod
+    def varlen_forward(cls, q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, softcap):
+        out, lse, *_ = _forward_op(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, False, False, scale=scale,
+                                   **cls._windows(left, right))
+        cls.padded_varlen_lse = lse.dim() == 3
+        if cls.padded_varlen_lse:
+            seq, pos = _rows_of_sequences(cu_q)
+            lse = lse[seq, :, pos].transpose(0, 1)
+        return out, lse
+
+    @classmethod
+    def varlen_backward(cls, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap):
+        if cls.padded_varlen_lse:
+            seq, pos = _rows_of_sequences(cu_q)
+            padded = lse.new_zeros(len(cu_q) - 1, lse.shape[0], max_q)
+            padded[seq, :, pos] = lse.transpose(0, 1)
+            lse = padded
+        dq, dk, dv = _backward_op(dout, q, k, v, out, lse.contiguous(), cu_q, cu_k, max_q, max_k, 0.0, False,
+                                  *_no_rng(q.device), scale=scale, **cls._windows(left, right))
+        return dq, dk, dv
+
+
+ATEN = AtenFlash()
+
+
+def forward(q, k, v, scale: float, causal: bool, mask=None):
+    """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
+    return cuda_flash_attn.forward(q, k, v, scale, causal, mask, library=ATEN)
+
+
+def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask=None):
+    """Gradients of one block given the rows' global out and lse (see kernels/__init__.py)."""
+    return cuda_flash_attn.backward(dout, q, k, v, out, lse, scale, causal, mask, library=ATEN)
