@@ -31,8 +31,15 @@ def _check_common(q, k, v, softmax_scale, window_left, window_right, dropout_p=0
     assert isinstance(softcap, float) and softcap >= 0.0, softcap
 
 
-def _band(sq: int, sk: int, causal: bool, left: int, right: int) -> torch.Tensor:
-    """flash_attn's mask: query i sees keys i + sk - sq - left .. i + sk - sq + right."""
+def _clamped(left: int, right: int, max_k: int) -> tuple[int, int]:
+    """What FlashAttention-2's mha_fwd / mha_bwd do first: a window size >= (max_)seqlen_k is -1."""
+    return (-1 if left >= max_k else left), (-1 if right >= max_k else right)
+
+
+def _band(sq: int, sk: int, causal: bool, left: int, right: int, max_k: int | None = None) -> torch.Tensor:
+    """flash_attn's mask: query i sees keys i + sk - sq - left .. i + sk - sq + right, after its
+    clamp of window sizes >= max_k (sk for the plain interface) to unbounded."""
+    left, right = _clamped(left, right, sk if max_k is None else max_k)
     if causal:
         right = 0
     d = torch.arange(sk)[None, :] - torch.arange(sq)[:, None] - (sk - sq)
@@ -121,7 +128,7 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     out = torch.zeros(q.shape, dtype=torch.float64)
     lse = torch.zeros(q.shape[1], q.shape[0], dtype=torch.float64)
     for (q0, q1), (k0, k1) in zip(qseq, kseq):
-        allowed = _band(q1 - q0, k1 - k0, causal, window_size_left, window_size_right)
+        allowed = _band(q1 - q0, k1 - k0, causal, window_size_left, window_size_right, max_seqlen_k)
         out[q0:q1], lse[:, q0:q1] = _forward_one(q[q0:q1], k[k0:k1], v[k0:k1], softmax_scale, allowed, softcap)
     return out.to(q.dtype), lse.float(), torch.empty(0), torch.empty(2, dtype=torch.int64)
 
@@ -137,7 +144,7 @@ def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_
     CALLS.append(("varlen_backward", window_size_left, 0 if causal else window_size_right, len(qseq)))
     dq.zero_(), dk.zero_(), dv.zero_()
     for (q0, q1), (k0, k1) in zip(qseq, kseq):
-        allowed = _band(q1 - q0, k1 - k0, causal, window_size_left, window_size_right)
+        allowed = _band(q1 - q0, k1 - k0, causal, window_size_left, window_size_right, max_seqlen_k)
         g = _backward_one(dout[q0:q1], q[q0:q1], k[k0:k1], v[k0:k1], out[q0:q1], softmax_lse[:, q0:q1],
                           softmax_scale, allowed, softcap)
         dq[q0:q1].copy_(g[0]), dk[k0:k1].copy_(g[1]), dv[k0:k1].copy_(g[2])

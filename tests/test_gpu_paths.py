@@ -104,7 +104,28 @@ def _cases(rank, world):
                     flex_calls=sum(name == "flex_attention" for name, *_ in calls),
                     varlen_calls=sum(name.startswith("varlen") for name, *_ in calls))
         results.append((("doc layout", split, "burst"), errs))
-    return results + _compressed_cases(calls, world)
+    return results + _long_window_cases(calls) + _compressed_cases(calls, world)
+
+
+def _long_window_cases(calls):
+    """A two-sided window on 256-token shards: burst's served key chunks make tiles with more queries
+    than keys and a right bound as long as the keys, which FlashAttention-2's clamp would read as
+    unbounded (found on an H200: burst contiguous / zigzag window out 0.6-0.9 off). Those tiles must go
+    to the fallback (here FlexAttention's stand-in), the rest to flash."""
+    n, window = 1024, (128, 64)
+    full = full_inputs(5, 1, n, 2, 1, 16, torch.bfloat16)
+    ref = reference_grads(*full, causal=False, mask=reference_mask(n, window=window))
+    results = []
+    for layout in ("contiguous", "zigzag"):
+        for strategy in ("burst", "ring"):
+            calls.clear()
+            with burst.CommStats() as stats:
+                errs = sharded_errors(full, ref, torch.bfloat16, layout=layout, strategy=strategy, window=window)
+            errs.update(dense_masks=stats.dense_masks(), flash_calls=len(calls),
+                        flex_calls=sum(name == "flex_attention" for name, *_ in calls),
+                        varlen_calls=sum(name.startswith("varlen") for name, *_ in calls))
+            results.append((("long window", layout, strategy), errs))
+    return results
 
 
 def _compressed_cases(calls, world):
@@ -205,7 +226,7 @@ def test_block_sparse_tiles_reach_flex_attention():
     blocks: no tile is partial); no other mask needs it."""
     for cases in _results(WORLD):
         for (mask, layout, strategy), errs in cases:
-            if mask.startswith("compressed"):  # test_compressed_entries_through_flash_attn_arguments
+            if mask.startswith("compressed") or mask == "long window":  # tests of their own below
                 continue
             wanted = mask == "block-sparse" and layout != "zigzag"
             assert (errs["flex_calls"] > 0) == wanted, (mask, layout, strategy, errs["flex_calls"])
@@ -218,6 +239,19 @@ def test_documents_reach_the_varlen_interface():
         for layout in LAYOUTS:
             assert any(varlen[(mask_name, layout, s)] for s in STRATEGIES if (mask_name, layout, s) in varlen), \
                 (mask_name, layout)
+
+
+def test_bounds_flash_attn_would_clamp_away_go_to_the_fallback():
+    """The long-window cases ran exact (the first test; without the fallback burst contiguous is 0.2-0.3
+    off); burst's contiguous tiles whose right bound FlashAttention-2 would read as unbounded went to
+    FlexAttention (the fallback, with a rule: no dense mask), ring's square tiles all to flash."""
+    flex = {}
+    for cases in _results(WORLD):
+        for (mask, layout, strategy), errs in cases:
+            if mask == "long window":
+                assert errs["flash_calls"] > 0, (layout, strategy, errs)
+                flex[layout, strategy] = flex.get((layout, strategy), 0) + errs["flex_calls"]
+    assert flex[("contiguous", "burst")] > 0 and flex[("contiguous", "ring")] == flex[("zigzag", "ring")] == 0, flex
 
 
 def test_compressed_entries_through_flash_attn_arguments():

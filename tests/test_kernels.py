@@ -245,6 +245,21 @@ def test_aten_flash_takes_band_and_varlen_tiles_as_arguments(aten_stand_in, monk
             ("varlen_backward", True, True)} <= seen, seen
 
 
+def test_bands_flash_attn_would_clamp_away():
+    """FlashAttention-2 reads a window size >= max_seqlen_k as unbounded: harmless for `left`, and for
+    `right` wherever right >= sq - 1; else the tile is not flash's (handles: False)."""
+    from burst.masks import Bands
+
+    assert Bands((0, 64), (0, 32), -1, 32).lost_to_flash_clamp()        # row 0 sees key 0 only: a real bound
+    assert not Bands((0, 64), (0, 32), -1, 63).lost_to_flash_clamp()    # every row sees every key anyway
+    assert not Bands((0, 32), (0, 32), -1, 40).lost_to_flash_clamp()    # square: right >= sk covers all
+    assert not Bands((0, 64), (0, 32), 40, 0).lost_to_flash_clamp()     # a long left bound is never lost
+    assert Bands((0, 20, 100), (0, 10, 40), -1, 30).lost_to_flash_clamp()  # varlen: max_q 80, max_k 30
+    q, k = torch.randn(1, 64, 2, 16, dtype=torch.bfloat16), torch.randn(1, 32, 2, 16, dtype=torch.bfloat16)
+    assert not cuda_flash_attn.handles(q, k, False, Bands((0, 64), (0, 32), -1, 32))
+    assert cuda_flash_attn.handles(q, k, False, Bands((0, 64), (0, 32), -1, 31))
+
+
 def test_band_window_sizes_follow_flash_attns_corner():
     """The window of a band tile in flash_attn's convention (bottom-right corner), from positions."""
     from burst.layout import Segment

@@ -68,9 +68,13 @@ def available() -> bool:
 
 def handles(q, k, causal: bool, mask) -> bool:
     """True when a FlashAttention-2 build runs this tile (else `_fallback` does): fp16/bf16, head dims
-    that are multiples of 8 up to 256, no mask or masks.Bands, a causal tile square."""
+    that are multiples of 8 up to 256, no mask or masks.Bands whose window its clamp keeps (a right
+    bound as long as the keys with more queries than keys: Bands.lost_to_flash_clamp; on an H200
+    such tiles of burst's served chunks came out wrong), a causal tile square."""
     d = q.shape[-1]
     if q.dtype not in DTYPES or d % 8 or d > 256 or not (mask is None or isinstance(mask, Bands)):
+        return False
+    if mask is not None and mask.lost_to_flash_clamp():
         return False
     return not causal or q.shape[1] == k.shape[1]
 

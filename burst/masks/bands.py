@@ -46,6 +46,14 @@ class Bands:
         return (max(b - a for a, b in zip(self.cu_q, self.cu_q[1:])),
                 max(b - a for a, b in zip(self.cu_k, self.cu_k[1:])))
 
+    def lost_to_flash_clamp(self) -> bool:
+        """True when FlashAttention-2 would drop a bound of these bands: it reads a window size of at
+        least max_seqlen_k as unbounded (-1). For `left` that is always harmless, but a `right` that
+        large still bounds the first rows where a sequence has more queries than keys (the corner's
+        offset sk - sq is negative: row i sees up to key i + sk - sq + right), unless right >= sq - 1."""
+        max_q, max_k = self.max_rows
+        return max_k <= self.right < max_q - 1
+
     def pairs(self) -> int:
         """(query, key) pairs the bands attend (work accounting, without building the mask)."""
         total = 0

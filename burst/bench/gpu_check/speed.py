@@ -150,8 +150,13 @@ def section_speed(rep: Report, several: str | None) -> None:
                               head_dim=min(128, sizes.speed_hidden), dtype=sizes.speed_dtype, causal=causal,
                               layout="zigzag" if causal else "contiguous", nproc=ranks, repeats=sizes.speed_repeats)
             runs += [(dataclasses.asdict(cfg), strategy) for strategy in ("burst", "ring")]
-        per_rank = spawn_world(bench_rank, runs, device.type, nproc=ranks, backend=several, threads=sizes.threads,
-                               timeout=max(10.0, min(sec.left(), sizes.spawn_timeout)))
+        limit = max(10.0, min(sec.left(), sizes.spawn_timeout))
+        try:
+            per_rank = spawn_world(bench_rank, runs, device.type, nproc=ranks, backend=several, threads=sizes.threads,
+                                   timeout=limit)
+        except TimeoutError:  # ranks sharing one device through host copies: slow, not hung (section 2 ran them)
+            sec.note(f"could not finish the several-rank timing in the {limit:.0f} s the section had left")
+            return
         world_rows = []
         for i, (cfg_dict, strategy) in enumerate(runs):
             cfg, mine = BenchConfig(**cfg_dict), [r[i] for r in per_rank]
