@@ -146,30 +146,39 @@ def _mixes_outside_attention(config) -> bool:
 def _capture_position_ids(model: torch.nn.Module) -> None:
     """Attention modules whose attention function is not handed position_ids: a pre-hook keeps them
     on the attention module, where burst's attention function reads them (it needs the shard's global
-    positions). Taken from the attention module's own forward when it has position_ids
-    (RecurrentGemma's), else from its parent's (Llama 4's decoder layer takes them and does not pass
-    them on). Once per module."""
+    positions). Taken from the nearest module above it whose forward takes position_ids: the attention
+    module's own (RecurrentGemma's), its decoder layer's (Llama 4's takes them and does not pass them
+    on), or the model's (GPTBigCode's, Dory's and CTRL's use them for position embeddings and pass
+    nothing below). Once per module."""
     for module in model.modules():
-        if getattr(module, "_burst_captures_positions", False):
+        if getattr(module, "_burst_captures_positions", False) or not _takes_positions(module):
             continue
-        signature = inspect.signature(type(module).forward)
-        if "position_ids" not in signature.parameters:
-            continue
-        if _is_attention(module):
-            keepers = [module]
-        else:
-            keepers = [c for c in module.children() if _is_attention(c)
-                       and "position_ids" not in inspect.signature(type(c).forward).parameters]
+        keepers = [module] if _is_attention(module) else list(_attention_below(module))
         if not keepers:
             continue
 
-        def keep(mod, args, kwargs, signature=signature, keepers=tuple(keepers)):
+        def keep(mod, args, kwargs, signature=inspect.signature(type(module).forward), keepers=tuple(keepers)):
             positions = signature.bind_partial(mod, *args, **kwargs).arguments.get("position_ids")
             for keeper in keepers:
                 keeper._burst_position_ids = positions
 
         module.register_forward_pre_hook(keep, with_kwargs=True)
         module._burst_captures_positions = True
+
+
+def _takes_positions(module: torch.nn.Module) -> bool:
+    return "position_ids" in inspect.signature(type(module).forward).parameters
+
+
+def _attention_below(module: torch.nn.Module):
+    """The attention modules under `module` that no module between them takes position_ids: those it keeps them for."""
+    for child in module.children():
+        if _takes_positions(child):  # it keeps them itself (or is an attention module taking them)
+            continue
+        if _is_attention(child):
+            yield child
+        else:
+            yield from _attention_below(child)
 
 
 def _is_attention(module: torch.nn.Module) -> bool:
