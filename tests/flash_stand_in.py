@@ -3,7 +3,8 @@
 flash_attn needs a GPU; this module plays `flash_attn.flash_attn_interface` on the CPU so that the
 suite checks burst's side of the contract (kernels/cuda_flash_attn.py): burst's (b, s, h, d) layout,
 contiguous fp16/bf16 inputs, head dims that are multiples of 8, window sizes that are -1 or >= 0 with
-the band aligned at the bottom-right corner (causal = right window 0), the varlen layout (total, h, d)
+the band aligned at the bottom-right corner (causal = right window 0) and read as FlashAttention-2 reads
+them (a size >= max_seqlen_k unbounded, then one unbounded side beside a bound max_seqlen_k wide), the varlen layout (total, h, d)
 with int32 `cu_seqlens` on q's device and lse (h, total_q), the gradients written into the buffers
 given, and a row that sees no key returned with lse +inf (what flash_attn does). It computes in float64
 from the values it is given (including the global out and lse in the backward) and records each
@@ -31,17 +32,23 @@ def _check_common(q, k, v, softmax_scale, window_left, window_right, dropout_p=0
     assert isinstance(softcap, float) and softcap >= 0.0, softcap
 
 
-def _clamped(left: int, right: int, max_k: int) -> tuple[int, int]:
-    """What FlashAttention-2's mha_fwd / mha_bwd do first: a window size >= (max_)seqlen_k is -1."""
-    return (-1 if left >= max_k else left), (-1 if right >= max_k else right)
+def _fa2_windows(left: int, right: int, max_k: int, causal: bool) -> tuple[int, int]:
+    """What FlashAttention-2 does to the window sizes before its kernel: mha_fwd / mha_bwd make a size
+    >= (max_)seqlen_k -1 and causal right 0, then set_params makes one -1 beside a bound max_seqlen_k."""
+    left, right = (-1 if left >= max_k else left), (-1 if right >= max_k else right)
+    if causal:
+        right = 0
+    if left < 0 <= right:
+        left = max_k
+    elif right < 0 <= left:
+        right = max_k
+    return left, right
 
 
 def _band(sq: int, sk: int, causal: bool, left: int, right: int, max_k: int | None = None) -> torch.Tensor:
-    """flash_attn's mask: query i sees keys i + sk - sq - left .. i + sk - sq + right, after its
-    clamp of window sizes >= max_k (sk for the plain interface) to unbounded."""
-    left, right = _clamped(left, right, sk if max_k is None else max_k)
-    if causal:
-        right = 0
+    """flash_attn's mask: query i sees keys i + sk - sq - left .. i + sk - sq + right, with the window
+    sizes as FlashAttention-2 reads them (_fa2_windows; max_k: sk for the plain interface)."""
+    left, right = _fa2_windows(left, right, sk if max_k is None else max_k, causal)
     d = torch.arange(sk)[None, :] - torch.arange(sq)[:, None] - (sk - sq)
     ok = torch.ones(sq, sk, dtype=torch.bool)
     if left >= 0:

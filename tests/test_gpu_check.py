@@ -85,7 +85,7 @@ def test_cpu_mode_worlds_check_every_strategy_and_layout(cpu_report):
         assert not [r for r in checked + masks if r["status"] == "FAIL"]
         ran = {(r["strategy"], r["layout"]) for r in checked if r["status"] == "ok"}
         assert {s for s, _ in ran} == set(burst.api.STRATEGIES)
-        assert {m for m in ("window", "documents", "block_sparse")} == {r["mask"] for r in masks if r["status"] == "ok"}
+        assert {m for m in ("window", "documents", "documents_window", "block_sparse")} == {r["mask"] for r in masks if r["status"] == "ok"}
     probes = _table(section, "several ranks")["rows"]
     assert probes[0]["backend"] == "gloo" and probes[0]["exchange"] is True
 

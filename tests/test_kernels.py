@@ -245,19 +245,63 @@ def test_aten_flash_takes_band_and_varlen_tiles_as_arguments(aten_stand_in, monk
             ("varlen_backward", True, True)} <= seen, seen
 
 
-def test_bands_flash_attn_would_clamp_away():
-    """FlashAttention-2 reads a window size >= max_seqlen_k as unbounded: harmless for `left`, and for
-    `right` wherever right >= sq - 1; else the tile is not flash's (handles: False)."""
+def test_bands_flash_attn_would_misread_run_in_row_pieces():
+    """FlashAttention-2 makes a window size >= max_seqlen_k unbounded, then one unbounded side beside a
+    bound max_seqlen_k wide (the stand-in's _fa2_windows). Where that changes a band's mask
+    (flash_misreads), one sequence runs in row pieces that it reads as meant: every piece's mask as
+    flash reads it, stacked, is the band's own mask; several sequences go to the fallback."""
     from burst.masks import Bands
 
-    assert Bands((0, 64), (0, 32), -1, 32).lost_to_flash_clamp()        # row 0 sees key 0 only: a real bound
-    assert not Bands((0, 64), (0, 32), -1, 63).lost_to_flash_clamp()    # every row sees every key anyway
-    assert not Bands((0, 32), (0, 32), -1, 40).lost_to_flash_clamp()    # square: right >= sk covers all
-    assert not Bands((0, 64), (0, 32), 40, 0).lost_to_flash_clamp()     # a long left bound is never lost
-    assert Bands((0, 20, 100), (0, 10, 40), -1, 30).lost_to_flash_clamp()  # varlen: max_q 80, max_k 30
+    cases = [((0, 96), (0, 32), 0, -1, True),     # the H200's failure: row 0 would see no key instead of all
+             ((0, 64), (0, 32), -1, 32, True),    # right 32 read as unbounded, but it bounds rows 0..30
+             ((0, 64), (0, 32), -1, 63, False),   # every row sees every key anyway
+             ((0, 32), (0, 32), 0, -1, False),    # square: max_seqlen_k wide is unbounded
+             ((0, 33), (0, 32), 5, -1, False),    # one more query than keys: still as meant
+             ((0, 64), (0, 32), 40, 0, False),    # a long left bound is never lost
+             ((0, 200), (0, 17), 3, 190, True),    # 12 pieces; row 0 sees keys 0..7
+             ((0, 20, 100), (0, 10, 40), -1, 30, True)]  # varlen: max_q 80, max_k 30
+    for cu_q, cu_k, left, right, misread in cases:
+        bands = Bands(cu_q, cu_k, left, right)
+        assert bands.flash_misreads() == misread, (cu_q, cu_k, left, right)
+        if bands.sequences > 1:
+            continue
+        sq, sk = cu_q[1], cu_k[1]
+        read_whole = flash_stand_in._band(sq, sk, False, left, right)
+        assert torch.equal(read_whole, bands.allowed()) != misread, (cu_q, cu_k, left, right)
+        if misread:
+            as_read = torch.cat([flash_stand_in._band(b - a, sk, False, p.left, p.right)
+                                 for a, b, p in bands.row_pieces()])
+            assert torch.equal(as_read, bands.allowed()), (cu_q, cu_k, left, right)
+            assert not any(p.flash_misreads() for _, _, p in bands.row_pieces())
     q, k = torch.randn(1, 64, 2, 16, dtype=torch.bfloat16), torch.randn(1, 32, 2, 16, dtype=torch.bfloat16)
-    assert not cuda_flash_attn.handles(q, k, False, Bands((0, 64), (0, 32), -1, 32))
-    assert cuda_flash_attn.handles(q, k, False, Bands((0, 64), (0, 32), -1, 31))
+    assert cuda_flash_attn.handles(q, k, False, Bands((0, 64), (0, 32), -1, 32))  # one sequence: in pieces
+    q, k = torch.randn(1, 100, 2, 16, dtype=torch.bfloat16), torch.randn(1, 40, 2, 16, dtype=torch.bfloat16)
+    assert not cuda_flash_attn.handles(q, k, False, Bands((0, 20, 100), (0, 10, 40), -1, 30))
+
+
+def test_band_in_row_pieces_is_exact_through_both_flash_libraries(stand_in, aten_stand_in):
+    """A band flash would misread, forward and backward through cuda_flash_attn and aten_flash (row
+    pieces), against float64 attention on the band's own mask; GQA."""
+    from burst.masks import Bands
+
+    torch.manual_seed(3)
+    for cu_q, cu_k, left, right in (((0, 96), (0, 32), 0, -1), ((0, 64), (0, 32), -1, 32), ((0, 70), (0, 20), 4, 60)):
+        bands = Bands(cu_q, cu_k, left, right)
+        q64, dout64 = (torch.randn(2, cu_q[1], 4, 16, dtype=torch.float64) for _ in range(2))
+        k64, v64 = (torch.randn(2, cu_k[1], 2, 16, dtype=torch.float64) for _ in range(2))
+        for t in (q64, k64, v64):
+            t.requires_grad_()
+        ref_out, ref_lse = reference_attention(q64, k64, v64, 0.25, mask=bands.allowed())
+        ref_out.backward(dout64)
+        q, k, v, dout = (t.detach().to(torch.bfloat16) for t in (q64, k64, v64, dout64))
+        for kernel in (cuda_flash_attn, aten_flash):
+            flash_stand_in.CALLS.clear()
+            out, lse = kernel.forward(q, k, v, 0.25, False, bands)
+            assert rel_err(out, ref_out) < 2e-2 and lse_error(lse, ref_lse) < 5e-2, (kernel.__name__, cu_q, left, right)
+            grads = kernel.backward(dout, q, k, v, ref_out.detach().to(q.dtype), ref_lse.float(), 0.25, False, bands)
+            for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
+                assert got.shape == want.shape and rel_err(got, want) < 3e-2, (kernel.__name__, cu_q, left, right)
+            assert len(flash_stand_in.CALLS) == 2 * len(bands.row_pieces()) > 2  # flash ran, in pieces
 
 
 def test_band_window_sizes_follow_flash_attns_corner():

@@ -68,13 +68,12 @@ def available() -> bool:
 
 def handles(q, k, causal: bool, mask) -> bool:
     """True when a FlashAttention-2 build runs this tile (else `_fallback` does): fp16/bf16, head dims
-    that are multiples of 8 up to 256, no mask or masks.Bands whose window its clamp keeps (a right
-    bound as long as the keys with more queries than keys: Bands.lost_to_flash_clamp; on an H200
-    such tiles of burst's served chunks came out wrong), a causal tile square."""
+    that are multiples of 8 up to 256, no mask or masks.Bands it reads as meant (one sequence always:
+    forward and backward cut its rows where it would not, `_pieces`), a causal tile square."""
     d = q.shape[-1]
     if q.dtype not in DTYPES or d % 8 or d > 256 or not (mask is None or isinstance(mask, Bands)):
         return False
-    if mask is not None and mask.lost_to_flash_clamp():
+    if mask is not None and mask.sequences > 1 and mask.flash_misreads():
         return False
     return not causal or q.shape[1] == k.shape[1]
 
@@ -131,6 +130,12 @@ def _runs(library, q, k, v, causal: bool, mask, softcap: float) -> bool:
     return handles(q, k, causal, mask) and v.shape[-1] == q.shape[-1] and (not softcap or library.SOFTCAP)
 
 
+def _pieces(mask) -> bool:
+    """True for one band FlashAttention-2 would read otherwise (Bands.flash_misreads): its rows are
+    run in pieces it reads as meant (Bands.row_pieces)."""
+    return isinstance(mask, Bands) and mask.sequences == 1 and mask.flash_misreads()
+
+
 def _softcap_kwargs(softcap: float) -> dict:
     return {"softcap": softcap} if softcap else {}
 
@@ -167,6 +172,10 @@ def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | No
     FlashAttention-2 (flash_attn's by default)."""
     if not _runs(library, q, k, v, causal, mask, softcap):
         return library.fallback(mask, softcap).forward(q, k, v, scale, causal, mask, **_softcap_kwargs(softcap))
+    if _pieces(mask):  # FlashAttention-2 would read this band's windows otherwise: a call per row piece
+        outs, lses = zip(*(forward(q[:, a:b], k, v, scale, False, piece, softcap, library)
+                           for a, b, piece in mask.row_pieces()))
+        return torch.cat(outs, 1), torch.cat(lses, 2)
     left, right = _window(causal, mask)
     if mask is not None and mask.sequences > 1:
         b, sq, h, _ = q.shape
@@ -185,6 +194,15 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Te
     if not _runs(library, q, k, v, causal, mask, softcap):
         return library.fallback(mask, softcap).backward(dout, q, k, v, out, lse, scale, causal, mask,
                                                         **_softcap_kwargs(softcap))
+    if _pieces(mask):
+        dq, dk, dv = [], 0, 0
+        for a, b, piece in mask.row_pieces():
+            rows = slice(a, b)
+            dq_p, dk_p, dv_p = backward(dout[:, rows], q[:, rows], k, v, out[:, rows], lse[:, :, rows], scale, False,
+                                        piece, softcap, library)
+            dq.append(dq_p)
+            dk, dv = dk + dk_p.float(), dv + dv_p.float()  # summed in float32, handed back in k's dtype
+        return torch.cat(dq, 1), dk.to(k.dtype), dv.to(v.dtype)
     left, right = _window(causal, mask)
     if mask is not None and mask.sequences > 1:
         b, sq, h, _ = q.shape

@@ -22,7 +22,9 @@ class Bands:
     keys i + (sk - sq) - left .. i + (sk - sq) + right: flash_attn's window_size, aligned at the
     bottom-right corner, -1 = unbounded. One sequence runs on flash_attn's plain interface, several
     on its varlen one. The planner trims every sequence to the rows and keys it attends, so no row is
-    empty and the window always holds the corner's diagonal (left, right >= 0 or -1).
+    empty and the window always holds the corner's diagonal (left, right >= 0 or -1). FlashAttention-2
+    reads some windows otherwise where a sequence has more queries than keys (flash_misreads): one
+    sequence then runs in row pieces (row_pieces), several go to the fallback.
     """
 
     cu_q: tuple[int, ...]
@@ -46,13 +48,44 @@ class Bands:
         return (max(b - a for a, b in zip(self.cu_q, self.cu_q[1:])),
                 max(b - a for a, b in zip(self.cu_k, self.cu_k[1:])))
 
-    def lost_to_flash_clamp(self) -> bool:
-        """True when FlashAttention-2 would drop a bound of these bands: it reads a window size of at
-        least max_seqlen_k as unbounded (-1). For `left` that is always harmless, but a `right` that
-        large still bounds the first rows where a sequence has more queries than keys (the corner's
-        offset sk - sq is negative: row i sees up to key i + sk - sq + right), unless right >= sq - 1."""
-        max_q, max_k = self.max_rows
-        return max_k <= self.right < max_q - 1
+    def flash_windows(self) -> tuple[int, int]:
+        """The window FlashAttention-2 applies for these arguments (mha_fwd, then set_params): a size of
+        at least max_seqlen_k becomes -1, then one -1 beside a bound becomes max_seqlen_k."""
+        _, max_k = self.max_rows
+        left, right = (-1 if w >= max_k else w for w in (self.left, self.right))
+        if left < 0 <= right:
+            left = max_k
+        elif right < 0 <= left:
+            right = max_k
+        return left, right
+
+    def flash_misreads(self) -> bool:
+        """True when FlashAttention-2 would attend other pairs than these bands: its windows
+        (flash_windows) differ from ours in some sequence. An unbounded right is only as wide as
+        max_seqlen_k there, which bounds the first rows of a sequence with more queries than keys
+        (row i sees up to key i + sk - sq + right): burst's served key chunks make such tiles."""
+        applied = self.flash_windows()
+        for q0, q1, k0, k1 in zip(self.cu_q, self.cu_q[1:], self.cu_k, self.cu_k[1:]):
+            sq, sk = q1 - q0, k1 - k0
+            if sq and sk and _reach(applied, sq, sk) != _reach((self.left, self.right), sq, sk):
+                return True
+        return False
+
+    def row_pieces(self) -> list[tuple[int, int, "Bands"]]:
+        """One sequence's query rows cut into pieces of at most sk + 1 rows, each with the bands that
+        hold for it: (first row, end row, bands). With no more queries than keys + 1, an unbounded
+        side reads as meant (flash_misreads is False for every piece); the planner's tiles have no
+        empty row, so every piece's bounds stay >= 0."""
+        assert self.sequences == 1, "pieces of one sequence"
+        sq, sk = self.cu_q[1], self.cu_k[1]
+        step, pieces = sk + 1, []
+        for a in range(0, sq, step):
+            b = min(sq, a + step)
+            below = sq - b  # rows under the piece: its corner sits that much above the tile's
+            left = self.left + below if self.left >= 0 else -1
+            right = self.right - below if self.right >= 0 else -1
+            pieces.append((a, b, Bands((0, b - a), (0, sk), left, right)))
+        return pieces
 
     def pairs(self) -> int:
         """(query, key) pairs the bands attend (work accounting, without building the mask)."""
@@ -92,3 +125,10 @@ class Bands:
         if self.right >= 0:
             ok = ok & (d <= self.right)
         return ok
+
+
+def _reach(window: tuple[int, int], sq: int, sk: int) -> tuple[int, int]:
+    """A window's bounds in a sequence of sq queries and sk keys, each unbounded side (or one no
+    row reaches past: left >= sk - 1, right >= sq - 1) as the same value: equal reach, equal mask."""
+    left, right = window
+    return (sk - 1 if left < 0 or left >= sk - 1 else left, sq - 1 if right < 0 or right >= sq - 1 else right)

@@ -17,7 +17,7 @@ from burst.layout import Segment
 from burst.masks import Bands, BlockSparseMask, MaskSpec, PositionRule, TileSizes, plan_tiles
 
 
-MASK_KINDS = ("full", "causal", "window", "documents", "block_sparse")
+MASK_KINDS = ("full", "causal", "window", "documents", "documents_window", "block_sparse")
 
 
 # Section 1 also runs striped causal across ranks: rank 0's queries (positions 0, 2, ...) against rank
@@ -124,6 +124,8 @@ def mask_spec(kind: str, n: int, seed: int = 0) -> MaskSpec:
         return MaskSpec(window=(n // 8, n // 16))
     if kind == "documents":
         return MaskSpec(causal=True, cu_seqlens=(0, n // 3 + 1, n // 2 + 5, n))
+    if kind == "documents_window":  # varlen tiles with a one-sided window: FlashAttention-2 fills its other side in
+        return MaskSpec(causal=True, window=(n // 16, 0), cu_seqlens=(0, n // 3 + 1, n // 2 + 5, n))
     if kind == "block_sparse":
         blocks = 8
         g = torch.Generator().manual_seed(seed + 2)

@@ -47,7 +47,7 @@ def masked_api_rows(group, world: int, device, sizes: Sizes, strategies=None) ->
     for dtype_name in sizes.world_dtypes[:2]:
         dtype = getattr(torch, dtype_name)
         full = random_inputs(1, n, sizes.world_heads, sizes.world_kv_heads, sizes.world_dim, dtype, device, seed=7)
-        for kind in ("window", "documents", "block_sparse"):
+        for kind in ("window", "documents", "documents_window", "block_sparse"):
             spec = mask_spec(kind, n)
             ref = float64_reference(*full, spec, sizes.world_dim ** -0.5)
             for strategy in strategies or api.STRATEGIES:
