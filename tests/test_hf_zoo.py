@@ -27,6 +27,8 @@ MAX_SKIPPED = 10
 # issue 60 item 5: attention modules handed no position_ids, which shard_batch(model=) keeps for them from the
 # nearest module above that takes them (GPTBigCode's, CTRL's, Dory's, Cohere Compass's model: refused before)
 POSITIONS_KEPT_FROM_THE_MODEL = ("gpt_bigcode", "ctrl", "dory", "cohere_compass_text")
+# issue 60 item 5: a sliding window in the config that neither the attention call nor the mask applies
+WINDOW_NOT_IN_MASK = ("moshi",)
 UNSPLIT_HYBRIDS = ()  # hybrids burst refuses to split (none left in this release: RecurrentGemma joined FAMILIES)
 
 
@@ -62,7 +64,7 @@ def test_every_rank_sees_the_same_outcomes():
 
 def test_sink_families_flagships_and_the_common_ones_are_exact_at_1_and_2_ranks():
     rows = _zoo()[0]
-    for family in SINK_FAMILIES + FLAGSHIPS + POSITIONS_KEPT_FROM_THE_MODEL + ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2",
+    for family in SINK_FAMILIES + FLAGSHIPS + POSITIONS_KEPT_FROM_THE_MODEL + WINDOW_NOT_IN_MASK + ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2",
                                               "olmo2"):
         if family not in rows:  # a family this transformers release does not ship (the lowest tested)
             continue
@@ -96,3 +98,27 @@ def test_families_that_pick_attention_classes_by_name_are_refused_by_burst():
         for setting, outcome in rows[family].items():
             assert outcome.outcome == "refused" and "ATTENTION_CLASSES by name" in outcome.detail, (family, setting,
                                                                                                    outcome)
+
+
+def test_a_window_no_mask_applies_is_left_out_but_refused_when_decoding(monkeypatch):
+    """Moshi's config has a sliding window that its attention call and its model's mask (create_causal_mask) leave
+    out: eager attends the whole sequence, and burst does (the zoo: exact with a window of 32 in 128 tokens), but
+    transformers' cache applies it when decoding, which burst's sharded cache does not copy: refused there. A
+    release whose modeling module builds a sliding-window mask is refused as any unpassed window is."""
+    import sys
+
+    import pytest
+
+    from burst.bench.hf_zoo_configs import causal_lm, tiny_config
+    from burst.integrations.transformers import check_model_features
+
+    config = tiny_config("moshi")
+    assert config.sliding_window
+    attention = causal_lm("moshi", config).model.layers[0].self_attn
+    assert check_model_features("burst", attention, None) is None
+    with pytest.raises(ValueError, match="generate on one rank"):
+        check_model_features("burst", attention, None, decoding=True)
+    monkeypatch.setattr(sys.modules[type(attention).__module__], "create_sliding_window_causal_mask", None,
+                        raising=False)
+    with pytest.raises(ValueError, match="does not pass as sliding_window="):
+        check_model_features("burst", attention, None)

@@ -19,6 +19,7 @@ The bottom of the package: it imports nothing of burst.
 from __future__ import annotations
 
 import inspect
+import sys
 
 USED = "used"
 OFF_ONLY = "accepted when off (None, False or 0), refused otherwise"
@@ -82,11 +83,12 @@ def check_keywords(name: str, module, kwargs: dict) -> None:
                              f"burst does not support {rule[1]}")
 
 
-def check_model_features(name: str, module, sliding_window) -> int | None:
+def check_model_features(name: str, module, sliding_window, decoding: bool = False) -> int | None:
     """What the layer's config asks of attention that reaches burst only through the mask transformers
     would build (burst builds none): the chunk size of a chunked-attention layer (Llama 4's
     `attention_chunk_size` on its "chunked_attention" layers), returned; ValueError for a sliding
-    window not passed as `sliding_window`, or chunks burst cannot place on layers."""
+    window not passed as `sliding_window` (but where the layer's mask applies none: WINDOW_NOT_IN_MASK,
+    outside a cached decode step), or chunks burst cannot place on layers."""
     config = getattr(module, "config", None)
     if config is None:
         return None
@@ -101,12 +103,40 @@ def check_model_features(name: str, module, sliding_window) -> int | None:
     window = getattr(config, "sliding_window", None)
     uses_window = layer_type == "sliding_attention" or (
         layer_type is None and window and getattr(config, "use_sliding_window", True) is not False)
+    if uses_window and sliding_window is None and _window_not_in_mask(module):
+        if decoding:
+            raise ValueError(
+                f"attn_implementation={name!r}: {model_name(module)} has config.sliding_window={window}, which its "
+                f"mask does not apply ({WINDOW_NOT_IN_MASK[type(module).__name__]}) but transformers' cache does, "
+                "when decoding: one process's generate() windows the new tokens and not the prompt. burst's "
+                "sharded cache does not copy that; generate on one rank (training and forwards are exact)")
+        return None
     if uses_window and sliding_window is None:
         raise ValueError(
             f"attn_implementation={name!r}: {model_name(module)} has a sliding window (config.sliding_window="
             f"{window}) that its attention does not pass as sliding_window=, so burst cannot tell which "
             "layers apply it; refused rather than attend the whole sequence")
     return None
+
+
+# Attention classes whose config has a sliding window that neither their attention call nor the mask their model
+# builds applies: eager attends the whole sequence, and so does burst (tested exact in the zoo, whose tiny config
+# has a window shorter than its sequence). Each is trusted only while its modeling module names none of
+# transformers' sliding-window mask builders (_window_not_in_mask): a release that starts applying it is refused.
+WINDOW_NOT_IN_MASK: dict[str, str] = {
+    "MoshiAttention": "MoshiModel and its depth decoder build their masks with create_causal_mask",
+}
+_SLIDING_MASK_BUILDERS = ("create_sliding_window_causal_mask", "sliding_window_causal_mask_function",
+                          "sliding_window_overlay", "create_masks_for_generate")
+
+
+def _window_not_in_mask(module) -> bool:
+    """Whether `module` is a WINDOW_NOT_IN_MASK class whose modeling module still names no sliding-window mask
+    builder and which carries no window of its own for an attention function to read."""
+    if type(module).__name__ not in WINDOW_NOT_IN_MASK or getattr(module, "sliding_window", None) is not None:
+        return False
+    modeling = sys.modules.get(type(module).__module__)
+    return modeling is not None and not any(hasattr(modeling, n) for n in _SLIDING_MASK_BUILDERS)
 
 
 # Per-layer kinds (config.layer_types / layers_block_type) that mix tokens only through attention, or not at all

@@ -77,7 +77,9 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     scaling, sliding_window = kwargs.get("scaling"), kwargs.get("sliding_window")
     sinks = kwargs.get("s_aux", kwargs.get("sinks"))
     softcap = float(kwargs.get("softcap") or 0.0)
-    chunk_size = check_model_features(name, module, sliding_window)
+    cache = running_cache()
+    chunk_size = check_model_features(name, module, sliding_window,
+                                      decoding=cache is not None and cache.phase == "decode")
     decoded = _decode_step(name, module, query, scaling, sliding_window, sinks, softcap, chunk_size)
     if decoded is not None:
         return decoded
