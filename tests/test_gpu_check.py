@@ -239,3 +239,15 @@ def test_the_gpu_run_fits_a_lent_machines_ten_minutes():
     script = open(os.path.join(ROOT, "scripts", "gpu_check.sh")).read()
     hard_stop = int(script.split("BURST_GPU_CHECK_TIMEOUT:-")[1].split("}")[0])
     assert sum(gpu_check.CUDA_SIZES.budgets.values()) + 45 <= hard_stop <= 590
+
+
+def test_sections_runs_only_the_sections_named(tmp_path):
+    """`--sections 5`: one section in the report; an unknown number is refused before any runs."""
+    from burst.bench.gpu_check.launch import main, run
+
+    with pytest.raises(ValueError, match="no section 7"):
+        run(str(tmp_path), device=torch.device("cpu"), sections=("1", "7"))
+    assert not (tmp_path / "report.md").exists()
+    main([str(tmp_path), "--sections", "5"])
+    ran = [s["id"] for s in json.load(open(tmp_path / "report.json"))["sections"]]
+    assert ran == ["5"], ran
