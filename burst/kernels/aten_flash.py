@@ -41,8 +41,9 @@ _backward_op = getattr(torch.ops.aten, "_flash_attention_backward", None)
 
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
-    """True on an sm80+ GPU whose torch was built with flash attention and whose ops take windows."""
-    if _forward_op is None or _backward_op is None or not torch.cuda.is_available():
+    """True on an sm80+ NVIDIA GPU whose torch was built with flash attention and whose ops take
+    windows (ROCm builds run another flash under these names: not checked, so not chosen)."""
+    if _forward_op is None or _backward_op is None or torch.version.hip or not torch.cuda.is_available():
         return False
     takes_windows = all(any(a.name == "window_size_left" for a in op.default._schema.arguments)
                         for op in (_forward_op, _backward_op))
