@@ -29,7 +29,8 @@ MAX_SKIPPED = 10
 POSITIONS_KEPT_FROM_THE_MODEL = ("gpt_bigcode", "ctrl", "dory", "cohere_compass_text")
 # issue 60 item 5: a sliding window in the config that neither the attention call nor the mask applies
 WINDOW_NOT_IN_MASK = ("moshi",)
-UNSPLIT_HYBRIDS = ()  # hybrids burst refuses to split (none left in this release: RecurrentGemma joined FAMILIES)
+# hybrids burst refuses: Inkling's attention adds a query-conditioned relative position bias (position_bias=)
+UNSPLIT_HYBRIDS = ("inkling_text", "inkling2_text", "inkling2_loop_text")
 
 
 @functools.lru_cache(maxsize=None)

@@ -68,8 +68,10 @@ OVERRIDES = {
     "bamba": {"attn_layer_indices": [1]},
     "falcon_h1": {"mamba_d_ssm": 128},
     # Zamba ties its shared attention block across its hybrid layers: it needs two of them; its attention
-    # is twice the hidden size wide
-    "zamba": {"layer_types": ["mamba", "hybrid", "hybrid"], "num_hidden_layers": 3, "attention_hidden_size": 128},
+    # is twice the hidden size wide. Weights 5x transformers' default scale (as ZAYA's): at 0.02 its Mamba
+    # mixers' outputs are too small for a missing state to show (a planted one: 1e-7 off; at 0.1, 1e-3)
+    "zamba": {"layer_types": ["mamba", "hybrid", "hybrid"], "num_hidden_layers": 3, "attention_hidden_size": 128,
+              "initializer_range": 0.1},
     # DbrxAttention reads attn_config.rope_theta, which DbrxAttentionConfig does not declare, and clamps q, k, v
     # to clip_qkv, which torch refuses with no bound (the default None)
     "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
@@ -91,8 +93,9 @@ OVERRIDES = {
     # and their shape covers the sequence
     "reformer": {"is_decoder": True, "axial_pos_embds_dim": [16, 48], "axial_pos_shape": [8, 16],
                  "local_attn_chunk_length": 16, "lsh_attn_chunk_length": 16},
-    # ZAYA validates top-1 routing only
-    "zaya": {"num_experts_per_tok": 1},
+    # ZAYA validates top-1 routing only; weights 5x the default scale, so that a chunk run without its halo
+    # shows (planted: gradients 1.2e-4 off at 0.02, 5e-3 at 0.1)
+    "zaya": {"num_experts_per_tok": 1, "initializer_range": 0.1},
     # per-layer-type rope parameters whose default is empty (no rope for any layer: KeyError in the model)
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     # DeepSeek-V4: one layer of each compressed kind, HCA's windows of 8 tokens instead of 128 (so that a 128-token

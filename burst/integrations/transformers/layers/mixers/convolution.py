@@ -4,7 +4,10 @@ halo) from whichever rank holds them, in one all-gather (state_passing.halo).
 `causal_conv1d_fn` (the hybrids' short convolutions) is wrapped in the modeling module;
 RecurrentGemma's temporal convolution is an nn.Conv1d module whose forward is replaced
 (shard_convolution_modules); RWKV's time shift (each token mixes in the one before) is a ZeroPad2d
-module replaced by a TokenShift (shard_token_shifts).
+module replaced by a TokenShift (shard_token_shifts). ZAYA's compressed convolutional attention
+(CCA) mixes its queries and keys by two causal convolutions and delays half of each value head by
+one token, inside its q/k/v projection module: that module runs per chunk with the halo handed in
+as the cache it reads in generation (cca_projection).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch.nn.functional as F
 
 from burst import state_passing
 
-from .state import Shards, local_chunks
+from .state import Shards, cache_refused, local_chunks
 
 
 def causal_conv(original, shards: Shards, hidden_states, weight, bias=None, *args, **kwargs):
@@ -80,3 +83,60 @@ def shard_token_shifts(model: torch.nn.Module, shards: Shards) -> None:
         if isinstance(shift, TokenShift) or (isinstance(shift, torch.nn.ZeroPad2d) and
                                              tuple(shift.padding) == (0, 0, 1, -1)):
             module.time_shift = TokenShift(shards)
+
+
+class _Halo:
+    """The cache a ZAYA CCA projection reads the tokens before its chunk from (in generation, the
+    cached ones): the pre-convolution q/k states of the last `conv_kernel_size` tokens, and the delayed
+    value projection of the last token (None before the sequence's first token: the layer makes its own)."""
+
+    def __init__(self, qk: torch.Tensor, value: torch.Tensor | None):
+        self.qk, self.value, self.read = qk, value, False
+
+    def get_conv_state(self, layer_idx, state_idx=0):
+        self.read = True
+        return self.qk
+
+    def get_recurrent_state(self, layer_idx, state_idx=0):
+        return self.value
+
+    def update_conv_state(self, *args, **kwargs):
+        pass
+
+    def update_recurrent_state(self, *args, **kwargs):
+        pass
+
+
+def cca_projection(module, forward, shards: Shards, hidden_states, cache=None, conv_mask=None, **kwargs):
+    """ZAYA's CCA q/k/v projection; hidden_states (B, T, D). Queries and keys are a causal convolution
+    (kernel conv_kernel_size + 1) of their projections, and half of each value head is the previous
+    token's delayed projection: each chunk gets its halo, the q/k projections of the conv_kernel_size
+    tokens before it and the delayed value projection of the one before it, in one all-gather, and the
+    layer runs on the chunk with the halo handed in as its cache."""
+    if shards.world == 1:
+        return forward(hidden_states, cache, conv_mask, **kwargs)
+    if cache is not None or kwargs.pop("past_key_values", None) is not None:
+        raise cache_refused(module, shards.world)
+    if conv_mask is not None:  # burst's mask interface refuses padding first; this is the backstop
+        raise ValueError(f"{type(module).__name__}: a padding mask with the sequence split across {shards.world} "
+                         "ranks is not supported; pack documents or pad at the end with labels -100")
+    width = module.conv_kernel_size
+    mine = local_chunks(shards, hidden_states.shape[1])
+
+    def tail(seg):  # the last max(width, 1) tokens' q/k projections (B, C_qk, t) and delayed values (B, C_v, t)
+        last = hidden_states[:, seg.rows][:, -max(width, 1):]
+        qk = torch.cat([module.q_proj(last), module.k_proj(last)], dim=-1)
+        return torch.cat([qk, module.v_proj_delayed(last)], dim=-1).transpose(1, 2)
+
+    halos = state_passing.halo([tail(seg) for seg in mine], max(width, 1), shards.layout, shards.group,
+                               hidden_states.shape[1], phase="cca_halo")
+    qk_channels = module.q_proj.out_features + module.k_proj.out_features
+    outs = []
+    for seg, halo in zip(mine, halos):
+        given = _Halo(halo[:, :qk_channels, halo.shape[-1] - width:],
+                      None if seg.first == 0 else halo[:, qk_channels:, -1])
+        outs.append(forward(hidden_states[:, seg.rows], given, None, **kwargs))
+        if not given.read:  # the layer ran as if the chunk began the sequence: wrong, so loud
+            raise RuntimeError(f"{type(module).__name__} did not read the halo burst handed it; this transformers "
+                               "release arranges the layer differently from what burst knows")
+    return tuple(torch.cat(parts, dim=1) for parts in zip(*outs))

@@ -39,6 +39,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "mamba": ("short convolution", "Mamba selective scan"),
     "falcon_mamba": ("short convolution", "Mamba selective scan"),
     "jamba": ("short convolution", "Mamba selective scan"),
+    "zamba": ("short convolution", "Mamba selective scan"),
     "mamba2": ("short convolution", "Mamba2 chunked scan"),
     "bamba": ("short convolution", "Mamba2 chunked scan"),
     "falcon_h1": ("short convolution", "Mamba2 chunked scan"),
@@ -51,6 +52,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "minimax": ("lightning attention",),
     "xlstm": ("mLSTM",),
     "recurrent_gemma": ("temporal convolution", "RG-LRU"),
+    "zaya": ("CCA's query/key convolutions and value delay",),
 }
 
 # Cached decoding, which cannot run on a shard (the pre-hook refuses a cache first; these are the backstop).
@@ -74,7 +76,7 @@ _SHARDED = {  # a function of a modeling module -> its sharded version: (origina
 # Modules whose recurrence is inline in their forward: the forward runs through these, once per chunk
 # (module, the class's forward, shards, *its arguments).
 _TAKEN_OVER = {"MiniMaxLightningAttention": linear_attention.lightning_attention, "xLSTMBackend": normalised.mlstm,
-               "RecurrentGemmaRglru": rg_lru.rg_lru}
+               "RecurrentGemmaRglru": rg_lru.rg_lru, "ZayaCCAProjection": convolution.cca_projection}
 
 _prepared = PreparedConfigs()  # the configs of models shard_mixers prepared
 
