@@ -6,6 +6,9 @@
   and its NoPE layer's attention temperature tuning with floor_scale 8 (attn_scale 0.5), so the query scale changes
   along the sequence (transformers computes it from the forward's own 0..n-1: burst re-applies it at
   the rows' global indices).
+- Doge: its dynamic mask's bias per key (the decay A drawn, so that it differs from key to key), folded
+  into the keys by burst, and the sliding window of 32 its model's mask applies to every layer without
+  its attention passing it; past keep_window_size keys (a selection per KV head) it is refused.
 
 Each at 2 and 4 ranks, contiguous and zigzag: logits, loss and every parameter gradient against the
 same model with eager attention in one process (burst.bench.hf_zoo.gradient_error). Planted: the
@@ -20,7 +23,7 @@ import pytest
 import torch
 
 from requires import transformers_or_skip
-from world import results_by_world
+from world import results_by_world, value_error_text
 
 transformers_or_skip()
 
@@ -46,7 +49,24 @@ def llama4_config():
     return config
 
 
-CONFIGS = {"gemma2": gemma2_config, "llama4_text": llama4_config}
+def doge_config():
+    from burst.bench.hf_zoo import tiny_config
+
+    config = tiny_config("doge")
+    config.sliding_window = 32  # its model's mask applies it to every layer; its attention does not pass it
+    return config
+
+
+CONFIGS = {"gemma2": gemma2_config, "llama4_text": llama4_config, "doge": doge_config}
+
+
+def _doge_decays(eager):
+    """Doge's dynamic-mask decay A is initialised to 0, which makes its bias per key exp(0) = 1 for every
+    key: one constant, which the softmax cancels. Drawn instead, so that the bias differs from key to key."""
+    with torch.no_grad():
+        for name, parameter in eager.named_parameters():
+            if name.endswith("self_attn.A"):
+                parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(2)))
 
 
 def _errors(family, config, name, layout, reference_config=None) -> dict:
@@ -54,6 +74,9 @@ def _errors(family, config, name, layout, reference_config=None) -> dict:
     from burst.bench.hf_zoo import VOCAB, step_errors, twin_models
 
     eager, model = twin_models(family, name, config, reference_config)
+    if family == "doge":
+        _doge_decays(eager)
+        model.load_state_dict(eager.state_dict())
     ids = torch.randint(3, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
     return step_errors(eager, model, ids, layout)
 
@@ -63,6 +86,7 @@ def _flagships(rank, world):
 
     import burst.integrations.transformers as bt
     from burst.integrations.transformers.backend import attention
+    from burst.integrations.transformers.layers import dynamic_mask
 
     transformers.logging.set_verbosity_error()
     out = {}
@@ -81,6 +105,17 @@ def _flagships(rank, world):
     uncapped.attn_logit_softcapping = None
     out["planted: no cap in the reference"] = _errors("gemma2", gemma2_config(), name, "zigzag",
                                                        reference_config=uncapped)
+    unwindowed = doge_config()
+    unwindowed.sliding_window = None
+    out["planted: no window in the reference"] = _errors("doge", doge_config(), name, "zigzag",
+                                                          reference_config=unwindowed)
+    fold = dynamic_mask.fold  # the bias zeroed (still in the graph: every parameter keeps a gradient)
+    with mock.patch.object(dynamic_mask, "fold", lambda query, key, bias, scaling: fold(query, key, 0 * bias, scaling)):
+        out["planted: no dynamic bias"] = _errors("doge", doge_config(), name, "zigzag")
+    short_keep = doge_config()
+    short_keep.keep_window_size = SEQ // 2
+    out["refused: doge keeping part of each row"] = value_error_text(
+        lambda: _errors("doge", short_keep, name, "zigzag"))
     return out
 
 
@@ -99,6 +134,13 @@ def test_gemma2_softcap_and_llama4_chunks_exact(world):
 def test_each_feature_is_seen_by_the_comparison(world):
     """What the exactness above would miss if burst ignored a feature: each planted case fails the bounds."""
     results = _results(world)[0]
-    for case in ("planted: local temperature", "planted: no chunks in the reference", "planted: no cap in the reference"):
+    for case in ("planted: local temperature", "planted: no chunks in the reference", "planted: no cap in the reference",
+                 "planted: no window in the reference", "planted: no dynamic bias"):
         assert results[case]["logits"] > 5 * BOUND["logits"] or results[case]["gradients"] > 5 * BOUND["gradients"], \
             (case, results[case])
+
+
+def test_doge_keeping_part_of_each_row_is_refused():
+    """Past keep_window_size keys Doge keeps each row's largest biases per KV head: refused, on every rank."""
+    for rank_results in _results(2):
+        assert "keep_window_size=64" in (rank_results["refused: doge keeping part of each row"] or ""), rank_results

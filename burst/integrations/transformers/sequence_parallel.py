@@ -25,9 +25,10 @@ import torch.distributed as dist
 
 from burst import layout as layout_mod
 
-from .backend.attention import hands_over_latent, register
+from .backend.attention import hands_over_dynamic_mask, hands_over_latent, register
 from .backend.batches import shard_batch
 from .backend.checks import check_model
+from .layers.dynamic_mask import take_over_dynamic_masks
 from .layers.latent import move_latents
 from .layers.mixers import shard_mixers
 
@@ -84,6 +85,7 @@ def prepare_model(model, group, strategy: str, layout: str, attn_name: str, atte
     model.set_attn_implementation(attn_name)
     shard_mixers(model, group, layout)
     move_latents(model, hands_over_latent)
+    take_over_dynamic_masks(model, hands_over_dynamic_mask)
     check_model(model)
 
 

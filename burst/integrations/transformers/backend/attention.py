@@ -22,7 +22,7 @@ from burst import api, layout as layout_mod
 from burst.agreement import agree
 
 from ..keywords import check_keywords, check_model_features, generate_cache_keyword, model_name
-from ..layers import compressed, latent as latents
+from ..layers import compressed, dynamic_mask as dynamic_masks, latent as latents
 from ..layers.configs import text_config
 from .checks import check_config
 from .documents import documents
@@ -74,15 +74,24 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     name, backend = backend_of(module)
     check_config(name, getattr(module, "config", None), world_size(backend.group))
     check_keywords(name, module, kwargs)
-    scaling, sliding_window = kwargs.get("scaling"), kwargs.get("sliding_window")
+    scaling = kwargs.get("scaling")
+    sliding_window = dynamic_masks.window(module, kwargs.get("sliding_window"))
     sinks = kwargs.get("s_aux", kwargs.get("sinks"))
     softcap = float(kwargs.get("softcap") or 0.0)
     cache = running_cache()
-    chunk_size = check_model_features(name, module, sliding_window,
-                                      decoding=cache is not None and cache.phase == "decode")
+    decoding = cache is not None and cache.phase == "decode"
+    chunk_size = check_model_features(name, module, sliding_window, decoding=decoding)
+    bias = dynamic_masks.handed_over(module)  # Doge: a bias per key, folded into the keys below
+    if decoding and dynamic_masks.is_dynamic_mask_attention(module):
+        raise ValueError(f"attn_implementation={name!r}: {model_name(module)} adds a dynamic mask (a bias per key) "
+                         "that the sharded KV cache's decoding does not apply; generate on one rank (training and "
+                         "forwards are exact)")
     decoded = _decode_step(name, module, query, scaling, sliding_window, sinks, softcap, chunk_size)
     if decoded is not None:
         return decoded
+    if bias is not None:  # the (batch, heads, 1, keys) mask the layer made of it is consumed
+        dynamic_masks.check_length(name, module, model_name(module), query.shape[2] * world_size(backend.group))
+        attention_mask = None
     handed = latents.handed_over(module, key, value)  # MLA: the latent and rotary key, not expanded heads
     values_are_keys = value is key  # DeepSeek-V4 passes one tensor as both: one block travels
     key, value, entries = _compressed_entries(name, module, query, key, value)
@@ -109,6 +118,8 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if handed is not None:
         return _latent_attention(query, handed, backend, causal, window, scaling, cu_seqlens, kwargs.get("indices"),
                                  sinks, softcap, chunk_size), None
+    if bias is not None:
+        query, key = dynamic_masks.fold(query, key, bias, scaling)
     query, key, value, head_dim_v = _one_head_dim(query, key, value)
     indices = kwargs.get("indices")
     if entries is not None:  # in the attention's dtype, as q, k, v are
@@ -128,6 +139,12 @@ def hands_over_latent(layer) -> bool:
     backend = BACKENDS.get(getattr(getattr(layer, "config", None), "_attn_implementation", None))
     return (backend is not None and backend.strategy in ("burst", "auto") and running_cache() is None
             and backend.options.get("backward_side", "auto") != "queries")
+
+
+def hands_over_dynamic_mask(layer) -> bool:
+    """Whether a dynamic-mask layer (Doge's) hands burst its bias per key (layers/dynamic_mask.py): its
+    attention is one registered with burst."""
+    return getattr(getattr(layer, "config", None), "_attn_implementation", None) in BACKENDS
 
 
 def _latent_attention(query, handed, backend: Backend, causal, window, scaling, cu_seqlens, indices, sinks, softcap,

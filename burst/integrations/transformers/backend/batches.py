@@ -13,9 +13,10 @@ import torch.distributed as dist
 from burst import layout as layout_mod
 from burst.agreement import agree
 
+from ..layers.dynamic_mask import take_over_dynamic_masks
 from ..layers.latent import move_latents
 from ..layers.mixers import shard_mixers
-from .attention import hands_over_latent
+from .attention import hands_over_dynamic_mask, hands_over_latent
 from .checks import check_model
 from .documents import documents_from_positions
 from .registry import world_size
@@ -47,6 +48,7 @@ def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_inde
     model = _the_model(model)
     shard_mixers(model, group, layout)
     move_latents(model, hands_over_latent)
+    take_over_dynamic_masks(model, hands_over_dynamic_mask)
     check_model(model)
     if layout not in layout_mod.DOCUMENT_LAYOUTS:
         layout_mod.check_layout(layout)
