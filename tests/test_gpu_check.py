@@ -105,6 +105,7 @@ def test_cpu_mode_speed_memory_and_features(cpu_report):
     assert all(r["longest trained"] for r in trained)
     features = {r["feature"]: r for r in _table(_section(data, "5"), "features")["rows"]}
     assert features["burst.attention under torch.autocast(bf16)"]["status"] == "ok"
+    assert next(r for f, r in features.items() if f.startswith("MLA: burst.attention(latent=)"))["status"] == "ok"
     assert next(r for f, r in features.items() if "burst check" in f)["status"] == "ok"
 
 

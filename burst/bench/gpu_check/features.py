@@ -11,6 +11,7 @@ import sys
 import torch
 
 import burst
+from burst.kernels import reference
 from burst.launch import spawn_world
 from burst.masks import MaskSpec
 
@@ -65,7 +66,7 @@ def section_features(rep: Report) -> None:
         sizes, device = rep.sizes, rep.device
         rows = []
         for what, need, feature in (("FSDP2 CPU offload", 40, _fsdp_rows), ("bf16 autocast", 2, _autocast_rows),
-                                    ("burst check", 30, _cli_rows)):
+                                    ("MLA latent", 5, _latent_rows), ("burst check", 30, _cli_rows)):
             if sec.skip_for_time(what, need):
                 continue
             try:
@@ -108,6 +109,41 @@ def _autocast_rows(sec: Section, sizes: Sizes, device, outdir) -> list:
     ok = ok and out.dtype == torch.bfloat16 and qq.grad.dtype == torch.float32
     return [{"feature": "burst.attention under torch.autocast(bf16)", "status": "ok" if ok else "FAIL",
              "detail": f"out {out.dtype}, dq {qq.grad.dtype}; errors " + ", ".join(f"{x} {e:.1e}" for x, e in errors.items())}]
+
+
+def _latent_rows(sec: Section, sizes: Sizes, device, outdir) -> list:
+    """burst.attention(q, latent=LatentKV(...)) on one rank, causal, in the speed section's dtype
+    (DeepSeek-V3's head: nope 128 + rope 64, values 128, scaled down on the CPU) against float64
+    attention over the expanded heads: out and the gradients of q, the latent, the rotary key and
+    the expansion's weight."""
+    dtype = getattr(torch, sizes.speed_dtype)
+    if device.type == "cuda":
+        n, heads, nope, rope_dim, vdim, rank = 2048, 8, 128, 64, 128, 512
+    else:
+        n, heads, nope, rope_dim, vdim, rank = sizes.world_len, 2, 8, 8, 8, 16
+    g = torch.Generator().manual_seed(5)
+    draw = lambda *shape, scale=1.0: (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(device)
+    q, c, r = draw(1, n, heads, nope + rope_dim), draw(1, n, rank), draw(1, n, rope_dim)
+    w, dout = draw(heads * (nope + vdim), rank, scale=rank ** -0.5), draw(1, n, heads, vdim)
+    ours = [t.to(dtype).requires_grad_() for t in (q, c, r, w)]
+    out = burst.attention(ours[0], latent=burst.LatentKV(ours[1], ours[2], ours[3], nope, vdim), causal=True)
+    out.backward(dout.to(dtype))
+    ref = [t.to(dtype).double().requires_grad_() for t in (q, c, r, w)]  # the inputs as burst saw them
+    kv = (ref[1] @ ref[3].t()).view(1, n, heads, nope + vdim)
+    k = torch.cat([kv[..., :nope], ref[2][:, :, None].expand(1, n, heads, rope_dim)], -1)
+    scores = torch.einsum("bqhd,bkhd->bhqk", ref[0], k) * (nope + rope_dim) ** -0.5
+    causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    ref_out = torch.einsum("bhqk,bkhd->bqhd", scores.masked_fill(~causal, float("-inf")).softmax(-1), kv[..., nope:])
+    ref_out.backward(dout)
+    errors = {name: float((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30))
+              for name, a, b in zip(("out", "dq", "dlatent", "drope", "dweight"),
+                                    (out, *(t.grad for t in ours)), (ref_out, *(t.grad for t in ref)))}
+    bound = reference.BOUNDS[sizes.speed_dtype]
+    ok = all(e <= bound for e in errors.values()) and out.shape == (1, n, heads, vdim)
+    return [{"feature": f"MLA: burst.attention(latent=) {sizes.speed_dtype}, {n} tokens, {heads} heads, nope {nope} + "
+                        f"rope {rope_dim}, v {vdim}, rank {rank}",
+             "status": "ok" if ok else "FAIL",
+             "detail": "errors " + ", ".join(f"{x} {e:.1e}" for x, e in errors.items()) + f" (bound {bound:g})"}]
 
 
 def _cli_rows(sec: Section, sizes: Sizes, device, outdir) -> list:
