@@ -243,7 +243,7 @@ def test_documents_reach_the_varlen_interface():
 def test_bands_flash_attn_would_misread_still_reach_flash():
     """The long-window cases ran exact (the first test; with each band handed to flash whole, as
     FlashAttention-2 reads its windows, burst contiguous is 0.2-0.6 off) and through flash (row pieces,
-    Bands.row_pieces), not a fallback: no FlexAttention call, no dense mask."""
+    Bands.flash_parts), not a fallback: no FlexAttention call, no dense mask."""
     for cases in _results(WORLD):
         for (mask, layout, strategy), errs in cases:
             if mask == "long window":

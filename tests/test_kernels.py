@@ -245,11 +245,11 @@ def test_aten_flash_takes_band_and_varlen_tiles_as_arguments(aten_stand_in, monk
             ("varlen_backward", True, True)} <= seen, seen
 
 
-def test_bands_flash_attn_would_misread_run_in_row_pieces():
+def test_bands_flash_attn_would_misread_run_as_calls_it_reads_right():
     """FlashAttention-2 makes a window size >= max_seqlen_k unbounded, then one unbounded side beside a
     bound max_seqlen_k wide (the stand-in's _fa2_windows). Where that changes a band's mask
-    (flash_misreads), one sequence runs in row pieces that it reads as meant: every piece's mask as
-    flash reads it, stacked, is the band's own mask; several sequences go to the fallback."""
+    (flash_misreads), flash_parts gives calls it reads as meant (one per sequence, in row pieces of at
+    most sk + 1 rows): their masks as flash reads them, put in place, are the bands' own mask."""
     from burst.masks import Bands
 
     cases = [((0, 96), (0, 32), 0, -1, True),     # the H200's failure: row 0 would see no key instead of all
@@ -257,38 +257,39 @@ def test_bands_flash_attn_would_misread_run_in_row_pieces():
              ((0, 64), (0, 32), -1, 63, False),   # every row sees every key anyway
              ((0, 32), (0, 32), 0, -1, False),    # square: max_seqlen_k wide is unbounded
              ((0, 33), (0, 32), 5, -1, False),    # one more query than keys: still as meant
-             ((0, 64), (0, 32), 40, 0, False),    # a long left bound is never lost
-             ((0, 200), (0, 17), 3, 190, True),    # 12 pieces; row 0 sees keys 0..7
-             ((0, 20, 100), (0, 10, 40), -1, 30, True)]  # varlen: max_q 80, max_k 30
+             ((0, 200), (0, 17), 3, 190, True),   # 12 pieces; row 0 sees keys 0..7
+             ((0, 20, 100), (0, 10, 40), 2, -1, True),   # varlen: the second document, 80 x 30, misread
+             ((0, 20, 50), (0, 30, 60), 2, -1, False)]   # varlen: fewer queries than keys in each
     for cu_q, cu_k, left, right, misread in cases:
         bands = Bands(cu_q, cu_k, left, right)
         assert bands.flash_misreads() == misread, (cu_q, cu_k, left, right)
-        if bands.sequences > 1:
+        max_q, max_k = bands.max_rows
+        as_read_whole = torch.zeros(cu_q[-1], cu_k[-1], dtype=torch.bool)
+        for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
+            as_read_whole[q0:q1, k0:k1] = flash_stand_in._band(q1 - q0, k1 - k0, False, left, right, max_k)
+        assert torch.equal(as_read_whole, bands.allowed()) != misread, (cu_q, cu_k, left, right)
+        parts = bands.flash_parts()
+        if not misread:  # one call, as it is
+            assert parts == [(0, cu_q[-1], 0, cu_k[-1], bands)]
             continue
-        sq, sk = cu_q[1], cu_k[1]
-        read_whole = flash_stand_in._band(sq, sk, False, left, right)
-        assert torch.equal(read_whole, bands.allowed()) != misread, (cu_q, cu_k, left, right)
-        if misread:
-            as_read = torch.cat([flash_stand_in._band(b - a, sk, False, p.left, p.right)
-                                 for a, b, p in bands.row_pieces()])
-            assert torch.equal(as_read, bands.allowed()), (cu_q, cu_k, left, right)
-            assert not any(p.flash_misreads() for _, _, p in bands.row_pieces())
-    q, k = torch.randn(1, 64, 2, 16, dtype=torch.bfloat16), torch.randn(1, 32, 2, 16, dtype=torch.bfloat16)
-    assert cuda_flash_attn.handles(q, k, False, Bands((0, 64), (0, 32), -1, 32))  # one sequence: in pieces
-    q, k = torch.randn(1, 100, 2, 16, dtype=torch.bfloat16), torch.randn(1, 40, 2, 16, dtype=torch.bfloat16)
-    assert not cuda_flash_attn.handles(q, k, False, Bands((0, 20, 100), (0, 10, 40), -1, 30))
+        as_read = torch.zeros(cu_q[-1], cu_k[-1], dtype=torch.bool)
+        for a, b, c, d, part in parts:
+            assert part.sequences == 1 and not part.flash_misreads()
+            as_read[a:b, c:d] = flash_stand_in._band(b - a, d - c, False, part.left, part.right)
+        assert torch.equal(as_read, bands.allowed()) and len(parts) > 1, (cu_q, cu_k, left, right)
 
 
-def test_band_in_row_pieces_is_exact_through_both_flash_libraries(stand_in, aten_stand_in):
-    """A band flash would misread, forward and backward through cuda_flash_attn and aten_flash (row
-    pieces), against float64 attention on the band's own mask; GQA."""
+def test_misread_bands_are_exact_through_both_flash_libraries(stand_in, aten_stand_in):
+    """Bands flash would misread (one sequence, several), forward and backward through cuda_flash_attn
+    and aten_flash, against float64 attention on the bands' own mask; GQA; flash ran every part."""
     from burst.masks import Bands
 
     torch.manual_seed(3)
-    for cu_q, cu_k, left, right in (((0, 96), (0, 32), 0, -1), ((0, 64), (0, 32), -1, 32), ((0, 70), (0, 20), 4, 60)):
+    for cu_q, cu_k, left, right in (((0, 96), (0, 32), 0, -1), ((0, 64), (0, 32), -1, 32), ((0, 70), (0, 20), 4, 60),
+                                    ((0, 20, 100), (0, 10, 40), 2, -1)):
         bands = Bands(cu_q, cu_k, left, right)
-        q64, dout64 = (torch.randn(2, cu_q[1], 4, 16, dtype=torch.float64) for _ in range(2))
-        k64, v64 = (torch.randn(2, cu_k[1], 2, 16, dtype=torch.float64) for _ in range(2))
+        q64, dout64 = (torch.randn(2, cu_q[-1], 4, 16, dtype=torch.float64) for _ in range(2))
+        k64, v64 = (torch.randn(2, cu_k[-1], 2, 16, dtype=torch.float64) for _ in range(2))
         for t in (q64, k64, v64):
             t.requires_grad_()
         ref_out, ref_lse = reference_attention(q64, k64, v64, 0.25, mask=bands.allowed())
@@ -301,7 +302,7 @@ def test_band_in_row_pieces_is_exact_through_both_flash_libraries(stand_in, aten
             grads = kernel.backward(dout, q, k, v, ref_out.detach().to(q.dtype), ref_lse.float(), 0.25, False, bands)
             for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
                 assert got.shape == want.shape and rel_err(got, want) < 3e-2, (kernel.__name__, cu_q, left, right)
-            assert len(flash_stand_in.CALLS) == 2 * len(bands.row_pieces()) > 2  # flash ran, in pieces
+            assert len(flash_stand_in.CALLS) == 2 * len(bands.flash_parts()) > 2  # flash ran every part
 
 
 def test_band_window_sizes_follow_flash_attns_corner():

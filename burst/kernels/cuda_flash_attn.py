@@ -68,12 +68,10 @@ def available() -> bool:
 
 def handles(q, k, causal: bool, mask) -> bool:
     """True when a FlashAttention-2 build runs this tile (else `_fallback` does): fp16/bf16, head dims
-    that are multiples of 8 up to 256, no mask or masks.Bands it reads as meant (one sequence always:
-    forward and backward cut its rows where it would not, `_pieces`), a causal tile square."""
+    that are multiples of 8 up to 256, no mask or masks.Bands (those it would misread run as several
+    calls it reads as meant: `_parts`), a causal tile square."""
     d = q.shape[-1]
     if q.dtype not in DTYPES or d % 8 or d > 256 or not (mask is None or isinstance(mask, Bands)):
-        return False
-    if mask is not None and mask.sequences > 1 and mask.flash_misreads():
         return False
     return not causal or q.shape[1] == k.shape[1]
 
@@ -130,10 +128,12 @@ def _runs(library, q, k, v, causal: bool, mask, softcap: float) -> bool:
     return handles(q, k, causal, mask) and v.shape[-1] == q.shape[-1] and (not softcap or library.SOFTCAP)
 
 
-def _pieces(mask) -> bool:
-    """True for one band FlashAttention-2 would read otherwise (Bands.flash_misreads): its rows are
-    run in pieces it reads as meant (Bands.row_pieces)."""
-    return isinstance(mask, Bands) and mask.sequences == 1 and mask.flash_misreads()
+def _parts(mask) -> list | None:
+    """For bands FlashAttention-2 would misread (Bands.flash_misreads): the calls it reads as meant
+    (Bands.flash_parts); None for any other mask."""
+    if isinstance(mask, Bands) and mask.flash_misreads():
+        return mask.flash_parts()
+    return None
 
 
 def _softcap_kwargs(softcap: float) -> dict:
@@ -172,9 +172,10 @@ def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | No
     FlashAttention-2 (flash_attn's by default)."""
     if not _runs(library, q, k, v, causal, mask, softcap):
         return library.fallback(mask, softcap).forward(q, k, v, scale, causal, mask, **_softcap_kwargs(softcap))
-    if _pieces(mask):  # FlashAttention-2 would read this band's windows otherwise: a call per row piece
-        outs, lses = zip(*(forward(q[:, a:b], k, v, scale, False, piece, softcap, library)
-                           for a, b, piece in mask.row_pieces()))
+    parts = _parts(mask)
+    if parts:  # FlashAttention-2 would read these bands' windows otherwise: calls it reads as meant
+        outs, lses = zip(*(forward(q[:, a:b], k[:, c:d], v[:, c:d], scale, False, band, softcap, library)
+                           for a, b, c, d, band in parts))
         return torch.cat(outs, 1), torch.cat(lses, 2)
     left, right = _window(causal, mask)
     if mask is not None and mask.sequences > 1:
@@ -194,14 +195,17 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Te
     if not _runs(library, q, k, v, causal, mask, softcap):
         return library.fallback(mask, softcap).backward(dout, q, k, v, out, lse, scale, causal, mask,
                                                         **_softcap_kwargs(softcap))
-    if _pieces(mask):
-        dq, dk, dv = [], 0, 0
-        for a, b, piece in mask.row_pieces():
+    parts = _parts(mask)
+    if parts:
+        dq = []
+        dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (k, v))
+        for a, b, c, d, band in parts:
             rows = slice(a, b)
-            dq_p, dk_p, dv_p = backward(dout[:, rows], q[:, rows], k, v, out[:, rows], lse[:, :, rows], scale, False,
-                                        piece, softcap, library)
+            dq_p, dk_p, dv_p = backward(dout[:, rows], q[:, rows], k[:, c:d], v[:, c:d], out[:, rows], lse[:, :, rows],
+                                        scale, False, band, softcap, library)
             dq.append(dq_p)
-            dk, dv = dk + dk_p.float(), dv + dv_p.float()  # summed in float32, handed back in k's dtype
+            dk[:, c:d] += dk_p  # row pieces share their keys: summed in float32, handed back in k's dtype
+            dv[:, c:d] += dv_p
         return torch.cat(dq, 1), dk.to(k.dtype), dv.to(v.dtype)
     left, right = _window(causal, mask)
     if mask is not None and mask.sequences > 1:

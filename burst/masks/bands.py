@@ -23,8 +23,8 @@ class Bands:
     bottom-right corner, -1 = unbounded. One sequence runs on flash_attn's plain interface, several
     on its varlen one. The planner trims every sequence to the rows and keys it attends, so no row is
     empty and the window always holds the corner's diagonal (left, right >= 0 or -1). FlashAttention-2
-    reads some windows otherwise where a sequence has more queries than keys (flash_misreads): one
-    sequence then runs in row pieces (row_pieces), several go to the fallback.
+    reads some windows otherwise where a sequence has more queries than keys (flash_misreads): such
+    bands then run as calls it reads as meant (flash_parts: a call per sequence, in row pieces).
     """
 
     cu_q: tuple[int, ...]
@@ -86,6 +86,21 @@ class Bands:
             right = self.right - below if self.right >= 0 else -1
             pieces.append((a, b, Bands((0, b - a), (0, sk), left, right)))
         return pieces
+
+    def flash_parts(self) -> list[tuple[int, int, int, int, "Bands"]]:
+        """Calls FlashAttention-2 reads as meant, covering these bands: (q rows a:b, k rows c:d, bands
+        of one sequence). One call for bands it reads right; else one call per sequence, each cut
+        into row pieces where it would still misread one."""
+        if not self.flash_misreads():
+            return [(0, self.cu_q[-1], 0, self.cu_k[-1], self)]
+        parts = []
+        for q0, q1, k0, k1 in zip(self.cu_q, self.cu_q[1:], self.cu_k, self.cu_k[1:]):
+            if q1 == q0:
+                continue
+            one = Bands((0, q1 - q0), (0, k1 - k0), self.left, self.right)
+            pieces = one.row_pieces() if one.flash_misreads() else [(0, q1 - q0, one)]
+            parts += [(q0 + a, q0 + b, k0, k1, piece) for a, b, piece in pieces]
+        return parts
 
     def pairs(self) -> int:
         """(query, key) pairs the bands attend (work accounting, without building the mask)."""
