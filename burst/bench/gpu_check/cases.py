@@ -70,12 +70,13 @@ CUDA_SIZES = Sizes(
     world_len=4096, world_heads=8, world_kv_heads=2, world_dim=128,
     world_dtypes=("float32", "bfloat16", "float16"), world_ranks=(2, 4),
     speed_lens=(8192, 16384, 32768, 65536, 131072), speed_dims=(64, 128), speed_hidden=2048,
-    speed_dtype="bfloat16", speed_repeats=1, world_speed_len=32768,
+    speed_dtype="bfloat16", speed_repeats=1,
+    world_speed_len=16384,  # 2 ranks sharing the GPU through gloo's host copies did not finish 32768 in the time left
     # batch 1 and at most 2^18 tokens: under 2^31 elements per tensor (on the H200 torch's own SDPA hit an illegal
     # memory access at 8 x 32 x 128 x 131072 = 2^32, which poisons the CUDA context for every later section)
     mem_batch=1, mem_heads=32, mem_dim=128, mem_start=8192, mem_limit=1 << 18, mem_cap_bytes=None,
     train_model="small", train_start=65536, train_limit=1 << 20,
-    budgets={"1": 40, "2": 90, "3": 70, "4": 50, "5": 40, "6": 90}, spawn_timeout=120.0, threads=None,
+    budgets={"1": 40, "2": 90, "3": 100, "4": 50, "5": 40, "6": 90}, spawn_timeout=120.0, threads=None,
 )
 
 
