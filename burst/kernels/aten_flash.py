@@ -15,8 +15,8 @@ int32 cu_seqlens), so the tile logic is cuda_flash_attn's, handed this module's 
         -> dq, dk, dv   (cum_seq_q None: the dense kernel; dk, dv summed over the group for GQA)
 
 It has no softcap (select_kernel gives softcapped calls to FlexAttention) and no rules: a tile with
-another mask, an fp32 tile, unequal v head dim (MLA's 192/128) or a head dim over 256 goes to aten's
-efficient kernel (cuda_sdpa.py). tests/test_kernels.py checks this adapter against a stand-in of the
+another mask, an fp32 tile, a head dim over 256 or (from a kernel-level caller) a v head dim unlike q's
+goes to aten's efficient kernel (cuda_sdpa.py). tests/test_kernels.py checks this adapter against a stand-in of the
 two ops with their argument rules; scripts/gpu_check.sh runs it on a GPU.
 """
 
