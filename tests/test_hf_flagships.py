@@ -144,3 +144,24 @@ def test_doge_keeping_part_of_each_row_is_refused():
     """Past keep_window_size keys Doge keeps each row's largest biases per KV head: refused, on every rank."""
     for rank_results in _results(2):
         assert "keep_window_size=64" in (rank_results["refused: doge keeping part of each row"] or ""), rank_results
+
+
+def test_doge_decoding_on_the_sharded_cache_is_refused():
+    """A ShardedCache decode step would attend without Doge's bias per key: refused where decode steps
+    are refused (backend/attention._decode_step), beside softcap's and chunked attention's."""
+    import types
+
+    import pytest
+    import torch
+
+    from burst.bench.hf_zoo_configs import causal_lm
+    from burst.integrations.transformers.backend import attention
+    from burst.integrations.transformers.backend.registry import set_running_cache
+
+    layer = causal_lm("doge", doge_config()).model.layers[0].self_attn
+    set_running_cache(types.SimpleNamespace(phase="decode"))
+    try:
+        with pytest.raises(ValueError, match="dynamic mask .* generate on one rank"):
+            attention._decode_step("burst", layer, torch.zeros(1, 2, 1, 8), None, None)
+    finally:
+        set_running_cache(None)

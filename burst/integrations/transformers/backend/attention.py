@@ -82,10 +82,6 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     decoding = cache is not None and cache.phase == "decode"
     chunk_size = check_model_features(name, module, sliding_window, decoding=decoding)
     bias = dynamic_masks.handed_over(module)  # Doge: a bias per key, folded into the keys below
-    if decoding and dynamic_masks.is_dynamic_mask_attention(module):
-        raise ValueError(f"attn_implementation={name!r}: {model_name(module)} adds a dynamic mask (a bias per key) "
-                         "that the sharded KV cache's decoding does not apply; generate on one rank (training and "
-                         "forwards are exact)")
     decoded = _decode_step(name, module, query, scaling, sliding_window, sinks, softcap, chunk_size)
     if decoded is not None:
         return decoded
@@ -229,6 +225,10 @@ def _decode_step(name: str, module, query: torch.Tensor, scaling: float | None, 
             raise ValueError(f"attn_implementation={name!r}: {model_name(module)} decodes with "
                              f"{'softcap' if softcap else 'chunked attention'}, which the sharded KV cache does not "
                              "run yet; generate on one rank (prefill and training are exact across ranks)")
+        if dynamic_masks.is_dynamic_mask_attention(module):
+            raise ValueError(f"attn_implementation={name!r}: {model_name(module)} adds a dynamic mask (a bias per "
+                             "key) that the sharded KV cache's decoding does not apply; generate on one rank "
+                             "(training and forwards are exact)")
         return cache.attend(module.layer_idx, query, scaling, sliding_window, sinks), None
     if not torch.is_grad_enabled() and _inside_generate():  # generate runs under no_grad: training skips the walk
         raise ValueError(
