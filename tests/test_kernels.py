@@ -183,38 +183,50 @@ def _through_tiles(kernel, tiles, q, k, v, dout, ref_out, ref_lse, scale):
     return out_acc, lse_acc, grads
 
 
-def test_band_and_varlen_tiles_are_exact_and_build_no_dense_mask(stand_in, flex_stand_in):
-    """Every mask burst plans, through the tiles planned for flash_attn, against float64 attention on the
-    dense mask of the same positions; block-sparse tiles go whole, as rules, to FlexAttention (the
-    stand-in), and nothing builds a dense bias."""
+def _mask_cases_through(kernel, seed: int):
+    """Every mask case of _mask_cases through the tiles planned for `kernel`, asserted exact against float64
+    attention on the dense mask of the same positions; per case: (name, spec, tiles, dense masks built,
+    the flash stand-in's calls as (function, windowed, sequences > 1))."""
     from burst.call import AttentionCall
     from burst.comm.stats import CommStats
-    from burst.masks import Cover
 
-    torch.manual_seed(1)
+    torch.manual_seed(seed)
     scale = 0.25
-    seen = set()
     for name, q_segs, k_segs, spec in _mask_cases():
-        tiles = AttentionCall(None, 0, 1, "contiguous", 0, spec, scale, cuda_flash_attn).plan(q_segs, k_segs)
+        tiles = AttentionCall(None, 0, 1, "contiguous", 0, spec, scale, kernel).plan(q_segs, k_segs)
         q64, k64, v64, dout64, ref_out, ref_lse = _float64_case(q_segs, k_segs, spec, scale)
         q, k, v, dout = (t.detach().to(torch.bfloat16) for t in (q64, k64, v64, dout64))
         flash_stand_in.CALLS.clear()
-        flex_calls = flex_stand_in.CALLS
-        flex_calls.clear()
         with CommStats() as stats:
-            out_acc, lse_acc, grads = _through_tiles(cuda_flash_attn, tiles, q, k, v, dout, ref_out, ref_lse, scale)
+            out_acc, lse_acc, grads = _through_tiles(kernel, tiles, q, k, v, dout, ref_out, ref_lse, scale)
         assert rel_err(out_acc, ref_out) < 2e-2 and lse_error(lse_acc, ref_lse) < 5e-2, name  # bf16 lse near 5: ulp 0.03
         for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
             assert rel_err(got, want) < 3e-2, name
-        assert stats.dense_masks() == 0 and all(t.cover is not Cover.PARTIAL for t in tiles), name
+        calls = {(kind, n > 1, (wl, wr) != (-1, -1)) for kind, wl, wr, n in flash_stand_in.CALLS}
+        yield name, spec, tiles, stats.dense_masks(), calls
+
+
+# The cases reach the window arguments and the varlen interface with several sequences, forward and backward.
+WINDOWED_AND_VARLEN = {("forward", False, True), ("varlen_forward", True, True), ("backward", False, True),
+                       ("varlen_backward", True, True)}
+
+
+def test_band_and_varlen_tiles_are_exact_and_build_no_dense_mask(stand_in, flex_stand_in):
+    """Every mask burst plans, through the tiles planned for flash_attn, exact; block-sparse tiles go
+    whole, as rules, to FlexAttention (the stand-in), and nothing builds a dense bias."""
+    from burst.masks import Cover
+
+    seen = set()
+    flex_stand_in.CALLS.clear()
+    for name, spec, tiles, dense_masks, calls in _mask_cases_through(cuda_flash_attn, seed=1):
+        assert dense_masks == 0 and all(t.cover is not Cover.PARTIAL for t in tiles), name
         if spec.block_sparse is None:
-            assert flash_stand_in.CALLS, name
+            assert calls, name
         else:
-            assert any(t.cover is Cover.RULE for t in tiles) and flex_calls, name
-        seen |= {(kind, n > 1, (wl, wr) != (-1, -1)) for kind, wl, wr, n in flash_stand_in.CALLS}
-    # The cases reached flash_attn's window arguments and its varlen interface with several sequences.
-    assert ("forward", False, True) in seen and ("varlen_forward", True, True) in seen, seen
-    assert ("backward", False, True) in seen and ("varlen_backward", True, True) in seen, seen
+            assert any(t.cover is Cover.RULE for t in tiles) and flex_stand_in.CALLS, name
+        seen |= calls
+        flex_stand_in.CALLS.clear()  # the next case's calls only
+    assert WINDOWED_AND_VARLEN <= seen, seen
 
 
 @pytest.mark.parametrize("padded_lse", [False, True], ids=["lse_h_total", "lse_padded"])
@@ -222,27 +234,13 @@ def test_aten_flash_takes_band_and_varlen_tiles_as_arguments(aten_stand_in, monk
     """The same masks through aten's flash ops (the stand-in): exact, windows and documents as
     arguments, only a block-sparse tile as a dense bias for aten's efficient kernel (its stand-in),
     whichever varlen lse layout the build returns."""
-    from burst.call import AttentionCall
-    from burst.comm.stats import CommStats
-
     aten_stand_in(padded_lse)
     sdpa_stand_in.install(monkeypatch)
-    torch.manual_seed(2)
-    scale, seen = 0.25, set()
-    for name, q_segs, k_segs, spec in _mask_cases():
-        tiles = AttentionCall(None, 0, 1, "contiguous", 0, spec, scale, aten_flash).plan(q_segs, k_segs)
-        q64, k64, v64, dout64, ref_out, ref_lse = _float64_case(q_segs, k_segs, spec, scale)
-        q, k, v, dout = (t.detach().to(torch.bfloat16) for t in (q64, k64, v64, dout64))
-        flash_stand_in.CALLS.clear()
-        with CommStats() as stats:
-            out_acc, lse_acc, grads = _through_tiles(aten_flash, tiles, q, k, v, dout, ref_out, ref_lse, scale)
-        assert rel_err(out_acc, ref_out) < 2e-2 and lse_error(lse_acc, ref_lse) < 5e-2, name
-        for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
-            assert rel_err(got, want) < 3e-2, name
-        assert (stats.dense_masks() > 0) == (spec.block_sparse is not None), name
-        seen |= {(kind, n > 1, (wl, wr) != (-1, -1)) for kind, wl, wr, n in flash_stand_in.CALLS}
-    assert {("forward", False, True), ("varlen_forward", True, True), ("backward", False, True),
-            ("varlen_backward", True, True)} <= seen, seen
+    seen = set()
+    for name, spec, _, dense_masks, calls in _mask_cases_through(aten_flash, seed=2):
+        assert (dense_masks > 0) == (spec.block_sparse is not None), name
+        seen |= calls
+    assert WINDOWED_AND_VARLEN <= seen, seen
 
 
 def test_bands_flash_attn_would_misread_run_as_calls_it_reads_right():
