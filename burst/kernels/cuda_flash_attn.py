@@ -128,12 +128,16 @@ def _runs(library, q, k, v, causal: bool, mask, softcap: float) -> bool:
     return handles(q, k, causal, mask) and v.shape[-1] == q.shape[-1] and (not softcap or library.SOFTCAP)
 
 
-def _parts(mask) -> list | None:
+def _parts(mask) -> tuple | None:
     """For bands FlashAttention-2 would misread (Bands.flash_misreads): the calls it reads as meant
     (Bands.flash_parts); None for any other mask."""
-    if isinstance(mask, Bands) and mask.flash_misreads():
-        return mask.flash_parts()
-    return None
+    return _parts_of_bands(mask) if isinstance(mask, Bands) else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _parts_of_bands(mask: Bands) -> tuple | None:
+    # once per distinct bands, not per kernel call: plans are cached, so a run's tiles repeat their Bands
+    return tuple(mask.flash_parts()) if mask.flash_misreads() else None
 
 
 def _softcap_kwargs(softcap: float) -> dict:
