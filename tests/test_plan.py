@@ -366,12 +366,12 @@ def test_mla_latent_is_what_burst_moves():
     from dataclasses import replace
 
     from burst.plan.cost import Cluster, Workload, estimate
-    from burst.plan.latent import Latent
+    from burst.plan.latent import LatentShape
     from burst.plan.profiles import profile
 
     cluster = Cluster(16, 8, profile("H100"))
     expanded = Workload(seq_len=32768, heads=128, head_dim=192, kv_heads=128, causal=True, dtype_bytes=2)
-    mla = replace(expanded, latent=Latent(rank=512, rope=64, expanded=128 * (128 + 128)))
+    mla = replace(expanded, latent=LatentShape(rank=512, rope=64, expanded=128 * (128 + 128)))
     burst_expanded, burst_latent = estimate("burst", cluster, expanded), estimate("burst", cluster, mla)
     assert estimate("ring", cluster, mla).row() == estimate("ring", cluster, expanded).row()
     assert burst_latent.inter_node_bytes_per_device < burst_expanded.inter_node_bytes_per_device / 30

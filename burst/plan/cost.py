@@ -34,7 +34,8 @@ from ..schedules.chunk_stream import CHUNKS_PER_BLOCK
 from ..schedules.cqs import interest_set
 from ..strategies import split_variant
 from .profiles import Profile
-from .latent import Latent, burst_blocks, expansion_flops
+from .latent import LatentShape
+from .rings import RING_BLOCKS
 from .sparse import add_gathers
 from .windows import balanced, blend, layer_pairs, ring_steps, served_share
 
@@ -90,7 +91,7 @@ class Workload:
     gathered_with_gradient: float = 0.0  # ... whose gradients return in the backward (DeepSeek-V4's entries)
     entries: float = 0.0            # compressed entries a query attends beside its keys, on average (sparse.py)
     indexer_macs: float = 0.0       # multiply-adds of the indexers' scores per query, on average (sparse.py)
-    latent: Latent | None = None    # MLA: burst moves the latent, others the expanded heads (latent.py)
+    latent: LatentShape | None = None  # MLA: burst moves the latent, others the expanded heads (latent.py)
 
     @property
     def kv(self) -> int:
@@ -233,25 +234,23 @@ def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     double = variant != "flat"
     window = w.window if w.causal else None
     g = ring_steps(w.seq_len, cluster.gpus, window, w.layout)  # a window stops it early
-    f = served_share(w.seq_len, cluster.gpus, window, w.layout) if base == "burst" and cluster.nodes == 1 else 1.0
-    # burst moves the smaller side in its backward, and MLA's latent instead of heads (latent.py); ring: K, V
-    forward, side, moving, acc = burst_blocks(w, s) if base == "burst" else (s.kv, "keys", s.kv, s.dkv32)
-    if base == "burst":  # MLA: each rank expands the blocks it attends
-        c_fwd, c_bwd = (c + x / cluster.gpus / cluster.profile.flops for c, x in zip((c_fwd, c_bwd), expansion_flops(w)))
-    fwd = _ring_pass(cluster, g, c_fwd, forward * f, double)  # f: the chunk stream serves only a window's rows
-    staying = s.dkv32 + s.q if side == "queries" else s.dq32 + s.q  # the other side's accumulators, and O
-    if base == "burst" and cluster.nodes == 1:  # the chunk stream: a few chunks held, accumulator parts go home
-        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, (moving + acc) * f, False,
-                                              tail=acc * f / CHUNKS_PER_BLOCK))
-        peak = acc + staying - s.q + (2 * moving + 3 * acc + s.q) / CHUNKS_PER_BLOCK
+    b = RING_BLOCKS[base](w, s, cluster.nodes == 1)  # what this strategy moves per block (rings.py)
+    f = served_share(w.seq_len, cluster.gpus, window, w.layout) if b.streamed else 1.0
+    c_fwd, c_bwd = (c + x / cluster.gpus / cluster.profile.flops for c, x in zip((c_fwd, c_bwd), b.expansion))
+    fwd = _ring_pass(cluster, g, c_fwd, b.forward * f, double)  # f: the chunk stream serves only a window's rows
+    staying = s.dkv32 + s.q if b.side == "queries" else s.dq32 + s.q  # the other side's accumulators, and O
+    if b.streamed:  # the chunk stream: a few chunks held, accumulator parts go home
+        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, (b.moving + b.acc) * f, False,
+                                              tail=b.acc * f / CHUNKS_PER_BLOCK))
+        peak = b.acc + staying - s.q + (2 * b.moving + 3 * b.acc + s.q) / CHUNKS_PER_BLOCK
     else:  # whole blocks on the (double) ring, their accumulators taking the last hop home
-        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, moving + acc, double, tail=acc))
-        peak = 2 * moving + 2 * acc + staying
+        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, b.moving + b.acc, double, tail=b.acc))
+        peak = 2 * b.moving + 2 * b.acc + staying
     est = _sum(name, fwd, bwd, c_fwd + c_bwd)
     est.mem_bytes_per_device = peak
     notes = [f"one node: the same ring as {base}"] if not double and cluster.nodes == 1 else []
-    if base == "burst" and not w.forward_only:
-        notes.append(f"backward moves the {side}")
+    if b.note and not w.forward_only:
+        notes.append(b.note)
     est.note = "; ".join(notes)
     return est
 

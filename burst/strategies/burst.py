@@ -28,7 +28,8 @@ from ..comm.stats import record_choice
 from ..kernels.accumulators import accumulator_zeros_like, lse_for_backward, row_delta
 from ..kernels.attend import attend_backward
 from .base import KeyBlocks, Options, Strategy, int_at_least, kv_gradients
-from .burst_stream import chunk_rows, keys_partly_needed, served_backward, served_forward, served_key_backward
+from .burst_stream import (chunk_rows, keys_partly_needed, served_forward, served_key_backward,
+                           served_query_backward)
 from .ring import ring_forward, ring_key_backward, visit_blocks
 
 BACKWARD_SIDES = ("auto", "queries", "keys")
@@ -58,27 +59,35 @@ def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
 
 def side_bytes_per_row(q, dout, k, v, indices=None) -> dict[str, int]:
     """Bytes one row of a shard puts on the wire per ring step, each side (batch rows counted once):
-    queries: Q, dO (their dtypes), D and lse (float32), the dQ accumulator (float32), and an index
-    selection's chosen keys (they travel with their queries); keys: K, V (their dtypes; once when the
-    values are the keys) and the dK, dV accumulators (float32)."""
-    hq, d = q.shape[2], q.shape[3]
-    queries = hq * d * (q.element_size() + dout.element_size() + 4) + 2 * hq * 4
-    if indices is not None:
-        queries += indices[0, 0].numel() * indices.element_size()
-    kv = [k] if v is k else [k, v]
-    keys = sum(t.shape[2] * t.shape[3] * (t.element_size() + 4) for t in kv)
-    return {"queries": queries, "keys": keys}
+    row_bytes for these tensors (k alone when the values are the keys)."""
+    return row_bytes(heads=q.shape[2], head_dim=q.shape[3], q_bytes=q.element_size(), dout_bytes=dout.element_size(),
+                     keys=[(t.shape[2] * t.shape[3], t.element_size()) for t in ([k] if v is k else [k, v])],
+                     index_bytes=0 if indices is None else indices[0, 0].numel() * indices.element_size())
+
+
+def row_bytes(*, heads: int, head_dim: int, q_bytes: int, dout_bytes: int, keys: list[tuple[int, int]],
+              index_bytes: int = 0) -> dict[str, int]:
+    """Bytes a row puts on the wire per ring step on each side of the backward, by shape alone (the
+    planner counts with it too). queries: Q and dO (q_bytes, dout_bytes a number), D and lse (float32),
+    the dQ accumulator (float32), and an index selection's chosen keys (index_bytes: they travel with
+    their queries); keys: each key-side tensor, (numbers a row, bytes a number), and its float32
+    accumulator."""
+    queries = heads * head_dim * (q_bytes + dout_bytes + 4) + 2 * heads * 4 + index_bytes
+    return {"queries": queries, "keys": sum(numbers * (size + 4) for numbers, size in keys)}
+
+
+def smaller_side(sizes: dict[str, int]) -> str:
+    """"keys" when they move fewer bytes than the queries, else "queries" (ties: the paper's side)."""
+    return "keys" if sizes["keys"] < sizes["queries"] else "queries"
 
 
 def backward_side(call: AttentionCall, dout, q, k, v) -> str:
-    """"queries" or "keys": the option when it names one, else the side with fewer bytes per row (ties
-    go to the queries, the paper's side). Shapes and dtypes agree across ranks, so every rank picks
-    the same side without a collective."""
+    """"queries" or "keys": the option when it names one, else the smaller side. Shapes and dtypes
+    agree across ranks, so every rank picks the same side without a collective."""
     forced = call.options.backward_side
     if forced != "auto":
         return forced
-    sizes = side_bytes_per_row(q, dout, k, v, call.indices)
-    return "keys" if sizes["keys"] < sizes["queries"] else "queries"
+    return smaller_side(side_bytes_per_row(q, dout, k, v, call.indices))
 
 
 def key_side_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
@@ -105,7 +114,7 @@ def _query_side_backward(call: AttentionCall, dout, q, k, v, out, lse):
         travelling.append(call.indices)
     rows = chunk_rows(call)
     if rows and _on_one_node(call):
-        dq = served_backward(call, rows, travelling, out, k, v, dk, dv)
+        dq = served_query_backward(call, rows, travelling, out, k, v, dk, dv)
     else:
         dq = _ring_backward(call, travelling, out, k, v, dk, dv)
     return (dq.to(q.dtype), *kv_gradients(dk, dv, k, v))

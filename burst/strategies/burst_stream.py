@@ -1,6 +1,6 @@
 """BurstAttention on one node, the owner-served chunk stream: a ring's block pairs, in its order,
 holding a few chunks instead of two blocks. The backward serves query chunks (q, dO, D, lse) and sends
-their dQ home (served_backward), or, on the key side (grouped heads), key chunks (k, v) whose dK, dV
+their dQ home (served_query_backward), or, on the key side (grouped heads), key chunks (k, v) whose dK, dV
 go home (served_key_backward); the forward serves key chunks when a mask needs only part of some
 rank's keys, a sliding window above all, and its out, lse stay home (served_forward).
 
@@ -100,7 +100,7 @@ def served_forward(call: AttentionCall, rows: int, q, keys: KeyBlocks):
     return out_acc.to(q.dtype), lse_acc
 
 
-def served_backward(call: AttentionCall, rows: int, travelling, out, k, v, dk, dv):
+def served_query_backward(call: AttentionCall, rows: int, travelling, out, k, v, dk, dv):
     """Chunks of (q, dO, D, lse) from their owners; dQ chunks straight home (stream_chunks below)."""
     mine = call.segments(call.rank)
     needs = functools.partial(query_chunk_needed, call)
