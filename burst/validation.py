@@ -46,7 +46,8 @@ def checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, 
     call = AttentionCall(
         group=group, rank=rank, world=world, layout=layout, local_len=q.shape[1], spec=spec,
         scale=float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5,
-        kernel=select_kernel(q.device, q.dtype, float(softcap)), topology=_resolved_topology(topology),
+        kernel=select_kernel(q.device, q.dtype, float(softcap), q.shape[-1], v.shape[-1]),
+        topology=_resolved_topology(topology),
         indices=indices,
     )
     name = _auto_strategy(call, q, k, options, auto) if strategy == "auto" else strategy

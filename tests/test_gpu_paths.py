@@ -64,9 +64,9 @@ def _use_flash_stand_in():
     flex_attention.create_block_mask = flex_stand_in.create_block_mask
     cuda_flash_attn.available.cache_clear()
     select = validation.select_kernel
-    def flash_for_bf16(device, dtype, softcap=0.0):
+    def flash_for_bf16(device, dtype, softcap=0.0, head_dim=None, v_head_dim=None):
         if dtype != torch.bfloat16:
-            return select(device, dtype, softcap)
+            return select(device, dtype, softcap, head_dim, v_head_dim)
         return Softcapped(cuda_flash_attn, softcap) if softcap else cuda_flash_attn
 
     validation.select_kernel = flash_for_bf16

@@ -10,6 +10,7 @@ does not check flash_attn itself (see benchmarks/README.md for what has run on a
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 
@@ -17,10 +18,11 @@ import pytest
 import torch
 
 from burst import kernels
-from burst.kernels import aten_flash, cuda_flash_attn, cuda_sdpa, flex
+from burst.kernels import aten_flash, cuda_flash_attn, cuda_sdpa, cudnn, flex, spec
 from burst.kernels.reference import attention as reference_attention
 from burst.kernels.reference import lse_error
 
+import cudnn_stand_in
 import flash_stand_in
 import sdpa_stand_in
 from cases import rel_err
@@ -47,8 +49,15 @@ def aten_stand_in(monkeypatch):
     return use
 
 
-@pytest.mark.parametrize("kernel", [cuda_flash_attn, aten_flash], ids=["flash_attn", "aten_flash"])
-def test_flash_attn_adapter_matches_float64_attention(stand_in, aten_stand_in, kernel):
+@pytest.fixture
+def cudnn_ops(monkeypatch):
+    """torch's two cuDNN attention ops played by tests/cudnn_stand_in.py."""
+    cudnn_stand_in.install(monkeypatch)
+    return cudnn_stand_in.CALLS
+
+
+@pytest.mark.parametrize("kernel", [cuda_flash_attn, aten_flash, cudnn], ids=["flash_attn", "aten_flash", "cudnn"])
+def test_flash_attn_adapter_matches_float64_attention(stand_in, aten_stand_in, cudnn_ops, kernel):
     torch.manual_seed(0)
     b, s, d = 2, 48, 16
     for heads, kv_heads in ((4, 4), (4, 2), (4, 1)):
@@ -111,25 +120,122 @@ def flex_stand_in(monkeypatch):
 
 
 def test_dispatch_by_device_and_dtype(stand_in, monkeypatch):
+    """The registry picks the fastest proven backend: flash_attn (installed, here its stand-in) and cuDNN
+    (not yet run on a GPU) only when named, with a warning; cuDNN, once proven, on sm90+ for head dims
+    it takes; aten's flash otherwise, aten's efficient op without it; FlexAttention only for softcap."""
     cuda = torch.device("cuda")
+    monkeypatch.setattr(spec, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(cudnn, "available", lambda: True)
+    monkeypatch.setattr(aten_flash, "available", lambda: True)  # torch's own flash kernel (sm80+)
     assert kernels.select_kernel(torch.device("cpu"), torch.bfloat16) is kernels.cpu_flash
-    assert kernels.select_kernel(cuda, torch.bfloat16) is cuda_flash_attn
-    assert kernels.select_kernel(cuda, torch.float16) is cuda_flash_attn
+    assert kernels.select_kernel(cuda, torch.bfloat16) is aten_flash  # flash_attn and cudnn are unproven
     assert kernels.select_kernel(cuda, torch.float32) is cuda_sdpa  # flex only where asked (compiled: recompiles)
     assert kernels.select_kernel(cuda, torch.float64) is kernels.reference
-    monkeypatch.setitem(sys.modules, "flash_attn", None)  # not installed
-    monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", None)
-    cuda_flash_attn.available.cache_clear()
-    monkeypatch.setattr(aten_flash, "available", lambda: True)  # torch's own flash kernel (sm80+)
-    assert kernels.select_kernel(cuda, torch.bfloat16) is aten_flash
-    assert kernels.select_kernel(cuda, torch.float32) is cuda_sdpa
     assert kernels.select_kernel(cuda, torch.bfloat16, softcap=30.0).kernel is flex  # aten's flash has no softcap
+    monkeypatch.setenv(kernels.KERNEL_ENV, "flash_attn")
+    with pytest.warns(UserWarning, match="not yet checked on a GPU"):
+        assert kernels.select_kernel(cuda, torch.bfloat16) is cuda_flash_attn
+    monkeypatch.delenv(kernels.KERNEL_ENV)
+    monkeypatch.setattr(cudnn, "SPEC", dataclasses.replace(cudnn.SPEC, proven=True))  # as a GPU run would set it
+    assert kernels.select_kernel(cuda, torch.bfloat16) is cudnn
+    assert kernels.select_kernel(cuda, torch.float16, head_dim=128, v_head_dim=128) is cudnn
+    assert kernels.select_kernel(cuda, torch.bfloat16, head_dim=192, v_head_dim=192) is aten_flash  # over 128
+    assert kernels.select_kernel(cuda, torch.bfloat16, head_dim=64, v_head_dim=32) is aten_flash
+    monkeypatch.setattr(spec, "_capability", lambda device: (8, 0))  # an A100: FA2 is as fast there
+    assert kernels.select_kernel(cuda, torch.bfloat16) is aten_flash
     monkeypatch.setattr(aten_flash, "available", lambda: False)  # an older GPU or torch
     assert kernels.select_kernel(cuda, torch.bfloat16) is cuda_sdpa
     assert kernels.select_kernel(cuda, torch.bfloat16, softcap=30.0).kernel is flex  # the fused path with softcap
     monkeypatch.setattr(flex, "available", lambda: False)  # an older torch
     assert kernels.select_kernel(cuda, torch.bfloat16) is cuda_sdpa
     assert kernels.select_kernel(cuda, torch.float32) is cuda_sdpa
+    assert kernels.select_kernel(cuda, torch.bfloat16, softcap=30.0).kernel is kernels.reference
+
+
+def test_named_kernel_says_why_it_cannot_run(monkeypatch):
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(cudnn, "available", lambda: False)
+    for name, device, dtype, words in (("cudnn", cpu, torch.bfloat16, "needs CUDA tensors"),
+                                       ("cudnn", cuda, torch.bfloat16, "no cuDNN attention"),
+                                       ("cpu_flash", cuda, torch.float32, "needs CPU tensors"),
+                                       ("sdpa", cuda, torch.float64, "takes float16, bfloat16, float32, not float64"),
+                                       ("nonsense", cpu, torch.float32, "is not one of auto, cpu_flash, cudnn")):
+        with pytest.raises(ValueError, match=words):
+            kernels.named_kernel(name, device, dtype)
+    monkeypatch.setenv(kernels.KERNEL_ENV, "cpu_flash")
+    with pytest.raises(ValueError, match="takes no softcap .those that do: flash_attn, flex, reference"):
+        kernels.select_kernel(cpu, torch.float32, softcap=30.0)
+
+
+# --- cuDNN's ops: full and causal tiles itself, masked ones through aten's flash -----------------------
+
+def test_cudnn_runs_full_and_causal_tiles_of_any_shape_itself(cudnn_ops):
+    """Rectangular tiles, causal top-left (burst's convention, what cuDNN's is_causal means), GQA without
+    repeats, forward and backward from the global out and lse: every call cuDNN's (the stand-in's)."""
+    torch.manual_seed(4)
+    for sq, sk, heads, kv_heads, causal in ((48, 32, 4, 2, True), (32, 48, 8, 1, True), (40, 40, 4, 4, False),
+                                            (24, 64, 6, 3, False)):
+        q64, dout64 = (torch.randn(2, sq, heads, 16, dtype=torch.float64) for _ in range(2))
+        k64, v64 = (torch.randn(2, sk, kv_heads, 16, dtype=torch.float64, requires_grad=True) for _ in range(2))
+        q64.requires_grad_()
+        ref_out, ref_lse = reference_attention(q64, k64, v64, 0.3, causal=causal)
+        ref_out.backward(dout64)
+        q, k, v, dout = (t.detach().to(torch.bfloat16) for t in (q64, k64, v64, dout64))
+        cudnn_ops.clear()
+        out, lse = cudnn.forward(q, k, v, 0.3, causal)
+        assert out.shape == q.shape and lse.shape == (2, heads, sq) and lse.dtype == torch.float32
+        assert rel_err(out, ref_out) < 2e-2 and lse_error(lse, ref_lse) < 5e-2, (sq, sk, causal)
+        grads = cudnn.backward(dout, q, k, v, ref_out.detach().to(q.dtype), ref_lse.float(), 0.3, causal)
+        for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
+            assert got.shape == want.shape and got.dtype == torch.bfloat16 and rel_err(got, want) < 3e-2
+        assert cudnn_ops == [("forward", causal, sq, sk), ("backward", causal, sq, sk)]
+
+
+def test_cudnn_hands_masked_and_unfit_tiles_to_aten_flash(cudnn_ops, aten_stand_in, monkeypatch):
+    """Every mask case through the tiles planned for cudnn, exact: unmasked and diagonal tiles run on
+    cuDNN, band and document tiles on aten's flash (windows and varlen as arguments), only block-sparse
+    tiles as a dense bias (aten's efficient kernel, its stand-in); tiles cuDNN does not take (head dim
+    over 128, fp32) go to aten_flash as well."""
+    sdpa_stand_in.install(monkeypatch)
+    seen, cudnn_ran = set(), False
+    for name, spec_, _, dense_masks, calls in _mask_cases_through(cudnn, seed=5):
+        assert (dense_masks > 0) == (spec_.block_sparse is not None), name
+        seen |= calls
+        cudnn_ran |= bool(cudnn_ops)
+        cudnn_ops.clear()
+    assert WINDOWED_AND_VARLEN <= seen and cudnn_ran, seen
+    handed = []
+    monkeypatch.setattr(aten_flash, "forward", lambda *a: handed.append("forward") or "aten")
+    monkeypatch.setattr(aten_flash, "backward", lambda *a: handed.append("backward") or "aten")
+    wide, narrow = torch.randn(1, 8, 2, 192, dtype=torch.bfloat16), torch.randn(1, 8, 2, 16, dtype=torch.bfloat16)
+    for q, k, v in ((wide, wide, wide), (narrow.float(),) * 3, (narrow, narrow, narrow[..., :8])):
+        assert cudnn.forward(q, k, v, 1.0, False) == "aten"
+        assert cudnn.backward(q, q, k, v, q, None, 1.0, False) == "aten"
+    assert handed == ["forward", "backward"] * 3 and not cudnn_ops
+
+
+@pytest.mark.parametrize("broken", ["lse_without_its_last_dim", "dout_in_other_strides", "no_lengths",
+                                    "sequence_as_heads"])
+def test_the_cudnn_stand_in_fails_a_broken_adapter(cudnn_ops, monkeypatch, broken):
+    """The stand-in is a check, not a mirror: each rule the adapter keeps, broken, fails the call (or,
+    for a layout the ops cannot tell from the right one, the result)."""
+    q, k, dout = (torch.randn(1, 32, 4, 16, dtype=torch.bfloat16) for _ in range(3))
+    out, lse = cudnn.forward(q, k, k, 0.25, True)
+    real = cudnn._backward_op
+    if broken == "lse_without_its_last_dim":
+        monkeypatch.setattr(cudnn, "_backward_op", lambda *a, **kw: real(*a[:5], a[5].squeeze(-1), *a[6:], **kw))
+    elif broken == "dout_in_other_strides":
+        monkeypatch.setattr(cudnn, "_backward_op", lambda *a, **kw: real(a[0].contiguous(), *a[1:], **kw))
+    elif broken == "no_lengths":
+        monkeypatch.setattr(cudnn, "_backward_op", lambda *a, **kw: real(*a[:11], None, None, *a[13:], **kw))
+    else:  # burst's (b, s, h, d) handed on as if it were (b, h, s, d): the ops cannot tell, the result can
+        monkeypatch.setattr(cudnn, "_heads_first", lambda x: x.contiguous())
+        wrong, _ = cudnn.forward(q, k, k, 0.25, True)
+        want, _ = reference_attention(q.double(), k.double(), k.double(), 0.25, causal=True)
+        assert wrong.shape != want.shape or rel_err(wrong, want) > 0.1
+        return
+    with pytest.raises(AssertionError):
+        cudnn.backward(dout, q, k, k, out, lse, 0.25, True)
 
 
 # --- masks as kernel arguments: the planner's band and varlen tiles through the adapter --------------

@@ -27,6 +27,7 @@ import functools
 import torch
 
 from . import cuda_flash_attn, cuda_sdpa, reference
+from .spec import HALF, KernelSpec
 
 MAX_ROWS = cuda_flash_attn.MAX_ROWS
 DTYPES = cuda_flash_attn.DTYPES
@@ -49,6 +50,11 @@ def available() -> bool:
                         for op in (_forward_op, _backward_op))
     built = getattr(torch.backends.cuda, "is_flash_attention_available", lambda: False)()
     return takes_windows and built and torch.cuda.get_device_capability() >= (8, 0)
+
+
+SPEC = KernelSpec("aten_flash", "cuda", HALF, available=lambda: available(),
+                  missing="this torch or GPU has no flash attention with window arguments (an sm80+ GPU and "
+                          "torch 2.5 or newer built with it)")
 
 
 def _fallback(mask, softcap: float = 0.0):

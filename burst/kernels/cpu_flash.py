@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .masking import additive_mask, clear_empty_rows, dense_mask
+from .spec import FLOATS, KernelSpec
 
 # Rows per call at most: the op returns fresh out/dq/dk/dv per call, so smaller calls hold less, and
 # on CPU 1024-row calls run as fast as 4096-row ones (measured, 1 thread, 8 heads, dim 64).
@@ -20,6 +21,8 @@ MAX_ROWS = 1024
 # 8 heads, dim 64, fwd + bwd: benchmarks/triangle_leaves.py, table in benchmarks/masks.md).
 LEAF_ROWS = 64
 SPLITS_TRIANGLES = True
+SOFTCAP = False
+SPEC = KernelSpec("cpu_flash", "cpu", FLOATS)
 _forward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 

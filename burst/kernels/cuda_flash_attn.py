@@ -42,9 +42,10 @@ import torch
 
 from . import cuda_sdpa, flex, reference
 from ..masks import Bands
+from .spec import HALF, KernelSpec
 
 MAX_ROWS = 8192  # rows per call at most (fresh outputs per call); a call this size fills a GPU
-DTYPES = (torch.float16, torch.bfloat16)
+DTYPES = HALF
 BANDS = True  # takes causal, window and document masks as arguments (masks.TileSizes.bands)
 RULES = flex.available()  # other partial tiles whole, as rules, for FlexAttention (masks.TileSizes.rules)
 SOFTCAP = True  # forward and backward take softcap= (flash_attn's own argument)
@@ -64,6 +65,14 @@ def available() -> bool:
         return False
     return all(hasattr(interface, f) for f in ("_flash_attn_forward", "_flash_attn_backward",
                                                "_flash_attn_varlen_forward", "_flash_attn_varlen_backward"))
+
+
+SPEC = KernelSpec(
+    "flash_attn", "cuda", HALF, available=lambda: available(),
+    missing="flash_attn (2.7 or newer) does not import here: pip install flash-attn, or leave BURST_KERNEL unset "
+            "to use the flash kernel inside torch (aten_flash) or SDPA",
+    proven=False,  # the package was never installed on a lent GPU: checked against its stand-in only
+)
 
 
 def handles(q, k, causal: bool, mask) -> bool:

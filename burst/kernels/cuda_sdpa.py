@@ -15,9 +15,12 @@ from __future__ import annotations
 import torch
 
 from .masking import additive_mask, clear_empty_rows, dense_mask
+from .spec import HALF, KernelSpec
 
 # Rows per call at most (fresh outputs per call); larger than on CPU so that one call fills the GPU.
 MAX_ROWS = 8192
+SOFTCAP = False
+SPEC = KernelSpec("sdpa", "cuda", (*HALF, torch.float32))  # aten's efficient op: no float64
 _forward_op = torch.ops.aten._scaled_dot_product_efficient_attention
 _backward_op = torch.ops.aten._scaled_dot_product_efficient_attention_backward
 

@@ -34,6 +34,7 @@ import torch
 
 from ..masks import Bands, PositionRule
 from .masking import dense_mask
+from .spec import HALF, KernelSpec
 
 MAX_ROWS = 8192
 SOFTCAP = True  # forward and backward take softcap= (a score_mod)
@@ -48,6 +49,11 @@ def available() -> bool:
     except ImportError:
         return False
     return all(hasattr(module, name) for name in ("AuxRequest", "create_block_mask", "flex_attention"))
+
+
+# auto: softcap only (compiled, it recompiled per tile shape on an H200 until dynamo's limit: benchmarks/gpu.md)
+SPEC = KernelSpec("flex", "cuda", (*HALF, torch.float32), available=lambda: available(),
+                  missing=f"this torch ({torch.__version__}) has no FlexAttention with lse output", auto="softcap")
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,8 +20,10 @@ import math
 import torch
 
 from .masking import dense_mask
+from .spec import FLOATS, KernelSpec
 
 MAX_ROWS = 1024  # rows per call at most: the dense float64 score matrix is rows x rows per head
+SPEC = KernelSpec("reference", None, FLOATS)  # explicit scores: float64, softcap on the CPU, the last resort
 
 
 def _scores(q, k, scale, causal, mask, softcap: float = 0.0):

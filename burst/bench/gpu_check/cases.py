@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from burst.kernels import aten_flash, cuda_flash_attn, cuda_sdpa, flex, lse_for_backward, reference, row_delta
+from burst.kernels import aten_flash, cuda_flash_attn, cuda_sdpa, cudnn, flex, lse_for_backward, reference, row_delta
 from burst.kernels.accumulators import accumulator_zeros_like, empty_accumulators
 from burst.kernels.attend import attend_backward, attend_forward
 from burst.layout import Segment
@@ -50,6 +50,8 @@ class Sizes:
     speed_dtype: str
     speed_repeats: int
     world_speed_len: int       # section 3's several-rank run
+    ref_lens: tuple            # section 7: tokens, the most telling first (a short budget runs those)
+    ref_heads: int             # section 7: query heads (KV heads a quarter of them, or as many), head dim 128
     mem_batch: int             # section 4's longest-length search: batch x heads x head_dim
     mem_heads: int
     mem_dim: int
@@ -71,12 +73,13 @@ CUDA_SIZES = Sizes(
     world_dtypes=("float32", "bfloat16", "float16"), world_ranks=(2, 4),
     speed_lens=(8192, 16384, 32768, 65536, 131072), speed_dims=(64, 128), speed_hidden=2048,
     speed_dtype="bfloat16", speed_repeats=1,
+    ref_lens=(65536, 16384, 131072, 32768), ref_heads=32,
     world_speed_len=16384,  # 2 ranks sharing the GPU through gloo's host copies did not finish 32768 in the time left
     # batch 1 and at most 2^18 tokens: under 2^31 elements per tensor (on the H200 torch's own SDPA hit an illegal
     # memory access at 8 x 32 x 128 x 131072 = 2^32, which poisons the CUDA context for every later section)
     mem_batch=1, mem_heads=32, mem_dim=128, mem_start=8192, mem_limit=1 << 18, mem_cap_bytes=None,
     train_model="small", train_start=65536, train_limit=1 << 20,
-    budgets={"1": 40, "2": 90, "3": 100, "4": 50, "5": 40, "6": 90}, spawn_timeout=120.0, threads=None,
+    budgets={"1": 40, "2": 90, "3": 100, "4": 50, "5": 40, "6": 90, "7": 360}, spawn_timeout=120.0, threads=None,
 )
 
 
@@ -84,10 +87,10 @@ CPU_SIZES = Sizes(
     kernel_len=128, kernel_heads=2, kernel_kv_heads=1, kernel_dims=(16,), kernel_dtypes=("float32", "bfloat16"),
     world_len=32, world_heads=2, world_kv_heads=1, world_dim=16, world_dtypes=("float32",), world_ranks=(2,),
     speed_lens=(128, 256), speed_dims=(16,), speed_hidden=32, speed_dtype="float32", speed_repeats=1,
-    world_speed_len=128,
+    world_speed_len=128, ref_lens=(256, 128), ref_heads=4,
     mem_batch=1, mem_heads=2, mem_dim=16, mem_start=128, mem_limit=512, mem_cap_bytes=256 << 20,
     train_model="tiny", train_start=32, train_limit=64,
-    budgets={"1": 30, "2": 60, "3": 20, "4": 30, "5": 40, "6": 40}, spawn_timeout=60.0,
+    budgets={"1": 30, "2": 60, "3": 20, "4": 30, "5": 40, "6": 40, "7": 30}, spawn_timeout=60.0,
     threads=1,  # tiny ops: one thread each is many times faster than threads spinning on a busy machine
 )
 
@@ -182,6 +185,11 @@ def tile_backend(kernel, q, k, tile) -> str:
     window or varlen arguments), +rule (FlexAttention's mask_mod), +mask (a dense bias)."""
     name = getattr(kernel, "__name__", str(kernel)).rsplit(".", 1)[-1]
     mask = tile.kernel_mask
+    if kernel is cudnn:
+        qt, kt = q[:, tile.q.rows], k[:, tile.k.rows]
+        if cudnn.handles(qt, kt, kt, tile.causal, mask):
+            return "cudnn" + (" causal" if tile.causal else "")
+        kernel = aten_flash  # what cudnn hands masked tiles to
     if kernel in (cuda_flash_attn, aten_flash):
         qt, kt = q[:, tile.q.rows], k[:, tile.k.rows]
         if kernel.handles(qt, kt, tile.causal, mask):

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from burst import layout as layout_mod
-from burst.kernels import aten_flash, cpu_flash, cuda_flash_attn, cuda_sdpa, flex, reference
+from burst.kernels import aten_flash, cpu_flash, cuda_flash_attn, cuda_sdpa, cudnn, flex, reference
 from burst.masks import MaskSpec
 
 from .cases import (DTYPE_NAMES, KERNEL_CASES, Sizes, block_step, compare, float64_reference, mask_spec,
@@ -23,6 +23,8 @@ def kernel_paths(device: torch.device, sizes: Sizes) -> list:
         paths = [("cuda_sdpa", cuda_sdpa, halves)]
         if aten_flash.available():
             paths.append(("aten_flash", aten_flash, tuple(d for d in halves if d in aten_flash.DTYPES)))
+        if cudnn.available():  # its masked tiles run on aten_flash: the rows show both
+            paths.append(("cudnn", cudnn, tuple(d for d in halves if d in cudnn.SPEC.dtypes)))
         if flex.available():
             paths.append(("flex", flex, halves))
         if cuda_flash_attn.available():

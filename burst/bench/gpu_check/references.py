@@ -1,0 +1,239 @@
+"""Section 7: burst beside the fastest attention torch ships on this device (issue 66).
+
+One rank, forward + backward, in the speed dtype, head dim 128: burst.attention (its automatic kernel
+and each CUDA kernel it can be told to run) beside SDPA's flash and cuDNN backends and compiled
+FlexAttention, for full and causal attention with grouped (32/8) and multi-head (32/32) heads; a
+sliding window and packed documents against FlexAttention (and SDPA on the documents as a batch);
+the block steps of a G-rank ring summed against one call on the whole sequence (what a ring of G
+GPUs can reach at most); peak memory above the inputs. 'x best' is the fastest reference's seconds
+over this row's (>= 1: as fast as the best reference).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.nn.functional as F
+
+import burst
+from burst.bench.harness import BenchConfig, attention_flops
+from burst.kernels import KERNEL_ENV, cudnn, select_kernel
+from burst.kernels.registry import kernels_by_name
+from burst.layout import segments
+from burst.masks import MaskSpec
+
+from .cases import block_step, is_oom, random_inputs, release_memory
+from .report import Report, first_line
+from .speed import time_fwd_bwd
+
+
+@contextlib.contextmanager
+def forced_kernel(name: str | None):
+    """burst.attention with BURST_KERNEL=name inside (None: its automatic choice)."""
+    before = os.environ.get(KERNEL_ENV)
+    if name:
+        os.environ[KERNEL_ENV] = name
+    try:
+        yield
+    finally:
+        os.environ.pop(KERNEL_ENV, None)
+        if before is not None:
+            os.environ[KERNEL_ENV] = before
+
+
+def _leaves(q, k, v):
+    return [t.detach().requires_grad_() for t in (q, k, v)]
+
+
+def burst_runner(q, k, v, dout, spec: MaskSpec, kernel: str | None = None):
+    qq, kk, vv = _leaves(q, k, v)
+
+    def forward():
+        with forced_kernel(kernel):
+            return burst.attention(qq, kk, vv, causal=spec.causal, window=spec.window, cu_seqlens=spec.cu_seqlens)
+
+    return forward, lambda out: out.backward(dout), lambda: None
+
+
+def sdpa_runner(q, k, v, dout, spec: MaskSpec, backend: str):
+    """SDPA pinned to one backend on (b, h, s, d) views; documents as a batch of equal documents."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if spec.window is not None:
+        raise RuntimeError("SDPA has no window argument")
+    docs = len(spec.cu_seqlens) - 1 if spec.cu_seqlens is not None else 1
+    group = q.shape[2] // k.shape[2]
+    kk, vv = (t.repeat_interleave(group, 2) if group > 1 else t for t in (k, v))  # enable_gqa is not on every backend
+    shaped = [t.reshape(t.shape[0] * docs, t.shape[1] // docs, *t.shape[2:]).transpose(1, 2) for t in (q, kk, vv)]
+    qq, kk, vv = _leaves(*shaped)
+    dt = dout.reshape(qq.shape[0], -1, *dout.shape[2:]).transpose(1, 2)
+
+    def forward():
+        with sdpa_kernel([getattr(SDPBackend, backend)]):
+            return F.scaled_dot_product_attention(qq, kk, vv, is_causal=spec.causal)
+
+    return forward, lambda out: out.backward(dt), lambda: None
+
+
+def flex_runner(q, k, v, dout, spec: MaskSpec):
+    """Compiled flex_attention with the mask as a BlockMask (built once, outside the timing)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    n = q.shape[1]
+    allowed = _mask_mod(spec, q.device)
+    block_mask = create_block_mask(allowed, None, None, n, n, device=q.device) if allowed else None
+    flex = torch.compile(flex_attention)
+    qq, kk, vv = _leaves(*(t.transpose(1, 2) for t in (q, k, v)))
+    dt = dout.transpose(1, 2)
+
+    def forward():
+        return flex(qq, kk, vv, block_mask=block_mask, enable_gqa=q.shape[2] != k.shape[2])
+
+    return forward, lambda out: out.backward(dt), lambda: None
+
+
+def _mask_mod(spec: MaskSpec, device):
+    if not spec.causal and spec.window is None and spec.cu_seqlens is None:
+        return None
+    doc = None
+    if spec.cu_seqlens is not None:
+        bounds = torch.tensor(spec.cu_seqlens, device=device)
+        doc = torch.bucketize(torch.arange(int(bounds[-1]), device=device), bounds[1:], right=True)
+    left = spec.window[0] if spec.window is not None else -1
+
+    def allowed(b, h, qi, ki):
+        ok = ki <= qi if spec.causal else qi >= 0
+        if left >= 0:
+            ok = ok & (qi - ki <= left)
+        if doc is not None:
+            ok = ok & (doc[qi] == doc[ki])
+        return ok
+
+    return allowed
+
+
+def ring_tiles_runner(q, k, v, dout, spec: MaskSpec, ranks: int):
+    """Every block step a `ranks`-rank ring runs (zigzag for causal), one after another on this device."""
+    kernel = select_kernel(q.device, q.dtype, head_dim=q.shape[-1], v_head_dim=v.shape[-1])
+    layout = "zigzag" if spec.causal else "contiguous"
+    local = q.shape[1] // ranks
+    segs = [segments(layout, r, ranks, local) for r in range(ranks)]
+    rows = [torch.cat([s.positions() for s in seg]).to(q.device) for seg in segs]
+    shards = [[t[:, idx] for t in (q, k, v, dout)] for idx in rows]
+    scale = q.shape[-1] ** -0.5
+
+    def forward():
+        for r in range(ranks):
+            for src in range(ranks):
+                qr, _, _, dr = shards[r]
+                _, ks, vs, _ = shards[src]
+                block_step(kernel, qr, ks, vs, dr, spec, scale, local, segs[r], segs[src])
+
+    return forward, lambda out: None, lambda: None
+
+
+def _time(runner, *args) -> float:
+    forward, backward, reset = runner(*args)
+    fwd, bwd = time_fwd_bwd(args[0].device, 1, forward, backward, reset)
+    return fwd + bwd
+
+
+def _references(spec: MaskSpec, device) -> dict:
+    refs = {"FlexAttention": (flex_runner,)} if device.type == "cuda" else {}  # compiled for the CPU: minutes
+    if spec.window is None:
+        refs = {"SDPA flash": (sdpa_runner, "FLASH_ATTENTION"), "SDPA cuDNN": (sdpa_runner, "CUDNN_ATTENTION"), **refs}
+    return refs
+
+
+def _burst_kernels(device) -> dict:
+    """burst.attention automatic, and each CUDA kernel it can be told to run here."""
+    named = {"burst": None}
+    if device.type == "cuda":
+        for name in ("cudnn", "aten_flash"):
+            if kernels_by_name()[name].SPEC.available():
+                named[f"burst ({name})"] = name
+    return named
+
+
+def _row(sec, label: str, spec: MaskSpec, inputs, burst_kernels: dict) -> dict:
+    q, k = inputs[0], inputs[1]
+    row = {"work": label, "tokens": q.shape[1], "heads": f"{q.shape[2]}/{k.shape[2]}"}
+    times = {}
+    runners = {**_references(spec, q.device), **{n: (burst_runner, kn) for n, kn in burst_kernels.items()}}
+    for name, (runner, *extra) in runners.items():
+        try:
+            times[name] = row[f"{name} ms"] = 1e3 * _time(runner, *inputs, spec, *extra)
+        except Exception as err:  # noqa: BLE001 - OOM or a backend that does not take this: the row says so
+            row[f"{name} ms"] = "OOM" if is_oom(err) else type(err).__name__
+            if not is_oom(err) and name.startswith("burst"):
+                sec.fail(f"{name} {label} at {q.shape[1]} tokens: {first_line(err)}")
+        release_memory(q.device)
+    best = min((t for n, t in times.items() if not n.startswith("burst")), default=None)
+    for name in burst_kernels:
+        if best and name in times:
+            row[f"{name} x best"] = best / times[name]
+    fwd, bwd = attention_flops(BenchConfig(seq_len=q.shape[1], heads=q.shape[2], head_dim=q.shape[3],
+                                           causal=spec.causal))
+    if "burst" in times:
+        row["burst TFLOP/s"] = (fwd + bwd) / times["burst"] / 1e9 if spec.window is None and spec.cu_seqlens is None else ""
+    return row
+
+
+def section_references(rep: Report) -> None:
+    with rep.section("7", "Against the fastest kernels torch ships (SDPA flash, cuDNN, FlexAttention)") as sec:
+        sizes, device = rep.sizes, rep.device
+        dtype = getattr(torch, sizes.speed_dtype)
+        kernels = _burst_kernels(device)
+        heads, dim = sizes.ref_heads, min(128, sizes.speed_hidden // 2)
+        sec.note(f"{sizes.speed_dtype}, batch 1, head dim {dim}, forward + backward ms (one warm-up pass, then one); "
+                 f"cuDNN available to burst: {cudnn.available()}; burst's automatic kernel: "
+                 f"{select_kernel(device, dtype, head_dim=dim, v_head_dim=dim).__name__.rsplit('.', 1)[-1]}")
+        rows = []
+        for n in sizes.ref_lens:
+            for kv in (heads // 4, heads):
+                for label, spec in (("full", MaskSpec()), ("causal", MaskSpec(causal=True))):
+                    if sec.skip_for_time(f"{label} {heads}/{kv} at {n}", 8):
+                        continue
+                    inputs = random_inputs(1, n, heads, kv, dim, dtype, device, on_device=True)
+                    rows.append(_row(sec, label, spec, inputs, kernels))
+                    del inputs
+        cols = ["work", "tokens", "heads", *[f"{r} ms" for r in _references(MaskSpec(), device)],
+                *[f"{b} ms" for b in kernels],
+                *[f"{b} x best" for b in kernels], "burst TFLOP/s"]
+        sec.table("one rank, full and causal", cols, rows)
+        n = sizes.ref_lens[0]
+        part = n // 16
+        masked = (("window, causal", MaskSpec(causal=True, window=(part, 0))),
+                  ("16 documents, causal", MaskSpec(causal=True, cu_seqlens=tuple(range(0, n + 1, part)))))
+        rows = []
+        for label, spec in masked:
+            if not sec.skip_for_time(f"{label} at {n}", 8):
+                rows.append(_row(sec, label, spec, random_inputs(1, n, heads, heads // 4, dim, dtype, device,
+                                                                 on_device=True), kernels))
+        sec.table(f"masks at {n} tokens (window and documents of {part})",
+                  ["work", "tokens", "heads", "SDPA flash ms", "FlexAttention ms", *[f"{b} ms" for b in kernels],
+                   *[f"{b} x best" for b in kernels]], rows)
+        sec.table(f"the block steps of a G-rank ring summed against one call, {n} tokens", ["work", "G", "one call ms",
+                  "tiles summed ms", "one call / tiles"], _ring_rows(sec, n, heads, dim, dtype, device))
+
+
+def _ring_rows(sec, n, heads, dim, dtype, device) -> list:
+    rows = []
+    for label, spec in (("full", MaskSpec()), ("causal", MaskSpec(causal=True))):
+        inputs = random_inputs(1, n, heads, heads // 4, dim, dtype, device, on_device=True)
+        try:
+            whole = _time(ring_tiles_runner, *inputs, spec, 1)
+        except Exception as err:  # noqa: BLE001
+            sec.fail(f"one call {label} at {n}: {first_line(err)}")
+            continue
+        for g in (2, 4, 8):
+            if sec.skip_for_time(f"ring tiles {label} G={g}", 4 * whole / 1e3 + 2):
+                break
+            summed = _time(ring_tiles_runner, *inputs, spec, g)
+            rows.append({"work": label, "G": g, "one call ms": 1e3 * whole, "tiles summed ms": 1e3 * summed,
+                         "one call / tiles": whole / summed})
+        del inputs
+        release_memory(device)
+    return rows

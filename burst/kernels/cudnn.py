@@ -1,0 +1,97 @@
+"""CUDA backend: cuDNN's fused attention, through torch's ops (what SDPA's CUDNN_ATTENTION runs).
+
+Called directly, so that the forward returns lse and the backward takes the rows' global out and lse:
+
+    _scaled_dot_product_cudnn_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal,
+                                        return_debug_mask, *, scale)
+        -> out (b, h, sq, dv) in q's stride order, lse (b, h, sq, 1) float32, cum_seq_q, cum_seq_k,
+           max_q, max_k, philox_seed, philox_offset, debug_mask
+    _scaled_dot_product_cudnn_attention_backward(dout, q, k, v, out, lse, philox_seed, philox_offset,
+                                                 attn_bias, cum_seq_q, cum_seq_k, max_q, max_k,
+                                                 dropout_p, is_causal, *, scale) -> dq, dk, dv
+
+q, k, v are (b, h, s, d) views with unit stride on the head dim (burst's (b, s, h, d) transposed); GQA
+goes in without repeats and dk, dv come back with the KV heads; is_causal is the top-left triangle,
+burst's tile convention, for any tile shape. The backward reads max_q, max_k as the dense lengths,
+wants dout in out's strides and lse as the forward's (b, h, sq, 1), and is handed None for the bias
+and the varlen tensors (what autograd hands it after a dense forward) and zero dropout seeds.
+
+It runs full and causal tiles. Masked tiles (windows, documents, causal off the diagonal, all planned
+as masks.Bands since BANDS is set) and what cuDNN does not take here (fp32, head dims that are not a
+multiple of 8 or over 128, a v head dim unlike q's) go to aten_flash, the FlashAttention-2 inside torch,
+which takes bands as window and varlen arguments (and hands on what it cannot take itself).
+tests/cudnn_stand_in.py plays the two ops with these rules on the CPU; scripts/gpu_check.sh runs them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import aten_flash
+from .spec import HALF, KernelSpec
+
+MAX_ROWS = 1 << 20  # no cap of the kernel's own: a shard is one call (fresh outputs are O(rows))
+BANDS = True   # masks as band arguments, for aten_flash: cuDNN itself runs the unmasked and causal tiles
+RULES = False
+SOFTCAP = False
+MAX_HEAD_DIM = 128  # what torch's cuDNN path takes on every cuDNN 9 release (larger ones vary by version)
+
+_forward_op = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", None)
+_backward_op = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention_backward", None)
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> bool:
+    """True on an NVIDIA GPU whose torch has cuDNN's attention ops and cuDNN 9 or newer."""
+    if _forward_op is None or _backward_op is None or torch.version.hip or not torch.cuda.is_available():
+        return False
+    return torch.backends.cudnn.is_available() and (torch.backends.cudnn.version() or 0) >= 90000
+
+
+SPEC = KernelSpec(
+    "cudnn", "cuda", HALF, available=lambda: available(),
+    missing="this torch or GPU has no cuDNN attention (cuDNN 9 and torch 2.5 or newer on an NVIDIA GPU)",
+    min_capability=(8, 0), fastest_from=(9, 0), head_dims=(8, MAX_HEAD_DIM),
+    proven=False,  # built against a stand-in of the ops' rules; not yet run on a GPU (benchmarks/gpu.md)
+)
+
+
+def handles(q, k, v, causal: bool, mask) -> bool:
+    """True when cuDNN runs this tile itself: fp16/bf16, no mask (causal is its own top-left
+    triangle, any shape), equal q and v head dims that are multiples of 8 up to MAX_HEAD_DIM."""
+    return (mask is None and q.dtype in HALF and k.shape[-1] == q.shape[-1]
+            and SPEC.takes_head_dims(q.shape[-1], v.shape[-1]))
+
+
+@functools.lru_cache(maxsize=8)
+def _no_dropout_seeds(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward's philox seed and offset: read only with dropout, which burst never asks."""
+    return torch.zeros((), dtype=torch.int64, device=device), torch.zeros((), dtype=torch.int64, device=device)
+
+
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    """(b, s, h, d) -> a (b, h, s, d) view of its contiguous copy (no copy when already contiguous)."""
+    return x.contiguous().transpose(1, 2)
+
+
+def forward(q, k, v, scale: float, causal: bool, mask=None):
+    """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
+    if not handles(q, k, v, causal, mask):
+        return aten_flash.forward(q, k, v, scale, causal, mask)
+    out, lse, *_ = _forward_op(_heads_first(q), _heads_first(k), _heads_first(v), None, True, 0.0, causal, False,
+                               scale=scale)
+    return out.transpose(1, 2), lse.squeeze(-1)
+
+
+def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask=None):
+    """Gradients of one block given the rows' global out and lse (see kernels/__init__.py)."""
+    if not handles(q, k, v, causal, mask):
+        return aten_flash.backward(dout, q, k, v, out, lse, scale, causal, mask)
+    dq, dk, dv = _backward_op(
+        _heads_first(dout), _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(out),
+        lse.float().contiguous().unsqueeze(-1), *_no_dropout_seeds(q.device), None, None, None,
+        q.shape[1], k.shape[1], 0.0, causal, scale=scale,
+    )
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
