@@ -45,6 +45,7 @@ def aten_stand_in(monkeypatch):
         ops = flash_stand_in.AtenOps(padded_lse)
         monkeypatch.setattr(aten_flash, "_forward_op", ops.forward)
         monkeypatch.setattr(aten_flash, "_backward_op", ops.backward)
+        monkeypatch.setattr(aten_flash, "varlen_lse_padded", lambda: padded_lse)  # the build's rule
     use()
     return use
 
@@ -117,6 +118,13 @@ def flex_stand_in(monkeypatch):
     yield module
     flex._compiled.cache_clear()
     flex._BLOCK_MASKS.clear()
+
+
+def test_the_varlen_lse_layout_is_read_from_the_builds_shape_rule():
+    """aten_flash hands the backward the varlen lse layout this torch's forward returns, read from the
+    op's meta rule (no GPU needed): this torch returns (h, total_q)."""
+    aten_flash.varlen_lse_padded.cache_clear()
+    assert aten_flash.varlen_lse_padded() is False
 
 
 def test_dispatch_by_device_and_dtype(stand_in, monkeypatch):

@@ -1,15 +1,15 @@
 """CUDA backend: the FlashAttention-2 inside PyTorch (aten's `_flash_attention_forward` / `_backward`).
 
 What SDPA's flash backend runs, called directly so that the forward returns lse and the backward
-takes the rows' global out and lse (what ring backward needs). Chosen for fp16/bf16 on CUDA when the
-`flash_attn` package is not installed: on an H200 aten's efficient kernel reached 0.37-0.47 of SDPA's
-flash backend (benchmarks/gpu.md), this is that backend. The ops take flash_attn's layout and
+takes the rows' global out and lse (what ring backward needs). The proven CUDA kernel for fp16/bf16
+(kernels/registry.py): SDPA's flash backend itself, with the lse burst's merges need. The ops take flash_attn's layout and
 conventions (b, s, h, d; GQA native; windows with the band at the bottom-right corner; varlen with
 int32 cu_seqlens), so the tile logic is cuda_flash_attn's, handed this module's `ATEN` library:
 
     _flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                              return_debug_mask, *, scale, window_size_left, window_size_right)
-        -> out, lse (b, h, sq) or, varlen, (h, total_q), rng_state, unused, debug_mask
+        -> out, lse (b, h, sq) or, varlen, (h, total_q) (older builds: (sequences, h, max_q)), rng_state,
+           unused, debug_mask
     _flash_attention_backward(dout, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                               is_causal, rng_state, unused, *, scale, window_size_left, window_size_right)
         -> dq, dk, dv   (cum_seq_q None: the dense kernel; dk, dv summed over the group for GQA)
@@ -74,14 +74,26 @@ def _rows_of_sequences(cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return seq, torch.arange(int(cu[-1]), device=cu.device) - cu[:-1].long()[seq]
 
 
+@functools.lru_cache(maxsize=None)
+def varlen_lse_padded() -> bool:
+    """Whether this build's varlen forward returns lse padded per sequence, (sequences, h, max_q), as
+    older builds do, rather than (h, total_q): read once from the op's own shape rule on the meta
+    device (two sequences of three tokens), so the backward hands the build's layout back."""
+    q = torch.empty(3, 1, 8, device="meta", dtype=torch.float16)
+    cu = torch.empty(3, device="meta", dtype=torch.int32)
+    try:
+        lse = _forward_op(q, q, q, cu, cu, 2, 2, 0.0, False, False, scale=1.0, window_size_left=-1,
+                          window_size_right=-1)[1]
+    except Exception:  # no meta rule in this build: the layout of the builds that have windows
+        return False
+    return lse.dim() == 3
+
+
 class AtenFlash:
-    """The four calls cuda_flash_attn makes, on aten's ops. Older builds padded a varlen lse per
-    sequence, (sequences, h, max_q), where newer ones return (h, total_q): the forward takes either,
-    and the backward hands back the layout the forward last returned."""
+    """The four calls cuda_flash_attn makes, on aten's ops, in burst's lse layouts."""
 
     SOFTCAP = False
     fallback = staticmethod(_fallback)
-    padded_varlen_lse = False
 
     @staticmethod
     def _windows(left, right) -> dict:
@@ -99,25 +111,24 @@ class AtenFlash:
                                   *_no_rng(q.device), scale=scale, **AtenFlash._windows(left, right))
         return dq, dk, dv
 
-    @classmethod
-    def varlen_forward(cls, q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, softcap):
+    @staticmethod
+    def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, softcap):
         out, lse, *_ = _forward_op(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, False, False, scale=scale,
-                                   **cls._windows(left, right))
-        cls.padded_varlen_lse = lse.dim() == 3
-        if cls.padded_varlen_lse:
+                                   **AtenFlash._windows(left, right))
+        if varlen_lse_padded():
             seq, pos = _rows_of_sequences(cu_q)
             lse = lse[seq, :, pos].transpose(0, 1)
         return out, lse
 
-    @classmethod
-    def varlen_backward(cls, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap):
-        if cls.padded_varlen_lse:
+    @staticmethod
+    def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap):
+        if varlen_lse_padded():
             seq, pos = _rows_of_sequences(cu_q)
             padded = lse.new_zeros(len(cu_q) - 1, lse.shape[0], max_q)
             padded[seq, :, pos] = lse.transpose(0, 1)
             lse = padded
         dq, dk, dv = _backward_op(dout, q, k, v, out, lse.contiguous(), cu_q, cu_k, max_q, max_k, 0.0, False,
-                                  *_no_rng(q.device), scale=scale, **cls._windows(left, right))
+                                  *_no_rng(q.device), scale=scale, **AtenFlash._windows(left, right))
         return dq, dk, dv
 
 
