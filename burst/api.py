@@ -64,7 +64,9 @@ def attention(
         window: (left, right) sliding window in tokens: query i attends keys i-left .. i+right;
             -1 = unbounded on that side (flash_attn's window_size). None = no window.
         softmax_scale: default 1 / sqrt(headdim).
-        return_lse: also return the log-sum-exp of each row's scores.
+        return_lse: also return the log-sum-exp of each row's scores. Differentiable (d lse_i / d s_ij =
+            P_ij), with every strategy, sinks, compressed entries and latent=: a loss that merges burst's
+            (out, lse) with another partial attention gets exact gradients (burst/lse_channel.py).
         cu_seqlens: packed documents, as flash_attn's varlen API: cumulative lengths over the
             *global* sequence, (ndocs + 1,) ints from 0 to the global length. A token attends only
             inside its own document (and causally, with causal=True).
@@ -110,7 +112,8 @@ def attention(
 
     Returns:
         out: (batch_size, seqlen_local, nheads, headdim) in q's dtype, and, with return_lse,
-        lse: (batch_size, nheads, seqlen_local) float32 (float64 for float64 input), the sinks included.
+        lse: (batch_size, nheads, seqlen_local) float32 (float64 for float64 input), the sinks included;
+        differentiable.
 
     Raises ValueError / TypeError on bad input on every rank of the group, before any communication
     of the strategy starts, so no rank is left waiting.

@@ -5,7 +5,8 @@ cu_seqlens as ints, softcap, chunk_size, integer strategy options, sinks) calls 
 running eagerly behind a graph break. Dynamo sees an opaque op with a fake (shape-only) implementation;
 at run time the op does what eager burst.attention does: validation and the cross-rank agreement (one
 small collective per call), then the strategy's loops. Its backward is a second op,
-`burst::attention_backward`, that runs the strategy's backward from the saved q, k, v, out and lse.
+`burst::attention_backward`, that runs the strategy's backward from the saved q, k, v, out and lse
+(and lse's gradient when the caller asked for lse: strategies/base.py's sharded_backward).
 
 Why it matters: a graph break cannot sit inside an activation-checkpointed region, so without the op
 dynamo ran a compiled, checkpointed block that calls burst eagerly in full (correct, not fused).
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .prepare import prepare_attention, unit_stride_last
-from .sinks import fold_sinks, sink_gradient
+from .strategies.base import sharded_backward, sharded_forward
 
 _PREPARED: dict = {}  # the op's arguments and shapes -> (strategy, AttentionCall), for the backward
 _PREPARED_MAX = 256
@@ -46,25 +47,26 @@ def attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, r
         q, k, v, sinks, group.group_name if group is not None else "", strategy, layout, bool(causal),
         list(window) if window is not None else None, float(softmax_scale) if softmax_scale is not None else None,
         list(cu_seqlens) if cu_seqlens is not None else None, float(softcap), chunk_size, ",".join(options),
-        [int(x) for x in options.values()])
+        [int(x) for x in options.values()], bool(return_lse))
     return (out, lse) if return_lse else out
 
 
 def _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, softcap,
-              chunk_size, option_names, option_values, fresh: bool):
+              chunk_size, option_names, option_values, return_lse, fresh: bool):
     """(strategy, AttentionCall) for the op's arguments: burst.attention's validation and agreement
     (collective), on every forward (`fresh`) as eager burst.attention does it, so that ranks whose
     calls differ raise together instead of one waiting in a ring the others never join; the
     backward reuses the forward's."""
     key = (group_name, strategy, layout, causal, tuple(window) if window else None, softmax_scale,
-           tuple(cu_seqlens) if cu_seqlens else None, softcap, chunk_size, option_names, tuple(option_values), tuple(q.shape),
+           tuple(cu_seqlens) if cu_seqlens else None, softcap, chunk_size, option_names, tuple(option_values), return_lse,
+           tuple(q.shape),
            tuple(k.shape), q.dtype, q.device, sinks is not None)
     hit = None if fresh else _PREPARED.get(key)
     if hit is None:
         group = dist.distributed_c10d._resolve_process_group(group_name) if group_name else None
         options = dict(zip(option_names.split(","), option_values)) if option_names else {}
         hit = prepare_attention(q, k, v, group, strategy, layout, causal, tuple(window) if window else None,
-                                softmax_scale, True, cu_seqlens, None, None, sinks=sinks, softcap=softcap,
+                                softmax_scale, return_lse, cu_seqlens, None, None, sinks=sinks, softcap=softcap,
                                 chunk_size=chunk_size, **options)
         if len(_PREPARED) >= _PREPARED_MAX:
             _PREPARED.clear()
@@ -80,39 +82,37 @@ def _stat_dtype(q):
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor], group_name: str,
                   strategy: str, layout: str, causal: bool, window: Optional[list[int]], softmax_scale: Optional[float],
                   cu_seqlens: Optional[list[int]], softcap: float, chunk_size: Optional[int], option_names: str,
-                  option_values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                  option_values: list[int], return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
     chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
-                             softcap, chunk_size, option_names, option_values, fresh=True)
+                             softcap, chunk_size, option_names, option_values, return_lse, fresh=True)
     with torch.autocast(q.device.type, enabled=False):
-        out, lse = chosen.forward(call, *(unit_stride_last(t) for t in (q, k, v)))
-        if sinks is not None:
-            out, lse = fold_sinks(out, lse, sinks)
+        out, lse = sharded_forward(call, chosen, *(unit_stride_last(t) for t in (q, k, v)), sinks)
     return out.contiguous(), lse.contiguous()  # the strides the fake promises (a strategy may follow q's)
 
 
 @_attention_op.register_fake
 def _(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, softcap, chunk_size,
-      option_names, option_values):
+      option_names, option_values, return_lse):
     b, s, h, _ = q.shape
     return _contiguous_like(q), q.new_empty((b, h, s), dtype=_stat_dtype(q))
 
 
 @torch.library.custom_op("burst::attention_backward", mutates_args=())
-def _attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                           lse: torch.Tensor, sinks: Optional[torch.Tensor], group_name: str, strategy: str,
-                           layout: str, causal: bool, window: Optional[list[int]], softmax_scale: Optional[float],
-                           cu_seqlens: Optional[list[int]], softcap: float, chunk_size: Optional[int],
-                           option_names: str,
-                           option_values: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv and dsinks (empty when there are no sinks: an op returns tensors only)."""
+def _attention_backward_op(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                           v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: Optional[torch.Tensor],
+                           group_name: str, strategy: str, layout: str, causal: bool, window: Optional[list[int]],
+                           softmax_scale: Optional[float], cu_seqlens: Optional[list[int]], softcap: float,
+                           chunk_size: Optional[int], option_names: str, option_values: list[int],
+                           return_lse: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv and dsinks (empty when there are no sinks: an op returns tensors only). dlse: lse's
+    gradient, None when the caller did not ask for lse."""
     chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
-                             softcap, chunk_size, option_names, option_values, fresh=False)
-    dout = dout.contiguous()
+                             softcap, chunk_size, option_names, option_values, return_lse, fresh=False)
     with torch.autocast(q.device.type, enabled=False):
-        dq, dk, dv = chosen.backward(call, dout, q, k, v, out, lse)
+        dq, dk, dv, dsinks, _, _ = sharded_backward(call, chosen, dout, dlse, q, k, v, out, lse, sinks)
         if dv is None:  # v is k: dk holds both roles' sums (strategies.base.kv_gradients); an op returns tensors
             dv = torch.zeros_like(v)
-        dsinks = sink_gradient(dout, out, lse, sinks) if sinks is not None else q.new_empty(0)
+        dsinks = dsinks if sinks is not None else q.new_empty(0)
     return dq.contiguous(), dk.contiguous(), dv.contiguous(), dsinks
 
 
@@ -121,7 +121,7 @@ def _contiguous_like(t):
 
 
 @_attention_backward_op.register_fake
-def _(dout, q, k, v, out, lse, sinks, *settings):
+def _(dout, dlse, q, k, v, out, lse, sinks, *settings):
     return (_contiguous_like(q), _contiguous_like(k), _contiguous_like(v),
             _contiguous_like(sinks) if sinks is not None else q.new_empty(0))
 
@@ -131,12 +131,13 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, sinks)
     ctx.settings = settings
-    ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, dout, _dlse):
+def _backward(ctx, dout, dlse):
     q, k, v, out, lse, sinks = ctx.saved_tensors
-    dq, dk, dv, dsinks = torch.ops.burst.attention_backward(dout, q, k, v, out, lse, sinks, *ctx.settings)
+    return_lse = ctx.settings[-1]  # without it the caller never saw lse: its gradient is zero, not computed
+    dq, dk, dv, dsinks = torch.ops.burst.attention_backward(dout, dlse if return_lse else None, q, k, v, out, lse,
+                                                            sinks, *ctx.settings)
     return (dq, dk, dv, dsinks if sinks is not None else None) + (None,) * len(ctx.settings)
 
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from .comm.stats import record_choice
 from .kernels.accumulators import accumulator_zeros_like
+from .lse_channel import dlse_after, narrowed, ones_after, zeros_after
 from .sinks import fold_sinks, sink_gradient
 
 
@@ -89,21 +90,23 @@ class LatentKeys:
     """The key side's blocks for MLA (a strategies.base.KeyBlocks): (latent, rope) travel, each held
     block is expanded with the weight, and its dK, dV fold back into latent gradients."""
 
-    def __init__(self, latent: torch.Tensor, rope: torch.Tensor, weight: torch.Tensor, nope_dim: int, value_dim: int):
-        self.weight, self.nope, self.vdim = weight, nope_dim, value_dim
+    def __init__(self, latent: torch.Tensor, rope: torch.Tensor, weight: torch.Tensor, nope_dim: int, value_dim: int,
+                 lse_channel: bool = False):
+        self.weight, self.nope, self.vdim, self.lse_channel = weight, nope_dim, value_dim, lse_channel
         self.heads = weight.shape[0] // (nope_dim + value_dim)
         self.travelling = [latent, rope]
         self.dweight: torch.Tensor | None = None  # float32, this rank's sum over the blocks it expanded
         self._weight32: torch.Tensor | None = None  # the weight in the accumulators' dtype, cast once
 
     def expand(self, held):
-        """(latent (b, m, r), rope (b, m, dr)) -> k (b, m, h, nope + dr), v (b, m, h, nope + dr) zero-padded."""
+        """(latent (b, m, r), rope (b, m, dr)) -> k (b, m, h, nope + dr), v (b, m, h, nope + dr) zero-padded;
+        with lse_channel both widened by burst/lse_channel.py's channels (lse's gradient)."""
         latent, rope = held
         b, m, _ = latent.shape
         kv = F.linear(latent, self.weight).view(b, m, self.heads, self.nope + self.vdim)
         k = torch.cat([kv[..., :self.nope], rope[:, :, None, :].expand(b, m, self.heads, rope.shape[-1])], dim=-1)
         v = F.pad(kv[..., self.nope:], (0, k.shape[-1] - self.vdim))
-        return k, v
+        return (zeros_after(k), ones_after(v)) if self.lse_channel else (k, v)
 
     def for_backward(self, held, acc_latent, acc_rope):
         k, v = self.expand(held)
@@ -117,7 +120,7 @@ class LatentKeys:
             if self._weight32 is None:
                 self._weight32 = self.weight.to(d_kv.dtype)
             into_latent += d_kv @ self._weight32
-            into_rope += dk[..., self.nope:].sum(dim=2)
+            into_rope += dk[..., self.nope:self.nope + held[1].shape[-1]].sum(dim=2)
             d_weight = d_kv.flatten(0, 1).t() @ latent.flatten(0, 1).to(d_kv.dtype)
             self.dweight = d_weight if self.dweight is None else self.dweight.add_(d_weight)
 
@@ -144,19 +147,25 @@ class LatentAttentionFunction(torch.autograd.Function):
             out, lse = fold_sinks(out, lse, sinks)
         ctx.save_for_backward(q, latent, rope, weight, sinks, out, lse)
         ctx.call, ctx.dims = call, (nope_dim, value_dim)
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # dlse None when lse is not read
         return out[..., :value_dim], lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         from .strategies.burst import key_side_backward
 
         q, latent, rope, weight, sinks, out, lse = ctx.saved_tensors
         nope_dim, value_dim = ctx.dims
-        dout = F.pad(dout, (0, out.shape[-1] - value_dim)).contiguous()  # the padding's gradient is zero
-        keys = LatentKeys(latent, rope, weight, nope_dim, value_dim)
-        dq, d_latent, d_rope, d_weight = key_side_backward(ctx.call, dout, q, keys, out, lse)
-        d_sinks = sink_gradient(dout, out, lse, sinks) if sinks is not None and ctx.needs_input_grad[4] else None
+        # the padding's gradient is zero
+        dout = torch.zeros_like(out) if dout is None else F.pad(dout, (0, out.shape[-1] - value_dim)).contiguous()
+        keys = LatentKeys(latent, rope, weight, nope_dim, value_dim, lse_channel=dlse is not None)
+        if dlse is None:
+            dq, d_latent, d_rope, d_weight = key_side_backward(ctx.call, dout, q, keys, out, lse)
+        else:  # burst/lse_channel.py
+            dq, d_latent, d_rope, d_weight = key_side_backward(ctx.call, dlse_after(dout, dlse), zeros_after(q), keys,
+                                                               zeros_after(out), lse)
+            dq = narrowed(dq, q)
+        d_sinks = sink_gradient(dout, out, lse, sinks, dlse) if sinks is not None and ctx.needs_input_grad[4] else None
         return (dq, d_latent.to(latent.dtype), d_rope.to(rope.dtype), d_weight.to(weight.dtype), d_sinks,
                 None, None, None)
 

@@ -16,7 +16,10 @@ is exact for q, k and v when it is handed (out', lse') in place of (out, lse): t
 value, so it adds nothing to dP, and its share of D is already in out'. The sink is one more score of
 each row of head h, with dP = 0 there, so
 
-    d s_h = sum over rows i (and batch) of P'_i,sink (0 - D_i) = -sum_i exp(s_h - lse'_i) D_i.
+    d s_h = sum over rows i (and batch) of P'_i,sink (0 - D_i) = -sum_i exp(s_h - lse'_i) D_i,
+
+and a loss that also reads lse' adds dlse_i P'_i,sink to each row's term (d lse'_i / d s_h = P'_i,sink;
+the real keys get theirs through burst/lse_channel.py).
 """
 
 from __future__ import annotations
@@ -53,14 +56,19 @@ def fold_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> tup
     return (out.to(lse.dtype) * w_out).to(out.dtype), lse_new
 
 
-def sink_gradient(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """d sinks (heads,) in sinks' dtype, from this rank's rows only: -sum_i exp(s_h - lse'_i) dO_i . out'_i.
+def sink_gradient(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
+                  dlse: torch.Tensor | None = None) -> torch.Tensor:
+    """d sinks (heads,) in sinks' dtype, from this rank's rows only: sum_i exp(s_h - lse'_i) (dlse_i - D_i)
+    with D_i = dO_i . out'_i (d lse'_i / d s_h = P'_i,sink, as for any score).
 
-    dout, out: (batch, seqlen, heads, head_dim), out and lse after fold_sinks. Like any parameter
+    dout, out: (batch, seqlen, heads, head_dim), out and lse after fold_sinks; dlse: (batch, heads,
+    seqlen), lse's gradient, or None when the loss does not read lse. Like any parameter
     applied to this rank's rows, the sinks' gradient is this rank's share; summing it over the group
     (as bt.reduce_gradients does for every parameter) gives the whole sequence's.
     """
     acc = lse.dtype
     delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2)  # (batch, heads, seqlen)
+    if dlse is not None:
+        delta = delta - dlse.to(acc)
     p_sink = torch.exp(sinks.detach().to(acc)[None, :, None] - lse)
     return -(p_sink * delta).sum(dim=(0, 2)).to(sinks.dtype)

@@ -17,13 +17,14 @@ sinks, when the call has them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 
 from ..call import AttentionCall, Options
 from ..compressed import compressed_backward, fold_compressed
+from ..lse_channel import dlse_after, narrowed, ones_after, zeros_after
 from ..sinks import fold_sinks, sink_gradient
 
 
@@ -101,38 +102,78 @@ class Strategy:
     def __call__(self, call: AttentionCall, q, k, v, sinks=None, compressed=None):
         """Differentiable (out, lse) for this rank's shards, with compressed entries (a CompressedKV,
         burst/compressed.py) and attention sinks (heads,) folded in when given (burst/sinks.py); lse
-        is not differentiable."""
+        is differentiable too (burst/lse_channel.py)."""
         ck, cv = (compressed.k, compressed.v) if compressed is not None else (None, None)
         return ShardedAttentionFunction.apply(q, k, v, sinks, ck, cv, compressed, call, self)
 
 
 class ShardedAttentionFunction(torch.autograd.Function):
-    """Any strategy's loops as one autograd node. Compressed entries and sinks are folded into the
-    finished rows here, so every strategy honours them; its backward then runs on (out', lse'), which
-    is exact for q, k, v (burst/sinks.py, burst/compressed.py); the entries' gradients come from their
-    own backward on the same rows, and the sinks' from one reduction over this rank's rows."""
+    """Any strategy's loops as one autograd node (sharded_forward, sharded_backward); lse is one of its
+    differentiable outputs."""
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, ck, cv, compressed, call: AttentionCall, strategy: Strategy):
-        out, lse = strategy.forward(call, q, k, v)
-        if compressed is not None:
-            out, lse = fold_compressed(call, q, compressed, out, lse)
-        if sinks is not None:
-            out, lse = fold_sinks(out, lse, sinks)
+        out, lse = sharded_forward(call, strategy, q, k, v, sinks, compressed)
         ctx.save_for_backward(q, k, v, out, lse, sinks, ck, cv)
-        ctx.call, ctx.strategy, ctx.compressed = call, strategy, compressed
-        ctx.mark_non_differentiable(lse)
+        ctx.call, ctx.strategy, ctx.compressed, ctx.values_are_keys = call, strategy, compressed, v is k
+        ctx.set_materialize_grads(False)  # dlse None when lse is not read: the ordinary backward
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse, sinks, ck, cv = ctx.saved_tensors
-        dout = dout.contiguous()
-        dq, dk, dv = ctx.strategy.backward(ctx.call, dout, q, k, v, out, lse)
-        dck = dcv = None
-        if ctx.compressed is not None:
-            dq_c, dck, dcv = compressed_backward(ctx.call, dout, q, ctx.compressed, out, lse)
-            dq = (dq_c.add_(dq)).to(q.dtype)
-            dck, dcv = dck.to(ck.dtype), dcv.to(cv.dtype)
-        dsinks = sink_gradient(dout, out, lse, sinks) if sinks is not None and ctx.needs_input_grad[3] else None
+        v = k if ctx.values_are_keys else v
+        dq, dk, dv, dsinks, dck, dcv = sharded_backward(ctx.call, ctx.strategy, dout, dlse, q, k, v, out, lse,
+                                                        sinks if ctx.needs_input_grad[3] else None, ctx.compressed)
         return dq, dk, dv, dsinks, dck, dcv, None, None, None
+
+
+def sharded_forward(call: AttentionCall, strategy: Strategy, q, k, v, sinks=None, compressed=None):
+    """The strategy's (out, lse) with compressed entries and sinks folded into the finished rows, so that
+    every strategy honours them; its backward then runs on (out', lse'), which is exact for q, k, v
+    (burst/sinks.py, burst/compressed.py)."""
+    out, lse = strategy.forward(call, q, k, v)
+    if compressed is not None:
+        out, lse = fold_compressed(call, q, compressed, out, lse)
+    if sinks is not None:
+        out, lse = fold_sinks(out, lse, sinks)
+    return out, lse
+
+
+def sharded_backward(call: AttentionCall, strategy: Strategy, dout, dlse, q, k, v, out, lse, sinks=None,
+                     compressed=None):
+    """(dq, dk, dv, dsinks, dck, dcv) for sharded_forward's (out, lse): the strategy's backward on the
+    folded rows, the entries' own backward on the same rows, the sinks' from one reduction over this
+    rank's rows (None for what is not given; dv None when v is k). dout or dlse may be None (not read);
+    a dlse runs the same backwards through one more channel (burst/lse_channel.py)."""
+    dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+    if dlse is None:
+        dq, dk, dv, dck, dcv = _backward(call, strategy, compressed, dout, q, k, v, out, lse)
+    else:
+        dq, dk, dv, dck, dcv = _lse_backward(call, strategy, compressed, dout, dlse, q, k, v, out, lse)
+    dsinks = sink_gradient(dout, out, lse, sinks, dlse) if sinks is not None else None
+    return dq, dk, dv, dsinks, dck, dcv
+
+
+def _backward(call, strategy: Strategy, compressed, dout, q, k, v, out, lse):
+    """dq, dk, dv (dv None when v is k) and the compressed entries' dk, dv (None without them)."""
+    dq, dk, dv = strategy.backward(call, dout, q, k, v, out, lse)
+    if compressed is None:
+        return dq, dk, dv, None, None
+    dq_c, dck, dcv = compressed_backward(call, dout, q, compressed, out, lse)
+    return dq_c.add_(dq).to(q.dtype), dk, dv, dck.to(compressed.k.dtype), dcv.to(compressed.v.dtype)
+
+
+def _lse_backward(call, strategy: Strategy, compressed, dout, dlse, q, k, v, out, lse):
+    """_backward's gradients for a loss that also reads lse: the same backward on widened tensors
+    (burst/lse_channel.py), then their first channels."""
+    wide_entries = None if compressed is None else replace(compressed, k=zeros_after(compressed.k),
+                                                           v=ones_after(compressed.v))
+    dq, dk, dv, dck, dcv = _backward(call, strategy, wide_entries, dlse_after(dout, dlse), zeros_after(q),
+                                     zeros_after(k), ones_after(v), zeros_after(out), lse)
+    dq, dk, dv = narrowed(dq, q), narrowed(dk, k), narrowed(dv, v)
+    if v is k:  # the widened keys and values are two tensors: both gradients are k's
+        dk, dv = dk + dv, None
+    if compressed is not None:
+        dck, dcv = narrowed(dck, compressed.k), narrowed(dcv, compressed.v)
+    return dq, dk, dv, dck, dcv
