@@ -17,4 +17,4 @@ from .masks import BlockSparseMask
 from .check import check
 
 __all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask", "set_agreement_check", "set_agreement_timeout", "check", "Topology", "context_parallel", "DocumentLayout", "CompressedKV", "LatentKV"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

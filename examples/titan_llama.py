@@ -3,6 +3,7 @@
     torchrun --nproc-per-node 2 examples/titan_llama.py                     # 1 replica x 2 sequence ranks
     torchrun --nproc-per-node 4 examples/titan_llama.py --dp 2              # 2 replicas x 2 sequence ranks
     python examples/titan_llama.py                                           # one process: the reference
+    torchrun --nproc-per-node 8 examples/titan_llama.py --device cuda       # 8 GPUs, NCCL (docs/launch.md)
 
 What torchtitan does for context parallelism, with burst as the engine: a (dp, sp) DeviceMesh; the
 model calls F.scaled_dot_product_attention as usual and `burst.context_parallel` routes each call
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import burst
+from burst.devices import backend_for, bind
 from burst.engine.parallel import FSDP_MODES, reduce_gradients, setup, shard_parameters
 from burst.launch import end_rank
 
@@ -124,16 +126,19 @@ def main() -> None:
     parser.add_argument("--no-checkpointing", action="store_true")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--optim", default="adamw", choices=("adamw", "sgd"))
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one GPU per rank (cuda:LOCAL_RANK) and NCCL; cpu: gloo")
     parser.add_argument("--out", default=None, help="save losses, gradients and weights here (rank 0)")
     args = parser.parse_args()
     distributed = "RANK" in os.environ  # under torchrun; else one process runs the whole global batch
+    device = bind(args.device)  # cuda:LOCAL_RANK made current before NCCL starts, or the CPU
     if distributed:
-        dist.init_process_group("gloo")
-    par = setup(args.dp, args.fsdp) if distributed else setup(1, "none")
+        dist.init_process_group(backend_for(args.device), device_id=device if device.type == "cuda" else None)
+    par = setup(args.dp, args.fsdp, device=args.device) if distributed else setup(1, "none")
     vocab, dim, heads, kv_heads = 128, 64, 4, 2
 
     torch.manual_seed(0)  # the same weights on every rank and in the reference
-    model = Llama(vocab, dim, layers=2, heads=heads, kv_heads=kv_heads, hidden=128)
+    model = Llama(vocab, dim, layers=2, heads=heads, kv_heads=kv_heads, hidden=128).to(device)
     apply_checkpointing_and_compile(model, not args.no_checkpointing, not args.no_compile)
     model = shard_parameters(model, par)
     params = list(model.parameters())
@@ -145,8 +150,8 @@ def main() -> None:
         rows = torch.randint(0, vocab, (args.batch * args.dp, args.seq_len + 1), generator=data)
         if distributed:
             rows = rows[par.dp_rank * args.batch:(par.dp_rank + 1) * args.batch]
-        tokens, labels = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
-        cos, sin = rope_tables(args.seq_len, dim // heads)
+        tokens, labels = rows[:, :-1].contiguous().to(device), rows[:, 1:].contiguous().to(device)
+        cos, sin = (t.to(device) for t in rope_tables(args.seq_len, dim // heads))
         count = labels.numel()  # this replica's tokens: each rank's loss is its share of their mean
         with burst.context_parallel(buffers=[tokens, labels, cos, sin], buffer_seq_dims=[1, 1, 0, 0],
                                     no_restore_buffers={tokens, labels, cos, sin}, group=par.sp_group,
@@ -176,7 +181,7 @@ def main() -> None:
 
 def _whole(t):
     """A parameter or gradient as one plain tensor (FSDP's DTensor shards gathered: a collective)."""
-    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ def transformers_or_skip() -> None:
     except ImportError:
         if os.environ.get("CI"):
             raise
-        pytest.skip("transformers is not installed (pip install 'burst-attention[hf]')", allow_module_level=True)
+        pytest.skip("transformers is not installed (pip install '.[hf]' from the clone)", allow_module_level=True)
 
 
 def importorskip(name: str, reason: str | None = None):

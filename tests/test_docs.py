@@ -19,7 +19,7 @@ README = ROOT / "README.md"
 # The README opens with these two lines, as they are (.ci/run calls scripts/test.sh).
 COMMANDS = [
     "bash scripts/bench.sh     # set up .venv, then `burst bench`: burst/ring/allgather on 2 local CPU processes vs one-process SDPA",
-    "bash scripts/test.sh      # set up .venv, then the whole test suite (multi-process gloo worlds, ~12 min on 2 cores)",
+    "bash scripts/test.sh      # set up .venv, then the whole test suite (multi-process gloo worlds, ~14 min on 2 cores)",
 ]
 
 # What each API page must document: the public names of each area, under the area's own path.
@@ -72,3 +72,86 @@ def test_mkdocs_build_strict(tmp_path):
         missing = [name for name in names if f'id="{name}"' not in html]
         assert not missing, (f"{page}: the API reference does not document {missing} (a name moved, or is served "
                              "lazily in a way docs/griffe_lazy_exports.py does not see)")
+
+
+# --- figures that name the file they come from stay in step with it (issue 69 item 5) --------------
+
+SUITE_TIME = ROOT / "benchmarks" / "suite_time.md"
+
+
+def test_suite_time_is_one_figure():
+    """The suite's time is quoted from benchmarks/suite_time.md, the same in README and docs/index.md."""
+    figure = re.search(r"on 2 cores: \*\*(~\d+ min)\*\*", SUITE_TIME.read_text()).group(1)
+    for page in (README, ROOT / "docs" / "index.md"):
+        quoted = re.findall(r"~\d+ min on 2 cores", page.read_text())
+        assert quoted == [f"{figure} on 2 cores"], f"{page.name} quotes {quoted}; benchmarks/suite_time.md says {figure}"
+
+
+def _figures(text: str) -> list[str]:
+    """The figures of a claim: numbers, ranges (0.80-0.91) and exponents (4.6e-5)."""
+    return re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:e-?\d+)?(?:-\d+(?:\.\d+)?)?(?![\w.])", text)
+
+
+def test_gpu_status_figures_are_in_their_files():
+    """README's table of what ran on a GPU: each row's figures are in the benchmark file it links."""
+    lines = README.read_text().splitlines()
+    start = lines.index("## What has run on a GPU, and what has not")
+    assert start < 40, "the GPU status must be on the README's first screen"
+    rows = [line for line in lines[start:start + 20] if line.startswith("| ") and "](benchmarks/" in line]
+    assert len(rows) >= 4, rows
+    for row in rows:
+        claim, source = row.strip("| ").rsplit(" | ", 1)
+        path = ROOT / re.search(r"\]\((benchmarks/[^)]+)\)", source).group(1)
+        text = path.read_text()
+        missing = [figure for figure in _figures(claim) if figure not in text]
+        assert not missing, f"README's GPU claim {claim!r}: {missing} not in {path.relative_to(ROOT)}"
+    never = "\n".join(lines[start:start + 30])
+    for what in ("NCCL between GPUs", "several nodes", "flash_attn"):
+        assert what in never.split("**Never run on a GPU**", 1)[-1], f"the README must say {what} never ran on a GPU"
+
+
+def test_docs_gpu_figures_are_in_benchmarks_gpu():
+    """The case counts and speed ranges docs/ quotes from benchmarks/gpu.md are there."""
+    text = (ROOT / "benchmarks" / "gpu.md").read_text()
+    for page in ("gpus.md", "launch.md", "index.md", "measured.md", "training.md", "troubleshooting.md"):
+        body = (ROOT / "docs" / page).read_text()
+        for figure in re.findall(r"\b(\d+ cases|0\.\d\d-0\.\d\d)\b", body):
+            assert figure in text, f"docs/{page} quotes {figure!r}, which benchmarks/gpu.md does not hold"
+    assert "Nothing has been measured on a GPU" not in (ROOT / "docs" / "measured.md").read_text()
+    assert "not yet on a GPU" not in (ROOT / "docs" / "gpus.md").read_text()
+
+
+def test_version_license_and_changelog_agree():
+    import burst
+    from test_install_lines import pyproject
+
+    project = pyproject()["project"]
+    assert burst.__version__ == project["version"], (burst.__version__, project["version"])
+    top = re.search(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), re.M).group(1)
+    assert top == project["version"], f"CHANGELOG.md's top entry is {top}, pyproject.toml's version {project['version']}"
+    assert project["license"] == {"text": "Apache-2.0"}
+    license_text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    assert "END OF TERMS AND CONDITIONS" in license_text
+
+
+def test_help_names_every_kernel_and_the_trainable_presets():
+    from burst.cli import build_parser
+    from burst.kernels import kernels_by_name
+    from burst.plan.models import PRESETS
+
+    parser = build_parser()
+    verbs = next(a for a in parser._actions if a.dest == "command").choices
+    helped = " ".join(verbs["check"].format_help().split())
+    kernel = helped[helped.index("--kernel KERNEL"):]
+    assert "auto (the fastest kernel proven for the device and dtype)" in kernel
+    assert all(name in kernel for name in kernels_by_name()), kernel
+    plan = " ".join(verbs["plan"].format_help().split())
+    assert f"`burst train` trains {', '.join(sorted(PRESETS))}" in plan
+
+
+def test_papers_cited_with_links():
+    text = (ROOT / "docs" / "strategies.md").read_text()
+    for arxiv in ("2403.09347", "2509.19836", "2310.01889", "2310.03294"):
+        assert f"https://arxiv.org/abs/{arxiv}" in text, arxiv
+    assert "https://doi.org/10.1109/ACCESS.2025.3544550" in text  # CQS-Attention: IEEE Access, no arXiv id

@@ -26,7 +26,7 @@ from requires import importorskip, transformers_or_skip
 from world import run_process_group, run_torchrun
 
 transformers_or_skip()
-importorskip("accelerate", reason="accelerate is not installed (pip install 'burst-attention[hf]')")
+importorskip("accelerate", reason="accelerate is not installed (pip install '.[hf]' from the clone)")
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 TRAINER = (EXAMPLES / "trainer_train.py", "--optim", "sgd", "--lr", "1.0", "--steps", "3")

@@ -133,7 +133,8 @@ def test_missing_hf_extra_is_one_line(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
-        "burst plan: error: --hf-config: needs transformers: pip install 'burst-attention[hf]'"]
+        "burst plan: error: --hf-config: needs transformers: pip install 'transformers>=5.23.0,<6' (or, from a "
+        "clone of burst, pip install '.[hf]')"]
 
     # the library's paths: register() and the classes that subclass transformers' own
     probe = BLOCK_TRANSFORMERS + (
@@ -146,7 +147,12 @@ def test_missing_hf_extra_is_one_line(tmp_path):
         "    else:\n"
         "        print('no error')\n")
     lines = _run([sys.executable, "-c", probe], cwd=tmp_path).stdout.splitlines()
-    assert len(lines) == 3 and all("pip install 'burst-attention[hf]'" in line for line in lines), lines
+    assert len(lines) == 3, lines
+    from test_install_lines import install_commands, problems
+
+    for line in lines:  # each names an install that works as written (tests/test_install_lines.py's forms)
+        commands = install_commands(line)
+        assert commands and not [p for c in commands for p in problems(c, line)], line
 
 
 def test_install_lines_name_the_distribution():
@@ -162,3 +168,29 @@ def test_install_lines_name_the_distribution():
             if old.search(line):
                 offenders.append(f"{name}:{number}: {line.strip()}")
     assert not offenders, "install lines that name PyPI's unrelated 'burst':\n" + "\n".join(offenders)
+
+
+def test_install_lines_from_the_tree_run(installed):
+    """The install lines of README, docs/ and burst's messages that install from the tree: the plain
+    one runs as written (with pip's offline flags: --no-deps, --no-index, --no-build-isolation) from
+    a copy of the clone into a new environment; the editable one is scripts/setup.sh's, which every
+    fresh clone runs. The wheel they name is the one the tree builds."""
+    from test_install_lines import all_install_commands
+
+    tmp, python, site, wheel = installed
+    commands = {tuple(c) for c, _, _ in all_install_commands()}
+    tree = sorted(c for c in commands if "-e" not in c and any(a == "." or a.startswith(".[") for a in c))
+    wheels = sorted({a for c in commands for a in c if ".whl" in a})
+    assert tree and wheels, (tree, wheels)
+    for name in wheels:  # the wheel a page names is the one `pip wheel` builds from this tree
+        assert Path(name.split("[")[0]).name == wheel.name, f"a page names {name}; the tree builds {wheel.name}"
+    command = max(tree, key=len)  # the one with the most extras: '.[hf]'
+    venv = tmp / "venv-tree"
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp)
+    py = venv / "bin" / "python"
+    purelib = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=tmp).stdout.strip())
+    (purelib / "_burst_test_host_site.pth").write_text(f"{sysconfig.get_path('purelib')}\n")
+    _run([py, "-m", "pip", *command, "--no-deps", "--no-index", "--no-build-isolation", "--ignore-installed",
+          "--no-compile"], cwd=tmp / "src")
+    where = _run([py, "-c", "import burst; print(burst.__file__)"], cwd=tmp).stdout.split()
+    assert Path(where[-1]).resolve().is_relative_to(purelib.resolve()), (command, where)

@@ -7,7 +7,7 @@ The sweep (each point a fresh local world, as `burst bench` runs it):
 - the planner's predicted wall time (burst.plan, `local` profile calibrated first on this machine)
   against the measured one, and how close it came.
 
-Writes DIR/report.md, DIR/results.json and DIR/*.png (matplotlib; `pip install 'burst-attention[plot]'`).
+Writes DIR/report.md, DIR/results.json and DIR/*.png (matplotlib; `pip install matplotlib`).
 """
 
 from __future__ import annotations
@@ -225,5 +225,5 @@ def _markdown(results: dict, plots: list[str]) -> str:
     if plots:
         lines += [f"![{p[:-4]}]({p})" for p in plots]
     else:
-        lines.append("(no plots: matplotlib is not installed; `pip install 'burst-attention[plot]'`)")
+        lines.append("(no plots: matplotlib is not installed; `pip install matplotlib`)")
     return "\n".join(lines) + "\n"

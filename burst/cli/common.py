@@ -230,9 +230,9 @@ def add_device_options(p: argparse.ArgumentParser, dtypes=("float32", "bfloat16"
 
     kernels = ("auto", *kernels_by_name())
     p.add_argument("--kernel", type=any_case(kernels), default="auto",
-                   help="the attention kernel: auto (the fastest that runs: flash_attn, FlexAttention, SDPA on "
-                        f"CUDA, the CPU flash op on the CPU) or one of {', '.join(kernels[1:])} (an error if it "
-                        "cannot run here); sets BURST_KERNEL for every rank")
+                   help="the attention kernel: auto (the fastest kernel proven for the device and dtype) or one "
+                        f"of {', '.join(kernels[1:])} (an error if it cannot run here); sets BURST_KERNEL for "
+                        "every rank")
 
 
 def resolve_checked_device(args) -> str:

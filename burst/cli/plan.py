@@ -11,6 +11,7 @@ from .common import (BadOption, add_common, any_case, blame, check_writable_file
 def add_parser(sub) -> None:
     from ..plan import PROFILES, model_presets
     from ..plan.model_cost import CHECKPOINTING, MODES
+    from ..plan.models import PRESETS
 
     p = sub.add_parser("plan", help="estimate each strategy's time, traffic and memory on a described cluster",
                        description="Model forward + backward of attention for every strategy on a described "
@@ -24,7 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seq-len", type=positive_int, required=True, help="global sequence length (tokens)")
     p.add_argument("--model", type=any_case(sorted(model_presets())), default=None,
                    help="plan the whole model (FFN, projections, LM head, FSDP, optimizer): a preset, any case: "
-                        + ", ".join(sorted(model_presets())) + "; the shape flags below override its fields")
+                        + ", ".join(sorted(model_presets())) + " (`burst train` trains " + ", ".join(sorted(PRESETS))
+                        + "; the others are the papers' models, to plan only); the shape flags below override its fields")
     p.add_argument("--hidden", type=positive_int, default=None,
                    help="whole model without a preset: hidden size (with --ffn-hidden, --vocab, --heads, --layers)")
     p.add_argument("--ffn-hidden", type=positive_int, default=None, help="SwiGLU hidden size (whole model)")
@@ -40,7 +42,7 @@ def add_parser(sub) -> None:
     p.add_argument("--hf-config", default=None, metavar="PATH",
                    help="a transformers model's config (config.json, its folder or a hub id): plan its attention "
                         "layers, with the indexer keys and compressed entries of DeepSeek's sparse attention "
-                        "(needs transformers: pip install 'burst-attention[hf]')")
+                        "(needs transformers: pip install 'transformers>=5.23.0,<6', or '.[hf]' from a burst clone)")
     p.add_argument("--mode", type=any_case(MODES), default="train",
                    help="train (forward + backward, and the optimizer for a whole model) or prefill (one forward)")
     p.add_argument("--checkpointing", type=any_case(CHECKPOINTING), default="none",
@@ -129,7 +131,8 @@ def _apply_hf_config(args) -> None:
     try:
         from transformers import AutoConfig
     except ImportError as err:  # the extra is missing: one line that names it, not a traceback
-        raise BadOption("--hf-config", "needs transformers: pip install 'burst-attention[hf]'") from err
+        raise BadOption("--hf-config", "needs transformers: pip install 'transformers>=5.23.0,<6' "
+                                       "(or, from a clone of burst, pip install '.[hf]')") from err
     with blame("--hf-config"):
         from ..plan.latent import latent_of
         from ..plan.sparse import entries_per_query, gathered_numbers, indexer_macs, windowed_layers

@@ -87,6 +87,7 @@ def __getattr__(attr: str):
     except ModuleNotFoundError as err:  # the extra is missing: say which install brings it
         if (err.name or "").partition(".")[0] not in ("transformers", "accelerate"):
             raise
-        raise ImportError(f"{__name__}.{attr} needs transformers{TESTED_TRANSFORMERS} and accelerate: "
-                          "pip install 'burst-attention[hf]'") from err
+        raise ImportError(f"{__name__}.{attr} needs transformers and accelerate: pip install "
+                          f"'transformers{TESTED_TRANSFORMERS}' 'accelerate>=1.1' (or, from a clone of burst, "
+                          "pip install '.[hf]')") from err
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

@@ -59,7 +59,8 @@ def _transformers_interfaces():
         from transformers.masking_utils import AttentionMaskInterface
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError(
-            f"burst.integrations.transformers needs transformers{TESTED_TRANSFORMERS}: pip install 'burst-attention[hf]'"
+            f"burst.integrations.transformers needs transformers and accelerate: pip install "
+            f"'transformers{TESTED_TRANSFORMERS}' 'accelerate>=1.1' (or, from a clone of burst, pip install '.[hf]')"
         ) from err
     return AttentionInterface, AttentionMaskInterface
 

@@ -1,0 +1,187 @@
+"""docs/launch.md's torchrun lines, run on the CPU as written (issue 69 item 1).
+
+Every `torchrun` line of the page runs here with the substitutions its last section lists (SUBSTITUTE,
+DROPPED, ADDED below; the page's table is checked against them): a one-node line as one node of two
+ranks (`--standalone`), an N-node line as two torchrun processes of two ranks each, the two "nodes",
+meeting through c10d's rendezvous on 127.0.0.1. An `srun` line must be one of the N-node lines after
+`srun`. Each one-node line must be its N-node twin with the launcher swapped, so running the N-node
+lines and one one-node line covers the page: the N-node launch is the one that can go wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from requires import importorskip
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "launch.md"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+TIMEOUT = 240
+
+# option -> the value it takes on the CPU (every occurrence, whatever the page's value)
+SUBSTITUTE = {"--nproc-per-node": "2", "--nnodes": "2", "--device": "cpu", "--dtype": "float32",
+              "--seq-len": "256", "--heads": "4", "--kv-heads": "2", "--head-dim": "32", "--model": "tiny",
+              "--steps": "2"}
+DROPPED = {"examples/trainer_train.py": ("--bf16", "--fsdp")}  # flags of the script's own, left out on the CPU
+ADDED = {"examples/titan_llama.py": ("--no-compile",)}
+# the page's substitution table, as its rows read (the test keeps the two in step)
+TABLE = [("`--nproc-per-node 8`", "`--nproc-per-node 2`"), ("`--nnodes $NNODES`", "`--nnodes 2`"),
+         ("`$MASTER_ADDR:29500`", "`127.0.0.1:`"), ("`$JOB_ID`", "a fresh id"),
+         ("`--device cuda`", "`--device cpu`"), ("`--dtype bfloat16`", "`--dtype float32`"),
+         ("`--bf16`, `--fsdp` (the Trainer's flags)", "left out"), ("`--seq-len N`", "`--seq-len 256`"),
+         ("`--heads 32 --kv-heads 8 --head-dim 128`", "`--heads 4 --kv-heads 2 --head-dim 32`"),
+         ("`--model llama-7b`", "`--model tiny`"), ("`--steps N`", "`--steps 2`"),
+         ("`examples/titan_llama.py ...`", "`... --no-compile` added")]
+LAUNCHER_OPTIONS = ("--nnodes", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--standalone")
+
+
+def _page_lines() -> list[str]:
+    """The page's shell lines that launch something: torchrun, or srun then torchrun."""
+    blocks = re.findall(r"```bash\n(.*?)```", PAGE.read_text(), flags=re.S)
+    return [line.strip() for block in blocks for line in block.splitlines()
+            if re.match(r"\s*(srun\s+)?torchrun\s", line)]
+
+
+def _split(line: str) -> tuple[list[str], list[str]]:
+    """(torchrun's own arguments, the program and its arguments) of a line (after `srun`, if any)."""
+    words = shlex.split(line)  # $VARIABLES stay as written
+    words = words[words.index("torchrun") + 1:]
+    launcher = []
+    while words and words[0].startswith("--"):
+        flag = words.pop(0)
+        launcher.append(flag)
+        if flag != "--standalone":
+            launcher.append(words.pop(0))
+    return launcher, words
+
+
+def _program_key(program: list[str]) -> tuple[str, ...]:
+    return tuple(program)
+
+
+def _on_cpu(program: list[str]) -> list[str]:
+    """The program's words with the page's CPU substitutions."""
+    script = program[1] if program[0] == "-m" else program[0]
+    out, words = [], list(program)
+    while words:
+        word = words.pop(0)
+        if word in DROPPED.get(script, ()):
+            continue
+        out.append(word)
+        if word in SUBSTITUTE and words:
+            words.pop(0)
+            out.append(SUBSTITUTE[word])
+    return out + list(ADDED.get(script, ()))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _problems(program: list[str], outputs: list[str]) -> list[str]:
+    """What the run's output lacks: `burst check`'s verdict (printed by global rank 0, on the first
+    node), the examples' losses (rank 0); `burst train`'s claim is its exit status on every node (its
+    arithmetic is tests/test_engine.py's)."""
+    if program[:3] == ["-m", "burst", "check"] and "all cases within their bounds" not in outputs[0]:
+        return ["burst check did not report every case within its bounds"]
+    if program[0] != "-m" and not re.search(r"^step 1 loss \d", outputs[0], re.M):
+        return ["no 'step 1 loss' line"]
+    return []
+
+
+def _start(launcher: list[str], program: list[str], nodes: int) -> tuple[list[str], list[subprocess.Popen]]:
+    """`nodes` torchrun processes (the nodes) from the repository root, each in a session of its own."""
+    cmd = [str(TORCHRUN), *launcher, *_on_cpu(program)]
+    return cmd, [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                                  cwd=ROOT, start_new_session=True) for _ in range(nodes)]
+
+
+def _finish(cmd: list[str], program: list[str], nodes: list[subprocess.Popen], deadline: float) -> list[str]:
+    """The failures of one launch (empty: it ran); a node left running past the deadline is killed
+    with its workers."""
+    outputs, failures = [], []
+    for node in nodes:
+        try:
+            out, err = node.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(node.pid, signal.SIGKILL)
+            out, err = node.communicate()
+            failures.append(f"timed out after {TIMEOUT} s")
+        outputs.append(out)
+        if node.returncode:
+            failures.append(f"a node exited {node.returncode}:\n{err[-2500:]}")
+    failures += _problems(program, outputs) if not failures else []
+    return [f"{shlex.join(cmd)}\n  {failure}\n{outputs[0][-1500:]}" for failure in failures]
+
+
+def _recipes():
+    one_node, several, srun = {}, {}, []
+    for line in _page_lines():
+        launcher, program = _split(line)
+        if line.startswith("srun"):
+            srun.append((line, launcher, program))
+        elif "--nnodes" in launcher:
+            several[_program_key(program)] = (line, launcher, program)
+        else:
+            one_node[_program_key(program)] = (line, launcher, program)
+    return one_node, several, srun
+
+
+def test_page_lines_pair_up_and_the_table_is_the_tests():
+    one_node, several, srun = _recipes()
+    doors = {key[1] if key[0] == "-m" else key[0] for key in one_node}
+    assert {"burst", "examples/titan_llama.py", "examples/trainer_train.py"} <= doors, doors
+    assert any(key[:3] == ("-m", "burst", "check") for key in one_node) and \
+        any(key[:3] == ("-m", "burst", "train") for key in one_node), list(one_node)
+    assert _split(_page_lines()[0])[1][:3] == ["-m", "burst", "check"], "the page starts with burst check"
+    assert set(one_node) == set(several), ("every one-node line needs its N-node twin (the same program and "
+                                           f"arguments):\n{set(one_node) ^ set(several)}")
+    for line, launcher, _ in one_node.values():
+        assert launcher == ["--standalone", "--nproc-per-node", "8"], line
+    for line, launcher, _ in several.values():
+        assert launcher == ["--nnodes", "$NNODES", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
+                            "--rdzv-endpoint", "$MASTER_ADDR:29500", "--rdzv-id", "$JOB_ID"], line
+    assert srun, "the page has no SLURM line"
+    for line, launcher, program in srun:
+        assert _program_key(program) in several and several[_program_key(program)][1] == launcher, \
+            f"an srun line that is not one of the N-node lines after srun: {line}"
+    text = PAGE.read_text()
+    for on_page, on_cpu in TABLE:
+        assert re.search(rf"^\|[^|\n]*{re.escape(on_page)}[^|\n]*\| {re.escape(on_cpu)}", text, re.M), \
+            f"docs/launch.md's substitution table has no row {on_page} -> {on_cpu}"
+
+
+def test_every_line_runs_on_the_cpu():
+    """The N-node lines as two local nodes of two ranks, and the one-node launcher once (the page's
+    first line, `burst check`, as one node of two ranks): all started together (one CPU core is
+    mostly idle while a world starts), their failures reported together."""
+    one_node, several, _ = _recipes()
+    if any(key[0] == "examples/trainer_train.py" for key in several):
+        importorskip("transformers", reason="transformers is not installed (pip install '.[hf]' from the clone)")
+        importorskip("accelerate", reason="accelerate is not installed (pip install '.[hf]' from the clone)")
+    first = next(program for key, (_, _, program) in one_node.items() if key[:3] == ("-m", "burst", "check"))
+    launches = [(*_start(["--standalone", "--nproc-per-node", "2"], first, 1), first)]
+    for _, _, program in several.values():
+        launcher = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                    f"127.0.0.1:{_free_port()}", "--rdzv-id", uuid.uuid4().hex[:12]]
+        launches.append((*_start(launcher, program, 2), program))
+    deadline = time.monotonic() + TIMEOUT
+    failures = [failure for cmd, nodes, program in launches for failure in _finish(cmd, program, nodes, deadline)]
+    assert not failures, "\n\n".join(failures)
