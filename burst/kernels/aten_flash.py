@@ -27,9 +27,9 @@ import functools
 import torch
 
 from . import cuda_flash_attn, cuda_sdpa, reference
-from .spec import HALF, KernelSpec
+from .spec import HALF, NO_ROW_CAP, KernelSpec
 
-MAX_ROWS = cuda_flash_attn.MAX_ROWS
+MAX_ROWS = NO_ROW_CAP  # its tiles it cannot take are partial (leaf-sized) or excluded by SPEC.head_dims
 DTYPES = cuda_flash_attn.DTYPES
 BANDS = True   # causal, window and document masks as arguments, like flash_attn's
 RULES = False  # other partial tiles as dense masks, for aten's efficient kernel (flex recompiles: gpu.md)
@@ -52,7 +52,7 @@ def available() -> bool:
     return takes_windows and built and torch.cuda.get_device_capability() >= (8, 0)
 
 
-SPEC = KernelSpec("aten_flash", "cuda", HALF, available=lambda: available(),
+SPEC = KernelSpec("aten_flash", "cuda", HALF, available=lambda: available(), head_dims=(8, 256),
                   missing="this torch or GPU has no flash attention with window arguments (an sm80+ GPU and "
                           "torch 2.5 or newer built with it)")
 

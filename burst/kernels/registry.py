@@ -36,6 +36,10 @@ def select_kernel(device: torch.device, dtype: torch.dtype, softcap: float = 0.0
     wanted = os.environ.get(KERNEL_ENV, "auto")
     if wanted != "auto":
         kernel = named_kernel(wanted, device, dtype)
+        if not kernel.SPEC.takes_head_dims(head_dim, v_head_dim):
+            multiple, largest = kernel.SPEC.head_dims
+            raise ValueError(f"{KERNEL_ENV}={wanted}: takes equal q and v head dims that are multiples of {multiple} "
+                             f"up to {largest}, not {head_dim} and {v_head_dim}")
         if softcap and not kernel.SOFTCAP:
             takers = ", ".join(name for name, k in kernels_by_name().items() if k.SOFTCAP)
             raise ValueError(f"{KERNEL_ENV}={wanted}: takes no softcap (those that do: {takers})")

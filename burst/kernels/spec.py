@@ -16,6 +16,9 @@ import torch
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 HALF = (torch.float16, torch.bfloat16)
+# MAX_ROWS of a kernel with no cap of its own (fresh outputs O(rows), no score matrix): a shard is one
+# call, so a one-rank call is one kernel call with no float32 merge (strategies/ring.one_call)
+NO_ROW_CAP = 1 << 20
 
 
 def _always() -> bool:
