@@ -146,8 +146,24 @@ def test_help_names_every_kernel_and_the_trainable_presets():
     kernel = helped[helped.index("--kernel KERNEL"):]
     assert "auto (the fastest kernel proven for the device and dtype)" in kernel
     assert all(name in kernel for name in kernels_by_name()), kernel
+    for page in ("cli.md", "gpus.md"):  # the pages that list the kernels list them all
+        listings = [line for line in (ROOT / "docs" / page).read_text().split("\n\n") if "cpu_flash" in line]
+        assert listings and all(name in " ".join(listings) for name in kernels_by_name()), page
     plan = " ".join(verbs["plan"].format_help().split())
     assert f"`burst train` trains {', '.join(sorted(PRESETS))}" in plan
+
+
+def test_flash_attn_status_is_the_registrys():
+    """README and docs say the flash_attn package is taken only when asked exactly while the kernel
+    registry holds it unproven (burst/kernels/spec.py's `proven`)."""
+    from burst.kernels import kernels_by_name
+
+    proven = kernels_by_name()["flash_attn"].SPEC.proven
+    pages = {"README.md": README.read_text(), "docs/launch.md": (ROOT / "docs" / "launch.md").read_text()}
+    for name, text in pages.items():
+        said = " ".join(text.split())
+        assert ("only when asked" in said) != proven, (f"{name}: flash_attn is {'proven' if proven else 'unproven'} "
+                                                       "in the kernel registry; say so")
 
 
 def test_papers_cited_with_links():
