@@ -3,6 +3,7 @@
     torchrun --nproc-per-node 2 examples/accelerate_train.py                  # 2 ranks on one sequence
     torchrun --nproc-per-node 4 examples/accelerate_train.py --sp-size 2      # 2 replicas x 2 ranks
     python examples/accelerate_train.py --reference --batch 4                 # one process, eager attention
+    torchrun --nproc-per-node 8 examples/accelerate_train.py --device cuda    # 8 GPUs (docs/launch.md)
 
 The tiny Llama and random right-padded rows of examples/trainer_train.py, trained by a plain loop:
 `accelerator.prepare`, then burst's `SequenceParallel`
@@ -35,10 +36,12 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=96, help="longest row; rows are 1/2 to 1 of it")
     parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     parser.add_argument("--reference", action="store_true", help="plain loop, eager attention, one process")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one GPU per rank (accelerate binds cuda:LOCAL_RANK, NCCL)")
     parser.add_argument("--out", default=None, help="save losses, gradients and weights here")
     args = parser.parse_args()
 
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=args.accumulate)
+    accelerator = Accelerator(cpu=args.device == "cpu", gradient_accumulation_steps=args.accumulate)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4 * args.seq_len)
     torch.manual_seed(0)  # the same weights on every rank and in the reference

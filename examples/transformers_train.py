@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node 2 examples/transformers_train.py [--steps 2] [--seq-len 256]
     torchrun --nproc-per-node 4 examples/transformers_train.py --bf16 --checkpointing --fsdp   # the long-context recipe
+    torchrun --nproc-per-node 8 examples/transformers_train.py --device cuda --bf16 --checkpointing --fsdp --seq-len 65536
 
 Every rank holds 1/G of each sequence; rank 0 prints the global loss of each step, which equals what
 one process training the same model on the whole sequence prints (`--nproc-per-node 1`), to float
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import burst.integrations.transformers as bt
+from burst.devices import backend_for, bind
 from burst.launch import end_rank
 
 
@@ -33,23 +35,26 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 over the ranks (bt.fully_shard)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one GPU per rank (cuda:LOCAL_RANK) and NCCL; cpu: gloo")
     args = parser.parse_args()
-    dist.init_process_group("gloo")
+    device = bind(args.device)  # cuda:LOCAL_RANK made current before NCCL starts, or the CPU
+    dist.init_process_group(backend_for(args.device), device_id=device if device.type == "cuda" else None)
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=args.seq_len)
     torch.manual_seed(0)  # the same weights on every rank
     name = bt.register(strategy=args.strategy, layout=args.layout)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=name)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=name).to(device)
     if args.checkpointing:
         model.gradient_checkpointing_enable()
     if args.fsdp:
         bt.fully_shard(model)  # gradients come out of FSDP's reduce-scatter as one process's
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    autocast = torch.autocast("cpu", torch.bfloat16) if args.bf16 else contextlib.nullcontext()
+    autocast = torch.autocast(device.type, torch.bfloat16) if args.bf16 else contextlib.nullcontext()
     data = torch.Generator().manual_seed(1)  # the same batch on every rank; each keeps its shard
     model.train()
     for step in range(args.steps):
-        ids = torch.randint(0, config.vocab_size, (1, args.seq_len), generator=data)
+        ids = torch.randint(0, config.vocab_size, (1, args.seq_len), generator=data).to(device)
         with autocast:
             out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, layout=args.layout, model=model))
         out.loss.backward()
