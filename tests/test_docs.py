@@ -151,6 +151,12 @@ def test_help_names_every_kernel_and_the_trainable_presets():
         assert listings and all(name in " ".join(listings) for name in kernels_by_name()), page
     plan = " ".join(verbs["plan"].format_help().split())
     assert f"`burst train` trains {', '.join(sorted(PRESETS))}" in plan
+    from burst.plan.models import model_presets
+
+    page = " ".join((ROOT / "docs" / "checking-planning.md").read_text().split())
+    papers = [name for name in model_presets() if name not in PRESETS]
+    assert f"`burst train`'s ({', '.join(PRESETS)}:" in page and f"models ({', '.join(papers)}:" in page, \
+        "docs/checking-planning.md names the trainable presets and the papers' ones as burst.plan.models holds them"
 
 
 def test_flash_attn_status_is_the_registrys():
