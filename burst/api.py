@@ -8,8 +8,9 @@ import torch.distributed as dist
 
 from . import custom_op
 from .compressed import CompressedKV
-from .latent import LatentKV, latent_attention
-from .prepare import prepare_attention, prepare_single_device, unit_stride_last
+from .keys import KeyBlocks, unit_stride_last
+from .latent import LatentKeys, LatentKV
+from .prepare import prepare_attention, prepare_single_device
 from .strategies import STRATEGIES  # the names, here too for callers
 from .validation import DTYPES, STRATEGY_NAMES, check_tensors, checked_call  # the names, here too for callers
 
@@ -118,54 +119,37 @@ def attention(
     Raises ValueError / TypeError on bad input on every rank of the group, before any communication
     of the strategy starts, so no rank is left waiting.
     """
-    if latent is not None or k is None or v is None:
-        return _latent_attention(q, k, v, latent, group, strategy, layout, causal, window, softmax_scale, return_lse,
-                                 cu_seqlens, block_sparse, topology, sinks, softcap, chunk_size, indices, compressed,
-                                 **options)
     q, k, v = autocast_inputs(q, k, v)
-    if (torch.compiler.is_compiling() and indices is None and compressed is None
+    keys = key_side(k, v, latent)
+    if (torch.compiler.is_compiling() and latent is None and indices is None and compressed is None
             and custom_op.takes(layout, cu_seqlens, block_sparse, topology, options)):
         # traced as one op (burst/custom_op.py): no graph break, so checkpointed blocks compile too
         return custom_op.attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
                                    cu_seqlens, sinks, options, softcap, chunk_size)
-    return _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
+    return _sharded_attention(q, keys, group, strategy, layout, causal, window, softmax_scale, return_lse,
                               cu_seqlens, block_sparse, topology, sinks, softcap, chunk_size, indices, compressed,
                               **options)
 
 
-@torch.compiler.disable  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
-def _sharded_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens,
-                       block_sparse, topology, sinks, softcap, chunk_size, indices, compressed, **options):
-    chosen, call = prepare_attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
-                                     cu_seqlens, block_sparse, topology, sinks=sinks, softcap=softcap,
-                                     chunk_size=chunk_size, indices=indices, compressed=compressed, **options)
-    same = v is k  # values that are the keys stay one tensor through any copy: one K, V block travels
-    q, k = unit_stride_last(q), unit_stride_last(k)
-    v = k if same else unit_stride_last(v)
-    with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
-        out, lse = chosen(call, q, k, v, sinks=sinks, compressed=compressed)
-    return (out, lse) if return_lse else out
-
-
-@torch.compiler.disable
-def _latent_attention(q, k, v, latent, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens,
-                      block_sparse, topology, sinks, softcap, chunk_size, indices, compressed, **options):
-    """burst.attention(q, latent=...): validated and agreed like any call, with stand-ins for k and v (one
-    head of q's width, nothing allocated), then burst/latent.py."""
+def key_side(k, v, latent):
+    """The call's key side (burst/keys.py): K and V, or MLA's latent in their place."""
     if latent is None:
-        raise TypeError("burst.attention needs k and v, or latent=burst.LatentKV(...) in their place")
+        if k is None or v is None:
+            raise TypeError("burst.attention needs k and v, or latent=burst.LatentKV(...) in their place")
+        return KeyBlocks(k, v)
     if k is not None or v is not None:
         raise ValueError("latent= replaces k and v: pass k and v, or latent=, not both")
-    if isinstance(q, torch.Tensor) and torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
-        q = q.to(torch.get_autocast_dtype(q.device.type))
-    stand_in = q.new_empty(1, 1, 1, q.shape[-1]).expand(q.shape[0], q.shape[1], 1, q.shape[-1]) \
-        if isinstance(q, torch.Tensor) and q.dim() == 4 else q
-    _, call = prepare_attention(q, stand_in, stand_in, group, "burst" if strategy == "auto" else strategy, layout,
-                                causal, window, softmax_scale, return_lse, cu_seqlens, block_sparse, topology,
-                                sinks=sinks, softcap=softcap, chunk_size=chunk_size, indices=indices,
-                                compressed=compressed, latent=latent, **options)
-    with torch.autocast(q.device.type, enabled=False):
-        out, lse = latent_attention(call, unit_stride_last(q), latent, sinks)
+    return LatentKeys(latent)
+
+
+@torch.compiler.disable  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
+def _sharded_attention(q, keys, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens,
+                       block_sparse, topology, sinks, softcap, chunk_size, indices, compressed, **options):
+    chosen, call = prepare_attention(q, keys, group, strategy, layout, causal, window, softmax_scale, return_lse,
+                                     cu_seqlens, block_sparse, topology, sinks=sinks, softcap=softcap,
+                                     chunk_size=chunk_size, indices=indices, compressed=compressed, **options)
+    with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
+        out, lse = chosen(call, unit_stride_last(q), keys.ready(q), sinks=sinks, compressed=compressed)
     return (out, lse) if return_lse else out
 
 
@@ -174,17 +158,16 @@ def autocast_inputs(q, k, v):
 
     Under bf16 autocast transformers' RoPE returns q, k in float32 beside a bf16 v; attention then
     runs (and its ring carries) bf16. float64 is left alone, as autocast leaves it. Outside
-    autocast the tensors are returned unchanged.
+    autocast the tensors are returned unchanged; so is what is not a tensor (k, v None with latent=:
+    its tensors take q's dtype; anything else check_tensors names).
     """
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-        return q, k, v  # check_tensors names the bad argument
-    device_type = q.device.type
-    if not torch.is_autocast_enabled(device_type):
+    if not isinstance(q, torch.Tensor) or not torch.is_autocast_enabled(q.device.type):
         return q, k, v
-    dtype = torch.get_autocast_dtype(device_type)
+    dtype = torch.get_autocast_dtype(q.device.type)
 
     def cast(t):
-        return t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t
+        floating = isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+        return t.to(dtype) if floating else t
 
     k_cast = cast(k)
     return cast(q), k_cast, k_cast if v is k else cast(v)  # values that are the keys stay one tensor

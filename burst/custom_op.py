@@ -23,7 +23,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .prepare import prepare_attention, unit_stride_last
+from .keys import KeyBlocks, unit_stride_last
+from .prepare import prepare_attention
 from .strategies.base import sharded_backward, sharded_forward
 
 _PREPARED: dict = {}  # the op's arguments and shapes -> (strategy, AttentionCall), for the backward
@@ -58,14 +59,14 @@ def _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, soft
     calls differ raise together instead of one waiting in a ring the others never join; the
     backward reuses the forward's."""
     key = (group_name, strategy, layout, causal, tuple(window) if window else None, softmax_scale,
-           tuple(cu_seqlens) if cu_seqlens else None, softcap, chunk_size, option_names, tuple(option_values), return_lse,
-           tuple(q.shape),
+           tuple(cu_seqlens) if cu_seqlens else None, softcap, chunk_size, option_names, tuple(option_values),
+           return_lse, tuple(q.shape),
            tuple(k.shape), q.dtype, q.device, sinks is not None)
     hit = None if fresh else _PREPARED.get(key)
     if hit is None:
         group = dist.distributed_c10d._resolve_process_group(group_name) if group_name else None
         options = dict(zip(option_names.split(","), option_values)) if option_names else {}
-        hit = prepare_attention(q, k, v, group, strategy, layout, causal, tuple(window) if window else None,
+        hit = prepare_attention(q, KeyBlocks(k, v), group, strategy, layout, causal, tuple(window) if window else None,
                                 softmax_scale, return_lse, cu_seqlens, None, None, sinks=sinks, softcap=softcap,
                                 chunk_size=chunk_size, **options)
         if len(_PREPARED) >= _PREPARED_MAX:
@@ -86,7 +87,7 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Opti
     chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
                              softcap, chunk_size, option_names, option_values, return_lse, fresh=True)
     with torch.autocast(q.device.type, enabled=False):
-        out, lse = sharded_forward(call, chosen, *(unit_stride_last(t) for t in (q, k, v)), sinks)
+        out, lse = sharded_forward(call, chosen, unit_stride_last(q), KeyBlocks(k, v).ready(q), sinks)
     return out.contiguous(), lse.contiguous()  # the strides the fake promises (a strategy may follow q's)
 
 
@@ -109,8 +110,8 @@ def _attention_backward_op(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: 
     chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
                              softcap, chunk_size, option_names, option_values, return_lse, fresh=False)
     with torch.autocast(q.device.type, enabled=False):
-        dq, dk, dv, dsinks, _, _ = sharded_backward(call, chosen, dout, dlse, q, k, v, out, lse, sinks)
-        if dv is None:  # v is k: dk holds both roles' sums (strategies.base.kv_gradients); an op returns tensors
+        dq, (dk, dv), dsinks, _, _ = sharded_backward(call, chosen, dout, dlse, q, KeyBlocks(k, v), out, lse, sinks)
+        if dv is None:  # v is k: dk holds both roles' sums (keys.kv_gradients); an op returns tensors
             dv = torch.zeros_like(v)
         dsinks = dsinks if sinks is not None else q.new_empty(0)
     return dq.contiguous(), dk.contiguous(), dv.contiguous(), dsinks

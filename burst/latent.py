@@ -7,9 +7,10 @@ key part (`qk_nope_head_dim`, 128) and value (`v_head_dim`, 128) right before at
 token is heads x (nope + rope + v) numbers (128 x 320 at DeepSeek-V3's), 71 times its latent's 576.
 
 So burst moves the latent on BurstAttention's key side (strategies/burst.py), forward and backward:
-the (latent, rotary key) blocks ride the ring (served chunk by chunk on one node), and the rank that
-computes with a block expands it with the layer's weight (`LatentKeys.expand`), one chunk at a time,
-so that no expanded block travels and on one node none exists whole. Backward: a held block's dK, dV
+`LatentKeys` is a kind of key side (burst/keys.py), run by the same prepare_attention, Strategy and
+autograd Function as K and V (their validation, sink fold and lse gradient). The (latent, rotary
+key) blocks ride the ring (served chunk by chunk on one node), and the rank that computes with a
+block expands it with the layer's weight (`LatentKeys.expand`), one chunk at a time, so that no expanded block travels and on one node none exists whole. Backward: a held block's dK, dV
 (float32, expanded, per chunk) fold back through the expansion's transpose before they go home,
     d latent = dK_nope W_k + dV W_v,    d rope = sum over heads of dK_rope,
 and the weight's gradient dW += [dK_nope, dV]^T latent is each rank's sum over the blocks it expanded:
@@ -23,15 +24,16 @@ head dims); the padding is dropped from the output and never travels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from .comm.stats import record_choice
+from .keys import check_query, unit_stride_last
 from .kernels.accumulators import accumulator_zeros_like
-from .lse_channel import dlse_after, narrowed, ones_after, zeros_after
-from .sinks import fold_sinks, sink_gradient
+from .lse_channel import ones_after, zeros_after
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,92 +89,111 @@ def check_latent(latent, q: torch.Tensor) -> None:
 
 
 class LatentKeys:
-    """The key side's blocks for MLA (a strategies.base.KeyBlocks): (latent, rope) travel, each held
-    block is expanded with the weight, and its dK, dV fold back into latent gradients."""
+    """The key side's blocks for MLA (a kind of burst/keys.py's key side): (latent, rope) travel, each
+    held block is expanded with the weight, and its dK, dV fold back into latent gradients.
 
-    def __init__(self, latent: torch.Tensor, rope: torch.Tensor, weight: torch.Tensor, nope_dim: int, value_dim: int,
-                 lse_channel: bool = False):
-        self.weight, self.nope, self.vdim, self.lse_channel = weight, nope_dim, value_dim, lse_channel
-        self.heads = weight.shape[0] // (nope_dim + value_dim)
-        self.travelling = [latent, rope]
+    given: the caller's LatentKV (checked by `check` before anything reads it). lse_channel: expanded
+    blocks widened for lse's gradient (burst/lse_channel.py); the fold reads their first channels.
+    """
+
+    strategies = ("burst",)  # burst's ring and key-side backward move the latent
+
+    def __init__(self, given: LatentKV, lse_channel: bool = False):
+        self.given, self.lse_channel = given, lse_channel
         self.dweight: torch.Tensor | None = None  # float32, this rank's sum over the blocks it expanded
         self._weight32: torch.Tensor | None = None  # the weight in the accumulators' dtype, cast once
 
+    def check(self, q) -> None:
+        check_query(q)
+        check_latent(self.given, q)
+
+    def check_strategy(self, name: str, call) -> None:
+        if name != "burst":
+            raise ValueError(f"latent=: strategy {name!r} does not move MLA's latent; strategy='burst' does "
+                             "(its key side)")
+        if call.options.backward_side == "queries":
+            raise ValueError("latent=: burst's backward moves the latent (its key side); backward_side='queries' "
+                             "would move every expanded head's queries")
+
+    def check_entries(self, compressed, q, global_len: int) -> None:
+        if compressed is not None:
+            raise ValueError("latent= does not take compressed entries (not built: no MLA family uses them)")
+
+    def kernel_value_dim(self, q) -> int:
+        return q.shape[-1]  # values padded to the keys' width, which is q's
+
+    def facts(self) -> dict:
+        g = self.given
+        return {"latent": (tuple(g.latent.shape), tuple(g.rope_rows().shape), tuple(g.weight.shape), g.nope_dim,
+                           g.value_dim)}
+
+    def ready(self, q) -> LatentKeys:
+        """The latent, rotary key (b, m, dr) and weight in q's dtype, with unit-stride last dims."""
+        record_choice("keys", "latent")  # CommStats.choices(): what this call moves on the key side
+        g = self.given
+        c, rope, w = (t.to(q.dtype) for t in (g.latent, g.rope_rows(), g.weight))
+        return LatentKeys(replace(g, latent=unit_stride_last(c), rope=unit_stride_last(rope), weight=w))
+
+    @property
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        return self.given.latent, self.given.rope, self.given.weight
+
+    def rebuilder(self):
+        """LatentKeys from saved (latent, rope, weight), holding no tensor."""
+        return functools.partial(_latent_from_inputs, self.given.nope_dim, self.given.value_dim)
+
+    @property
+    def travelling(self) -> list[torch.Tensor]:
+        return [self.given.latent, self.given.rope]
+
+    @property
+    def value_width(self) -> int:
+        return self.given.value_dim
+
+    def with_lse_channel(self) -> LatentKeys:
+        return LatentKeys(self.given, lse_channel=True)
+
+    def narrow_gradients(self, grads):
+        return grads  # the fold reads the widened blocks' first channels already
+
     def expand(self, held):
         """(latent (b, m, r), rope (b, m, dr)) -> k (b, m, h, nope + dr), v (b, m, h, nope + dr) zero-padded;
-        with lse_channel both widened by burst/lse_channel.py's channels (lse's gradient)."""
+        with lse_channel both widened by burst/lse_channel.py's channels."""
         latent, rope = held
+        nope, vdim, w = self.given.nope_dim, self.given.value_dim, self.given.weight
         b, m, _ = latent.shape
-        kv = F.linear(latent, self.weight).view(b, m, self.heads, self.nope + self.vdim)
-        k = torch.cat([kv[..., :self.nope], rope[:, :, None, :].expand(b, m, self.heads, rope.shape[-1])], dim=-1)
-        v = F.pad(kv[..., self.nope:], (0, k.shape[-1] - self.vdim))
+        heads = w.shape[0] // (nope + vdim)
+        kv = F.linear(latent, w).view(b, m, heads, nope + vdim)
+        k = torch.cat([kv[..., :nope], rope[:, :, None, :].expand(b, m, heads, rope.shape[-1])], dim=-1)
+        v = F.pad(kv[..., nope:], (0, k.shape[-1] - vdim))
         return (zeros_after(k), ones_after(v)) if self.lse_channel else (k, v)
 
     def for_backward(self, held, acc_latent, acc_rope):
         k, v = self.expand(held)
         dk, dv = accumulator_zeros_like(k), accumulator_zeros_like(v)
+        nope, vdim, dr = self.given.nope_dim, self.given.value_dim, held[1].shape[-1]
 
         def fold():  # the block's expanded gradients back through the expansion, then dropped
             into_latent = acc_latent() if callable(acc_latent) else acc_latent
             into_rope = acc_rope() if callable(acc_rope) else acc_rope
             latent = held[0]
-            d_kv = torch.cat([dk[..., :self.nope], dv[..., :self.vdim]], dim=-1).flatten(2)  # (b, m, h*(nope+v))
+            d_kv = torch.cat([dk[..., :nope], dv[..., :vdim]], dim=-1).flatten(2)  # (b, m, h*(nope+v))
             if self._weight32 is None:
-                self._weight32 = self.weight.to(d_kv.dtype)
+                self._weight32 = self.given.weight.to(d_kv.dtype)
             into_latent += d_kv @ self._weight32
-            into_rope += dk[..., self.nope:self.nope + held[1].shape[-1]].sum(dim=2)
+            into_rope += dk[..., nope:nope + dr].sum(dim=2)
             d_weight = d_kv.flatten(0, 1).t() @ latent.flatten(0, 1).to(d_kv.dtype)
             self.dweight = d_weight if self.dweight is None else self.dweight.add_(d_weight)
 
         return k, v, dk, dv, fold
 
     def gradients(self, accs):
-        """(d latent, d rope, d weight), float32."""
-        dweight = self.dweight if self.dweight is not None else torch.zeros(self.weight.shape, dtype=accs[0].dtype,
-                                                                           device=self.weight.device)
-        return accs[0], accs[1], dweight
+        """(d latent, d rope, d weight) in their dtypes."""
+        g = self.given
+        dweight = self.dweight if self.dweight is not None else torch.zeros(g.weight.shape, dtype=accs[0].dtype,
+                                                                           device=g.weight.device)
+        return accs[0].to(g.latent.dtype), accs[1].to(g.rope.dtype), dweight.to(g.weight.dtype)
 
 
-class LatentAttentionFunction(torch.autograd.Function):
-    """BurstAttention over MLA's latent: burst's forward and key-side backward (strategies/burst.py)
-    with LatentKeys as what travels. Returns out (b, n, h, value_dim) in q's dtype and lse."""
-
-    @staticmethod
-    def forward(ctx, q, latent, rope, weight, sinks, call, nope_dim: int, value_dim: int):
-        from .strategies.burst import burst_forward
-
-        record_choice("keys", "latent")  # CommStats.choices(): what this call moved on the key side
-        out, lse = burst_forward(call, q, None, None, LatentKeys(latent, rope, weight, nope_dim, value_dim))
-        if sinks is not None:  # folded into the finished rows, as for any strategy (strategies/base.py)
-            out, lse = fold_sinks(out, lse, sinks)
-        ctx.save_for_backward(q, latent, rope, weight, sinks, out, lse)
-        ctx.call, ctx.dims = call, (nope_dim, value_dim)
-        ctx.set_materialize_grads(False)  # dlse None when lse is not read
-        return out[..., :value_dim], lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        from .strategies.burst import key_side_backward
-
-        q, latent, rope, weight, sinks, out, lse = ctx.saved_tensors
-        nope_dim, value_dim = ctx.dims
-        # the padding's gradient is zero
-        dout = torch.zeros_like(out) if dout is None else F.pad(dout, (0, out.shape[-1] - value_dim)).contiguous()
-        keys = LatentKeys(latent, rope, weight, nope_dim, value_dim, lse_channel=dlse is not None)
-        if dlse is None:
-            dq, d_latent, d_rope, d_weight = key_side_backward(ctx.call, dout, q, keys, out, lse)
-        else:  # burst/lse_channel.py
-            dq, d_latent, d_rope, d_weight = key_side_backward(ctx.call, dlse_after(dout, dlse), zeros_after(q), keys,
-                                                               zeros_after(out), lse)
-            dq = narrowed(dq, q)
-        d_sinks = sink_gradient(dout, out, lse, sinks, dlse) if sinks is not None and ctx.needs_input_grad[4] else None
-        return (dq, d_latent.to(latent.dtype), d_rope.to(rope.dtype), d_weight.to(weight.dtype), d_sinks,
-                None, None, None)
-
-
-def latent_attention(call, q: torch.Tensor, latent: LatentKV, sinks: torch.Tensor | None = None):
-    """(out, lse) of q against the keys and values `latent` expands to (and the sinks, burst/sinks.py),
-    for a prepared call."""
-    c, rope, w = (t.to(q.dtype) for t in (latent.latent, latent.rope_rows(), latent.weight))
-    c, rope = (t if t.stride(-1) == 1 else t.contiguous() for t in (c, rope))
-    return LatentAttentionFunction.apply(q, c, rope, w, sinks, call, latent.nope_dim, latent.value_dim)
+def _latent_from_inputs(nope_dim: int, value_dim: int, latent, rope, weight) -> LatentKeys:
+    return LatentKeys(LatentKV(latent, rope, weight, nope_dim, value_dim))

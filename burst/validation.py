@@ -14,22 +14,32 @@ import torch
 
 from .call import AttentionCall
 from .comm.topology import Topology, default_world_size
-from .kernels import reference, select_kernel
+from .kernels import select_kernel
+from .keys import DTYPES, KeyBlocks, check_tensors  # noqa: F401  (DTYPES, check_tensors: api.py's names too)
 from .layout import DOCUMENT_LAYOUTS, DocumentLayout, check_layout, local_multiple, resolve_layout
 from .masks import BlockSparseMask, MaskSpec
 from .strategies import STRATEGIES
 
 STRATEGY_NAMES = tuple(STRATEGIES) + ("auto",)
-DTYPES = tuple(reference.DTYPES.values())  # what burst.attention takes
 
 
 def checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale, cu_seqlens,
                  block_sparse, options, topology=None, auto=None, softcap: float = 0.0,
                  chunk_size: int | None = None, indices=None) -> tuple[str, AttentionCall]:
+    """checked_key_call with the K, V tensors as the key side (the planner's stand-in shapes)."""
+    return checked_key_call(q, KeyBlocks(k, v), group, rank, world, strategy, layout, causal, window, softmax_scale,
+                            cu_seqlens, block_sparse, options, topology, auto, softcap, chunk_size, indices)
+
+
+def checked_key_call(q, keys, group, rank, world, strategy, layout, causal, window, softmax_scale, cu_seqlens,
+                     block_sparse, options, topology=None, auto=None, softcap: float = 0.0,
+                     chunk_size: int | None = None, indices=None) -> tuple[str, AttentionCall]:
     """Validate this rank's arguments (local facts only) and build its AttentionCall: (strategy name,
-    call). strategy="auto" is resolved by `auto(candidates, call, q, k)` (burst.attention passes the
-    planner's burst.plan.auto_choice); without one, "auto" raises."""
-    check_tensors(q, k, v)
+    call). keys: the key side (burst/keys.py), K and V or another kind, which checks itself against q.
+    strategy="auto" is resolved by `auto(candidates, call, q, k)` (burst.attention passes the planner's
+    burst.plan.auto_choice; a key side only some strategies move takes the first of them); without
+    one, "auto" raises."""
+    keys.check(q)
     layout, cu_seqlens = _document_layout(layout, cu_seqlens, world, q.shape[1])
     _check_options(strategy, layout, causal, window, softmax_scale)
     _check_softcap_and_chunks(softcap, chunk_size)
@@ -46,16 +56,20 @@ def checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, 
     call = AttentionCall(
         group=group, rank=rank, world=world, layout=layout, local_len=q.shape[1], spec=spec,
         scale=float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5,
-        kernel=select_kernel(q.device, q.dtype, float(softcap), q.shape[-1], v.shape[-1]),
+        kernel=select_kernel(q.device, q.dtype, float(softcap), q.shape[-1], keys.kernel_value_dim(q)),
         topology=_resolved_topology(topology),
         indices=indices,
     )
-    name = _auto_strategy(call, q, k, options, auto) if strategy == "auto" else strategy
+    if strategy == "auto":
+        name = keys.strategies[0] if keys.strategies else _auto_strategy(call, q, keys.k, options, auto)
+    else:
+        name = strategy
     chosen = STRATEGIES[name]
     _check_takes_indices(chosen, indices)
     call = replace(call, options=chosen.parse_options(options))
+    keys.check_strategy(name, call)  # before the strategy's own check, which reads K (keys.k)
     if chosen.check is not None:
-        chosen.check(call, q, k)
+        chosen.check(call, q, keys.k)
     return name, call
 
 
@@ -101,34 +115,6 @@ def _auto_strategy(call: AttentionCall, q, k, options: dict, auto) -> str:
         takes.append(name)
     return auto(takes, call, q, k)
 
-
-def check_tensors(q, k, v) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, headdim), got shape {tuple(t.shape)}")
-    if q.dtype not in DTYPES:
-        raise TypeError(f"q has dtype {q.dtype}; supported: float32, bfloat16, float16, float64")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; q, k, v must share one dtype")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; q, k, v must be on one device")
-    if k.shape != v.shape:
-        raise ValueError(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; they must match")
-    if k.shape[0] != q.shape[0]:
-        raise ValueError(f"q has batch {q.shape[0]} but k has {k.shape[0]}")
-    if k.shape[1] != q.shape[1]:
-        raise ValueError(
-            f"q holds {q.shape[1]} tokens but k holds {k.shape[1]}; q, k, v must be shards of one sequence"
-        )
-    if k.shape[3] != q.shape[3]:
-        raise ValueError(f"q has head_dim {q.shape[3]} but k has {k.shape[3]}; they must match")
-    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
-        raise ValueError(
-            f"q has {q.shape[2]} heads but k has {k.shape[2]}; q heads must be a multiple of k heads"
-        )
 
 
 def _check_options(strategy, layout, causal, window, softmax_scale) -> None:

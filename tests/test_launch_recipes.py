@@ -25,7 +25,8 @@ from requires import importorskip
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "launch.md"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-TIMEOUT = 240
+TIMEOUT = 300  # for the whole page
+AT_ONCE = 3  # launches at a time: ~6 processes each, a few hundred MB per rank
 
 # option -> the value it takes on the CPU (every occurrence, whatever the page's value)
 SUBSTITUTE = {"--nproc-per-node": "2", "--nnodes": "2", "--device": "cpu", "--dtype": "float32",
@@ -106,27 +107,33 @@ def _problems(program: list[str], outputs: list[str]) -> list[str]:
     return []
 
 
-def _start(launcher: list[str], program: list[str], nodes: int) -> tuple[list[str], list[subprocess.Popen]]:
-    """`nodes` torchrun processes (the nodes) from the repository root, each in a session of its own."""
+def _start(launcher: list[str], program: list[str], nodes: int, out: Path) -> tuple[list[str], list]:
+    """`nodes` torchrun processes (the nodes) from the repository root, each in a session of its own,
+    writing to files under `out` (a pipe left unread could stall one node, and its peers with it)."""
     cmd = [str(TORCHRUN), *launcher, *_on_cpu(program)]
-    return cmd, [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                                  cwd=ROOT, start_new_session=True) for _ in range(nodes)]
+    started = []
+    for node in range(nodes):
+        stdout, stderr = out / f"node{node}.out", out / f"node{node}.err"
+        with open(stdout, "w") as o, open(stderr, "w") as e:
+            started.append((subprocess.Popen(cmd, stdout=o, stderr=e, env=_env(), cwd=ROOT, start_new_session=True),
+                            stdout, stderr))
+    return cmd, started
 
 
-def _finish(cmd: list[str], program: list[str], nodes: list[subprocess.Popen], deadline: float) -> list[str]:
+def _finish(cmd: list[str], nodes: list, program: list[str], deadline: float) -> list[str]:
     """The failures of one launch (empty: it ran); a node left running past the deadline is killed
     with its workers."""
     outputs, failures = [], []
-    for node in nodes:
+    for node, stdout, stderr in nodes:
         try:
-            out, err = node.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            node.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             os.killpg(node.pid, signal.SIGKILL)
-            out, err = node.communicate()
+            node.wait()
             failures.append(f"timed out after {TIMEOUT} s")
-        outputs.append(out)
+        outputs.append(stdout.read_text())
         if node.returncode:
-            failures.append(f"a node exited {node.returncode}:\n{err[-2500:]}")
+            failures.append(f"a node exited {node.returncode}:\n{stderr.read_text()[-2500:]}")
     failures += _problems(program, outputs) if not failures else []
     return [f"{shlex.join(cmd)}\n  {failure}\n{outputs[0][-1500:]}" for failure in failures]
 
@@ -168,20 +175,27 @@ def test_page_lines_pair_up_and_the_table_is_the_tests():
             f"docs/launch.md's substitution table has no row {on_page} -> {on_cpu}"
 
 
-def test_every_line_runs_on_the_cpu():
+def test_every_line_runs_on_the_cpu(tmp_path):
     """The N-node lines as two local nodes of two ranks, and the one-node launcher once (the page's
-    first line, `burst check`, as one node of two ranks): all started together (one CPU core is
-    mostly idle while a world starts), their failures reported together."""
+    first line, `burst check`, as one node of two ranks). AT_ONCE launches run together (a core is
+    mostly idle while a world starts); their failures are reported together."""
     one_node, several, _ = _recipes()
     if any(key[0] == "examples/trainer_train.py" for key in several):
         importorskip("transformers", reason="transformers is not installed (pip install '.[hf]' from the clone)")
         importorskip("accelerate", reason="accelerate is not installed (pip install '.[hf]' from the clone)")
     first = next(program for key, (_, _, program) in one_node.items() if key[:3] == ("-m", "burst", "check"))
-    launches = [(*_start(["--standalone", "--nproc-per-node", "2"], first, 1), first)]
+    jobs = [(["--standalone", "--nproc-per-node", "2"], first, 1)]
     for _, _, program in several.values():
-        launcher = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                    f"127.0.0.1:{_free_port()}", "--rdzv-id", uuid.uuid4().hex[:12]]
-        launches.append((*_start(launcher, program, 2), program))
+        jobs.append((["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                      f"127.0.0.1:{_free_port()}", "--rdzv-id", uuid.uuid4().hex[:12]], program, 2))
     deadline = time.monotonic() + TIMEOUT
-    failures = [failure for cmd, nodes, program in launches for failure in _finish(cmd, program, nodes, deadline)]
+    running, failures = [], []
+    for number, (launcher, program, nodes) in enumerate(jobs):
+        if len(running) == AT_ONCE:
+            failures += _finish(*running.pop(0), deadline)
+        out = tmp_path / str(number)
+        out.mkdir()
+        running.append((*_start(launcher, program, nodes, out), program))
+    for cmd, nodes, program in running:
+        failures += _finish(cmd, nodes, program, deadline)
     assert not failures, "\n\n".join(failures)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..api import attention
+from ..keys import KeyBlocks
 from ..layout import LAYOUTS, local_multiple, shard_indices
 from ..masks import BlockSparseMask
 from ..prepare import prepare_attention, prepare_single_device
@@ -89,7 +90,7 @@ class SequenceAttention:
     def prepare(self, q, k, v):
         if self.world == 1:
             return prepare_single_device(q, k, causal=True)
-        return prepare_attention(q, k, v, **self._kwargs())
+        return prepare_attention(q, KeyBlocks(k, v), **self._kwargs())
 
     @torch.no_grad()
     def prefix(self, q, k, v, split: int):
@@ -101,7 +102,7 @@ class SequenceAttention:
         if self.world == 1:
             prefix = (q[:, :split], k[:, :split], v[:, :split])
             strategy, call = self.prepare(*prefix)
-            out, lse = strategy.forward(call, *prefix)
+            out, lse = strategy.forward(call, prefix[0], KeyBlocks(*prefix[1:]))
             return F.pad(out, (0, 0, 0, 0, 0, q.shape[1] - split)), F.pad(lse, (0, q.shape[1] - split))
         global_len = q.shape[1] * self.world
         sub_layout = prefix_layout(self.layout, self.world, global_len, split)
@@ -150,16 +151,17 @@ class StoredAttention:
     def __call__(self, q, k, v):
         if self.call is None:  # the forward: compute, keep the chosen rows
             self.strategy, self.call = self.attend.prepare(q, k, v)
-            out, lse = self.strategy(self.call, q, k, v)
+            out, lse = self.strategy(self.call, q, KeyBlocks(k, v).ready(q))
             rows = slice(None) if self.keep is None else self.keep
             self.out, self.lse = out.detach()[:, rows], lse.detach()[:, :, rows]
             return out
         replay = Strategy(self.strategy.name, forward=self._replay, backward=self.strategy.backward)
-        out, _ = replay(self.call, q, k, v)
+        out, _ = replay(self.call, q, KeyBlocks(k, v).ready(q))
         return out
 
-    def _replay(self, call, q, k, v):
+    def _replay(self, call, q, keys):
         """The recompute's forward: stored rows, and the prefix's rows recomputed (selective)."""
+        k, v = keys.k, keys.v
         if self.keep is None:  # fresh aliases: the autograd node this returns into must not become
             return self.out.detach(), self.lse.detach()  # the stored tensors' grad_fn (it would hold the recompute)
         out, lse = self.attend.prefix(q, k, v, self.split)

@@ -32,8 +32,8 @@ def _gather_kv(call: AttentionCall, k, v, phase: str) -> torch.Tensor:
     return gathered
 
 
-def allgather_forward(call: AttentionCall, q, k, v):
-    kv_all = _gather_kv(call, k, v, "forward")
+def allgather_forward(call: AttentionCall, q, keys):
+    kv_all = _gather_kv(call, keys.k, keys.v, "forward")
     out_acc, lse_acc = empty_accumulators(q)
     for src in range(call.world):
         attend_forward(call.kernel, q, kv_all[2 * src], kv_all[2 * src + 1], call.tiles(call.rank, src),
@@ -41,7 +41,8 @@ def allgather_forward(call: AttentionCall, q, k, v):
     return out_acc.to(q.dtype), lse_acc
 
 
-def allgather_backward(call: AttentionCall, dout, q, k, v, out, lse):
+def allgather_backward(call: AttentionCall, dout, q, keys, out, lse):
+    k, v = keys.k, keys.v
     kv_all = _gather_kv(call, k, v, "backward")  # re-gathered, not kept: saves memory between passes
     lse = lse_for_backward(lse)
     dq = accumulator_zeros_like(q)

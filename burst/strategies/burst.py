@@ -27,7 +27,8 @@ from ..call import AttentionCall
 from ..comm.stats import record_choice
 from ..kernels.accumulators import accumulator_zeros_like, lse_for_backward, row_delta
 from ..kernels.attend import attend_backward
-from .base import KeyBlocks, Options, Strategy, int_at_least, kv_gradients
+from ..keys import KeyBlocks, kv_gradients
+from .base import Options, Strategy, int_at_least
 from .burst_stream import (chunk_rows, keys_partly_needed, served_forward, served_key_backward,
                            served_query_backward)
 from .ring import ring_forward, ring_key_backward, visit_blocks
@@ -35,25 +36,29 @@ from .ring import ring_forward, ring_key_backward, visit_blocks
 BACKWARD_SIDES = ("auto", "queries", "keys")
 
 
-def burst_forward(call: AttentionCall, q, k, v, keys: KeyBlocks | None = None):
+def burst_forward(call: AttentionCall, q, keys: KeyBlocks):
     """RingAttention's forward (strategies/ring.py), or on one node, when a mask needs only part of some
     rank's keys (a sliding window, local documents), those keys served in chunks by their owners
-    (strategies/burst_stream.py): the same block pairs, fewer bytes. Shapes as ring_forward's; `keys`:
-    what travels instead of k, v (MLA's latent, burst/latent.py)."""
-    keys = keys or KeyBlocks(k, v)
+    (strategies/burst_stream.py): the same block pairs, fewer bytes. Shapes as ring_forward's; `keys`
+    may be of any kind (MLA's latent, burst/latent.py)."""
     rows = chunk_rows(call)
     if rows and not call.spec.is_dense and _on_one_node(call) and keys_partly_needed(call, rows):
         return served_forward(call, rows, q, keys)
-    return ring_forward(call, q, k, v, keys)
+    return ring_forward(call, q, keys)
 
 
-def burst_backward(call: AttentionCall, dout, q, k, v, out, lse):
+def burst_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
     """burstengine.md Alg. 2 on the side that moves fewer bytes (backward_side). Shapes as in
-    ring_backward; returns dq, dk, dv in input dtypes."""
+    ring_backward; returns dq, dk, dv in input dtypes (another kind of key side, MLA's latent, always
+    moves itself: the key side, and its inputs' gradients)."""
+    if not isinstance(keys, KeyBlocks):
+        record_choice("backward_side", "keys")
+        return key_side_backward(call, dout, q, keys, out, lse)
+    k, v = keys.k, keys.v
     side = backward_side(call, dout, q, k, v)
     record_choice("backward_side", side)
     if side == "keys":
-        return key_side_backward(call, dout, q, KeyBlocks(k, v), out, lse)
+        return key_side_backward(call, dout, q, keys, out, lse)
     return _query_side_backward(call, dout, q, k, v, out, lse)
 
 

@@ -45,7 +45,7 @@ from ..kernels.attend import attend_backward, attend_forward
 from ..masks import may_attend
 from ..schedules.chunk_stream import CACHE_LIMIT, BoundedCache, cached_plan, default_chunk_rows, plan_stream, row_chunks
 from ..schedules.ring import RingSchedule
-from .base import KeyBlocks
+from ..keys import KeyBlocks
 
 
 def chunk_rows(call: AttentionCall) -> int:

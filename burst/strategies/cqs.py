@@ -117,7 +117,8 @@ def worker_forward(call: AttentionCall, tasks, q_groups: dict, kv_groups: dict) 
     return partial
 
 
-def cqs_forward(call: AttentionCall, q, k, v):
+def cqs_forward(call: AttentionCall, q, keys):
+    k, v = keys.k, keys.v
     sched = call_schedule(call)
     q_groups, kv_groups = _fetch(call, sched, "forward", [q], [k, v])
     partial = worker_forward(call, sched.tasks[call.rank], q_groups, kv_groups)  # no communication in here
@@ -129,7 +130,8 @@ def cqs_forward(call: AttentionCall, q, k, v):
     return out_acc.to(q.dtype), lse_acc
 
 
-def cqs_backward(call: AttentionCall, dout, q, k, v, out, lse):
+def cqs_backward(call: AttentionCall, dout, q, keys, out, lse):
+    k, v = keys.k, keys.v
     sched = call_schedule(call)
     delta = row_delta(dout, out)
     q_groups, kv_groups = _fetch(call, sched, "backward", [q, dout, delta, lse_for_backward(lse)], [k, v])

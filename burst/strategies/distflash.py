@@ -70,8 +70,9 @@ def _split_received(step: Step, received: list, n_kv: int):
     return kv, (rest if step.help_for is not None else None)
 
 
-def distflash_forward(call: AttentionCall, q, k, v):
+def distflash_forward(call: AttentionCall, q, keys):
     """Balanced forward. Returns out in q's dtype and lse (batch, nheads, seqlen) float32."""
+    k, v = keys.k, keys.v
     out_acc, lse_acc = empty_accumulators(q)
     attend_forward(call.kernel, q, k, v, call.tiles(call.rank, call.rank), out_acc, lse_acc, call.scale)
     steps = schedule(call.rank, call.world, call.local_len)
@@ -111,8 +112,9 @@ def _merge_result(results, out_acc, lse_acc) -> None:
         merge_partial(out_rows, lse_rows, *received)
 
 
-def distflash_backward(call: AttentionCall, dout, q, k, v, out, lse):
+def distflash_backward(call: AttentionCall, dout, q, keys, out, lse):
     """Balanced backward on the forward's schedule. Returns dq, dk, dv in input dtypes."""
+    k, v = keys.k, keys.v
     lse = lse_for_backward(lse)
     delta = row_delta(dout, out)
     dq, dk, dv = accumulator_zeros_like(q), accumulator_zeros_like(k), accumulator_zeros_like(v)

@@ -28,18 +28,18 @@ from ..comm.ring import RingComm
 from ..kernels.accumulators import ArrivingAccumulators, accumulator_zeros_like, empty_accumulators, lse_for_backward
 from ..kernels.attend import attend_backward, attend_forward
 from ..schedules.ring import RingSchedule
-from .base import KeyBlocks, Strategy
+from ..keys import KeyBlocks
+from .base import Strategy
 
 
-def ring_forward(call: AttentionCall, q, k, v, keys: KeyBlocks | None = None):
+def ring_forward(call: AttentionCall, q, keys: KeyBlocks):
     """Forward pass with K, V rotating (burstattention.md Alg. 1-2, forward), on the flat ring or,
     across nodes, the double ring (schedules/ring.py).
 
-    q: (batch, seqlen, nheads, headdim); k, v: (batch, seqlen, nheads_k, headdim), this rank's shard
-    (or `keys`: what travels instead, MLA's latent). Returns out in q's dtype and lse (batch, nheads,
-    seqlen) float32.
+    q: (batch, seqlen, nheads, headdim); keys: this rank's key side (burst/keys.py), keys.k, keys.v
+    (batch, seqlen, nheads_k, headdim), or what travels instead (MLA's latent). Returns out in q's dtype
+    and lse (batch, nheads, seqlen) float32.
     """
-    keys = keys or KeyBlocks(k, v)
     out_acc, lse_acc = empty_accumulators(q)
 
     def attend(src, held, _):  # our queries against the K, V of rank src (one block when v is k)
@@ -51,9 +51,9 @@ def ring_forward(call: AttentionCall, q, k, v, keys: KeyBlocks | None = None):
     return out_acc.to(q.dtype), lse_acc
 
 
-def ring_backward(call: AttentionCall, dout, q, k, v, out, lse):
+def ring_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
     """Backward with K, V, dK, dV rotating (burstengine.md Alg. 1). Returns dq, dk, dv in input dtypes."""
-    keys = KeyBlocks(k, v)
+    k, v = keys.k, keys.v
     dq, grads = ring_key_backward(call, dout, q, keys, out, lse_for_backward(lse))
     return (dq.to(q.dtype), *keys.gradients(grads))
 

@@ -134,8 +134,10 @@ def _full_tiles(call: AttentionCall):
     return call.plan(whole, whole)
 
 
-def ulysses_forward(call: AttentionCall, q, k, v):
-    """q: (batch, n_local, heads, d); k, v: (batch, n_local, kv_heads, d). Returns out, lse (shard layout)."""
+def ulysses_forward(call: AttentionCall, q, keys):
+    """q: (batch, n_local, heads, d); keys.k, keys.v: (batch, n_local, kv_heads, d). Returns out, lse
+    (shard layout)."""
+    k, v = keys.k, keys.v
     ex = _exchange(call, q.device)
     q_groups, kv_groups = head_groups(q.shape[2], k.shape[2], call.world)
     q_h = ex.to_heads(q, q_groups, "forward")
@@ -145,7 +147,8 @@ def ulysses_forward(call: AttentionCall, q, k, v):
     return ex.to_sequence(out_h.to(q.dtype), "forward"), ex.stats_to_sequence(lse_h, "forward")
 
 
-def ulysses_backward(call: AttentionCall, dout, q, k, v, out, lse):
+def ulysses_backward(call: AttentionCall, dout, q, keys, out, lse):
+    k, v = keys.k, keys.v
     ex = _exchange(call, q.device)
     q_groups, kv_groups = head_groups(q.shape[2], k.shape[2], call.world)
     q_h, dout_h = (ex.to_heads(t, q_groups, "backward") for t in (q, dout))

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ..call import AttentionCall
 from ..layout import Segment
+from ..keys import KeyBlocks
 from .base import Options, Strategy, int_at_least
 from .burst import BurstOptions, burst_backward
 from .ring import ring_forward
@@ -95,22 +96,24 @@ def _calls(call: AttentionCall, q, k):
     return exchange, ring, u
 
 
-def usp_forward(call: AttentionCall, q, k, v):
+def usp_forward(call: AttentionCall, q, keys):
+    k, v = keys.k, keys.v
     exchange, ring, u = _calls(call, q, k)
     q_groups, kv_groups = head_groups(q.shape[2], k.shape[2], u)
     q_h = exchange.to_heads(q, q_groups, "forward")
     k_h, v_h = (exchange.to_heads(t, kv_groups, "forward") for t in (k, v))
-    out_h, lse_h = ring_forward(ring, q_h, k_h, v_h)
+    out_h, lse_h = ring_forward(ring, q_h, KeyBlocks(k_h, v_h))
     return exchange.to_sequence(out_h, "forward"), exchange.stats_to_sequence(lse_h, "forward")
 
 
-def usp_backward(call: AttentionCall, dout, q, k, v, out, lse):
+def usp_backward(call: AttentionCall, dout, q, keys, out, lse):
+    k, v = keys.k, keys.v
     exchange, ring, u = _calls(call, q, k)
     q_groups, kv_groups = head_groups(q.shape[2], k.shape[2], u)
     q_h, dout_h, out_h = (exchange.to_heads(t, q_groups, "backward") for t in (q, dout, out))
     k_h, v_h = (exchange.to_heads(t, kv_groups, "backward") for t in (k, v))
     lse_h = exchange.stats_to_heads(lse, "backward")
-    dq_h, dk_h, dv_h = burst_backward(ring, dout_h, q_h, k_h, v_h, out_h, lse_h)
+    dq_h, dk_h, dv_h = burst_backward(ring, dout_h, q_h, KeyBlocks(k_h, v_h), out_h, lse_h)
     dq = exchange.to_sequence(dq_h, "backward")
     dk, dv = (kv_grads_home(exchange, t, kv_groups, k.shape[2]) for t in (dk_h, dv_h))
     return dq, dk, dv
