@@ -25,10 +25,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    tomllib = None
 
 OPTIONS = {"-e", "--editable", "-U", "--upgrade", "-q", "--no-build-isolation", "--no-deps"}
 FLASH_ATTN = ("flash-attn", "flash_attn")
@@ -39,10 +35,22 @@ _ARG = re.compile(r"""\s+('[^']*'|"[^"]*"|[^\s'"`(),;]+)""")
 
 def pyproject() -> dict:
     text = (ROOT / "pyproject.toml").read_text()
-    if tomllib is not None:
+    if sys.version_info >= (3, 11):
+        import tomllib
+
         return tomllib.loads(text)
-    version = re.search(r'^version = "([^"]+)"', text, re.M).group(1)  # pragma: no cover
-    return {"project": {"version": version, "dependencies": [], "optional-dependencies": {}}}
+    # Python 3.10 has no tomllib: the few keys read here, as pyproject.toml writes them (one line each)
+    def strings(line: str) -> list[str]:
+        return re.findall(r'"([^"]*)"', line.split("=", 1)[1])
+
+    project = {"version": strings(re.search(r"^version = .*$", text, re.M).group(0))[0],
+               "dependencies": strings(re.search(r"^dependencies = .*$", text, re.M).group(0)),
+               "license": {"text": re.search(r'^license = \{ text = "([^"]*)" \}', text, re.M).group(1)},
+               "optional-dependencies": {}}
+    table = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    for line in re.findall(r"^\w+ = \[.*\]$", table, re.M):
+        project["optional-dependencies"][line.split(" ", 1)[0]] = strings(line)
+    return {"project": project}
 
 
 def _requirements() -> dict[str, str]:
@@ -96,7 +104,7 @@ def problems(command: list[str], line: str) -> list[str]:
         elif named and named.group(1).lower() in FLASH_ATTN:
             if named.group(3) not in ("", FLASH_ATTN_SPEC):
                 found.append(f"{arg}: burst drives flash-attn {FLASH_ATTN_SPEC}")
-        elif named and named.group(1).lower() in requirements and named.group(1).lower() not in ("torch",):
+        elif named and named.group(1).lower() in requirements:
             if arg != requirements[named.group(1).lower()]:
                 found.append(f"{arg}: pyproject.toml asks for {requirements[named.group(1).lower()]!r}")
         else:
