@@ -4,6 +4,7 @@ Every call's key side is one of these objects, from burst.attention down through
 Strategy.__call__ and the one autograd Function (strategies/base.py): here `KeyBlocks`, the K and V
 tensors themselves; burst/latent.py's `LatentKeys`, MLA's latent, is another kind. A kind says:
 
+    strategies                the strategies that move it (None: every one; "auto" takes the first);
     check(q)                  its local checks against q (before any collective), and
     check_strategy(name, call), check_entries(compressed, q, global_len): what it does not take;
     facts()                   what every rank must agree on;
@@ -43,7 +44,8 @@ def check_query(q) -> None:
 
 
 def check_tensors(q, k, v) -> None:
-    """The local checks of q, k, v: 4-D tensors of one dtype and device, k and v of one shape, one batch."""
+    """The local checks of q, k, v: 4-D tensors of one dtype and device, k and v of one shape, shards of
+    one batch and sequence, one head dim, q's heads a multiple of k's."""
     check_query(q)
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -59,6 +61,16 @@ def check_tensors(q, k, v) -> None:
         raise ValueError(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; they must match")
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"q has batch {q.shape[0]} but k has {k.shape[0]}")
+    if k.shape[1] != q.shape[1]:
+        raise ValueError(
+            f"q holds {q.shape[1]} tokens but k holds {k.shape[1]}; q, k, v must be shards of one sequence"
+        )
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"q has head_dim {q.shape[3]} but k has {k.shape[3]}; they must match")
+    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+        raise ValueError(
+            f"q has {q.shape[2]} heads but k has {k.shape[2]}; q heads must be a multiple of k heads"
+        )
 
 
 def unit_stride_last(t: torch.Tensor) -> torch.Tensor:

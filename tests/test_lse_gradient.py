@@ -4,7 +4,8 @@ A loss through out and lse, through lse alone, and the cascade merge of burst's 
 partial attention (the other keys every rank holds, merged by lse as merge.py merges) must give q, k, v
 (and the sinks) the gradients of float64 attention on the full sequence. One world per size (1-4
 ranks), cases looped inside: every strategy that runs there, causal or not, MHA and GQA, with and
-without sinks, compressed entries, and MLA's latent (burst.attention(q, latent=...)).
+without sinks, one tensor as keys and values, compressed entries, and MLA's latent
+(burst.attention(q, latent=...)); and one compiled call (the custom op's backward).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def _loss(out, lse, loss: str, weights, other=None):
         return (lse * u).sum()
     other_out, other_lse = other  # the cascade: merged by lse, as a caller merges two partials
     merged = torch.logaddexp(lse, other_lse)
+
     def weight(x):
         return torch.exp(x - merged).transpose(1, 2)[..., None]
     return ((weight(lse) * out + weight(other_lse) * other_out) * w).sum()
@@ -92,7 +94,7 @@ def _summed(t):
 
 
 def _case(full, ref, loss, weights, strategy, causal, sinks=None):
-    """This rank's largest relative error of dq, dk, dv (and the summed dsinks) against `ref`."""
+    """This rank's relative errors of dq, dk, dv (and of the sinks' gradient, summed over ranks) against `ref`."""
     q, k, v = (burst.shard(t).clone().requires_grad_() for t in full[:3])
     s = sinks.clone().requires_grad_() if sinks is not None else None
     w, u = burst.shard(weights[0]), burst.shard(weights[1], dim=2)
@@ -132,6 +134,29 @@ def _attention_cases(world):
                                    "sinks" if with_sinks else "")
                             results.append((key, _caught(_case, full, ref, loss, weights, strategy, causal, sinks)))
     return results
+
+
+def _shared_kv_cases(world):
+    """One tensor as both keys and values (v is k: DeepSeek-V4's shared K = V): its gradient is both roles'."""
+    n = N_LOCAL * world
+    weights = _weights(n)
+    full = full_inputs(14, 2, n, H, 1, D, torch.float64)
+    results = []
+    for loss in ("out and lse", "lse alone"):
+        q, k = (t.clone().requires_grad_() for t in full[:2])
+        out, lse = reference_attention(q, k, k, mask=reference_mask(n, causal=True))
+        _loss(out, lse, loss, weights).backward()
+        for strategy in ("burst", "burst:backward_side=queries", "ring", "allgather"):
+            errors = _caught(_shared_kv_case, full, (q.grad, k.grad), loss, weights, strategy)
+            results.append(((strategy, "v is k", "causal", loss, ""), errors))
+    return results
+
+
+def _shared_kv_case(full, ref, loss, weights, strategy):
+    q, k = (burst.shard(t).clone().requires_grad_() for t in full[:2])
+    out, lse = burst.attention(q, k, k, causal=True, return_lse=True, **strategy_kwargs(strategy))
+    _loss(out, lse, loss, (burst.shard(weights[0]), burst.shard(weights[1], dim=2))).backward()
+    return {name: rel_err(_grad(x), burst.shard(r)) for name, x, r in zip(("dq", "dk"), (q, k), ref)}
 
 
 def _compressed_cases(world):
@@ -205,7 +230,7 @@ def _latent_case(inputs, ref, loss, weights, causal, sinks, rows):
 
 
 def _job(rank, world):
-    return _attention_cases(world) + _compressed_cases(world) + _latent_cases(world)
+    return _attention_cases(world) + _shared_kv_cases(world) + _compressed_cases(world) + _latent_cases(world)
 
 
 _results = results_by_world(_job)
