@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from burst import kernels
-from burst.kernels import aten_flash, cuda_flash_attn, cuda_sdpa, cudnn, flex, spec
+from burst.kernels import aten_flash, cuda_flash_attn, cuda_sdpa, cudnn, flex
+from burst.kernels import spec as kernel_spec
 from burst.kernels.reference import attention as reference_attention
 from burst.kernels.reference import lse_error
 
@@ -132,7 +133,7 @@ def test_dispatch_by_device_and_dtype(stand_in, monkeypatch):
     (not yet run on a GPU) only when named, with a warning; cuDNN, once proven, on sm90+ for head dims
     it takes; aten's flash otherwise, aten's efficient op without it; FlexAttention only for softcap."""
     cuda = torch.device("cuda")
-    monkeypatch.setattr(spec, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(kernel_spec, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(cudnn, "available", lambda: True)
     monkeypatch.setattr(aten_flash, "available", lambda: True)  # torch's own flash kernel (sm80+)
     assert kernels.select_kernel(torch.device("cpu"), torch.bfloat16) is kernels.cpu_flash
@@ -148,8 +149,13 @@ def test_dispatch_by_device_and_dtype(stand_in, monkeypatch):
     assert kernels.select_kernel(cuda, torch.bfloat16) is cudnn
     assert kernels.select_kernel(cuda, torch.float16, head_dim=128, v_head_dim=128) is cudnn
     assert kernels.select_kernel(cuda, torch.bfloat16, head_dim=192, v_head_dim=192) is aten_flash  # over 128
-    assert kernels.select_kernel(cuda, torch.bfloat16, head_dim=64, v_head_dim=32) is aten_flash
-    monkeypatch.setattr(spec, "_capability", lambda device: (8, 0))  # an A100: FA2 is as fast there
+    assert kernels.select_kernel(cuda, torch.bfloat16, head_dim=64, v_head_dim=32) is cuda_sdpa  # unequal v
+    assert kernels.select_kernel(cuda, torch.bfloat16, head_dim=264, v_head_dim=264) is cuda_sdpa  # over FA2's 256
+    monkeypatch.setenv(kernels.KERNEL_ENV, "aten_flash")
+    with pytest.raises(ValueError, match="multiples of 8 up to 256, not 264"):
+        kernels.select_kernel(cuda, torch.bfloat16, head_dim=264, v_head_dim=264)
+    monkeypatch.delenv(kernels.KERNEL_ENV)
+    monkeypatch.setattr(kernel_spec, "_capability", lambda device: (8, 0))  # an A100: FA2 is as fast there
     assert kernels.select_kernel(cuda, torch.bfloat16) is aten_flash
     monkeypatch.setattr(aten_flash, "available", lambda: False)  # an older GPU or torch
     assert kernels.select_kernel(cuda, torch.bfloat16) is cuda_sdpa
@@ -206,8 +212,8 @@ def test_cudnn_hands_masked_and_unfit_tiles_to_aten_flash(cudnn_ops, aten_stand_
     over 128, fp32) go to aten_flash as well."""
     sdpa_stand_in.install(monkeypatch)
     seen, cudnn_ran = set(), False
-    for name, spec_, _, dense_masks, calls in _mask_cases_through(cudnn, seed=5):
-        assert (dense_masks > 0) == (spec_.block_sparse is not None), name
+    for name, spec, _, dense_masks, calls in _mask_cases_through(cudnn, seed=5):
+        assert (dense_masks > 0) == (spec.block_sparse is not None), name
         seen |= calls
         cudnn_ran |= bool(cudnn_ops)
         cudnn_ops.clear()
@@ -495,3 +501,30 @@ def test_flex_forward_matches_float64_with_torchs_own_flex_attention():
         out, lse = empty_accumulators(q)
         attend_forward(call.kernel, q, k, v, tiles, out, lse, 0.25)
         assert rel_err(out, ref_out) < 1e-5 and lse_error(lse, ref_lse) < 1e-5, name
+
+
+def test_a_one_rank_call_that_fits_one_tile_is_one_kernel_call(monkeypatch):
+    """One rank, the shard one tile of its kernel: the kernel's out, lse and gradients are the call's,
+    with no float32 accumulator or merge (strategies/ring.one_call); exact against float64."""
+    import burst
+    from burst.strategies import ring
+
+    def no_accumulators(*args):
+        raise AssertionError("a one-call shard allocated float32 accumulators")
+
+    monkeypatch.setattr(ring, "empty_accumulators", no_accumulators)
+    monkeypatch.setattr(ring, "accumulator_zeros_like", no_accumulators)
+    torch.manual_seed(6)
+    for strategy, kv_heads in (("burst", 2), ("ring", 4), ("burst", 4)):
+        q, dout = (torch.randn(2, 96, 4, 16, dtype=torch.float64) for _ in range(2))
+        k, v = (torch.randn(2, 96, kv_heads, 16, dtype=torch.float64) for _ in range(2))
+        q64, k64, v64 = (t.clone().requires_grad_() for t in (q, k, v))
+        ref_out, ref_lse = reference_attention(q64, k64, v64, 0.25)
+        ref_out.backward(dout)
+        qq, kk, vv = (t.clone().float().requires_grad_() for t in (q, k, v))
+        out, lse = burst.attention(qq, kk, vv, strategy=strategy, softmax_scale=0.25, return_lse=True)
+        out.backward(dout.float())
+        assert out.is_contiguous() and out.dtype == torch.float32 and lse.dtype == torch.float32
+        assert rel_err(out, ref_out) < 1e-5 and lse_error(lse, ref_lse) < 1e-5
+        for got, want in zip((qq.grad, kk.grad, vv.grad), (q64.grad, k64.grad, v64.grad)):
+            assert rel_err(got, want) < 1e-5, strategy

@@ -31,7 +31,7 @@ from ..keys import KeyBlocks, kv_gradients
 from .base import Options, Strategy, int_at_least
 from .burst_stream import (chunk_rows, keys_partly_needed, served_forward, served_key_backward,
                            served_query_backward)
-from .ring import ring_forward, ring_key_backward, visit_blocks
+from .ring import one_call, ring_backward, ring_forward, ring_key_backward, visit_blocks
 
 BACKWARD_SIDES = ("auto", "queries", "keys")
 
@@ -55,6 +55,8 @@ def burst_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
         record_choice("backward_side", "keys")
         return key_side_backward(call, dout, q, keys, out, lse)
     k, v = keys.k, keys.v
+    if one_call(call) is not None:  # one rank, one kernel call: nothing travels, so no side to choose
+        return ring_backward(call, dout, q, keys, out, lse)
     side = backward_side(call, dout, q, k, v)
     record_choice("backward_side", side)
     if side == "keys":

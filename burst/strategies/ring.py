@@ -25,8 +25,10 @@ import torch
 from ..call import AttentionCall
 from ..comm import tags
 from ..comm.ring import RingComm
-from ..kernels.accumulators import ArrivingAccumulators, accumulator_zeros_like, empty_accumulators, lse_for_backward
+from ..kernels.accumulators import (ArrivingAccumulators, accumulator_dtype, accumulator_zeros_like, empty_accumulators,
+                                    lse_for_backward)
 from ..kernels.attend import attend_backward, attend_forward
+from ..masks import Tile
 from ..schedules.ring import RingSchedule
 from ..keys import KeyBlocks
 from .base import Strategy
@@ -40,6 +42,10 @@ def ring_forward(call: AttentionCall, q, keys: KeyBlocks):
     (batch, seqlen, nheads_k, headdim), or what travels instead (MLA's latent). Returns out in q's dtype
     and lse (batch, nheads, seqlen) float32.
     """
+    alone = one_call(call)
+    if alone is not None:  # the kernel's own out and lse: no float32 accumulator, no merge
+        out, lse = call.kernel.forward(q, *keys.expand(keys.travelling), call.scale, alone.causal, alone.kernel_mask)
+        return out.contiguous(), lse.to(accumulator_dtype(q.dtype))
     out_acc, lse_acc = empty_accumulators(q)
 
     def attend(src, held, _):  # our queries against the K, V of rank src (one block when v is k)
@@ -54,8 +60,25 @@ def ring_forward(call: AttentionCall, q, keys: KeyBlocks):
 def ring_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
     """Backward with K, V, dK, dV rotating (burstengine.md Alg. 1). Returns dq, dk, dv in input dtypes."""
     k, v = keys.k, keys.v
+    alone = one_call(call)
+    if alone is not None:  # the kernel's gradients as they are: no float32 accumulators
+        dq, dk, dv = call.kernel.backward(dout, q, k, v, out, lse_for_backward(lse), call.scale, alone.causal,
+                                          alone.kernel_mask)
+        return (dq, *keys.gradients([dk + dv] if v is k else [dk, dv]))
     dq, grads = ring_key_backward(call, dout, q, keys, out, lse_for_backward(lse))
     return (dq.to(q.dtype), *keys.gradients(grads))
+
+
+def one_call(call: AttentionCall) -> Tile | None:
+    """The tile of a call that is one kernel call (one rank, no index selection, the shard one tile
+    under the kernel's own size): nothing travels and nothing merges, so the kernel's results are the
+    call's. None otherwise."""
+    if call.world != 1 or call.indices is not None:
+        return None
+    tiles = call.tiles(call.rank, call.rank)
+    if len(tiles) != 1 or tiles[0].q.length != call.local_len or tiles[0].k.length != call.local_len:
+        return None
+    return tiles[0]
 
 
 def ring_key_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
