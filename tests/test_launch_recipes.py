@@ -195,3 +195,12 @@ def test_every_line_runs_on_the_cpu(tmp_path):
     for cmd, nodes, program in running:
         failures += _finish(cmd, nodes, program, deadline)
     assert not failures, "\n\n".join(failures)
+
+
+def test_every_example_runs_on_gpus_as_written():
+    """Each script under examples/ takes --device cuda (one GPU per rank, NCCL), as the page says."""
+    for script in sorted((ROOT / "examples").glob("*.py")):
+        text = script.read_text()
+        assert re.search(r'add_argument\("--device", choices=\("cpu", "cuda"\)', text), \
+            f"{script.name} has no --device {{cpu,cuda}}"
+        assert "torchrun" not in text or "--device cuda" in text, f"{script.name}'s usage shows no GPU line"
