@@ -85,7 +85,7 @@ def _flagships(rank, world):
     import transformers
 
     import burst.integrations.transformers as bt
-    from burst.integrations.transformers.backend import attention
+    from burst.integrations.transformers.backend import features
     from burst.integrations.transformers.layers import dynamic_mask
 
     transformers.logging.set_verbosity_error()
@@ -95,7 +95,7 @@ def _flagships(rank, world):
         for family, make in CONFIGS.items():
             out[(family, layout)] = _errors(family, make(), name, layout)
     name = bt.register("flagship_planted", layout="zigzag")
-    with mock.patch.object(attention, "global_temperature", lambda name, module, query, backend: query):
+    with mock.patch.object(features, "global_temperature", lambda name, module, query, backend: query):
         out["planted: local temperature"] = _errors("llama4_text", llama4_config(), name, "zigzag")
     unchunked = llama4_config()
     unchunked.layer_types = ["full_attention"] * len(unchunked.layer_types)
@@ -147,21 +147,17 @@ def test_doge_keeping_part_of_each_row_is_refused():
 
 
 def test_doge_decoding_on_the_sharded_cache_is_refused():
-    """A ShardedCache decode step would attend without Doge's bias per key: refused where decode steps
-    are refused (backend/attention._decode_step), beside softcap's and chunked attention's."""
-    import types
-
+    """A ShardedCache decode step would attend without Doge's bias per key: refused by its entry's check
+    (backend/features.py), which runs before a decode step, as softcap's and chunked attention's do."""
     import pytest
     import torch
 
     from burst.bench.hf_zoo_configs import causal_lm
-    from burst.integrations.transformers.backend import attention
-    from burst.integrations.transformers.backend.registry import set_running_cache
+    from burst.integrations.transformers.backend import features
 
     layer = causal_lm("doge", doge_config()).model.layers[0].self_attn
-    set_running_cache(types.SimpleNamespace(phase="decode"))
-    try:
-        with pytest.raises(ValueError, match="dynamic mask .* generate on one rank"):
-            attention._decode_step("burst", layer, torch.zeros(1, 2, 1, 8), None, None)
-    finally:
-        set_running_cache(None)
+    q = torch.zeros(1, 2, 1, 8)
+    call = features.LayerCall("burst", layer, None, q, q, q, decoding=True)
+    assert "dynamic mask" in [f.name for f in call.features]
+    with pytest.raises(ValueError, match="dynamic mask .* generate on one rank"):
+        features.run("check", call)

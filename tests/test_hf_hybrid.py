@@ -104,6 +104,7 @@ def _refusals(group):
     import burst.integrations.transformers as bt
     from burst import layout as layout_mod
     from burst.bench import hf_zoo
+    from burst.integrations.transformers.backend.features import prepare_features
 
     out = {}
     _, model = _models("qwen3_next", bt.register("hybrid_refusals", layout="zigzag", group=group))
@@ -134,8 +135,8 @@ def _refusals(group):
         cases["unsupported family"] = unknown_family
     if "recurrent_gemma" in hf_zoo.families():  # its recurrent state lives on the module: no sharded decoding
         gemma = _models("recurrent_gemma", "hybrid_refusals")[1]
-        def decoding():
-            bt.shard_mixers(gemma, group, "zigzag")
+        def decoding():  # prepared as shard_batch prepares it: its attention's positions captured too
+            prepare_features(gemma, group, "zigzag")
             return gemma.generate(ids, max_new_tokens=2, past_key_values=bt.ShardedCache(gemma))
 
         cases["decoding"] = decoding

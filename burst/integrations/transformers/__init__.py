@@ -38,8 +38,9 @@ the parts listed before it:
                           embeddings whose frequencies depend on the length), mixers/ (recurrent and
                           convolutional layers, one module per kind, passing their state)
     backend/              the attention implementation: registry.py (registered names), checks.py
-                          (whole-model refusals), attention.py (register, the attention and mask
-                          functions), documents.py, batches.py (shard_batch), gradients.py (FSDP2)
+                          (whole-model refusals), features.py (each model feature's hand-off, one
+                          entry each), attention.py (register, the attention and mask functions),
+                          documents.py, batches.py (shard_batch), gradients.py (FSDP2)
     generate.py           ShardedCache: model.generate() on a sharded KV cache
     sequence_parallel.py  SequenceParallel, and the pieces the Trainer shares with it
     trainer.py            SequenceParallelTrainer

@@ -25,12 +25,10 @@ import torch.distributed as dist
 
 from burst import layout as layout_mod
 
-from .backend.attention import hands_over_dynamic_mask, hands_over_latent, register
+from .backend.attention import register
 from .backend.batches import shard_batch
 from .backend.checks import check_model
-from .layers.dynamic_mask import take_over_dynamic_masks
-from .layers.latent import move_latents
-from .layers.mixers import shard_mixers
+from .backend.features import prepare_features
 
 
 class SequenceParallel:
@@ -80,12 +78,10 @@ class SequenceParallel:
 
 def prepare_model(model, group, strategy: str, layout: str, attn_name: str, attention_options: dict | None) -> None:
     """`model` on burst's attention (`attn_name` registered with the strategy, layout, group and
-    options), its recurrent layers hooked to pass their state across `group`, then checked."""
+    options), the layers each model feature takes over prepared for `group` (features.py), then checked."""
     register(attn_name, strategy=strategy, layout=layout, group=group, **(attention_options or {}))
     model.set_attn_implementation(attn_name)
-    shard_mixers(model, group, layout)
-    move_latents(model, hands_over_latent)
-    take_over_dynamic_masks(model, hands_over_dynamic_mask)
+    prepare_features(model, group, layout)
     check_model(model)
 
 

@@ -5,8 +5,10 @@ is patched.
 
 Every layer's attention call checks the model (checks.check_config) and its keywords
 (../keywords.py), runs a ShardedCache's decode step when generate() is decoding on one (the running
-cache, registry.py), and otherwise runs burst.attention on this rank's shard, with the packed
-documents found from position_ids (documents.py). What the backend cannot do raises on every rank.
+cache, registry.py), and otherwise runs burst.attention on this rank's shard. What a model feature
+adds (positions kept on a layer, Doge's bias, MLA's latent, DeepSeek-V4's compressed entries...) is
+checked, taken and handed to burst by its entry of features.py. What the backend cannot do raises on
+every rank.
 """
 
 from __future__ import annotations
@@ -14,18 +16,18 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from dataclasses import replace
 
 import torch
 
 from burst import api, layout as layout_mod
 from burst.agreement import agree
 
-from ..keywords import check_keywords, check_model_features, generate_cache_keyword, model_name
-from ..layers import compressed, dynamic_mask as dynamic_masks, latent as latents
+from ..keywords import check_keywords, generate_cache_keyword
+from ..layers import compressed
 from ..layers.configs import text_config
+from . import features
 from .checks import check_config
-from .documents import documents
+from .features import LayerCall
 from .registry import BACKENDS, Backend, backend_of, running_cache, world_size
 
 TESTED_TRANSFORMERS = ">=5.23.0,<6"  # the `hf` extra of pyproject.toml: the releases scripts/test.sh tests
@@ -70,173 +72,56 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     query: (batch, heads, seq_local, head_dim); key, value: (batch, kv_heads, seq_local, head_dim),
     this rank's shard. Returns (out (batch, seq_local, heads, head_dim), None). Keywords: those of
-    keywords.ACCEPTED_KEYWORDS; any other raises (deny by default).
+    keywords.ACCEPTED_KEYWORDS; any other raises (deny by default). What a family adds (a bias, a
+    latent, compressed entries...) is handed over by its entry of features.FEATURES.
     """
     name, backend = backend_of(module)
     check_config(name, getattr(module, "config", None), world_size(backend.group))
     check_keywords(name, module, kwargs)
-    scaling = kwargs.get("scaling")
-    sliding_window = dynamic_masks.window(module, kwargs.get("sliding_window"))
-    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
-    softcap = float(kwargs.get("softcap") or 0.0)
     cache = running_cache()
-    decoding = cache is not None and cache.phase == "decode"
-    chunk_size = check_model_features(name, module, sliding_window, decoding=decoding)
-    bias = dynamic_masks.handed_over(module)  # Doge: a bias per key, folded into the keys below
-    decoded = _decode_step(name, module, query, scaling, sliding_window, sinks, softcap, chunk_size)
-    if decoded is not None:
-        return decoded
-    if bias is not None:  # the (batch, heads, 1, keys) mask the layer made of it is consumed
-        dynamic_masks.check_length(name, module, model_name(module), query.shape[2] * world_size(backend.group))
-        attention_mask = None
-    handed = latents.handed_over(module, key, value)  # MLA: the latent and rotary key, not expanded heads
-    values_are_keys = value is key  # DeepSeek-V4 passes one tensor as both: one block travels
-    key, value, entries = _compressed_entries(name, module, query, key, value)
-    _refuse_unsupported(name, query, query if handed is not None else key, attention_mask)
+    call = LayerCall(name, module, backend, query, key, value, attention_mask, kwargs,
+                     decoding=cache is not None and cache.phase == "decode", scaling=kwargs.get("scaling"),
+                     sliding_window=kwargs.get("sliding_window"))
+    features.run("check", call)
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    if call.decoding:
+        return cache.attend(module.layer_idx, query, call.scaling, call.sliding_window, sinks), None
+    if cache is None:  # a ShardedCache's prefill runs below
+        _refuse_generate_without_cache(name)
+    features.run("take", call)
+    _refuse_unsupported(call)
     is_causal = kwargs.get("is_causal")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     window = None
-    if sliding_window is not None:  # transformers: key j attends when j > i - sliding_window
-        window = (sliding_window - 1, 0 if causal else sliding_window - 1)
-    positions = kwargs.get("position_ids")
-    if positions is None:  # an attention module that takes position_ids but keeps them (shard_mixers captures them)
-        positions = getattr(module, "_burst_position_ids", None)
-    if positions is None:
-        raise ValueError(
-            f"attn_implementation={name!r}: {model_name(module)} does not pass position_ids to its attention "
-            "function, so burst can neither check that the shards sit at their global positions nor see packed "
-            "documents; refused (models that do pass them: Llama, Qwen, Mistral, GPT-OSS, ...; a model prepared "
-            "by bt.shard_batch(..., model=model) or SequenceParallelTrainer has them captured)")
-    cu_seqlens = documents(positions, query.shape[0], query.shape[2], backend)
-    query = global_temperature(name, module, query, backend)
-    query, key, value = _one_dtype(query, key, value)
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
-    if handed is not None:
-        return _latent_attention(query, handed, backend, causal, window, scaling, cu_seqlens, kwargs.get("indices"),
-                                 sinks, softcap, chunk_size), None
-    if bias is not None:
-        query, key = dynamic_masks.fold(query, key, bias, scaling)
-    query, key, value, head_dim_v = _one_head_dim(query, key, value)
-    indices = kwargs.get("indices")
-    if entries is not None:  # in the attention's dtype, as q, k, v are
-        entries = replace(entries, k=entries.k.to(query.dtype), v=entries.v.to(query.dtype))
-    key = key.transpose(1, 2)
-    value = key if values_are_keys else value.transpose(1, 2)  # the same steps made both from one tensor
-    out = api.attention(query.transpose(1, 2), key, value, group=backend.group,
-                        strategy=backend.strategy, layout=backend.layout, causal=causal, window=window,
-                        softmax_scale=scaling, cu_seqlens=cu_seqlens, sinks=sinks, softcap=softcap,
-                        chunk_size=chunk_size, indices=indices, compressed=entries, **backend.options)
-    return out[..., :head_dim_v], None
+    if call.sliding_window is not None:  # transformers: key j attends when j > i - sliding_window
+        window = (call.sliding_window - 1, 0 if causal else call.sliding_window - 1)
+    call.query, call.key, call.value = _one_dtype(call.query, call.key, call.value)
+    if call.scaling is None:
+        call.scaling = call.query.shape[-1] ** -0.5
+    features.run("hand", call)
+    out = api.attention(*_transposed(call), group=backend.group, strategy=backend.strategy, layout=backend.layout,
+                        causal=causal, window=window, softmax_scale=call.scaling, sinks=sinks, softcap=call.softcap,
+                        chunk_size=call.chunk_size, indices=kwargs.get("indices"), **call.burst, **backend.options)
+    return out[..., :call.width], None
 
 
-def hands_over_latent(layer) -> bool:
-    """Whether an MLA layer hands burst its latent (layers/latent.py): its attention is burst's with
-    the "burst" strategy (whose key side moves the latent), outside a generation cache's steps."""
-    backend = BACKENDS.get(getattr(getattr(layer, "config", None), "_attn_implementation", None))
-    return (backend is not None and backend.strategy in ("burst", "auto") and running_cache() is None
-            and backend.options.get("backward_side", "auto") != "queries")
+def _transposed(call: LayerCall) -> tuple:
+    """(q, k, v) in burst's (batch, seq_local, heads, head_dim), k, v None where a feature handed them
+    otherwise; v is k when the layer passed one tensor as both, so one block travels."""
+    if call.key is None:
+        return call.query.transpose(1, 2), None, None
+    key = call.key.transpose(1, 2)
+    return call.query.transpose(1, 2), key, key if call.values_are_keys else call.value.transpose(1, 2)
 
 
-def hands_over_dynamic_mask(layer) -> bool:
-    """Whether a dynamic-mask layer (Doge's) hands burst its bias per key (layers/dynamic_mask.py): its
-    attention is one registered with burst."""
-    return getattr(getattr(layer, "config", None), "_attn_implementation", None) in BACKENDS
-
-
-def _latent_attention(query, handed, backend: Backend, causal, window, scaling, cu_seqlens, indices, sinks, softcap,
-                      chunk_size):
-    """out (batch, seq_local, heads, v_head_dim) of burst.attention(latent=...): the latent (in the
-    attention's dtype, as q) rides the ring, each rank expands it with the layer's kv_b_proj."""
-    handed = replace(handed, latent=handed.latent.to(query.dtype), rope=handed.rope.to(query.dtype))
-    return api.attention(query.transpose(1, 2), latent=handed, group=backend.group, strategy=backend.strategy,
-                         layout=backend.layout, causal=causal, window=window, softmax_scale=scaling,
-                         cu_seqlens=cu_seqlens, indices=indices, sinks=sinks, softcap=softcap, chunk_size=chunk_size,
-                         **backend.options)
-
-
-def _compressed_entries(name, module, query, key, value):
-    """(key, value, burst.CompressedKV or None): DeepSeek-V4's layers concatenate the compressed entries
-    their compressor made for the whole sequence (layers/compressed.py) after this shard's keys; they
-    go to burst.attention apart, as entries every rank holds."""
-    found = compressed.pending(module)
-    if found is None:
-        return key, value, None
-    rate, count, chosen = found
-    local = query.shape[2]
-    if count == 0 and key.shape[2] == local:  # no window has ended yet (a sequence shorter than one)
-        return key, value, None
-    if key.shape[2] != local + count:
-        raise ValueError(f"attn_implementation={name!r}: {model_name(module)} handed {key.shape[2]} keys for {local} "
-                         f"queries and {count} compressed entries; this transformers release arranges DeepSeek-V4's "
-                         "attention differently from what burst knows")
-    entries = api.CompressedKV(key[:, :, local:].transpose(1, 2), value[:, :, local:].transpose(1, 2), rate, chosen)
-    return key[:, :, :local], value[:, :, :local], entries
-
-
-def _one_head_dim(query, key, value):
-    """(q, k, v, v's head dim) with one head dim: MLA's values (DeepSeek: 128) are narrower than its
-    queries and keys (192), and burst moves K, V as one shape. The narrower side gets zero columns,
-    which change no score (q, k) and no output column that is kept (v)."""
-    dim_qk, dim_v = query.shape[-1], value.shape[-1]
-    if dim_qk == dim_v:
-        return query, key, value, dim_v
-    width = max(dim_qk, dim_v)
-
-    def widened(t):
-        return torch.nn.functional.pad(t, (0, width - t.shape[-1]))
-
-    return widened(query), widened(key), widened(value), dim_v
-
-
-def global_temperature(name: str, module, query: torch.Tensor, backend: Backend) -> torch.Tensor:
-    """query (batch, heads, seq_local, head_dim) with Llama 4's attention temperature tuning at the
-    rows' global indices. Its NoPE layers scale each query by log1p(floor((i + 1) / floor_scale)) *
-    attn_scale + 1 with i = arange(seq_local) of the forward: a rank's own 0..n-1. The factor is
-    divided out and the one of the row's place in the whole sequence applied."""
-    if not getattr(module, "attn_temperature_tuning", False) or getattr(module, "use_rope", True):
-        return query
-    world, rank = layout_mod._world_and_rank(backend.group)
-    if world == 1:
-        return query
-    if backend.layout not in layout_mod.LAYOUTS:
-        raise ValueError(f"attn_implementation={name!r}: {model_name(module)} scales queries by their index in the "
-                         f"sequence (attn_temperature_tuning), which burst applies under {layout_mod.LAYOUTS}, not "
-                         f"{backend.layout!r}")
-    local = query.shape[2]
-    mine = layout_mod.shard_indices(backend.layout, rank, world, local * world, device=query.device)
-    own = torch.arange(local, device=query.device)
-
-    def factor(i):
-        return torch.log1p(torch.floor((i.float() + 1.0) / module.floor_scale)) * module.attn_scale + 1.0
-
-    return (query * (factor(mine) / factor(own))[None, None, :, None]).to(query.dtype)
-
-
-def _decode_step(name: str, module, query: torch.Tensor, scaling: float | None, sliding_window: int | None,
-                 sinks: torch.Tensor | None = None, softcap: float = 0.0, chunk_size: int | None = None):
-    """What the attention function runs inside generate(): (out (batch, 1, heads, head_dim), None) in a
-    ShardedCache decode step; None where burst's sequence-parallel path runs (a ShardedCache prefill,
-    or any forward outside generate()). generate() without a ShardedCache raises."""
-    cache = running_cache()
-    if cache is not None:
-        if cache.phase != "decode":
-            return None
-        if softcap or chunk_size:
-            raise ValueError(f"attn_implementation={name!r}: {model_name(module)} decodes with "
-                             f"{'softcap' if softcap else 'chunked attention'}, which the sharded KV cache does not "
-                             "run yet; generate on one rank (prefill and training are exact across ranks)")
-        if dynamic_masks.is_dynamic_mask_attention(module):
-            raise ValueError(f"attn_implementation={name!r}: {model_name(module)} adds a dynamic mask (a bias per "
-                             "key) that the sharded KV cache's decoding does not apply; generate on one rank "
-                             "(training and forwards are exact)")
-        return cache.attend(module.layer_idx, query, scaling, sliding_window, sinks), None
+def _refuse_generate_without_cache(name: str) -> None:
+    """generate() without a ShardedCache raises: every rank would run the whole prompt and decode
+    against a whole, unsharded cache."""
     if not torch.is_grad_enabled() and _inside_generate():  # generate runs under no_grad: training skips the walk
         raise ValueError(
             f"attn_implementation={name!r}: model.generate() needs {generate_cache_keyword()}=bt.ShardedCache(model), "
             "or **bt.sharded_cache(model) (import burst.integrations.transformers as bt). Without it every rank would "
             "run the whole prompt and decode against a whole, unsharded cache")
-    return None
 
 
 def _inside_generate() -> bool:
@@ -268,10 +153,11 @@ def _one_dtype(query, key, value):
     return query.to(dtype), key.to(dtype), value.to(dtype)
 
 
-def _refuse_unsupported(name, query, key, attention_mask) -> None:
-    """What this backend cannot run beyond its keywords (../keywords.py), as a clear error. Every
-    condition is one every rank of an SPMD program sees alike (the padding mask is agreed on in
-    burst_attention_mask)."""
+def _refuse_unsupported(call: LayerCall) -> None:
+    """What this backend cannot run beyond its keywords (../keywords.py) and the features' hand-offs, as
+    a clear error. Every condition is one every rank of an SPMD program sees alike (the padding mask is
+    agreed on in burst_attention_mask)."""
+    name, query, key, attention_mask = call.name, call.query, call.key, call.attention_mask
     if query.shape[2] != key.shape[2]:
         raise ValueError(
             f"attn_implementation={name!r} got {query.shape[2]} queries against {key.shape[2]} keys: burst attends a "

@@ -1,8 +1,9 @@
 """A batch of full sequences to this rank's shard (shard_batch), and the loss back (reduce_loss).
 
-shard_batch is also where burst sees the model a batch is for: it prepares its recurrent layers and
-rotary embedding (layers/: shard_mixers) and checks it (checks.check_model), the one door that a
-model which never calls attention (Mamba, RWKV) passes through.
+shard_batch is also where burst sees the model a batch is for: it prepares the layers each model
+feature takes over (features.prepare_features: recurrent mixers, rotary embeddings, MLA's latent...)
+and checks it (checks.check_model), the one door that a model which never calls attention (Mamba,
+RWKV) passes through.
 """
 
 from __future__ import annotations
@@ -13,12 +14,9 @@ import torch.distributed as dist
 from burst import layout as layout_mod
 from burst.agreement import agree
 
-from ..layers.dynamic_mask import take_over_dynamic_masks
-from ..layers.latent import move_latents
-from ..layers.mixers import shard_mixers
-from .attention import hands_over_dynamic_mask, hands_over_latent
 from .checks import check_model
 from .documents import documents_from_positions
+from .features import prepare_features
 from .registry import world_size
 
 
@@ -39,16 +37,15 @@ def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_inde
     tokens, so the model's loss is this rank's share of the global mean (see reduce_loss). Other
     entries are passed through unchanged.
 
-    model (required): the model the batch is for. Its recurrent and convolutional layers are made to
-    pass their state across the ranks and its rotary embedding to see the whole length (shard_mixers),
-    then it is checked (check_model). This is the only place burst sees a model that never calls
-    attention (Mamba, RWKV) or runs attention of its own (GPT-1, XLM...): sharded without it, such a
-    model runs each shard alone and answers wrongly without an error, so there is no way around it.
+    model (required): the model the batch is for. Each model feature prepares the layers it takes over
+    (features.prepare_features: recurrent layers pass their state across the ranks, rotary embeddings
+    see the whole length...), then it is checked (check_model). This is the only place burst sees a
+    model that never calls attention (Mamba, RWKV) or runs attention of its own (GPT-1, XLM...):
+    sharded without it, such a model runs each shard alone and answers wrongly without an error, so
+    there is no way around it.
     """
     model = _the_model(model)
-    shard_mixers(model, group, layout)
-    move_latents(model, hands_over_latent)
-    take_over_dynamic_masks(model, hands_over_dynamic_mask)
+    prepare_features(model, group, layout)
     check_model(model)
     if layout not in layout_mod.DOCUMENT_LAYOUTS:
         layout_mod.check_layout(layout)

@@ -1,7 +1,8 @@
 """The layers of a transformers model that need more than burst's attention to run split across
 ranks: rotary embeddings whose frequencies depend on the sequence's length (rope.py), DeepSeek
 sparse attention's indexer (indexer.py), and the recurrent and convolutional sequence mixers of
-hybrid models (mixers/). shard_mixers prepares all three.
+hybrid models (mixers/). backend/features.py prepares each, beside MLA's latent (latent.py), Doge's
+dynamic mask (dynamic_mask.py) and the positions some layers keep (positions.py).
 
 Below the backend: these modules import ../keywords.py and burst's own state passing, never the
 backend, generation or the training loops.

@@ -7,7 +7,7 @@ rotated at the window's first position. A CSA layer's own lightning indexer, wit
 own made the same way, then picks each query's top-k entries; an HCA query sees every entry whose
 window has ended. On a shard the compressors would see only its own windows, from position 0.
 
-`compress_whole_sequence(model, group, layout)` (run by shard_mixers, so by every door that prepares
+`compress_whole_sequence(model, group, layout)` (its entry of backend/features.py, run by every door that prepares
 a model) takes over the forward of each compressor:
 
 - entries are made where their windows' tokens live: each chunk of a rank's shard (layout runs)

@@ -7,7 +7,7 @@ builds every layer's mask with one of the two) mask; past keep_window_size keys 
 each row's keep_window_size largest. `take_over_dynamic_masks(model, hands_over)` replaces each
 layer's prepare_dynamic_mask: where `hands_over(layer)` says burst's attention runs the call, it
 keeps the bias on the layer and returns it as a (batch, kv_heads, 1, k) tensor (the layer repeats
-it per query head; nothing of q x k is built). The attention function (backend/attention.py) takes
+it per query head; nothing of q x k is built). Its entry of backend/features.py takes
 it with `handed_over` and folds it into the keys: one more channel holding bias / scale against a
 query channel of ones, so (q'.k') * scale = q.k * scale + bias, eager's score, for every strategy;
 the channel travels with the keys and its gradient reaches A and dt_proj.

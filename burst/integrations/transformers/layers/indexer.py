@@ -3,7 +3,7 @@ glm_moe_dsa, HY-V4, AXK2).
 
 The indexer scores every earlier key for each query with a few light heads and keeps the top-k
 (index_topk); the attention then attends those keys only. On a shard it would score its shard's keys
-only, and choose from the wrong set. `show_whole_sequence(model, group, layout)` (run by shard_mixers,
+only, and choose from the wrong set. `show_whole_sequence(model, group, layout)` (its entry of backend/features.py,
 so by every door that prepares a model) takes over each indexer's forward:
 
 - its keys (one index_head_dim vector per token, far smaller than the attention's K, V) are gathered

@@ -7,7 +7,7 @@ function. `move_latents(model, hands_over)` takes over each such layer's expand_
 `hands_over(layer)` says burst's ring runs the call (the backend decides: burst.attention's
 strategy "burst", no generation cache), it returns the latent (batch, 1, seq, kv_lora_rank) and the
 rotary key (batch, 1, seq, rope_dim) as they are and marks the layer, so the attention function
-(backend/attention.py, via `handed_over`) calls burst.attention(latent=...) (burst/latent.py): the
+(its entry of backend/features.py, via `handed_over`) calls burst.attention(latent=...) (burst/latent.py): the
 latent travels, each rank expands the block it holds. Elsewhere the layer expands as before.
 
 A layer whose kv_b_proj is not a plain bias-free Linear keeps its expansion (nothing to hand over).

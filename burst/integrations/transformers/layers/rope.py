@@ -7,7 +7,7 @@ its long or its short factors by it. On one rank of a sharded sequence that is t
 of the rank's shard, not of the sequence: different frequencies on every rank, no error. The other
 types (default, linear, yarn, llama3, proportional) are fixed when the model is built.
 
-`see_global_length(model, group)` (run by shard_mixers, so by every door that prepares a model)
+`see_global_length(model, group)` (its entry of backend/features.py, run by every door that prepares a model)
 wraps the forward of each such rotary module: one all-reduce (max) of the longest position over
 the group, transformers' own frequency update run on that length, then the rotation of this rank's
 positions with the updated frequencies. A model whose config asks for a length-dependent rope type

@@ -1,14 +1,14 @@
 """Which families burst splits (FAMILIES), and `shard_mixers`, which prepares a model: it wraps the
 functions its modeling module mixes tokens with (each by its sharded version: _SHARDED), hooks the
 mixer modules whose forward calls them, takes over the modules whose recurrence is inline in their
-forward (_TAKEN_OVER), replaces its convolution and token-shift modules, and shows its rotary
-embedding the whole length (../rope.py).
+forward (_TAKEN_OVER), and replaces its convolution and token-shift modules. The model's other
+layers that must see the whole sequence (rotary embeddings, indexers, compressors) are prepared
+beside it, each by its own entry of backend/features.py.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import sys
 
 import torch
@@ -17,7 +17,6 @@ from burst import state_passing
 from burst.layout import _world_and_rank
 
 from ...keywords import ATTENTION_LAYER_KINDS, layer_kinds
-from .. import compressed, indexer, rope
 from ..configs import PreparedConfigs, text_config
 from . import convolution, linear_attention, normalised, rg_lru, ssm
 from .state import Shards, calls_any, hook, wrap
@@ -98,10 +97,6 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     done = getattr(model, "_burst_mixers", None)
     if done is not None and done[0] is group and done[1] == layout:  # shard_batch(model=) calls it every step
         return done[2]
-    _capture_position_ids(model)
-    rope.see_global_length(model, group)
-    indexer.show_whole_sequence(model, group, layout)
-    compressed.compress_whole_sequence(model, group, layout)
     config = model.config
     text = text_config(config)
     module = sys.modules[type(model).__module__]
@@ -143,48 +138,6 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
 
 def _mixes_outside_attention(config) -> bool:
     return bool(layer_kinds(config) - ATTENTION_LAYER_KINDS)
-
-
-def _capture_position_ids(model: torch.nn.Module) -> None:
-    """Attention modules whose attention function is not handed position_ids: a pre-hook keeps them
-    on the attention module, where burst's attention function reads them (it needs the shard's global
-    positions). Taken from the nearest module above it whose forward takes position_ids: the attention
-    module's own (RecurrentGemma's), its decoder layer's (Llama 4's takes them and does not pass them
-    on), or the model's (GPTBigCode's, Dory's and CTRL's use them for position embeddings and pass
-    nothing below). Once per module."""
-    for module in model.modules():
-        if getattr(module, "_burst_captures_positions", False) or not _takes_positions(module):
-            continue
-        keepers = [module] if _is_attention(module) else list(_attention_below(module))
-        if not keepers:
-            continue
-
-        def keep(mod, args, kwargs, signature=inspect.signature(type(module).forward), keepers=tuple(keepers)):
-            positions = signature.bind_partial(mod, *args, **kwargs).arguments.get("position_ids")
-            for keeper in keepers:
-                keeper._burst_position_ids = positions
-
-        module.register_forward_pre_hook(keep, with_kwargs=True)
-        module._burst_captures_positions = True
-
-
-def _takes_positions(module: torch.nn.Module) -> bool:
-    return "position_ids" in inspect.signature(type(module).forward).parameters
-
-
-def _attention_below(module: torch.nn.Module):
-    """The attention modules under `module` that no module between them takes position_ids: those it keeps them for."""
-    for child in module.children():
-        if _takes_positions(child):  # it keeps them itself (or is an attention module taking them)
-            continue
-        if _is_attention(child):
-            yield child
-        else:
-            yield from _attention_below(child)
-
-
-def _is_attention(module: torch.nn.Module) -> bool:
-    return type(module).__name__.endswith("Attention")
 
 
 def _take_over(module: torch.nn.Module, shards: Shards) -> None:
