@@ -272,3 +272,21 @@ def test_lse_gradient_under_torch_compile():
     _loss(out, lse, "out and lse", (w, u)).backward()
     assert max(rel_err(a, r) for a, r in zip(eager, (q.grad, k.grad, v.grad, s.grad))) <= TOL[torch.float64]
     assert max(rel_err(a, b) for a, b in zip(compiled, eager)) <= TOL[torch.float64]
+
+
+def test_widened_backward_gives_way_to_a_kernel_that_takes_the_wider_head_dim():
+    """lse's backward runs on head dims widened by lse_channel.CHANNELS: a call whose kernel stops at q's
+    head dim (a GPU kernel's largest, 256) takes one that runs the widened dims for it."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from burst.lse_channel import CHANNELS
+    from burst.prepare import prepare_single_device
+    from burst.strategies.base import _widened_call
+
+    q = torch.zeros(1, 8, H, D, dtype=torch.float64)
+    _, call = prepare_single_device(q, q)
+    narrow = SimpleNamespace(SPEC=SimpleNamespace(takes_head_dims=lambda h, v: h <= D and v <= D))
+    wide = _widened_call(replace(call, kernel=narrow), q)
+    assert wide.kernel is not narrow and wide.kernel.SPEC.takes_head_dims(D + CHANNELS, D + CHANNELS)
+    assert _widened_call(call, q) is call  # the CPU's kernels take any head dim

@@ -145,7 +145,8 @@ def _widened_call(call: AttentionCall, q) -> AttentionCall:
     """The call, with a kernel that runs the widened head dims where its own stops at q's (a GPU
     kernel's largest head dim)."""
     width = q.shape[-1] + CHANNELS
-    if call.kernel.SPEC.takes_head_dims(width, width):
+    spec = getattr(call.kernel, "SPEC", None)  # a kernel module outside the registry: taken as it is
+    if spec is None or spec.takes_head_dims(width, width):
         return call
     softcap = getattr(call.kernel, "softcap", 0.0)  # kernels.Softcapped binds it
     return replace(call, kernel=select_kernel(q.device, q.dtype, softcap, width, width))
