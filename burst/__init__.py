@@ -13,8 +13,8 @@ from .latent import LatentKV
 from .comm.topology import Topology
 from .context_parallel import context_parallel
 from .layout import DocumentLayout, shard, unshard
-from .masks import BlockSparseMask
+from .masks import BlockIndices, BlockSparseMask
 from .check import check
 
-__all__ = ["attention", "shard", "unshard", "CommStats", "BlockSparseMask", "set_agreement_check", "set_agreement_timeout", "check", "Topology", "context_parallel", "DocumentLayout", "CompressedKV", "LatentKV"]
+__all__ = ["attention", "shard", "unshard", "CommStats", "BlockIndices", "BlockSparseMask", "set_agreement_check", "set_agreement_timeout", "check", "Topology", "context_parallel", "DocumentLayout", "CompressedKV", "LatentKV"]
 __version__ = "0.2.0"

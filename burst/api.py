@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from . import custom_op
 from .compressed import CompressedKV
+from .masks import BlockIndices
 from .keys import KeyBlocks, unit_stride_last
 from .latent import LatentKeys, LatentKV
 from .prepare import prepare_attention, prepare_single_device
@@ -32,7 +33,7 @@ def attention(
     sinks: torch.Tensor | None = None,
     softcap: float = 0.0,
     chunk_size: int | None = None,
-    indices: torch.Tensor | None = None,
+    indices: torch.Tensor | BlockIndices | None = None,
     compressed: CompressedKV | None = None,
     latent: LatentKV | None = None,
     **options,
@@ -87,9 +88,12 @@ def attention(
             Chunks are documents of equal length: off-chunk block pairs are never computed or sent.
         indices: (batch_size, seqlen_local, topk) ints, each query's chosen keys as global positions
             (-1: none), as DeepSeek sparse attention's indexer picks them: a query attends only those
-            (and only where the other masks allow). Applied per tile on top of the plan (masks/
-            selection.py); tiles nothing selected are not computed. No gradient. Strategies burst,
-            ring and allgather take it (burst's backward carries the rows' indices with the queries).
+            (and only where the other masks allow); (batch_size, seqlen_local, nheads_k, topk): a choice
+            per KV head (the heads of its group share it); burst.BlockIndices(blocks, block_size): either
+            shape in blocks of block_size keys (fewer bytes where the model picks blocks). Applied per
+            tile on top of the plan (masks/selection.py); tiles nothing selected are not computed. No
+            gradient. Strategies burst, ring and allgather take it (burst's backward carries the rows'
+            entries with the queries).
         compressed: a burst.CompressedKV: entries every rank holds whole, each summarising `rate` tokens
             (DeepSeek-V4's compressed attention), attended beside the sharded keys: a query sees entry w
             once its window has ended (position >= (w+1)*rate - 1) and, with the CompressedKV's

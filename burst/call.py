@@ -63,7 +63,8 @@ class AttentionCall:
     options: Options = field(default_factory=Options)
     topology: Topology | None = None
     shard_segments: Callable[[int], list[Segment]] | None = None  # overrides the layout (USP's ring)
-    indices: torch.Tensor | None = None  # (batch, local_len, topk) chosen global key positions (masks/selection.py)
+    indices: torch.Tensor | None = None  # (batch, local_len[, kv_heads], topk) chosen keys (masks/selection.py)
+    index_block: int = 1  # keys per entry of indices: 1 for key positions, a BlockIndices' block_size
 
     def segments(self, rank: int) -> list[Segment]:
         """The position runs of `rank`'s shard."""

@@ -12,7 +12,6 @@ import torch.distributed as dist
 from .agreement import agree
 from .call import AttentionCall
 from .comm.p2p import open_host_channels
-from .keys import unit_stride_last  # noqa: F401  (here too for its callers)
 from .plan.auto import auto_choice
 from .sinks import check_sinks
 from .strategies import STRATEGIES
@@ -69,7 +68,7 @@ def _call_facts(q, keys, name: str, call: AttentionCall, return_lse: bool, sinks
         "head_dim": q.shape[3], "dtype": str(q.dtype), "strategy": name, "layout": call.layout,
         "causal": spec.causal, "window": spec.window, "softmax_scale": call.scale, "return_lse": bool(return_lse),
         "cu_seqlens": spec.cu_seqlens, "softcap": float(softcap),  # chunks are in cu_seqlens
-        "indices": None if call.indices is None else tuple(call.indices.shape),
+        "indices": None if call.indices is None else (tuple(call.indices.shape), call.index_block),
         "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
         "topology": (call.topology.local_world_size, call.topology.double_ring),
         "sinks": None if sinks is None else (str(sinks.dtype), tuple(sinks.detach().float().tolist())),

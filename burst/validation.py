@@ -17,7 +17,7 @@ from .comm.topology import Topology, default_world_size
 from .kernels import select_kernel
 from .keys import DTYPES, KeyBlocks, check_tensors  # noqa: F401  (DTYPES, check_tensors: api.py's names too)
 from .layout import DOCUMENT_LAYOUTS, DocumentLayout, check_layout, local_multiple, resolve_layout
-from .masks import BlockSparseMask, MaskSpec
+from .masks import BlockSparseMask, MaskSpec, checked_selection
 from .strategies import STRATEGIES
 
 STRATEGY_NAMES = tuple(STRATEGIES) + ("auto",)
@@ -49,7 +49,7 @@ def checked_key_call(q, keys, group, rank, world, strategy, layout, causal, wind
         layout.check(world, global_len)
     _check_documents(cu_seqlens, global_len)
     _check_block_sparse(block_sparse, global_len)
-    _check_indices(indices, q, global_len)
+    indices, index_block = checked_selection(indices, q, keys.facts().get("kv_heads", q.shape[2]), global_len)
     spec = MaskSpec(causal=causal, window=_normalized_window(window),
                     cu_seqlens=_documents_and_chunks(cu_seqlens, chunk_size, global_len),
                     block_sparse=block_sparse)
@@ -58,7 +58,7 @@ def checked_key_call(q, keys, group, rank, world, strategy, layout, causal, wind
         scale=float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5,
         kernel=select_kernel(q.device, q.dtype, float(softcap), q.shape[-1], keys.kernel_value_dim(q)),
         topology=_resolved_topology(topology),
-        indices=indices,
+        indices=indices, index_block=index_block,
     )
     if strategy == "auto":
         name = keys.strategies[0] if keys.strategies else _auto_strategy(call, q, keys.k, options, auto)
@@ -150,23 +150,6 @@ def _documents_and_chunks(cu_seqlens, chunk_size: int | None, global_len: int) -
     if cu_seqlens is None and not bounds:
         return None
     return tuple(sorted(bounds))
-
-
-def _check_indices(indices, q, global_len: int) -> None:
-    """indices: (batch, local_len, topk) integer global key positions in [-1, global_len) (-1: none).
-    The values are checked on the CPU only (on a GPU the check would wait for the device)."""
-    if indices is None:
-        return
-    if not isinstance(indices, torch.Tensor) or indices.dtype.is_floating_point or indices.dtype == torch.bool:
-        raise TypeError(f"indices must be an integer torch.Tensor, got {getattr(indices, 'dtype', type(indices))}")
-    if indices.dim() != 3 or tuple(indices.shape[:2]) != tuple(q.shape[:2]) or indices.shape[2] == 0:
-        raise ValueError(f"indices must be (batch, seqlen_local, topk) = ({q.shape[0]}, {q.shape[1]}, k >= 1), "
-                         f"got shape {tuple(indices.shape)}")
-    if indices.device != q.device:
-        raise ValueError(f"indices are on {indices.device} but q is on {q.device}")
-    if indices.device.type == "cpu" and indices.numel() and (int(indices.min()) < -1 or int(indices.max()) >= global_len):
-        raise ValueError(f"indices must be global key positions in [-1, {global_len}) (-1: no key), got values "
-                         f"from {int(indices.min())} to {int(indices.max())}")
 
 
 def _check_takes_indices(strategy, indices) -> None:

@@ -19,17 +19,19 @@ from .accumulators import out_from_delta
 from .masking import dense_mask
 
 
-def attend_forward(kernel, q, k, v, tiles: list[Tile], out_acc, lse_acc, scale: float, indices=None) -> None:
+def attend_forward(kernel, q, k, v, tiles: list[Tile], out_acc, lse_acc, scale: float, indices=None,
+                   index_block: int = 1) -> None:
     """Merge attention of q rows against k/v rows, tile by tile, into (out_acc, lse_acc).
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim)
     out_acc: (batch, seqlen_q, nheads, headdim) float32; lse_acc: (batch, nheads, seqlen_q) float32.
-    indices: (batch, seqlen_q, topk) the q rows' chosen global key positions (masks/selection.py), or None.
+    indices: (batch, seqlen_q[, nheads_k], topk) the q rows' chosen global keys, or blocks of index_block
+    keys (masks/selection.py), or None.
     """
     start, computed = time.perf_counter(), []
     for t in tiles:
         qr, kr = t.q.rows, t.k.rows
-        causal, mask, pairs = _tile_mask(t, indices)
+        causal, mask, pairs = _tile_mask(t, indices, q.shape[2], index_block)
         if pairs == 0:
             continue
         out, lse = kernel.forward(q[:, qr], k[:, kr], v[:, kr], scale, causal, mask)
@@ -39,20 +41,22 @@ def attend_forward(kernel, q, k, v, tiles: list[Tile], out_acc, lse_acc, scale: 
     _account("forward", computed, start)
 
 
-def _tile_mask(t: Tile, indices):
+def _tile_mask(t: Tile, indices, heads: int, index_block: int):
     """(causal, mask, pairs) the kernel gets for tile t: the tile's own (pairs: the tile, counted only
     when CommStats asks), or with an index selection its mask intersected with the selection as a
-    (batch, 1, rows, keys) bool and the selected pairs (0: nothing to compute)."""
+    (batch, 1 or heads, rows, keys) bool and the selected pairs (0: nothing to compute)."""
     if indices is None:
         return t.causal, t.kernel_mask, t
-    chosen = selected(indices, t.q, t.k)
+    chosen = selected(indices, t.q, t.k, index_block)
     if t.cover is Cover.DIAG:
         chosen &= torch.ones(t.q.length, t.k.length, dtype=torch.bool, device=chosen.device).tril()
     elif t.cover is not Cover.FULL:
         chosen &= dense_mask(t.kernel_mask, chosen.device)
-    # pairs per batch row, rounded up: a tile one batch row needs is computed (and counted)
-    pairs = -(-int(chosen.sum()) // max(1, chosen.shape[0]))
-    return False, chosen[:, None], pairs
+    # pairs per batch row (and KV head), rounded up: a tile one of them needs is computed (and counted)
+    pairs = -(-int(chosen.sum()) // max(1, chosen.shape[:-2].numel()))
+    if chosen.dim() == 3:
+        return False, chosen[:, None], pairs
+    return False, chosen.repeat_interleave(heads // chosen.shape[1], dim=1), pairs  # each KV head's queries
 
 
 def _account(phase: str, computed: list, start: float) -> None:
@@ -64,7 +68,7 @@ def _account(phase: str, computed: list, start: float) -> None:
 
 
 def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, dk_acc, dv_acc, scale: float,
-                    delta=None, indices=None) -> None:
+                    delta=None, indices=None, index_block: int = 1) -> None:
     """Add the gradients of one block pair into float32 accumulators.
 
     out and lse are the query rows' *global* results (lse with +inf for empty rows, see
@@ -73,13 +77,13 @@ def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, 
     once per tile row (kernels.out_from_delta), never for the whole block at once.
     dq_acc is shaped like q, dk_acc/dv_acc like k/v, all float32. Any of them may instead be a
     function returning it, called after the first kernel call (see kernels/accumulators.py, ArrivingAccumulators).
-    indices: as attend_forward's, for the q rows.
+    indices, index_block: as attend_forward's, for the q rows.
     """
     start, computed = time.perf_counter(), []
     rebuilt_for, out_rows = None, None
     for t in tiles:
         qr, kr = t.q.rows, t.k.rows
-        causal, mask, pairs = _tile_mask(t, indices)
+        causal, mask, pairs = _tile_mask(t, indices, q.shape[2], index_block)
         if pairs == 0:
             continue
         if out is not None:

@@ -14,8 +14,8 @@ The planner's tuning constant TILE lives in planner.py: set `burst.masks.planner
 from .bands import Bands
 from .planner import RULE_CHECK, TILE, plan_tiles
 from .rules import BlockSparseMask, Cover, MaskSpec, PositionRule, may_attend
-from .selection import selected
+from .selection import BlockIndices, checked_selection, selected
 from .tiles import MAX_TILE, SUB_TILE, Tile, TileSizes
 
-__all__ = ["Bands", "BlockSparseMask", "Cover", "MaskSpec", "MAX_TILE", "PositionRule", "RULE_CHECK", "SUB_TILE",
+__all__ = ["Bands", "BlockIndices", "BlockSparseMask", "Cover", "MaskSpec", "MAX_TILE", "PositionRule", "RULE_CHECK", "SUB_TILE", "checked_selection",
            "TILE", "Tile", "TileSizes", "may_attend", "plan_tiles", "selected"]

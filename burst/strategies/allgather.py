@@ -37,7 +37,7 @@ def allgather_forward(call: AttentionCall, q, keys):
     out_acc, lse_acc = empty_accumulators(q)
     for src in range(call.world):
         attend_forward(call.kernel, q, kv_all[2 * src], kv_all[2 * src + 1], call.tiles(call.rank, src),
-                       out_acc, lse_acc, call.scale, indices=call.indices)
+                       out_acc, lse_acc, call.scale, indices=call.indices, index_block=call.index_block)
     return out_acc.to(q.dtype), lse_acc
 
 
@@ -50,7 +50,7 @@ def allgather_backward(call: AttentionCall, dout, q, keys, out, lse):
     for src in range(call.world):
         attend_backward(call.kernel, dout, q, kv_all[2 * src], kv_all[2 * src + 1], out, lse,
                         call.tiles(call.rank, src), dq, dkv_all[2 * src], dkv_all[2 * src + 1], call.scale,
-                        indices=call.indices)
+                        indices=call.indices, index_block=call.index_block)
     if call.world == 1:
         dkv = dkv_all
     else:

@@ -144,7 +144,8 @@ def _ring_backward(call: AttentionCall, travelling, out, k, v, dk, dv):
         # Our own queries come with their real output; others' are rebuilt from D tile by tile.
         out_j = out if src == call.rank else None
         attend_backward(call.kernel, dout_j, q_j, k, v, out_j, lse_j, call.tiles(src, call.rank), dq_acc.part(0),
-                        dk, dv, call.scale, delta=delta_j, indices=indices_j[0] if indices_j else None)
+                        dk, dv, call.scale, delta=delta_j, indices=indices_j[0] if indices_j else None,
+                        index_block=call.index_block)
 
     (dq,) = visit_blocks(call, call.q_schedule, "backward", travelling, attend, acc_likes=travelling[:1])
     return dq

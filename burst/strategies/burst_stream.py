@@ -92,7 +92,8 @@ def served_forward(call: AttentionCall, rows: int, q, keys: KeyBlocks):
     def attend(src, chunk, held, _accs):
         tiles = call.plan(mine, call.chunk_segments(src, *chunk))
         k_src, v_src = keys.expand(held)
-        attend_forward(call.kernel, q, k_src, v_src, tiles, out_acc, lse_acc, call.scale, indices=call.indices)
+        attend_forward(call.kernel, q, k_src, v_src, tiles, out_acc, lse_acc, call.scale, indices=call.indices,
+                       index_block=call.index_block)
 
     blocks = keys.travelling
     stream_chunks(call, call.kv_schedule, "forward", blocks, (1,) * len(blocks), rows,
@@ -112,7 +113,8 @@ def served_query_backward(call: AttentionCall, rows: int, travelling, out, k, v,
         # in flight beside it) takes the kernel's full call size, which adds fewer dK, dV partials.
         tiles = call.plan(call.chunk_segments(src, *chunk), mine, max_rows=None if src == call.rank else rows)
         attend_backward(call.kernel, dout_c, q_c, k, v, out_c, lse_c, tiles, accs[0], dk, dv, call.scale,
-                        delta=delta_c, indices=indices_c[0] if indices_c else None)
+                        delta=delta_c, indices=indices_c[0] if indices_c else None,
+                        index_block=call.index_block)
 
     row_dims = (1, 1, 2, 2, 1)[: len(travelling)]
     (dq,) = stream_chunks(call, call.q_schedule, "backward", travelling, row_dims, rows, needs, attend,
@@ -133,7 +135,7 @@ def served_key_backward(call: AttentionCall, rows: int, dout, q, keys: KeyBlocks
         tiles = call.plan(mine, call.chunk_segments(src, *chunk), max_rows=None if src == call.rank else rows)
         k_src, v_src, dk, dv, finish = keys.for_backward(held, accs[0], accs[-1])
         attend_backward(call.kernel, dout, q, k_src, v_src, out, lse, tiles, dq, dk, dv, call.scale,
-                        indices=call.indices)
+                        indices=call.indices, index_block=call.index_block)
         finish()
 
     blocks = keys.travelling
