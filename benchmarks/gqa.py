@@ -121,7 +121,7 @@ def main():
     from burst.launch import spawn_world
 
     scale = FULL_TOKENS // args.tokens
-    lines = [f"# GQA and MQA: what burst's backward moves", "",
+    lines = ["# GQA and MQA: what burst's backward moves", "",
              f"Command: `.venv/bin/python benchmarks/gqa.py --tokens {args.tokens} --worlds {args.worlds}"
              + (" --time" if args.time else "") + f"{' --out ' + args.out if args.out else ''}`  ",
              f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}; float32, head_dim "

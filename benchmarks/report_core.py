@@ -1,6 +1,5 @@
 """Turn benchmarks/core/*.json into the Markdown report benchmarks/core.md (and a plot if matplotlib is there)."""
 
-import glob
 import json
 import os
 

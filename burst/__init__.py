@@ -4,7 +4,7 @@ Public names: attention, shard, unshard, CommStats, BlockSparseMask, set_agreeme
 also set_agreement_timeout, context_parallel, DocumentLayout, CompressedKV and LatentKV.
 """
 
-from . import cqs
+from . import cqs  # noqa: F401 - burst.cqs.interest_set (the CQS paper's interest set) is public
 from .agreement import set_agreement_check, set_agreement_timeout
 from .api import attention
 from .comm.stats import CommStats

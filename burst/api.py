@@ -3,17 +3,22 @@ strategy runs, eagerly or, under torch.compile, as one custom op (custom_op.py).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
 
 from . import custom_op
 from .compressed import CompressedKV
-from .masks import BlockIndices
+from .masks import BlockIndices, BlockSparseMask
 from .keys import KeyBlocks, unit_stride_last
 from .latent import LatentKeys, LatentKV
-from .prepare import prepare_attention, prepare_single_device
-from .strategies import STRATEGIES  # the names, here too for callers
-from .validation import DTYPES, STRATEGY_NAMES, check_tensors, checked_call  # the names, here too for callers
+from .prepare import prepare_attention
+from .strategies import STRATEGIES  # noqa: F401 - the names, here too for callers
+from .validation import DTYPES, STRATEGY_NAMES, check_tensors, checked_call  # noqa: F401 - here too for callers
+
+if TYPE_CHECKING:
+    from .comm.topology import Topology
 
 
 def attention(

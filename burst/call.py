@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 from functools import cached_property
 
+import torch
 import torch.distributed as dist
 
 from .comm.topology import Topology

@@ -195,7 +195,7 @@ def test_burst_key_side_serves_only_the_key_rows_the_mask_needs(world):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_window_stops_the_ring_after_one_step(world):
-    n, kv_bytes = 64, 64 * 2 * 8 * 4  # one K (or V) shard, fp32
+    kv_bytes = 64 * 2 * 8 * 4  # one K (or V) shard of 64 tokens, fp32
     for rank, balance in enumerate(b for _, b in _results(world)):
         fwd, bwd = balance[("ring", "window")]
         assert fwd == 2 * kv_bytes                      # K, V move one hop, not G - 1

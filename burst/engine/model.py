@@ -10,6 +10,7 @@ head's weight goes to the fused loss (engine/loss.py), so the N x V logits are n
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -18,16 +19,29 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..plan.models import PRESETS, ModelConfig  # burst.engine.model.PRESETS, as the engine's callers read them
+from ..plan.models import PRESETS, ModelConfig  # noqa: F401 - burst.engine.model.PRESETS, read by the engine's callers
 from .checkpointing import SequenceAttention, check_settings, run_layer
 from .loss import fused_linear_cross_entropy, unfused_cross_entropy
 
 
-def rotary(positions: torch.Tensor, head_dim: int, theta: float):
-    """cos, sin of shape (batch, seq, 1, head_dim / 2) for the given global positions (batch, seq)."""
+def rotary(positions: torch.Tensor, head_dim: int, theta: float, scaling=None):
+    """cos, sin of shape (batch, seq, 1, head_dim / 2) for the given global positions (batch, seq);
+    scaling: a plan.models.Llama3RopeScaling (Llama 3.1's frequencies), or None."""
     freqs = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
+    if scaling is not None:
+        freqs = llama3_frequencies(freqs, scaling)
     angles = positions.to(torch.float64)[..., None] * freqs
     return torch.cos(angles)[:, :, None].float(), torch.sin(angles)[:, :, None].float()
+
+
+def llama3_frequencies(freqs: torch.Tensor, s) -> torch.Tensor:
+    """Llama 3.1's scaled rotary frequencies (Meta's apply_scaling; transformers' "llama3" rope type)."""
+    wavelen = 2 * math.pi / freqs
+    low_wavelen = s.original_max_positions / s.low_freq_factor  # longer than this: stretched by factor
+    high_wavelen = s.original_max_positions / s.high_freq_factor  # shorter than this: kept
+    smooth = (s.original_max_positions / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    between = (1 - smooth) * freqs / s.factor + smooth * freqs
+    return torch.where(wavelen > low_wavelen, freqs / s.factor, torch.where(wavelen < high_wavelen, freqs, between))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -161,19 +175,25 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """cfg's decoder. device="meta" builds the shapes without memory (an 8B model's checks on a
+    laptop); `to_empty(device=...)` then reset_parameters() gives it weights (engine/train.py's build)."""
+
+    def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        with torch.device(device) if device is not None else contextlib.nullcontext():
+            self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+            self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+            self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+            self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.checkpointing, self.checkpoint_split = "none", 0.5  # see engine/checkpointing.py
         self.reset_parameters()
 
     def reset_parameters(self):
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
+            if isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02 if isinstance(module, nn.Embedding)
                                 else 1 / math.sqrt(module.weight.shape[1]))
 
@@ -184,7 +204,7 @@ class Transformer(nn.Module):
         cross-entropy instead (this rank's share of the global mean over `loss_group`), by the fused
         LM head + loss (engine/loss.py) or, with fused_loss=False, through the full logits. The loss
         is taken inside forward so that FSDP2 has the LM head's weight unsharded."""
-        cos, sin = rotary(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rotary(positions, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
         x = self.embed(tokens)
         for block in self.blocks:
             x = run_layer(block, x, cos, sin, positions, self.checkpointing, self.checkpoint_split)

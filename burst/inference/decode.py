@@ -93,7 +93,6 @@ def decode_attention(q, k, v, valid, scale: float | None = None, group=None, agr
     attention sinks (burst/sinks.py), folded into the merged rows; the same on every rank.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
     problem = None
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[2] % k.shape[2] or valid.shape != k.shape[:2]:
         problem = ValueError(f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, valid "

@@ -211,7 +211,7 @@ for gpus, model, longest in ((8, "llama-3b", 512 * K), (8, "llama-7b", 256 * K),
 def planned(run: Run) -> tuple[float, bool]:
     """(the plan's value of run.metric, whether the plan says it fits) for one Run."""
     from . import plan, profile
-    from .cost import Cluster, Workload, estimate
+    from .cost import Cluster, Workload
     from .model_cost import Training, attention_step, model_config
 
     cluster = Cluster(run.gpus, min(run.gpus, run.gpus_per_node), profile(run.profile),
