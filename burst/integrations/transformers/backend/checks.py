@@ -48,8 +48,9 @@ def check_config(name: str, config, world: int) -> None:
         others = ["recurrent or convolutional"]  # a family burst splits whose config lists no layer kinds
     if world > 1 and others and not (mixers.prepared(config) or mixers.prepared(text)):
         model_type = getattr(config, "model_type", None)
-        advice = ("call burst.integrations.transformers.shard_mixers(model, group, layout) (or pass model= to "
-                  "shard_batch) so they pass their state across ranks" if mixers.supported(model_type) or
+        advice = ("pass model= to shard_batch (or SequenceParallelTrainer), which prepares them to pass their "
+                  "state across ranks (burst.integrations.transformers.shard_mixers(model, group, layout) hooks "
+                  "them alone)" if mixers.supported(model_type) or
                   mixers.supported(getattr(text, "model_type", None)) else "refused; on one rank the model runs "
                   "exactly")
         raise ValueError(
