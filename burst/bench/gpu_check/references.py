@@ -5,7 +5,7 @@ and each CUDA kernel it can be told to run) beside SDPA's flash and cuDNN backen
 FlexAttention, for full and causal attention with grouped (32/8) and multi-head (32/32) heads; a
 sliding window and packed documents against FlexAttention (and SDPA on the documents as a batch);
 the block steps of a G-rank ring summed against one call on the whole sequence (what a ring of G
-GPUs can reach at most); peak memory above the inputs. 'x best' is the fastest reference's seconds
+GPUs can reach at most); on CUDA, each run's peak memory above the inputs. 'x best' is the fastest reference's seconds
 over this row's (>= 1: as fast as the best reference).
 """
 
@@ -23,6 +23,7 @@ from burst.kernels import KERNEL_ENV, cudnn, select_kernel
 from burst.kernels.registry import kernels_by_name
 from burst.layout import segments
 from burst.masks import MaskSpec
+from burst.memory import held_bytes, peak_bytes, reset_peak
 
 from .cases import block_step, is_oom, random_inputs, release_memory
 from .report import Report, first_line
@@ -64,17 +65,32 @@ def sdpa_runner(q, k, v, dout, spec: MaskSpec, backend: str):
     if spec.window is not None:
         raise RuntimeError("SDPA has no window argument")
     docs = len(spec.cu_seqlens) - 1 if spec.cu_seqlens is not None else 1
-    group = q.shape[2] // k.shape[2]
-    kk, vv = (t.repeat_interleave(group, 2) if group > 1 else t for t in (k, v))  # enable_gqa is not on every backend
-    shaped = [t.reshape(t.shape[0] * docs, t.shape[1] // docs, *t.shape[2:]).transpose(1, 2) for t in (q, kk, vv)]
+    pinned = [getattr(SDPBackend, backend)]
+    gqa = q.shape[2] != k.shape[2] and _takes_gqa(pinned, q, k)
+    if q.shape[2] != k.shape[2] and not gqa:  # this backend wants equal heads: KV repeated, as its users do
+        k, v = (t.repeat_interleave(q.shape[2] // k.shape[2], 2) for t in (k, v))
+    shaped = [t.reshape(t.shape[0] * docs, t.shape[1] // docs, *t.shape[2:]).transpose(1, 2) for t in (q, k, v)]
     qq, kk, vv = _leaves(*shaped)
     dt = dout.reshape(qq.shape[0], -1, *dout.shape[2:]).transpose(1, 2)
 
     def forward():
-        with sdpa_kernel([getattr(SDPBackend, backend)]):
-            return F.scaled_dot_product_attention(qq, kk, vv, is_causal=spec.causal)
+        with sdpa_kernel(pinned):
+            return F.scaled_dot_product_attention(qq, kk, vv, is_causal=spec.causal, enable_gqa=gqa)
 
     return forward, lambda out: out.backward(dt), lambda: None
+
+
+def _takes_gqa(pinned, q, k) -> bool:
+    """Whether SDPA's pinned backend runs grouped heads itself (enable_gqa), tried on a few rows."""
+    from torch.nn.attention import sdpa_kernel
+
+    few = [t[:, :64].transpose(1, 2) for t in (q, k)]
+    try:
+        with sdpa_kernel(pinned):
+            F.scaled_dot_product_attention(few[0], few[1], few[1], enable_gqa=True)
+        return True
+    except RuntimeError:
+        return False
 
 
 def flex_runner(q, k, v, dout, spec: MaskSpec):
@@ -140,6 +156,16 @@ def _time(runner, *args) -> float:
     return fwd + bwd
 
 
+def _time_and_peak(runner, *args) -> tuple[float, int]:
+    """Seconds of a forward + backward and the peak bytes it held above what was held before (the
+    inputs): the runner's own copies, outputs, gradients and work memory."""
+    device = args[0].device
+    floor = held_bytes(device)
+    reset_peak(device)
+    seconds = _time(runner, *args)
+    return seconds, peak_bytes(device) - floor
+
+
 def _references(spec: MaskSpec, device) -> dict:
     refs = {"FlexAttention": (flex_runner,)} if device.type == "cuda" else {}  # compiled for the CPU: minutes
     if spec.window is None:
@@ -164,7 +190,10 @@ def _row(sec, label: str, spec: MaskSpec, inputs, burst_kernels: dict) -> dict:
     runners = {**_references(spec, q.device), **{n: (burst_runner, kn) for n, kn in burst_kernels.items()}}
     for name, (runner, *extra) in runners.items():
         try:
-            times[name] = row[f"{name} ms"] = 1e3 * _time(runner, *inputs, spec, *extra)
+            seconds, peak = _time_and_peak(runner, *inputs, spec, *extra)
+            times[name] = row[f"{name} ms"] = 1e3 * seconds
+            if q.device.type == "cuda":  # the CPU's resident set does not drop between runners: not comparable
+                row[f"{name} MiB"] = peak / 2**20
         except Exception as err:  # noqa: BLE001 - OOM or a backend that does not take this: the row says so
             row[f"{name} ms"] = "OOM" if is_oom(err) else type(err).__name__
             if not is_oom(err) and name.startswith("burst"):
@@ -203,6 +232,9 @@ def section_references(rep: Report) -> None:
                 *[f"{b} ms" for b in kernels],
                 *[f"{b} x best" for b in kernels], "burst TFLOP/s"]
         sec.table("one rank, full and causal", cols, rows)
+        if device.type == "cuda":
+            sec.table("peak MiB above the inputs (the same runs)", ["work", "tokens", "heads",
+                      *[f"{r} MiB" for r in (*_references(MaskSpec(), device), *kernels)]], rows)
         n = sizes.ref_lens[0]
         part = n // 16
         masked = (("window, causal", MaskSpec(causal=True, window=(part, 0))),
