@@ -31,6 +31,8 @@ POSITIONS_KEPT_FROM_THE_MODEL = ("gpt_bigcode", "ctrl", "dory", "cohere_compass_
 WINDOW_NOT_IN_MASK = ("moshi",)
 # issue 60 item 5: Doge's dynamic mask, a bias per key folded into the keys (tests/test_hf_flagships.py: A drawn, a window)
 DYNAMIC_MASK = ("doge",)
+# issue 68: MiniMax-M3's block indexer shown the whole sequence, its key blocks per KV head handed as burst.BlockIndices
+BLOCK_SELECTION = ("minimax_m3_vl_text",)
 # hybrids burst refuses: Inkling's attention adds a query-conditioned relative position bias (position_bias=)
 UNSPLIT_HYBRIDS = ("inkling_text", "inkling2_text", "inkling2_loop_text")
 
@@ -67,7 +69,7 @@ def test_every_rank_sees_the_same_outcomes():
 
 def test_sink_families_flagships_and_the_common_ones_are_exact_at_1_and_2_ranks():
     rows = _zoo()[0]
-    for family in SINK_FAMILIES + FLAGSHIPS + POSITIONS_KEPT_FROM_THE_MODEL + WINDOW_NOT_IN_MASK + DYNAMIC_MASK + ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2",
+    for family in SINK_FAMILIES + FLAGSHIPS + POSITIONS_KEPT_FROM_THE_MODEL + WINDOW_NOT_IN_MASK + DYNAMIC_MASK + BLOCK_SELECTION + ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2",
                                               "olmo2"):
         if family not in rows:  # a family this transformers release does not ship (the lowest tested)
             continue

@@ -104,6 +104,10 @@ OVERRIDES = {
     "deepseek_v4": {"compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
                     "layer_types": ["compressed_sparse_attention", "heavily_compressed_attention"],
                     "mlp_layer_types": ["hash_moe", "moe"], "num_hidden_layers": 2, "o_groups": 2, "o_lora_rank": 16},
+    # MiniMax-M3: its default has no block-sparse layer; one of each kind, blocks of 8 keys (16 in 128 tokens) of
+    # which each query keeps 4 per KV head (its own block among them): the selection prunes
+    "minimax_m3_vl_text": {"layer_types": ["minimax_m3_sparse", "full_attention"], "index_block_size": 8,
+                           "index_topk_blocks": 4, "index_local_blocks": 1},
     # the assistant shares every layer's KV with its backbone and has no per-layer inputs (its validator)
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},
 }

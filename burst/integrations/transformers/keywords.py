@@ -34,6 +34,8 @@ ACCEPTED_KEYWORDS: dict[str, tuple[str, str]] = {
     "sinks": (USED, "sinks"),
     "position_ids": (USED, "global positions; restarts at 0 mark packed documents (cu_seqlens)"),
     "indices": (USED, "DeepSeek sparse attention's selected keys (global positions): burst.attention(indices=)"),
+    "block_indices": (USED, "MiniMax-M3's key blocks per KV head (global block numbers): burst.attention("
+                      "indices=burst.BlockIndices(...))"),
     "dropout": (OFF_ONLY, "attention dropout (set config.attention_dropout = 0)"),
     "softcap": (USED, "softcap (Gemma 2's attention logit softcapping: c * tanh(score / c))"),
     "output_attentions": (OFF_ONLY, "the attention matrix, which burst never builds"),
@@ -143,6 +145,8 @@ def _window_not_in_mask(module) -> bool:
 # ("indexed_attention": DeepSeek sparse attention, whose indexer backend/checks.py refuses until it is prepared)
 ATTENTION_LAYER_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention",
                                    "indexed_attention", "mlp", "moe",
+                                   # MiniMax-M3's block-sparse layers (layers/block_indexer.py; refused unprepared)
+                                   "minimax_m3_sparse",
                                    # DeepSeek-V4's (its compressors: layers/compressed.py; refused unprepared)
                                    "compressed_sparse_attention", "heavily_compressed_attention"})
 

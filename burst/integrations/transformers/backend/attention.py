@@ -99,9 +99,10 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if call.scaling is None:
         call.scaling = call.query.shape[-1] ** -0.5
     features.run("hand", call)
+    handed = {"indices": kwargs.get("indices"), **call.burst}  # a feature's selection (BlockIndices) or DSA's
     out = api.attention(*_transposed(call), group=backend.group, strategy=backend.strategy, layout=backend.layout,
                         causal=causal, window=window, softmax_scale=call.scaling, sinks=sinks, softcap=call.softcap,
-                        chunk_size=call.chunk_size, indices=kwargs.get("indices"), **call.burst, **backend.options)
+                        chunk_size=call.chunk_size, **handed, **backend.options)
     return out[..., :call.width], None
 
 

@@ -18,7 +18,7 @@ import torch
 from burst import api, layout as layout_mod
 
 from ..keywords import check_model_features, model_name
-from ..layers import compressed, dynamic_mask, indexer, latent, positions, rope
+from ..layers import block_indexer, compressed, dynamic_mask, indexer, latent, positions, rope
 from ..layers.mixers import shard_mixers
 from .documents import documents
 from .registry import BACKENDS, Backend, running_cache, world_size
@@ -151,6 +151,36 @@ def _compress_whole_sequence(model, group, layout) -> None:
 
 def _show_whole_sequence(model, group, layout) -> None:
     indexer.show_whole_sequence(model, group, layout)
+
+
+# ---- MiniMax-M3: key blocks chosen per KV head by an indexer that sees the whole sequence ---------------------
+
+def _show_blocks_whole_sequence(model, group, layout) -> None:
+    block_indexer.show_blocks_whole_sequence(model, group, layout)
+
+
+def _check_block_selection(call: LayerCall) -> None:
+    if call.decoding:
+        raise ValueError(f"attn_implementation={call.name!r}: {call.model} picks key blocks with an indexer that the "
+                         "sharded KV cache's decoding does not run; generate on one rank (training and forwards are "
+                         "exact)")
+
+
+def _take_block_selection(call: LayerCall) -> None:
+    chosen = call.kwargs.get("block_indices")
+    if chosen is None:
+        return
+    if world_size(call.backend.group) > 1 and not block_indexer.prepared(call.module.config):
+        raise ValueError(f"attn_implementation={call.name!r}: {call.model} picks key blocks with an indexer that must "
+                         "score every key of the sequence, not its shard's: prepare the model with "
+                         "bt.shard_batch(..., model=model) (or SequenceParallelTrainer / SequenceParallel)")
+    call.held["block selection"] = block_indexer.block_selection(call.module, chosen)
+
+
+def _hand_block_selection(call: LayerCall) -> None:
+    chosen = call.held.get("block selection")
+    if chosen is not None:
+        call.burst["indices"] = chosen
 
 
 def _shard_mixers(model, group, layout) -> None:
@@ -298,6 +328,9 @@ FEATURES: tuple[Feature, ...] = (
     Feature("positions", prepare=_capture_positions, hand=_hand_documents),
     Feature("rotary embeddings of the whole length", prepare=_see_global_length),
     Feature("DeepSeek sparse attention's indexer", prepare=_show_whole_sequence),
+    Feature("block selection per KV head", detect=block_indexer.has_block_indexer,
+            prepare=_show_blocks_whole_sequence, check=_check_block_selection, take=_take_block_selection,
+            hand=_hand_block_selection),
     Feature("keys as values", take=_take_values_are_keys),
     Feature("compressed entries", detect=_left_entries, prepare=_compress_whole_sequence, take=_take_entries,
             hand=_hand_entries),
