@@ -22,7 +22,13 @@ def add_parser(sub) -> None:
     p.add_argument("--profile", type=any_case(sorted(PROFILES)), default="H100",
                    help=f"hardware profile, any case: {', '.join(sorted(PROFILES))} ('local' = this machine, "
                         "calibrated by `burst bench --calibrate`)")
-    p.add_argument("--seq-len", type=positive_int, required=True, help="global sequence length (tokens)")
+    p.add_argument("--seq-len", type=positive_int, default=None,
+                   help="global sequence length (tokens); required unless --longest")
+    p.add_argument("--longest", action="store_true",
+                   help="with --model: for each of `burst train`'s memory options (checkpointing, --ffn-chunk, host "
+                        "offloads), the longest --seq-len whose step fits and the modelled speed and MFU there")
+    p.add_argument("--host-mem-gib", type=positive_float, default=None,
+                   help="host memory in GiB that decides fits with host offloads; default: not limited")
     p.add_argument("--model", type=any_case(sorted(model_presets())), default=None,
                    help="plan the whole model (FFN, projections, LM head, FSDP, optimizer): a preset, any case: "
                         + ", ".join(sorted(model_presets())) + " (`burst train` trains " + ", ".join(sorted(PRESETS))
@@ -74,6 +80,14 @@ def add_parser(sub) -> None:
 
 
 def validate(args) -> None:
+    if args.longest and args.model is None:
+        raise BadOption("--longest", "needs --model (the model whose longest training step is planned)")
+    if args.longest and args.seq_len is not None:
+        raise BadOption("--longest", "finds the length: give it without --seq-len")
+    if args.seq_len is None and not args.longest:
+        raise BadOption("--seq-len", "required (or --longest with --model)")
+    if args.longest:
+        args.seq_len = 1024  # the shape checks below read one
     if args.hf_config is not None:
         _apply_hf_config(args)
     whole = args.model is not None or args.hidden is not None
@@ -187,6 +201,8 @@ def run(args) -> int:
     cluster = Cluster(gpus=args.gpus, gpus_per_node=min(args.gpus, args.gpus_per_node), profile=prof,
                       inter_bw=args.inter_node_gbps * 1e9 if args.inter_node_gbps else None,
                       intra_bw=args.intra_node_gbps * 1e9 if args.intra_node_gbps else None)
+    if args.longest:
+        return _longest(args, cluster)
     if args.model is not None or args.hidden is not None:
         cfg = _model(args)
         args.heads, args.kv_heads, args.head_dim, args.layers = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.layers
@@ -204,6 +220,27 @@ def run(args) -> int:
                             indexer_macs=args.indexer_macs, latent=args.latent)
     rows = [e.row() for e in plan(cluster, workload)]
     publish(args, rows, table(args, cluster, rows))
+    return 0
+
+
+def _longest(args, cluster) -> int:
+    from ..plan.lengths import option_rows
+
+    host = args.host_mem_gib * 2**30 if args.host_mem_gib else None
+    rows = option_rows(_model(args), cluster, host_memory_bytes=host, dtype_bytes=args.dtype_bytes)
+    lines = [f"{args.gpus} x {args.profile}, whole model {args.model}, one sequence per step, modelled (predictions, "
+             f"not measurements; each run also takes --nproc 1 --dtype bfloat16); host memory {'%g GiB' % args.host_mem_gib if host else 'not limited'}",
+             "| memory option | longest seq | step (s) | optimizer (s) | tokens/s/device | MFU | GPU GiB | host GiB "
+             "| burst train flags |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if not r["longest"]:
+            lines.append(f"| {r['option']} | does not fit | | | | | | | {r['flags']} |")
+            continue
+        mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.0%}"
+        lines.append(f"| {r['option']} | {r['longest']} | {r['step_s']:.3g} | {r['optimizer_s']:.3g} | "
+                     f"{r['tokens_per_s_per_device']:.4g} | {mfu} | {r['mem_bytes'] / 2**30:.1f} | "
+                     f"{r['host_mem_bytes'] / 2**30:.1f} | {r['flags']} |")
+    publish(args, rows, "\n".join(lines))
     return 0
 
 

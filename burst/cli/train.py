@@ -43,7 +43,15 @@ def add_parser(sub) -> None:
                    help="data-parallel replicas (sequence-parallel ranks = world / dp)")
     p.add_argument("--fsdp", type=any_case(("none", "dp", "mesh")), default=d.fsdp,
                    help="FSDP2 parameter sharding: none, over the dp dimension, or over every rank (mesh)")
-    p.add_argument("--cpu-offload", action="store_true", help="FSDP2 CPU offload of parameters and optimizer state")
+    p.add_argument("--cpu-offload", action="store_true",
+                   help="FSDP2 CPU offload of parameters, gradients and optimizer state (with --fsdp; several ranks)")
+    p.add_argument("--offload-optimizer", action="store_true",
+                   help="one rank: AdamW's fp32 master weights and moments in host memory, each parameter stepped "
+                        "there as its gradient completes; the device keeps the weights in --dtype (16 GB for an 8B "
+                        "model in bfloat16) and one layer's gradients")
+    p.add_argument("--offload-activations", action="store_true",
+                   help="keep what --checkpointing keeps per layer (its input; remat's attention output) in pinned "
+                        "host memory between forward and backward")
     p.add_argument("--checkpointing", type=any_case(("none", "full", "remat", "selective")), default=d.checkpointing,
                    help="activation checkpointing: none, full (per layer), remat (DistFlashAttn's, at the "
                         "attention output), selective (BurstEngine's sequence-level)")
@@ -53,7 +61,7 @@ def add_parser(sub) -> None:
                    help="blockwise feedforward: tokens per chunk, each checkpointed, so the backward holds one "
                         "chunk's hidden activations (0 = off)")
     p.add_argument("--no-fused-loss", dest="fused_loss", action="store_false",
-                   help="build the logits (the baseline of the fused LM head + loss)")
+                   help="build the logits (the baseline of the fused LM head + loss, which holds one chunk of them)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="a line per step instead of a bar")
     p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help="where checkpoints are written and read (torch.distributed.checkpoint)")

@@ -37,6 +37,7 @@ from ..layout import LAYOUTS, local_multiple, shard_indices
 from ..masks import BlockSparseMask
 from ..prepare import prepare_attention, prepare_single_device
 from ..strategies.base import Strategy
+from .offload import offloaded_checkpoint, to_host
 
 MODES = ("none", "full", "remat", "selective")
 
@@ -48,9 +49,12 @@ def local_attention(q, k, v):
     return out.transpose(1, 2)
 
 
-def check_settings(mode: str, split: float, ffn_chunk: int) -> None:
-    """Raise ValueError for a checkpointing mode, selective split or blockwise-feedforward chunk
-    that does not exist (Transformer.set_checkpointing and `burst train` before it starts)."""
+def check_settings(mode: str, split: float, ffn_chunk: int, offload: bool = False) -> None:
+    """Raise ValueError for a checkpointing mode, selective split, blockwise-feedforward chunk or
+    activation offload that does not exist (Transformer.set_checkpointing and `burst train` before it starts)."""
+    if offload and mode == "none":
+        raise ValueError("offloading activations moves what checkpointing keeps: needs a checkpointing mode "
+                         "(full, remat or selective), not none")
     if mode not in MODES:
         raise ValueError(f"checkpointing {mode!r}: one of {MODES}")
     if not 0.0 <= split <= 1.0:
@@ -144,8 +148,8 @@ class StoredAttention:
     """One layer call's attention output (out, lse), kept across a checkpointed forward for the
     rows in `keep` (bool, (seq_local,)); None keeps every row (remat)."""
 
-    def __init__(self, attend: SequenceAttention, keep: torch.Tensor | None, split: int):
-        self.attend, self.keep, self.split = attend, keep, split
+    def __init__(self, attend: SequenceAttention, keep: torch.Tensor | None, split: int, offload: bool = False):
+        self.attend, self.keep, self.split, self.offload = attend, keep, split, offload
         self.strategy = self.call = self.out = self.lse = None
 
     def __call__(self, q, k, v):
@@ -154,7 +158,11 @@ class StoredAttention:
             out, lse = self.strategy(self.call, q, KeyBlocks(k, v).ready(q))
             rows = slice(None) if self.keep is None else self.keep
             self.out, self.lse = out.detach()[:, rows], lse.detach()[:, :, rows]
+            if self.offload:  # kept in host memory until the backward (offload.py)
+                self.out, self.lse = to_host(self.out), to_host(self.lse)
             return out
+        if self.offload:
+            self.out, self.lse = self.out.to(q.device, non_blocking=True), self.lse.to(q.device, non_blocking=True)
         replay = Strategy(self.strategy.name, forward=self._replay, backward=self.strategy.backward)
         out, _ = replay(self.call, q, KeyBlocks(k, v).ready(q))
         return out
@@ -169,24 +177,26 @@ class StoredAttention:
         return out, lse
 
 
-def run_layer(layer, x, cos, sin, positions, mode: str, split: float):
+def run_layer(layer, x, cos, sin, positions, mode: str, split: float, offload: bool = False):
     """layer(x, cos, sin, attend=...) under checkpointing `mode` (see the module docstring).
 
     positions: (batch, seq_local) global positions of this rank's tokens (the same in every row);
-    split: the fraction of the sequence whose attention `selective` recomputes.
+    split: the fraction of the sequence whose attention `selective` recomputes; offload: keep what
+    the mode stores (the layer's input, the attention rows) in host memory (offload.py).
     """
     if mode == "none" or not torch.is_grad_enabled():
         return layer(x, cos, sin)
+    keep_layer = offloaded_checkpoint if offload else functools.partial(checkpoint, use_reentrant=False)
     if mode == "full":
-        return checkpoint(layer, x, cos, sin, use_reentrant=False)
+        return keep_layer(layer, x, cos, sin)
     attend = layer.attention.attend
     if mode == "remat":
-        stored = StoredAttention(attend, None, 0)
+        stored = StoredAttention(attend, None, 0, offload)
     elif mode == "selective":
         global_len = positions.shape[1] * attend.world
         cut = min(global_len, max(0, round(split * global_len)))
         keep = positions[0] >= cut
-        stored = StoredAttention(attend, None if cut == 0 else keep, cut)
+        stored = StoredAttention(attend, None if cut == 0 else keep, cut, offload)
     else:
         raise ValueError(f"checkpointing mode {mode!r}: one of {MODES}")
-    return checkpoint(functools.partial(layer, attend=stored), x, cos, sin, use_reentrant=False)
+    return keep_layer(functools.partial(layer, attend=stored), x, cos, sin)

@@ -187,6 +187,7 @@ class Transformer(nn.Module):
             self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
             self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.checkpointing, self.checkpoint_split = "none", 0.5  # see engine/checkpointing.py
+        self.offload_activations = False  # what checkpointing keeps, held in host memory (engine/offload.py)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -207,7 +208,8 @@ class Transformer(nn.Module):
         cos, sin = rotary(positions, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
         x = self.embed(tokens)
         for block in self.blocks:
-            x = run_layer(block, x, cos, sin, positions, self.checkpointing, self.checkpoint_split)
+            x = run_layer(block, x, cos, sin, positions, self.checkpointing, self.checkpoint_split,
+                          self.offload_activations)
         hidden = self.norm(x)
         if targets is None:
             return hidden
@@ -215,12 +217,14 @@ class Transformer(nn.Module):
             return fused_linear_cross_entropy(hidden, self.lm_head.weight, targets, group=loss_group)
         return unfused_cross_entropy(self.lm_head(hidden), targets, group=loss_group)
 
-    def set_checkpointing(self, mode: str = "none", split: float = 0.5, ffn_chunk: int = 0) -> "Transformer":
+    def set_checkpointing(self, mode: str = "none", split: float = 0.5, ffn_chunk: int = 0,
+                          offload: bool = False) -> "Transformer":
         """Activation checkpointing (engine/checkpointing.py: none | full | remat | selective; `split`
-        is the fraction of the sequence `selective` recomputes) and the blockwise feedforward
-        (`ffn_chunk` tokens at a time; 0 = whole)."""
-        check_settings(mode, split, ffn_chunk)
-        self.checkpointing, self.checkpoint_split = mode, split
+        is the fraction of the sequence `selective` recomputes), the blockwise feedforward
+        (`ffn_chunk` tokens at a time; 0 = whole), and `offload`: what checkpointing keeps per layer
+        held in host memory between forward and backward (engine/offload.py)."""
+        check_settings(mode, split, ffn_chunk, offload)
+        self.checkpointing, self.checkpoint_split, self.offload_activations = mode, split, offload
         for block in self.blocks:
             block.feed_forward.chunk = ffn_chunk
         return self

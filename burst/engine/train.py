@@ -4,11 +4,14 @@ The world is dp replicas x sp ranks (engine/parallel.py): each sp rank holds 1/s
 (by the layout) and attention runs through burst over its sp group; parameters are replicated or
 sharded by FSDP2. The loss is the fused LM head + cross-entropy over the global tokens; gradients
 are reduced once per step. Activation checkpointing (engine/checkpointing.py: none, full, remat,
-selective) and the blockwise feedforward are settings. AdamW with linear warm-up then cosine
-decay. On stderr a progress bar (tqdm) on a terminal, else a line per step, and a line for each
-checkpoint saved or resumed; one JSON line per step in --metrics (step, loss,
-tokens_per_s_per_device, mfu (None without peak_flops), peak_mem_bytes); checkpoints with
-torch.distributed.checkpoint and exact resume (engine/resume.py).
+selective), the blockwise feedforward and the host offloads (engine/offload.py: checkpointed
+activations, AdamW's state and step) are settings; none of them changes the numbers. AdamW with
+linear warm-up then cosine decay. On stderr a progress bar (tqdm) on a terminal, else a line per
+step, and a line for each checkpoint saved or resumed; one JSON line per step in --metrics (step,
+loss, tokens_per_s_per_device, mfu (None without peak_flops; FLOPs as torchtitan counts them:
+plan.flops), optimizer_s (the optimizer's share of step_s), peak_mem_bytes, host_peak_bytes,
+memory_options: which of them ran); checkpoints with torch.distributed.checkpoint and exact resume
+(engine/resume.py). Running out of device memory ends the run with one line (engine/out_of_memory.py).
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ import torch.distributed as dist
 from ..devices import parse_dtype
 from ..layout import local_multiple, shard, shard_indices
 from .checkpointing import check_settings
+from ..plan.flops import train_flops_per_token
 from .model import PRESETS, Transformer, parallelize
+from .out_of_memory import out_of_memory
 from .parallel import Parallel, check_dp, check_sharding, reduce_gradients, setup, shard_parameters
 
 TRAIN_DTYPES = ("float32", "bfloat16")  # bfloat16 as autocast; float16 would need loss scaling
+BUILT_ON_HOST_BYTES = 2**31  # models up to this many fp32 bytes are drawn on the CPU, larger ones on the device
 
 
 @dataclass
@@ -51,6 +57,8 @@ class TrainConfig:
     dp: int = 1  # data-parallel replicas; sequence-parallel ranks = world / dp
     fsdp: str = "none"  # none | dp | mesh (engine/parallel.py)
     cpu_offload: bool = False
+    offload_activations: bool = False  # what checkpointing keeps, in host memory (engine/offload.py)
+    offload_optimizer: bool = False  # AdamW's master weights and moments in host memory, stepped there
     checkpointing: str = "none"  # none | full | remat | selective (engine/checkpointing.py)
     checkpoint_split: float = 0.5  # the fraction of the sequence `selective` recomputes
     ffn_chunk: int = 0  # blockwise feedforward: tokens per chunk, 0 = off
@@ -87,6 +95,7 @@ class TrainConfig:
         except ValueError as err:
             option = "--cpu-offload" if str(err).startswith("--cpu-offload") else "--fsdp"
             raise ValueError(f"{option}: {str(err).removeprefix(option + ' ')}") from None
+        self._check_offload(world)
         if self.resume_step is not None:
             from .resume import check_resumable
 
@@ -115,6 +124,24 @@ class TrainConfig:
                 raise ValueError(f"{option}: {err}") from None
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("--checkpoint-every: needs --checkpoint-dir (where to write them)")
+
+    def _check_offload(self, world: int) -> None:
+        if self.offload_activations and self.checkpointing == "none":
+            raise ValueError("--offload-activations: moves what checkpointing keeps: give --checkpointing full, "
+                             "remat or selective")
+        if self.offload_activations and self.fsdp != "none":
+            raise ValueError("--offload-activations: runs without FSDP (--fsdp none)")
+        if self.offload_optimizer and (world > 1 or self.fsdp != "none"):
+            raise ValueError("--offload-optimizer: one rank without FSDP; on several ranks use --fsdp dp|mesh "
+                             "--cpu-offload (FSDP2's offload)")
+        if self.offload_optimizer and self.checkpoint_dir:
+            raise ValueError("--offload-optimizer: checkpoints (--checkpoint-dir) do not save its host state yet")
+
+    def memory_options(self) -> dict:
+        """Which memory options this run uses (each step's metrics say it)."""
+        return {"checkpointing": self.checkpointing, "ffn_chunk": self.ffn_chunk, "fused_loss": self.fused_loss,
+                "offload_activations": self.offload_activations, "offload_optimizer": self.offload_optimizer,
+                "fsdp": self.fsdp, "fsdp_cpu_offload": self.cpu_offload}
 
     def _check_device(self, world: int) -> None:
         from ..devices import DTYPES, canonical_dtype, check_dtype, dtype_listing, local_ranks, resolve_device
@@ -201,15 +228,33 @@ def build(cfg: TrainConfig, par: Parallel | None = None, device: torch.device | 
     par None: a single process (the reference)."""
     par = par or Parallel()
     torch.manual_seed(cfg.seed)
-    model = Transformer(PRESETS[cfg.model]).to(device or "cpu")
-    model.set_checkpointing(cfg.checkpointing, cfg.checkpoint_split, cfg.ffn_chunk)
+    preset, device = PRESETS[cfg.model], torch.device(device or "cpu")
+    if preset.parameters() * 4 <= BUILT_ON_HOST_BYTES:
+        model = Transformer(preset).to(device)
+    else:  # an 8B model: shapes without memory, then weights drawn on the device itself (the same
+        model = Transformer(preset, device="meta").to_empty(device=device)  # seed gives every rank the same)
+        model.reset_parameters()
+    model.set_checkpointing(cfg.checkpointing, cfg.checkpoint_split, cfg.ffn_chunk, cfg.offload_activations)
     if par.sp > 1:
         parallelize(model, group=par.sp_group, strategy=cfg.strategy, layout=cfg.layout)
     return shard_parameters(model, par, cfg.cpu_offload)
 
 
-def train_step(model, optimizer, tokens: torch.Tensor, cfg: TrainConfig, par: Parallel | None = None) -> float:
-    """One step on this replica's rows `tokens` (batch, seq_len + 1); returns the global mean loss."""
+def make_optimizer(model, cfg: TrainConfig):
+    """AdamW on the device, or with --offload-optimizer on the host (offload.HostAdamW: the device's
+    weights then in the compute dtype, the fp32 masters on the host)."""
+    if cfg.offload_optimizer:
+        from .offload import HostAdamW
+
+        return HostAdamW(model.parameters(), cfg.lr, cfg.weight_decay, compute_dtype=parse_dtype(cfg.dtype))
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def train_step(model, optimizer, tokens: torch.Tensor, cfg: TrainConfig, par: Parallel | None = None,
+               timings: dict | None = None) -> float:
+    """One step on this replica's rows `tokens` (batch, seq_len + 1); returns the global mean loss.
+    timings: filled with "optimizer_s", the seconds of the optimizer (HostAdamW's host steps inside
+    the backward, or AdamW's step after it, the device synchronized around it)."""
     par = par or Parallel()
     device = next(model.parameters()).device
     tokens = tokens.to(device, non_blocking=True)
@@ -220,13 +265,26 @@ def train_step(model, optimizer, tokens: torch.Tensor, cfg: TrainConfig, par: Pa
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=parse_dtype(cfg.dtype) == torch.bfloat16):
         loss = model(inputs, positions, targets=targets, loss_group=par.loss_group, fused_loss=cfg.fused_loss)
     optimizer.zero_grad(set_to_none=True)
+    host_timer = getattr(optimizer, "reset_timer", None)
+    if host_timer is not None:
+        host_timer()
     loss.backward()
     reduce_gradients(model, par)
+    _synchronize(device)
+    start = time.perf_counter()
     optimizer.step()
+    _synchronize(device)
+    if timings is not None:
+        timings["optimizer_s"] = time.perf_counter() - start + getattr(optimizer, "optimizer_s", 0.0)
     total = loss.detach().clone()
     if par.world > 1:
         dist.all_reduce(total)  # the sp shares add up to a replica's mean; replicas are averaged
     return total.item() / par.dp
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
@@ -239,7 +297,7 @@ def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
     device = bind(resolve_device(cfg.device, local_ranks(world)))  # the launcher bound it already: the same
     par = setup(cfg.dp, cfg.fsdp, device.type)  # the mesh on the ranks' own device type (NCCL on cuda)
     model = build(cfg, par, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = make_optimizer(model, cfg)
     first = 0
     if cfg.resume_step is not None:
         first = load_checkpoint(cfg, model, optimizer)
@@ -247,20 +305,30 @@ def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
             _say(None, f"resumed from {step_dir(cfg.checkpoint_dir, first)} ({cfg.steps - first} step(s) to go)")
     data = TokenSource(cfg, model.cfg.vocab_size)
     tokens_per_device = cfg.batch * cfg.seq_len / par.sp
-    flops_per_token = 6 * model.cfg.parameters() + 6 * model.cfg.layers * model.cfg.dim * cfg.seq_len  # causal attn
+    flops_per_token = train_flops_per_token(model.cfg, cfg.seq_len)  # torchtitan's count (plan/flops.py)
     rows = []
     out = open(cfg.metrics, "a" if first else "w") if cfg.metrics and rank == 0 else None
     bar = _progress(cfg, first) if rank == 0 else None
     for step in range(first, cfg.steps):
         for group_ in optimizer.param_groups:
             group_["lr"] = learning_rate(cfg, step)
-        start = time.perf_counter()
-        loss = train_step(model, optimizer, data.batch(step, par.dp_rank), cfg, par)
+        start, timings = time.perf_counter(), {}
+        try:
+            loss = train_step(model, optimizer, data.batch(step, par.dp_rank), cfg, par, timings)
+        except torch.OutOfMemoryError as err:
+            failure = str(err)  # leaving the except block drops the traceback and the step's tensors with it
+        else:
+            failure = None
+        if failure is not None:
+            model = optimizer = None
+            raise out_of_memory(cfg, device, failure)
         elapsed = time.perf_counter() - start
+        compute_s = elapsed - timings["optimizer_s"]  # forward + backward: what MFU counts
         row = {"step": step, "loss": loss, "lr": learning_rate(cfg, step), "step_s": elapsed,
-               "tokens_per_s_per_device": tokens_per_device / elapsed,
-               "mfu": flops_per_token * tokens_per_device / elapsed / cfg.peak_flops if cfg.peak_flops else None,
-               "peak_mem_bytes": peak_memory_bytes()}
+               "optimizer_s": timings["optimizer_s"], "tokens_per_s_per_device": tokens_per_device / elapsed,
+               "mfu": flops_per_token * tokens_per_device / compute_s / cfg.peak_flops if cfg.peak_flops else None,
+               "peak_mem_bytes": peak_memory_bytes(), "host_peak_bytes": peak_host_bytes(),
+               "memory_options": cfg.memory_options()}
         rows.append(row)
         if rank == 0:
             _report(bar, row)
@@ -276,6 +344,13 @@ def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
     if out:
         out.close()
     return rows
+
+
+def peak_host_bytes() -> int:
+    """This process's peak resident set (host memory), whatever the device."""
+    from ..memory import peak_bytes
+
+    return int(peak_bytes(torch.device("cpu")))
 
 
 def peak_memory_bytes() -> int:

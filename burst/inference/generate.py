@@ -101,7 +101,7 @@ def generate(model: Transformer, prompts: list[list[int]], new_tokens: int, grou
 
 def _prefill(model, tokens, positions, cache, group, strategy, layout):
     """The model over this rank's prompt shard, storing each layer's K, V in the cache."""
-    cos, sin = rotary(positions, model.cfg.head_dim, model.cfg.rope_theta)
+    cos, sin = rotary(positions, model.cfg.head_dim, model.cfg.rope_theta, model.cfg.rope_scaling)
     x = model.embed(tokens)
     for layer, block in enumerate(model.blocks):
         q, k, v = block.attention.project(block.attention_norm(x), cos, sin)
@@ -132,7 +132,7 @@ def last_hidden(hidden, positions, lengths, group) -> torch.Tensor:
 
 def _decode_step(model, token, positions, cache, group, exchange=None) -> torch.Tensor:
     """One new token per prompt through every layer; returns its hidden state (batch, dim)."""
-    cos, sin = rotary(positions[:, None], model.cfg.head_dim, model.cfg.rope_theta)
+    cos, sin = rotary(positions[:, None], model.cfg.head_dim, model.cfg.rope_theta, model.cfg.rope_scaling)
     x = model.embed(token[:, None])
     for layer, block in enumerate(model.blocks):
         q, k, v = block.attention.project(block.attention_norm(x), cos, sin)

@@ -46,6 +46,7 @@ HOST_ADAM_PARAMS_PER_S = 1e9    # host (CPU) Adam updates per second for one dev
 ADAM_STATE_BYTES = 12           # fp32 master weights, first and second moments
 FUSED_LOSS_CHUNK = 4096         # tokens of logits the fused LM head + loss holds at once
 FRAMEWORK_RESERVE_BYTES = 3 * 2**30  # CUDA context, NCCL buffers, allocator fragmentation
+HOST_RESERVE_BYTES = 8 * 2**30  # the process on the host: Python, torch, CUDA's host side, pinned staging
 
 MODES = ("train", "prefill")
 CHECKPOINTING = ("none", "full", "remat", "selective")
@@ -76,6 +77,12 @@ class Training:
     layout: str = "zigzag"
     dtype_bytes: int | None = None  # default: the profile's
     backward_overlap: bool = True   # False: the backward's ring transfers wait (LoongTrain's double ring)
+    # burst train's host offloads (engine/offload.py) and blockwise feedforward:
+    optimizer_in_backward: bool = False  # with offload_optimizer: each parameter stepped on the host as its
+    #                                      gradient completes (HostAdamW): one layer's gradients on the device
+    offload_activations: bool = False  # what checkpointing keeps per layer, in host memory (copied each way)
+    ffn_chunk: int = 0              # the SwiGLU a chunk of tokens at a time (0: whole)
+    host_memory_bytes: float | None = None  # host memory that decides fits (None: not checked)
 
     def check(self, gpus: int) -> None:
         if self.mode not in MODES:
@@ -83,6 +90,8 @@ class Training:
         if self.checkpointing not in CHECKPOINTING:
             raise ValueError(f"checkpointing {self.checkpointing!r}: one of {CHECKPOINTING}")
         check_dp(self.dp, gpus)
+        if self.offload_activations and self.checkpointing == "none":
+            raise ValueError("offload_activations moves what checkpointing keeps: needs a checkpointing mode")
 
 
 def layer_weights(m) -> int:
@@ -130,8 +139,13 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     if train and not t.backward_overlap:  # every backward transfer waits for its compute to end
         attn.wall_s += (attn.comm_s - attn.exposed_comm_s) - (fwd_only.comm_s - fwd_only.exposed_comm_s)
     recompute_layers = layer_fwd if train and t.checkpointing != "none" else 0.0
+    if train and t.ffn_chunk and tokens > t.ffn_chunk:  # each chunk's SwiGLU runs once more in the backward
+        recompute_layers += 2 * 3 * m.dim * m.ffn_dim * tokens * m.layers / gemm_rate
     passes = (3 if t.checkpointing != "none" else 2) if train else 1
     matmul = (3 if train else 1) * (layer_fwd + head_fwd) + recompute_layers
+    kept_per_layer = activation_bytes_per_token(m, t.checkpointing, b, t.split) * tokens if train else 0.0
+    # offloaded checkpoints: down in the forward, up in the backward, on the compute stream (not hidden)
+    offload_s = 2 * kept_per_layer * m.layers / HOST_LINK_BYTES_PER_S if train and t.offload_activations else 0.0
 
     # FSDP: each layer's weights gathered for the forward and again for the backward, gradients
     # reduce-scattered; prefill gathers once. Ring collectives over all devices.
@@ -162,21 +176,28 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     optimizer = 0.0
     if train:
         local = weights / shard
-        if t.offload_optimizer:  # gradients down and weights up at once over PCIe, then host Adam
+        if t.offload_optimizer and t.optimizer_in_backward:  # gradients down, then weights up, one at a time
+            optimizer = 2 * local * b / HOST_LINK_BYTES_PER_S + local / HOST_ADAM_PARAMS_PER_S
+        elif t.offload_optimizer:  # gradients down and weights up at once over PCIe, then host Adam
             optimizer = local * b / HOST_LINK_BYTES_PER_S + local / HOST_ADAM_PARAMS_PER_S
         else:  # Adam reads and writes its state, the weights and the gradients once
             optimizer = local * 2 * (ADAM_STATE_BYTES + 2 * b) / HBM_BYTES_PER_S
-    step = wall_no_fsdp + exposed_fsdp + CONTENTION * min(hidden, compute) + sync + optimizer
+    step = wall_no_fsdp + exposed_fsdp + CONTENTION * min(hidden, compute) + sync + optimizer + offload_s
 
     # memory
-    grads = b if train else 0
+    grads = b if train and not (t.offload_optimizer and t.optimizer_in_backward) else 0
     # fp32 runs: the weights are the master copy, Adam adds its two moments
     adam = 0 if not train or t.offload_optimizer else (ADAM_STATE_BYTES if b <= 2 else 8)
     state = weights * (b + grads + adam) / shard
+    if train and not grads:  # stepped in the backward: one layer's gradients (or the LM head's) at a time
+        state += max(layer_weights(m), m.vocab_size * m.dim) * b
     gathered = (2 * layer_weights(m) + m.vocab_size * m.dim) * b if t.fsdp else 0.0
     # a prefill keeps nothing between layers
-    kept = activation_bytes_per_token(m, t.checkpointing, b, t.split) * tokens * m.layers if train else 0.0
+    # offloaded: the layer being copied and the next (its copy waits on the stream) stay on the device
+    kept = kept_per_layer * (min(2, m.layers) if t.offload_activations else m.layers)
     working = activation_bytes_per_token(m, "none", b) * tokens
+    if t.ffn_chunk and tokens > t.ffn_chunk:  # the SwiGLU's four ffn-wide tensors of one chunk, not of every token
+        working -= 4 * m.ffn_dim * b * (tokens - t.ffn_chunk)
     attn_buffers = one_layer.mem_bytes_per_device
     # unfused: the logits in the model's dtype, their gradient written over them (BurstEngine Table
     # 2's unfused-to-fused step: 7.5 GB for 32K x 120K logits; engine/loss.py's unfused baseline also
@@ -194,14 +215,30 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     if mem + FRAMEWORK_RESERVE_BYTES > capacity:
         est.fits = False
         est.note = (est.note + "; " if est.note else "") + "does not fit in device memory"
+    host = host_bytes(t, weights / shard, kept_per_layer * m.layers)
+    if t.host_memory_bytes is not None and host > t.host_memory_bytes:
+        est.fits = False
+        est.note = (est.note + "; " if est.note else "") + "does not fit in host memory"
     est.extra = {**attn.extra, "scope": "whole model", "step_s": step, "tokens_per_s_per_device": tokens / step,
                  "attention_wall_s": attn.wall_s, "attention_mem_bytes_per_device": attn.mem_bytes_per_device,
+                 "host_mem_bytes": host, "optimizer_s": optimizer,
                  "memory": {"states": state, "gathered_weights": gathered, "kept_activations": kept,
                             "layer_working": working, "attention_buffers": attn_buffers, "logits": logits},
                  "time": {"matmul": matmul, "attention": attn.wall_s, "recompute_attention": recompute_attn,
                           "fsdp_exposed": exposed_fsdp, "contention": CONTENTION * min(hidden, compute),
-                          "sync": sync, "optimizer": optimizer}}
+                          "sync": sync, "optimizer": optimizer, "offload": offload_s}}
     return est
+
+
+def host_bytes(t: Training, local_weights: float, kept: float) -> float:
+    """Host memory one device's process needs: HOST_RESERVE_BYTES, AdamW's fp32 masters and moments
+    (and one fp32 gradient) when offloaded, the offloaded checkpoints."""
+    host = HOST_RESERVE_BYTES
+    if t.mode == "train" and t.offload_optimizer:
+        host += local_weights * ADAM_STATE_BYTES + max(layer_weights(t.model), t.model.vocab_size * t.model.dim) * 4
+    if t.mode == "train" and t.offload_activations:
+        host += kept
+    return host
 
 
 def attention_step(strategy: str, cluster: Cluster, w: Workload) -> Estimate:

@@ -8,6 +8,18 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1's rotary frequency scaling ("rope_type": "llama3" in its config.json): wavelengths
+    longer than original_max_positions / low_freq_factor are stretched by `factor`, shorter than
+    original_max_positions / high_freq_factor kept, the band between interpolated smoothly."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
     dim: int
@@ -18,6 +30,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     max_seq_len: int = 1 << 20  # the longest sequence (prompt + generated) the model is meant for
+    rope_scaling: Llama3RopeScaling | None = None  # None: plain rotary at rope_theta
 
     @property
     def head_dim(self) -> int:
@@ -36,6 +49,10 @@ PRESETS = {
     "small": ModelConfig(vocab_size=32000, dim=256, layers=4, heads=4, kv_heads=2, ffn_dim=688),
     "llama-7b": ModelConfig(vocab_size=32000, dim=4096, layers=32, heads=32, kv_heads=32, ffn_dim=11008),
     "llama-14b": ModelConfig(vocab_size=120000, dim=5120, layers=40, heads=40, kv_heads=40, ffn_dim=13824),
+    # Llama-3.1-8B's published shapes (its config.json; random weights, nothing downloaded). Its
+    # published context is 131072 tokens; longer sequences run as ALST trains them (arXiv 2506.13996).
+    "llama3-8b": ModelConfig(vocab_size=128256, dim=4096, layers=32, heads=32, kv_heads=8, ffn_dim=14336,
+                             rope_theta=500000.0, rope_scaling=Llama3RopeScaling(), norm_eps=1e-5),
 }
 
 
