@@ -246,7 +246,10 @@ def make_optimizer(model, cfg: TrainConfig):
     if cfg.offload_optimizer:
         from .offload import HostAdamW
 
-        return HostAdamW(model.parameters(), cfg.lr, cfg.weight_decay, compute_dtype=parse_dtype(cfg.dtype))
+        optimizer = HostAdamW(model.parameters(), cfg.lr, cfg.weight_decay, compute_dtype=parse_dtype(cfg.dtype))
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the fp32 weights the device drew them from: gone, give the memory back
+        return optimizer
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
