@@ -29,8 +29,12 @@ MAX_SKIPPED = 10
 POSITIONS_KEPT_FROM_THE_MODEL = ("gpt_bigcode", "ctrl", "dory", "cohere_compass_text")
 # issue 60 item 5: a sliding window in the config that neither the attention call nor the mask applies
 WINDOW_NOT_IN_MASK = ("moshi",)
-# issue 60 item 5: Doge's dynamic mask, a bias per key folded into the keys (tests/test_hf_flagships.py: A drawn, a window)
+# issue 60 item 5: Doge's dynamic mask, a bias per key folded into the keys (tests/test_hf_flagships.py: A drawn, a window);
+# issue 68: past keep_window_size (64 of 128 tokens here), each row's keys per KV head as indices= (test_hf_selection.py:
+# the published keep_window_size of 2048)
 DYNAMIC_MASK = ("doge",)
+# issue 68: a sliding window the model's mask applies and the attention does not pass, read from the config
+WINDOW_FROM_CONFIG = ("phimoe",)
 # issue 68: MiniMax-M3's block indexer shown the whole sequence, its key blocks per KV head handed as burst.BlockIndices
 BLOCK_SELECTION = ("minimax_m3_vl_text",)
 # hybrids burst refuses: Inkling's attention adds a query-conditioned relative position bias (position_bias=)
@@ -69,7 +73,7 @@ def test_every_rank_sees_the_same_outcomes():
 
 def test_sink_families_flagships_and_the_common_ones_are_exact_at_1_and_2_ranks():
     rows = _zoo()[0]
-    for family in SINK_FAMILIES + FLAGSHIPS + POSITIONS_KEPT_FROM_THE_MODEL + WINDOW_NOT_IN_MASK + DYNAMIC_MASK + BLOCK_SELECTION + ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2",
+    for family in SINK_FAMILIES + FLAGSHIPS + POSITIONS_KEPT_FROM_THE_MODEL + WINDOW_NOT_IN_MASK + DYNAMIC_MASK + BLOCK_SELECTION + WINDOW_FROM_CONFIG + ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2",
                                               "olmo2"):
         if family not in rows:  # a family this transformers release does not ship (the lowest tested)
             continue

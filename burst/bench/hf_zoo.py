@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .hf_zoo_configs import OVERRIDES, RETRIES, SEQ_LEN, SIZES, VOCAB, causal_lm, tiny_config  # noqa: F401
+from .hf_zoo_configs import OVERRIDES, RETRIES, SEQ_LEN, SIZES, VOCAB, causal_lm, draw, tiny_config  # noqa: F401
 
 TOLERANCE = 2e-4
 GRADIENT_TOLERANCE = 1e-4  # gradient_error's relative measure, as the flagship and rope tests hold it
@@ -82,6 +82,7 @@ def build(model_type: str, attn_implementation: str, ids: torch.Tensor, position
                 raise _Skip(f"not tiny: {parameters / 1e6:.0f}M parameters (sub-models SIZES does not reach)")
             torch.manual_seed(0)
             eager = causal_lm(model_type, copy.deepcopy(config), attn_implementation="eager").eval()
+            draw(model_type, eager)
             expected = _forward(eager, ids, positions)
         except _Skip:
             raise
@@ -189,6 +190,7 @@ def twin_models(model_type: str, attn_implementation: str, config=None, referenc
     config = tiny_config(model_type) if config is None else config
     torch.manual_seed(0)
     eager = causal_lm(model_type, copy.deepcopy(reference_config or config), attn_implementation="eager")
+    draw(model_type, eager)
     model = causal_lm(model_type, copy.deepcopy(config), attn_implementation=attn_implementation)
     model.load_state_dict(eager.state_dict())
     return eager, model

@@ -104,6 +104,12 @@ OVERRIDES = {
     "deepseek_v4": {"compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
                     "layer_types": ["compressed_sparse_attention", "heavily_compressed_attention"],
                     "mlp_layer_types": ["hash_moe", "moe"], "num_hidden_layers": 2, "o_groups": 2, "o_lora_rank": 16},
+    # Doge past keep_window_size: each row keeps its 64 largest biases per KV head of up to 128 keys (a selection per
+    # KV head: burst's indices=); tests/test_hf_selection.py runs the published keep_window_size of 2048 past it
+    "doge": {"keep_window_size": 64},
+    # PhiMoE: its default has no window; Phi-3.5-MoE-instruct's config.json sets sliding_window (131072, its context),
+    # which PhimoeModel's mask applies to every layer and its attention does not pass: 32 here, so it bites
+    "phimoe": {"sliding_window": 32},
     # MiniMax-M3: its default has no block-sparse layer; one of each kind, blocks of 8 keys (16 in 128 tokens) of
     # which each query keeps 4 per KV head (its own block among them): the selection prunes
     "minimax_m3_vl_text": {"layer_types": ["minimax_m3_sparse", "full_attention"], "index_block_size": 8,
@@ -111,6 +117,24 @@ OVERRIDES = {
     # the assistant shares every layer's KV with its backbone and has no per-layer inputs (its validator)
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},
 }
+
+# Parameters whose initialisation hides a feature, drawn from a normal distribution (seeded) in the zoo's eager
+# model before its weights are copied: Doge's dynamic-mask decay A starts at 0, so every key's bias is exp(0) = 1
+# (one constant, which the softmax cancels, and a top-k over ties)
+DRAWN = {"doge": ("self_attn.A",)}
+
+
+def draw(model_type: str, model) -> None:
+    """Draw the DRAWN parameters of the family's `model` in place (standard normal, seed 2)."""
+    import torch
+
+    endings = DRAWN.get(model_type, ())
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(endings):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+
 
 # Size attributes left at the family's default when a config refuses the full set of SIZES (per-layer
 # attributes, head dims tied to rotary dims, validated layer counts): each retry keeps one group more.

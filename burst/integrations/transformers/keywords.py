@@ -128,8 +128,28 @@ def check_model_features(name: str, module, sliding_window, decoding: bool = Fal
 WINDOW_NOT_IN_MASK: dict[str, str] = {
     "MoshiAttention": "MoshiModel and its depth decoder build their masks with create_causal_mask",
 }
+# Attention classes whose model builds every layer's mask with a sliding window when config.sliding_window is set
+# (create_sliding_window_causal_mask), while the attention call does not pass it as sliding_window=: the window
+# is read from the config (window_from_config; the "window from the config" entry of backend/features.py). Each
+# is trusted only while its modeling module still names that builder: otherwise the unpassed window is refused.
+WINDOW_FROM_CONFIG: dict[str, str] = {
+    "DogeAttention": "DogeModel (and its dynamic mask) applies config.sliding_window to every layer",
+    "PhimoeAttention": "PhimoeModel builds every layer's mask with create_sliding_window_causal_mask when "
+                       "config.sliding_window is set (Phi-3.5-MoE publishes one)",
+}
 _SLIDING_MASK_BUILDERS = ("create_sliding_window_causal_mask", "sliding_window_causal_mask_function",
                           "sliding_window_overlay", "create_masks_for_generate")
+
+
+def window_from_config(module, sliding_window: int | None) -> int | None:
+    """The window a layer's mask applies: the one its attention passes, else its config's where its model
+    applies that to every layer (WINDOW_FROM_CONFIG, while its modeling module builds the window's mask)."""
+    if sliding_window is not None or type(module).__name__ not in WINDOW_FROM_CONFIG:
+        return sliding_window
+    modeling = sys.modules.get(type(module).__module__)
+    if modeling is None or not hasattr(modeling, "create_sliding_window_causal_mask"):
+        return None  # a release that builds its masks otherwise: an unpassed window is refused (check_model_features)
+    return getattr(getattr(module, "config", None), "sliding_window", None)
 
 
 def _window_not_in_mask(module) -> bool:

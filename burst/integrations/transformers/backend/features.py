@@ -17,7 +17,7 @@ import torch
 
 from burst import api, layout as layout_mod
 
-from ..keywords import check_model_features, model_name
+from ..keywords import check_model_features, model_name, window_from_config
 from ..layers import block_indexer, compressed, dynamic_mask, indexer, latent, positions, rope
 from ..layers.mixers import shard_mixers
 from .documents import documents
@@ -196,11 +196,10 @@ def hands_over_dynamic_mask(layer) -> bool:
 
 
 def _take_over_dynamic_masks(model, group, layout) -> None:
-    dynamic_mask.take_over_dynamic_masks(model, hands_over_dynamic_mask)
+    dynamic_mask.take_over_dynamic_masks(model, hands_over_dynamic_mask, group, layout)
 
 
 def _check_dynamic_mask(call: LayerCall) -> None:
-    call.sliding_window = dynamic_mask.window(call.module, call.sliding_window)  # its model's, on every layer
     if call.decoding:
         raise ValueError(f"attn_implementation={call.name!r}: {call.model} adds a dynamic mask (a bias per key) "
                          "that the sharded KV cache's decoding does not apply; generate on one rank (training and "
@@ -208,12 +207,11 @@ def _check_dynamic_mask(call: LayerCall) -> None:
 
 
 def _take_bias(call: LayerCall) -> None:
-    bias = dynamic_mask.handed_over(call.module)
+    bias, kept = dynamic_mask.handed_over(call.module)
     if bias is None:  # the layer built its dense mask: refused with the mask
         return
-    length = call.query.shape[2] * world_size(call.backend.group)
-    dynamic_mask.check_length(call.name, call.module, call.model, length)
     call.held["dynamic mask"] = bias
+    call.held["dynamic mask kept"] = kept  # past keep_window_size: each row's keys per KV head
     call.attention_mask = None  # the (batch, heads, 1, keys) mask the layer made of it is consumed
 
 
@@ -221,6 +219,13 @@ def _hand_bias(call: LayerCall) -> None:
     bias = call.held.get("dynamic mask")
     if bias is not None:  # one more channel: ones in the queries, bias / scale in the keys
         call.query, call.key = dynamic_mask.fold(call.query, call.key, bias, call.scaling)
+    kept = call.held.get("dynamic mask kept")
+    if kept is not None:
+        if call.burst.get("cu_seqlens") is not None:
+            raise ValueError(f"attn_implementation={call.name!r}: {call.model}'s dynamic mask past keep_window_size="
+                             f"{call.module.keep_window_size} keys picks each row's keys over one sequence; packed "
+                             "documents (position_ids restarting inside a row) are refused there")
+        call.burst["indices"] = kept
 
 
 # ---- MLA: the latent and rotary key travel, each rank expands what it holds -----------------------------------
@@ -253,6 +258,10 @@ def _hand_latent(call: LayerCall) -> None:
 
 
 # ---- what the config asks of attention beyond the call: windows and chunks, softcap -------------------------
+
+def _take_window_from_config(call: LayerCall) -> None:
+    call.sliding_window = window_from_config(call.module, call.sliding_window)  # its model's, on every layer
+
 
 def _refuse_decoding(call: LayerCall, what: str) -> None:
     raise ValueError(f"attn_implementation={call.name!r}: {call.model} decodes with {what}, which the sharded KV "
@@ -323,7 +332,8 @@ def _hand_one_head_dim(call: LayerCall) -> None:
 
 
 # In this order: a take or hand may rely on an earlier entry's (K = V is read before the entries are cut from the
-# keys; Doge's window before the config's windows are checked; the bias folded before the head dims are made one).
+# keys; a window read from the config (Doge's, PhiMoE's) before the config's windows are checked; the positions'
+# documents before Doge's kept keys are handed; the bias folded before the head dims are made one).
 FEATURES: tuple[Feature, ...] = (
     Feature("positions", prepare=_capture_positions, hand=_hand_documents),
     Feature("rotary embeddings of the whole length", prepare=_see_global_length),
@@ -335,6 +345,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature("compressed entries", detect=_left_entries, prepare=_compress_whole_sequence, take=_take_entries,
             hand=_hand_entries),
     Feature("recurrent and convolutional mixers", prepare=_shard_mixers),
+    Feature("window from the config", check=_take_window_from_config),
     Feature("dynamic mask", detect=dynamic_mask.is_dynamic_mask_attention, prepare=_take_over_dynamic_masks,
             check=_check_dynamic_mask, take=_take_bias, hand=_hand_bias),
     Feature("latent", detect=latent.is_latent_attention, prepare=_move_latents, take=_take_latent,

@@ -1,19 +1,27 @@
-"""Doge's dynamic mask attention hands burst a bias per key instead of a dense mask.
+"""Doge's dynamic mask attention hands burst a bias per key instead of a dense mask, and past
+keep_window_size keys the keys each row keeps, per KV head.
 
 DogeAttention adds to every score a bias of the key alone, one per KV head: dt = exp(A *
 softplus(dt_proj(v))), which its `prepare_dynamic_mask` spreads over a dense (batch, kv_heads, q, k)
 mask together with the model's causal (or, with config.sliding_window, sliding-window: DogeModel
 builds every layer's mask with one of the two) mask; past keep_window_size keys it also keeps only
-each row's keep_window_size largest. `take_over_dynamic_masks(model, hands_over)` replaces each
-layer's prepare_dynamic_mask: where `hands_over(layer)` says burst's attention runs the call, it
-keeps the bias on the layer and returns it as a (batch, kv_heads, 1, k) tensor (the layer repeats
-it per query head; nothing of q x k is built). Its entry of backend/features.py takes
-it with `handed_over` and folds it into the keys: one more channel holding bias / scale against a
-query channel of ones, so (q'.k') * scale = q.k * scale + bias, eager's score, for every strategy;
-the channel travels with the keys and its gradient reaches A and dt_proj.
+each row's keep_window_size largest (among the keys the mask allows), per KV head.
+`take_over_dynamic_masks(model, hands_over, group, layout)` replaces each layer's prepare_dynamic_mask:
+where `hands_over(layer)` says burst's attention runs the call, it keeps the bias on the layer and
+returns it as a (batch, kv_heads, 1, k) tensor (the layer repeats it per query head; nothing of q x
+k is built). Its entry of backend/features.py takes it with `handed_over` and folds it into the keys:
+one more channel holding bias / scale against a query channel of ones, so (q'.k') * scale = q.k *
+scale + bias, eager's score, for every strategy; the channel travels with the keys and its gradient
+reaches A and dt_proj.
 
-The top-k past keep_window_size is a selection per KV head, which burst's `indices=` (one per
-query, shared by its heads) does not take: refused (`check_length`).
+Past keep_window_size keys (`kept_keys`): the row's choice depends on every key's bias, so the bias
+(one number per key and KV head, detached: the choice has no gradient in eager either) is gathered
+in global order, each of this rank's rows takes the top keep_window_size of the keys its mask allows
+(causal, and the model's window where it has one) as eager's torch.topk does, and burst.attention
+gets them as indices= per KV head, (batch, seq_local, kv_heads, keep_window_size) global key
+positions (-1 where a row allows fewer keys). Cost: the scoring is (batch, kv_heads, seq_local, seq)
+per rank, as eager's is per process over the whole sequence; the indices are keep_window_size
+entries per row and KV head.
 """
 
 from __future__ import annotations
@@ -23,57 +31,76 @@ from typing import Callable
 
 import torch
 
+from burst import layout as layout_mod
+
+from ..keywords import window_from_config
+
 _BIAS = "_burst_dynamic_bias"
-# attention classes whose model's mask applies config.sliding_window to every layer, not passed as sliding_window=
-WINDOW_FROM_CONFIG = frozenset({"DogeAttention"})
+_KEPT = "_burst_dynamic_kept"
 
 
 def is_dynamic_mask_attention(module: torch.nn.Module) -> bool:
     return callable(getattr(type(module), "prepare_dynamic_mask", None)) and hasattr(module, "keep_window_size")
 
 
-def take_over_dynamic_masks(model: torch.nn.Module, hands_over: Callable[[torch.nn.Module], bool]) -> int:
+def take_over_dynamic_masks(model: torch.nn.Module, hands_over: Callable[[torch.nn.Module], bool], group=None,
+                            layout: str = "contiguous") -> int:
     """Take over the prepare_dynamic_mask of every dynamic-mask layer of `model` (the module
-    docstring); returns how many. Calling it again replaces the predicate."""
+    docstring) for a sequence sharded by `layout` over `group`; returns how many. Calling it again
+    replaces the predicate, the group and the layout."""
     layers = [m for m in model.modules() if is_dynamic_mask_attention(m)]
     for layer in layers:
         layer.prepare_dynamic_mask = functools.partial(_bias_or_mask, layer, type(layer).prepare_dynamic_mask,
-                                                       hands_over)
+                                                       hands_over, group, layout)
     return len(layers)
 
 
-def _bias_or_mask(layer, prepare, hands_over, hidden_states, dt_states, keep_window_size=2048, attention_mask=None):
+def _bias_or_mask(layer, prepare, hands_over, group, layout, hidden_states, dt_states, keep_window_size=2048,
+                  attention_mask=None):
     if not hands_over(layer):
         return prepare(layer, hidden_states, dt_states, keep_window_size, attention_mask)
     setattr(layer, _BIAS, dt_states)
+    setattr(layer, _KEPT, kept_keys(dt_states, keep_window_size, window_from_config(layer, None), group, layout))
     return dt_states[:, :, None, :]
 
 
-def handed_over(layer) -> torch.Tensor | None:
-    """The bias (batch, kv_heads, seq_local) this layer's prepare_dynamic_mask handed burst, or None
-    (a layer that built its dense mask, or none at all); the mark is cleared."""
-    bias = getattr(layer, _BIAS, None)
+def kept_keys(bias: torch.Tensor, keep: int, window: int | None, group=None, layout: str = "contiguous"):
+    """(batch, seq_local, kv_heads, keep) global key positions each of this rank's rows keeps, per KV
+    head (-1: none), or None where the sequence has at most `keep` keys (every allowed key is kept).
+    bias: (batch, kv_heads, seq_local), this rank's keys' biases; window: transformers' sliding window
+    of the model's mask (key j allowed for row i when i - window < j <= i), None for causal. Every
+    rank of `group` calls it alike (one all-gather of the bias)."""
+    world, rank = layout_mod._world_and_rank(group)
+    local = bias.shape[-1]
+    length = local * world
+    if length <= keep:
+        return None
+    if layout not in layout_mod.LAYOUTS:
+        raise ValueError(f"Doge's dynamic mask past keep_window_size={keep} keys runs under the layouts "
+                         f"{layout_mod.LAYOUTS}, not {layout!r}")
+    whole = bias.detach()
+    if world > 1:
+        whole = layout_mod.unshard(whole.contiguous(), group=group, layout=layout, dim=2)
+    rows = layout_mod.shard_indices(layout, rank, world, length, device=bias.device)
+    keys = torch.arange(length, device=bias.device)
+    allowed = keys[None, :] <= rows[:, None]
+    if window is not None:
+        allowed &= keys[None, :] > rows[:, None] - window
+    scores = whole[:, :, None, :].masked_fill(~allowed, float("-inf"))  # (batch, kv_heads, seq_local, seq)
+    top = torch.topk(scores, keep, dim=-1, largest=True, sorted=False)
+    chosen = top.indices.masked_fill(top.values == float("-inf"), -1)
+    return chosen.transpose(1, 2).to(torch.int32).contiguous()
+
+
+def handed_over(layer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(the bias (batch, kv_heads, seq_local) this layer's prepare_dynamic_mask handed burst, the keys
+    each row keeps (kept_keys) or None), or (None, None) (a layer that built its dense mask, or none
+    at all); the marks are cleared."""
+    bias, kept = getattr(layer, _BIAS, None), getattr(layer, _KEPT, None)
     if bias is not None:
         setattr(layer, _BIAS, None)
-    return bias
-
-
-def window(module, sliding_window: int | None) -> int | None:
-    """The window a layer's mask applies: the one it passes, else its config's where its model applies that
-    to every layer (WINDOW_FROM_CONFIG)."""
-    if sliding_window is None and type(module).__name__ in WINDOW_FROM_CONFIG:
-        return getattr(module.config, "sliding_window", None)
-    return sliding_window
-
-
-def check_length(name: str, module, model_name: str, length: int) -> None:
-    """ValueError where the dynamic mask would keep only part of each row: more keys than keep_window_size."""
-    keep = module.keep_window_size
-    if length > keep:
-        raise ValueError(f"attn_implementation={name!r}: {model_name}'s dynamic mask keeps only each row's "
-                         f"keep_window_size={keep} keys of largest bias once a sequence is longer ({length} tokens "
-                         "here): a selection per KV head, which burst's indices= (one per query, shared by its "
-                         "heads) does not take; refused (sequences up to keep_window_size are exact)")
+        setattr(layer, _KEPT, None)
+    return bias, kept
 
 
 def fold(query: torch.Tensor, key: torch.Tensor, bias: torch.Tensor, scaling: float):

@@ -1,0 +1,94 @@
+"""Selections per KV head and windows read from the config, at the sizes models publish (issue 68).
+
+- Doge with transformers' DogeConfig sizes (the "Doge-320M style" its docstring names: hidden 1024, 8 query
+  and 8 KV heads of 128, keep_window_size 2048 as SmallDoge's checkpoints train at; 2 layers, a 256-token
+  vocabulary) on 2304 tokens, past keep_window_size: each row past 2048 keys keeps its 2048 largest biases
+  per KV head, handed to burst as indices= per KV head (layers/dynamic_mask.py: kept_keys), the bias
+  folded into the keys as before. Its decay A is drawn (at 0 every bias is 1: a top-k over ties).
+- PhiMoE with a sliding window in its config, which PhimoeModel's mask applies to every layer and its
+  attention does not pass (keywords.WINDOW_FROM_CONFIG, read by the "window from the config" entry of
+  backend/features.py); the zoo's window of 32 in 128 tokens.
+
+Each at 2 ranks, contiguous and zigzag: logits, loss and every parameter gradient against the same
+model with eager attention in one process. Planted: Doge's selection dropped (every key kept), and
+PhiMoE's window not applied, must each be caught.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+from requires import transformers_or_skip
+from world import results_by_world
+
+transformers_or_skip()
+
+DOGE_TOKENS = 2304  # past keep_window_size = 2048
+BOUND = {"logits": 2e-5, "loss": 2e-6, "gradients": 1e-4}  # as tests/test_hf_flagships.py
+
+
+def doge_published():
+    from transformers import DogeConfig
+
+    config = DogeConfig(num_hidden_layers=2, vocab_size=256, intermediate_size=128, bos_token_id=0, eos_token_id=1,
+                        pad_token_id=0)
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (1024, 8, 8)
+    assert config.keep_window_size == 2048 < DOGE_TOKENS
+    return config
+
+
+def phimoe_windowed():
+    from burst.bench.hf_zoo import tiny_config
+
+    config = tiny_config("phimoe")
+    assert config.sliding_window == 32
+    config.router_jitter_noise = 0.0  # its router's training-mode noise (drawn per process) off
+    return config
+
+
+def _errors(family, config, name, layout, tokens) -> dict:
+    import torch
+
+    from burst.bench.hf_zoo import VOCAB, step_errors, twin_models
+
+    eager, model = twin_models(family, name, config)  # Doge's A drawn (hf_zoo_configs.DRAWN)
+    ids = torch.randint(3, VOCAB, (1, tokens), generator=torch.Generator().manual_seed(1))
+    return step_errors(eager, model, ids, layout)
+
+
+def _selection(rank, world):
+    import transformers
+
+    import burst.integrations.transformers as bt
+    from burst.integrations.transformers import keywords
+    from burst.integrations.transformers.backend import features
+    from burst.integrations.transformers.layers import dynamic_mask
+
+    transformers.logging.set_verbosity_error()
+    out = {}
+    for layout in ("contiguous", "zigzag"):
+        name = bt.register(f"selection_{layout}", layout=layout)
+        out[("doge", layout)] = _errors("doge", doge_published(), name, layout, DOGE_TOKENS)
+        out[("phimoe", layout)] = _errors("phimoe", phimoe_windowed(), name, layout, 128)
+    with mock.patch.object(dynamic_mask, "kept_keys", lambda *args: None):
+        out["planted: doge keeps every key"] = _errors("doge", doge_published(), name, "zigzag", DOGE_TOKENS)
+    with mock.patch.object(features, "window_from_config", lambda module, window: window), \
+            mock.patch.object(keywords, "_window_not_in_mask", lambda module: True):  # past the refusal
+        out["planted: phimoe's window not applied"] = _errors("phimoe", phimoe_windowed(), name, "zigzag", 128)
+    return out
+
+
+_results = results_by_world(_selection, timeout=900)
+
+
+def test_doge_past_keep_window_size_and_phimoe_window_exact_at_2_ranks():
+    failures = [(rank, case, errors) for rank, by_case in enumerate(_results(2)) for case, errors in by_case.items()
+                if not isinstance(case, str) and not all(errors[k] <= BOUND[k] for k in BOUND)]
+    assert not failures, failures
+
+
+def test_dropping_the_selection_or_the_window_is_caught():
+    results = _results(2)[0]
+    for case in ("planted: doge keeps every key", "planted: phimoe's window not applied"):
+        assert results[case]["logits"] > 5 * BOUND["logits"] or results[case]["gradients"] > 5 * BOUND["gradients"], \
+            (case, results[case])
