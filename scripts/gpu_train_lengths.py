@@ -71,7 +71,7 @@ def run_trial(spec: dict) -> dict:
     last = rows[-1]
     peak = peak_flops_of(torch.cuda.get_device_name(device)) if not cpu else 0.0
     flops = train_flops_per_token(m, n) * n
-    return {"ok": True, "setup_s": setup_s - sum(r["step_s"] for r in rows), **last,
+    return {"ok": True, "setup_s": setup_s, **last,
             "tokens_per_s": n / last["step_s"], "mfu": flops / last["compute_s"] / peak if peak else None,
             "peak_gpu_bytes": peak_bytes(device) if not cpu else None,
             "peak_host_bytes": peak_bytes(torch.device("cpu")),
@@ -166,6 +166,16 @@ def hf_step(m, n, device):
 # --- the search, in the parent -----------------------------------------------------------------
 
 
+def gpu_profile() -> str:
+    """H200 or H100 by nvidia-smi's name for GPU 0 (the parent holds no CUDA context: the trials get it all)."""
+    try:
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                              capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        name = ""
+    return "H200" if "H200" in name.upper() else "H100"
+
+
 class Search:
     def __init__(self, args):
         from burst.plan import Cluster, profile
@@ -175,13 +185,14 @@ class Search:
         if args.cpu:
             prof = dataclasses.replace(profile("local"), memory_bytes=(3 + args.cpu_mem_gib) * 2**30)
         else:
-            prof = profile(args.profile)
+            prof = profile(args.profile if args.profile != "auto" else gpu_profile())
             if args.gpu_mem_gib:
                 prof = dataclasses.replace(prof, memory_bytes=args.gpu_mem_gib * 2**30)
         self.cluster = Cluster(gpus=1, gpus_per_node=1, profile=prof)
         self.host = args.host_mem_gib * 2**30
         self.results, self.skipped, self.start = [], [], time.monotonic()
         self.factor, self.setup_s = 1.5, 30.0 if args.cpu else 90.0  # until the first trial measures them
+        self.oom = None
 
     def left(self) -> float:
         return self.args.budget - (time.monotonic() - self.start)
@@ -231,7 +242,7 @@ class Search:
         if result.get("ok") and engine == "burst" and not any(r.get("ok") and r["engine"] == "burst"
                                                                 for r in self.results):
             self.factor = max(0.5, result["step_s"] / guess["step_s"])  # the planner, as this device runs it
-            self.setup_s = result["setup_s"] + 5
+            self.setup_s = entry["wall_s"] - steps * result["step_s"] + 5  # start-up: imports, weights, state
         self.results.append(entry)
         self.write()
         print(f"gpu_train_lengths: {engine} {option} {n}: {'ok' if result.get('ok') else result['why']} "
@@ -240,7 +251,7 @@ class Search:
 
     def run(self):
         best = "full + host optimizer"
-        speed = (64, 128) if self.cpu else (32 * K, 128 * K)
+        speed = (64,) if self.cpu else (32 * K, 128 * K)  # one speed point on the CPU: each trial is a process
         if self.args.speed:
             self.trial("burst", best, speed[0], 2, "speed")
         if self.args.hf:  # transformers from 8K up, doubling, until a step fails
@@ -251,7 +262,7 @@ class Search:
                 if not (got and got["ok"]):
                     break
                 n *= 2
-        if self.args.speed:
+        if self.args.speed and len(speed) > 1:
             self.trial("burst", best, speed[1], 1, "speed")
         for mode in self.args.modes:  # 0.9 x the planner's longest, 0.7 x after a failure
             option = f"{mode} + host optimizer"
@@ -264,6 +275,46 @@ class Search:
                 got = self.trial("burst", option, n, 1, "longest")
                 if got is None or got["ok"]:
                     break
+        if self.args.oom_check:
+            self.out_of_memory_line()
+
+    def out_of_memory_line(self):
+        """`burst train` at 4x the planner's longest without checkpointing (host optimizer): it fails in its
+        first layers, so the check costs little more than the start-up; it must end with one line, exit 1."""
+        option = "none + host optimizer"
+        n = 4 * self.longest(option)
+        expected = self.setup_s + 0.1 * self.predicted(option, n)["step_s"] * self.factor
+        entry = {"engine": "burst train (CLI)", "option": option, "seq_len": n, "purpose": "out of memory line",
+                 "expected_s": expected, "predicted": None, "steps": 1}
+        if expected > self.left() - 5 or self.args.dry_run:
+            self.skipped.append({**entry, "why": "dry run" if self.args.dry_run else
+                                 f"expected {expected:.0f} s, {max(0, self.left()):.0f} s left"})
+            return
+        shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+        from burst.plan.lengths import MEMORY_OPTIONS
+
+        cmd = [sys.executable, "-m", "burst", "train", "--model", "llama3-8b", "--nproc", "1", "--device", "cuda",
+               "--dtype", "bfloat16", "--seq-len", str(n), "--steps", "1", "--no-progress",
+               *MEMORY_OPTIONS[option][1].split()]
+        env = dict(os.environ)
+        if self.cpu:  # nothing runs out of memory here: the tiny preset with CUDA's error simulated (the test's)
+            cmd[cmd.index("llama3-8b")], cmd[cmd.index("cuda")], cmd[cmd.index("bfloat16")] = "tiny", "cpu", "float32"
+            cmd[cmd.index("--ffn-chunk") + 1] = "16"
+            site = os.path.join(ROOT, "tests", "clients", "oom_site")
+            env["PYTHONPATH"] = os.pathsep.join([site, ROOT, env.get("PYTHONPATH", "")])
+        began = time.monotonic()
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(5, self.left()), env=env)
+            lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+            left = sorted(set(os.listdir("/dev/shm")) - shm) if os.path.isdir("/dev/shm") else []
+            ok = done.returncode == 1 and len(lines) == 1 and "out of memory at --seq-len" in lines[0]
+            entry.update(ok=ok, why=f"exit {done.returncode}, {len(lines)} stderr line(s): {lines[-1][:600] if lines else ''}"
+                         f"; new in /dev/shm: {left or 'nothing'}")
+        except subprocess.TimeoutExpired:
+            entry.update(ok=False, why="out of time (the budget)")
+        entry["wall_s"] = time.monotonic() - began
+        self.oom = entry
+        self.write()
 
     def write(self):
         import torch
@@ -272,7 +323,8 @@ class Search:
                 "budget_s": self.args.budget, "host_mem_gib": self.args.host_mem_gib, "profile": self.cluster.profile.name,
                 "gpu_mem_gib": self.cluster.profile.memory_bytes / 2**30}
         with open(os.path.join(self.args.out, "results.json"), "w") as f:
-            json.dump({"meta": meta, "results": self.results, "skipped": self.skipped}, f, indent=1, default=str)
+            json.dump({"meta": meta, "results": self.results, "skipped": self.skipped, "out_of_memory": self.oom}, f,
+                      indent=1, default=str)
         with open(os.path.join(self.args.out, "report.md"), "w") as f:
             f.write(report(meta, self.results, self.skipped, self))
 
@@ -320,6 +372,11 @@ def report(meta: dict, results: list, skipped: list, search: Search) -> str:
     if longest_ours and longest_theirs:
         lines.append(f"- longest step: burst {longest_ours}, transformers {longest_theirs}: "
                      f"{longest_ours / longest_theirs:.2f}x")
+    if search.oom:
+        o = search.oom
+        lines += ["", "## Out of memory from `burst train`", "",
+                  f"At --seq-len {o['seq_len']} ({o['option']}): {'as it should be' if o.get('ok') else 'NOT as it should be'}"
+                  f" ({o['wall_s']:.0f} s): {o['why']}"]
     if skipped:
         lines += ["", "## Not run (the budget)", ""]
         lines += [f"- {s['engine']} {s['option']} at {s['seq_len']} (expected {s['expected_s']:.0f} s): {s['why']}"
@@ -335,10 +392,12 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default="full,selective,remat,none", help="checkpointing modes to find the longest of")
     p.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers")
     p.add_argument("--no-speed", dest="speed", action="store_false", help="skip the 32K and 128K speed trials")
-    p.add_argument("--profile", default="H100", help="planner profile: H100 or H200 (the lent GPU)")
+    p.add_argument("--profile", default="auto", help="planner profile: H100, H200, or auto (GPU 0's, by nvidia-smi)")
     p.add_argument("--gpu-mem-gib", type=float, default=None,
                    help="cap the GPU's memory (an H200 run as an H100: 80) for the trials and the planner")
     p.add_argument("--host-mem-gib", type=float, default=128, help="host memory the planner assumes (default 128)")
+    p.add_argument("--no-oom-check", dest="oom_check", action="store_false",
+                   help="skip the last trial: `burst train` far past the longest, which must end with one line")
     p.add_argument("--cpu", action="store_true", help="tiny model, tiny lengths, on the CPU (the test)")
     p.add_argument("--cpu-mem-gib", type=float, default=0.02, help=argparse.SUPPRESS)
     p.add_argument("--dry-run", action="store_true", help="list the trials and their expected seconds, run none")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/gpu_train_lengths.sh OUT [--budget 530] [--profile H100|H200] [--modes full,selective,remat,none] [--no-hf] [--no-speed]
-#                                  [--gpu-mem-gib 80] [--dry-run]
+#                                  [--gpu-mem-gib 80] [--no-oom-check] [--dry-run]
 # llama3-8b on this machine's one GPU (issue 70): the longest sequence one training step completes per
 # checkpointing mode (host optimizer; the planner picks 2-3 lengths), tokens/s and MFU at 32K and 128K,
 # and transformers' LlamaForCausalLM (sdpa, gradient checkpointing, bf16) beside it; peak GPU and host

@@ -34,6 +34,10 @@ def test_cpu_mode_runs_every_kind_of_trial(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "## Against transformers" in report and "- longest step: burst" in report
     assert "burst, full + host optimizer:" in report and "planner's longest" in report
+    # `burst train` past the longest (on the CPU its step raises CUDA's error, tests/clients/oom_site): one line
+    oom = results["out_of_memory"]
+    assert oom["ok"] and "exit 1, 1 stderr line(s): burst train: error: rank 0: TrainOutOfMemory" in oom["why"], oom
+    assert "new in /dev/shm: nothing" in oom["why"] and "as it should be" in report
 
 
 def test_gpu_plan_takes_the_planners_lengths_within_the_budget(tmp_path):
