@@ -347,6 +347,9 @@ def report(meta: dict, results: list, skipped: list, search: Search) -> str:
             lines.append(f"| {r['engine']} | {r['option']} | {r['seq_len']} | {r['why']} | | | | | | | | {planned} |")
             continue
         mfu = "" if r.get("mfu") is None else f"{r['mfu']:.1%}"
+        if plan:  # measured over planned: the planner is within 25% when this lies in 0.8-1.25
+            planned += f" (measured {r['step_s'] / plan['step_s']:.2f}x, {r['peak_gpu_bytes'] / plan['mem_bytes']:.2f}x)" \
+                if r.get("peak_gpu_bytes") else f" (measured {r['step_s'] / plan['step_s']:.2f}x)"
         lines.append(f"| {r['engine']} | {r['option']} | {r['seq_len']} | ok | {r['step_s']:.3g} | "
                      f"{r['compute_s']:.3g} | {r['optimizer_s']:.3g} | {r['tokens_per_s']:.4g} | {mfu} | "
                      f"{_gib(r.get('peak_gpu_bytes'))} | {_gib(r.get('peak_host_bytes'))} | {planned} |")
@@ -365,8 +368,9 @@ def report(meta: dict, results: list, skipped: list, search: Search) -> str:
         ours = max((r["tokens_per_s"] for r in ok if r["engine"] == "burst" and r["seq_len"] == n), default=None)
         theirs = max((r["tokens_per_s"] for r in ok if r["engine"] == "transformers" and r["seq_len"] == n),
                      default=None)
-        lines.append(f"- {n} tokens: burst {ours:.4g} tokens/s, transformers "
-                     + (f"{theirs:.4g} tokens/s: {ours / theirs:.2f}x" if theirs else "did not run or fit"))
+        said = lambda v: "did not run or fit" if v is None else f"{v:.4g} tokens/s"  # noqa: E731
+        ratio = f": {ours / theirs:.2f}x" if ours and theirs else ""
+        lines.append(f"- {n} tokens: burst {said(ours)}, transformers {said(theirs)}{ratio}")
     longest_ours = max((r["seq_len"] for r in ok if r["engine"] == "burst"), default=0)
     longest_theirs = max((r["seq_len"] for r in ok if r["engine"] == "transformers"), default=0)
     if longest_ours and longest_theirs:
