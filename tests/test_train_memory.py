@@ -25,10 +25,10 @@ from burst.engine.train import TokenSource, TrainConfig, build, make_optimizer, 
 STEPS = 3
 
 
-def _run(cfg: TrainConfig):
+def _run(cfg: TrainConfig, par=None):
     """Each step's loss and every parameter's gradient (captured as it completes in the backward,
     before an optimizer that steps inside the backward takes it)."""
-    model = build(cfg)
+    model = build(cfg, par)
     grads: dict = {}
     for name, p in model.named_parameters():
         p.register_post_accumulate_grad_hook(lambda p, name=name: grads.__setitem__(name, p.grad.clone()))
@@ -39,7 +39,7 @@ def _run(cfg: TrainConfig):
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * (step + 1) / STEPS
         timings = {}
-        losses.append(train_step(model, optimizer, data.batch(step), cfg, timings=timings))
+        losses.append(train_step(model, optimizer, data.batch(step), cfg, par, timings=timings))
         assert timings["optimizer_s"] >= 0
         per_step.append(dict(grads))
         grads.clear()
@@ -66,6 +66,26 @@ def test_host_offloads_leave_every_loss_and_gradient_unchanged(mode):
     for step, (a, b) in enumerate(zip(plain[1], offloaded[1])):
         for name in a:
             assert (a[name] - b[name]).abs().max() <= 1e-5 * a[name].abs().max(), (mode, step, name)
+
+
+def _sequence_parallel_offload(rank, world):
+    """On 2 sp ranks (burst, zigzag): offloaded activations against kept ones, per mode (this rank's
+    gradients before the all-reduce of train_step's reduce_gradients are what the hooks see)."""
+    from burst.engine.parallel import setup
+
+    out = {}
+    for mode in ("full", "remat", "selective"):
+        kept = _run(_config(checkpointing=mode, ffn_chunk=16), setup(1))
+        moved = _run(_config(checkpointing=mode, ffn_chunk=16, offload_activations=True), setup(1))
+        out[mode] = (kept[0] == moved[0], all(torch.equal(a[n], b[n]) for a, b in zip(kept[1], moved[1]) for n in a))
+    return out
+
+
+def test_offloaded_activations_on_two_sequence_parallel_ranks():
+    from world import run_world
+
+    for rank, out in enumerate(run_world(2, _sequence_parallel_offload, timeout=300)):
+        assert all(losses and grads for losses, grads in out.values()), (rank, out)
 
 
 def test_memory_options_are_checked_and_recorded(tmp_path):
