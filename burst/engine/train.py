@@ -247,8 +247,9 @@ def make_optimizer(model, cfg: TrainConfig):
         from .offload import HostAdamW
 
         optimizer = HostAdamW(model.parameters(), cfg.lr, cfg.weight_decay, compute_dtype=parse_dtype(cfg.dtype))
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # the fp32 weights the device drew them from: gone, give the memory back
+        if optimizer.params[0].device.type == "cuda":  # the fp32 weights they were drawn as: memory back,
+            torch.cuda.empty_cache()  # and let peak_mem_bytes count the steps from here
+            torch.cuda.reset_peak_memory_stats()
         return optimizer
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
