@@ -5,13 +5,17 @@
   vocabulary) on 2304 tokens, past keep_window_size: each row past 2048 keys keeps its 2048 largest biases
   per KV head, handed to burst as indices= per KV head (layers/dynamic_mask.py: kept_keys), the bias
   folded into the keys as before. Its decay A is drawn (at 0 every bias is 1: a top-k over ties).
+- MiniMax-M3 (the zoo's config: a block-sparse layer, blocks of 8 keys, 4 of 16 kept per query and KV head): its
+  indexer shown the whole sequence (layers/block_indexer.py), its key blocks handed as burst.BlockIndices per KV
+  head; unprepared across ranks, refused.
 - PhiMoE with a sliding window in its config, which PhimoeModel's mask applies to every layer and its
   attention does not pass (keywords.WINDOW_FROM_CONFIG, read by the "window from the config" entry of
   backend/features.py); the zoo's window of 32 in 128 tokens.
 
 Each at 2 ranks, contiguous and zigzag: logits, loss and every parameter gradient against the same
-model with eager attention in one process. Planted: Doge's selection dropped (every key kept), and
-PhiMoE's window not applied, must each be caught.
+model with eager attention in one process. Planted: Doge's selection dropped (every key kept),
+MiniMax's blocks dropped and its indexer's keys gathered out of order, and PhiMoE's window not applied, must
+each be caught.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 from unittest import mock
 
 from requires import transformers_or_skip
-from world import results_by_world
+from world import results_by_world, value_error_text
 
 transformers_or_skip()
 
@@ -56,13 +60,27 @@ def _errors(family, config, name, layout, tokens) -> dict:
     return step_errors(eager, model, ids, layout)
 
 
+def _unprepared_minimax(name, layout):
+    import torch
+
+    import burst
+    from burst.bench.hf_zoo import VOCAB, tiny_config, twin_models
+
+    _, model = twin_models("minimax_m3_vl_text", name, tiny_config("minimax_m3_vl_text"))
+    ids = torch.randint(3, VOCAB, (1, 128), generator=torch.Generator().manual_seed(1))
+    # sharded by hand, not by shard_batch(model=): the indexer is not prepared
+    model(input_ids=burst.shard(ids, layout=layout, dim=1),
+          position_ids=burst.shard(torch.arange(128)[None], layout=layout, dim=1), use_cache=False)
+
+
 def _selection(rank, world):
     import transformers
 
     import burst.integrations.transformers as bt
+    from burst.bench.hf_zoo import tiny_config
     from burst.integrations.transformers import keywords
     from burst.integrations.transformers.backend import features
-    from burst.integrations.transformers.layers import dynamic_mask
+    from burst.integrations.transformers.layers import block_indexer, dynamic_mask
 
     transformers.logging.set_verbosity_error()
     out = {}
@@ -70,6 +88,16 @@ def _selection(rank, world):
         name = bt.register(f"selection_{layout}", layout=layout)
         out[("doge", layout)] = _errors("doge", doge_published(), name, layout, DOGE_TOKENS)
         out[("phimoe", layout)] = _errors("phimoe", phimoe_windowed(), name, layout, 128)
+        out[("minimax_m3_vl_text", layout)] = _errors("minimax_m3_vl_text", tiny_config("minimax_m3_vl_text"), name,
+                                                      layout, 128)
+    minimax = tiny_config("minimax_m3_vl_text")
+    with mock.patch.object(block_indexer, "block_selection", lambda module, chosen: None):
+        out["planted: minimax's blocks dropped"] = _errors("minimax_m3_vl_text", minimax, name, "zigzag", 128)
+    gathered = block_indexer._GatheredKeys  # the keys gathered in the contiguous order under zigzag: misplaced
+    with mock.patch.object(block_indexer, "_GatheredKeys", lambda group, layout: gathered(group, "contiguous")):
+        out["planted: minimax's indexer keys out of order"] = _errors("minimax_m3_vl_text", minimax, name, "zigzag",
+                                                                      128)
+    out["refused: minimax unprepared"] = value_error_text(lambda: _unprepared_minimax(name, "zigzag"))
     with mock.patch.object(dynamic_mask, "kept_keys", lambda *args: None):
         out["planted: doge keeps every key"] = _errors("doge", doge_published(), name, "zigzag", DOGE_TOKENS)
     with mock.patch.object(features, "window_from_config", lambda module, window: window), \
@@ -89,6 +117,12 @@ def test_doge_past_keep_window_size_and_phimoe_window_exact_at_2_ranks():
 
 def test_dropping_the_selection_or_the_window_is_caught():
     results = _results(2)[0]
-    for case in ("planted: doge keeps every key", "planted: phimoe's window not applied"):
+    for case in ("planted: doge keeps every key", "planted: phimoe's window not applied",
+                 "planted: minimax's blocks dropped", "planted: minimax's indexer keys out of order"):
         assert results[case]["logits"] > 5 * BOUND["logits"] or results[case]["gradients"] > 5 * BOUND["gradients"], \
             (case, results[case])
+
+
+def test_minimax_unprepared_across_ranks_is_refused_on_every_rank():
+    for by_case in _results(2):
+        assert "must score every key" in (by_case["refused: minimax unprepared"] or ""), by_case

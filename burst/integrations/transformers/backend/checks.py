@@ -17,7 +17,7 @@ import weakref
 import torch
 
 from ..keywords import ATTENTION_LAYER_KINDS, layer_kinds
-from ..layers import compressed, indexer, mixers, rope
+from ..layers import block_indexer, compressed, indexer, mixers, rope
 from ..layers.configs import text_config
 from .registry import backend_of, world_size
 
@@ -35,6 +35,12 @@ def check_config(name: str, config, world: int) -> None:
                          f"DeepSeek sparse attention (index_topk={text.index_topk}), whose indexer (and DeepSeek-V4's "
                          "compressors) must see the whole sequence: prepare the model with "
                          "bt.shard_batch(..., model=model)")
+    if world > 1 and getattr(text, "index_topk_blocks", None) and "minimax_m3_sparse" in layer_kinds(text) and not any(
+            block_indexer.prepared(c) for c in (config, text)):
+        raise ValueError(f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} picks key "
+                         "blocks with an indexer that must score every key of the sequence, not its shard's: prepare "
+                         "the model with bt.shard_batch(..., model=model) (or SequenceParallelTrainer / "
+                         "SequenceParallel)")
     if world > 1 and rope.needs_global_length(text):
         raise ValueError(
             f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses the rope types "
