@@ -21,14 +21,12 @@ refuse_decoding).
 
 from __future__ import annotations
 
-import functools
 
 import torch
 
-from burst import layout as layout_mod
 
-from .configs import PreparedConfigs, text_config
-from .indexer import _GatheredKeys, one_sequence_per_row, refuse_decoding
+from .configs import PreparedConfigs
+from .indexer import _GatheredKeys, one_sequence_per_row, refuse_decoding, take_over_indexers
 
 _prepared = PreparedConfigs()  # the configs of models whose block indexers see the whole sequence
 
@@ -52,17 +50,8 @@ def prepared(config) -> bool:
 def show_blocks_whole_sequence(model: torch.nn.Module, group=None, layout="contiguous") -> int:
     """Take over the forward of every block indexer of `model` (the module docstring); returns how
     many. ValueError for a layout whose shards are not runs of positions known here (doc_*)."""
-    indexers = [m for m in model.modules() if is_block_indexer(m)]
-    if not indexers:
-        return 0
-    if layout not in layout_mod.LAYOUTS:
-        raise ValueError(f"{type(model).__name__}: block-sparse attention's indexer runs under the layouts "
-                         f"{layout_mod.LAYOUTS}, not {layout!r}")
-    for indexer in indexers:
-        indexer.forward = functools.partial(_whole_sequence_block_indexer, indexer, type(indexer).forward, group,
-                                            layout)
-    _prepared.add(model.config, text_config(model.config))
-    return len(indexers)
+    return take_over_indexers(model, is_block_indexer, _whole_sequence_block_indexer, _prepared,
+                              "block-sparse attention", group, layout)
 
 
 class _GatheredIndexKeys:

@@ -58,15 +58,24 @@ def prepared(config) -> bool:
 def show_whole_sequence(model: torch.nn.Module, group=None, layout="contiguous") -> int:
     """Take over the forward of every DSA indexer of `model` (see the module docstring); returns how
     many. ValueError for a layout whose shards are not runs of positions known here (doc_*)."""
-    indexers = [m for m in model.modules() if is_indexer(m)]
+    return take_over_indexers(model, is_indexer, _whole_sequence_indexer, _prepared, "DeepSeek sparse attention",
+                              group, layout)
+
+
+def take_over_indexers(model: torch.nn.Module, found, whole_sequence_forward, prepared_configs: PreparedConfigs,
+                       what: str, group, layout) -> int:
+    """Every module of `model` that `found` picks runs whole_sequence_forward(module, its class's forward,
+    group, layout, ...) in place of its forward; the model's configs join prepared_configs. Returns how
+    many; ValueError for a layout whose shards are not runs of positions known here (doc_*)."""
+    indexers = [m for m in model.modules() if found(m)]
     if not indexers:
         return 0
     if layout not in layout_mod.LAYOUTS:
-        raise ValueError(f"{type(model).__name__}: DeepSeek sparse attention runs under the layouts "
-                         f"{layout_mod.LAYOUTS}, not {layout!r}")
+        raise ValueError(f"{type(model).__name__}: {what}'s indexer runs under the layouts {layout_mod.LAYOUTS}, "
+                         f"not {layout!r}")
     for indexer in indexers:
-        indexer.forward = functools.partial(_whole_sequence_indexer, indexer, type(indexer).forward, group, layout)
-    _prepared.add(model.config, text_config(model.config))
+        indexer.forward = functools.partial(whole_sequence_forward, indexer, type(indexer).forward, group, layout)
+    prepared_configs.add(model.config, text_config(model.config))
     return len(indexers)
 
 
