@@ -161,9 +161,7 @@ def _show_blocks_whole_sequence(model, group, layout) -> None:
 
 def _check_block_selection(call: LayerCall) -> None:
     if call.decoding:
-        raise ValueError(f"attn_implementation={call.name!r}: {call.model} picks key blocks with an indexer that the "
-                         "sharded KV cache's decoding does not run; generate on one rank (training and forwards are "
-                         "exact)")
+        _refuse_decoding(call, "key blocks picked by an indexer")
 
 
 def _take_block_selection(call: LayerCall) -> None:
@@ -201,9 +199,7 @@ def _take_over_dynamic_masks(model, group, layout) -> None:
 
 def _check_dynamic_mask(call: LayerCall) -> None:
     if call.decoding:
-        raise ValueError(f"attn_implementation={call.name!r}: {call.model} adds a dynamic mask (a bias per key) "
-                         "that the sharded KV cache's decoding does not apply; generate on one rank (training and "
-                         "forwards are exact)")
+        _refuse_decoding(call, "a dynamic mask (a bias per key)")
 
 
 def _take_bias(call: LayerCall) -> None:
