@@ -32,7 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import api, custom_op
 from .agreement import agree
-from .layout import _check_divisible, check_layout, resolve_layout, shard
+from .layout import DocumentLayout, _check_divisible, check_layout, resolve_layout, shard, shard_indices
 
 ENTRY = "burst.context_parallel"
 
@@ -62,7 +62,7 @@ def context_parallel(buffers=(), buffer_seq_dims=(), no_restore_buffers=(), grou
     originals = [t.data for t in buffers]
     for t, dim in zip(buffers, seq_dims):
         t.data = shard(t.data, group=group, layout=layout, dim=dim)
-    router = _SDPARouter(group, layout, strategy, options, local_len)
+    router = _SDPARouter(group, layout, strategy, options, local_len, _held_positions(layout, group, local_len))
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)  # the fused MHA kernel would attend local tokens only
     try:
@@ -104,6 +104,42 @@ def _shard_buffers_check(buffers, seq_dims, group, layout, strategy) -> int | No
     return next(iter(lengths)) // world if lengths else None
 
 
+def _held_positions(layout, group, local_len) -> torch.Tensor | None:
+    """The global positions this rank's buffers hold, (local_len,) int64; None where positions do not run
+    across the whole sequence (packed documents restart them) or no buffer was given."""
+    if local_len is None or isinstance(layout, DocumentLayout):
+        return None
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    return shard_indices(layout, rank, world, local_len * world)
+
+
+def _position_lookup(func, args, kwargs) -> torch.Tensor | None:
+    """The indices of a table lookup a model may number positions with: F.embedding (BART, Pegasus) or a
+    row index_select (MusicGen's sinusoidal table); None for any other call."""
+    if func is F.embedding:
+        return args[0] if args else kwargs.get("input")
+    if func in (torch.index_select, torch.Tensor.index_select):
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        return (args[2] if len(args) > 2 else kwargs.get("index")) if dim == 0 else None
+    return None
+
+
+def _counts_from_shard_start(indices: torch.Tensor, held: torch.Tensor) -> bool:
+    """Whether an embedding's `indices` (..., seq_local) are one run p, p+1, ... on every row that cannot be this
+    rank's positions plus an offset: the model numbered the shard's own tokens 0..n-1 (BART's learned positions
+    are arange(seq_len) + 2), so every rank but the first embeds its tokens at the first rank's positions."""
+    n = held.numel()
+    if indices.dim() == 0 or indices.shape[-1] != n or n < 2 or indices.is_floating_point():
+        return False
+    rows = indices.reshape(-1, n)
+    run = rows[:1, :1] + torch.arange(n, device=rows.device)
+    if not torch.equal(rows, run.expand_as(rows)):
+        return False
+    consecutive = torch.equal(held, held[0] + torch.arange(n))
+    return not consecutive or int(rows[0, 0]) < int(held[0])
+
+
 class _SDPARouter(TorchFunctionMode):
     """Routes F.scaled_dot_product_attention to burst.attention while the context is open.
 
@@ -115,10 +151,13 @@ class _SDPARouter(TorchFunctionMode):
     torch.nn.functional.scaled_dot_product_attention, is burst.attention while the context is open.
     """
 
-    def __init__(self, group, layout, strategy, options, local_len):
+    def __init__(self, group, layout, strategy, options, local_len, held_positions=None):
         super().__init__()
         self.group, self.layout, self.strategy, self.options = group, layout, strategy, options
         self.local_len = local_len
+        self.held_positions = held_positions
+        self.shard_counted_positions = False  # set by an embedding; refused at the next SDPA call, on every rank
+        self.attending = False
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
         # Eagerly, behind a graph break under torch.compile when burst's custom op cannot carry the call:
         # the agreement collective and the ring's messages are not for dynamo to trace.
@@ -133,7 +172,11 @@ class _SDPARouter(TorchFunctionMode):
         graph break, burst/custom_op.py), when it can carry the call; else burst.attention eagerly."""
         if torch.compiler.is_compiling() and self.traceable:
             return self.traced_attention(*args, **kwargs)
-        return self.eager_attention(*args, **kwargs)
+        self.attending = True  # burst's own lookups inside are not the model's positions
+        try:
+            return self.eager_attention(*args, **kwargs)
+        finally:
+            self.attending = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -141,6 +184,10 @@ class _SDPARouter(TorchFunctionMode):
             return self.route(*args, **kwargs)
         if func is F.multi_head_attention_forward:
             return self._multi_head_attention(func, args, kwargs)
+        if self.held_positions is not None and not self.attending and not torch.compiler.is_compiling():
+            indices = _position_lookup(func, args, kwargs)
+            if indices is not None:
+                self.shard_counted_positions |= _counts_from_shard_start(indices, self.held_positions)
         return func(*args, **kwargs)
 
     @contextlib.contextmanager
@@ -192,6 +239,13 @@ class _SDPARouter(TorchFunctionMode):
 
     def _refusal(self, query, key, attn_mask, dropout_p, enable_gqa) -> ValueError | None:
         """What this call asks that sharded attention cannot give, as the error every rank raises."""
+        if self.shard_counted_positions:
+            return ValueError(
+                f"{ENTRY}: an embedding looked up positions p..p+{self.local_len - 1} on a rank that holds other "
+                "tokens: the model numbers each shard's tokens from its own length (BART-family and MusicGen "
+                "learned positions: arange(seq_len) + offset), so every rank would embed its shard at the first "
+                "rank's positions. Such a model cannot run through the SDPA door; use the transformers backend "
+                "(burst.integrations.transformers), which refuses or handles the family")
         if attn_mask is not None:
             return ValueError(
                 f"{ENTRY}: scaled_dot_product_attention got an explicit attn_mask (shape {tuple(attn_mask.shape)}), "

@@ -164,12 +164,22 @@ def _errors(rank, world):
         "need_weights": lambda: mha(tokens, tokens, tokens),
         "gqa without enable_gqa": lambda: F.scaled_dot_product_attention(q, k[:, :1], v[:, :1]),
     }
+    # BART's learned positions: numbered from the shard's own length, so rank 1 embeds rank 0's positions.
+    table = nn.Embedding(N_PER_RANK * world + 2, 8)
+    shard_counted = lambda: F.scaled_dot_product_attention(q + table(torch.arange(N_PER_RANK) + 2)[None, None], k, v)
+    held = lambda: F.scaled_dot_product_attention(q + table(positions + 2)[None, None], k, v)
+    layouts = {name: "zigzag" for name in cases}
+    for layout in ("zigzag", "contiguous"):
+        for name, fn in ((f"positions from the shard, {layout}", shard_counted), (f"positions held, {layout}", held)):
+            cases[name], layouts[name] = fn, layout
     results = {}
     for name, fn in cases.items():
         q, k, v = (x.clone() for _ in range(3))
         tokens = torch.randn(1, N_PER_RANK * world, 8)
+        positions = torch.arange(N_PER_RANK * world)
         try:
-            with burst.context_parallel(buffers=[q, k, v, tokens], buffer_seq_dims=[2, 2, 2, 1]):
+            with burst.context_parallel(buffers=[q, k, v, tokens, positions], buffer_seq_dims=[2, 2, 2, 1, 0],
+                                        layout=layouts[name]):
                 fn()
             results[name] = None
         except ValueError as err:
@@ -216,9 +226,12 @@ def test_models_calling_sdpa_train_like_one_process(world):
 def test_what_cannot_be_honoured_raises_on_every_rank():
     expected = {"attn_mask": "attn_mask", "dropout on rank 0": "dropout", "length": "tokens",
                 "need_weights": "need_weights", "gqa without enable_gqa": "enable_gqa",
-                "indivisible": "divisible"}
+                "indivisible": "divisible", "positions from the shard, zigzag": "its own length",
+                "positions from the shard, contiguous": "its own length"}
     for rank, results in enumerate(_results(2)):
         errors = results["errors"]
         for case, words in expected.items():
             assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
+        for layout in ("zigzag", "contiguous"):  # the rank's own positions looked up: no refusal
+            assert errors[f"positions held, {layout}"] is None, (rank, layout, errors[f"positions held, {layout}"])
         assert errors["sdpa restored"] and errors["buffers restored"]

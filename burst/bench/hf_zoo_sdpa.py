@@ -14,9 +14,9 @@ drop-in `burst.context_parallel` routes to burst.attention. This runs each famil
 
 against the same weights with eager attention in one process: logits, loss and every parameter's gradient
 (hf_zoo.gradient_error). Outcomes: exact (within hf_zoo's tolerances); refused by the door (an explicit
-attn_mask, which covers one rank's tokens only: burst.context_parallel raises on every rank); not built
-(transformers does not build the family with "sdpa"); silent (ran and differs: the door cannot see what
-the model does outside SDPA, e.g. positions taken from the shard's length).
+attn_mask, which covers one rank's tokens only, or positions numbered from the shard's own length:
+burst.context_parallel raises on every rank); not built (transformers does not build the family with
+"sdpa"); silent (ran and differs: something the model does outside SDPA that the door cannot see).
 `python -m burst.bench.hf_zoo_sdpa` writes the table (benchmarks/hf_zoo_sdpa.md).
 """
 
@@ -153,10 +153,9 @@ def report(rows: dict, seconds: float) -> str:
              "attention classes by name (falcon, gpt_neo, git), built tiny with attn_implementation=\"sdpa\" and run "
              f"through `burst.context_parallel` at 2 ranks ({SEQ} tokens) against eager attention in one process: "
              "logits, loss, every gradient. exact: within the zoo's tolerances; refused by the door: an explicit "
-             "attn_mask (one rank's tokens only), raised on every rank; not built: transformers does not build the "
-             "family with \"sdpa\"; silent: ran and differs, which the door cannot see (the model computes something "
-             "outside SDPA from the shard alone, e.g. its positions from the shard's length): use the backend, which "
-             "refuses these families.", "",
+             "attn_mask (one rank's tokens only) or positions numbered from the shard's own length, raised on every "
+             "rank; not built: transformers does not build the family with \"sdpa\"; silent: ran and differs, which "
+             "the door cannot see (the model computes something outside SDPA from the shard alone).", "",
              "Outcomes (family x layout): " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), "",
              "| family | " + " | ".join(f"2 ranks {x}" for x in layouts) + " |",
              "|---" * (len(layouts) + 1) + "|"]
