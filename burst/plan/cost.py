@@ -22,19 +22,18 @@ modelled (windows.py); a causal mask makes the chunk stream send less than this.
 attention holds per device: the inputs, outputs and lse saved for backward in every layer, plus one
 layer's backward peak (gradients, travelling buffers, and whatever the strategy gathers). Model
 weights and MLP activations are not included here: model_cost.py adds the rest of the model,
-contention and synchronisation on top of this.
+contention and synchronisation on top of this. The Workload, Cluster and Estimate, and the time of
+a ring pass or a collective, are cost_terms.py's.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from ..schedules.chunk_stream import CHUNKS_PER_BLOCK
 from ..schedules.cqs import interest_set
 from ..strategies import split_variant
-from .profiles import Profile
-from .latent import LatentShape
+from .cost_terms import Cluster, Estimate, Workload, collective_time, ring_pass
 from .rings import RING_BLOCKS
 from .sparse import add_gathers
 from .windows import balanced, blend, layer_pairs, ring_steps, served_share
@@ -44,88 +43,7 @@ BACKWARD_FLOPS_RATIO = 2.5
 # Strategies whose work per rank follows the layout's shard (Ulysses and CQS rebalance by design,
 # DistFlashAttn's schedule balances contiguous shards).
 _BY_SHARD = ("burst", "ring", "burst:flat", "ring:flat", "allgather")
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """gpus devices, gpus_per_node of them per node, on `profile`'s hardware (bandwidths may be overridden)."""
-
-    gpus: int
-    gpus_per_node: int
-    profile: Profile
-    intra_bw: float | None = None
-    inter_bw: float | None = None
-
-    @property
-    def nodes(self) -> int:
-        return self.gpus // self.gpus_per_node
-
-    def t_intra(self, nbytes: float) -> float:
-        bw = self.intra_bw or self.profile.intra_bw
-        return self.profile.intra_latency + nbytes / bw if nbytes else 0.0
-
-    def t_inter(self, nbytes: float) -> float:
-        bw = self.inter_bw or self.profile.inter_bw
-        return self.profile.inter_latency + nbytes / bw if nbytes else 0.0
-
-    def t_ring_link(self, nbytes: float) -> float:
-        """A flat ring's step: the slowest hop, inter-node as soon as the ring spans nodes."""
-        return self.t_inter(nbytes) if self.nodes > 1 else self.t_intra(nbytes)
-
-
-@dataclass(frozen=True)
-class Workload:
-    seq_len: int
-    heads: int
-    head_dim: int
-    kv_heads: int | None = None
-    batch: int = 1
-    layers: int = 1
-    causal: bool = True
-    dtype_bytes: int | None = None  # default: the profile's
-    layout: str = "zigzag"          # contiguous shards leave causal work unbalanced on ring strategies
-    forward_only: bool = False      # a prefill: attention's forward pass alone
-    window: int | None = None       # causal layers: the keys each query sees at most (windows.py)
-    windowed_share: float = 1.0     # the share of layers with that window; the rest full causal
-    gathered: float = 0.0           # numbers per token each layer gathers to every rank, no gradient (sparse.py)
-    gathered_with_gradient: float = 0.0  # ... whose gradients return in the backward (DeepSeek-V4's entries)
-    entries: float = 0.0            # compressed entries a query attends beside its keys, on average (sparse.py)
-    indexer_macs: float = 0.0       # multiply-adds of the indexers' scores per query, on average (sparse.py)
-    latent: LatentShape | None = None  # MLA: burst moves the latent, others the expanded heads (latent.py)
-
-    @property
-    def kv(self) -> int:
-        return self.kv_heads or self.heads
-
-
-@dataclass
-class Estimate:
-    strategy: str
-    compute_s: float = 0.0
-    comm_s: float = 0.0              # link time of all transfers, hidden or not
-    exposed_comm_s: float = 0.0      # what compute does not hide
-    wall_s: float = 0.0
-    mem_bytes_per_device: float = 0.0
-    inter_node_bytes_per_device: float = 0.0
-    intra_node_bytes_per_device: float = 0.0
-    fits: bool = True
-    note: str = ""
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def overlap(self) -> float:
-        """Share of communication time hidden behind compute (1 when nothing is sent)."""
-        return 1.0 if self.comm_s == 0 else max(0.0, 1.0 - self.exposed_comm_s / self.comm_s)
-
-    def row(self) -> dict:
-        return {"strategy": self.strategy, "fits": self.fits, "wall_s": self.wall_s, "compute_s": self.compute_s,
-                "comm_s": self.comm_s, "exposed_comm_s": self.exposed_comm_s, "overlap": self.overlap,
-                "mem_bytes_per_device": self.mem_bytes_per_device,
-                "inter_node_bytes_per_device": self.inter_node_bytes_per_device,
-                "intra_node_bytes_per_device": self.intra_node_bytes_per_device, "note": self.note,
-                "step_s": self.extra.get("step_s", self.wall_s),
-                "tokens_per_s_per_device": self.extra.get("tokens_per_s_per_device"),
-                "scope": self.extra.get("scope", "attention only")}
+_ring_pass = ring_pass  # tests/test_plan.py's name for it
 
 
 class _Sizes:
@@ -177,7 +95,7 @@ def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
         straggler = (2 * cluster.gpus - 1) / cluster.gpus
         c_fwd, c_bwd = c_fwd * straggler, c_bwd * straggler
     est = _MODELS[split_variant(strategy)[0]](strategy, cluster, w, s, c_fwd, c_bwd)
-    add_gathers(est, cluster, w, s, _collective_time)  # sparse attention's gathers: sparse.py
+    add_gathers(est, cluster, w, s, collective_time)  # sparse attention's gathers: sparse.py
     saved = w.layers * (3 * s.q + s.kv + s.stat) if w.kv == w.heads else w.layers * (2 * s.q + s.kv + s.stat)
     est.mem_bytes_per_device += saved
     for attr in ("compute_s", "comm_s", "exposed_comm_s", "wall_s", "inter_node_bytes_per_device",
@@ -187,44 +105,6 @@ def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
     if est.mem_bytes_per_device > cluster.profile.memory_bytes:
         est.note = (est.note + "; " if est.note else "") + "does not fit in device memory"
     return est
-
-
-def _ring_pass(cluster: Cluster, steps: int, compute: float, block: float, double: bool, tail: float = 0.0):
-    """(wall, link time, exposed, inter bytes, intra bytes) of `steps` double-buffered ring steps,
-    each computing `compute` seconds while `block` bytes move to the next device; `tail` bytes take
-    one more hop at the end (a gradient going home)."""
-    c = compute / steps
-    g, L, nodes = cluster.gpus, cluster.gpus_per_node, cluster.nodes
-    hops = steps - 1
-    if g == 1:
-        return compute, 0.0, 0.0, 0.0, 0.0
-    if double and nodes > 1:
-        # Each inter-node step hides behind a whole intra-node sub-ring (L steps of compute and of
-        # intra transfers, which use their own link): burstengine.md Table 1, Fig. 5.
-        t_intra, t_inter = cluster.t_intra(block), cluster.t_inter(block)
-        inter_hops = round(hops * (nodes - 1) / (g - 1)) if hops else 0
-        intra_hops = hops - inter_hops
-        outer = max(1, math.ceil(steps / L))
-        per_outer = max(L * max(c, t_intra), t_inter)
-        wall = c + max(0, outer - 1) * per_outer + max(0, L - 1) * max(c, t_intra)
-        wall = max(wall, compute)
-        link = intra_hops * t_intra + inter_hops * t_inter
-        inter_bytes, intra_bytes = inter_hops * block, intra_hops * block
-    else:
-        t = cluster.t_ring_link(block)
-        wall = c + hops * max(c, t)
-        link = hops * t
-        spans = nodes > 1
-        inter_bytes, intra_bytes = (hops * block, 0.0) if spans else (0.0, hops * block)
-    if tail:
-        t_tail = cluster.t_ring_link(tail)
-        wall += t_tail
-        link += t_tail
-        if nodes > 1:
-            inter_bytes += tail
-        else:
-            intra_bytes += tail
-    return wall, link, max(0.0, wall - compute), inter_bytes, intra_bytes
 
 
 def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
@@ -237,14 +117,14 @@ def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     b = RING_BLOCKS[base](w, s, cluster.nodes == 1)  # what this strategy moves per block (rings.py)
     f = served_share(w.seq_len, cluster.gpus, window, w.layout) if b.streamed else 1.0
     c_fwd, c_bwd = (c + x / cluster.gpus / cluster.profile.flops for c, x in zip((c_fwd, c_bwd), b.expansion))
-    fwd = _ring_pass(cluster, g, c_fwd, b.forward * f, double)  # f: the chunk stream serves only a window's rows
+    fwd = ring_pass(cluster, g, c_fwd, b.forward * f, double)  # f: the chunk stream serves only a window's rows
     staying = s.dkv32 + s.q if b.side == "queries" else s.dq32 + s.q  # the other side's accumulators, and O
     if b.streamed:  # the chunk stream: a few chunks held, accumulator parts go home
-        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, (b.moving + b.acc) * f, False,
-                                              tail=b.acc * f / CHUNKS_PER_BLOCK))
+        bwd = _backward(w, lambda: ring_pass(cluster, g, c_bwd, (b.moving + b.acc) * f, False,
+                                             tail=b.acc * f / CHUNKS_PER_BLOCK))
         peak = b.acc + staying - s.q + (2 * b.moving + 3 * b.acc + s.q) / CHUNKS_PER_BLOCK
     else:  # whole blocks on the (double) ring, their accumulators taking the last hop home
-        bwd = _backward(w, lambda: _ring_pass(cluster, g, c_bwd, b.moving + b.acc, double, tail=b.acc))
+        bwd = _backward(w, lambda: ring_pass(cluster, g, c_bwd, b.moving + b.acc, double, tail=b.acc))
         peak = 2 * b.moving + 2 * b.acc + staying
     est = _sum(name, fwd, bwd, c_fwd + c_bwd)
     est.mem_bytes_per_device = peak
@@ -253,7 +133,6 @@ def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
         notes.append(b.note)
     est.note = "; ".join(notes)
     return est
-
 
 
 _NO_PASS = (0.0, 0.0, 0.0, 0.0, 0.0)
@@ -270,21 +149,11 @@ def _sum(name, fwd, bwd, compute) -> Estimate:
                     intra_node_bytes_per_device=fwd[4] + bwd[4])
 
 
-def _collective_time(cluster: Cluster, nbytes: float, share_inter: float) -> tuple[float, float, float]:
-    """(time, inter bytes, intra bytes) of a collective sending `nbytes` from this device, a share of
-    which crosses nodes; intra and inter links run at once."""
-    if nbytes == 0:
-        return 0.0, 0.0, 0.0
-    inter, intra = nbytes * share_inter, nbytes * (1 - share_inter)
-    t = max(cluster.t_inter(inter) if inter else 0.0, cluster.t_intra(intra) if intra else 0.0)
-    return t, inter, intra
-
-
 def _allgather(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     g = cluster.gpus
     share = 0.0 if cluster.nodes == 1 else (g - cluster.gpus_per_node) / (g - 1) if g > 1 else 0.0
-    gather = _collective_time(cluster, (g - 1) * s.kv, share)
-    scatter = _collective_time(cluster, 0.0 if w.forward_only else (g - 1) * s.dkv32, share)
+    gather = collective_time(cluster, (g - 1) * s.kv, share)
+    scatter = collective_time(cluster, 0.0 if w.forward_only else (g - 1) * s.dkv32, share)
     gathers = 1 if w.forward_only else 2  # the backward gathers K, V again
     comm = gathers * gather[0] + scatter[0]
     est = Estimate(name, compute_s=c_fwd + c_bwd, comm_s=comm, exposed_comm_s=comm, wall_s=c_fwd + c_bwd + comm,
@@ -317,7 +186,7 @@ def _ulysses(name, cluster, w, s, c_fwd, c_bwd, degree=None) -> Estimate:
     fwd, bwd = _ulysses_volumes(s, w, g)
     bwd = 0.0 if w.forward_only else bwd
     share = 0.0 if g <= cluster.gpus_per_node else (g - cluster.gpus_per_node) / (g - 1)
-    t_f, t_b = _collective_time(cluster, fwd, share), _collective_time(cluster, bwd, share)
+    t_f, t_b = collective_time(cluster, fwd, share), collective_time(cluster, bwd, share)
     est.comm_s = est.exposed_comm_s = t_f[0] + t_b[0]
     est.wall_s = est.compute_s + est.comm_s
     est.inter_node_bytes_per_device, est.intra_node_bytes_per_device = t_f[1] + t_b[1], t_f[2] + t_b[2]
@@ -335,9 +204,9 @@ def _usp(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     ring_sizes = _Sizes(Workload(w.seq_len, max(1, w.heads // u), w.head_dim, max(1, w.kv // u), w.batch, 1,
                                  w.causal, None), r, s.dtype_bytes)
     ring_cluster = Cluster(r, 1, cluster.profile, cluster.intra_bw, cluster.inter_bw) if r > 1 else cluster
-    fwd = _ring_pass(ring_cluster, r, c_fwd, ring_sizes.kv, False)
-    bwd = _backward(w, lambda: _ring_pass(ring_cluster, r, c_bwd, 2 * ring_sizes.q + 2 * ring_sizes.stat
-                                          + ring_sizes.dq32, False, tail=ring_sizes.dq32))
+    fwd = ring_pass(ring_cluster, r, c_fwd, ring_sizes.kv, False)
+    bwd = _backward(w, lambda: ring_pass(ring_cluster, r, c_bwd, 2 * ring_sizes.q + 2 * ring_sizes.stat
+                                         + ring_sizes.dq32, False, tail=ring_sizes.dq32))
     est = _sum(name, fwd, bwd, c_fwd + c_bwd)
     est.wall_s += inner.comm_s
     est.comm_s += inner.comm_s
@@ -354,9 +223,9 @@ def _distflash(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     the owner and (for helpers) Q one way and partial results back; causal only."""
     g = cluster.gpus
     steps = g // 2 + 1
-    fwd = _ring_pass(cluster, steps, c_fwd, s.kv + 0.5 * (s.q + s.dq32 + s.stat), False)
-    bwd = _backward(w, lambda: _ring_pass(cluster, steps, c_bwd, s.kv + s.dkv32 + 0.5 * (2 * s.q + 2 * s.stat
-                                                                                     + s.dq32), False))
+    fwd = ring_pass(cluster, steps, c_fwd, s.kv + 0.5 * (s.q + s.dq32 + s.stat), False)
+    bwd = _backward(w, lambda: ring_pass(cluster, steps, c_bwd, s.kv + s.dkv32 + 0.5 * (2 * s.q + 2 * s.stat
+                                                                                    + s.dq32), False))
     est = _sum(name, fwd, bwd, c_fwd + c_bwd)
     est.mem_bytes_per_device = 2 * s.kv + 2 * s.dkv32 + s.dq32 + 2 * s.q
     if not w.causal:
@@ -377,10 +246,10 @@ def _cqs(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     share = 0.0 if cluster.nodes == 1 else (g - cluster.gpus_per_node) / max(1, g - 1)
     fetch = (k - 1) * (s.q + s.kv)
     back = (k - 1) * (s.dq32 + s.stat)
-    t_f = [_collective_time(cluster, fetch, share), _collective_time(cluster, back, share)]
+    t_f = [collective_time(cluster, fetch, share), collective_time(cluster, back, share)]
     bwd_fetch = 0.0 if w.forward_only else (k - 1) * (2 * s.q + s.kv + 2 * s.stat)
     bwd_back = 0.0 if w.forward_only else (k - 1) * (s.dq32 + s.dkv32)
-    t_b = [_collective_time(cluster, bwd_fetch, share), _collective_time(cluster, bwd_back, share)]
+    t_b = [collective_time(cluster, bwd_fetch, share), collective_time(cluster, bwd_back, share)]
     comm = sum(t[0] for t in t_f + t_b)
     est = Estimate(name, compute_s=c_fwd + c_bwd, comm_s=comm, exposed_comm_s=comm, wall_s=c_fwd + c_bwd + comm,
                    inter_node_bytes_per_device=sum(t[1] for t in t_f + t_b),
