@@ -5,7 +5,8 @@ DeepSeek-V4 compressed entries beside its keys, some layers positions they keep 
 such feature is one `Feature`, read by every door: `prepare_features` (shard_batch, SequenceParallel,
 SequenceParallelTrainer) prepares the model with each entry's `prepare`, and the attention function
 (attention.py) runs the `check`, `take` and `hand` of the entries whose `detect` matches the layer on
-a LayerCall, in FEATURES' order. A new family adds one entry.
+a LayerCall, in FEATURES' order. A new family adds one entry. The prepares, and the detects that are
+more than a layer kind, are preparations.py's.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import torch
 from burst import api, layout as layout_mod
 
 from ..keywords import check_model_features, model_name, window_from_config
-from ..layers import block_indexer, compressed, dynamic_mask, indexer, latent, positions, rope
+from ..layers import block_indexer, compressed, dynamic_mask, latent, positions
 from ..layers.mixers import shard_mixers
 from .documents import documents
-from .registry import BACKENDS, Backend, running_cache, world_size
+from .preparations import (capture_positions, compress_whole_sequence, left_entries, move_latents, see_global_length,
+                           show_blocks_whole_sequence, show_whole_sequence, take_over_dynamic_masks, tunes_temperature)
+from .registry import Backend, world_size
 
 
 @dataclass
@@ -88,10 +91,6 @@ class Feature:
 
 # ---- positions: global ones, from the call or kept on the layer ----------------------------------------------
 
-def _capture_positions(model, group, layout) -> None:
-    positions.capture_position_ids(model)
-
-
 def _hand_documents(call: LayerCall) -> None:
     """cu_seqlens from the shard's global positions (restarts at 0 begin documents)."""
     found = call.kwargs.get("position_ids")
@@ -106,20 +105,10 @@ def _hand_documents(call: LayerCall) -> None:
     call.burst["cu_seqlens"] = documents(found, call.query.shape[0], call.query.shape[2], call.backend)
 
 
-# ---- layers that must see the whole sequence: prepared only (checks.check_config refuses them unprepared) ------
-
-def _see_global_length(model, group, layout) -> None:
-    rope.see_global_length(model, group)
-
-
 # ---- DeepSeek-V4: K = V, and compressed entries beside the shard's keys ---------------------------------------
 
 def _take_values_are_keys(call: LayerCall) -> None:
     call.values_are_keys = call.value is call.key  # one block travels for both
-
-
-def _left_entries(module) -> bool:
-    return getattr(module, compressed.PENDING, None) is not None
 
 
 def _take_entries(call: LayerCall) -> None:
@@ -145,19 +134,7 @@ def _hand_entries(call: LayerCall) -> None:
         call.burst["compressed"] = replace(entries, k=entries.k.to(call.query.dtype), v=entries.v.to(call.query.dtype))
 
 
-def _compress_whole_sequence(model, group, layout) -> None:
-    compressed.compress_whole_sequence(model, group, layout)
-
-
-def _show_whole_sequence(model, group, layout) -> None:
-    indexer.show_whole_sequence(model, group, layout)
-
-
 # ---- MiniMax-M3: key blocks chosen per KV head by an indexer that sees the whole sequence ---------------------
-
-def _show_blocks_whole_sequence(model, group, layout) -> None:
-    block_indexer.show_blocks_whole_sequence(model, group, layout)
-
 
 def _check_block_selection(call: LayerCall) -> None:
     if call.decoding:
@@ -181,21 +158,7 @@ def _hand_block_selection(call: LayerCall) -> None:
         call.burst["indices"] = chosen
 
 
-def _shard_mixers(model, group, layout) -> None:
-    shard_mixers(model, group, layout)
-
-
 # ---- Doge: a bias per key instead of a dense mask ---------------------------------------------------------------
-
-def hands_over_dynamic_mask(layer) -> bool:
-    """Whether a dynamic-mask layer (Doge's) hands burst its bias per key (layers/dynamic_mask.py): its
-    attention is one registered with burst."""
-    return getattr(getattr(layer, "config", None), "_attn_implementation", None) in BACKENDS
-
-
-def _take_over_dynamic_masks(model, group, layout) -> None:
-    dynamic_mask.take_over_dynamic_masks(model, hands_over_dynamic_mask, group, layout)
-
 
 def _check_dynamic_mask(call: LayerCall) -> None:
     if call.decoding:
@@ -225,18 +188,6 @@ def _hand_bias(call: LayerCall) -> None:
 
 
 # ---- MLA: the latent and rotary key travel, each rank expands what it holds -----------------------------------
-
-def hands_over_latent(layer) -> bool:
-    """Whether an MLA layer hands burst its latent (layers/latent.py): its attention is burst's with
-    the "burst" strategy (whose key side moves the latent), outside a generation cache's steps."""
-    backend = BACKENDS.get(getattr(getattr(layer, "config", None), "_attn_implementation", None))
-    return (backend is not None and backend.strategy in ("burst", "auto") and running_cache() is None
-            and backend.options.get("backward_side", "auto") != "queries")
-
-
-def _move_latents(model, group, layout) -> None:
-    latent.move_latents(model, hands_over_latent)
-
 
 def _take_latent(call: LayerCall) -> None:
     handed = latent.handed_over(call.module, call.key, call.value)
@@ -277,10 +228,6 @@ def _check_softcap(call: LayerCall) -> None:
 
 
 # ---- Llama 4: attention temperature at global indices -----------------------------------------------------------
-
-def _tunes_temperature(module) -> bool:
-    return bool(getattr(module, "attn_temperature_tuning", False)) and not getattr(module, "use_rope", True)
-
 
 def _hand_global_temperature(call: LayerCall) -> None:
     call.query = global_temperature(call.name, call.module, call.query, call.backend)
@@ -331,24 +278,24 @@ def _hand_one_head_dim(call: LayerCall) -> None:
 # keys; a window read from the config (Doge's, PhiMoE's) before the config's windows are checked; the positions'
 # documents before Doge's kept keys are handed; the bias folded before the head dims are made one).
 FEATURES: tuple[Feature, ...] = (
-    Feature("positions", prepare=_capture_positions, hand=_hand_documents),
-    Feature("rotary embeddings of the whole length", prepare=_see_global_length),
-    Feature("DeepSeek sparse attention's indexer", prepare=_show_whole_sequence),
+    Feature("positions", prepare=capture_positions, hand=_hand_documents),
+    Feature("rotary embeddings of the whole length", prepare=see_global_length),
+    Feature("DeepSeek sparse attention's indexer", prepare=show_whole_sequence),
     Feature("block selection per KV head", detect=block_indexer.has_block_indexer,
-            prepare=_show_blocks_whole_sequence, check=_check_block_selection, take=_take_block_selection,
+            prepare=show_blocks_whole_sequence, check=_check_block_selection, take=_take_block_selection,
             hand=_hand_block_selection),
     Feature("keys as values", take=_take_values_are_keys),
-    Feature("compressed entries", detect=_left_entries, prepare=_compress_whole_sequence, take=_take_entries,
+    Feature("compressed entries", detect=left_entries, prepare=compress_whole_sequence, take=_take_entries,
             hand=_hand_entries),
-    Feature("recurrent and convolutional mixers", prepare=_shard_mixers),
+    Feature("recurrent and convolutional mixers", prepare=shard_mixers),
     Feature("window from the config", check=_take_window_from_config),
-    Feature("dynamic mask", detect=dynamic_mask.is_dynamic_mask_attention, prepare=_take_over_dynamic_masks,
+    Feature("dynamic mask", detect=dynamic_mask.is_dynamic_mask_attention, prepare=take_over_dynamic_masks,
             check=_check_dynamic_mask, take=_take_bias, hand=_hand_bias),
-    Feature("latent", detect=latent.is_latent_attention, prepare=_move_latents, take=_take_latent,
+    Feature("latent", detect=latent.is_latent_attention, prepare=move_latents, take=_take_latent,
             hand=_hand_latent),
     Feature("windows and chunks in the config", check=_check_windows_and_chunks),
     Feature("softcap", check=_check_softcap),
-    Feature("attention temperature", detect=_tunes_temperature, hand=_hand_global_temperature),
+    Feature("attention temperature", detect=tunes_temperature, hand=_hand_global_temperature),
     Feature("values narrower than keys", hand=_hand_one_head_dim),
 )
 
