@@ -4,7 +4,7 @@ For each strategy a fresh world of `nproc` processes (gloo on CPU, NCCL when eve
 runs `repeats` timed forward+backward passes after a warm-up, so each strategy's peak memory is its
 own. The yardstick is one process with all the world's threads running PyTorch's
 scaled_dot_product_attention on the whole sequence. Under torchrun, the given world runs every
-strategy in turn and the yardstick is skipped.
+strategy in turn and the yardstick is skipped. The settings (BenchConfig) are bench/config.py's.
 """
 
 from __future__ import annotations
@@ -12,82 +12,23 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 import burst
+from burst.bench.config import BenchConfig
 from burst.bench.memory import held_bytes, peak_bytes, reset_peak
 from burst.kernels.reference import DTYPES, absolute_error
 from burst.kernels.reference import attention as reference_attention
-from burst.devices import backend_for, bind, local_ranks, resolve_device
+from burst.devices import backend_for, bind
 from burst.launch import run_world, spawn_world, under_torchrun
-from burst.layout import DOCUMENT_LAYOUTS, resolve_layout, shard_indices
-from burst.masks import BlockSparseMask, MaskSpec
+from burst.layout import shard_indices
+from burst.masks import MaskSpec
 from burst.plan.cost import pair_flops
 from burst.strategies import split_variant
-
-@dataclass
-class BenchConfig:
-    seq_len: int = 4096          # global tokens
-    heads: int = 8
-    kv_heads: int | None = None  # default: heads (MHA)
-    head_dim: int = 64
-    batch: int = 1
-    dtype: str = "float32"
-    causal: bool = False
-    layout: str = "contiguous"
-    nproc: int = 2
-    threads: int | None = None   # per rank; default: cores // nproc
-    repeats: int = 2
-    strategies: list[str] = field(default_factory=lambda: ["burst", "ring", "allgather"])
-    baseline: bool = True
-    check_rows: int = 64         # query rows per rank checked against float64 attention
-    seed: int = 0
-    window: tuple[int, int] | None = None  # sliding window (left, right), -1 = unbounded
-    documents: int = 0           # > 0: pack this many documents of uneven (seeded) lengths
-    block_sparse: tuple[int, float] | None = None  # (block size, density): seeded random block layout
-    ranks_per_node: int | None = None  # a burst.Topology: this many ranks per (emulated) node
-    inter_node_gbps: float | None = None  # emulated inter-node bandwidth (comm/emulation.py)
-    intra_node_gbps: float | None = None  # emulated intra-node bandwidth
-    device: str = "auto"  # auto | cpu | cuda (burst/devices.py)
-
-    def resolved_device(self) -> str:
-        """cpu or cuda for this machine's ranks (auto: cuda when every local rank has a GPU)."""
-        return resolve_device(self.device, local_ranks(self.nproc))
-
-    def block_mask(self) -> BlockSparseMask | None:
-        """A random block layout of the given density with the diagonal kept (seeded)."""
-        if not self.block_sparse:
-            return None
-        size, density = self.block_sparse
-        nb = -(-self.seq_len // int(size))
-        g = torch.Generator().manual_seed(self.seed + 2)
-        layout = (torch.rand(nb, nb, generator=g) < density) | torch.eye(nb, dtype=torch.bool)
-        return BlockSparseMask(int(size), layout)
-
-    def cu_seqlens(self) -> list[int] | None:
-        """Document boundaries: `documents` uneven lengths drawn from the seed, summing to seq_len
-        (under a per-document layout each a multiple of the parts it is cut into)."""
-        if self.documents <= 0:
-            return None
-        unit = self.nproc * (2 if self.layout == "doc_zigzag" else 1) if self.layout in DOCUMENT_LAYOUTS else 1
-        g = torch.Generator().manual_seed(self.seed + 1)
-        cuts = torch.randperm(self.seq_len // unit - 1, generator=g)[: self.documents - 1] + 1
-        return [0, *sorted(int(c) * unit for c in cuts), self.seq_len]
-
-    def resolved_layout(self):
-        """The layout shard_indices takes: a DocumentLayout for doc_contiguous / doc_zigzag."""
-        return resolve_layout(self.layout, self.cu_seqlens())
-
-    def mask_kwargs(self) -> dict:
-        return {"causal": self.causal, "window": tuple(self.window) if self.window else None,
-                "cu_seqlens": self.cu_seqlens(), "block_sparse": self.block_mask()}
-
-    def resolved_threads(self) -> int:
-        return self.threads or max(1, (os.cpu_count() or 1) // self.nproc)
 
 
 def attention_flops(cfg: BenchConfig, pairs: int | None = None) -> tuple[float, float]:
