@@ -43,10 +43,22 @@ def _rank(rank, world) -> list[tuple]:
         local = n // world
         q, k, v = (torch.randn(1, local, HEADS, DIM, requires_grad=True) for _ in range(3))
         dout = torch.randn(1, local, HEADS, DIM)
-        facts = {"batch": 1, "seqlen": local, "heads": HEADS, "kv_heads": HEADS, "head_dim": DIM,
-                 "dtype": "torch.float32", "strategy": "burst", "layout": "zigzag", "causal": True,
-                 "window": None, "softmax_scale": DIM ** -0.5, "return_lse": False, "cu_seqlens": None,
-                 "block_sparse": None}
+        facts = {
+            "batch": 1,
+            "seqlen": local,
+            "heads": HEADS,
+            "kv_heads": HEADS,
+            "head_dim": DIM,
+            "dtype": "torch.float32",
+            "strategy": "burst",
+            "layout": "zigzag",
+            "causal": True,
+            "window": None,
+            "softmax_scale": DIM**-0.5,
+            "return_lse": False,
+            "cu_seqlens": None,
+            "block_sparse": None,
+        }
         calls = 200
         dist.barrier()
         start = time.perf_counter()
@@ -79,10 +91,10 @@ def main() -> None:
         lines.append(f"| {n} | {check_s * 1e6:.0f} | {on * 1e3:.1f} | {off * 1e3:.1f} | {check_s / on:.2%} |")
     lines += [
         "",
-        "\"check alone\" is the mean of 200 calls of `agree` with the facts of one attention call; the",
+        '"check alone" is the mean of 200 calls of `agree` with the facts of one attention call; the',
         "attention columns are the best of 3 timed passes after a warm-up (their difference is within noise;",
         "the share uses the check's own time). On CUDA the check also syncs the host once per call",
-        "(`.cpu()` on the gathered digests); `burst.set_agreement_check(\"first\")` skips it after the first",
+        '(`.cpu()` on the gathered digests); `burst.set_agreement_check("first")` skips it after the first',
         "call of each signature. Not measured on a GPU (none was lent to this task). Taken while other",
         "work shared the two cores: the attention times are slower than core.md's; the share is the point.",
         "",

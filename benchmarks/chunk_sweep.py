@@ -8,6 +8,7 @@ paper's ring of whole blocks.
 
     .venv/bin/python benchmarks/chunk_sweep.py 1024,2048,4096 default,0,256,512,1024 [REPEATS]
 """
+
 import statistics
 import sys
 import time
@@ -32,7 +33,8 @@ def _rank(rank, world, local_lens, chunk_rows_list, repeats):
     torch.manual_seed(0)
     variants = [("ring", dict(strategy="ring"))] + [
         (f"burst:{c}", dict(strategy="burst") if c == "default" else dict(strategy="burst", chunk_rows=int(c)))
-        for c in chunk_rows_list]
+        for c in chunk_rows_list
+    ]
     ratios = {}
     for n in local_lens:
         q, k, v, do = (torch.randn(1, n, 8, 64) for _ in range(4))

@@ -30,9 +30,13 @@ def main():
     strategies = args.strategies.split(",")
     worlds = [int(w) for w in args.worlds.split(",")]
     results = measure_worlds(worlds, args.tokens, args.heads, args.dim, strategies, causal=False)
-    lines = [f"{args.tokens} tokens, {args.heads} heads, dim {args.dim}, fp32, full mask, forward + backward; "
-             "in units of one rank's q shard (tokens/G x heads x dim x 4 bytes), max over ranks.", "",
-             "| G | strategy | sent forward | sent backward | live-heap peak |", "|---|---|---|---|---|"]
+    lines = [
+        f"{args.tokens} tokens, {args.heads} heads, dim {args.dim}, fp32, full mask, forward + backward; "
+        "in units of one rank's q shard (tokens/G x heads x dim x 4 bytes), max over ranks.",
+        "",
+        "| G | strategy | sent forward | sent backward | live-heap peak |",
+        "|---|---|---|---|---|",
+    ]
     for world in worlds:
         for strategy in strategies:
             rows = [rank_results[strategy] for rank_results in results[world]]
@@ -47,11 +51,19 @@ def main():
         head, _, rest = text.partition(MEASURED)
         body, _, tail = rest.partition(END)
         # Replace the description line and the table; keep the commentary written under it.
-        kept = [ln for ln in body.split("\n") if ln and not ln.startswith("|") and not ln.startswith("(table)")
-                and "tokens, " not in ln.split(";")[0] and not ln.startswith("Command:")]
+        kept = [
+            ln
+            for ln in body.split("\n")
+            if ln
+            and not ln.startswith("|")
+            and not ln.startswith("(table)")
+            and "tokens, " not in ln.split(";")[0]
+            and not ln.startswith("Command:")
+        ]
         cmd = " ".join(["flock /tmp/burst_bench.lock .venv/bin/python benchmarks/cqs_memory.py"] + sys.argv[1:])
-        section = "\n".join([MEASURED, "", *lines, "", *([" ".join(kept), ""] if kept else []),
-                              f"Command: `{cmd}`", END])
+        section = "\n".join(
+            [MEASURED, "", *lines, "", *([" ".join(kept), ""] if kept else []), f"Command: `{cmd}`", END]
+        )
         with open(path, "w") as f:
             f.write(head + section + tail)
 

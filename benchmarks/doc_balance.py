@@ -28,9 +28,14 @@ def documents(world: int, seed: int = 1) -> tuple[int, ...]:
 
 def pairs_per_rank(layout, world: int, spec: MaskSpec) -> list[int]:
     n = TOKENS // world
-    return [sum(t.pairs for k in range(world)
-                for t in plan_tiles(segments(layout, q, world, n), segments(layout, k, world, n), spec))
-            for q in range(world)]
+    return [
+        sum(
+            t.pairs
+            for k in range(world)
+            for t in plan_tiles(segments(layout, q, world, n), segments(layout, k, world, n), spec)
+        )
+        for q in range(world)
+    ]
 
 
 def main() -> None:
@@ -40,13 +45,20 @@ def main() -> None:
         cu = documents(world)
         spec = MaskSpec(causal=True, cu_seqlens=cu)
         lengths = [b - a for a, b in zip(cu, cu[1:])]
-        layouts = {"contiguous": "contiguous", "zigzag": "zigzag", "striped": "striped",
-                   "doc_contiguous": DocumentLayout(cu, "contiguous"), "doc_zigzag": DocumentLayout(cu, "zigzag")}
+        layouts = {
+            "contiguous": "contiguous",
+            "zigzag": "zigzag",
+            "striped": "striped",
+            "doc_contiguous": DocumentLayout(cu, "contiguous"),
+            "doc_zigzag": DocumentLayout(cu, "zigzag"),
+        }
         for name, layout in layouts.items():
             pairs = pairs_per_rank(layout, world, spec)
             mean = sum(pairs) / world
-            print(f"| {world} | {lengths} | {name} | {', '.join(f'{p / 1e6:.2f}' for p in pairs)} | "
-                  f"{max(pairs) / mean:.2f} |")
+            print(
+                f"| {world} | {lengths} | {name} | {', '.join(f'{p / 1e6:.2f}' for p in pairs)} | "
+                f"{max(pairs) / mean:.2f} |"
+            )
 
 
 if __name__ == "__main__":

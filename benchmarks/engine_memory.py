@@ -38,14 +38,20 @@ BUDGET_MIB = 4096  # the live heap a rank may hold: weights, gradients, AdamW st
 
 def _row(ruler, model: str, mode: str, ffn_chunk: int, seq_len: int, world: int) -> dict:
     """What the ruler has measured, in MiB above the step's start (totals where named so)."""
-    return {"model": model, "mode": mode, "ffn_chunk": ffn_chunk, "seq_len": seq_len, "world": world,
-            "start_mib": ruler.start / MIB,
-            "kept_mib": None if ruler.at_backward is None else (ruler.at_backward - ruler.start) / MIB,
-            **{f"{phase}_peak_mib": (ruler.peak[phase] - ruler.start) / MIB for phase in ruler.peak},
-            **{f"{phase}_peak_op": ruler.peak_op[phase] for phase in ruler.peak},
-            **{f"{phase}_peak_s": ruler.peak_s[phase] for phase in ruler.peak},
-            "total_peak_mib": max(ruler.peak.values()) / MIB,
-            "timeline": [(round(t, 1), phase, round(live / MIB, 1)) for t, phase, live in ruler.timeline]}
+    return {
+        "model": model,
+        "mode": mode,
+        "ffn_chunk": ffn_chunk,
+        "seq_len": seq_len,
+        "world": world,
+        "start_mib": ruler.start / MIB,
+        "kept_mib": None if ruler.at_backward is None else (ruler.at_backward - ruler.start) / MIB,
+        **{f"{phase}_peak_mib": (ruler.peak[phase] - ruler.start) / MIB for phase in ruler.peak},
+        **{f"{phase}_peak_op": ruler.peak_op[phase] for phase in ruler.peak},
+        **{f"{phase}_peak_s": ruler.peak_s[phase] for phase in ruler.peak},
+        "total_peak_mib": max(ruler.peak.values()) / MIB,
+        "timeline": [(round(t, 1), phase, round(live / MIB, 1)) for t, phase, live in ruler.timeline],
+    }
 
 
 def _write_partial(path: str, row: dict) -> None:
@@ -55,14 +61,14 @@ def _write_partial(path: str, row: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
-def measure(rank: int, world: int, mode: str, seq_len: int, model: str, ffn_chunk: int,
-            interval_s: float = 0.0) -> dict:
+def measure(
+    rank: int, world: int, mode: str, seq_len: int, model: str, ffn_chunk: int, interval_s: float = 0.0
+) -> dict:
     from burst.bench.memory import HeapPeak, peak_bytes, reset_peak
     from burst.engine.parallel import setup
     from burst.engine.train import TokenSource, TrainConfig, build, train_step
 
-    cfg = TrainConfig(model=model, seq_len=seq_len, checkpointing=mode, ffn_chunk=ffn_chunk, steps=1,
-                      progress=False)
+    cfg = TrainConfig(model=model, seq_len=seq_len, checkpointing=mode, ffn_chunk=ffn_chunk, steps=1, progress=False)
     par = setup(1)
     net = build(cfg, par)
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -75,9 +81,15 @@ def measure(rank: int, world: int, mode: str, seq_len: int, model: str, ffn_chun
 
     def progress(ruler):
         if rank == 0:
-            _write_partial(partial, {**_row(ruler, model, mode, ffn_chunk, seq_len, world), "finished": False,
-                                     "rss_peak_mib": peak_bytes(torch.device("cpu")) / MIB,
-                                     "elapsed_s": time.perf_counter() - started})
+            _write_partial(
+                partial,
+                {
+                    **_row(ruler, model, mode, ffn_chunk, seq_len, world),
+                    "finished": False,
+                    "rss_peak_mib": peak_bytes(torch.device("cpu")) / MIB,
+                    "elapsed_s": time.perf_counter() - started,
+                },
+            )
 
     started = time.perf_counter()
     with HeapPeak(interval_s, progress if interval_s > 0 else None) as ruler:
@@ -85,8 +97,11 @@ def measure(rank: int, world: int, mode: str, seq_len: int, model: str, ffn_chun
     seconds = time.perf_counter() - started
     if rank == 0 and os.path.exists(partial):
         os.remove(partial)  # the step ended: its row goes to heap.jsonl
-    return {**_row(ruler, model, mode, ffn_chunk, seq_len, world),
-            "rss_peak_mib": peak_bytes(torch.device("cpu")) / MIB, "step_s": seconds}
+    return {
+        **_row(ruler, model, mode, ffn_chunk, seq_len, world),
+        "rss_peak_mib": peak_bytes(torch.device("cpu")) / MIB,
+        "step_s": seconds,
+    }
 
 
 def _slope(points: list[tuple[int, float]]) -> float:
@@ -99,14 +114,23 @@ def _slope(points: list[tuple[int, float]]) -> float:
 def report(rows: list[dict]) -> str:
     """Markdown: every measured point, then per code version and mode the growth per 1K tokens and
     the length at which the step's peak live heap reaches BUDGET_MIB (a line through the points)."""
-    lines = ["| code | checkpointing | ffn chunk | tokens | kept | forward peak | backward peak | peak live heap "
-             "(total) | peak RSS | step s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| code | checkpointing | ffn chunk | tokens | kept | forward peak | backward peak | peak live heap "
+        "(total) | peak RSS | step s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['commit']} | {r['mode']} | {r['ffn_chunk']} | {r['seq_len']} | {r['kept_mib']:.0f} | "
-                     f"{r['forward_peak_mib']:.0f} | {r['backward_peak_mib']:.0f} | {r['total_peak_mib']:.0f} | "
-                     f"{r['rss_peak_mib']:.0f} | {_step_cell(r)} |")
-    lines += ["", "| code | checkpointing | kept MiB per 1K tokens | backward peak MiB per 1K tokens | "
-              f"tokens at {BUDGET_MIB} MiB of live heap (line through the points) | longest run |", "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['commit']} | {r['mode']} | {r['ffn_chunk']} | {r['seq_len']} | {r['kept_mib']:.0f} | "
+            f"{r['forward_peak_mib']:.0f} | {r['backward_peak_mib']:.0f} | {r['total_peak_mib']:.0f} | "
+            f"{r['rss_peak_mib']:.0f} | {_step_cell(r)} |"
+        )
+    lines += [
+        "",
+        "| code | checkpointing | kept MiB per 1K tokens | backward peak MiB per 1K tokens | "
+        f"tokens at {BUDGET_MIB} MiB of live heap (line through the points) | longest run |",
+        "|---|---|---|---|---|---|",
+    ]
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         if r.get("finished", True):  # a stopped step is not on the line (its own rows say what it reached)
@@ -121,10 +145,16 @@ def report(rows: list[dict]) -> str:
             grows[phase] = _slope(line)
             last_len, last_peak = max(line)
             fits.append(last_len + (BUDGET_MIB - last_peak) / grows[phase] * 1024)
-        lines.append(f"| {commit} | {mode} | {kept:.1f} | {grows['backward']:.1f} | {min(fits) / 1000:.0f}K | "
-                     f"{max(p['seq_len'] for p in points)} |")
-    lines += ["", "| code | checkpointing | tokens | backward under way by (s) | each layer's backward peak, live heap MiB "
-              "(seconds) | step s |", "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {commit} | {mode} | {kept:.1f} | {grows['backward']:.1f} | {min(fits) / 1000:.0f}K | "
+            f"{max(p['seq_len'] for p in points)} |"
+        )
+    lines += [
+        "",
+        "| code | checkpointing | tokens | backward under way by (s) | each layer's backward peak, live heap MiB "
+        "(seconds) | step s |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r.get("timeline"):
             began = next((t for t, phase, _ in r["timeline"] if phase == "backward"), None)
@@ -154,12 +184,19 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--ffn-chunk", type=int, default=0, help="blockwise feedforward: tokens per chunk (0 = off)")
     parser.add_argument("--commit", default="", help="recorded with each row")
-    parser.add_argument("--interval", type=float, default=0.0,
-                        help="seconds per timeline interval of the live heap; > 0 also writes "
-                             "benchmarks/engine/partial-MODE-LEN.json as the step goes (0 = off)")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=0.0,
+        help="seconds per timeline interval of the live heap; > 0 also writes "
+        "benchmarks/engine/partial-MODE-LEN.json as the step goes (0 = off)",
+    )
     parser.add_argument("--report", action="store_true", help="print the tables from the recorded points")
-    parser.add_argument("--keep-partial", metavar="FILE",
-                        help="append a stopped step's partial-MODE-LEN.json to the recorded points (with --commit)")
+    parser.add_argument(
+        "--keep-partial",
+        metavar="FILE",
+        help="append a stopped step's partial-MODE-LEN.json to the recorded points (with --commit)",
+    )
     args = parser.parse_args()
     if args.keep_partial:
         with open(args.keep_partial) as f:
@@ -177,8 +214,17 @@ def main() -> None:
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     for seq_len in (int(n) for n in args.lengths.split(",")):
         for mode in args.modes.split(","):
-            row = run_world(measure, mode, seq_len, args.model, args.ffn_chunk, args.interval, nproc=args.nproc, threads=1,
-                            env={"MALLOC_MMAP_THRESHOLD_": "1048576"})
+            row = run_world(
+                measure,
+                mode,
+                seq_len,
+                args.model,
+                args.ffn_chunk,
+                args.interval,
+                nproc=args.nproc,
+                threads=1,
+                env={"MALLOC_MMAP_THRESHOLD_": "1048576"},
+            )
             row["commit"] = args.commit
             print(json.dumps(row), flush=True)
             with open(OUT, "a") as f:

@@ -52,13 +52,17 @@ def measure(rank, world, tokens, heads_list, dim, scale):
         local = tokens // world
         q, dout = (torch.randn(1, local, hq, dim, generator=gen) for _ in range(2))
         k, v = (torch.randn(1, local, hk, dim, generator=gen) for _ in range(2))
-        for mask, mask_kwargs in (("causal", {"causal": True}), (f"window {window}", {"causal": True, "window": (window, 0)})):
+        for mask, mask_kwargs in (
+            ("causal", {"causal": True}),
+            (f"window {window}", {"causal": True, "window": (window, 0)}),
+        ):
             for strategy in STRATEGIES:
                 qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
                 try:
                     with burst.CommStats() as stats:
-                        burst.attention(qq, kk, vv, layout="zigzag", **mask_kwargs, **_kwargs(strategy, chunk_rows)
-                                        ).backward(dout)
+                        burst.attention(
+                            qq, kk, vv, layout="zigzag", **mask_kwargs, **_kwargs(strategy, chunk_rows)
+                        ).backward(dout)
                 except ValueError as err:  # refused alike on every rank (Ulysses: heads not divisible)
                     out[(hq, hk, mask, strategy)] = str(err).splitlines()[0][:80]
                     continue
@@ -72,17 +76,20 @@ def planner_rows(heads_list, dim, tokens):
     from burst.plan.cost import Cluster, Workload, estimate
     from burst.plan.profiles import profile
 
-    clusters = (("8 x A100, NVLink", Cluster(8, 8, profile("A100"))),
-                ("4 nodes x 8 A100, InfiniBand", Cluster(32, 8, profile("A100"))),
-                ("8 nodes x 8 A100, InfiniBand", Cluster(64, 8, profile("A100"))))
+    clusters = (
+        ("8 x A100, NVLink", Cluster(8, 8, profile("A100"))),
+        ("4 nodes x 8 A100, InfiniBand", Cluster(32, 8, profile("A100"))),
+        ("8 nodes x 8 A100, InfiniBand", Cluster(64, 8, profile("A100"))),
+    )
     rows = []
     for name, cluster in clusters:
         for hq, hk in heads_list:
             w = Workload(seq_len=tokens, heads=hq, head_dim=dim, kv_heads=hk, causal=True, dtype_bytes=2)
             est = {s: estimate(s, cluster, w) for s in ("burst", "ring", "ulysses")}
             side = est["burst"].note.rsplit(" ", 1)[-1]
-            rows.append((name, f"{hq} / {hk}", *(f"{est[s].wall_s * 1e3:.2f}" for s in ("burst", "ring", "ulysses")),
-                         side))
+            rows.append(
+                (name, f"{hq} / {hk}", *(f"{est[s].wall_s * 1e3:.2f}" for s in ("burst", "ring", "ulysses")), side)
+            )
     return rows
 
 
@@ -121,15 +128,23 @@ def main():
     from burst.launch import spawn_world
 
     scale = FULL_TOKENS // args.tokens
-    lines = ["# GQA and MQA: what burst's backward moves", "",
-             f"Command: `.venv/bin/python benchmarks/gqa.py --tokens {args.tokens} --worlds {args.worlds}"
-             + (" --time" if args.time else "") + f"{' --out ' + args.out if args.out else ''}`  ",
-             f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}; float32, head_dim "
-             f"{args.dim}, {args.tokens} tokens (32K / {scale}: bytes scale linearly with the tokens, so x {scale} "
-             f"gives 32K), zigzag, one forward + backward, bytes summed over the ranks (MiB). 'side': what burst's "
-             "backward moved.", ""]
-    lines += ["| heads q / kv | G | mask | burst fwd + bwd | side | burst (query side) fwd + bwd | ring fwd + bwd "
-              "| ulysses fwd + bwd | burst / min(ring, query side) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# GQA and MQA: what burst's backward moves",
+        "",
+        f"Command: `.venv/bin/python benchmarks/gqa.py --tokens {args.tokens} --worlds {args.worlds}"
+        + (" --time" if args.time else "")
+        + f"{' --out ' + args.out if args.out else ''}`  ",
+        f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}; float32, head_dim "
+        f"{args.dim}, {args.tokens} tokens (32K / {scale}: bytes scale linearly with the tokens, so x {scale} "
+        f"gives 32K), zigzag, one forward + backward, bytes summed over the ranks (MiB). 'side': what burst's "
+        "backward moved.",
+        "",
+    ]
+    lines += [
+        "| heads q / kv | G | mask | burst fwd + bwd | side | burst (query side) fwd + bwd | ring fwd + bwd "
+        "| ulysses fwd + bwd | burst / min(ring, query side) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     worst = 0.0
     for world in (int(w) for w in args.worlds.split(",") if w):
         began = time.time()
@@ -153,14 +168,23 @@ def main():
                 worst = max(worst, ratio)
                 lines.append(f"| {hq} / {hk} | {world} | {mask} | " + " | ".join(cells) + f" | {ratio:.3f} |")
     lines += ["", f"Worst burst / min(ring, burst's query side): {worst:.3f} (1.000: burst never sends more).", ""]
-    lines += ["Planner (burst.plan.cost.estimate): one attention layer, forward + backward, causal zigzag, "
-              f"{FULL_TOKENS} tokens, bf16, head_dim {args.dim}; milliseconds.", "",
-              "| cluster | heads q / kv | burst | ring | ulysses | burst's backward moves |", "|---|---|---|---|---|---|"]
+    lines += [
+        "Planner (burst.plan.cost.estimate): one attention layer, forward + backward, causal zigzag, "
+        f"{FULL_TOKENS} tokens, bf16, head_dim {args.dim}; milliseconds.",
+        "",
+        "| cluster | heads q / kv | burst | ring | ulysses | burst's backward moves |",
+        "|---|---|---|---|---|---|",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in planner_rows(HEADS, args.dim, FULL_TOKENS)]
     if args.time:
         best = spawn_world(time_step, 8192, 32, 8, args.dim, 2, nproc=2, threads=1, timeout=3000)[0]
-        lines += ["", "This CPU, 2 ranks x 1 thread, 8192 tokens, 32 / 8 heads, causal zigzag, fwd + bwd (best of 2):",
-                  "", "| strategy | seconds |", "|---|---|"] + [f"| {s} | {t:.2f} |" for s, t in best.items()]
+        lines += [
+            "",
+            "This CPU, 2 ranks x 1 thread, 8192 tokens, 32 / 8 heads, causal zigzag, fwd + bwd (best of 2):",
+            "",
+            "| strategy | seconds |",
+            "|---|---|",
+        ] + [f"| {s} | {t:.2f} |" for s, t in best.items()]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -25,9 +25,16 @@ from burst.launch import spawn_world
 def _model(attn_implementation: str):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    config = LlamaConfig(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1 << 20,
-                         use_cache=False)
+    config = LlamaConfig(
+        vocab_size=1024,
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=1 << 20,
+        use_cache=False,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
 

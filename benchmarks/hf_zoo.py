@@ -46,30 +46,32 @@ def report(rows: dict, seconds: float) -> str:
         c = collections.Counter(by[setting].outcome for by in rows.values())
         counts.append(f"- {setting}: " + ", ".join(f"{o} {c[o]}" for o in OUTCOMES) + f" (of {len(rows)})")
     exact_everywhere = sorted(f for f, by in rows.items() if all(o.outcome == "exact" for o in by.values()))
-    return "\n".join([
-        "# transformers' causal-LM zoo on burst",
-        "",
-        "Made by `python benchmarks/hf_zoo.py` (tests/test_hf_zoo.py asserts the same outcomes' rules) with "
-        f"transformers {transformers.__version__}, torch {torch.__version__}, {platform.machine()} CPU, "
-        f"in {seconds:.0f} s on 2 processes.",
-        "",
-        "Each family of `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, built tiny from its own config class "
-        "(burst/bench/hf_zoo_configs.py: `tiny_config`), 128 tokens, random weights; logits and loss of "
-        "`bt.register(\"burst\")` (1 rank, then 2 ranks with `bt.shard_batch` in the contiguous and the zigzag "
-        "layout) against the same model's eager attention in one process (logits alone where the family's own "
-        "loss needs more than token ids: \"exact: logits only\"). exact: within "
-        f"{TOLERANCE:g} (max abs), and one backward's every parameter gradient within {GRADIENT_TOLERANCE:g} "
-        "(relative, where the loss runs); refused: a clear error from burst (or transformers' own, when it cannot build "
-        "the family with a custom attention implementation); skip: the family cannot be built tiny or does "
-        "not run eagerly on token ids alone (the reason is given); silent / crash: what must never happen.",
-        "",
-        *counts,
-        "",
-        f"Exact in every setting ({len(exact_everywhere)}): " + ", ".join(exact_everywhere) + ".",
-        "",
-        table(rows),
-        "",
-    ])
+    return "\n".join(
+        [
+            "# transformers' causal-LM zoo on burst",
+            "",
+            "Made by `python benchmarks/hf_zoo.py` (tests/test_hf_zoo.py asserts the same outcomes' rules) with "
+            f"transformers {transformers.__version__}, torch {torch.__version__}, {platform.machine()} CPU, "
+            f"in {seconds:.0f} s on 2 processes.",
+            "",
+            "Each family of `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, built tiny from its own config class "
+            "(burst/bench/hf_zoo_configs.py: `tiny_config`), 128 tokens, random weights; logits and loss of "
+            '`bt.register("burst")` (1 rank, then 2 ranks with `bt.shard_batch` in the contiguous and the zigzag '
+            "layout) against the same model's eager attention in one process (logits alone where the family's own "
+            'loss needs more than token ids: "exact: logits only"). exact: within '
+            f"{TOLERANCE:g} (max abs), and one backward's every parameter gradient within {GRADIENT_TOLERANCE:g} "
+            "(relative, where the loss runs); refused: a clear error from burst (or transformers' own, when it cannot build "
+            "the family with a custom attention implementation); skip: the family cannot be built tiny or does "
+            "not run eagerly on token ids alone (the reason is given); silent / crash: what must never happen.",
+            "",
+            *counts,
+            "",
+            f"Exact in every setting ({len(exact_everywhere)}): " + ", ".join(exact_everywhere) + ".",
+            "",
+            table(rows),
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

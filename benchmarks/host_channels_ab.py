@@ -16,18 +16,55 @@ import sys
 import tempfile
 
 BURST = os.path.join(os.path.dirname(sys.executable), "burst")
-BENCH = [BURST, "bench", "--heads", "8", "--head-dim", "64", "--dtype", "float32", "--nproc", "2", "--threads", "1",
-         "--repeats", "3", "--no-baseline"]
+BENCH = [
+    BURST,
+    "bench",
+    "--heads",
+    "8",
+    "--head-dim",
+    "64",
+    "--dtype",
+    "float32",
+    "--nproc",
+    "2",
+    "--threads",
+    "1",
+    "--repeats",
+    "3",
+    "--no-baseline",
+]
 JOBS = {  # label -> command (the output file is added per run)
     "bench 4K tokens, full (2K-row shards)": BENCH + ["--seq-len", "4096", "--strategies", "burst,ring"],
-    "bench 8K tokens, causal zigzag": BENCH + ["--seq-len", "8192", "--causal", "--layout", "zigzag",
-                                               "--strategies", "burst,ring"],
-    "bench 8K tokens, 8 documents, doc_zigzag": BENCH + ["--seq-len", "8192", "--causal", "--documents", "8",
-                                                         "--layout", "doc_zigzag", "--strategies", "burst"],
-    "train tiny, 4K tokens (step s)": [BURST, "train", "--model", "tiny", "--seq-len", "4096", "--nproc", "2",
-                                       "--steps", "6", "--no-progress"],
-    "train small, 8K tokens (step s)": [BURST, "train", "--model", "small", "--seq-len", "8192", "--nproc", "2",
-                                        "--steps", "4", "--no-progress"],
+    "bench 8K tokens, causal zigzag": BENCH
+    + ["--seq-len", "8192", "--causal", "--layout", "zigzag", "--strategies", "burst,ring"],
+    "bench 8K tokens, 8 documents, doc_zigzag": BENCH
+    + ["--seq-len", "8192", "--causal", "--documents", "8", "--layout", "doc_zigzag", "--strategies", "burst"],
+    "train tiny, 4K tokens (step s)": [
+        BURST,
+        "train",
+        "--model",
+        "tiny",
+        "--seq-len",
+        "4096",
+        "--nproc",
+        "2",
+        "--steps",
+        "6",
+        "--no-progress",
+    ],
+    "train small, 8K tokens (step s)": [
+        BURST,
+        "train",
+        "--model",
+        "small",
+        "--seq-len",
+        "8192",
+        "--nproc",
+        "2",
+        "--steps",
+        "4",
+        "--no-progress",
+    ],
 }
 
 
@@ -55,8 +92,11 @@ def main() -> None:
             off = [a[name] for a, _ in runs]
             on = [b[name] for _, b in runs]
             ratio = statistics.median(b / a for a, b in zip(off, on))
-            print(f"| {label} | {name} | {statistics.median(off):.3f} | {statistics.median(on):.3f} | "
-                  f"{ratio:.3f} | {pairs} |", flush=True)
+            print(
+                f"| {label} | {name} | {statistics.median(off):.3f} | {statistics.median(on):.3f} | "
+                f"{ratio:.3f} | {pairs} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

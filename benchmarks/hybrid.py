@@ -31,11 +31,22 @@ def config(family: str):
 
     base = tiny_config(family)
     text = base.get_text_config(decoder=True)
-    for key, value in {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8, "head_dim": 32,
-                       "num_key_value_heads": 4, "linear_key_head_dim": 64, "linear_value_head_dim": 64,
-                       "linear_num_key_heads": 4, "linear_num_value_heads": 8, "mamba_n_heads": 8,
-                       "mamba_d_head": 64, "mamba_d_state": 64, "mamba_chunk_size": 256,
-                       "max_position_embeddings": 1 << 17}.items():
+    for key, value in {
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_attention_heads": 8,
+        "head_dim": 32,
+        "num_key_value_heads": 4,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "linear_num_key_heads": 4,
+        "linear_num_value_heads": 8,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 64,
+        "mamba_d_state": 64,
+        "mamba_chunk_size": 256,
+        "max_position_embeddings": 1 << 17,
+    }.items():
         if hasattr(text, key):
             setattr(text, key, value)
     return base
@@ -84,8 +95,13 @@ def sharded(rank, world, family, seq):
     state = sum(stats.sent(p) for p in STATE_PHASES)
     attention = stats.sent("forward") + stats.sent("backward")
     bt.reduce_gradients(model)
-    return {"loss": bt.reduce_loss(out.loss).item(), "seconds": seconds, "state_bytes": state,
-            "attention_bytes": attention, "embedding_grad": model.get_input_embeddings().weight.grad}
+    return {
+        "loss": bt.reduce_loss(out.loss).item(),
+        "seconds": seconds,
+        "state_bytes": state,
+        "attention_bytes": attention,
+        "embedding_grad": model.get_input_embeddings().weight.grad,
+    }
 
 
 def main() -> None:
@@ -103,8 +119,19 @@ def main() -> None:
                 got = spawn_world(sharded, family, seq, nproc=world, threads=max(1, 2 // world), timeout=3600)
                 slowest = max(r["seconds"] for r in got)
                 grad = (got[0]["embedding_grad"] - alone["embedding_grad"]).abs().max().item()
-                rows.append((family, seq, world, alone["seconds"], slowest, abs(got[0]["loss"] - alone["loss"]), grad,
-                             max(r["state_bytes"] for r in got), max(r["attention_bytes"] for r in got)))
+                rows.append(
+                    (
+                        family,
+                        seq,
+                        world,
+                        alone["seconds"],
+                        slowest,
+                        abs(got[0]["loss"] - alone["loss"]),
+                        grad,
+                        max(r["state_bytes"] for r in got),
+                        max(r["attention_bytes"] for r in got),
+                    )
+                )
                 print(rows[-1], flush=True)
                 write(args.out, rows, args)
     write(args.out, rows, args)
@@ -114,24 +141,29 @@ def write(path, rows, args) -> None:
     import transformers
 
     lines = [
-        "# Hybrid models split across ranks (gated delta net, Mamba2 scans, short convolutions)", "",
+        "# Hybrid models split across ranks (gated delta net, Mamba2 scans, short convolutions)",
+        "",
         f"Made by `python benchmarks/hybrid.py --families {args.families} --seq-lens {args.seq_lens} --worlds "
         f"{args.worlds}` with transformers {transformers.__version__}, torch {torch.__version__}, "
-        f"{platform.machine()} CPU with 2 cores.", "",
+        f"{platform.machine()} CPU with 2 cores.",
+        "",
         "One training step (forward + backward, batch 1) of each family's small config (hidden 256, its mixer "
         "layers and one attention layer; `benchmarks/hybrid.py: config`), random weights. One process: 2 threads, "
         "SDPA attention, transformers' torch scans. G ranks: local gloo processes with 2 // G threads each (4 "
         "ranks share 2 cores: their time is oversubscribed, shown for completeness), burst's backend, zigzag, the "
         "mixers split by `shard_mixers`. State bytes: what one rank sent for the recurrent layers' state "
         "exchange and the convolution halos (one all-gather each per layer, forward and backward); attention "
-        "bytes: the ring's.", "",
+        "bytes: the ring's.",
+        "",
         "| family | tokens | ranks | one process (s) | split (s, slowest rank) | speed-up | loss difference | "
         "embedding gradient difference | state bytes / rank | attention bytes / rank |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for family, seq, world, alone, split, diff, grad, state, attention in rows:
-        lines.append(f"| {family} | {seq} | {world} | {alone:.2f} | {split:.2f} | {alone / split:.2f} | {diff:.1e} | {grad:.1e} | "
-                     f"{state / 1024:.0f} KiB | {attention / 2**20:.1f} MiB |")
+        lines.append(
+            f"| {family} | {seq} | {world} | {alone:.2f} | {split:.2f} | {alone / split:.2f} | {diff:.1e} | {grad:.1e} | "
+            f"{state / 1024:.0f} KiB | {attention / 2**20:.1f} MiB |"
+        )
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 

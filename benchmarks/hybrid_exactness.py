@@ -33,9 +33,13 @@ def world_rows(rank, world):
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
     shipped = [f for f in sorted(bt.FAMILIES) if f in hf_zoo.families()]
-    return {(family, layout): hf_zoo.train_step_errors(family, bt.register(f"exact_{layout}", layout=layout),
-                                                       layout, seq_len=64 if world < 3 else 96)
-            for family in shipped for layout in LAYOUTS}
+    return {
+        (family, layout): hf_zoo.train_step_errors(
+            family, bt.register(f"exact_{layout}", layout=layout), layout, seq_len=64 if world < 3 else 96
+        )
+        for family in shipped
+        for layout in LAYOUTS
+    }
 
 
 def main() -> None:
@@ -54,14 +58,19 @@ def write(path, by_world, seconds, args) -> None:
 
     worlds = list(by_world)
     keys = list(next(iter(by_world.values())))
-    lines = ["# Hybrid families: one training step split across ranks vs one process", "",
-             f"Made by `python benchmarks/hybrid_exactness.py --worlds {args.worlds}` with transformers "
-             f"{transformers.__version__}, torch {torch.__version__}, {platform.machine()} CPU, in {seconds:.0f} s.", "",
-             "Each cell: max abs difference of the logits / of the loss / largest parameter gradient's max abs "
-             "difference relative to that gradient's max, or to 1/100 of the largest gradient where that is more (hf_zoo.train_step_errors; fp32, batch 2, 64 tokens at "
-             "2 ranks, 96 at 3-4). The suite's bounds (tests/test_hf_hybrid.py): 2e-5 / 2e-5 / 1e-4.", "",
-             "| family | layout | " + " | ".join(f"{w} ranks" for w in worlds) + " |",
-             "|---|---|" + "---|" * len(worlds)]
+    lines = [
+        "# Hybrid families: one training step split across ranks vs one process",
+        "",
+        f"Made by `python benchmarks/hybrid_exactness.py --worlds {args.worlds}` with transformers "
+        f"{transformers.__version__}, torch {torch.__version__}, {platform.machine()} CPU, in {seconds:.0f} s.",
+        "",
+        "Each cell: max abs difference of the logits / of the loss / largest parameter gradient's max abs "
+        "difference relative to that gradient's max, or to 1/100 of the largest gradient where that is more (hf_zoo.train_step_errors; fp32, batch 2, 64 tokens at "
+        "2 ranks, 96 at 3-4). The suite's bounds (tests/test_hf_hybrid.py): 2e-5 / 2e-5 / 1e-4.",
+        "",
+        "| family | layout | " + " | ".join(f"{w} ranks" for w in worlds) + " |",
+        "|---|---|" + "---|" * len(worlds),
+    ]
     worst = 0.0
     for family, layout in keys:
         cells = []
@@ -70,8 +79,11 @@ def write(path, by_world, seconds, args) -> None:
             worst = max(worst, e["logits"], e["loss"], e["gradients"] / 5)
             cells.append(f"{e['logits']:.1e} / {e['loss']:.1e} / {e['gradients']:.1e}")
         lines.append(f"| {family} | {layout} | " + " | ".join(cells) + " |")
-    lines += ["", f"{len(keys) // len(LAYOUTS)} families; every cell within the suite's bounds: "
-              f"{'yes' if worst < 2e-5 else 'NO'}."]
+    lines += [
+        "",
+        f"{len(keys) // len(LAYOUTS)} families; every cell within the suite's bounds: "
+        f"{'yes' if worst < 2e-5 else 'NO'}.",
+    ]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {path}")

@@ -41,14 +41,17 @@ def measure(rank, world, tokens, heads, dim, strategies, causal=True, kv_heads=N
             with burst.CommStats() as stats, HeapPeak() as ruler:
                 burst.attention(q, k, v, causal=causal, **_strategy_kwargs(strategy)).backward(dout)
             if measured:
-                results[strategy] = ((max(ruler.peak.values()) - base) / unit, stats.sent("forward") / unit,
-                                     stats.sent("backward") / unit)
+                results[strategy] = (
+                    (max(ruler.peak.values()) - base) / unit,
+                    stats.sent("forward") / unit,
+                    stats.sent("backward") / unit,
+                )
             del q, k, v, dout
     return results
 
 
 def _strategy_kwargs(name: str) -> dict:
-    """"burst:chunk_rows=512" -> strategy burst with chunk_rows=512 (one option after ":", an int or a word)."""
+    """ "burst:chunk_rows=512" -> strategy burst with chunk_rows=512 (one option after ":", an int or a word)."""
     strategy, _, option = name.partition(":")
     if not option:
         return {"strategy": strategy}
@@ -60,8 +63,10 @@ def measure_worlds(worlds, tokens, heads, dim, strategies, causal=True, kv_heads
     """{world: [measure's result of each rank]}, one local world (1 thread per rank) per size."""
     from burst.launch import spawn_world
 
-    return {world: spawn_world(measure, tokens, heads, dim, strategies, causal, kv_heads, nproc=world, threads=1)
-            for world in worlds}
+    return {
+        world: spawn_world(measure, tokens, heads, dim, strategies, causal, kv_heads, nproc=world, threads=1)
+        for world in worlds
+    }
 
 
 def _one_process_sdpa(tokens, heads, dim, kv_heads=None) -> float:
@@ -80,6 +85,7 @@ def _one_process_sdpa(tokens, heads, dim, kv_heads=None) -> float:
         while not stop.is_set():
             peak[0] = max(peak[0], live())
             time.sleep(0.0002)
+
     for measured in (False, True):
         q, dout = (torch.randn(1, heads, tokens, dim) for _ in range(2))
         k, v = (torch.randn(1, kv_heads or heads, tokens, dim) for _ in range(2))
@@ -110,10 +116,12 @@ def main():
     worlds = [int(w) for w in args.worlds.split(",")]
     results = measure_worlds(worlds, args.tokens, args.heads, args.dim, strategies, kv_heads=args.kv_heads)
     sdpa = _one_process_sdpa(args.tokens, args.heads, args.dim, args.kv_heads)
-    print(f"Live heap at the peak, causal, {args.tokens} tokens, {args.heads} heads "
-          f"({args.kv_heads or args.heads} KV heads), dim {args.dim}, fp32, "
-          f"in units of one rank's q shard (max over ranks). One process SDPA: {sdpa:.1f} units of the "
-          f"whole q.\n")
+    print(
+        f"Live heap at the peak, causal, {args.tokens} tokens, {args.heads} heads "
+        f"({args.kv_heads or args.heads} KV heads), dim {args.dim}, fp32, "
+        f"in units of one rank's q shard (max over ranks). One process SDPA: {sdpa:.1f} units of the "
+        f"whole q.\n"
+    )
     print("| G | strategy | units per rank | vs one process SDPA | x G |")
     print("|---|---|---|---|---|")
     for world in worlds:

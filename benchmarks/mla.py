@@ -28,10 +28,21 @@ def config(heads: int):
     from burst.bench.hf_zoo import tiny_config
 
     c = tiny_config("deepseek_v3")
-    for key, value in {"hidden_size": 256, "num_attention_heads": heads, "num_key_value_heads": heads,
-                       "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "kv_lora_rank": 512,
-                       "q_lora_rank": 1536, "head_dim": 64, "num_hidden_layers": 1, "first_k_dense_replace": 1,
-                       "intermediate_size": 256, "max_position_embeddings": 1 << 16}.items():
+    for key, value in {
+        "hidden_size": 256,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "head_dim": 64,
+        "num_hidden_layers": 1,
+        "first_k_dense_replace": 1,
+        "intermediate_size": 256,
+        "max_position_embeddings": 1 << 16,
+    }.items():
         setattr(c, key, value)
     return c
 
@@ -45,8 +56,10 @@ def measure(rank, world, tokens_list, timed):
     from burst.bench.hf_zoo import sharded_step
     from transformers import AutoModelForCausalLM
 
-    names = {"latent": bt.register("burst_mla_latent", strategy="burst", layout="zigzag"),
-             "expanded": bt.register("burst_mla_expanded", strategy="burst", layout="zigzag", backward_side="queries")}
+    names = {
+        "latent": bt.register("burst_mla_latent", strategy="burst", layout="zigzag"),
+        "expanded": bt.register("burst_mla_expanded", strategy="burst", layout="zigzag", backward_side="queries"),
+    }
     out = {}
     for shape, heads in SHAPES.items():
         torch.manual_seed(0)
@@ -69,8 +82,14 @@ def measure(rank, world, tokens_list, timed):
                         torch.distributed.barrier()
                         best.append(time.perf_counter() - began)
                     seconds = min(best)
-                out[(shape, tokens, backend)] = (stats.sent("forward"), stats.sent("backward"), loss,
-                                                 logits[0, -1, :8].tolist(), seconds, stats.choices())
+                out[(shape, tokens, backend)] = (
+                    stats.sent("forward"),
+                    stats.sent("backward"),
+                    loss,
+                    logits[0, -1, :8].tolist(),
+                    seconds,
+                    stats.choices(),
+                )
     return out
 
 
@@ -88,16 +107,22 @@ def main():
     from burst.launch import spawn_world
 
     tokens_list = [int(t) for t in args.tokens.split(",")]
-    lines = ["# MLA across ranks: the latent on the ring", "",
-             f"Command: `.venv/bin/python benchmarks/mla.py --tokens {args.tokens} --worlds {args.worlds}"
-             + (" --time" if args.time else "") + (f" --out {args.out}" if args.out else "") + "`  ",
-             f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}; float32; one "
-             "decoder layer at the published attention shapes (qk_nope 128, qk_rope 64, v 128, kv_lora_rank 512); "
-             "zigzag; one forward + backward through bt.shard_batch(model=); MiB sent per rank (max over ranks) and "
-             "summed over the ranks.", "",
-             "| shape | G | tokens | latent fwd + bwd per rank | expanded fwd + bwd per rank | latent, all ranks | "
-             "expanded, all ranks | expanded / latent | loss latent - expanded |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# MLA across ranks: the latent on the ring",
+        "",
+        f"Command: `.venv/bin/python benchmarks/mla.py --tokens {args.tokens} --worlds {args.worlds}"
+        + (" --time" if args.time else "")
+        + (f" --out {args.out}" if args.out else "")
+        + "`  ",
+        f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}; float32; one "
+        "decoder layer at the published attention shapes (qk_nope 128, qk_rope 64, v 128, kv_lora_rank 512); "
+        "zigzag; one forward + backward through bt.shard_batch(model=); MiB sent per rank (max over ranks) and "
+        "summed over the ranks.",
+        "",
+        "| shape | G | tokens | latent fwd + bwd per rank | expanded fwd + bwd per rank | latent, all ranks | "
+        "expanded, all ranks | expanded / latent | loss latent - expanded |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     timing = []
     for world in (int(w) for w in args.worlds.split(",")):
         began = time.time()
@@ -109,17 +134,30 @@ def main():
                 for backend in ("latent", "expanded"):
                     got = [r[(shape, tokens, backend)] for r in per_rank]
                     assert backend != "latent" or got[0][5].get("keys=latent"), (shape, got[0][5])
-                    cells[backend] = (max(g[0] for g in got), max(g[1] for g in got), sum(g[0] + g[1] for g in got),
-                                      got[0][2], got[0][4])
+                    cells[backend] = (
+                        max(g[0] for g in got),
+                        max(g[1] for g in got),
+                        sum(g[0] + g[1] for g in got),
+                        got[0][2],
+                        got[0][4],
+                    )
                 lat, exp = cells["latent"], cells["expanded"]
-                lines.append(f"| {shape} | {world} | {tokens} | {_mib(lat[0])} + {_mib(lat[1])} | {_mib(exp[0])} + "
-                             f"{_mib(exp[1])} | {_mib(lat[2])} | {_mib(exp[2])} | {exp[2] / lat[2]:.1f} | "
-                             f"{lat[3] - exp[3]:.1e} |")
+                lines.append(
+                    f"| {shape} | {world} | {tokens} | {_mib(lat[0])} + {_mib(lat[1])} | {_mib(exp[0])} + "
+                    f"{_mib(exp[1])} | {_mib(lat[2])} | {_mib(exp[2])} | {exp[2] / lat[2]:.1f} | "
+                    f"{lat[3] - exp[3]:.1e} |"
+                )
                 if lat[4] is not None:
                     timing.append(f"| {shape} | {tokens} | {lat[4]:.2f} | {exp[4]:.2f} | {lat[4] / exp[4]:.2f} |")
     if timing:
-        lines += ["", "Time on this CPU, 2 ranks x 1 thread, one forward + backward of the model (best of 2), seconds:",
-                  "", "| shape | tokens | latent | expanded | latent / expanded |", "|---|---|---|---|---|", *timing]
+        lines += [
+            "",
+            "Time on this CPU, 2 ranks x 1 thread, one forward + backward of the model (best of 2), seconds:",
+            "",
+            "| shape | tokens | latent | expanded | latent / expanded |",
+            "|---|---|---|---|---|",
+            *timing,
+        ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -20,7 +20,9 @@ print("no tensors): this rank's inputs, outputs, gradients and working memory.\n
 print("Runs marked `older` predate the `git_commit` field (commit f5b3ebd's harness): their ranks drew the whole")
 print("sequence before cutting their shard, which inflates their peak memory; the memory table below is the")
 print("corrected measurement.\n")
-print("| tokens | mask | strategy | fwd s | bwd s | vs SDPA | fwd MiB sent | bwd MiB sent | peak MiB/rank | SDPA peak MiB | max err | commit |")
+print(
+    "| tokens | mask | strategy | fwd s | bwd s | vs SDPA | fwd MiB sent | bwd MiB sent | peak MiB/rank | SDPA peak MiB | max err | commit |"
+)
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for n in (8192, 16384, 32768):
     for mask in ("full", "causal"):
@@ -30,35 +32,53 @@ for n in (8192, 16384, 32768):
         r = load(path)
         base = r["sdpa_single_process"]
         for s in r["strategies"]:
-            print(f"| {n} | {mask} | {s['strategy']} | {s['fwd_s']:.2f} | {s['bwd_s']:.2f} | {s.get('vs_sdpa', 0):.2f} | "
-                  f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} | "
-                  f"{s['peak_mem_per_rank'] / 2**20:.0f} | {base['peak_mem_bytes'] / 2**20:.0f} | {s['max_err']:.1e} | "
-                  f"{r.get('git_commit') or 'older'} |")
+            print(
+                f"| {n} | {mask} | {s['strategy']} | {s['fwd_s']:.2f} | {s['bwd_s']:.2f} | {s.get('vs_sdpa', 0):.2f} | "
+                f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} | "
+                f"{s['peak_mem_per_rank'] / 2**20:.0f} | {base['peak_mem_bytes'] / 2**20:.0f} | {s['max_err']:.1e} | "
+                f"{r.get('git_commit') or 'older'} |"
+            )
 print("\n## Re-check after the 1024-row kernel calls (16K, 2 ranks x 1 thread, 3 repeats)\n")
 print("Same command as above with `--repeats 3`, plus `--causal --layout zigzag` for the second file.\n")
 print("| run | strategy | fwd s | bwd s | vs SDPA | SDPA fwd+bwd s | commit |")
 print("|---|---|---|---|---|---|---|")
-LABELS = {"_burst": " (after the dQ change)", "_agreement_2": " (same, run again)",
-          "_double_ring": " (ring and burst on the double-ring driver)",
-          "_agreement": " (after the agreement check and strided inputs)",
-          "_chunk_stream": " (burst's backward on the chunk stream)",
-          "_own_block": " (chunk stream, own block in one chunk)",
-          "_schedules_2": " (same, run again)",
-          "_exact_cuts_2": " (same, run again)",
-          "_exact_cuts": " (after comm.tagged and the masks' exact cuts)",
-          "_served_forward": " (burst's forward on served key chunks)",
-          "_host_channels": " (CPU messages through shared memory, 128-row chunks at least)",
-          "_schedules": " (after the issue-25 layout: schedules/, typed options, validation.py)"}
-for name in ("recheck_full_16384.json", "recheck_zigzag_16384.json", "recheck_full_16384_burst.json",
-             "recheck_zigzag_16384_burst.json", "recheck_full_16384_agreement.json",
-             "recheck_zigzag_16384_agreement.json", "recheck_zigzag_16384_agreement_2.json",
-             "recheck_full_16384_double_ring.json", "recheck_zigzag_16384_double_ring.json",
-             "recheck_zigzag_16384_chunk_stream.json", "recheck_full_16384_own_block.json",
-             "recheck_zigzag_16384_own_block.json", "recheck_full_16384_schedules.json",
-             "recheck_zigzag_16384_schedules.json", "recheck_zigzag_16384_schedules_2.json",
-             "recheck_full_16384_exact_cuts.json", "recheck_zigzag_16384_exact_cuts.json",
-             "recheck_full_16384_exact_cuts_2.json", "recheck_zigzag_16384_served_forward.json",
-             "recheck_full_16384_host_channels.json", "recheck_zigzag_16384_host_channels.json"):
+LABELS = {
+    "_burst": " (after the dQ change)",
+    "_agreement_2": " (same, run again)",
+    "_double_ring": " (ring and burst on the double-ring driver)",
+    "_agreement": " (after the agreement check and strided inputs)",
+    "_chunk_stream": " (burst's backward on the chunk stream)",
+    "_own_block": " (chunk stream, own block in one chunk)",
+    "_schedules_2": " (same, run again)",
+    "_exact_cuts_2": " (same, run again)",
+    "_exact_cuts": " (after comm.tagged and the masks' exact cuts)",
+    "_served_forward": " (burst's forward on served key chunks)",
+    "_host_channels": " (CPU messages through shared memory, 128-row chunks at least)",
+    "_schedules": " (after the issue-25 layout: schedules/, typed options, validation.py)",
+}
+for name in (
+    "recheck_full_16384.json",
+    "recheck_zigzag_16384.json",
+    "recheck_full_16384_burst.json",
+    "recheck_zigzag_16384_burst.json",
+    "recheck_full_16384_agreement.json",
+    "recheck_zigzag_16384_agreement.json",
+    "recheck_zigzag_16384_agreement_2.json",
+    "recheck_full_16384_double_ring.json",
+    "recheck_zigzag_16384_double_ring.json",
+    "recheck_zigzag_16384_chunk_stream.json",
+    "recheck_full_16384_own_block.json",
+    "recheck_zigzag_16384_own_block.json",
+    "recheck_full_16384_schedules.json",
+    "recheck_zigzag_16384_schedules.json",
+    "recheck_zigzag_16384_schedules_2.json",
+    "recheck_full_16384_exact_cuts.json",
+    "recheck_zigzag_16384_exact_cuts.json",
+    "recheck_full_16384_exact_cuts_2.json",
+    "recheck_zigzag_16384_served_forward.json",
+    "recheck_full_16384_host_channels.json",
+    "recheck_zigzag_16384_host_channels.json",
+):
     if os.path.exists(os.path.join(here, "core", name)):
         r = load(name)
         base = r["sdpa_single_process"]
@@ -66,8 +86,10 @@ for name in ("recheck_full_16384.json", "recheck_zigzag_16384.json", "recheck_fu
             label = name[8:-5]
             for suffix, words in LABELS.items():
                 label = label.replace(suffix, words)
-            print(f"| {label} | {s['strategy']} | {s['fwd_s']:.2f} | {s['bwd_s']:.2f} | {s['vs_sdpa']:.2f} | "
-                  f"{base['fwd_s'] + base['bwd_s']:.2f} | {r['git_commit']} |")
+            print(
+                f"| {label} | {s['strategy']} | {s['fwd_s']:.2f} | {s['bwd_s']:.2f} | {s['vs_sdpa']:.2f} | "
+                f"{base['fwd_s'] + base['bwd_s']:.2f} | {r['git_commit']} |"
+            )
 
 
 def memory_table(tokens, suffix, title):
@@ -85,8 +107,10 @@ def memory_table(tokens, suffix, title):
             print(f"| 1 | sdpa (one process) | {single / 2**20:.0f} | 1.00 | 1.00 | - | - | {r['git_commit']} |")
         for s in r["strategies"]:
             ratio = s["peak_mem_per_rank"] / single if single else float("nan")
-            print(f"| {g} | {s['strategy']} | {s['peak_mem_per_rank'] / 2**20:.0f} | {ratio:.2f} | {ratio * g:.2f} | "
-                  f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} | {r['git_commit']} |")
+            print(
+                f"| {g} | {s['strategy']} | {s['peak_mem_per_rank'] / 2**20:.0f} | {ratio:.2f} | {ratio * g:.2f} | "
+                f"{s['sent_fwd_per_rank'] / 2**20:.0f} | {s['sent_bwd_per_rank'] / 2**20:.0f} | {r['git_commit']} |"
+            )
 
 
 print("\nCommand: `bash benchmarks/run_memory.sh`. G ranks x 1 thread; G=4 and G=8 share 2 cores, so only their")

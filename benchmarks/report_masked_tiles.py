@@ -19,6 +19,7 @@ MASKS = ("causal", "window", "documents", "docbalanced")  # docbalanced: the doc
 
 def _cost(directory: pathlib.Path, mask: str, n: int) -> tuple[float, float]:
     """(seconds per pair relative to full's, fwd+bwd seconds)."""
+
     def load(name):
         row = json.loads((directory / f"tiles_{name}_{n}.json").read_text())["strategies"][0]
         return row["fwd_s"] + row["bwd_s"], row["pairs_total"]

@@ -35,8 +35,10 @@ def measure(rank: int, world: int, n: int) -> dict:
     q, k, v, dout = (burst.shard(t) for t in full)
     blocks = choice(n)
     sent = {}
-    for form, indices in (("blocks", burst.BlockIndices(burst.shard(blocks), BLOCK)),
-                          ("key positions", burst.shard(as_positions(blocks)))):
+    for form, indices in (
+        ("blocks", burst.BlockIndices(burst.shard(blocks), BLOCK)),
+        ("key positions", burst.shard(as_positions(blocks))),
+    ):
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
         with burst.CommStats() as stats:
             out = burst.attention(qq, kk, vv, causal=True, indices=indices, backward_side="queries")
@@ -48,8 +50,10 @@ def measure(rank: int, world: int, n: int) -> dict:
 def main() -> None:
     print(__doc__.split("\n\n")[0].replace('"""', ""))
     print("\nCommand: `.venv/bin/python benchmarks/selection_bytes.py > benchmarks/selection_bytes.md`\n")
-    print(f"{HEADS} query heads, {KV_HEADS} KV heads, head dim {DIM}, {TOPK} blocks of {BLOCK} keys per KV head "
-          "and query; bytes all ranks sent (under a causal mask the first rank's queries go nowhere).\n")
+    print(
+        f"{HEADS} query heads, {KV_HEADS} KV heads, head dim {DIM}, {TOPK} blocks of {BLOCK} keys per KV head "
+        "and query; bytes all ranks sent (under a causal mask the first rank's queries go nowhere).\n"
+    )
     print("| tokens | ranks | selection | index bytes per row | forward MiB | backward MiB |")
     print("|---|---|---|---|---|---|")
     for n, world in ((4096, 2), (4096, 4), (8192, 4)):

@@ -30,10 +30,11 @@ def _seconds(tiles, q, k, v, do) -> float:
         start = time.perf_counter()
         for t in tiles:
             qr, kr = t.q.rows, t.k.rows
-            o, l = cpu_flash.forward(q[:, qr], k[:, kr], v[:, kr], DIM ** -0.5, t.causal, t.mask)
+            o, l = cpu_flash.forward(q[:, qr], k[:, kr], v[:, kr], DIM**-0.5, t.causal, t.mask)
             out[:, qr], lse[:, :, qr] = o, l  # stand-ins: the backward's cost does not depend on them
-            cpu_flash.backward(do[:, qr], q[:, qr], k[:, kr], v[:, kr], out[:, qr], lse[:, :, qr], DIM ** -0.5,
-                               t.causal, t.mask)
+            cpu_flash.backward(
+                do[:, qr], q[:, qr], k[:, kr], v[:, kr], out[:, qr], lse[:, :, qr], DIM**-0.5, t.causal, t.mask
+            )
         if rep:
             best = min(best, time.perf_counter() - start)
     return best
@@ -57,7 +58,9 @@ def main() -> None:
         segs = [Segment(i, n, i) for i in range(0, SPAN, n)]  # SPAN // n triangles on the diagonal
         cells = []
         for leaf, split in [(n, False)] + [(leaf, True) for leaf in leaves]:
-            tiles = [t for s in segs for t in plan_tiles([s], [s], MaskSpec(causal=True), sizes=TileSizes(n, leaf, split))]
+            tiles = [
+                t for s in segs for t in plan_tiles([s], [s], MaskSpec(causal=True), sizes=TileSizes(n, leaf, split))
+            ]
             pairs = sum(t.pairs for t in tiles)
             cells.append(f"{_seconds(tiles, q, k, v, do) / pairs / per_full_pair:.2f}")
         print(f"| {n} | " + " | ".join(cells) + " |")

@@ -16,5 +16,20 @@ from .layout import DocumentLayout, shard, unshard
 from .masks import BlockIndices, BlockSparseMask
 from .check import check
 
-__all__ = ["attention", "shard", "unshard", "CommStats", "BlockIndices", "BlockSparseMask", "set_agreement_check", "set_agreement_timeout", "check", "Topology", "context_parallel", "DocumentLayout", "CompressedKV", "LatentKV"]
+__all__ = [
+    "attention",
+    "shard",
+    "unshard",
+    "CommStats",
+    "BlockIndices",
+    "BlockSparseMask",
+    "set_agreement_check",
+    "set_agreement_timeout",
+    "check",
+    "Topology",
+    "context_parallel",
+    "DocumentLayout",
+    "CompressedKV",
+    "LatentKV",
+]
 __version__ = "0.2.0"

@@ -68,7 +68,7 @@ def set_agreement_timeout(seconds: float) -> float:
 def digest(value: Any) -> int:
     """A deterministic int64 for `value`: ints (and bools) as themselves, anything else a 63-bit
     hash of its repr (Python's hash() of a str differs between processes)."""
-    if isinstance(value, bool) or (isinstance(value, int) and -(2 ** 62) < value < 2 ** 62):
+    if isinstance(value, bool) or (isinstance(value, int) and -(2**62) < value < 2**62):
         return int(value)
     raw = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
     return int.from_bytes(raw, "little") >> 1
@@ -82,8 +82,14 @@ def collective_device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def agree(entry: str, facts: dict[str, Any] | None, problem: BaseException | None, group,
-          world: int, hints: dict[str, str] | None = None) -> None:
+def agree(
+    entry: str,
+    facts: dict[str, Any] | None,
+    problem: BaseException | None,
+    group,
+    world: int,
+    hints: dict[str, str] | None = None,
+) -> None:
     """Raise on every rank of `group` unless every rank had no `problem` and equal `facts`.
 
     entry: the public function, for messages ("burst.attention"). facts: name -> value (None when
@@ -130,7 +136,8 @@ def _wait_for_every_rank(work, entry: str) -> None:
             f"{entry}: waited {_timeout_s:g} s for the other ranks of the group to make the same call; some "
             "ranks did not make it (every rank must call it, e.g. model.generate() or forward() on every "
             "rank, not on rank 0 only). The process group is unusable now. A slow rank that is merely late "
-            "needs a longer wait: burst.set_agreement_timeout(seconds) or BURST_AGREEMENT_TIMEOUT") from err
+            "needs a longer wait: burst.set_agreement_timeout(seconds) or BURST_AGREEMENT_TIMEOUT"
+        ) from err
 
 
 def _group_key(group) -> int:
@@ -139,8 +146,7 @@ def _group_key(group) -> int:
 
 def _raise_bad_input(entry: str, problem, group, world: int) -> None:
     messages = [None] * world
-    dist.all_gather_object(messages, None if problem is None else f"{type(problem).__name__}: {problem}",
-                           group=group)
+    dist.all_gather_object(messages, None if problem is None else f"{type(problem).__name__}: {problem}", group=group)
     if problem is not None:
         raise problem
     bad = [f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None]
@@ -159,8 +165,9 @@ def _raise_disagreement(entry: str, facts: dict, digests: tuple, group, world: i
         values = [row.get(name, (None, "(not given)")) for row in by_name]
         if len({d for d, _ in values}) > 1:
             by_rank = ", ".join(f"rank {r}: {shown}" for r, (_, shown) in enumerate(values))
-            parts.append(f"{name} differs across ranks ({by_rank}); it must be equal on every rank"
-                         + hints.get(name, ""))
+            parts.append(
+                f"{name} differs across ranks ({by_rank}); it must be equal on every rank" + hints.get(name, "")
+            )
     raise ValueError(f"{entry}: " + "; ".join(parts))
 
 

@@ -130,14 +130,51 @@ def attention(
     """
     q, k, v = autocast_inputs(q, k, v)
     keys = key_side(k, v, latent)
-    if (torch.compiler.is_compiling() and latent is None and indices is None and compressed is None
-            and custom_op.takes(layout, cu_seqlens, block_sparse, topology, options)):
+    if (
+        torch.compiler.is_compiling()
+        and latent is None
+        and indices is None
+        and compressed is None
+        and custom_op.takes(layout, cu_seqlens, block_sparse, topology, options)
+    ):
         # traced as one op (burst/custom_op.py): no graph break, so checkpointed blocks compile too
-        return custom_op.attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse,
-                                   cu_seqlens, sinks, options, softcap, chunk_size)
-    return _sharded_attention(q, keys, group, strategy, layout, causal, window, softmax_scale, return_lse,
-                              cu_seqlens, block_sparse, topology, sinks, softcap, chunk_size, indices, compressed,
-                              **options)
+        return custom_op.attention(
+            q,
+            k,
+            v,
+            group,
+            strategy,
+            layout,
+            causal,
+            window,
+            softmax_scale,
+            return_lse,
+            cu_seqlens,
+            sinks,
+            options,
+            softcap,
+            chunk_size,
+        )
+    return _sharded_attention(
+        q,
+        keys,
+        group,
+        strategy,
+        layout,
+        causal,
+        window,
+        softmax_scale,
+        return_lse,
+        cu_seqlens,
+        block_sparse,
+        topology,
+        sinks,
+        softcap,
+        chunk_size,
+        indices,
+        compressed,
+        **options,
+    )
 
 
 def key_side(k, v, latent):
@@ -152,11 +189,46 @@ def key_side(k, v, latent):
 
 
 @torch.compiler.disable  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
-def _sharded_attention(q, keys, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens,
-                       block_sparse, topology, sinks, softcap, chunk_size, indices, compressed, **options):
-    chosen, call = prepare_attention(q, keys, group, strategy, layout, causal, window, softmax_scale, return_lse,
-                                     cu_seqlens, block_sparse, topology, sinks=sinks, softcap=softcap,
-                                     chunk_size=chunk_size, indices=indices, compressed=compressed, **options)
+def _sharded_attention(
+    q,
+    keys,
+    group,
+    strategy,
+    layout,
+    causal,
+    window,
+    softmax_scale,
+    return_lse,
+    cu_seqlens,
+    block_sparse,
+    topology,
+    sinks,
+    softcap,
+    chunk_size,
+    indices,
+    compressed,
+    **options,
+):
+    chosen, call = prepare_attention(
+        q,
+        keys,
+        group,
+        strategy,
+        layout,
+        causal,
+        window,
+        softmax_scale,
+        return_lse,
+        cu_seqlens,
+        block_sparse,
+        topology,
+        sinks=sinks,
+        softcap=softcap,
+        chunk_size=chunk_size,
+        indices=indices,
+        compressed=compressed,
+        **options,
+    )
     with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
         out, lse = chosen(call, unit_stride_last(q), keys.ready(q), sinks=sinks, compressed=compressed)
     return (out, lse) if return_lse else out

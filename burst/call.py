@@ -77,8 +77,9 @@ class AttentionCall:
         """Kernel calls for `q_rank`'s queries against `k_rank`'s keys (empty when the mask skips all)."""
         return self.plan(self.segments(q_rank), self.segments(k_rank))
 
-    def plan(self, q_segs: list[Segment], k_segs: list[Segment], max_rows: int | None = None,
-             spec: MaskSpec | None = None) -> list[Tile]:
+    def plan(
+        self, q_segs: list[Segment], k_segs: list[Segment], max_rows: int | None = None, spec: MaskSpec | None = None
+    ) -> list[Tile]:
         """Kernel calls for any query runs against any key runs, sized for this call's kernel (at most
         `max_rows` rows each way when given, to bound each call's fresh outputs), under this call's
         mask or `spec` (the compressed entries' own, compressed.py)."""
@@ -109,15 +110,25 @@ class AttentionCall:
         """The (double) ring schedule on which K, V blocks travel: rank r's queries meet the keys it
         holds. Steps end after the last one whose block pair the mask needs on some rank (a sliding
         window or local documents end the ring early, distflashattn.md App. D)."""
-        return RingSchedule.build(self.rank, self.world, self.ranks_per_node, 1,
-                                  lambda r, src: may_attend(self.segments(r), self.segments(src), self.spec))
+        return RingSchedule.build(
+            self.rank,
+            self.world,
+            self.ranks_per_node,
+            1,
+            lambda r, src: may_attend(self.segments(r), self.segments(src), self.spec),
+        )
 
     @cached_property
     def q_schedule(self):
         """The schedule on which query blocks travel (BurstAttention's backward): the opposite
         direction, so that the same block pairs meet in the same order as in kv_schedule."""
-        return RingSchedule.build(self.rank, self.world, self.ranks_per_node, -1,
-                                  lambda r, src: may_attend(self.segments(src), self.segments(r), self.spec))
+        return RingSchedule.build(
+            self.rank,
+            self.world,
+            self.ranks_per_node,
+            -1,
+            lambda r, src: may_attend(self.segments(src), self.segments(r), self.spec),
+        )
 
     @cached_property
     def ranks_per_node(self) -> int:

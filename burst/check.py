@@ -27,8 +27,16 @@ import torch
 import torch.distributed as dist
 
 from . import api, layout as layout_mod
-from .kernels.reference import (BOUNDS, DTYPES, QUANTITIES, errors_against, full_inputs, full_reference,
-                                relative_error, within_bounds)
+from .kernels.reference import (
+    BOUNDS,
+    DTYPES,
+    QUANTITIES,
+    errors_against,
+    full_inputs,
+    full_reference,
+    relative_error,
+    within_bounds,
+)
 
 
 @dataclass
@@ -67,21 +75,41 @@ class CheckReport:
     def table(self) -> str:
         quantities = QUANTITIES + (("dsinks",) if any("dsinks" in r.errors for r in self.rows) else ())
         head = "| strategy | layout | causal | dtype | " + " | ".join(quantities) + " | bound | status |"
-        lines = [f"burst check on {self.world} ranks, shape {self.shape}", "", head, "|---" * (head.count("|") - 1) + "|"]
+        lines = [
+            f"burst check on {self.world} ranks, shape {self.shape}",
+            "",
+            head,
+            "|---" * (head.count("|") - 1) + "|",
+        ]
         for r in self.rows:
             errs = [f"{r.errors[q]:.1e}" if q in r.errors else "-" for q in quantities]
             status = r.status if not r.note else f"{r.status}: {r.note}"
-            lines.append(f"| {r.strategy} | {r.layout} | {r.causal} | {r.dtype} | " + " | ".join(errs)
-                         + f" | {r.bound:.0e} | {status} |")
+            lines.append(
+                f"| {r.strategy} | {r.layout} | {r.causal} | {r.dtype} | "
+                + " | ".join(errs)
+                + f" | {r.bound:.0e} | {status} |"
+            )
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "world": self.world, "shape": self.shape, "rows": [asdict(r) for r in self.rows]}
 
 
-def check(strategies=None, layouts=None, causal=(False, True), seq_len: int = 1024, heads: int = 4,
-          kv_heads: int | None = None, head_dim: int = 64, dtype: str = "float32", group=None, batch: int = 1,
-          seed: int = 0, device=None, sinks: bool = False) -> CheckReport:
+def check(
+    strategies=None,
+    layouts=None,
+    causal=(False, True),
+    seq_len: int = 1024,
+    heads: int = 4,
+    kv_heads: int | None = None,
+    head_dim: int = 64,
+    dtype: str = "float32",
+    group=None,
+    batch: int = 1,
+    seed: int = 0,
+    device=None,
+    sinks: bool = False,
+) -> CheckReport:
     """Run every case on the caller's world and compare with float64 single-device attention.
 
     strategies / layouts: names, or None for every registered strategy / every layout. causal: the
@@ -147,8 +175,9 @@ def _run_case(full, ref, strategy, lay, causal, dtype, group, world, sinks=None)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     mine_sinks = sinks.to(DTYPES[dtype]).requires_grad_() if sinks is not None else None
     try:
-        out, lse = api.attention(q, k, v, group=group, strategy=strategy, layout=lay, causal=causal, return_lse=True,
-                                 sinks=mine_sinks)
+        out, lse = api.attention(
+            q, k, v, group=group, strategy=strategy, layout=lay, causal=causal, return_lse=True, sinks=mine_sinks
+        )
     except (ValueError, NotImplementedError) as err:  # raised on every rank alike (agreement check)
         row.status, row.note = "skipped", _short(str(err))
         return row
@@ -174,8 +203,11 @@ def _short(message: str) -> str:
 
 def max_over_ranks(values: list[float], group, world: int, device) -> list[float]:
     """The largest error of each quantity over the ranks (NaN wins), identical on every rank."""
-    t = torch.tensor([float("inf") if math.isnan(x) else x for x in values], dtype=torch.float64,
-                     device=device if device.type == "cuda" else "cpu")
+    t = torch.tensor(
+        [float("inf") if math.isnan(x) else x for x in values],
+        dtype=torch.float64,
+        device=device if device.type == "cuda" else "cpu",
+    )
     nan = torch.tensor([float(math.isnan(x)) for x in values], dtype=torch.float64, device=t.device)
     if world > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)

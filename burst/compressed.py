@@ -76,14 +76,20 @@ def check_compressed(compressed, q: torch.Tensor, v: torch.Tensor, global_len: i
         raise ValueError(f"CompressedKV.rate must be a positive int (tokens per entry), got {rate!r}")
     b, _, h, d = q.shape
     if ck.dim() != 4 or ck.shape[0] != b or ck.shape[3] != d or h % max(ck.shape[2], 1) or ck.shape[2] == 0:
-        raise ValueError(f"CompressedKV.k must be (batch, entries, nheads_k, headdim) with batch {b}, headdim {d} "
-                         f"and nheads_k dividing {h}, got {tuple(ck.shape)}")
+        raise ValueError(
+            f"CompressedKV.k must be (batch, entries, nheads_k, headdim) with batch {b}, headdim {d} "
+            f"and nheads_k dividing {h}, got {tuple(ck.shape)}"
+        )
     if tuple(cv.shape[:3]) != tuple(ck.shape[:3]) or cv.shape[3] != v.shape[3]:
-        raise ValueError(f"CompressedKV.v must be (batch, entries, nheads_k, v's headdim {v.shape[3]}) like k "
-                         f"{tuple(ck.shape)}, got {tuple(cv.shape)}")
+        raise ValueError(
+            f"CompressedKV.v must be (batch, entries, nheads_k, v's headdim {v.shape[3]}) like k "
+            f"{tuple(ck.shape)}, got {tuple(cv.shape)}"
+        )
     if ck.dtype != q.dtype or cv.dtype != q.dtype or ck.device != q.device or cv.device != q.device:
-        raise ValueError(f"CompressedKV.k and .v must be {q.dtype} on {q.device} like q, got {ck.dtype} and {cv.dtype} "
-                         f"on {ck.device}")
+        raise ValueError(
+            f"CompressedKV.k and .v must be {q.dtype} on {q.device} like q, got {ck.dtype} and {cv.dtype} "
+            f"on {ck.device}"
+        )
     if ck.shape[1] * rate > global_len:
         raise ValueError(f"{ck.shape[1]} entries of {rate} tokens cover more than the sequence's {global_len} tokens")
     _check_entry_indices(compressed.indices, q, ck.shape[1])
@@ -93,13 +99,19 @@ def _check_entry_indices(indices, q: torch.Tensor, entries: int) -> None:
     if indices is None:
         return
     if not isinstance(indices, torch.Tensor) or indices.dtype.is_floating_point or indices.dtype == torch.bool:
-        raise TypeError(f"CompressedKV.indices must be an integer tensor, got {getattr(indices, 'dtype', type(indices))}")
+        raise TypeError(
+            f"CompressedKV.indices must be an integer tensor, got {getattr(indices, 'dtype', type(indices))}"
+        )
     if indices.dim() != 3 or tuple(indices.shape[:2]) != tuple(q.shape[:2]) or indices.device != q.device:
-        raise ValueError(f"CompressedKV.indices must be (batch, seqlen_local, topk) = ({q.shape[0]}, {q.shape[1]}, k) "
-                         f"on {q.device}, got {tuple(indices.shape)} on {indices.device}")
+        raise ValueError(
+            f"CompressedKV.indices must be (batch, seqlen_local, topk) = ({q.shape[0]}, {q.shape[1]}, k) "
+            f"on {q.device}, got {tuple(indices.shape)} on {indices.device}"
+        )
     if indices.device.type == "cpu" and indices.numel() and (int(indices.min()) < -1 or int(indices.max()) >= entries):
-        raise ValueError(f"CompressedKV.indices must be entry numbers in [-1, {entries}), got values from "
-                         f"{int(indices.min())} to {int(indices.max())}")
+        raise ValueError(
+            f"CompressedKV.indices must be entry numbers in [-1, {entries}), got values from "
+            f"{int(indices.min())} to {int(indices.max())}"
+        )
 
 
 def _tiles(call, compressed: CompressedKV):
@@ -111,8 +123,17 @@ def fold_compressed(call, q: torch.Tensor, compressed: CompressedKV, out: torch.
     entries, in float32 accumulators."""
     acc = accumulator_dtype(q.dtype)
     out_acc, lse_acc = out.to(acc), lse.to(acc).clone()
-    attend_forward(call.kernel, q, compressed.k, compressed.v, _tiles(call, compressed), out_acc, lse_acc,
-                   call.scale, indices=compressed.positions())
+    attend_forward(
+        call.kernel,
+        q,
+        compressed.k,
+        compressed.v,
+        _tiles(call, compressed),
+        out_acc,
+        lse_acc,
+        call.scale,
+        indices=compressed.positions(),
+    )
     return out_acc.to(out.dtype), lse_acc
 
 
@@ -120,6 +141,19 @@ def compressed_backward(call, dout, q, compressed: CompressedKV, out, lse):
     """(dq, dk, dv) of the entries' share, float32 (dk, dv shaped like the entries), from the folded
     (out', lse') of the rows."""
     dq, dk, dv = (accumulator_zeros_like(t) for t in (q, compressed.k, compressed.v))
-    attend_backward(call.kernel, dout, q, compressed.k, compressed.v, out, lse_for_backward(lse),
-                    _tiles(call, compressed), dq, dk, dv, call.scale, indices=compressed.positions())
+    attend_backward(
+        call.kernel,
+        dout,
+        q,
+        compressed.k,
+        compressed.v,
+        out,
+        lse_for_backward(lse),
+        _tiles(call, compressed),
+        dq,
+        dk,
+        dv,
+        call.scale,
+        indices=compressed.positions(),
+    )
     return dq, dk, dv

@@ -38,8 +38,16 @@ ENTRY = "burst.context_parallel"
 
 
 @contextlib.contextmanager
-def context_parallel(buffers=(), buffer_seq_dims=(), no_restore_buffers=(), group=None, mesh=None,
-                     layout: str = "zigzag", strategy: str = "burst", **options):
+def context_parallel(
+    buffers=(),
+    buffer_seq_dims=(),
+    no_restore_buffers=(),
+    group=None,
+    mesh=None,
+    layout: str = "zigzag",
+    strategy: str = "burst",
+    **options,
+):
     """Shard `buffers` along `buffer_seq_dims` and run every SDPA call inside through burst.attention.
 
     buffers: tensors holding the whole sequence (token ids, labels, position tables), the same on
@@ -93,8 +101,10 @@ def _shard_buffers_check(buffers, seq_dims, group, layout, strategy) -> int | No
                 raise ValueError(f"buffer_seq_dims[{i}]={dim} is out of range for a {t.dim()}-D buffer")
             lengths.add(t.shape[dim])
         if len(lengths) > 1:
-            raise ValueError(f"the buffers have sequence lengths {sorted(lengths)} along their seq dims; they must "
-                             "share one (a position table longer than the sequence: slice it to the sequence first)")
+            raise ValueError(
+                f"the buffers have sequence lengths {sorted(lengths)} along their seq dims; they must "
+                "share one (a position table longer than the sequence: slice it to the sequence first)"
+            )
         for n in lengths:
             _check_divisible(layout, world, n)
     except (TypeError, ValueError) as err:
@@ -162,10 +172,12 @@ class _SDPARouter(TorchFunctionMode):
         # Eagerly, behind a graph break under torch.compile when burst's custom op cannot carry the call:
         # the agreement collective and the ring's messages are not for dynamo to trace.
         self.eager_attention = torch.compiler.disable(self.attention)
-        strategy_options = {k: v for k, v in options.items() if k not in ("window", "cu_seqlens", "block_sparse",
-                                                                           "topology")}
-        self.traceable = custom_op.takes(layout, options.get("cu_seqlens"), options.get("block_sparse"),
-                                         options.get("topology"), strategy_options)
+        strategy_options = {
+            k: v for k, v in options.items() if k not in ("window", "cu_seqlens", "block_sparse", "topology")
+        }
+        self.traceable = custom_op.takes(
+            layout, options.get("cu_seqlens"), options.get("block_sparse"), options.get("topology"), strategy_options
+        )
 
     def route(self, *args, **kwargs):
         """What SDPA is while the context is open: burst.attention's custom op under torch.compile (no
@@ -205,24 +217,30 @@ class _SDPARouter(TorchFunctionMode):
         if kwargs.get("need_weights", True):
             problem = ValueError(
                 f"{ENTRY}: nn.MultiheadAttention with need_weights=True builds the attention matrix itself, over "
-                "this rank's tokens only; call it with need_weights=False (then it runs scaled_dot_product_attention)")
+                "this rank's tokens only; call it with need_weights=False (then it runs scaled_dot_product_attention)"
+            )
         elif kwargs.get("key_padding_mask") is not None:
-            problem = ValueError(f"{ENTRY}: nn.MultiheadAttention's key_padding_mask is a mask burst cannot apply; "
-                                 "pack the sequences and pass cu_seqlens= to context_parallel instead")
+            problem = ValueError(
+                f"{ENTRY}: nn.MultiheadAttention's key_padding_mask is a mask burst cannot apply; "
+                "pack the sequences and pass cu_seqlens= to context_parallel instead"
+            )
         agree(f"{ENTRY} (nn.MultiheadAttention)", {} if problem is None else None, problem, self.group, self.world)
         return func(*args, **kwargs)
 
-    def attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                  enable_gqa=False):
+    def attention(
+        self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+    ):
         """SDPA's signature on burst.attention. query: (batch, heads, seq_local, head_dim); key, value:
         (batch, kv_heads, seq_local, head_dim). Returns (batch, heads, seq_local, head_dim)."""
         problem = self._refusal(query, key, attn_mask, dropout_p, enable_gqa)
-        agree(f"{ENTRY} (scaled_dot_product_attention)", {} if problem is None else None, problem, self.group,
-              self.world)
+        agree(
+            f"{ENTRY} (scaled_dot_product_attention)", {} if problem is None else None, problem, self.group, self.world
+        )
         return self._burst(query, key, value, is_causal, scale)
 
-    def traced_attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                         enable_gqa=False):
+    def traced_attention(
+        self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+    ):
         """`attention` as torch.compile traces it: the refusals are checked on each rank as it traces (the
         op's first run agrees on the call's settings across the ranks, as burst.attention does)."""
         problem = self._refusal(query, key, attn_mask, dropout_p, enable_gqa)
@@ -232,9 +250,17 @@ class _SDPARouter(TorchFunctionMode):
 
     def _burst(self, query, key, value, is_causal, scale):
         """burst.attention on SDPA's (batch, heads, seq_local, head_dim) layout."""
-        out = api.attention(query.transpose(-3, -2), key.transpose(-3, -2), value.transpose(-3, -2),
-                            group=self.group, strategy=self.strategy, layout=self.layout, causal=bool(is_causal),
-                            softmax_scale=scale, **self.options)
+        out = api.attention(
+            query.transpose(-3, -2),
+            key.transpose(-3, -2),
+            value.transpose(-3, -2),
+            group=self.group,
+            strategy=self.strategy,
+            layout=self.layout,
+            causal=bool(is_causal),
+            softmax_scale=scale,
+            **self.options,
+        )
         return out.transpose(-3, -2)
 
     def _refusal(self, query, key, attn_mask, dropout_p, enable_gqa) -> ValueError | None:
@@ -245,23 +271,30 @@ class _SDPARouter(TorchFunctionMode):
                 "tokens: the model numbers each shard's tokens from its own length (BART-family and MusicGen "
                 "learned positions: arange(seq_len) + offset), so every rank would embed its shard at the first "
                 "rank's positions. Such a model cannot run through the SDPA door; use the transformers backend "
-                "(burst.integrations.transformers), which refuses or handles the family")
+                "(burst.integrations.transformers), which refuses or handles the family"
+            )
         if attn_mask is not None:
             return ValueError(
                 f"{ENTRY}: scaled_dot_product_attention got an explicit attn_mask (shape {tuple(attn_mask.shape)}), "
                 "which covers this rank's tokens only; express the mask as options instead: is_causal=True, and "
-                "window=, cu_seqlens= or block_sparse= given to context_parallel")
+                "window=, cu_seqlens= or block_sparse= given to context_parallel"
+            )
         if dropout_p:
             return ValueError(f"{ENTRY}: attention dropout (dropout_p={dropout_p}) is not supported; set it to 0")
         if query.dim() != 4:
-            return ValueError(f"{ENTRY}: scaled_dot_product_attention got a {query.dim()}-D query; burst takes "
-                              "(batch, heads, seq, head_dim)")
+            return ValueError(
+                f"{ENTRY}: scaled_dot_product_attention got a {query.dim()}-D query; burst takes "
+                "(batch, heads, seq, head_dim)"
+            )
         if self.local_len is not None and query.shape[-2] != self.local_len:
             return ValueError(
                 f"{ENTRY}: scaled_dot_product_attention got {query.shape[-2]} tokens but the buffers were cut into "
                 f"{self.local_len} per rank; every tensor that carries the sequence must be in `buffers` (or be "
-                "computed from them)")
+                "computed from them)"
+            )
         if query.shape[-3] != key.shape[-3] and not enable_gqa:
-            return ValueError(f"{ENTRY}: query has {query.shape[-3]} heads but key has {key.shape[-3]}; pass "
-                              "enable_gqa=True, as scaled_dot_product_attention requires")
+            return ValueError(
+                f"{ENTRY}: query has {query.shape[-3]} heads but key has {key.shape[-3]}; pass "
+                "enable_gqa=True, as scaled_dot_product_attention requires"
+            )
         return None

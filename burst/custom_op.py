@@ -35,40 +35,116 @@ def takes(layout, cu_seqlens, block_sparse, topology, options: dict) -> bool:
     """True when the call's arguments fit the op's schema."""
     if not isinstance(layout, str) or block_sparse is not None or topology is not None:
         return False
-    if cu_seqlens is not None and not (isinstance(cu_seqlens, (list, tuple))
-                                       and all(type(c) is int for c in cu_seqlens)):
+    if cu_seqlens is not None and not (
+        isinstance(cu_seqlens, (list, tuple)) and all(type(c) is int for c in cu_seqlens)
+    ):
         return False
     return all(type(value) is int for value in options.values())  # not bool: validation names it eagerly
 
 
-def attention(q, k, v, group, strategy, layout, causal, window, softmax_scale, return_lse, cu_seqlens, sinks,
-              options: dict, softcap=0.0, chunk_size=None):
+def attention(
+    q,
+    k,
+    v,
+    group,
+    strategy,
+    layout,
+    causal,
+    window,
+    softmax_scale,
+    return_lse,
+    cu_seqlens,
+    sinks,
+    options: dict,
+    softcap=0.0,
+    chunk_size=None,
+):
     """burst.attention through the op (the caller checked `takes`)."""
     out, lse = torch.ops.burst.attention(
-        q, k, v, sinks, group.group_name if group is not None else "", strategy, layout, bool(causal),
-        list(window) if window is not None else None, float(softmax_scale) if softmax_scale is not None else None,
-        list(cu_seqlens) if cu_seqlens is not None else None, float(softcap), chunk_size, ",".join(options),
-        [int(x) for x in options.values()], bool(return_lse))
+        q,
+        k,
+        v,
+        sinks,
+        group.group_name if group is not None else "",
+        strategy,
+        layout,
+        bool(causal),
+        list(window) if window is not None else None,
+        float(softmax_scale) if softmax_scale is not None else None,
+        list(cu_seqlens) if cu_seqlens is not None else None,
+        float(softcap),
+        chunk_size,
+        ",".join(options),
+        [int(x) for x in options.values()],
+        bool(return_lse),
+    )
     return (out, lse) if return_lse else out
 
 
-def _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, softcap,
-              chunk_size, option_names, option_values, return_lse, fresh: bool):
+def _prepared(
+    q,
+    k,
+    v,
+    sinks,
+    group_name,
+    strategy,
+    layout,
+    causal,
+    window,
+    softmax_scale,
+    cu_seqlens,
+    softcap,
+    chunk_size,
+    option_names,
+    option_values,
+    return_lse,
+    fresh: bool,
+):
     """(strategy, AttentionCall) for the op's arguments: burst.attention's validation and agreement
     (collective), on every forward (`fresh`) as eager burst.attention does it, so that ranks whose
     calls differ raise together instead of one waiting in a ring the others never join; the
     backward reuses the forward's."""
-    key = (group_name, strategy, layout, causal, tuple(window) if window else None, softmax_scale,
-           tuple(cu_seqlens) if cu_seqlens else None, softcap, chunk_size, option_names, tuple(option_values),
-           return_lse, tuple(q.shape),
-           tuple(k.shape), q.dtype, q.device, sinks is not None)
+    key = (
+        group_name,
+        strategy,
+        layout,
+        causal,
+        tuple(window) if window else None,
+        softmax_scale,
+        tuple(cu_seqlens) if cu_seqlens else None,
+        softcap,
+        chunk_size,
+        option_names,
+        tuple(option_values),
+        return_lse,
+        tuple(q.shape),
+        tuple(k.shape),
+        q.dtype,
+        q.device,
+        sinks is not None,
+    )
     hit = None if fresh else _PREPARED.get(key)
     if hit is None:
         group = dist.distributed_c10d._resolve_process_group(group_name) if group_name else None
         options = dict(zip(option_names.split(","), option_values)) if option_names else {}
-        hit = prepare_attention(q, KeyBlocks(k, v), group, strategy, layout, causal, tuple(window) if window else None,
-                                softmax_scale, return_lse, cu_seqlens, None, None, sinks=sinks, softcap=softcap,
-                                chunk_size=chunk_size, **options)
+        hit = prepare_attention(
+            q,
+            KeyBlocks(k, v),
+            group,
+            strategy,
+            layout,
+            causal,
+            tuple(window) if window else None,
+            softmax_scale,
+            return_lse,
+            cu_seqlens,
+            None,
+            None,
+            sinks=sinks,
+            softcap=softcap,
+            chunk_size=chunk_size,
+            **options,
+        )
         if len(_PREPARED) >= _PREPARED_MAX:
             _PREPARED.clear()
         _PREPARED[key] = hit
@@ -80,35 +156,115 @@ def _stat_dtype(q):
 
 
 @torch.library.custom_op("burst::attention", mutates_args=())
-def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor], group_name: str,
-                  strategy: str, layout: str, causal: bool, window: Optional[list[int]], softmax_scale: Optional[float],
-                  cu_seqlens: Optional[list[int]], softcap: float, chunk_size: Optional[int], option_names: str,
-                  option_values: list[int], return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
-                             softcap, chunk_size, option_names, option_values, return_lse, fresh=True)
+def _attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sinks: Optional[torch.Tensor],
+    group_name: str,
+    strategy: str,
+    layout: str,
+    causal: bool,
+    window: Optional[list[int]],
+    softmax_scale: Optional[float],
+    cu_seqlens: Optional[list[int]],
+    softcap: float,
+    chunk_size: Optional[int],
+    option_names: str,
+    option_values: list[int],
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    chosen, call = _prepared(
+        q,
+        k,
+        v,
+        sinks,
+        group_name,
+        strategy,
+        layout,
+        causal,
+        window,
+        softmax_scale,
+        cu_seqlens,
+        softcap,
+        chunk_size,
+        option_names,
+        option_values,
+        return_lse,
+        fresh=True,
+    )
     with torch.autocast(q.device.type, enabled=False):
         out, lse = sharded_forward(call, chosen, unit_stride_last(q), KeyBlocks(k, v).ready(q), sinks)
     return out.contiguous(), lse.contiguous()  # the strides the fake promises (a strategy may follow q's)
 
 
 @_attention_op.register_fake
-def _(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, softcap, chunk_size,
-      option_names, option_values, return_lse):
+def _(
+    q,
+    k,
+    v,
+    sinks,
+    group_name,
+    strategy,
+    layout,
+    causal,
+    window,
+    softmax_scale,
+    cu_seqlens,
+    softcap,
+    chunk_size,
+    option_names,
+    option_values,
+    return_lse,
+):
     b, s, h, _ = q.shape
     return _contiguous_like(q), q.new_empty((b, h, s), dtype=_stat_dtype(q))
 
 
 @torch.library.custom_op("burst::attention_backward", mutates_args=())
-def _attention_backward_op(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
-                           v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: Optional[torch.Tensor],
-                           group_name: str, strategy: str, layout: str, causal: bool, window: Optional[list[int]],
-                           softmax_scale: Optional[float], cu_seqlens: Optional[list[int]], softcap: float,
-                           chunk_size: Optional[int], option_names: str, option_values: list[int],
-                           return_lse: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _attention_backward_op(
+    dout: torch.Tensor,
+    dlse: Optional[torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    sinks: Optional[torch.Tensor],
+    group_name: str,
+    strategy: str,
+    layout: str,
+    causal: bool,
+    window: Optional[list[int]],
+    softmax_scale: Optional[float],
+    cu_seqlens: Optional[list[int]],
+    softcap: float,
+    chunk_size: Optional[int],
+    option_names: str,
+    option_values: list[int],
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv and dsinks (empty when there are no sinks: an op returns tensors only). dlse: lse's
     gradient, None when the caller did not ask for lse."""
-    chosen, call = _prepared(q, k, v, sinks, group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens,
-                             softcap, chunk_size, option_names, option_values, return_lse, fresh=False)
+    chosen, call = _prepared(
+        q,
+        k,
+        v,
+        sinks,
+        group_name,
+        strategy,
+        layout,
+        causal,
+        window,
+        softmax_scale,
+        cu_seqlens,
+        softcap,
+        chunk_size,
+        option_names,
+        option_values,
+        return_lse,
+        fresh=False,
+    )
     with torch.autocast(q.device.type, enabled=False):
         dq, (dk, dv), dsinks, _, _ = sharded_backward(call, chosen, dout, dlse, q, KeyBlocks(k, v), out, lse, sinks)
         if dv is None:  # v is k: dk holds both roles' sums (keys.kv_gradients); an op returns tensors
@@ -123,8 +279,12 @@ def _contiguous_like(t):
 
 @_attention_backward_op.register_fake
 def _(dout, dlse, q, k, v, out, lse, sinks, *settings):
-    return (_contiguous_like(q), _contiguous_like(k), _contiguous_like(v),
-            _contiguous_like(sinks) if sinks is not None else q.new_empty(0))
+    return (
+        _contiguous_like(q),
+        _contiguous_like(k),
+        _contiguous_like(v),
+        _contiguous_like(sinks) if sinks is not None else q.new_empty(0),
+    )
 
 
 def _setup_context(ctx, inputs, output):
@@ -137,8 +297,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, sinks = ctx.saved_tensors
     return_lse = ctx.settings[-1]  # without it the caller never saw lse: its gradient is zero, not computed
-    dq, dk, dv, dsinks = torch.ops.burst.attention_backward(dout, dlse if return_lse else None, q, k, v, out, lse,
-                                                            sinks, *ctx.settings)
+    dq, dk, dv, dsinks = torch.ops.burst.attention_backward(
+        dout, dlse if return_lse else None, q, k, v, out, lse, sinks, *ctx.settings
+    )
     return (dq, dk, dv, dsinks if sinks is not None else None) + (None,) * len(ctx.settings)
 
 

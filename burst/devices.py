@@ -19,8 +19,16 @@ DEVICES = ("auto", "cpu", "cuda")
 # the verbs first took) to its canonical name, torch's (`str(torch.bfloat16)` less "torch."), which
 # burst.check, the benchmarks and kernels.reference speak. Parsing normalises to it, so nothing after
 # the command line meets "bf16".
-DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-                 "float16": "float16", "fp16": "float16", "float64": "float64", "fp64": "float64"}
+DTYPE_ALIASES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "float64": "float64",
+    "fp64": "float64",
+}
 DTYPES = {name: getattr(torch, name) for name in dict.fromkeys(DTYPE_ALIASES.values())}  # canonical -> dtype
 
 
@@ -30,23 +38,28 @@ def local_ranks(world: int) -> int:
 
 
 def resolve_device(name: str, local: int) -> str:
-    """"cpu" or "cuda" for `local` ranks on this machine; ValueError (naming --device) when it cannot be."""
+    """ "cpu" or "cuda" for `local` ranks on this machine; ValueError (naming --device) when it cannot be."""
     if name not in DEVICES:
         raise ValueError(f"--device: {name!r} is not one of {', '.join(DEVICES)}")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if name == "auto":
         return "cuda" if gpus >= local else "cpu"
     if name == "cuda" and gpus == 0:
-        raise ValueError("--device: cuda, but this machine has no CUDA device that torch can use "
-                         f"(torch {torch.__version__}, torch.cuda.is_available() is False); use --device cpu")
+        raise ValueError(
+            "--device: cuda, but this machine has no CUDA device that torch can use "
+            f"(torch {torch.__version__}, torch.cuda.is_available() is False); use --device cpu"
+        )
     if name == "cuda" and gpus < local:
-        raise ValueError(f"--device: cuda needs a GPU per rank: {local} ranks on this machine, {gpus} GPU(s) "
-                         "(fewer ranks, or --device cpu)")
+        raise ValueError(
+            f"--device: cuda needs a GPU per rank: {local} ranks on this machine, {gpus} GPU(s) "
+            "(fewer ranks, or --device cpu)"
+        )
     return name
 
 
 def dtype_listing(names) -> str:
     """Canonical `names` each with its other spellings, for help and errors: "float32 (fp32), bfloat16 (bf16)"."""
+
     def spelt(name: str) -> str:
         others = [alias for alias, canonical in DTYPE_ALIASES.items() if canonical == name and alias != name]
         return f"{name} ({', '.join(others)})" if others else name
@@ -71,8 +84,9 @@ def parse_dtype(name: str) -> torch.dtype:
 def check_dtype(dtype: torch.dtype, device: str) -> None:
     """ValueError (naming --dtype) for a dtype the device cannot compute in."""
     if device == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise ValueError("--dtype: bfloat16 (bf16) needs a GPU of compute capability 8.0 or newer; use float16 "
-                         "or float32")
+        raise ValueError(
+            "--dtype: bfloat16 (bf16) needs a GPU of compute capability 8.0 or newer; use float16 or float32"
+        )
 
 
 def backend_for(device: str) -> str:
@@ -91,7 +105,9 @@ def bind(device: str) -> torch.device:
         return torch.device("cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if local_rank >= torch.cuda.device_count():
-        raise RuntimeError(f"LOCAL_RANK {local_rank} but {torch.cuda.device_count()} GPU(s) visible "
-                           "(CUDA_VISIBLE_DEVICES, or fewer ranks per node)")
+        raise RuntimeError(
+            f"LOCAL_RANK {local_rank} but {torch.cuda.device_count()} GPU(s) visible "
+            "(CUDA_VISIBLE_DEVICES, or fewer ranks per node)"
+        )
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)

@@ -68,9 +68,7 @@ def check_tensors(q, k, v) -> None:
     if k.shape[3] != q.shape[3]:
         raise ValueError(f"q has head_dim {q.shape[3]} but k has {k.shape[3]}; they must match")
     if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
-        raise ValueError(
-            f"q has {q.shape[2]} heads but k has {k.shape[2]}; q heads must be a multiple of k heads"
-        )
+        raise ValueError(f"q has {q.shape[2]} heads but k has {k.shape[2]}; q heads must be a multiple of k heads")
 
 
 def unit_stride_last(t: torch.Tensor) -> torch.Tensor:

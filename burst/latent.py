@@ -77,13 +77,19 @@ def check_latent(latent, q: torch.Tensor) -> None:
     if c.dim() != 3 or tuple(c.shape[:2]) != (b, n):
         raise ValueError(f"LatentKV.latent must be (batch, seqlen_local, rank) = ({b}, {n}, r), got {tuple(c.shape)}")
     if rope.dim() != 3 or tuple(rope.shape[:2]) != (b, n) or nope + rope.shape[2] != d:
-        raise ValueError(f"LatentKV.rope must be (batch, seqlen_local, rope_dim) with nope_dim {nope} + rope_dim = "
-                         f"q's headdim {d}, got {tuple(latent.rope.shape)}")
+        raise ValueError(
+            f"LatentKV.rope must be (batch, seqlen_local, rope_dim) with nope_dim {nope} + rope_dim = "
+            f"q's headdim {d}, got {tuple(latent.rope.shape)}"
+        )
     if tuple(w.shape) != (h * (nope + vdim), c.shape[2]):
-        raise ValueError(f"LatentKV.weight must be (nheads * (nope_dim + value_dim), rank) = ({h * (nope + vdim)}, "
-                         f"{c.shape[2]}), got {tuple(w.shape)}")
+        raise ValueError(
+            f"LatentKV.weight must be (nheads * (nope_dim + value_dim), rank) = ({h * (nope + vdim)}, "
+            f"{c.shape[2]}), got {tuple(w.shape)}"
+        )
     if vdim > d:
-        raise ValueError(f"LatentKV.value_dim {vdim} is wider than q's headdim {d} (values are padded to the keys' width)")
+        raise ValueError(
+            f"LatentKV.value_dim {vdim} is wider than q's headdim {d} (values are padded to the keys' width)"
+        )
     if any(t.device != q.device for t in (c, rope, w)):
         raise ValueError(f"LatentKV's tensors must be on q's device {q.device}")
 
@@ -109,11 +115,14 @@ class LatentKeys:
 
     def check_strategy(self, name: str, call) -> None:
         if name != "burst":
-            raise ValueError(f"latent=: strategy {name!r} does not move MLA's latent; strategy='burst' does "
-                             "(its key side)")
+            raise ValueError(
+                f"latent=: strategy {name!r} does not move MLA's latent; strategy='burst' does (its key side)"
+            )
         if call.options.backward_side == "queries":
-            raise ValueError("latent=: burst's backward moves the latent (its key side); backward_side='queries' "
-                             "would move every expanded head's queries")
+            raise ValueError(
+                "latent=: burst's backward moves the latent (its key side); backward_side='queries' "
+                "would move every expanded head's queries"
+            )
 
     def check_entries(self, compressed, q, global_len: int) -> None:
         if compressed is not None:
@@ -124,8 +133,15 @@ class LatentKeys:
 
     def facts(self) -> dict:
         g = self.given
-        return {"latent": (tuple(g.latent.shape), tuple(g.rope_rows().shape), tuple(g.weight.shape), g.nope_dim,
-                           g.value_dim)}
+        return {
+            "latent": (
+                tuple(g.latent.shape),
+                tuple(g.rope_rows().shape),
+                tuple(g.weight.shape),
+                g.nope_dim,
+                g.value_dim,
+            )
+        }
 
     def ready(self, q) -> LatentKeys:
         """The latent, rotary key (b, m, dr) and weight in q's dtype, with unit-stride last dims."""
@@ -181,7 +197,7 @@ class LatentKeys:
             if self._weight32 is None:
                 self._weight32 = self.given.weight.to(d_kv.dtype)
             into_latent += d_kv @ self._weight32
-            into_rope += dk[..., nope:nope + dr].sum(dim=2)
+            into_rope += dk[..., nope : nope + dr].sum(dim=2)
             d_weight = d_kv.flatten(0, 1).t() @ latent.flatten(0, 1).to(d_kv.dtype)
             self.dweight = d_weight if self.dweight is None else self.dweight.add_(d_weight)
 
@@ -190,8 +206,11 @@ class LatentKeys:
     def gradients(self, accs):
         """(d latent, d rope, d weight) in their dtypes."""
         g = self.given
-        dweight = self.dweight if self.dweight is not None else torch.zeros(g.weight.shape, dtype=accs[0].dtype,
-                                                                           device=g.weight.device)
+        dweight = (
+            self.dweight
+            if self.dweight is not None
+            else torch.zeros(g.weight.shape, dtype=accs[0].dtype, device=g.weight.device)
+        )
         return accs[0].to(g.latent.dtype), accs[1].to(g.rope.dtype), dweight.to(g.weight.dtype)
 
 

@@ -87,15 +87,32 @@ def _save(outdir: str, rank: int, result) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _entry(rank: int, world: int, port: int, threads: int | None, backend: str, env: dict, fn, args,
-           outdir: str, parent_env: dict | None = None, launcher: int | None = None) -> None:
+def _entry(
+    rank: int,
+    world: int,
+    port: int,
+    threads: int | None,
+    backend: str,
+    env: dict,
+    fn,
+    args,
+    outdir: str,
+    parent_env: dict | None = None,
+    launcher: int | None = None,
+) -> None:
     _name_process(f"burst-rank-{rank}")
     end_with_launcher(launcher)
     if parent_env is not None:  # a forkserver's child starts with the server's environment, not ours
         os.environ.clear()
         os.environ.update(parent_env)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", str(world)),
+    )
     os.environ.update(env)
     if threads:
         torch.set_num_threads(threads)
@@ -177,8 +194,15 @@ def leave(code: int) -> None:
     os._exit(code)
 
 
-def spawn_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | None = None,
-                timeout: float | None = None, backend: str = "gloo", env: dict | None = None) -> list[Any]:
+def spawn_world(
+    fn: Callable[..., Any],
+    *args,
+    nproc: int = 2,
+    threads: int | None = None,
+    timeout: float | None = None,
+    backend: str = "gloo",
+    env: dict | None = None,
+) -> list[Any]:
     """fn(rank, world, *args) on `nproc` new local processes; every rank's result, by rank.
 
     threads per process: default cores // nproc. backend: "gloo", "nccl", or "auto" (nccl when
@@ -192,8 +216,18 @@ def spawn_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | No
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     with tempfile.TemporaryDirectory() as outdir, _signals_exit():
         context = _rank_context()
-        entry_args = (nproc, free_port(), threads, backend, dict(env or {}), fn, args, outdir, dict(os.environ),
-                      os.getpid())
+        entry_args = (
+            nproc,
+            free_port(),
+            threads,
+            backend,
+            dict(env or {}),
+            fn,
+            args,
+            outdir,
+            dict(os.environ),
+            os.getpid(),
+        )
         ranks = [context.Process(target=_entry, args=(rank, *entry_args), daemon=False) for rank in range(nproc)]
         try:  # from the first start on: whatever leaves this block, no rank outlives it
             for process in ranks:
@@ -201,8 +235,11 @@ def spawn_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | No
             left = _wait(ranks, timeout)
         finally:
             _kill(ranks)
-        results = {r: torch.load(os.path.join(outdir, f"{r}.pt"), weights_only=False)
-                   for r in range(nproc) if os.path.exists(os.path.join(outdir, f"{r}.pt"))}
+        results = {
+            r: torch.load(os.path.join(outdir, f"{r}.pt"), weights_only=False)
+            for r in range(nproc)
+            if os.path.exists(os.path.join(outdir, f"{r}.pt"))
+        }
     _raise_first_error(ranks, results, left)
     return [results[r][1] for r in range(nproc)]
 
@@ -213,6 +250,7 @@ def _signals_exit():
     ends the world's ranks: by default they end the launcher on the spot and the ranks run on (a
     `kill PID`, a scheduler's stop, a closed terminal). Only a signal nobody handles yet, and only in
     the main thread (the one place Python runs handlers); a second one while the ranks end is ignored."""
+
     def exit_on(signum, frame):
         signal.signal(signum, signal.SIG_IGN)  # the teardown it starts runs once, to its end
         raise SystemExit(128 + signum)
@@ -295,8 +333,14 @@ def _died(rank: int, code: int | None) -> WorldError:
     return WorldError(rank, f"rank {rank} died without a result ({how})", "")
 
 
-def run_world(fn: Callable[..., Any], *args, nproc: int = 2, threads: int | None = None,
-              backend: str | None = None, env: dict | None = None) -> Any:
+def run_world(
+    fn: Callable[..., Any],
+    *args,
+    nproc: int = 2,
+    threads: int | None = None,
+    backend: str | None = None,
+    env: dict | None = None,
+) -> Any:
     """fn(rank, world, *args) on every rank; returns rank 0's result (this rank's under torchrun).
 
     Without torchrun, spawns `nproc` local processes (spawn_world; backend default gloo; env set in
@@ -318,8 +362,13 @@ def _attempt_store():
         return None
     import datetime
 
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
-                          is_master=False, timeout=datetime.timedelta(minutes=30))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=False,
+        timeout=datetime.timedelta(minutes=30),
+    )
     return dist.PrefixStore(f"burst/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
@@ -336,8 +385,9 @@ def _in_torchrun_world(fn: Callable[..., Any], args: tuple, threads: int | None,
         if store is None:
             dist.init_process_group(backend)
         else:
-            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
-                                    world_size=int(os.environ["WORLD_SIZE"]))
+            dist.init_process_group(
+                backend, store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
+            )
     if threads:
         torch.set_num_threads(threads)
     result = fn(dist.get_rank(), dist.get_world_size(), *args)

@@ -71,8 +71,10 @@ class DocumentLayout:
             raise ValueError(f"DocumentLayout split must be one of {DOCUMENT_SPLITS}, got {self.split!r}")
         cu = tuple(int(x) for x in self.cu_seqlens)
         if len(cu) < 2 or cu[0] != 0 or any(b <= a for a, b in zip(cu, cu[1:])):
-            raise ValueError(f"DocumentLayout cu_seqlens must rise strictly from 0 (one entry per document "
-                             f"boundary), got {list(cu)[:6]}")
+            raise ValueError(
+                f"DocumentLayout cu_seqlens must rise strictly from 0 (one entry per document "
+                f"boundary), got {list(cu)[:6]}"
+            )
         object.__setattr__(self, "cu_seqlens", cu)
 
     @property
@@ -83,8 +85,10 @@ class DocumentLayout:
     def check(self, world: int, seq_len: int) -> None:
         """Raise ValueError unless these documents cover seq_len tokens and each cuts into its parts."""
         if self.cu_seqlens[-1] != seq_len:
-            raise ValueError(f"the documents (cu_seqlens ending {self.cu_seqlens[-1]}) must cover the global "
-                             f"sequence of {seq_len} tokens")
+            raise ValueError(
+                f"the documents (cu_seqlens ending {self.cu_seqlens[-1]}) must cover the global "
+                f"sequence of {seq_len} tokens"
+            )
         need = world * self.parts
         bad = [(i, b - a) for i, (a, b) in enumerate(zip(self.cu_seqlens, self.cu_seqlens[1:])) if (b - a) % need]
         if bad:
@@ -92,7 +96,8 @@ class DocumentLayout:
             raise ValueError(
                 f"layout doc_{self.split} on {world} ranks cuts every document into {need} equal parts: document {i} "
                 f"has {n} tokens ({len(bad)} documents are not multiples of {need}); pad each document to a "
-                f"multiple of {need} (as TransformerEngine requires), or use a layout over the whole sequence")
+                f"multiple of {need} (as TransformerEngine requires), or use a layout over the whole sequence"
+            )
 
     def segments(self, rank: int, world: int) -> list[Segment]:
         out, at = [], 0
@@ -124,11 +129,14 @@ def check_layout(layout) -> None:
     if isinstance(layout, DocumentLayout):
         return
     if layout in DOCUMENT_LAYOUTS:
-        raise ValueError(f"layout={layout!r} needs the documents: pass burst.DocumentLayout(cu_seqlens, "
-                         f"{layout.removeprefix('doc_')!r}) (or cu_seqlens= to burst.attention)")
+        raise ValueError(
+            f"layout={layout!r} needs the documents: pass burst.DocumentLayout(cu_seqlens, "
+            f"{layout.removeprefix('doc_')!r}) (or cu_seqlens= to burst.attention)"
+        )
     if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS + DOCUMENT_LAYOUTS} or a burst.DocumentLayout, "
-                         f"got {layout!r}")
+        raise ValueError(
+            f"layout must be one of {LAYOUTS + DOCUMENT_LAYOUTS} or a burst.DocumentLayout, got {layout!r}"
+        )
 
 
 def local_multiple(layout) -> int:
@@ -206,8 +214,13 @@ def shard(x: torch.Tensor, group=None, layout="contiguous", dim: int = 1, cu_seq
     """
     layout = resolve_layout(layout, cu_seqlens)
     world, rank, dim = _agree_on_layout(
-        "burst.shard", x, group, layout, dim,
-        lambda d: {"layout": layout, "dim": d, "length": x.shape[d], "ndim": x.dim()})
+        "burst.shard",
+        x,
+        group,
+        layout,
+        dim,
+        lambda d: {"layout": layout, "dim": d, "length": x.shape[d], "ndim": x.dim()},
+    )
     idx = shard_indices(layout, rank, world, x.shape[dim], device=x.device)
     return x.index_select(dim, idx)
 
@@ -221,8 +234,13 @@ def unshard(x_local: torch.Tensor, group=None, layout="contiguous", dim: int = 1
     if isinstance(x_local, torch.Tensor) and -x_local.dim() <= dim < x_local.dim():
         layout = resolve_layout(layout, cu_seqlens, _world_and_rank(group)[0], x_local.shape[dim])
     world, rank, dim = _agree_on_layout(
-        "burst.unshard", x_local, group, layout, dim,
-        lambda d: {"layout": layout, "dim": d, "shape": tuple(x_local.shape), "dtype": str(x_local.dtype)})
+        "burst.unshard",
+        x_local,
+        group,
+        layout,
+        dim,
+        lambda d: {"layout": layout, "dim": d, "shape": tuple(x_local.shape), "dtype": str(x_local.dtype)},
+    )
     if world == 1:
         return x_local
     parts = [torch.empty_like(x_local, memory_format=torch.contiguous_format) for _ in range(world)]

@@ -42,4 +42,4 @@ def dlse_after(dout: torch.Tensor, dlse: torch.Tensor) -> torch.Tensor:
 
 def narrowed(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
     """A widened tensor's gradient, its first channels: the gradient of `like`."""
-    return None if grad is None else grad[..., :like.shape[-1]]
+    return None if grad is None else grad[..., : like.shape[-1]]

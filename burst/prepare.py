@@ -18,9 +18,26 @@ from .strategies import STRATEGIES
 from .validation import check_tensors, checked_call, checked_key_call
 
 
-def prepare_attention(q, keys, group=None, strategy="burst", layout="contiguous", causal=False, window=None,
-                      softmax_scale=None, return_lse=False, cu_seqlens=None, block_sparse=None, topology=None,
-                      sinks=None, softcap=0.0, chunk_size=None, indices=None, compressed=None, **options):
+def prepare_attention(
+    q,
+    keys,
+    group=None,
+    strategy="burst",
+    layout="contiguous",
+    causal=False,
+    window=None,
+    softmax_scale=None,
+    return_lse=False,
+    cu_seqlens=None,
+    block_sparse=None,
+    topology=None,
+    sinks=None,
+    softcap=0.0,
+    chunk_size=None,
+    indices=None,
+    compressed=None,
+    **options,
+):
     """burst.attention's validation and cross-rank agreement, without running it: the chosen
     Strategy and its AttentionCall, for callers that drive forward and backward themselves (the
     engine's rematerialization-aware checkpointing replays a stored output into strategy.backward).
@@ -32,9 +49,26 @@ def prepare_attention(q, keys, group=None, strategy="burst", layout="contiguous"
     rank = dist.get_rank(group) if dist.is_initialized() else 0
     problem, call, name = None, None, None
     try:
-        name, call = checked_key_call(q, keys, group, rank, world, strategy, layout, causal, window, softmax_scale,
-                                      cu_seqlens, block_sparse, options, topology, auto=auto_choice, softcap=softcap,
-                                      chunk_size=chunk_size, indices=indices)
+        name, call = checked_key_call(
+            q,
+            keys,
+            group,
+            rank,
+            world,
+            strategy,
+            layout,
+            causal,
+            window,
+            softmax_scale,
+            cu_seqlens,
+            block_sparse,
+            options,
+            topology,
+            auto=auto_choice,
+            softcap=softcap,
+            chunk_size=chunk_size,
+            indices=indices,
+        )
         check_sinks(sinks, q)
         keys.check_entries(compressed, q, q.shape[1] * world)
     except (TypeError, ValueError, NotImplementedError) as err:
@@ -50,30 +84,42 @@ def prepare_single_device(q, k, causal: bool = True, softmax_scale=None):
     """prepare_attention's (Strategy, AttentionCall) for one process holding the whole sequence: no
     group and no collective, even inside a distributed program (the engine's single-device model)."""
     check_tensors(q, k, k)
-    name, call = checked_call(q, k, k, None, 0, 1, "allgather", "contiguous", causal, None, softmax_scale, None,
-                              None, {})
+    name, call = checked_call(
+        q, k, k, None, 0, 1, "allgather", "contiguous", causal, None, softmax_scale, None, None, {}
+    )
     return STRATEGIES[name], call
 
 
 _HINTS = {"seqlen": " (shard with burst.shard, or pad every rank to one length)"}
 
 
-def _call_facts(q, keys, name: str, call: AttentionCall, return_lse: bool, sinks=None, softcap=0.0,
-                compressed=None) -> dict:
+def _call_facts(
+    q, keys, name: str, call: AttentionCall, return_lse: bool, sinks=None, softcap=0.0, compressed=None
+) -> dict:
     """What must be equal on every rank for the call to be right: shard shapes, dtype, options, and the
     key side's (keys.facts(): K, V's heads, or MLA's latent shapes)."""
     spec = call.spec
     facts = {
-        "batch": q.shape[0], "seqlen": q.shape[1], "heads": q.shape[2],
-        "head_dim": q.shape[3], "dtype": str(q.dtype), "strategy": name, "layout": call.layout,
-        "causal": spec.causal, "window": spec.window, "softmax_scale": call.scale, "return_lse": bool(return_lse),
-        "cu_seqlens": spec.cu_seqlens, "softcap": float(softcap),  # chunks are in cu_seqlens
+        "batch": q.shape[0],
+        "seqlen": q.shape[1],
+        "heads": q.shape[2],
+        "head_dim": q.shape[3],
+        "dtype": str(q.dtype),
+        "strategy": name,
+        "layout": call.layout,
+        "causal": spec.causal,
+        "window": spec.window,
+        "softmax_scale": call.scale,
+        "return_lse": bool(return_lse),
+        "cu_seqlens": spec.cu_seqlens,
+        "softcap": float(softcap),  # chunks are in cu_seqlens
         "indices": None if call.indices is None else (tuple(call.indices.shape), call.index_block),
         "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
         "topology": (call.topology.local_world_size, call.topology.double_ring),
         "sinks": None if sinks is None else (str(sinks.dtype), tuple(sinks.detach().float().tolist())),
-        "compressed": None if compressed is None else (tuple(compressed.k.shape), compressed.rate,
-                                                       compressed.indices is not None),
+        "compressed": None
+        if compressed is None
+        else (tuple(compressed.k.shape), compressed.rate, compressed.indices is not None),
     }
     facts.update(keys.facts())
     facts.update((f"option {key}", value) for key, value in sorted(call.options.as_dict().items()))

@@ -38,8 +38,10 @@ def check_sinks(sinks, q: torch.Tensor) -> None:
     if not isinstance(sinks, torch.Tensor):
         raise TypeError(f"sinks must be a tensor of shape (heads,) = ({q.shape[2]},), got {type(sinks).__name__}")
     if sinks.shape != (q.shape[2],) or not sinks.is_floating_point():
-        raise ValueError(f"sinks must be a floating tensor of shape (heads,) = ({q.shape[2]},), one logit per query "
-                         f"head; got {sinks.dtype} of shape {tuple(sinks.shape)}")
+        raise ValueError(
+            f"sinks must be a floating tensor of shape (heads,) = ({q.shape[2]},), one logit per query "
+            f"head; got {sinks.dtype} of shape {tuple(sinks.shape)}"
+        )
     if sinks.device != q.device:
         raise ValueError(f"sinks are on {sinks.device}, q on {q.device}: put them on one device")
 
@@ -56,8 +58,9 @@ def fold_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> tup
     return (out.to(lse.dtype) * w_out).to(out.dtype), lse_new
 
 
-def sink_gradient(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
-                  dlse: torch.Tensor | None = None) -> torch.Tensor:
+def sink_gradient(
+    dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, dlse: torch.Tensor | None = None
+) -> torch.Tensor:
     """d sinks (heads,) in sinks' dtype, from this rank's rows only: sum_i exp(s_h - lse'_i) (dlse_i - D_i)
     with D_i = dO_i . out'_i (d lse'_i / d s_h = P'_i,sink, as for any score).
 

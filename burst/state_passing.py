@@ -35,9 +35,11 @@ def chunks(layout, group, local_len: int) -> tuple[list[layout_mod.Segment], lis
     world, rank = layout_mod._world_and_rank(group)
     every = [layout_mod.segments(layout, r, world, local_len) for r in range(world)]
     if any(s.stride != 1 for segs in every for s in segs):
-        raise ValueError(f"layout={layout!r} holds every {world}-th token on each rank: a recurrent or "
-                         "convolutional layer has no run of consecutive tokens to pass its state along; "
-                         "use layout 'contiguous' or 'zigzag'")
+        raise ValueError(
+            f"layout={layout!r} holds every {world}-th token on each rank: a recurrent or "
+            "convolutional layer has no run of consecutive tokens to pass its state along; "
+            "use layout 'contiguous' or 'zigzag'"
+        )
     return every[rank], every
 
 
@@ -58,14 +60,18 @@ class _AllGatherWithGrad(torch.autograd.Function):
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
         if stats_active():  # what a ring all-reduce sends: 2 (G - 1) / G of the tensor
-            record_sent(ctx.phase, 2 * grad.numel() * grad.element_size() * (ctx.world - 1) // ctx.world,
-                        messages=2 * (ctx.world - 1))
+            record_sent(
+                ctx.phase,
+                2 * grad.numel() * grad.element_size() * (ctx.world - 1) // ctx.world,
+                messages=2 * (ctx.world - 1),
+            )
         rank = dist.get_rank(ctx.group)
-        return grad[rank * ctx.numel:(rank + 1) * ctx.numel], None, None, None
+        return grad[rank * ctx.numel : (rank + 1) * ctx.numel], None, None, None
 
 
-def all_gather_tensors(tensors: Sequence[torch.Tensor], group, phase: str
-                       ) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
+def all_gather_tensors(
+    tensors: Sequence[torch.Tensor], group, phase: str
+) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
     """Every rank's `tensors` (same shapes and dtype on every rank), in one differentiable all-gather:
     (result, anchor), result[r][i] being rank r's tensors[i]. anchor is a zero that depends on the
     gathered tensor: add it to what this rank returns, so that its backward (a collective) runs on
@@ -78,15 +84,21 @@ def all_gather_tensors(tensors: Sequence[torch.Tensor], group, phase: str
     for r in range(world):
         parts, at = [], 0
         for t in tensors:
-            parts.append(gathered[r, at:at + t.numel()].view(t.shape))
+            parts.append(gathered[r, at : at + t.numel()].view(t.shape))
             at += t.numel()
         out.append(parts)
     return out, anchor
 
 
-def initial_states(finals: Sequence[torch.Tensor], transitions: Sequence[torch.Tensor],
-                   apply_transition: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                   layout, group, local_len: int, phase: str = "state_passing") -> list[torch.Tensor]:
+def initial_states(
+    finals: Sequence[torch.Tensor],
+    transitions: Sequence[torch.Tensor],
+    apply_transition: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    layout,
+    group,
+    local_len: int,
+    phase: str = "state_passing",
+) -> list[torch.Tensor]:
     """The state each of this rank's chunks starts from, in the global token order.
 
     finals[c]: the state after local chunk c when it starts from zero; transitions[c]: its transition,
@@ -106,8 +118,9 @@ def initial_states(finals: Sequence[torch.Tensor], transitions: Sequence[torch.T
     return [starts[c] + anchor for c in range(count)]
 
 
-def halo(tails: Sequence[torch.Tensor], width: int, layout, group, local_len: int,
-         phase: str = "halo", dim: int = -1) -> list[torch.Tensor]:
+def halo(
+    tails: Sequence[torch.Tensor], width: int, layout, group, local_len: int, phase: str = "halo", dim: int = -1
+) -> list[torch.Tensor]:
     """The `width` tokens before each of this rank's chunks, from whichever ranks hold them.
 
     tails[c]: the last min(width, chunk length) tokens of local chunk c along `dim`, in any shape (the

@@ -23,17 +23,70 @@ from .strategies import STRATEGIES
 STRATEGY_NAMES = tuple(STRATEGIES) + ("auto",)
 
 
-def checked_call(q, k, v, group, rank, world, strategy, layout, causal, window, softmax_scale, cu_seqlens,
-                 block_sparse, options, topology=None, auto=None, softcap: float = 0.0,
-                 chunk_size: int | None = None, indices=None) -> tuple[str, AttentionCall]:
+def checked_call(
+    q,
+    k,
+    v,
+    group,
+    rank,
+    world,
+    strategy,
+    layout,
+    causal,
+    window,
+    softmax_scale,
+    cu_seqlens,
+    block_sparse,
+    options,
+    topology=None,
+    auto=None,
+    softcap: float = 0.0,
+    chunk_size: int | None = None,
+    indices=None,
+) -> tuple[str, AttentionCall]:
     """checked_key_call with the K, V tensors as the key side (the planner's stand-in shapes)."""
-    return checked_key_call(q, KeyBlocks(k, v), group, rank, world, strategy, layout, causal, window, softmax_scale,
-                            cu_seqlens, block_sparse, options, topology, auto, softcap, chunk_size, indices)
+    return checked_key_call(
+        q,
+        KeyBlocks(k, v),
+        group,
+        rank,
+        world,
+        strategy,
+        layout,
+        causal,
+        window,
+        softmax_scale,
+        cu_seqlens,
+        block_sparse,
+        options,
+        topology,
+        auto,
+        softcap,
+        chunk_size,
+        indices,
+    )
 
 
-def checked_key_call(q, keys, group, rank, world, strategy, layout, causal, window, softmax_scale, cu_seqlens,
-                     block_sparse, options, topology=None, auto=None, softcap: float = 0.0,
-                     chunk_size: int | None = None, indices=None) -> tuple[str, AttentionCall]:
+def checked_key_call(
+    q,
+    keys,
+    group,
+    rank,
+    world,
+    strategy,
+    layout,
+    causal,
+    window,
+    softmax_scale,
+    cu_seqlens,
+    block_sparse,
+    options,
+    topology=None,
+    auto=None,
+    softcap: float = 0.0,
+    chunk_size: int | None = None,
+    indices=None,
+) -> tuple[str, AttentionCall]:
     """Validate this rank's arguments (local facts only) and build its AttentionCall: (strategy name,
     call). keys: the key side (burst/keys.py), K and V or another kind, which checks itself against q.
     strategy="auto" is resolved by `auto(candidates, call, q, k)` (burst.attention passes the planner's
@@ -50,15 +103,24 @@ def checked_key_call(q, keys, group, rank, world, strategy, layout, causal, wind
     _check_documents(cu_seqlens, global_len)
     _check_block_sparse(block_sparse, global_len)
     indices, index_block = checked_selection(indices, q, keys.facts().get("kv_heads", q.shape[2]), global_len)
-    spec = MaskSpec(causal=causal, window=_normalized_window(window),
-                    cu_seqlens=_documents_and_chunks(cu_seqlens, chunk_size, global_len),
-                    block_sparse=block_sparse)
+    spec = MaskSpec(
+        causal=causal,
+        window=_normalized_window(window),
+        cu_seqlens=_documents_and_chunks(cu_seqlens, chunk_size, global_len),
+        block_sparse=block_sparse,
+    )
     call = AttentionCall(
-        group=group, rank=rank, world=world, layout=layout, local_len=q.shape[1], spec=spec,
+        group=group,
+        rank=rank,
+        world=world,
+        layout=layout,
+        local_len=q.shape[1],
+        spec=spec,
         scale=float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5,
         kernel=select_kernel(q.device, q.dtype, float(softcap), q.shape[-1], keys.kernel_value_dim(q)),
         topology=_resolved_topology(topology),
-        indices=indices, index_block=index_block,
+        indices=indices,
+        index_block=index_block,
     )
     if strategy == "auto":
         name = keys.strategies[0] if keys.strategies else _auto_strategy(call, q, keys.k, options, auto)
@@ -82,8 +144,10 @@ def _document_layout(layout, cu_seqlens, world: int, local_len: int):
     if cu_seqlens is not None:
         given = resolve_layout(f"doc_{resolved.split}", cu_seqlens, world, local_len).cu_seqlens
         if given != resolved.cu_seqlens:
-            raise ValueError(f"cu_seqlens {list(given)[:6]} differ from the DocumentLayout's documents "
-                             f"{list(resolved.cu_seqlens)[:6]}; pass one of them")
+            raise ValueError(
+                f"cu_seqlens {list(given)[:6]} differ from the DocumentLayout's documents "
+                f"{list(resolved.cu_seqlens)[:6]}; pass one of them"
+            )
     return resolved, list(resolved.cu_seqlens)
 
 
@@ -116,18 +180,19 @@ def _auto_strategy(call: AttentionCall, q, k, options: dict, auto) -> str:
     return auto(takes, call, q, k)
 
 
-
 def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
     if strategy not in STRATEGY_NAMES:
         raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}")
     check_layout(layout)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if window is not None and not (isinstance(window, (tuple, list)) and len(window) == 2
-                                   and all(isinstance(w, int) and w >= -1 for w in window)):
+    if window is not None and not (
+        isinstance(window, (tuple, list)) and len(window) == 2 and all(isinstance(w, int) and w >= -1 for w in window)
+    ):
         raise ValueError(f"window must be None or (left, right) ints >= -1 (-1 = unbounded), got {window!r}")
-    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)
-                                          and softmax_scale > 0):
+    if softmax_scale is not None and not (
+        isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale) and softmax_scale > 0
+    ):
         raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
 
 
@@ -155,8 +220,10 @@ def _documents_and_chunks(cu_seqlens, chunk_size: int | None, global_len: int) -
 def _check_takes_indices(strategy, indices) -> None:
     if indices is not None and not strategy.takes_indices:
         takers = [name for name, s in STRATEGIES.items() if s.takes_indices]
-        raise ValueError(f"strategy {strategy.name!r} does not run index selections (indices=): its queries' "
-                         f"chosen keys would have to travel where it moves them; use one of {takers}")
+        raise ValueError(
+            f"strategy {strategy.name!r} does not run index selections (indices=): its queries' "
+            f"chosen keys would have to travel where it moves them; use one of {takers}"
+        )
 
 
 def _check_local_length(local_len: int, layout: str) -> None:

@@ -36,14 +36,25 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=96, help="longest row; rows are 1/2 to 1 of it")
     parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     parser.add_argument("--reference", action="store_true", help="plain loop, eager attention, one process")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: one GPU per rank (accelerate binds cuda:LOCAL_RANK, NCCL)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: one GPU per rank (accelerate binds cuda:LOCAL_RANK, NCCL)",
+    )
     parser.add_argument("--out", default=None, help="save losses, gradients and weights here")
     args = parser.parse_args()
 
     accelerator = Accelerator(cpu=args.device == "cpu", gradient_accumulation_steps=args.accumulate)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4 * args.seq_len)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4 * args.seq_len,
+    )
     torch.manual_seed(0)  # the same weights on every rank and in the reference
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -78,9 +89,14 @@ def main() -> None:
     if args.out and accelerator.is_main_process:
         os.makedirs(args.out, exist_ok=True)
         weights = {n: p.detach().clone() for n, p in accelerator.unwrap_model(model).named_parameters()}
-        torch.save({"losses": losses, "grads": [{n.removeprefix("module."): g for n, g in step.items()}
-                                                for step in grads], "weights": weights},
-                   os.path.join(args.out, "result.pt"))
+        torch.save(
+            {
+                "losses": losses,
+                "grads": [{n.removeprefix("module."): g for n, g in step.items()} for step in grads],
+                "weights": weights,
+            },
+            os.path.join(args.out, "result.pt"),
+        )
     if torch.distributed.is_initialized():
         end_rank()  # past every peer's last collective, then no interpreter finalization (gloo can abort there)
 

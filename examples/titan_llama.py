@@ -47,8 +47,9 @@ class Attention(nn.Module):
         q = rotate(self.wq(x).view(b, n, self.heads, self.head_dim), cos, sin)
         k = rotate(self.wk(x).view(b, n, self.kv_heads, self.head_dim), cos, sin)
         v = self.wv(x).view(b, n, self.kv_heads, self.head_dim)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             is_causal=True, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+        )
         return self.wo(out.transpose(1, 2).reshape(b, n, -1))
 
 
@@ -60,8 +61,10 @@ def rotate(x, cos, sin):
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float = 10000.0):
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32),
-                         theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(
+        torch.arange(seq_len, dtype=torch.float32),
+        theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim),
+    )
     return angles.cos(), angles.sin()
 
 
@@ -117,8 +120,9 @@ def apply_checkpointing_and_compile(model: Llama, checkpointing: bool, compile_b
 def main() -> None:
     parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--dp", type=int, default=1, help="replicas; each sequence is split over world / dp ranks")
-    parser.add_argument("--fsdp", default="mesh", choices=FSDP_MODES,
-                        help="FSDP2 over the dp dim, the whole mesh, or off")
+    parser.add_argument(
+        "--fsdp", default="mesh", choices=FSDP_MODES, help="FSDP2 over the dp dim, the whole mesh, or off"
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=1, help="rows per replica and step")
     parser.add_argument("--seq-len", type=int, default=128)
@@ -126,8 +130,12 @@ def main() -> None:
     parser.add_argument("--no-checkpointing", action="store_true")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--optim", default="adamw", choices=("adamw", "sgd"))
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: one GPU per rank (cuda:LOCAL_RANK) and NCCL; cpu: gloo")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: one GPU per rank (cuda:LOCAL_RANK) and NCCL; cpu: gloo",
+    )
     parser.add_argument("--out", default=None, help="save losses, gradients and weights here (rank 0)")
     args = parser.parse_args()
     distributed = "RANK" in os.environ  # under torchrun; else one process runs the whole global batch
@@ -142,20 +150,28 @@ def main() -> None:
     apply_checkpointing_and_compile(model, not args.no_checkpointing, not args.no_compile)
     model = shard_parameters(model, par)
     params = list(model.parameters())
-    optimizer = (torch.optim.AdamW(params, lr=1e-2) if args.optim == "adamw" else torch.optim.SGD(params, lr=0.5))
+    optimizer = torch.optim.AdamW(params, lr=1e-2) if args.optim == "adamw" else torch.optim.SGD(params, lr=0.5)
     data = torch.Generator().manual_seed(1)
     losses, grads = [], []
     for step in range(args.steps):
         # The global batch: `batch` rows per replica, the same on every rank; each replica takes its rows.
         rows = torch.randint(0, vocab, (args.batch * args.dp, args.seq_len + 1), generator=data)
         if distributed:
-            rows = rows[par.dp_rank * args.batch:(par.dp_rank + 1) * args.batch]
+            rows = rows[par.dp_rank * args.batch : (par.dp_rank + 1) * args.batch]
         tokens, labels = rows[:, :-1].contiguous().to(device), rows[:, 1:].contiguous().to(device)
         cos, sin = (t.to(device) for t in rope_tables(args.seq_len, dim // heads))
         count = labels.numel()  # this replica's tokens: each rank's loss is its share of their mean
-        with burst.context_parallel(buffers=[tokens, labels, cos, sin], buffer_seq_dims=[1, 1, 0, 0],
-                                    no_restore_buffers={tokens, labels, cos, sin}, group=par.sp_group,
-                                    layout=args.layout) if distributed else contextlib.nullcontext():
+        with (
+            burst.context_parallel(
+                buffers=[tokens, labels, cos, sin],
+                buffer_seq_dims=[1, 1, 0, 0],
+                no_restore_buffers={tokens, labels, cos, sin},
+                group=par.sp_group,
+                layout=args.layout,
+            )
+            if distributed
+            else contextlib.nullcontext()
+        ):
             logits = model(tokens, cos, sin)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum") / count
             loss.backward()

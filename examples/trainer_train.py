@@ -68,8 +68,13 @@ class RecordGradients(TrainerCallback):
         self.steps: list[dict[str, torch.Tensor]] = []
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        self.steps.append({n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
-                           for n, p in model.named_parameters() if p.grad is not None})
+        self.steps.append(
+            {
+                n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+                for n, p in model.named_parameters()
+                if p.grad is not None
+            }
+        )
 
 
 def main() -> None:
@@ -90,14 +95,24 @@ def main() -> None:
     parser.add_argument("--reference", action="store_true", help="plain Trainer, eager attention, one process")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank")
     parser.add_argument("--bf16", action="store_true", help="TrainingArguments.bf16 (autocast; float32 weights)")
-    parser.add_argument("--fsdp", action="store_true",
-                        help="FSDP2 through the Trainer's own accelerate plugin (fsdp='full_shard', version 2)")
+    parser.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="FSDP2 through the Trainer's own accelerate plugin (fsdp='full_shard', version 2)",
+    )
     parser.add_argument("--out", default=None, help="save losses, gradients, weights, eval and predictions here")
     args = parser.parse_args()
 
     if args.family == "llama":
-        config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4 * args.seq_len)
+        config = LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4 * args.seq_len,
+        )
     else:  # any causal-LM family, built tiny from its own config class (as the zoo builds it)
         from burst.bench.hf_zoo import tiny_config
 
@@ -105,29 +120,47 @@ def main() -> None:
     torch.manual_seed(0)  # the same weights on every rank and in the reference
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     training = TrainingArguments(
-        output_dir=args.out or "trainer-out", per_device_train_batch_size=args.batch,
-        per_device_eval_batch_size=2, gradient_accumulation_steps=args.accumulate, max_steps=args.steps,
-        optim=args.optim, learning_rate=args.lr, max_grad_norm=0.5, lr_scheduler_type="constant",
-        logging_steps=1, report_to=[], save_strategy="no", use_cpu=args.device == "cpu", seed=3,
-        gradient_checkpointing=args.checkpointing, bf16=args.bf16,
+        output_dir=args.out or "trainer-out",
+        per_device_train_batch_size=args.batch,
+        per_device_eval_batch_size=2,
+        gradient_accumulation_steps=args.accumulate,
+        max_steps=args.steps,
+        optim=args.optim,
+        learning_rate=args.lr,
+        max_grad_norm=0.5,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=args.device == "cpu",
+        seed=3,
+        gradient_checkpointing=args.checkpointing,
+        bf16=args.bf16,
         **(dict(fsdp="full_shard", fsdp_config={"version": 2}) if args.fsdp else {}),
-        dataloader_drop_last=False, disable_tqdm=True)
+        dataloader_drop_last=False,
+        disable_tqdm=True,
+    )
     recorder = RecordGradients()  # a copy of every gradient each step: only when they are saved
-    common = dict(model=model, args=training, data_collator=pack if args.packed else pad_right,
-                  callbacks=[recorder] if args.out else [],
-                  train_dataset=RandomRows(64, args.seq_len // 2, args.seq_len, seed=1),
-                  eval_dataset=RandomRows(args.eval_rows, args.seq_len // 2, args.seq_len, seed=2))
+    common = dict(
+        model=model,
+        args=training,
+        data_collator=pack if args.packed else pad_right,
+        callbacks=[recorder] if args.out else [],
+        train_dataset=RandomRows(64, args.seq_len // 2, args.seq_len, seed=1),
+        eval_dataset=RandomRows(args.eval_rows, args.seq_len // 2, args.seq_len, seed=2),
+    )
     if args.reference:
         trainer = Trainer(**common)
     else:
         from burst.integrations.transformers import SequenceParallelTrainer
 
-        trainer = SequenceParallelTrainer(**common, sp_size=args.sp_size, strategy=args.strategy,
-                                          layout=args.layout)
+        trainer = SequenceParallelTrainer(**common, sp_size=args.sp_size, strategy=args.strategy, layout=args.layout)
     trainer.train()
     sharded = any(hasattr(p, "full_tensor") for p in trainer.model.parameters())  # FSDP2 holds DTensors
     if args.fsdp and not sharded:  # accelerate runs DDP instead where it cannot apply FSDP (on the CPU)
-        raise SystemExit(f"--fsdp: accelerate did not shard the model (wrapped as {type(trainer.model_wrapped).__name__})")
+        raise SystemExit(
+            f"--fsdp: accelerate did not shard the model (wrapped as {type(trainer.model_wrapped).__name__})"
+        )
     metrics = trainer.evaluate()
     predictions = trainer.predict(RandomRows(args.eval_rows, args.seq_len // 2, args.seq_len, seed=4))
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
@@ -135,15 +168,29 @@ def main() -> None:
         for step, loss in enumerate(losses):
             print(f"step {step} loss {loss:.6f}", flush=True)
         print(f"eval loss {metrics['eval_loss']:.6f}", flush=True)
-    weights = ({n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()  # FSDP: a collective
-                for n, p in trainer.model.named_parameters()} if args.out else None)
+    weights = (
+        {
+            n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()  # FSDP: a collective
+            for n, p in trainer.model.named_parameters()
+        }
+        if args.out
+        else None
+    )
     if args.out and trainer.is_world_process_zero():
         os.makedirs(args.out, exist_ok=True)
-        torch.save({"losses": losses, "grads": recorder.steps, "weights": weights,
-                    "eval_loss": metrics["eval_loss"], "predictions": predictions.predictions,
-                    "label_ids": predictions.label_ids, "predict_loss": predictions.metrics["test_loss"],
-                    "sharded": sharded},
-                   os.path.join(args.out, "result.pt"))
+        torch.save(
+            {
+                "losses": losses,
+                "grads": recorder.steps,
+                "weights": weights,
+                "eval_loss": metrics["eval_loss"],
+                "predictions": predictions.predictions,
+                "label_ids": predictions.label_ids,
+                "predict_loss": predictions.metrics["test_loss"],
+                "sharded": sharded,
+            },
+            os.path.join(args.out, "result.pt"),
+        )
     if torch.distributed.is_initialized():
         end_rank()  # past every peer's last collective, then no interpreter finalization (gloo can abort there)
 

@@ -29,24 +29,42 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--layout", default="zigzag")
     parser.add_argument("--sample", action="store_true", help="top-p sampling (seeded alike on every rank)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: one GPU per rank (cuda:LOCAL_RANK) and NCCL; cpu: gloo")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: one GPU per rank (cuda:LOCAL_RANK) and NCCL; cpu: gloo",
+    )
     args = parser.parse_args()
     device = bind(args.device)  # cuda:LOCAL_RANK made current before NCCL starts, or the CPU
     dist.init_process_group(backend_for(args.device), device_id=device if device.type == "cuda" else None)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
-                         max_position_embeddings=args.prompt_len + args.new_tokens)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        max_position_embeddings=args.prompt_len + args.new_tokens,
+    )
     torch.manual_seed(0)  # the same weights on every rank
     name = bt.register(layout=args.layout)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=name).to(device).eval()
-    prompts = torch.randint(1, config.vocab_size, (2, args.prompt_len),
-                            generator=torch.Generator().manual_seed(1)).to(device)
+    prompts = torch.randint(1, config.vocab_size, (2, args.prompt_len), generator=torch.Generator().manual_seed(1)).to(
+        device
+    )
     torch.manual_seed(2)  # sampling draws from the global generator: seeded alike, every rank draws the same
-    out = model.generate(prompts, **bt.sharded_cache(model), max_new_tokens=args.new_tokens,
-                         min_new_tokens=args.new_tokens, do_sample=args.sample, top_p=0.9)
+    out = model.generate(
+        prompts,
+        **bt.sharded_cache(model),
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        do_sample=args.sample,
+        top_p=0.9,
+    )
     if dist.get_rank() == 0:
-        for row in out[:, args.prompt_len:].tolist():
+        for row in out[:, args.prompt_len :].tolist():
             print("tokens", *row, flush=True)
     end_rank()  # past every peer's last collective, then no interpreter finalization (gloo can abort there)
 

@@ -35,13 +35,24 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 over the ranks (bt.fully_shard)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: one GPU per rank (cuda:LOCAL_RANK) and NCCL; cpu: gloo")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: one GPU per rank (cuda:LOCAL_RANK) and NCCL; cpu: gloo",
+    )
     args = parser.parse_args()
     device = bind(args.device)  # cuda:LOCAL_RANK made current before NCCL starts, or the CPU
     dist.init_process_group(backend_for(args.device), device_id=device if device.type == "cuda" else None)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=args.seq_len)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=args.seq_len,
+    )
     torch.manual_seed(0)  # the same weights on every rank
     name = bt.register(strategy=args.strategy, layout=args.layout)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=name).to(device)

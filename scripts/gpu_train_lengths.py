@@ -71,11 +71,16 @@ def run_trial(spec: dict) -> dict:
     last = rows[-1]
     peak = peak_flops_of(torch.cuda.get_device_name(device)) if not cpu else 0.0
     flops = train_flops_per_token(m, n) * n
-    return {"ok": True, "setup_s": setup_s, **last,
-            "tokens_per_s": n / last["step_s"], "mfu": flops / last["compute_s"] / peak if peak else None,
-            "peak_gpu_bytes": peak_bytes(device) if not cpu else None,
-            "peak_host_bytes": peak_bytes(torch.device("cpu")),
-            "device": "cpu" if cpu else torch.cuda.get_device_name(device)}
+    return {
+        "ok": True,
+        "setup_s": setup_s,
+        **last,
+        "tokens_per_s": n / last["step_s"],
+        "mfu": flops / last["compute_s"] / peak if peak else None,
+        "peak_gpu_bytes": peak_bytes(device) if not cpu else None,
+        "peak_host_bytes": peak_bytes(torch.device("cpu")),
+        "device": "cpu" if cpu else torch.cuda.get_device_name(device),
+    }
 
 
 def _timed(fn_forward_backward, optimizer_step, sync):
@@ -99,12 +104,21 @@ def burst_step(m, n, device, spec):
 
     PRESETS["llama3-8b-trial"] = m
     fields = spec["fields"]
-    cfg = engine.TrainConfig(model="llama3-8b-trial", seq_len=n, steps=spec["steps"], lr=1e-5, warmup=1,
-                             dtype="float32" if spec["cpu"] else "bfloat16", device=device.type, progress=False,
-                             checkpointing=fields.get("checkpointing", "none"), ffn_chunk=fields.get("ffn_chunk", 0),
-                             fused_loss=fields.get("fused_loss", True),
-                             offload_activations=fields.get("offload_activations", False),
-                             offload_optimizer=fields.get("offload_optimizer", False))
+    cfg = engine.TrainConfig(
+        model="llama3-8b-trial",
+        seq_len=n,
+        steps=spec["steps"],
+        lr=1e-5,
+        warmup=1,
+        dtype="float32" if spec["cpu"] else "bfloat16",
+        device=device.type,
+        progress=False,
+        checkpointing=fields.get("checkpointing", "none"),
+        ffn_chunk=fields.get("ffn_chunk", 0),
+        fused_loss=fields.get("fused_loss", True),
+        offload_activations=fields.get("offload_activations", False),
+        offload_optimizer=fields.get("offload_optimizer", False),
+    )
     model = engine.build(cfg, None, device)
     optimizer = engine.make_optimizer(model, cfg)
     data, count = engine.TokenSource(cfg, m.vocab_size), [0]
@@ -118,8 +132,12 @@ def burst_step(m, n, device, spec):
         start = time.perf_counter()
         loss = engine.train_step(model, optimizer, data.batch(count[0]), cfg, timings=timings)  # synchronizes
         step_s = time.perf_counter() - start
-        return {"loss": loss, "step_s": step_s, "optimizer_s": timings["optimizer_s"],
-                "compute_s": step_s - timings["optimizer_s"]}
+        return {
+            "loss": loss,
+            "step_s": step_s,
+            "optimizer_s": timings["optimizer_s"],
+            "compute_s": step_s - timings["optimizer_s"],
+        }
 
     return step
 
@@ -129,13 +147,26 @@ def hf_step(m, n, device):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     s = m.rope_scaling
-    config = LlamaConfig(vocab_size=m.vocab_size, hidden_size=m.dim, intermediate_size=m.ffn_dim,
-                         num_hidden_layers=m.layers, num_attention_heads=m.heads, num_key_value_heads=m.kv_heads,
-                         max_position_embeddings=max(n, 131072), rms_norm_eps=m.norm_eps, use_cache=False,
-                         rope_parameters={"rope_type": "llama3", "rope_theta": m.rope_theta, "factor": s.factor,
-                                          "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
-                                          "original_max_position_embeddings": s.original_max_positions},
-                         attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=m.vocab_size,
+        hidden_size=m.dim,
+        intermediate_size=m.ffn_dim,
+        num_hidden_layers=m.layers,
+        num_attention_heads=m.heads,
+        num_key_value_heads=m.kv_heads,
+        max_position_embeddings=max(n, 131072),
+        rms_norm_eps=m.norm_eps,
+        use_cache=False,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": m.rope_theta,
+            "factor": s.factor,
+            "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_positions,
+        },
+        attn_implementation="sdpa",
+    )
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     torch.set_default_dtype(dtype)  # bf16 weights from the start: an fp32 8B model would not fit beside its state
     with torch.device(device):
@@ -169,8 +200,12 @@ def hf_step(m, n, device):
 def gpu_profile() -> str:
     """H200 or H100 by nvidia-smi's name for GPU 0 (the parent holds no CUDA context: the trials get it all)."""
     try:
-        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
-                              capture_output=True, text=True, timeout=30).stdout
+        name = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         name = ""
     return "H200" if "H200" in name.upper() else "H100"
@@ -202,51 +237,97 @@ class Search:
         from burst.plan.lengths import MEMORY_OPTIONS, speed_at
 
         fields = MEMORY_OPTIONS[option][0]
-        return speed_at("burst", self.cluster, Training(self.m, n, fsdp=False, host_memory_bytes=self.host,
-                                                        dtype_bytes=4 if self.cpu else 2, **fields))
+        return speed_at(
+            "burst",
+            self.cluster,
+            Training(self.m, n, fsdp=False, host_memory_bytes=self.host, dtype_bytes=4 if self.cpu else 2, **fields),
+        )
 
     def longest(self, option: str) -> int:
         from burst.plan import Training
         from burst.plan.lengths import MEMORY_OPTIONS, longest_length
 
-        return longest_length("burst", self.cluster, Training(self.m, K, fsdp=False, host_memory_bytes=self.host,
-                                                              dtype_bytes=4 if self.cpu else 2,
-                                                              **MEMORY_OPTIONS[option][0]),
-                              granule=64 if self.cpu else 8 * K)
+        return longest_length(
+            "burst",
+            self.cluster,
+            Training(
+                self.m,
+                K,
+                fsdp=False,
+                host_memory_bytes=self.host,
+                dtype_bytes=4 if self.cpu else 2,
+                **MEMORY_OPTIONS[option][0],
+            ),
+            granule=64 if self.cpu else 8 * K,
+        )
 
     def trial(self, engine: str, option: str, n: int, steps: int, purpose: str) -> dict | None:
         from burst.plan.lengths import MEMORY_OPTIONS
 
         guess = self.predicted(option if engine == "burst" else "full", n)
         expected = self.setup_s + steps * guess["step_s"] * self.factor * (1.5 if engine == "transformers" else 1)
-        entry = {"engine": engine, "option": option, "seq_len": n, "steps": steps, "purpose": purpose,
-                 "predicted": guess if engine == "burst" else None, "expected_s": expected}
+        entry = {
+            "engine": engine,
+            "option": option,
+            "seq_len": n,
+            "steps": steps,
+            "purpose": purpose,
+            "predicted": guess if engine == "burst" else None,
+            "expected_s": expected,
+        }
         if expected > self.left() - 5 or self.args.dry_run:
-            self.skipped.append({**entry, "why": "dry run" if self.args.dry_run else
-                                 f"expected {expected:.0f} s, {max(0, self.left()):.0f} s left"})
+            self.skipped.append(
+                {
+                    **entry,
+                    "why": "dry run"
+                    if self.args.dry_run
+                    else f"expected {expected:.0f} s, {max(0, self.left()):.0f} s left",
+                }
+            )
             return None
-        spec = {"engine": engine, "seq_len": n, "steps": steps, "cpu": self.cpu, "gpu_mem_gib": self.args.gpu_mem_gib,
-                "fields": MEMORY_OPTIONS[option][0] if engine == "burst" else {}}
+        spec = {
+            "engine": engine,
+            "seq_len": n,
+            "steps": steps,
+            "cpu": self.cpu,
+            "gpu_mem_gib": self.args.gpu_mem_gib,
+            "fields": MEMORY_OPTIONS[option][0] if engine == "burst" else {},
+        }
         began = time.monotonic()
         log = os.path.join(self.args.out, f"trial-{len(self.results):02d}.log")
         try:
             with open(log, "w") as f:
-                done = subprocess.run([sys.executable, os.path.abspath(__file__), "--trial", json.dumps(spec)],
-                                      stdout=subprocess.PIPE, stderr=f, text=True, timeout=max(5, self.left()))
+                done = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), "--trial", json.dumps(spec)],
+                    stdout=subprocess.PIPE,
+                    stderr=f,
+                    text=True,
+                    timeout=max(5, self.left()),
+                )
             lines = done.stdout.strip().splitlines()
-            result = json.loads(lines[-1]) if done.returncode == 0 and lines else \
-                {"ok": False, "why": f"exit {done.returncode} (see {os.path.basename(log)})"}
+            result = (
+                json.loads(lines[-1])
+                if done.returncode == 0 and lines
+                else {"ok": False, "why": f"exit {done.returncode} (see {os.path.basename(log)})"}
+            )
         except subprocess.TimeoutExpired:
             result = {"ok": False, "why": "out of time (the budget)"}
         entry.update(result, wall_s=time.monotonic() - began)
-        if result.get("ok") and engine == "burst" and not any(r.get("ok") and r["engine"] == "burst"
-                                                                for r in self.results):
+        if (
+            result.get("ok")
+            and engine == "burst"
+            and not any(r.get("ok") and r["engine"] == "burst" for r in self.results)
+        ):
             self.factor = max(0.5, result["step_s"] / guess["step_s"])  # the planner, as this device runs it
             self.setup_s = entry["wall_s"] - steps * result["step_s"] + 5  # start-up: imports, weights, state
         self.results.append(entry)
         self.write()
-        print(f"gpu_train_lengths: {engine} {option} {n}: {'ok' if result.get('ok') else result['why']} "
-              f"({entry['wall_s']:.0f} s, {max(0, self.left()):.0f} s left)", file=sys.stderr, flush=True)
+        print(
+            f"gpu_train_lengths: {engine} {option} {n}: {'ok' if result.get('ok') else result['why']} "
+            f"({entry['wall_s']:.0f} s, {max(0, self.left()):.0f} s left)",
+            file=sys.stderr,
+            flush=True,
+        )
         return entry
 
     def run(self):
@@ -257,8 +338,7 @@ class Search:
         if self.args.hf:  # transformers from 8K up, doubling, until a step fails
             n = 64 if self.cpu else 8 * K
             while n <= (128 if self.cpu else 256 * K):
-                got = self.trial("transformers", "sdpa + gradient checkpointing", n, 2 if n in speed else 1,
-                                 "longest")
+                got = self.trial("transformers", "sdpa + gradient checkpointing", n, 2 if n in speed else 1, "longest")
                 if not (got and got["ok"]):
                     break
                 n *= 2
@@ -284,18 +364,48 @@ class Search:
         option = "none + host optimizer"
         n = 4 * self.longest(option)
         expected = self.setup_s + 0.1 * self.predicted(option, n)["step_s"] * self.factor
-        entry = {"engine": "burst train (CLI)", "option": option, "seq_len": n, "purpose": "out of memory line",
-                 "expected_s": expected, "predicted": None, "steps": 1}
+        entry = {
+            "engine": "burst train (CLI)",
+            "option": option,
+            "seq_len": n,
+            "purpose": "out of memory line",
+            "expected_s": expected,
+            "predicted": None,
+            "steps": 1,
+        }
         if expected > self.left() - 5 or self.args.dry_run:
-            self.skipped.append({**entry, "why": "dry run" if self.args.dry_run else
-                                 f"expected {expected:.0f} s, {max(0, self.left()):.0f} s left"})
+            self.skipped.append(
+                {
+                    **entry,
+                    "why": "dry run"
+                    if self.args.dry_run
+                    else f"expected {expected:.0f} s, {max(0, self.left()):.0f} s left",
+                }
+            )
             return
         shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
         from burst.plan.lengths import MEMORY_OPTIONS
 
-        cmd = [sys.executable, "-m", "burst", "train", "--model", "llama3-8b", "--nproc", "1", "--device", "cuda",
-               "--dtype", "bfloat16", "--seq-len", str(n), "--steps", "1", "--no-progress",
-               *MEMORY_OPTIONS[option][1].split()]
+        cmd = [
+            sys.executable,
+            "-m",
+            "burst",
+            "train",
+            "--model",
+            "llama3-8b",
+            "--nproc",
+            "1",
+            "--device",
+            "cuda",
+            "--dtype",
+            "bfloat16",
+            "--seq-len",
+            str(n),
+            "--steps",
+            "1",
+            "--no-progress",
+            *MEMORY_OPTIONS[option][1].split(),
+        ]
         env = dict(os.environ)
         if self.cpu:  # nothing runs out of memory here: the tiny preset with CUDA's error simulated (the test's)
             cmd[cmd.index("llama3-8b")], cmd[cmd.index("cuda")], cmd[cmd.index("bfloat16")] = "tiny", "cpu", "float32"
@@ -308,8 +418,11 @@ class Search:
             lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
             left = sorted(set(os.listdir("/dev/shm")) - shm) if os.path.isdir("/dev/shm") else []
             ok = done.returncode == 1 and len(lines) == 1 and "out of memory at --seq-len" in lines[0]
-            entry.update(ok=ok, why=f"exit {done.returncode}, {len(lines)} stderr line(s): {lines[-1][:600] if lines else ''}"
-                         f"; new in /dev/shm: {left or 'nothing'}")
+            entry.update(
+                ok=ok,
+                why=f"exit {done.returncode}, {len(lines)} stderr line(s): {lines[-1][:600] if lines else ''}"
+                f"; new in /dev/shm: {left or 'nothing'}",
+            )
         except subprocess.TimeoutExpired:
             entry.update(ok=False, why="out of time (the budget)")
         entry["wall_s"] = time.monotonic() - began
@@ -319,12 +432,21 @@ class Search:
     def write(self):
         import torch
 
-        meta = {"command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]), "torch": torch.__version__,
-                "budget_s": self.args.budget, "host_mem_gib": self.args.host_mem_gib, "profile": self.cluster.profile.name,
-                "gpu_mem_gib": self.cluster.profile.memory_bytes / 2**30}
+        meta = {
+            "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+            "torch": torch.__version__,
+            "budget_s": self.args.budget,
+            "host_mem_gib": self.args.host_mem_gib,
+            "profile": self.cluster.profile.name,
+            "gpu_mem_gib": self.cluster.profile.memory_bytes / 2**30,
+        }
         with open(os.path.join(self.args.out, "results.json"), "w") as f:
-            json.dump({"meta": meta, "results": self.results, "skipped": self.skipped, "out_of_memory": self.oom}, f,
-                      indent=1, default=str)
+            json.dump(
+                {"meta": meta, "results": self.results, "skipped": self.skipped, "out_of_memory": self.oom},
+                f,
+                indent=1,
+                default=str,
+            )
         with open(os.path.join(self.args.out, "report.md"), "w") as f:
             f.write(report(meta, self.results, self.skipped, self))
 
@@ -334,12 +456,17 @@ def _gib(n) -> str:
 
 
 def report(meta: dict, results: list, skipped: list, search: Search) -> str:
-    lines = ["# llama3-8b: the longest training step on one GPU, and its speed", "",
-             f"Command: `{meta['command']}` (torch {meta['torch']}); planner profile {meta['profile']} "
-             f"({meta['gpu_mem_gib']:.0f} GiB), host memory {meta['host_mem_gib']} GiB. One sequence per step; "
-             "MFU: torchtitan's FLOPs (burst/plan/flops.py) over forward + backward seconds, the dense bf16 peak.", "",
-             "| engine | memory option | seq | result | step s | fwd+bwd s | optimizer s | tokens/s | MFU "
-             "| peak GPU GiB | peak host GiB | planner: step s, GPU GiB |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# llama3-8b: the longest training step on one GPU, and its speed",
+        "",
+        f"Command: `{meta['command']}` (torch {meta['torch']}); planner profile {meta['profile']} "
+        f"({meta['gpu_mem_gib']:.0f} GiB), host memory {meta['host_mem_gib']} GiB. One sequence per step; "
+        "MFU: torchtitan's FLOPs (burst/plan/flops.py) over forward + backward seconds, the dense bf16 peak.",
+        "",
+        "| engine | memory option | seq | result | step s | fwd+bwd s | optimizer s | tokens/s | MFU "
+        "| peak GPU GiB | peak host GiB | planner: step s, GPU GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         plan = r.get("predicted") or {}
         planned = f"{plan['step_s']:.3g}, {_gib(plan['mem_bytes'])}" if plan else ""
@@ -348,11 +475,16 @@ def report(meta: dict, results: list, skipped: list, search: Search) -> str:
             continue
         mfu = "" if r.get("mfu") is None else f"{r['mfu']:.1%}"
         if plan:  # measured over planned: the planner is within 25% when this lies in 0.8-1.25
-            planned += f" (measured {r['step_s'] / plan['step_s']:.2f}x, {r['peak_gpu_bytes'] / plan['mem_bytes']:.2f}x)" \
-                if r.get("peak_gpu_bytes") else f" (measured {r['step_s'] / plan['step_s']:.2f}x)"
-        lines.append(f"| {r['engine']} | {r['option']} | {r['seq_len']} | ok | {r['step_s']:.3g} | "
-                     f"{r['compute_s']:.3g} | {r['optimizer_s']:.3g} | {r['tokens_per_s']:.4g} | {mfu} | "
-                     f"{_gib(r.get('peak_gpu_bytes'))} | {_gib(r.get('peak_host_bytes'))} | {planned} |")
+            planned += (
+                f" (measured {r['step_s'] / plan['step_s']:.2f}x, {r['peak_gpu_bytes'] / plan['mem_bytes']:.2f}x)"
+                if r.get("peak_gpu_bytes")
+                else f" (measured {r['step_s'] / plan['step_s']:.2f}x)"
+            )
+        lines.append(
+            f"| {r['engine']} | {r['option']} | {r['seq_len']} | ok | {r['step_s']:.3g} | "
+            f"{r['compute_s']:.3g} | {r['optimizer_s']:.3g} | {r['tokens_per_s']:.4g} | {mfu} | "
+            f"{_gib(r.get('peak_gpu_bytes'))} | {_gib(r.get('peak_host_bytes'))} | {planned} |"
+        )
     lines += ["", "## Longest step completed", ""]
     for engine in ("burst", "transformers"):
         ok = [r for r in results if r["engine"] == engine and r.get("ok")]
@@ -366,25 +498,33 @@ def report(meta: dict, results: list, skipped: list, search: Search) -> str:
     ok = [r for r in results if r.get("ok")]
     for n in sorted({r["seq_len"] for r in ok if r["purpose"] == "speed"}):
         ours = max((r["tokens_per_s"] for r in ok if r["engine"] == "burst" and r["seq_len"] == n), default=None)
-        theirs = max((r["tokens_per_s"] for r in ok if r["engine"] == "transformers" and r["seq_len"] == n),
-                     default=None)
+        theirs = max(
+            (r["tokens_per_s"] for r in ok if r["engine"] == "transformers" and r["seq_len"] == n), default=None
+        )
         said = lambda v: "did not run or fit" if v is None else f"{v:.4g} tokens/s"  # noqa: E731
         ratio = f": {ours / theirs:.2f}x" if ours and theirs else ""
         lines.append(f"- {n} tokens: burst {said(ours)}, transformers {said(theirs)}{ratio}")
     longest_ours = max((r["seq_len"] for r in ok if r["engine"] == "burst"), default=0)
     longest_theirs = max((r["seq_len"] for r in ok if r["engine"] == "transformers"), default=0)
     if longest_ours and longest_theirs:
-        lines.append(f"- longest step: burst {longest_ours}, transformers {longest_theirs}: "
-                     f"{longest_ours / longest_theirs:.2f}x")
+        lines.append(
+            f"- longest step: burst {longest_ours}, transformers {longest_theirs}: {longest_ours / longest_theirs:.2f}x"
+        )
     if search.oom:
         o = search.oom
-        lines += ["", "## Out of memory from `burst train`", "",
-                  f"At --seq-len {o['seq_len']} ({o['option']}): {'as it should be' if o.get('ok') else 'NOT as it should be'}"
-                  f" ({o['wall_s']:.0f} s): {o['why']}"]
+        lines += [
+            "",
+            "## Out of memory from `burst train`",
+            "",
+            f"At --seq-len {o['seq_len']} ({o['option']}): {'as it should be' if o.get('ok') else 'NOT as it should be'}"
+            f" ({o['wall_s']:.0f} s): {o['why']}",
+        ]
     if skipped:
         lines += ["", "## Not run (the budget)", ""]
-        lines += [f"- {s['engine']} {s['option']} at {s['seq_len']} (expected {s['expected_s']:.0f} s): {s['why']}"
-                  for s in skipped]
+        lines += [
+            f"- {s['engine']} {s['option']} at {s['seq_len']} (expected {s['expected_s']:.0f} s): {s['why']}"
+            for s in skipped
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -397,11 +537,19 @@ def main(argv=None) -> int:
     p.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers")
     p.add_argument("--no-speed", dest="speed", action="store_false", help="skip the 32K and 128K speed trials")
     p.add_argument("--profile", default="auto", help="planner profile: H100, H200, or auto (GPU 0's, by nvidia-smi)")
-    p.add_argument("--gpu-mem-gib", type=float, default=None,
-                   help="cap the GPU's memory (an H200 run as an H100: 80) for the trials and the planner")
+    p.add_argument(
+        "--gpu-mem-gib",
+        type=float,
+        default=None,
+        help="cap the GPU's memory (an H200 run as an H100: 80) for the trials and the planner",
+    )
     p.add_argument("--host-mem-gib", type=float, default=128, help="host memory the planner assumes (default 128)")
-    p.add_argument("--no-oom-check", dest="oom_check", action="store_false",
-                   help="skip the last trial: `burst train` far past the longest, which must end with one line")
+    p.add_argument(
+        "--no-oom-check",
+        dest="oom_check",
+        action="store_false",
+        help="skip the last trial: `burst train` far past the longest, which must end with one line",
+    )
     p.add_argument("--cpu", action="store_true", help="tiny model, tiny lengths, on the CPU (the test)")
     p.add_argument("--cpu-mem-gib", type=float, default=0.02, help=argparse.SUPPRESS)
     p.add_argument("--dry-run", action="store_true", help="list the trials and their expected seconds, run none")

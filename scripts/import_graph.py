@@ -59,7 +59,7 @@ def _absolute(module: str | None, level: int, importer: str, is_package: bool) -
     if level == 0:
         return module or ""
     package = importer.split(".") if is_package else importer.split(".")[:-1]
-    base = package[:len(package) - (level - 1)]
+    base = package[: len(package) - (level - 1)]
     return ".".join(base + ([module] if module else []))
 
 

@@ -17,8 +17,17 @@ from burst.kernels.reference import relative_error as rel_err
 
 TOL = {DTYPES[name]: bound for name, bound in BOUNDS.items()}  # torch dtype -> reference.BOUNDS
 
-__all__ = ["TOL", "full_inputs", "reference_grads", "rel_err", "within_bounds", "strategy_kwargs", "sharded_errors",
-           "reference_mask", "assert_within_bounds"]
+__all__ = [
+    "TOL",
+    "full_inputs",
+    "reference_grads",
+    "rel_err",
+    "within_bounds",
+    "strategy_kwargs",
+    "sharded_errors",
+    "reference_mask",
+    "assert_within_bounds",
+]
 
 
 def strategy_kwargs(name: str) -> dict:

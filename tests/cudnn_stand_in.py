@@ -42,8 +42,18 @@ def _like(t: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t).copy_(values)
 
 
-def forward(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
-            return_debug_mask=False, *, scale=None):
+def forward(
+    query,
+    key,
+    value,
+    attn_bias,
+    compute_log_sumexp,
+    dropout_p=0.0,
+    is_causal=False,
+    return_debug_mask=False,
+    *,
+    scale=None,
+):
     _check_inputs(query, key, value)
     assert attn_bias is None and compute_log_sumexp and dropout_p == 0.0 and not return_debug_mask
     assert isinstance(scale, float) and isinstance(is_causal, bool)
@@ -57,12 +67,38 @@ def forward(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_
         out[i], lse[i] = o, l
     CALLS.append(("forward", is_causal, sq, sk))
     seed = torch.zeros((), dtype=torch.int64)
-    return (_like(query[..., : value.shape[-1]], out.transpose(1, 2)), lse.float().unsqueeze(-1).contiguous(),
-            None, None, sq, sk, seed, seed.clone(), None)
+    return (
+        _like(query[..., : value.shape[-1]], out.transpose(1, 2)),
+        lse.float().unsqueeze(-1).contiguous(),
+        None,
+        None,
+        sq,
+        sk,
+        seed,
+        seed.clone(),
+        None,
+    )
 
 
-def backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q,
-             cum_seq_k, max_q, max_k, dropout_p, is_causal, *, scale=None):
+def backward(
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    philox_seed,
+    philox_offset,
+    attn_bias,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    *,
+    scale=None,
+):
     _check_inputs(query, key, value, grad_out, out)
     assert grad_out.stride() == out.stride(), f"same_strides(o, dO): {out.stride()} != {grad_out.stride()}"
     b, h, sq, _ = query.shape
@@ -75,8 +111,9 @@ def backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_of
     allowed = _top_left(sq, sk, is_causal)
     dq, dk, dv = (torch.empty(t.shape, dtype=torch.float64) for t in (query, key, value))
     for i in range(b):
-        grads = _backward_one(*(t[i].transpose(0, 1) for t in (grad_out, query, key, value, out)),
-                              logsumexp[i, ..., 0], scale, allowed)
+        grads = _backward_one(
+            *(t[i].transpose(0, 1) for t in (grad_out, query, key, value, out)), logsumexp[i, ..., 0], scale, allowed
+        )
         for acc, g in zip((dq, dk, dv), grads):
             acc[i] = g.transpose(0, 1)
     CALLS.append(("backward", is_causal, sq, sk))

@@ -90,8 +90,19 @@ def _backward_one(dout, q, k, v, out, lse, scale, allowed, softcap=0.0):
     return dq, dk, dv
 
 
-def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
-                        softcap, alibi_slopes, return_softmax):
+def _flash_attn_forward(
+    q,
+    k,
+    v,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size_left,
+    window_size_right,
+    softcap,
+    alibi_slopes,
+    return_softmax,
+):
     _check_common(q, k, v, softmax_scale, window_size_left, window_size_right, dropout_p, softcap, alibi_slopes)
     assert q.dim() == 4 and not return_softmax
     CALLS.append(("forward", window_size_left, 0 if causal else window_size_right, 1))
@@ -100,8 +111,26 @@ def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_l
     return torch.stack(outs).to(q.dtype), torch.stack(lses).float(), torch.empty(0), torch.empty(2, dtype=torch.int64)
 
 
-def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale, causal,
-                         window_size_left, window_size_right, softcap, alibi_slopes, deterministic, rng_state):
+def _flash_attn_backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    softmax_lse,
+    dq,
+    dk,
+    dv,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size_left,
+    window_size_right,
+    softcap,
+    alibi_slopes,
+    deterministic,
+    rng_state,
+):
     _check_common(q, k, v, softmax_scale, window_size_left, window_size_right, dropout_p, softcap, alibi_slopes)
     assert softmax_lse.dtype == torch.float32 and softmax_lse.shape == (q.shape[0], q.shape[2], q.shape[1])
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
@@ -122,10 +151,26 @@ def _sequences(cu_seqlens, total, max_seqlen, device):
     return list(zip(cu, cu[1:]))
 
 
-def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                               softmax_scale, causal, window_size_left=-1, window_size_right=-1, softcap=0.0,
-                               alibi_slopes=None, return_softmax=False, block_table=None, leftpad_k=None,
-                               seqused_k=None):
+def _flash_attn_varlen_forward(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size_left=-1,
+    window_size_right=-1,
+    softcap=0.0,
+    alibi_slopes=None,
+    return_softmax=False,
+    block_table=None,
+    leftpad_k=None,
+    seqused_k=None,
+):
     _check_common(q, k, v, softmax_scale, window_size_left, window_size_right, dropout_p, softcap, alibi_slopes)
     assert q.dim() == 3 and not return_softmax and block_table is None and leftpad_k is None and seqused_k is None
     qseq = _sequences(cu_seqlens_q, q.shape[0], max_seqlen_q, q.device)
@@ -140,9 +185,30 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     return out.to(q.dtype), lse.float(), torch.empty(0), torch.empty(2, dtype=torch.int64)
 
 
-def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
-                                max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left,
-                                window_size_right, softcap, alibi_slopes, deterministic, rng_state=None):
+def _flash_attn_varlen_backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    softmax_lse,
+    dq,
+    dk,
+    dv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size_left,
+    window_size_right,
+    softcap,
+    alibi_slopes,
+    deterministic,
+    rng_state=None,
+):
     _check_common(q, k, v, softmax_scale, window_size_left, window_size_right, dropout_p, softcap, alibi_slopes)
     assert softmax_lse.dtype == torch.float32 and softmax_lse.shape == (q.shape[1], q.shape[0])
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
@@ -152,8 +218,17 @@ def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_
     dq.zero_(), dk.zero_(), dv.zero_()
     for (q0, q1), (k0, k1) in zip(qseq, kseq):
         allowed = _band(q1 - q0, k1 - k0, causal, window_size_left, window_size_right, max_seqlen_k)
-        g = _backward_one(dout[q0:q1], q[q0:q1], k[k0:k1], v[k0:k1], out[q0:q1], softmax_lse[:, q0:q1],
-                          softmax_scale, allowed, softcap)
+        g = _backward_one(
+            dout[q0:q1],
+            q[q0:q1],
+            k[k0:k1],
+            v[k0:k1],
+            out[q0:q1],
+            softmax_lse[:, q0:q1],
+            softmax_scale,
+            allowed,
+            softcap,
+        )
         dq[q0:q1].copy_(g[0]), dk[k0:k1].copy_(g[1]), dv[k0:k1].copy_(g[2])
     return torch.empty(0)
 
@@ -161,8 +236,12 @@ def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_
 def modules() -> dict[str, types.ModuleType]:
     """The stand-in package and interface, by the names `import flash_attn.flash_attn_interface` looks up."""
     interface = types.ModuleType("flash_attn.flash_attn_interface")
-    for name in ("_flash_attn_forward", "_flash_attn_backward", "_flash_attn_varlen_forward",
-                 "_flash_attn_varlen_backward"):
+    for name in (
+        "_flash_attn_forward",
+        "_flash_attn_backward",
+        "_flash_attn_varlen_forward",
+        "_flash_attn_varlen_backward",
+    ):
         setattr(interface, name, globals()[name])
     package = types.ModuleType("flash_attn")
     package.flash_attn_interface = interface
@@ -178,34 +257,123 @@ class AtenOps:
     def __init__(self, padded_lse: bool = False):
         self.padded_lse = padded_lse
 
-    def forward(self, q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
-                scale, window_size_left, window_size_right):
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        cum_seq_q,
+        cum_seq_k,
+        max_q,
+        max_k,
+        dropout_p,
+        is_causal,
+        return_debug_mask,
+        *,
+        scale,
+        window_size_left,
+        window_size_right,
+    ):
         assert not return_debug_mask and (cum_seq_q is None) == (cum_seq_k is None)
         empty = torch.empty(0)
         if cum_seq_q is None:
             assert (max_q, max_k) == (q.shape[1], k.shape[1])
-            out, lse, _, _ = _flash_attn_forward(q, k, v, dropout_p, scale, is_causal, window_size_left,
-                                                 window_size_right, 0.0, None, False)
+            out, lse, _, _ = _flash_attn_forward(
+                q, k, v, dropout_p, scale, is_causal, window_size_left, window_size_right, 0.0, None, False
+            )
             return out, lse, empty, empty, empty
-        out, lse, _, _ = _flash_attn_varlen_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, scale,
-                                                    is_causal, window_size_left, window_size_right)
+        out, lse, _, _ = _flash_attn_varlen_forward(
+            q,
+            k,
+            v,
+            cum_seq_q,
+            cum_seq_k,
+            max_q,
+            max_k,
+            dropout_p,
+            scale,
+            is_causal,
+            window_size_left,
+            window_size_right,
+        )
         if self.padded_lse:
             lse = self._pad(lse, cum_seq_q, max_q)
         return out, lse, empty, empty, empty
 
-    def backward(self, dout, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, rng_state,
-                 unused, *, scale, window_size_left, window_size_right):
+    def backward(
+        self,
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cum_seq_q,
+        cum_seq_k,
+        max_q,
+        max_k,
+        dropout_p,
+        is_causal,
+        rng_state,
+        unused,
+        *,
+        scale,
+        window_size_left,
+        window_size_right,
+    ):
         assert isinstance(rng_state, torch.Tensor) and isinstance(unused, torch.Tensor)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         if cum_seq_q is None:
-            _flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, dropout_p, scale, is_causal, window_size_left,
-                                 window_size_right, 0.0, None, False, rng_state)
+            _flash_attn_backward(
+                dout,
+                q,
+                k,
+                v,
+                out,
+                lse,
+                dq,
+                dk,
+                dv,
+                dropout_p,
+                scale,
+                is_causal,
+                window_size_left,
+                window_size_right,
+                0.0,
+                None,
+                False,
+                rng_state,
+            )
             return dq, dk, dv
         if self.padded_lse:
             assert lse.shape == (len(cum_seq_q) - 1, q.shape[1], max_q), lse.shape
-            lse = torch.cat([lse[i, :, : b - a] for i, (a, b) in enumerate(zip(cum_seq_q.tolist(), cum_seq_q.tolist()[1:]))], 1)
-        _flash_attn_varlen_backward(dout, q, k, v, out, lse, dq, dk, dv, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
-                                    scale, is_causal, window_size_left, window_size_right, 0.0, None, False, rng_state)
+            lse = torch.cat(
+                [lse[i, :, : b - a] for i, (a, b) in enumerate(zip(cum_seq_q.tolist(), cum_seq_q.tolist()[1:]))], 1
+            )
+        _flash_attn_varlen_backward(
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dq,
+            dk,
+            dv,
+            cum_seq_q,
+            cum_seq_k,
+            max_q,
+            max_k,
+            dropout_p,
+            scale,
+            is_causal,
+            window_size_left,
+            window_size_right,
+            0.0,
+            None,
+            False,
+            rng_state,
+        )
         return dq, dk, dv
 
     @staticmethod

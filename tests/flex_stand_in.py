@@ -28,18 +28,30 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cpu", **kwargs):
     return types.SimpleNamespace(dense=dense, shape=(B or 1, 1, Q_LEN, KV_LEN))
 
 
-def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
-                   return_lse=False, kernel_options=None, *, return_aux=None):
+def flex_attention(
+    query,
+    key,
+    value,
+    score_mod=None,
+    block_mask=None,
+    scale=None,
+    enable_gqa=False,
+    return_lse=False,
+    kernel_options=None,
+    *,
+    return_aux=None,
+):
     assert score_mod is None and not return_lse and return_aux is not None and return_aux.lse
     b, h, sq, d = query.shape
     hk = key.shape[1]
     assert enable_gqa == (h != hk) and h % hk == 0, "GQA needs enable_gqa=True"
     if block_mask is not None:
-        assert block_mask.shape in ((1, 1, sq, key.shape[2]), (b, 1, sq, key.shape[2])), \
+        assert block_mask.shape in ((1, 1, sq, key.shape[2]), (b, 1, sq, key.shape[2])), (
             "BlockMask built for another tile shape"
+        )
     CALLS.append(("flex_attention", -1, -1, 1))
     kk, vv = key.repeat_interleave(h // hk, 1), value.repeat_interleave(h // hk, 1)
-    s = (query @ kk.transpose(-1, -2)) * (d ** -0.5 if scale is None else scale)
+    s = (query @ kk.transpose(-1, -2)) * (d**-0.5 if scale is None else scale)
     if block_mask is not None:
         s = s.masked_fill(~block_mask.dense, float("-inf"))
     lse = torch.logsumexp(s, -1)

@@ -25,12 +25,22 @@ def _standin_forward(q, k, v, bias, compute_lse, dropout_p, causal, *, scale):
 
 def _standin_backward(dout, q, k, v, bias, out, lse, seed, offset, dropout_p, grad_mask, causal, *, scale):
     assert list(grad_mask) == [True, True, True, False]
-    assert lse.dtype == torch.float32 and lse.stride(1) % 8 == 0 and lse.stride(0) % 8 == 0, \
+    assert lse.dtype == torch.float32 and lse.stride(1) % 8 == 0 and lse.stride(0) % 8 == 0, (
         "LSE is not correctly aligned"
+    )
     mask = _checked_bias(bias, q)
     sq = q.shape[2]
-    grads = reference.backward(dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                               out.transpose(1, 2), lse[..., :sq], scale, causal, mask)
+    grads = reference.backward(
+        dout.transpose(1, 2),
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        out.transpose(1, 2),
+        lse[..., :sq],
+        scale,
+        causal,
+        mask,
+    )
     return (*(g.transpose(1, 2) for g in grads), None)
 
 

@@ -154,8 +154,12 @@ def test_option_mismatch_raises_on_every_rank(world):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_shard_and_unshard_mismatch_raise_on_every_rank(world):
-    expected = {"shard layout": "layout differs", "shard length": "length differs",
-                "unshard layout": "layout differs", "unshard shape": "shape differs"}
+    expected = {
+        "shard layout": "layout differs",
+        "shard length": "length differs",
+        "unshard layout": "layout differs",
+        "unshard shape": "shape differs",
+    }
     for rank, results in enumerate(_results(world)):
         for name, words in expected.items():
             kind, message = results[name]

@@ -19,8 +19,12 @@ from world import results_by_world
 N_LOCAL, H, D, B = 12, 4, 8, 2
 SIDES = ("queries", "keys")
 CHUNKS = (None, 3, 0)  # default chunks (one per shard here), chunks of 3 rows, whole blocks on the ring
-MASKS = {"causal": {"causal": True}, "window": {"causal": True, "window": (5, 0)},
-         "documents": {"causal": True, "cu_seqlens": None}, "sinks": {"causal": True}}
+MASKS = {
+    "causal": {"causal": True},
+    "window": {"causal": True, "window": (5, 0)},
+    "documents": {"causal": True, "cu_seqlens": None},
+    "sinks": {"causal": True},
+}
 HEADS = ((4, 4), (4, 2), (4, 1), (4, "1 shared"))  # q heads / kv heads; "shared": one tensor as k and v
 
 
@@ -45,8 +49,12 @@ def _mask_kwargs(name: str, n: int) -> dict:
 
 def _reference(full, name: str, n: int, sinks):
     kwargs = _mask_kwargs(name, n)
-    allowed = reference_mask(n, causal=True, window=kwargs.get("window"),
-                             cu_seqlens=kwargs["cu_seqlens"].tolist() if "cu_seqlens" in kwargs else None)
+    allowed = reference_mask(
+        n,
+        causal=True,
+        window=kwargs.get("window"),
+        cu_seqlens=kwargs["cu_seqlens"].tolist() if "cu_seqlens" in kwargs else None,
+    )
     return reference_grads(*full, mask=allowed, sinks=sinks)
 
 
@@ -67,8 +75,10 @@ def _errors(got, ref, shared, layout, world):
     theirs = [burst.shard(t, layout=layout, dim=2 if t.dim() == 3 else 1) for t in ref[:5]]
     if shared:  # one tensor as k and v: its gradient is dk + dv
         theirs[3] = theirs[3] + theirs[4]
-    errors = {name: rel_err(x, r) for name, x, r in zip(("out", "dq", "dk"), (got[0], got[2], got[3]),
-                                                          (theirs[0], theirs[2], theirs[3]))}
+    errors = {
+        name: rel_err(x, r)
+        for name, x, r in zip(("out", "dq", "dk"), (got[0], got[2], got[3]), (theirs[0], theirs[2], theirs[3]))
+    }
     if not shared:
         errors["dv"] = rel_err(got[4], theirs[4])
     finite = torch.isfinite(theirs[1])
@@ -95,8 +105,16 @@ def _cases(rank, world):
                     continue  # documents are cut by position: one layout shows the side's routing
                 for side in ("auto", *SIDES):
                     for rows in CHUNKS:
-                        got, stats = _run(full, shared, layout, with_sinks, strategy="burst", backward_side=side,
-                                          chunk_rows=rows, **_mask_kwargs(name, n))
+                        got, stats = _run(
+                            full,
+                            shared,
+                            layout,
+                            with_sinks,
+                            strategy="burst",
+                            backward_side=side,
+                            chunk_rows=rows,
+                            **_mask_kwargs(name, n),
+                        )
                         results.append(((kv, name, layout, side, rows), _errors(got, ref, shared, layout, world)))
                         sent[(kv, name, layout, side, rows)] = (stats.sent("backward"), stats.choices())
                 _, stats = _run(full, shared, layout, with_sinks, strategy="ring", **_mask_kwargs(name, n))
@@ -125,8 +143,11 @@ def test_the_default_sends_no_more_than_either_side_or_ring(world):
     per_rank = [sent for _, sent in _results(world)]
     keys = {key[:3] for key in per_rank[0]}
     for kv, name, layout in keys:
-        total = {side: sum(r[(kv, name, layout, side, rows)][0] for r in per_rank)
-                 for side in ("auto", *SIDES) for rows in (None,)}
+        total = {
+            side: sum(r[(kv, name, layout, side, rows)][0] for r in per_rank)
+            for side in ("auto", *SIDES)
+            for rows in (None,)
+        }
         ring = sum(r[(kv, name, layout, "ring", None)][0] for r in per_rank)
         assert total["auto"] == min(total["queries"], total["keys"]), (kv, name, layout, total)
         assert total["auto"] <= ring, (kv, name, layout, total, ring)

@@ -29,8 +29,7 @@ def _checks(rank, world):
         if rank == 1:
             cpu_flash.backward = lambda *a, **k: (lambda g: (g[0] * 1.001, g[1], g[2]))(honest(*a, **k))
         try:
-            planted = burst.check(strategies=("burst", "ring"), layouts=("zigzag",), seq_len=48, heads=4,
-                                  head_dim=16)
+            planted = burst.check(strategies=("burst", "ring"), layouts=("zigzag",), seq_len=48, heads=4, head_dim=16)
         finally:
             cpu_flash.backward = honest
     return report.as_dict(), planted.as_dict() if planted else None
@@ -50,8 +49,11 @@ def test_every_strategy_passes_and_report_is_identical_on_every_rank(world):
         assert {(strategy, lay) for lay in ("contiguous", "zigzag", "striped")} <= ran
     assert ("distflash", "contiguous") in ran
     # Unsupported combinations are reported as skipped, never as passing.
-    assert all(row["status"] == "skipped" for row in report["rows"]
-               if row["strategy"] == "distflash" and row["layout"] != "contiguous")
+    assert all(
+        row["status"] == "skipped"
+        for row in report["rows"]
+        if row["strategy"] == "distflash" and row["layout"] != "contiguous"
+    )
 
 
 def test_planted_defect_is_caught():
@@ -67,8 +69,13 @@ def test_planted_defect_is_caught():
 def _cli(args, torchrun_nproc=None, script=None):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if torchrun_nproc:
-        cmd = [str(pathlib.Path(sys.executable).parent / "torchrun"), "--standalone",
-               f"--nproc-per-node={torchrun_nproc}", str(script), *args]
+        cmd = [
+            str(pathlib.Path(sys.executable).parent / "torchrun"),
+            "--standalone",
+            f"--nproc-per-node={torchrun_nproc}",
+            str(script),
+            *args,
+        ]
     else:
         cmd = [sys.executable, "-m", "burst", "check", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)

@@ -58,90 +58,174 @@ def test_train_refuses_bad_values(capsys, no_world, tmp_path):
     short.write_bytes(b"only a few bytes")
     folder_as_file = tmp_path / "a-folder"
     folder_as_file.mkdir()
-    _refusals(capsys, "train", ["--seq-len", "64"], [
-        "--steps 0", "--batch -2", "--nproc 0", "--seq-len x", "--strategy nope",
-        "--strategy distflash",  # the default zigzag layout
-        "--lr -1", "--lr nan", "--warmup -1", "--peak-flops -5",
-        "--metrics /nonexistent-dir/m.jsonl",  # used to hang
-        (["--metrics", str(folder_as_file)], "--metrics"),
-        f"--json {UNWRITABLE}", "--data /nonexistent-dir/data.txt",
-        (["--data", str(short)], "--data"),  # shorter than one sample
-        "--seq-len 63",
-        (["--seq-len", str(1 << 21)], "--seq-len"),  # beyond the model's positions
-        "--dp 3", "--model huge", "--checkpointing some", "--checkpoint-split 1.5", "--checkpoint-every 2",
-        "--resume-step 2",
-        (["--resume-step", "2", "--checkpoint-dir", str(tmp_path / "none")], "--checkpoint-dir"),
-        (["--resume-step", "2", "--checkpoint-dir", str(tmp_path)], "--resume-step"),
-        (["--checkpoint-dir", str(short)], "--checkpoint-dir"),
-        (["--cpu-offload"], "--cpu-offload"),  # needs --fsdp dp or mesh
-        (["--strategy", "ulysses", "--nproc", "3", "--layout", "contiguous", "--seq-len", "66"], "--strategy"),
-    ])
+    _refusals(
+        capsys,
+        "train",
+        ["--seq-len", "64"],
+        [
+            "--steps 0",
+            "--batch -2",
+            "--nproc 0",
+            "--seq-len x",
+            "--strategy nope",
+            "--strategy distflash",  # the default zigzag layout
+            "--lr -1",
+            "--lr nan",
+            "--warmup -1",
+            "--peak-flops -5",
+            "--metrics /nonexistent-dir/m.jsonl",  # used to hang
+            (["--metrics", str(folder_as_file)], "--metrics"),
+            f"--json {UNWRITABLE}",
+            "--data /nonexistent-dir/data.txt",
+            (["--data", str(short)], "--data"),  # shorter than one sample
+            "--seq-len 63",
+            (["--seq-len", str(1 << 21)], "--seq-len"),  # beyond the model's positions
+            "--dp 3",
+            "--model huge",
+            "--checkpointing some",
+            "--checkpoint-split 1.5",
+            "--checkpoint-every 2",
+            "--resume-step 2",
+            (["--resume-step", "2", "--checkpoint-dir", str(tmp_path / "none")], "--checkpoint-dir"),
+            (["--resume-step", "2", "--checkpoint-dir", str(tmp_path)], "--resume-step"),
+            (["--checkpoint-dir", str(short)], "--checkpoint-dir"),
+            (["--cpu-offload"], "--cpu-offload"),  # needs --fsdp dp or mesh
+            (["--strategy", "ulysses", "--nproc", "3", "--layout", "contiguous", "--seq-len", "66"], "--strategy"),
+        ],
+    )
 
 
 def test_generate_refuses_bad_values(capsys, no_world, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
-    _refusals(capsys, "generate", ["--prompt-len", "32"], [
-        "--prompt-len -5", "--new-tokens 0",
-        (["--new-tokens", str(1 << 21)], "--new-tokens"),  # prompt + new tokens beyond the model
-        "--batch 0", "--nproc 0", "--top-p 1.5", "--top-p 0", "--temperature -1", f"--prompt-file {PROMPT_MISSING}",
-        (["--prompt-file", str(empty)], "--prompt-file"),
-        f"--json {UNWRITABLE}", "--strategy nope",
-        (["--strategy", "distflash", "--layout", "zigzag"], "--strategy"),
-        (["--strategy", "ulysses", "--nproc", "3"], "--strategy"),  # 4 heads over 3 ranks
-        (["--checkpoint-dir", str(tmp_path / "none")], "--checkpoint-dir"),
-        (["--checkpoint-dir", str(tmp_path)], "--checkpoint-dir"),  # no checkpoint in it
-        "--checkpoint-step 3", "--model huge",
-    ])
+    _refusals(
+        capsys,
+        "generate",
+        ["--prompt-len", "32"],
+        [
+            "--prompt-len -5",
+            "--new-tokens 0",
+            (["--new-tokens", str(1 << 21)], "--new-tokens"),  # prompt + new tokens beyond the model
+            "--batch 0",
+            "--nproc 0",
+            "--top-p 1.5",
+            "--top-p 0",
+            "--temperature -1",
+            f"--prompt-file {PROMPT_MISSING}",
+            (["--prompt-file", str(empty)], "--prompt-file"),
+            f"--json {UNWRITABLE}",
+            "--strategy nope",
+            (["--strategy", "distflash", "--layout", "zigzag"], "--strategy"),
+            (["--strategy", "ulysses", "--nproc", "3"], "--strategy"),  # 4 heads over 3 ranks
+            (["--checkpoint-dir", str(tmp_path / "none")], "--checkpoint-dir"),
+            (["--checkpoint-dir", str(tmp_path)], "--checkpoint-dir"),  # no checkpoint in it
+            "--checkpoint-step 3",
+            "--model huge",
+        ],
+    )
 
 
 def test_check_refuses_bad_values(capsys, no_world):
-    _refusals(capsys, "check", ["--seq-len", "32", "--heads", "2", "--head-dim", "16"], [
-        "--seq-len 0",
-        "--seq-len 30",  # not a multiple of 2 x ranks
-        "--heads -1", "--nproc 0", "--strategies nope",
-        (["--strategies", "distflash", "--layouts", "zigzag"], "--strategies"),  # nothing would run
-        "--layouts diagonal", "--dtype float8", "--causal maybe",
-        (["--kv-heads", "3", "--heads", "4"], "--kv-heads"),
-        f"--json {UNWRITABLE}",
-    ])
+    _refusals(
+        capsys,
+        "check",
+        ["--seq-len", "32", "--heads", "2", "--head-dim", "16"],
+        [
+            "--seq-len 0",
+            "--seq-len 30",  # not a multiple of 2 x ranks
+            "--heads -1",
+            "--nproc 0",
+            "--strategies nope",
+            (["--strategies", "distflash", "--layouts", "zigzag"], "--strategies"),  # nothing would run
+            "--layouts diagonal",
+            "--dtype float8",
+            "--causal maybe",
+            (["--kv-heads", "3", "--heads", "4"], "--kv-heads"),
+            f"--json {UNWRITABLE}",
+        ],
+    )
 
 
 def test_bench_refuses_bad_values(capsys, no_world, tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("")
-    _refusals(capsys, "bench", ["--seq-len", "256"], [
-        "--seq-len 0",
-        "--seq-len 255",  # does not split over 2 ranks
-        "--heads 0", "--nproc 0", "--repeats -1", "--threads 0", "--strategies nope",
-        (["--strategies", "distflash", "--causal", "--layout", "zigzag"], "--strategies"),
-        "--strategies distflash",  # not causal
-        "--kv-heads 3", "--inter-node-gbps -1", "--intra-node-gbps 0", "--ranks-per-node 3", "--window 1",
-        "--window -2,4", "--block-sparse 64,2", "--documents 300",
-        "--layout doc_zigzag",  # per-document layouts need --documents
-        "--dtype float8", f"--json {UNWRITABLE}",
-        (["--report", str(tmp_path / "r"), "--report-seq-lens", "100,0"], "--report-seq-lens"),
-        (["--report", str(tmp_path / "r"), "--report-seq-lens", "101"], "--report-seq-lens"),
-        (["--report", str(a_file / "report")], "--report"),
-        (["--report", str(tmp_path / "r"), "--report-worlds", "1,3"], "--report-worlds"),  # 4096 over 3 ranks
-        "--cqs-table2 4,-1",
-    ])
+    _refusals(
+        capsys,
+        "bench",
+        ["--seq-len", "256"],
+        [
+            "--seq-len 0",
+            "--seq-len 255",  # does not split over 2 ranks
+            "--heads 0",
+            "--nproc 0",
+            "--repeats -1",
+            "--threads 0",
+            "--strategies nope",
+            (["--strategies", "distflash", "--causal", "--layout", "zigzag"], "--strategies"),
+            "--strategies distflash",  # not causal
+            "--kv-heads 3",
+            "--inter-node-gbps -1",
+            "--intra-node-gbps 0",
+            "--ranks-per-node 3",
+            "--window 1",
+            "--window -2,4",
+            "--block-sparse 64,2",
+            "--documents 300",
+            "--layout doc_zigzag",  # per-document layouts need --documents
+            "--dtype float8",
+            f"--json {UNWRITABLE}",
+            (["--report", str(tmp_path / "r"), "--report-seq-lens", "100,0"], "--report-seq-lens"),
+            (["--report", str(tmp_path / "r"), "--report-seq-lens", "101"], "--report-seq-lens"),
+            (["--report", str(a_file / "report")], "--report"),
+            (["--report", str(tmp_path / "r"), "--report-worlds", "1,3"], "--report-worlds"),  # 4096 over 3 ranks
+            "--cqs-table2 4,-1",
+        ],
+    )
 
 
 def test_plan_refuses_bad_values(capsys, no_world):
-    _refusals(capsys, "plan", ["--gpus", "16", "--seq-len", "65536", "--heads", "32", "--head-dim", "128"], [
-        "--gpus 0", "--gpus -8",
-        (["--gpus-per-node", "3"], "--gpus"),
-        "--seq-len -1", "--heads 0", "--kv-heads 5", "--layers 0", "--batch 0", "--inter-node-gbps -1",
-        "--intra-node-gbps 0", "--profile X100", "--layout diagonal", "--dtype-bytes 3", f"--json {UNWRITABLE}",
-    ])
+    _refusals(
+        capsys,
+        "plan",
+        ["--gpus", "16", "--seq-len", "65536", "--heads", "32", "--head-dim", "128"],
+        [
+            "--gpus 0",
+            "--gpus -8",
+            (["--gpus-per-node", "3"], "--gpus"),
+            "--seq-len -1",
+            "--heads 0",
+            "--kv-heads 5",
+            "--layers 0",
+            "--batch 0",
+            "--inter-node-gbps -1",
+            "--intra-node-gbps 0",
+            "--profile X100",
+            "--layout diagonal",
+            "--dtype-bytes 3",
+            f"--json {UNWRITABLE}",
+        ],
+    )
 
 
 def test_plan_reads_like_it_should(capsys, tmp_path):
     """Profile names in any case; --json PATH writes rows and - prints them alone; a strategy that
     cannot take the layout is flagged, not ranked first."""
-    args = ["plan", "--gpus", "8", "--seq-len", "1048576", "--heads", "32", "--head-dim", "128", "--causal",
-            "--profile", "h100", "--layout", "zigzag"]
+    args = [
+        "plan",
+        "--gpus",
+        "8",
+        "--seq-len",
+        "1048576",
+        "--heads",
+        "32",
+        "--head-dim",
+        "128",
+        "--causal",
+        "--profile",
+        "h100",
+        "--layout",
+        "zigzag",
+    ]
     assert main([*args, "--json", str(tmp_path / "rows.json")]) == 0
     table = capsys.readouterr().out
     assert "8 x H100" in table
@@ -179,8 +263,13 @@ def test_dtype_takes_torch_names_beside_the_short_ones_on_every_verb(no_world):
     from burst.cli import train as train_cli
 
     for verb, (base, _) in DTYPE_VERBS.items():
-        for given, canonical in (("float32", "float32"), ("fp32", "float32"), ("bfloat16", "bfloat16"),
-                                 ("bf16", "bfloat16"), ("BFloat16", "bfloat16")):
+        for given, canonical in (
+            ("float32", "float32"),
+            ("fp32", "float32"),
+            ("bfloat16", "bfloat16"),
+            ("bf16", "bfloat16"),
+            ("BFloat16", "bfloat16"),
+        ):
             args = build_parser().parse_args([verb, *base, "--device", "cpu", "--dtype", given])
             VERBS[verb].validate(args)
             assert args.dtype == (canonical if verb != "check" else (canonical,)), (verb, given, args.dtype)
@@ -204,11 +293,13 @@ def test_a_bad_dtype_is_refused_listing_the_names_taken(capsys, no_world):
 
 def test_mistakes_of_any_verb(capsys, no_world):
     """An unknown option, a missing required one, a missing value, an unknown verb: one line each."""
-    for argv, line in ((["train", "--stepz", "3"], "burst train: error: --stepz: unknown option"),
-                       (["plan", "--gpus", "4"], "burst plan: error: --seq-len: required"),
-                       (["train", "--steps"], "burst train: error: --steps: expected one argument"),
-                       (["nope"], "burst: error: VERB: invalid choice: 'nope'"),
-                       ([], "burst: error: VERB: missing")):
+    for argv, line in (
+        (["train", "--stepz", "3"], "burst train: error: --stepz: unknown option"),
+        (["plan", "--gpus", "4"], "burst plan: error: --seq-len: required"),
+        (["train", "--steps"], "burst train: error: --steps: expected one argument"),
+        (["nope"], "burst: error: VERB: invalid choice: 'nope'"),
+        ([], "burst: error: VERB: missing"),
+    ):
         with pytest.raises(SystemExit) as exited:
             main(argv)
         err = capsys.readouterr().err.strip().splitlines()
@@ -264,8 +355,23 @@ def test_unwritable_metrics_inside_the_world_ends_it(capsys, tmp_path, monkeypat
 
     monkeypatch.setattr(train_cli, "validate", lambda args: None)
     start = time.perf_counter()
-    assert main(["train", "--seq-len", "64", "--steps", "2", "--nproc", "2", "--debug",
-                 "--metrics", str(tmp_path / "missing" / "m.jsonl")]) == 1
+    assert (
+        main(
+            [
+                "train",
+                "--seq-len",
+                "64",
+                "--steps",
+                "2",
+                "--nproc",
+                "2",
+                "--debug",
+                "--metrics",
+                str(tmp_path / "missing" / "m.jsonl"),
+            ]
+        )
+        == 1
+    )
     assert time.perf_counter() - start < 120
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err
@@ -280,16 +386,38 @@ def test_train_says_when_nothing_is_left(capsys, tmp_path, no_world):
 
     cfg = TrainConfig(seq_len=64, steps=2, checkpoint_dir=str(tmp_path), resume_step=2)
     (step / "burst.json").write_text(json.dumps({"step": 2, "identity": _identity(cfg), "config": {}}))
-    assert main(["train", "--seq-len", "64", "--steps", "2", "--checkpoint-dir", str(tmp_path),
-                 "--resume-step", "2"]) == 0
+    assert (
+        main(["train", "--seq-len", "64", "--steps", "2", "--checkpoint-dir", str(tmp_path), "--resume-step", "2"]) == 0
+    )
     assert "nothing left to train" in capsys.readouterr().err
 
 
 def test_bench_runs_one_small_world(capsys, tmp_path):
     """The harness starts its world through burst.launch; --json PATH beside the table, progress on stderr."""
     out = tmp_path / "bench.json"
-    assert main(["bench", "--seq-len", "64", "--heads", "1", "--head-dim", "8", "--strategies", "Burst",
-                 "--repeats", "0", "--no-baseline", "--nproc", "2", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--seq-len",
+                "64",
+                "--heads",
+                "1",
+                "--head-dim",
+                "8",
+                "--strategies",
+                "Burst",
+                "--repeats",
+                "0",
+                "--no-baseline",
+                "--nproc",
+                "2",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert "| burst |" in captured.out
     assert "burst bench: [1/1] burst on 2 ranks" in captured.err
@@ -301,6 +429,13 @@ def test_generate_prints_text_beside_ids():
     from burst.cli.generate import decode_bytes, summary
 
     assert decode_bytes([72, 105, 0xC3, 0xA9, 300]) == "Hi\u00e9\ufffd"
-    text = summary({"prefill_s": 0.1, "decode_s_per_token": 0.01, "cache_bytes_per_rank": 2**20,
-                    "tokens": [[72, 105]], "text": ["Hi"]})
+    text = summary(
+        {
+            "prefill_s": 0.1,
+            "decode_s_per_token": 0.01,
+            "cache_bytes_per_rank": 2**20,
+            "tokens": [[72, 105]],
+            "text": ["Hi"],
+        }
+    )
     assert "[0] ids:  72 105" in text and "[0] text: 'Hi'" in text

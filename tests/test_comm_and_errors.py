@@ -30,30 +30,34 @@ def _volumes(rank, world):
                     with burst.CommStats() as stats:
                         burst.attention(q, k, v, strategy=strategy, causal=causal).sum().backward()
                     out[(strategy, kv_heads, str(dtype), causal)] = (
-                        stats.sent("forward"), stats.sent("backward"), stats.pairs("forward"), stats.pairs("backward"))
+                        stats.sent("forward"),
+                        stats.sent("backward"),
+                        stats.pairs("forward"),
+                        stats.pairs("backward"),
+                    )
     return out
 
 
 def _expected_bytes(strategy, world, kv_heads, dtype, rank=0, causal=False):
     """The papers' per-rank volumes, counted by hand (fp32 accumulators travel as float32)."""
     esize = torch.tensor([], dtype=dtype).element_size()
-    kv = B * N * kv_heads * D * esize          # one K (or V) shard
-    kv32 = B * N * kv_heads * D * 4            # one dK (or dV) shard, float32
-    qrow = B * N * H * D * esize                # one Q (or dO) shard
-    stat = B * H * N * 4                        # one D (or lse) shard, float32
-    q32 = B * N * H * D * 4                     # one dQ shard, float32
+    kv = B * N * kv_heads * D * esize  # one K (or V) shard
+    kv32 = B * N * kv_heads * D * 4  # one dK (or dV) shard, float32
+    qrow = B * N * H * D * esize  # one Q (or dO) shard
+    stat = B * H * N * 4  # one D (or lse) shard, float32
+    q32 = B * N * H * D * 4  # one dQ shard, float32
     forward = (world - 1) * 2 * kv
-    if strategy == "ring":                      # burstengine.md Alg. 1: K, V, dK, dV travel
+    if strategy == "ring":  # burstengine.md Alg. 1: K, V, dK, dV travel
         backward = (world - 1) * 2 * kv + world * 2 * kv32
     elif strategy == "burst" and 2 * kv + 2 * kv32 < 2 * qrow + 2 * stat + q32:  # grouped heads: the key side,
         backward = (world - 1) * (2 * kv + 2 * kv32)  # K, V to each rank once, dK, dV parts straight home
         if causal:  # contiguous: rank r's keys go to the ranks after it; the dK, dV parts of those before, home
             backward = (world - 1 - rank) * 2 * kv + rank * 2 * kv32
-    elif strategy == "burst":                   # burstengine.md Alg. 2: Q, dO, D, lse to each rank once,
+    elif strategy == "burst":  # burstengine.md Alg. 2: Q, dO, D, lse to each rank once,
         backward = (world - 1) * (2 * qrow + 2 * stat + q32)  # served by their owner; dQ parts straight home
         if causal:  # contiguous: rank r's queries go to the r ranks before it; its dQ parts to those after
             backward = rank * (2 * qrow + 2 * stat) + (world - 1 - rank) * q32
-    else:                                       # all-gather K, V (again); reduce-scatter dK, dV
+    else:  # all-gather K, V (again); reduce-scatter dK, dV
         backward = (world - 1) * 2 * kv + (world - 1) * 2 * kv32
     return (forward, backward) if world > 1 else (0, 0)
 
@@ -63,8 +67,11 @@ def _bad_inputs(rank, world):
     last = rank == world - 1
 
     def good(n=N, h=H, hk=H, d=D, dtype=torch.float32, b=B):
-        return dict(q=torch.randn(b, n, h, d, dtype=dtype), k=torch.randn(b, n, hk, d, dtype=dtype),
-                    v=torch.randn(b, n, hk, d, dtype=dtype))
+        return dict(
+            q=torch.randn(b, n, h, d, dtype=dtype),
+            k=torch.randn(b, n, hk, d, dtype=dtype),
+            v=torch.randn(b, n, hk, d, dtype=dtype),
+        )
 
     cases = {
         "k_dtype": lambda: {**good(), "k": torch.randn(B, N, H, D, dtype=torch.float64)} if last else good(),
@@ -84,7 +91,10 @@ def _bad_inputs(rank, world):
         "distflash_not_causal": lambda: {**good(), "strategy": "distflash"},
         "cu_seqlens_end": lambda: {**good(), "cu_seqlens": [0, 5, N]},
         "cu_seqlens_order": lambda: {**good(), "cu_seqlens": [0, 9, 5, N * world]},
-        "block_sparse_shape": lambda: {**good(), "block_sparse": burst.BlockSparseMask(4, torch.ones(3, 3, dtype=torch.bool))},
+        "block_sparse_shape": lambda: {
+            **good(),
+            "block_sparse": burst.BlockSparseMask(4, torch.ones(3, 3, dtype=torch.bool)),
+        },
         "block_sparse_type": lambda: {**good(), "block_sparse": torch.ones(4, 4, dtype=torch.bool)},
         "scale": lambda: {**good(), "softmax_scale": -1.0},
         "causal_type": lambda: {**good(), "causal": "yes"},
@@ -104,14 +114,21 @@ def _bad_inputs(rank, world):
 
 
 EXPECTED = {  # case: (error type on the rank with bad input, words the message must contain)
-    "k_dtype": ("TypeError", "dtype"), "q_not_tensor": ("TypeError", "q must be a torch.Tensor"),
-    "q_3d": ("ValueError", "4-D"), "kv_shape": ("ValueError", "shape"), "k_device": ("ValueError", "device"),
-    "heads": ("ValueError", "multiple of k heads"), "head_dim": ("ValueError", "head_dim"),
+    "k_dtype": ("TypeError", "dtype"),
+    "q_not_tensor": ("TypeError", "q must be a torch.Tensor"),
+    "q_3d": ("ValueError", "4-D"),
+    "kv_shape": ("ValueError", "shape"),
+    "k_device": ("ValueError", "device"),
+    "heads": ("ValueError", "multiple of k heads"),
+    "head_dim": ("ValueError", "head_dim"),
     "seqlen_differs": ("ValueError", "seqlen differs across ranks"),
     "batch_differs": ("ValueError", "batch differs across ranks"),
     "strategy": ("ValueError", "strategy must be one of"),
-    "layout": ("ValueError", "layout must be one of"), "zigzag_odd": ("ValueError", "multiple of 2"),
-    "window": ("ValueError", "window"), "scale": ("ValueError", "softmax_scale"), "causal_type": ("TypeError", "causal"),
+    "layout": ("ValueError", "layout must be one of"),
+    "zigzag_odd": ("ValueError", "multiple of 2"),
+    "window": ("ValueError", "window"),
+    "scale": ("ValueError", "softmax_scale"),
+    "causal_type": ("TypeError", "causal"),
     "distflash_zigzag": ("ValueError", "supports layout='contiguous' with causal=True"),
     "distflash_not_causal": ("ValueError", "supports layout='contiguous' with causal=True"),
     "cu_seqlens_end": ("ValueError", "cu_seqlens must rise from 0"),
@@ -182,13 +199,19 @@ def _stream_buffers(rank, world):
         burst.attention(q, k, v, strategy="burst", chunk_rows=4).sum().backward()
     finally:
         stream.exchange = real
-    return {"stream: <= 2 query chunks": peak["chunks"] <= 2, "stream: <= 2 dQ exchanges": peak["accs"] <= 2,
-            "stream: chunks moved": peak["chunks"] >= 1 and peak["accs"] >= 1}
+    return {
+        "stream: <= 2 query chunks": peak["chunks"] <= 2,
+        "stream: <= 2 dQ exchanges": peak["accs"] <= 2,
+        "stream: chunks moved": peak["chunks"] >= 1 and peak["accs"] >= 1,
+    }
 
 
 def _everything(rank, world):
-    return _volumes(rank, world), _bad_inputs(rank, world), (_shard_roundtrip(rank, world) | _ring_buffers(rank, world)
-                                                             | _stream_buffers(rank, world))
+    return (
+        _volumes(rank, world),
+        _bad_inputs(rank, world),
+        (_shard_roundtrip(rank, world) | _ring_buffers(rank, world) | _stream_buffers(rank, world)),
+    )
 
 
 _results = results_by_world(_everything, timeout=300)

@@ -76,6 +76,7 @@ def _cases(rank, world):
     def sdpa_block(q, k, v, weight):
         def inner(q, k, v, weight):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2) @ weight
+
         return checkpoint(inner, q, k, v, weight, use_reentrant=False)
 
     shards = []
@@ -136,7 +137,11 @@ def _cases(rank, world):
 
     torch._dynamo.reset()
     eager = _grads(sparse, (q, k, v), weight)
-    results["block-sparse (eager path)"] = (None, _max_diff(_grads(torch.compile(sparse), (q, k, v), weight), eager), 0.0)
+    results["block-sparse (eager path)"] = (
+        None,
+        _max_diff(_grads(torch.compile(sparse), (q, k, v), weight), eager),
+        0.0,
+    )
     return results, disagreement
 
 

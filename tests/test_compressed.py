@@ -24,7 +24,16 @@ from world import results_by_world
 
 N_LOCAL, H, HK, D, B, RATE, TOPK, WINDOW = 16, 4, 1, 8, 2, 4, 3, 7
 # folded after any; burst's backward takes the key side by default here (1 KV head of 4), the query side forced
-STRATEGIES = ("burst", "burst:chunk_rows=8", "burst:backward_side=queries", "ring", "allgather", "ulysses", "usp", "cqs")
+STRATEGIES = (
+    "burst",
+    "burst:chunk_rows=8",
+    "burst:backward_side=queries",
+    "ring",
+    "allgather",
+    "ulysses",
+    "usp",
+    "cqs",
+)
 
 
 def entries_and_sinks(n_entries: int, seed: int):
@@ -55,8 +64,9 @@ def allowed_pairs(n: int, n_entries: int, indices) -> torch.Tensor:
             allowed[:, i, j] = True
         for w in range(n_entries):
             if (w + 1) * RATE - 1 <= i:
-                allowed[:, i, n + w] = True if indices is None else torch.tensor(
-                    [w in indices[b, i].tolist() for b in range(B)])
+                allowed[:, i, n + w] = (
+                    True if indices is None else torch.tensor([w in indices[b, i].tolist() for b in range(B)])
+                )
     return allowed
 
 
@@ -66,7 +76,7 @@ def reference(full, ck, cv, sinks, allowed):
     ck, cv, sinks = (t.detach().clone().requires_grad_() if t is not None else None for t in (ck, cv, sinks))
     keys, values = torch.cat([k, ck], dim=1), torch.cat([v, cv], dim=1)
     keys, values = (t.repeat_interleave(H // HK, dim=2) for t in (keys, values))
-    scores = torch.einsum("bihd,bjhd->bhij", q, keys) * D ** -0.5
+    scores = torch.einsum("bihd,bjhd->bhij", q, keys) * D**-0.5
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     if sinks is not None:
         scores = torch.cat([scores, sinks[None, :, None, None].expand(B, H, scores.shape[2], 1)], dim=-1)
@@ -85,15 +95,27 @@ def _errors(full, ref, ck, cv, sinks, indices, dtype, layout, strategy):
     sinks_ = sinks.detach().to(dtype).requires_grad_() if sinks is not None else None
     mine = burst.shard(indices, layout=layout) if indices is not None else None
     compressed = burst.CompressedKV(ck_, cv_, RATE, indices=mine)
-    out, lse = burst.attention(q, k, v, layout=layout, causal=True, window=(WINDOW, 0), return_lse=True,
-                               sinks=sinks_, compressed=compressed, **strategy_kwargs(strategy))
+    out, lse = burst.attention(
+        q,
+        k,
+        v,
+        layout=layout,
+        causal=True,
+        window=(WINDOW, 0),
+        return_lse=True,
+        sinks=sinks_,
+        compressed=compressed,
+        **strategy_kwargs(strategy),
+    )
     out.backward(dout.to(dtype))
     summed = [t.grad.double() for t in (ck_, cv_)] + ([sinks_.grad.double()] if sinks is not None else [])
     for g in summed:
         dist.all_reduce(g)
     theirs = [burst.shard(t, layout=layout, dim=2 if t.dim() == 3 else 1) for t in ref[:5]]
-    errors = {name: rel_err(x, r) for name, x, r in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad),
-                                                      (theirs[0], *theirs[2:]))}
+    errors = {
+        name: rel_err(x, r)
+        for name, x, r in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad), (theirs[0], *theirs[2:]))
+    }
     errors["lse"] = (lse.double() - theirs[1]).abs().max().item()
     errors["dck"], errors["dcv"] = rel_err(summed[0], ref[5]), rel_err(summed[1], ref[6])
     if sinks is not None:
@@ -135,8 +157,15 @@ def _values_are_keys(full):
             for shared in (True, False):
                 qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
                 with burst.CommStats() as stats:
-                    got = burst.attention(qq, kk, kk if shared else kk.clone(), layout=layout, causal=True,
-                                          window=(WINDOW, 0), **strategy_kwargs(strategy))
+                    got = burst.attention(
+                        qq,
+                        kk,
+                        kk if shared else kk.clone(),
+                        layout=layout,
+                        causal=True,
+                        window=(WINDOW, 0),
+                        **strategy_kwargs(strategy),
+                    )
                     got.backward(dout)
                 sent[shared] = (stats.sent("forward"), stats.sent("backward"))
                 if shared:
@@ -167,7 +196,13 @@ def test_values_that_are_the_keys_travel_once(world):
     for rank, (_, shared) in enumerate(_results(world)):
         for (strategy, layout), (error, (fwd, bwd), (fwd_copy, bwd_copy)) in shared.items():
             assert error <= TOL[torch.float64], (rank, strategy, layout, error)
-            assert fwd_copy > 0 and 2 * fwd == fwd_copy or strategy == "allgather", (rank, strategy, layout, fwd, fwd_copy)
+            assert fwd_copy > 0 and 2 * fwd == fwd_copy or strategy == "allgather", (
+                rank,
+                strategy,
+                layout,
+                fwd,
+                fwd_copy,
+            )
             # ring's backward, and burst's key side (its default with 1 KV head of 4), move K, V and their
             # gradients: one block and one gradient
             if strategy != "allgather":
@@ -193,13 +228,14 @@ def test_bad_entries_raise_before_any_communication():
     q = torch.randn(1, 8, H, D)
     k = q[:, :, :HK]
     ck = torch.randn(1, 2, HK, D)
-    for bad, kind, text in ((burst.CompressedKV(ck, ck, 0), ValueError, "rate"),
-                            (burst.CompressedKV(ck[..., :4], ck, RATE), ValueError, "headdim"),
-                            (burst.CompressedKV(ck.double(), ck.double(), RATE), ValueError, "float"),
-                            (burst.CompressedKV(torch.randn(1, 3, HK, D), torch.randn(1, 3, HK, D), RATE),
-                             ValueError, "cover"),
-                            (burst.CompressedKV(ck, ck, RATE, torch.zeros(1, 8, 2)), TypeError, "indices"),
-                            (burst.CompressedKV(ck, ck, RATE, torch.full((1, 8, 2), 2)), ValueError, "indices"),
-                            ((ck, ck), TypeError, "CompressedKV")):
+    for bad, kind, text in (
+        (burst.CompressedKV(ck, ck, 0), ValueError, "rate"),
+        (burst.CompressedKV(ck[..., :4], ck, RATE), ValueError, "headdim"),
+        (burst.CompressedKV(ck.double(), ck.double(), RATE), ValueError, "float"),
+        (burst.CompressedKV(torch.randn(1, 3, HK, D), torch.randn(1, 3, HK, D), RATE), ValueError, "cover"),
+        (burst.CompressedKV(ck, ck, RATE, torch.zeros(1, 8, 2)), TypeError, "indices"),
+        (burst.CompressedKV(ck, ck, RATE, torch.full((1, 8, 2), 2)), ValueError, "indices"),
+        ((ck, ck), TypeError, "CompressedKV"),
+    ):
         with pytest.raises(kind, match=text):
             burst.attention(q, k, k, causal=True, compressed=bad)

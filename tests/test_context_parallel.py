@@ -59,8 +59,11 @@ class _RopeDecoder(nn.Module):
         self.register_buffer("cos", angles.cos().repeat(1, 2))
         self.register_buffer("sin", angles.sin().repeat(1, 2))
         self.blocks = nn.ModuleList(
-            nn.ModuleDict({"q": nn.Linear(DIM, DIM), "kv": nn.Linear(DIM, 2 * kv_heads * self.head_dim),
-                           "o": nn.Linear(DIM, DIM)}) for _ in range(2))
+            nn.ModuleDict(
+                {"q": nn.Linear(DIM, DIM), "kv": nn.Linear(DIM, 2 * kv_heads * self.head_dim), "o": nn.Linear(DIM, DIM)}
+            )
+            for _ in range(2)
+        )
         self.head = nn.Linear(DIM, VOCAB)
 
     def _rope(self, x):
@@ -87,8 +90,15 @@ class _HFLlama(nn.Module):
         super().__init__()
         from transformers import AutoModelForCausalLM, LlamaConfig
 
-        config = LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+        config = LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=DIM,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        )
         self.model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
         self.register_buffer("position_ids", torch.arange(seq_len)[None])
 
@@ -97,9 +107,11 @@ class _HFLlama(nn.Module):
 
 
 def _models(seq_len):
-    models = {"encoder full": lambda: _Encoder(seq_len, causal=False),
-              "encoder causal": lambda: _Encoder(seq_len, causal=True),
-              "rope decoder gqa": lambda: _RopeDecoder(seq_len)}
+    models = {
+        "encoder full": lambda: _Encoder(seq_len, causal=False),
+        "encoder causal": lambda: _Encoder(seq_len, causal=True),
+        "rope decoder gqa": lambda: _RopeDecoder(seq_len),
+    }
     try:
         import transformers  # noqa: F401
 
@@ -134,18 +146,21 @@ def _one_case(build, layout, world, **cp_options):
     tokens = ids.clone()
     buffers, dims = _buffers(model)
     whole = [b.clone() for b in buffers]
-    with burst.context_parallel(buffers=[tokens, *buffers], buffer_seq_dims=[1, *dims], no_restore_buffers={tokens},
-                                layout=layout, **cp_options):
+    with burst.context_parallel(
+        buffers=[tokens, *buffers], buffer_seq_dims=[1, *dims], no_restore_buffers={tokens}, layout=layout, **cp_options
+    ):
         out = model(tokens)
         (out * burst.shard(upstream, layout=layout)).sum().backward()
     for p in model.parameters():
         dist.all_reduce(p.grad)
     named = dict(reference.named_parameters())
-    return {"out": _rel(burst.unshard(out.detach(), layout=layout), ref_out.detach()),
-            "grads": max(_rel(p.grad, named[n].grad) for n, p in model.named_parameters()),
-            "buffers restored": all(torch.equal(b, w) for b, w in zip(buffers, whole)),
-            "tokens left sharded": tokens.shape[1] == N_PER_RANK,
-            "sdpa restored": F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention}
+    return {
+        "out": _rel(burst.unshard(out.detach(), layout=layout), ref_out.detach()),
+        "grads": max(_rel(p.grad, named[n].grad) for n, p in model.named_parameters()),
+        "buffers restored": all(torch.equal(b, w) for b, w in zip(buffers, whole)),
+        "tokens left sharded": tokens.shape[1] == N_PER_RANK,
+        "sdpa restored": F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention,
+    }
 
 
 def _errors(rank, world):
@@ -157,8 +172,9 @@ def _errors(rank, world):
     mha = nn.MultiheadAttention(8, 2, batch_first=True)
     tokens = torch.randn(1, N_PER_RANK * world, 8)
     cases = {
-        "attn_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(N_PER_RANK, N_PER_RANK,
-                                                                                          dtype=torch.bool)),
+        "attn_mask": lambda: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=torch.ones(N_PER_RANK, N_PER_RANK, dtype=torch.bool)
+        ),
         "dropout on rank 0": lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1 if rank == 0 else 0.0),
         "length": lambda: F.scaled_dot_product_attention(q[..., :2, :], k[..., :2, :], v[..., :2, :]),
         "need_weights": lambda: mha(tokens, tokens, tokens),
@@ -178,8 +194,9 @@ def _errors(rank, world):
         tokens = torch.randn(1, N_PER_RANK * world, 8)
         positions = torch.arange(N_PER_RANK * world)
         try:
-            with burst.context_parallel(buffers=[q, k, v, tokens, positions], buffer_seq_dims=[2, 2, 2, 1, 0],
-                                        layout=layouts[name]):
+            with burst.context_parallel(
+                buffers=[q, k, v, tokens, positions], buffer_seq_dims=[2, 2, 2, 1, 0], layout=layouts[name]
+            ):
                 fn()
             results[name] = None
         except ValueError as err:
@@ -197,15 +214,19 @@ def _errors(rank, world):
 
 def _everything(rank, world):
     torch.set_num_threads(1)
-    results = {(name, layout): _one_case(build, layout, world)
-               for name, build in _models(N_PER_RANK * world).items() for layout in LAYOUTS}
+    results = {
+        (name, layout): _one_case(build, layout, world)
+        for name, build in _models(N_PER_RANK * world).items()
+        for layout in LAYOUTS
+    }
     if world == 2:
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cpu", (world,))
         for strategy in ("ring", "ulysses", "allgather"):  # any strategy; a DeviceMesh as torch's API takes it
             results[("rope decoder gqa", f"zigzag {strategy} mesh")] = _one_case(
-                _models(N_PER_RANK * world)["rope decoder gqa"], "zigzag", world, mesh=mesh, strategy=strategy)
+                _models(N_PER_RANK * world)["rope decoder gqa"], "zigzag", world, mesh=mesh, strategy=strategy
+            )
         results["errors"] = _errors(rank, world)
     return results
 
@@ -224,10 +245,16 @@ def test_models_calling_sdpa_train_like_one_process(world):
 
 
 def test_what_cannot_be_honoured_raises_on_every_rank():
-    expected = {"attn_mask": "attn_mask", "dropout on rank 0": "dropout", "length": "tokens",
-                "need_weights": "need_weights", "gqa without enable_gqa": "enable_gqa",
-                "indivisible": "divisible", "positions from the shard, zigzag": "its own length",
-                "positions from the shard, contiguous": "its own length"}
+    expected = {
+        "attn_mask": "attn_mask",
+        "dropout on rank 0": "dropout",
+        "length": "tokens",
+        "need_weights": "need_weights",
+        "gqa without enable_gqa": "enable_gqa",
+        "indivisible": "divisible",
+        "positions from the shard, zigzag": "its own length",
+        "positions from the shard, contiguous": "its own length",
+    }
     for rank, results in enumerate(_results(2)):
         errors = results["errors"]
         for case, words in expected.items():

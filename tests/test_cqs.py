@@ -78,10 +78,11 @@ def _cases(rank, world):
             for dtype in (torch.float32, torch.bfloat16):
                 full = full_inputs(50 + kv_heads, 2, seqlen, H, kv_heads, D, dtype)
                 ref = reference_grads(*full, causal=causal)
-                for lost in (lost_options if dtype == torch.float32 else [()]):
+                for lost in lost_options if dtype == torch.float32 else [()]:
                     for layout in ("contiguous", "zigzag"):
-                        errs = sharded_errors(full, ref, dtype, layout=layout, strategy="cqs", causal=causal,
-                                              lost_workers=lost)
+                        errs = sharded_errors(
+                            full, ref, dtype, layout=layout, strategy="cqs", causal=causal, lost_workers=lost
+                        )
                         results.append(((causal, kv_heads, str(dtype), lost, layout), errs))
     q, k, v = (torch.randn(1, N_LOCAL, H, D, requires_grad=True) for _ in range(3))
     with burst.CommStats() as stats, _compute_watch(stats) as during_compute:
@@ -108,7 +109,9 @@ def _compute_watch(stats):
                 return inner(*args, **kwargs)
             finally:
                 seen[phase].add((stats.sent(), stats.messages()))
+
         return watched
+
     mod.attend_forward, mod.attend_backward = wrap("attend_forward", "forward"), wrap("attend_backward", "backward")
     try:
         yield seen
@@ -135,7 +138,7 @@ def test_exchange_volume_is_what_the_schedule_predicts(world):
         assert all(len(snaps) == 1 for snaps in during_compute.values()), (rank, during_compute)
         q_out = sum(rank in s.q_materials[w] for w in range(world) if w != rank)
         kv_out = sum(rank in s.kv_materials[w] for w in range(world) if w != rank)
-        q_back = sum(1 for x in s.q_materials[rank] if x != rank)   # query groups we computed for others
+        q_back = sum(1 for x in s.q_materials[rank] if x != rank)  # query groups we computed for others
         kv_back = sum(1 for y in s.kv_materials[rank] if y != rank)
         assert fwd == q_out * q_b + kv_out * 2 * q_b + q_back * (q_b + stat_b), (rank, fwd)
         assert bwd == q_out * (2 * q_b + 2 * stat_b) + kv_out * 2 * q_b + q_back * q_b + kv_back * 2 * q_b, (rank, bwd)
@@ -167,8 +170,12 @@ def test_token_level_lists_reproduce_the_papers_table2_and_partition_p():
     from burst.schedules.cqs_paper import ban_list, material_lists, max_subsequence_length, slr, task_list, tg_tk_map
 
     # Table 2's m_Tk (the straggler's subsequence) for W = 1, 4, 7, 8, 31.
-    table2 = {10000: (10000, 7500, 4287, 5000, 1937), 20000: (20000, 15000, 8572, 10000, 3873),
-              30000: (30000, 22500, 12858, 15000, 5808), 49000: (49000, 36750, 21000, 24500, 9486)}
+    table2 = {
+        10000: (10000, 7500, 4287, 5000, 1937),
+        20000: (20000, 15000, 8572, 10000, 3873),
+        30000: (30000, 22500, 12858, 15000, 5808),
+        49000: (49000, 36750, 21000, 24500, 9486),
+    }
     for n, expected in table2.items():
         assert tuple(max_subsequence_length(n, w) for w in (1, 4, 7, 8, 31)) == expected, n
     assert slr(10000, 7) == 4287 / 10000
@@ -186,10 +193,12 @@ def test_token_level_lists_reproduce_the_papers_table2_and_partition_p():
 def _large_cases(rank, world):
     """Worlds 7 (the paper's Fano plane) and 8: fewer cases, as each spawns 7-8 processes on few cores."""
     results = []
-    for causal, kv_heads, dtype, lost, layout in ((False, 4, torch.float32, (), "contiguous"),
-                                                  (True, 2, torch.float32, (), "zigzag"),
-                                                  (True, 1, torch.bfloat16, (), "contiguous"),
-                                                  (False, 2, torch.float32, (1, 4), "contiguous")):
+    for causal, kv_heads, dtype, lost, layout in (
+        (False, 4, torch.float32, (), "contiguous"),
+        (True, 2, torch.float32, (), "zigzag"),
+        (True, 1, torch.bfloat16, (), "contiguous"),
+        (False, 2, torch.float32, (1, 4), "contiguous"),
+    ):
         full = full_inputs(70 + kv_heads, 1, N_LOCAL * world, H, kv_heads, D, dtype)
         ref = reference_grads(*full, causal=causal)
         errs = sharded_errors(full, ref, dtype, layout=layout, strategy="cqs", causal=causal, lost_workers=lost)

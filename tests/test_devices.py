@@ -76,8 +76,9 @@ def test_under_torchrun_the_gpu_is_bound_before_nccl_starts(gpus, monkeypatch):
 
 def _burst(*args, timeout=120):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    return subprocess.run([sys.executable, "-m", "burst", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "burst", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 def test_verbs_refuse_a_device_or_dtype_they_cannot_run_before_any_rank_starts():
@@ -111,8 +112,22 @@ def test_bf16_training_follows_fp32(tmp_path):
     losses = {}
     for dtype in ("fp32", "bf16"):
         metrics = tmp_path / f"{dtype}.jsonl"
-        done = _burst("train", "--nproc", "2", "--device", "cpu", "--dtype", dtype, "--steps", "3", "--seq-len", "128",
-                      "--no-progress", "--metrics", str(metrics))
+        done = _burst(
+            "train",
+            "--nproc",
+            "2",
+            "--device",
+            "cpu",
+            "--dtype",
+            dtype,
+            "--steps",
+            "3",
+            "--seq-len",
+            "128",
+            "--no-progress",
+            "--metrics",
+            str(metrics),
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         losses[dtype] = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
     assert len(losses["bf16"]) == 3 and losses["bf16"] != losses["fp32"]  # it did run in bf16
@@ -133,8 +148,11 @@ def test_kernel_by_name_or_a_clear_error(monkeypatch):
     ref = burst.attention(q, q, q, causal=True)  # one process, through the reference kernel
     monkeypatch.delenv("BURST_KERNEL")
     assert torch.allclose(ref, burst.attention(q, q, q, causal=True), atol=1e-6)
-    for name, words in (("flash_attn", "needs CUDA tensors"), ("sdpa", "needs CUDA tensors"),
-                        ("nonsense", "is not one of auto")):
+    for name, words in (
+        ("flash_attn", "needs CUDA tensors"),
+        ("sdpa", "needs CUDA tensors"),
+        ("nonsense", "is not one of auto"),
+    ):
         monkeypatch.setenv("BURST_KERNEL", name)
         with pytest.raises(ValueError, match=words):
             burst.attention(q, q, q, causal=True)

@@ -25,11 +25,29 @@ COMMANDS = [
 
 # What each API page must document: the public names of each area, under the area's own path.
 API_NAMES = {
-    "api/burst": ["burst.attention", "burst.shard", "burst.unshard", "burst.CommStats", "burst.BlockSparseMask",
-                  "burst.Topology", "burst.check.check", "burst.set_agreement_check"],
-    "api/transformers": [f"burst.integrations.transformers.{name}" for name in (
-        "register", "shard_batch", "check_model", "reduce_gradients", "reduce_loss", "fully_shard", "ShardedCache",
-        "SequenceParallelTrainer")],
+    "api/burst": [
+        "burst.attention",
+        "burst.shard",
+        "burst.unshard",
+        "burst.CommStats",
+        "burst.BlockSparseMask",
+        "burst.Topology",
+        "burst.check.check",
+        "burst.set_agreement_check",
+    ],
+    "api/transformers": [
+        f"burst.integrations.transformers.{name}"
+        for name in (
+            "register",
+            "shard_batch",
+            "check_model",
+            "reduce_gradients",
+            "reduce_loss",
+            "fully_shard",
+            "ShardedCache",
+            "SequenceParallelTrainer",
+        )
+    ],
     "api/masks": ["burst.masks.BlockSparseMask", "burst.masks.MaskSpec", "burst.masks.plan_tiles"],
     "api/engine": ["burst.engine.fused_linear_cross_entropy", "burst.engine.Transformer"],
     "api/context_parallel": ["burst.context_parallel.context_parallel"],
@@ -43,7 +61,7 @@ def test_readme_is_a_short_front_page():
     assert len(lines) <= 200, f"README.md has {len(lines)} lines; move sections to docs/ (at most 200)"
     fence = lines.index("```bash")
     assert fence <= 2, "README.md must open with the commands block, right under its title"
-    opening = [re.sub(r"~\d+ min", "~N min", line) for line in lines[fence + 1:fence + 3]]
+    opening = [re.sub(r"~\d+ min", "~N min", line) for line in lines[fence + 1 : fence + 3]]
     assert opening == COMMANDS, "README.md must open with the two commands, exactly"
     assert lines[fence + 3] == "```"
 
@@ -51,8 +69,11 @@ def test_readme_is_a_short_front_page():
 def _relative_links(markdown: str) -> list[str]:
     inline = re.findall(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", markdown)
     reference = re.findall(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", markdown, flags=re.M)
-    return [link for link in inline + reference
-            if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", link) and not link.startswith("#")]
+    return [
+        link
+        for link in inline + reference
+        if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", link) and not link.startswith("#")
+    ]
 
 
 def test_readme_links_point_to_files():
@@ -66,14 +87,32 @@ def test_mkdocs_build_strict(tmp_path):
     importorskip("mkdocs", reason="mkdocs is not installed (pip install -e '.[dev]' installs it)")
     site = tmp_path / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
-                          "--site-dir", str(site)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(site),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout}\n{run.stderr}"
     for page, names in API_NAMES.items():
         html = (site / page / "index.html").read_text()
         missing = [name for name in names if f'id="{name}"' not in html]
-        assert not missing, (f"{page}: the API reference does not document {missing} (a name moved, or is served "
-                             "lazily in a way docs/griffe_lazy_exports.py does not see)")
+        assert not missing, (
+            f"{page}: the API reference does not document {missing} (a name moved, or is served "
+            "lazily in a way docs/griffe_lazy_exports.py does not see)"
+        )
 
 
 # --- figures that name the file they come from stay in step with it (issue 69 item 5) --------------
@@ -86,7 +125,9 @@ def test_suite_time_is_one_figure():
     figure = re.search(r"on 2 cores: \*\*(~\d+ min)\*\*", SUITE_TIME.read_text()).group(1)
     for page in (README, ROOT / "docs" / "index.md"):
         quoted = re.findall(r"~\d+ min on 2 cores", page.read_text())
-        assert quoted == [f"{figure} on 2 cores"], f"{page.name} quotes {quoted}; benchmarks/suite_time.md says {figure}"
+        assert quoted == [f"{figure} on 2 cores"], (
+            f"{page.name} quotes {quoted}; benchmarks/suite_time.md says {figure}"
+        )
 
 
 def _figures(text: str) -> list[str]:
@@ -99,7 +140,7 @@ def test_gpu_status_figures_are_in_their_files():
     lines = README.read_text().splitlines()
     start = lines.index("## What has run on a GPU, and what has not")
     assert start < 40, "the GPU status must be on the README's first screen"
-    rows = [line for line in lines[start:start + 20] if line.startswith("| ") and "](benchmarks/" in line]
+    rows = [line for line in lines[start : start + 20] if line.startswith("| ") and "](benchmarks/" in line]
     assert len(rows) >= 4, rows
     for row in rows:
         claim, source = row.strip("| ").rsplit(" | ", 1)
@@ -107,7 +148,7 @@ def test_gpu_status_figures_are_in_their_files():
         text = path.read_text()
         missing = [figure for figure in _figures(claim) if figure not in text]
         assert not missing, f"README's GPU claim {claim!r}: {missing} not in {path.relative_to(ROOT)}"
-    never = "\n".join(lines[start:start + 30])
+    never = "\n".join(lines[start : start + 30])
     for what in ("NCCL between GPUs", "several nodes", "flash_attn"):
         assert what in never.split("**Never run on a GPU**", 1)[-1], f"the README must say {what} never ran on a GPU"
 
@@ -130,7 +171,9 @@ def test_version_license_and_changelog_agree():
     project = pyproject()["project"]
     assert burst.__version__ == project["version"], (burst.__version__, project["version"])
     top = re.search(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), re.M).group(1)
-    assert top == project["version"], f"CHANGELOG.md's top entry is {top}, pyproject.toml's version {project['version']}"
+    assert top == project["version"], (
+        f"CHANGELOG.md's top entry is {top}, pyproject.toml's version {project['version']}"
+    )
     assert project["license"] == {"text": "Apache-2.0"}
     license_text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
@@ -145,7 +188,7 @@ def test_help_names_every_kernel_and_the_trainable_presets():
     parser = build_parser()
     verbs = next(a for a in parser._actions if a.dest == "command").choices
     helped = " ".join(verbs["check"].format_help().split())
-    kernel = helped[helped.index("--kernel KERNEL"):]
+    kernel = helped[helped.index("--kernel KERNEL") :]
     assert "auto (the fastest kernel proven for the device and dtype)" in kernel
     assert all(name in kernel for name in kernels_by_name()), kernel
     for page in ("cli.md", "gpus.md"):  # the pages that list the kernels list them all
@@ -157,8 +200,9 @@ def test_help_names_every_kernel_and_the_trainable_presets():
 
     page = " ".join((ROOT / "docs" / "checking-planning.md").read_text().split())
     papers = [name for name in model_presets() if name not in PRESETS]
-    assert f"`burst train`'s ({', '.join(PRESETS)}:" in page and f"models ({', '.join(papers)}:" in page, \
+    assert f"`burst train`'s ({', '.join(PRESETS)}:" in page and f"models ({', '.join(papers)}:" in page, (
         "docs/checking-planning.md names the trainable presets and the papers' ones as burst.plan.models holds them"
+    )
 
 
 def test_flash_attn_status_is_the_registrys():
@@ -170,8 +214,9 @@ def test_flash_attn_status_is_the_registrys():
     pages = {"README.md": README.read_text(), "docs/launch.md": (ROOT / "docs" / "launch.md").read_text()}
     for name, text in pages.items():
         said = " ".join(text.split())
-        assert ("only when asked" in said) != proven, (f"{name}: flash_attn is {'proven' if proven else 'unproven'} "
-                                                       "in the kernel registry; say so")
+        assert ("only when asked" in said) != proven, (
+            f"{name}: flash_attn is {'proven' if proven else 'unproven'} in the kernel registry; say so"
+        )
 
 
 def test_papers_cited_with_links():

@@ -61,18 +61,22 @@ def _compiled_and_context_parallel(cu):
     previous = torch._dynamo.config.error_on_recompile
     torch._dynamo.config.error_on_recompile = True
     try:
-        compiled = torch.compile(lambda a, b, c: burst.attention(a, b, c, layout=layout, causal=True) * 2,
-                                 backend="aot_eager")
+        compiled = torch.compile(
+            lambda a, b, c: burst.attention(a, b, c, layout=layout, causal=True) * 2, backend="aot_eager"
+        )
         twice = [compiled(q, k, v), compiled(q + 1, k, v)]
     finally:
         torch._dynamo.config.error_on_recompile = previous
     heads_first = [t.transpose(1, 2).contiguous() for t in full[:3]]
-    with burst.context_parallel(buffers=heads_first, buffer_seq_dims=[2, 2, 2], layout="doc_zigzag",
-                                cu_seqlens=list(cu)):
+    with burst.context_parallel(
+        buffers=heads_first, buffer_seq_dims=[2, 2, 2], layout="doc_zigzag", cu_seqlens=list(cu)
+    ):
         routed = torch.nn.functional.scaled_dot_product_attention(*heads_first, is_causal=True, enable_gqa=True)
-    return {"compiled": (twice[0] / 2 - eager).abs().max().item(),
-            "compiled again": (twice[1] / 2 - burst.attention(q + 1, k, v, layout=layout, causal=True)).abs().max().item(),
-            "context_parallel": (routed.transpose(1, 2) - eager).abs().max().item()}
+    return {
+        "compiled": (twice[0] / 2 - eager).abs().max().item(),
+        "compiled again": (twice[1] / 2 - burst.attention(q + 1, k, v, layout=layout, causal=True)).abs().max().item(),
+        "context_parallel": (routed.transpose(1, 2) - eager).abs().max().item(),
+    }
 
 
 def _run(rank, world):
@@ -88,8 +92,9 @@ def _run(rank, world):
         results["compiled and context_parallel"] = _compiled_and_context_parallel(cu)
     for split in ("contiguous", "zigzag"):
         results[f"own {split}"] = _case(world, cu, split, STRATEGIES, heads=4, kv_heads=2)
-        results[f"own {split} bf16"] = _case(world, cu, split, ("burst", "ring"), dtype=torch.bfloat16, heads=4,
-                                             kv_heads=2)
+        results[f"own {split} bf16"] = _case(
+            world, cu, split, ("burst", "ring"), dtype=torch.bfloat16, heads=4, kv_heads=2
+        )
     return results
 
 
@@ -132,9 +137,14 @@ def test_per_document_zigzag_balances_packed_causal_work():
 
     def pairs_per_rank(layout, world):
         n = cu[-1] // world
-        return [sum(t.pairs for k in range(world)
-                    for t in plan_tiles(segments(layout, q, world, n), segments(layout, k, world, n), spec))
-                for q in range(world)]
+        return [
+            sum(
+                t.pairs
+                for k in range(world)
+                for t in plan_tiles(segments(layout, q, world, n), segments(layout, k, world, n), spec)
+            )
+            for q in range(world)
+        ]
 
     world = 4
     doc = pairs_per_rank(DocumentLayout(cu, "zigzag"), world)

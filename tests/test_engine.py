@@ -73,8 +73,10 @@ def _checkpointing_gradients(rank, world, strategy, layout):
     out = {}
     for mode, split in MODES:
         g, sent = grads(mode, split)
-        out[(mode, split)] = (max(((g[k] - ref[k]).abs().max() / ref[k].abs().max()).item() for k in ref),
-                              sent / max(ref_bytes, 1))
+        out[(mode, split)] = (
+            max(((g[k] - ref[k]).abs().max() / ref[k].abs().max()).item() for k in ref),
+            sent / max(ref_bytes, 1),
+        )
     return out
 
 
@@ -120,7 +122,7 @@ def _assert_equal_training(errors, where):
 @pytest.mark.parametrize("world", [2, 4])
 def test_sequence_parallel_training_equals_single_process(world):
     for rank, out in enumerate(_results(world)):
-        for combo in (COMBOS if world == 2 else COMBOS[:1]):
+        for combo in COMBOS if world == 2 else COMBOS[:1]:
             _assert_equal_training(out[combo], (rank, combo))
         assert out["rope"] < 1e-5, (rank, out["rope"])
 
@@ -183,16 +185,20 @@ def test_rotary_and_rmsnorm_backward_match_their_formulas():
     weight = torch.randn(8, dtype=torch.float64, generator=gen, requires_grad=True)
     norm = RMSNorm(8, 1e-5).double()
     assert torch.autograd.gradcheck(lambda t: apply_rotary(t, cos, sin), (x,))
-    assert torch.autograd.gradcheck(lambda t, w: torch.nn.functional.linear(norm(t), torch.eye(8).double()) * w,
-                                    (x, weight))
+    assert torch.autograd.gradcheck(
+        lambda t, w: torch.nn.functional.linear(norm(t), torch.eye(8).double()) * w, (x, weight)
+    )
     norm.weight.data = torch.randn(8, dtype=torch.float64, generator=gen)
     g = torch.randn_like(x)
     for fused, formula in (
-            (lambda t: norm(t),
-             lambda t: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight),
-            (lambda t: apply_rotary(t, cos, sin),
-             lambda t: torch.stack([t[..., 0::2] * cos - t[..., 1::2] * sin,
-                                    t[..., 0::2] * sin + t[..., 1::2] * cos], -1).flatten(-2))):
+        (lambda t: norm(t), lambda t: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight),
+        (
+            lambda t: apply_rotary(t, cos, sin),
+            lambda t: torch.stack(
+                [t[..., 0::2] * cos - t[..., 1::2] * sin, t[..., 0::2] * sin + t[..., 1::2] * cos], -1
+            ).flatten(-2),
+        ),
+    ):
         got = torch.autograd.grad(fused(x), x, g)[0]
         want = torch.autograd.grad(formula(x), x, g)[0]
         assert (got - want).abs().max() < 1e-12 * want.abs().max()
@@ -236,10 +242,30 @@ def test_burst_train_checkpoints_and_resumes_exactly(tmp_path):
     # mode (DCP reshards): the uninterrupted run's losses, and its final weights.
     torchrun = pathlib.Path(sys.executable).parent / "torchrun"
     killed = tmp_path / "killed"
-    done = run_process_group([str(torchrun), "--standalone", "--nproc-per-node=2", "--max-restarts=1",
-                              str(pathlib.Path(__file__).parent / "clients" / "killed_train.py"), "train", "--model",
-                              "tiny", "--seed", "0", *common, "--checkpoint-dir", str(killed), "--resume", "--fsdp",
-                              "mesh", "--metrics", str(resumed)], 300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = run_process_group(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node=2",
+            "--max-restarts=1",
+            str(pathlib.Path(__file__).parent / "clients" / "killed_train.py"),
+            "train",
+            "--model",
+            "tiny",
+            "--seed",
+            "0",
+            *common,
+            "--checkpoint-dir",
+            str(killed),
+            "--resume",
+            "--fsdp",
+            "mesh",
+            "--metrics",
+            str(resumed),
+        ],
+        300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     again = [json.loads(line) for line in resumed.read_text().splitlines()]
     assert [r["step"] for r in again] == [0, 1, 2, 3], again  # the first attempt's steps 0-1, then 2-3 resumed
@@ -251,13 +277,17 @@ def test_burst_train_checkpoints_and_resumes_exactly(tmp_path):
     # Refused before any process starts, naming what is wrong (the CLI's entry, in this process).
     from burst.cli import main
 
-    for bad, message in ((["--seq-len", "128", "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume-step", "3"],
-                          "another config: seq_len was 64"),
-                         ([*common, "--checkpoint-dir", str(ckpt), "--resume-step", "2"], "no checkpoint for step 2"),
-                         ([*common, "--checkpoint-dir", str(ckpt), "--resume", "--resume-step", "3"], "not both"),
-                         (["--seq-len", "63"], "--seq-len: 63"),
-                         (["--seq-len", "64", "--dp", "3"], "--dp: 3 does not divide"),
-                         (["--seq-len", "64", "--checkpoint-every", "2"], "needs --checkpoint-dir")):
+    for bad, message in (
+        (
+            ["--seq-len", "128", "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume-step", "3"],
+            "another config: seq_len was 64",
+        ),
+        ([*common, "--checkpoint-dir", str(ckpt), "--resume-step", "2"], "no checkpoint for step 2"),
+        ([*common, "--checkpoint-dir", str(ckpt), "--resume", "--resume-step", "3"], "not both"),
+        (["--seq-len", "63"], "--seq-len: 63"),
+        (["--seq-len", "64", "--dp", "3"], "--dp: 3 does not divide"),
+        (["--seq-len", "64", "--checkpoint-every", "2"], "needs --checkpoint-dir"),
+    ):
         with pytest.raises(SystemExit, match=message):
             main(["train", "--model", "tiny", "--nproc", "2", *bad])
 

@@ -16,7 +16,7 @@ from world import run_world
 def _problem(n=300, h=32, v=1000, ignore=0.2, dtype=torch.float64, seed=0):
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(2, n // 2, h, generator=g, dtype=torch.float64).to(dtype)
-    weight = (torch.randn(v, h, generator=g, dtype=torch.float64) / h ** 0.5).to(dtype)
+    weight = (torch.randn(v, h, generator=g, dtype=torch.float64) / h**0.5).to(dtype)
     targets = torch.randint(0, v, (2, n // 2), generator=g)
     targets[torch.rand(targets.shape, generator=g) < ignore] = -100
     return hidden, weight, targets

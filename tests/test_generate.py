@@ -24,7 +24,7 @@ def _reference(model, prompt, new_tokens):
             t = torch.tensor(seq)[None]
             hidden = model(t, torch.arange(len(seq))[None])
             seq.append(int(model.lm_head(hidden[0, -1]).argmax()))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def _prompts(world):
@@ -51,7 +51,9 @@ def test_greedy_generation_equals_single_process(world):
     torch.manual_seed(0)
     model = Transformer(PRESETS["tiny"]).eval()
     expected = [_reference(model, p, NEW) for p in _prompts(world)]
-    full_cache = 2 * 2 * sum(len(p) + NEW - 1 for p in _prompts(world)) * 2 * 16 * 4  # layers, K+V, entries, kv, dim, fp32
+    full_cache = (
+        2 * 2 * sum(len(p) + NEW - 1 for p in _prompts(world)) * 2 * 16 * 4
+    )  # layers, K+V, entries, kv, dim, fp32
     for rank, (out, _) in enumerate(_results(world)):
         for layout in ("contiguous", "zigzag", "striped"):
             tokens, cache_bytes = out[layout]
@@ -74,15 +76,52 @@ def test_generate_from_a_burst_train_checkpoint(tmp_path):
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     burst_cmd = [sys.executable, "-m", "burst"]
-    train = subprocess.run([*burst_cmd, "train", "--seq-len", "64", "--steps", "3", "--lr", "0.05", "--nproc", "2",
-                            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "3", "--no-progress"],
-                           capture_output=True, text=True, timeout=240, env=env)
+    train = subprocess.run(
+        [
+            *burst_cmd,
+            "train",
+            "--seq-len",
+            "64",
+            "--steps",
+            "3",
+            "--lr",
+            "0.05",
+            "--nproc",
+            "2",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--checkpoint-every",
+            "3",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert train.returncode == 0, train.stderr[-3000:]
     prompt = tmp_path / "prompt.txt"
     prompt.write_bytes(b"sharded caches keep long contexts")
-    gen = subprocess.run([*burst_cmd, "generate", "--checkpoint-dir", str(tmp_path / "ckpt"), "--prompt-file",
-                          str(prompt), "--new-tokens", "5", "--nproc", "2", "--json", str(tmp_path / "out.json")],
-                         capture_output=True, text=True, timeout=240, env=env)
+    gen = subprocess.run(
+        [
+            *burst_cmd,
+            "generate",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--prompt-file",
+            str(prompt),
+            "--new-tokens",
+            "5",
+            "--nproc",
+            "2",
+            "--json",
+            str(tmp_path / "out.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert gen.returncode == 0, gen.stderr[-3000:]
     tokens = json.loads((tmp_path / "out.json").read_text())["tokens"]
 

@@ -32,8 +32,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def cpu_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
     env = {**os.environ, "BURST_DEVICE": "cpu", "PYTHON": sys.executable}
-    done = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), str(out)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with open(out / "report.json") as f:
         data = json.load(f)
@@ -85,7 +90,9 @@ def test_cpu_mode_worlds_check_every_strategy_and_layout(cpu_report):
         assert not [r for r in checked + masks if r["status"] == "FAIL"]
         ran = {(r["strategy"], r["layout"]) for r in checked if r["status"] == "ok"}
         assert {s for s, _ in ran} == set(burst.api.STRATEGIES)
-        assert {m for m in ("window", "documents", "documents_window", "block_sparse")} == {r["mask"] for r in masks if r["status"] == "ok"}
+        assert {m for m in ("window", "documents", "documents_window", "block_sparse")} == {
+            r["mask"] for r in masks if r["status"] == "ok"
+        }
     probes = _table(section, "several ranks")["rows"]
     assert probes[0]["backend"] == "gloo" and probes[0]["exchange"] is True
 
@@ -111,7 +118,10 @@ def test_cpu_mode_speed_memory_and_features(cpu_report):
 
 def test_compare_catches_a_perturbed_output():
     g = torch.Generator().manual_seed(0)
-    ref = [torch.randn(1, 8, 2, 4, generator=g, dtype=torch.float64), torch.randn(1, 2, 8, generator=g, dtype=torch.float64)]
+    ref = [
+        torch.randn(1, 8, 2, 4, generator=g, dtype=torch.float64),
+        torch.randn(1, 2, 8, generator=g, dtype=torch.float64),
+    ]
     ref += [torch.randn(1, 8, 2, 4, generator=g, dtype=torch.float64) for _ in range(3)]
     mine = [t.float() for t in ref]
     assert gpu_check.compare(mine, ref, "float32")[1]
@@ -131,6 +141,7 @@ def test_compare_catches_a_perturbed_output():
 
 def _planted(forward_scale=1.0, grad_scale=1.0):
     """cpu_flash with its output or its dq scaled: a wrong kernel the check must catch."""
+
     def forward(*args):
         out, lse = cpu_flash.forward(*args)
         return out * forward_scale, lse
@@ -145,7 +156,9 @@ def _planted(forward_scale=1.0, grad_scale=1.0):
 @pytest.mark.parametrize("planted", [_planted(forward_scale=1.01), _planted(grad_scale=1.01)], ids=["out", "dq"])
 def test_a_planted_wrong_kernel_fails_its_rows(planted):
     sec = gpu_check.Section("1", "planted", time.monotonic() + 60)
-    rows = gpu_check.kernel_rows(sec, torch.device("cpu"), gpu_check.CPU_SIZES, [("planted", planted, (torch.float32,))])
+    rows = gpu_check.kernel_rows(
+        sec, torch.device("cpu"), gpu_check.CPU_SIZES, [("planted", planted, (torch.float32,))]
+    )
     assert len(rows) == len(gpu_check.KERNEL_CASES)
     assert all(r["status"] == "FAIL" for r in rows), rows
     assert sec.status == "FAIL"
@@ -185,8 +198,13 @@ def _check_through_host(rank, world):
 
     staged = []
     p2p.through_host = lambda group, tensors: staged.append(len(tensors)) or True
-    report = burst.check(strategies=("burst", "ring", "distflash", "cqs", "usp"), seq_len=32, heads=2, head_dim=8,
-                         dtype=("float32", "bfloat16"))
+    report = burst.check(
+        strategies=("burst", "ring", "distflash", "cqs", "usp"),
+        seq_len=32,
+        heads=2,
+        head_dim=8,
+        dtype=("float32", "bfloat16"),
+    )
     return report.ok, [r.status for r in report.rows], len(staged)
 
 
@@ -203,7 +221,10 @@ def test_longest_doubles_then_bisects_to_the_granularity():
     got = gpu_check.longest(lambda n: n <= 5000, 256, 1 << 20, 128, time.monotonic() + 60, notes.append, "x")
     assert (got["fits"], got["does not fit"], got["stopped by"]) == (4992, 5120, "memory")
     assert "longest that ran 4992" in notes[0]
-    assert gpu_check.longest(lambda n: True, 256, 1024, 128, time.monotonic() + 60, notes.append, "x")["stopped by"] == "limit"
+    assert (
+        gpu_check.longest(lambda n: True, 256, 1024, 128, time.monotonic() + 60, notes.append, "x")["stopped by"]
+        == "limit"
+    )
 
 
 def test_longest_stops_for_time_and_records_errors():
@@ -220,8 +241,13 @@ def test_longest_stops_for_time_and_records_errors():
 
 
 def test_memory_trial_counts_a_cuda_oom_as_does_not_fit(monkeypatch):
-    for name, value in (("reset_peak_memory_stats", None), ("memory_allocated", 0), ("max_memory_allocated", 7),
-                        ("synchronize", None), ("empty_cache", None)):
+    for name, value in (
+        ("reset_peak_memory_stats", None),
+        ("memory_allocated", 0),
+        ("max_memory_allocated", 7),
+        ("synchronize", None),
+        ("empty_cache", None),
+    ):
         monkeypatch.setattr(torch.cuda, name, lambda *a, value=value: value)
     cuda = torch.device("cuda")
 

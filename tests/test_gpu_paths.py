@@ -31,8 +31,12 @@ MASKS = {
     "two-sided window": dict(window=(24, 9)),
     "documents": dict(causal=True, cu_seqlens=DOCS),
     "documents + window": dict(causal=True, window=(20, 0), cu_seqlens=DOCS),
-    "block-sparse": dict(causal=True, block_sparse=BlockSparseMask(32, torch.tensor(
-        [[i >= j and (i - j) % 3 != 1 for j in range(SEQ // 32)] for i in range(SEQ // 32)]))),
+    "block-sparse": dict(
+        causal=True,
+        block_sparse=BlockSparseMask(
+            32, torch.tensor([[i >= j and (i - j) % 3 != 1 for j in range(SEQ // 32)] for i in range(SEQ // 32)])
+        ),
+    ),
     "chunks": dict(causal=True, chunk_size=48),  # Llama 4's chunked attention: documents of equal length
     "softcap": dict(causal=True, softcap=1.0),  # flash_attn's own softcap argument
 }
@@ -64,6 +68,7 @@ def _use_flash_stand_in():
     flex_attention.create_block_mask = flex_stand_in.create_block_mask
     cuda_flash_attn.available.cache_clear()
     select = validation.select_kernel
+
     def flash_for_bf16(device, dtype, softcap=0.0, head_dim=None, v_head_dim=None):
         if dtype != torch.bfloat16:
             return select(device, dtype, softcap, head_dim, v_head_dim)
@@ -98,11 +103,15 @@ def _cases(rank, world):
     for split in ("contiguous", "zigzag"):
         calls.clear()
         with burst.CommStats() as stats:
-            errs = sharded_errors(full, ref, torch.bfloat16, layout=DocumentLayout(DOCS, split), causal=True,
-                                  strategy="burst")
-        errs.update(dense_masks=stats.dense_masks(), flash_calls=len(calls),
-                    flex_calls=sum(name == "flex_attention" for name, *_ in calls),
-                    varlen_calls=sum(name.startswith("varlen") for name, *_ in calls))
+            errs = sharded_errors(
+                full, ref, torch.bfloat16, layout=DocumentLayout(DOCS, split), causal=True, strategy="burst"
+            )
+        errs.update(
+            dense_masks=stats.dense_masks(),
+            flash_calls=len(calls),
+            flex_calls=sum(name == "flex_attention" for name, *_ in calls),
+            varlen_calls=sum(name.startswith("varlen") for name, *_ in calls),
+        )
         results.append((("doc layout", split, "burst"), errs))
     return results + _long_window_cases(calls) + _compressed_cases(calls, world)
 
@@ -120,9 +129,12 @@ def _long_window_cases(calls):
             calls.clear()
             with burst.CommStats() as stats:
                 errs = sharded_errors(full, ref, torch.bfloat16, layout=layout, strategy=strategy, window=window)
-            errs.update(dense_masks=stats.dense_masks(), flash_calls=len(calls),
-                        flex_calls=sum(name == "flex_attention" for name, *_ in calls),
-                        varlen_calls=sum(name.startswith("varlen") for name, *_ in calls))
+            errs.update(
+                dense_masks=stats.dense_masks(),
+                flash_calls=len(calls),
+                flex_calls=sum(name == "flex_attention" for name, *_ in calls),
+                varlen_calls=sum(name.startswith("varlen") for name, *_ in calls),
+            )
             results.append((("long window", layout, strategy), errs))
     return results
 
@@ -144,9 +156,13 @@ def _compressed_cases(calls, world):
                 calls.clear()
                 with burst.CommStats() as stats:
                     errs = tc._errors(full, ref, ck, cv, sinks, indices, torch.bfloat16, layout, strategy)
-                errs.update(dense_masks=stats.dense_masks(), flash_calls=len(calls),
-                            flex_calls=sum(name == "flex_attention" for name, *_ in calls), varlen_calls=0,
-                            dq=errs["dq"])
+                errs.update(
+                    dense_masks=stats.dense_masks(),
+                    flash_calls=len(calls),
+                    flex_calls=sum(name == "flex_attention" for name, *_ in calls),
+                    varlen_calls=0,
+                    dq=errs["dq"],
+                )
                 results.append(((f"compressed {kind}", layout, strategy), errs))
     return results
 
@@ -159,8 +175,9 @@ def _results(world):
     return [[(key, errs) for key, errs in cases if not isinstance(errs, str)] for cases in _all_results(world)]
 
 
-DISTFLASH_REFUSAL = ("strategy='distflash' supports layout='contiguous' with causal=True and no window, cu_seqlens "
-                     "or block_sparse")
+DISTFLASH_REFUSAL = (
+    "strategy='distflash' supports layout='contiguous' with causal=True and no window, cu_seqlens or block_sparse"
+)
 
 
 def may_refuse(mask_name, layout, strategy) -> str | None:
@@ -236,8 +253,10 @@ def test_documents_reach_the_varlen_interface():
     varlen = {key: errs["varlen_calls"] for cases in _results(WORLD) for key, errs in cases}
     for mask_name in ("documents", "documents + window"):
         for layout in LAYOUTS:
-            assert any(varlen[(mask_name, layout, s)] for s in STRATEGIES if (mask_name, layout, s) in varlen), \
-                (mask_name, layout)
+            assert any(varlen[(mask_name, layout, s)] for s in STRATEGIES if (mask_name, layout, s) in varlen), (
+                mask_name,
+                layout,
+            )
 
 
 def test_bands_flash_attn_would_misread_still_reach_flash():
@@ -247,7 +266,11 @@ def test_bands_flash_attn_would_misread_still_reach_flash():
     for cases in _results(WORLD):
         for (mask, layout, strategy), errs in cases:
             if mask == "long window":
-                assert errs["flash_calls"] > 0 and errs["flex_calls"] == 0 == errs["dense_masks"], (layout, strategy, errs)
+                assert errs["flash_calls"] > 0 and errs["flex_calls"] == 0 == errs["dense_masks"], (
+                    layout,
+                    strategy,
+                    errs,
+                )
 
 
 def test_compressed_entries_through_flash_attn_arguments():

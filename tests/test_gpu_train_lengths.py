@@ -20,8 +20,13 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 def test_cpu_mode_runs_every_kind_of_trial(tmp_path):
     pytest.importorskip("transformers")
-    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--cpu", "--modes", "full", "--budget", "100"],
-                          capture_output=True, text=True, timeout=150, env=ENV)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path), "--cpu", "--modes", "full", "--budget", "100"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=ENV,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     runs = results["results"]
@@ -41,18 +46,36 @@ def test_cpu_mode_runs_every_kind_of_trial(tmp_path):
 
 
 def test_gpu_plan_takes_the_planners_lengths_within_the_budget(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--profile", "H100", "--dry-run"],
-                          capture_output=True, text=True, timeout=60, env=ENV)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path), "--profile", "H100", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     planned = json.loads((tmp_path / "results.json").read_text())["skipped"]
     lengths = {(p["engine"], p["option"], p["seq_len"]) for p in planned}
-    assert ("burst", "full + host optimizer", 32768) in lengths and ("burst", "full + host optimizer", 131072) in lengths
+    assert ("burst", "full + host optimizer", 32768) in lengths and (
+        "burst",
+        "full + host optimizer",
+        131072,
+    ) in lengths
     assert ("transformers", "sdpa + gradient checkpointing", 8192) in lengths
     from burst.plan import Cluster, Training, profile
     from burst.plan.lengths import MEMORY_OPTIONS, longest_length
     from burst.plan.models import PRESETS
 
-    longest = longest_length("burst", Cluster(1, 1, profile("H100")),
-                             Training(PRESETS["llama3-8b"], 1024, fsdp=False, host_memory_bytes=128 * 2**30,
-                                      **MEMORY_OPTIONS["selective + host optimizer"][0]), granule=8192)
+    longest = longest_length(
+        "burst",
+        Cluster(1, 1, profile("H100")),
+        Training(
+            PRESETS["llama3-8b"],
+            1024,
+            fsdp=False,
+            host_memory_bytes=128 * 2**30,
+            **MEMORY_OPTIONS["selective + host optimizer"][0],
+        ),
+        granule=8192,
+    )
     assert ("burst", "selective + host optimizer", int(longest * 0.9) // 8192 * 8192) in lengths

@@ -65,7 +65,8 @@ def _errors(family, name, layout, group=None, seq=SEQ, config=None) -> dict:
     errors = step_errors(eager, model, ids, layout, group)
     whole = [layout_mod.unshard(s.contiguous(), group=group, layout=layout, dim=1) for s in got_sel]
     errors["same selections"] = len(whole) == len(expected_sel) > 0 and all(
-        _chosen_sets(a) == _chosen_sets(b) for a, b in zip(whole, expected_sel))
+        _chosen_sets(a) == _chosen_sets(b) for a, b in zip(whole, expected_sel)
+    )
     errors["layers"] = len(whole)
     rate = getattr(model.config, "compress_rates", {}).get("compressed_sparse_attention")
     errors["pruned rows"] = _pruned_share(whole[0], rate) if whole else 0.0
@@ -102,8 +103,9 @@ def _dsa(rank, world):
             out[("deepseek_v4", layout, "120 tokens")] = _errors("deepseek_v4", name, layout, seq=120)
             published = _config("deepseek_v4")  # HCA's published 128-token windows: none ends in 64 tokens
             published.compress_rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
-            out[("deepseek_v4", layout, "64 tokens, HCA of 128")] = _errors("deepseek_v4", name, layout, seq=64,
-                                                                            config=published)
+            out[("deepseek_v4", layout, "64 tokens, HCA of 128")] = _errors(
+                "deepseek_v4", name, layout, seq=64, config=published
+            )
     gather = indexer._GatheredKeys.update_indexer
 
     def own_keys_only(self, keys, layer_idx):  # the planted fault: every other rank's keys lost (zeros)
@@ -123,7 +125,7 @@ def _dsa(rank, world):
         whole = gather_entries(made, every, rate, group, phase)
         own = torch.zeros(whole.shape[1], dtype=whole.dtype)
         for seg in every[rank]:
-            own[seg.first // rate:(seg.first + seg.length) // rate] = 1
+            own[seg.first // rate : (seg.first + seg.length) // rate] = 1
         return whole * own[None, :, None]
 
     with mock.patch.object(compressed, "_gathered_in_order", own_entries_only):
@@ -143,8 +145,11 @@ def test_dsa_families_exact_with_pruning_selections(world):
             continue
         assert errors["same selections"] and errors["layers"] >= (1 if case[0] == "deepseek_v4" else 2), (case, errors)
         assert errors["pruned rows"] > 0.5, (case, errors)
-    failures = [(case, errors) for case, errors in results.items()
-                if not isinstance(case, str) and not all(errors[k] <= BOUND[k] for k in BOUND)]
+    failures = [
+        (case, errors)
+        for case, errors in results.items()
+        if not isinstance(case, str) and not all(errors[k] <= BOUND[k] for k in BOUND)
+    ]
     assert not failures, failures
 
 

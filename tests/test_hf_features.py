@@ -32,10 +32,17 @@ def _planted(rank, world):
             seen["hooks"].append(name)
             if name == "hand":  # every query zero: uniform attention over the causal keys
                 call.query = torch.zeros_like(call.query)
+
         return step
 
-    planted = features.Feature("planted", detect=lambda m: type(m).__name__ == "LlamaAttention", prepare=prepare,
-                               check=hook("check"), take=hook("take"), hand=hook("hand"))
+    planted = features.Feature(
+        "planted",
+        detect=lambda m: type(m).__name__ == "LlamaAttention",
+        prepare=prepare,
+        check=hook("check"),
+        take=hook("take"),
+        hand=hook("hand"),
+    )
     name = bt.register("features_planted")
     eager, model = twin_models("llama", name)
     layers = sum(type(m).__name__ == "LlamaAttention" for m in model.modules())
@@ -50,8 +57,13 @@ def _planted(rank, world):
         prepared_by_both = seen["prepare"]
         with torch.no_grad():
             planted_out = model(**batch).logits
-    return {"by shard_batch": prepared_by_shard_batch, "by both": prepared_by_both, "layers": layers,
-            "hooks": seen["hooks"], "output changed": not torch.allclose(plain, planted_out)}
+    return {
+        "by shard_batch": prepared_by_shard_batch,
+        "by both": prepared_by_both,
+        "layers": layers,
+        "hooks": seen["hooks"],
+        "output changed": not torch.allclose(plain, planted_out),
+    }
 
 
 def test_a_planted_feature_is_read_by_every_door():

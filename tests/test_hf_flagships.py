@@ -107,16 +107,19 @@ def _flagships(rank, world):
         out["planted: local temperature"] = _errors("llama4_text", llama4_config(), name, "zigzag")
     unchunked = llama4_config()
     unchunked.layer_types = ["full_attention"] * len(unchunked.layer_types)
-    out["planted: no chunks in the reference"] = _errors("llama4_text", llama4_config(), name, "zigzag",
-                                                          reference_config=unchunked)
+    out["planted: no chunks in the reference"] = _errors(
+        "llama4_text", llama4_config(), name, "zigzag", reference_config=unchunked
+    )
     uncapped = gemma2_config()
     uncapped.attn_logit_softcapping = None
-    out["planted: no cap in the reference"] = _errors("gemma2", gemma2_config(), name, "zigzag",
-                                                       reference_config=uncapped)
+    out["planted: no cap in the reference"] = _errors(
+        "gemma2", gemma2_config(), name, "zigzag", reference_config=uncapped
+    )
     unwindowed = doge_config()
     unwindowed.sliding_window = None
-    out["planted: no window in the reference"] = _errors("doge", doge_config(), name, "zigzag",
-                                                          reference_config=unwindowed)
+    out["planted: no window in the reference"] = _errors(
+        "doge", doge_config(), name, "zigzag", reference_config=unwindowed
+    )
     fold = dynamic_mask.fold  # the bias zeroed (still in the graph: every parameter keeps a gradient)
     with mock.patch.object(dynamic_mask, "fold", lambda query, key, bias, scaling: fold(query, key, 0 * bias, scaling)):
         out["planted: no dynamic bias"] = _errors("doge", doge_config(), name, "zigzag")
@@ -131,9 +134,12 @@ _results = results_by_world(_flagships)
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_gemma2_softcap_and_llama4_chunks_exact(world):
-    failures = [(rank, case, errors) for rank, rank_results in enumerate(_results(world))
-                for case, errors in rank_results.items()
-                if not isinstance(case, str) and not all(errors[k] <= BOUND[k] for k in BOUND)]
+    failures = [
+        (rank, case, errors)
+        for rank, rank_results in enumerate(_results(world))
+        for case, errors in rank_results.items()
+        if not isinstance(case, str) and not all(errors[k] <= BOUND[k] for k in BOUND)
+    ]
     assert not failures, failures
 
 
@@ -141,10 +147,18 @@ def test_gemma2_softcap_and_llama4_chunks_exact(world):
 def test_each_feature_is_seen_by_the_comparison(world):
     """What the exactness above would miss if burst ignored a feature: each planted case fails the bounds."""
     results = _results(world)[0]
-    for case in ("planted: local temperature", "planted: no chunks in the reference", "planted: no cap in the reference",
-                 "planted: no window in the reference", "planted: no dynamic bias", "planted: every key kept"):
-        assert results[case]["logits"] > 5 * BOUND["logits"] or results[case]["gradients"] > 5 * BOUND["gradients"], \
-            (case, results[case])
+    for case in (
+        "planted: local temperature",
+        "planted: no chunks in the reference",
+        "planted: no cap in the reference",
+        "planted: no window in the reference",
+        "planted: no dynamic bias",
+        "planted: every key kept",
+    ):
+        assert results[case]["logits"] > 5 * BOUND["logits"] or results[case]["gradients"] > 5 * BOUND["gradients"], (
+            case,
+            results[case],
+        )
 
 
 def test_doge_keeping_part_of_each_row_is_exact():

@@ -47,7 +47,9 @@ def _cases(rank, world, cases):
     out = {}
     for family, tokens in cases:
         try:
-            out[(family, tokens)] = _step(family, "zigzag", tokens, _v4_published() if family == "deepseek_v4" else None)
+            out[(family, tokens)] = _step(
+                family, "zigzag", tokens, _v4_published() if family == "deepseek_v4" else None
+            )
         except Exception as err:  # noqa: BLE001 - reported by the case's test
             out[(family, tokens)] = f"{type(err).__name__}: {err}"[:400]
     return out

@@ -78,8 +78,10 @@ def _scan_against_float64(layout, group):
     starts = initial_states(finals, transitions, torch.mul, layout, group, length // world)
     states = torch.cat([scan(local_a[s.rows], local_u[s.rows], h)[:, 0] for s, h in zip(chunks, starts)])
     (states * weights[index].float()).sum().backward()
-    return ((states.double() - expected[index]).abs().max().item(),
-            (local_u.grad.double() - full_u.grad[index]).abs().max().item())
+    return (
+        (states.double() - expected[index]).abs().max().item(),
+        (local_u.grad.double() - full_u.grad[index]).abs().max().item(),
+    )
 
 
 def _state_bytes(group):
@@ -113,11 +115,14 @@ def _refusals(group):
     cases = {
         "striped": lambda: bt.shard_mixers(model, group, "striped"),
         # sharded by hand (burst.shard), past shard_batch's model check: the attention function refuses it
-        "not hooked": lambda: fresh(input_ids=layout_mod.shard(ids, group=group, layout="zigzag", dim=1),
-                                    position_ids=layout_mod.shard(torch.arange(SEQ)[None], group=group,
-                                                                  layout="zigzag", dim=1), use_cache=False),
-        "cache": lambda: model(**bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=model),
-                               use_cache=True),
+        "not hooked": lambda: fresh(
+            input_ids=layout_mod.shard(ids, group=group, layout="zigzag", dim=1),
+            position_ids=layout_mod.shard(torch.arange(SEQ)[None], group=group, layout="zigzag", dim=1),
+            use_cache=False,
+        ),
+        "cache": lambda: model(
+            **bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=model), use_cache=True
+        ),
     }
     if "lfm2" in hf_zoo.families():  # a family burst does not know: played by lfm2 taken off the list
         from unittest import mock
@@ -129,12 +134,15 @@ def _refusals(group):
         def unknown_family():
             with mock.patch.dict(mixers.FAMILIES):
                 del mixers.FAMILIES["lfm2"]
-                unsupported(**bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=unsupported),
-                            use_cache=False)
+                unsupported(
+                    **bt.shard_batch({"input_ids": ids}, group=group, layout="zigzag", model=unsupported),
+                    use_cache=False,
+                )
 
         cases["unsupported family"] = unknown_family
     if "recurrent_gemma" in hf_zoo.families():  # its recurrent state lives on the module: no sharded decoding
         gemma = _models("recurrent_gemma", "hybrid_refusals")[1]
+
         def decoding():  # prepared as shard_batch prepares it: its attention's positions captured too
             prepare_features(gemma, group, "zigzag")
             return gemma.generate(ids, max_new_tokens=2, past_key_values=bt.ShardedCache(gemma))
@@ -154,8 +162,10 @@ def _world_cases(rank, world):
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
     families = sorted(mixers.FAMILIES) if world == 2 else FOUR_RANKS
-    out = {"steps": {(f, layout): _one_step(f, layout, None) for f in families for layout in ("contiguous", "zigzag")},
-           "scan": {layout: _scan_against_float64(layout, None) for layout in ("contiguous", "zigzag")}}
+    out = {
+        "steps": {(f, layout): _one_step(f, layout, None) for f in families for layout in ("contiguous", "zigzag")},
+        "scan": {layout: _scan_against_float64(layout, None) for layout in ("contiguous", "zigzag")},
+    }
     out["steps"][("qwen3_next", "zigzag, checkpointing")] = _one_step("qwen3_next", "zigzag", None, True)
     if world == 2:
         out["bytes"] = _state_bytes(None)
@@ -195,7 +205,9 @@ def test_what_a_hybrid_model_cannot_do_is_refused():
     assert "shard_mixers" in refusals["not hooked"]
     assert "cache" in refusals["cache"]
     if "unsupported family" in refusals:
-        assert "outside attention" in refusals["unsupported family"] or "not among the families" in \
-            refusals["unsupported family"], refusals["unsupported family"]
+        assert (
+            "outside attention" in refusals["unsupported family"]
+            or "not among the families" in refusals["unsupported family"]
+        ), refusals["unsupported family"]
     if "decoding" in refusals:
         assert "decoding (one token)" in (refusals["decoding"] or ""), refusals["decoding"]

@@ -17,8 +17,22 @@ from world import run_world
 
 transformers_or_skip()
 
-MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_linear", "glm4_moe_lite", "glm_moe_dsa",
-                "minicpm3", "longcat_flash", "youtu", "bailing_hybrid", "dots3_note", "hy_v4", "axk1", "axk2")
+MLA_FAMILIES = (
+    "deepseek_v2",
+    "deepseek_v3",
+    "deepseek_v32",
+    "kimi_linear",
+    "glm4_moe_lite",
+    "glm_moe_dsa",
+    "minicpm3",
+    "longcat_flash",
+    "youtu",
+    "bailing_hybrid",
+    "dots3_note",
+    "hy_v4",
+    "axk1",
+    "axk2",
+)
 BOTH_LAYOUTS = ("deepseek_v3", "deepseek_v32", "kimi_linear", "longcat_flash")  # contiguous too (few, for time);
 # longcat_flash contiguous: experts some ranks route no token to (reduce_gradients sums one list on every rank)
 BOUND = {"logits": 2e-5, "loss": 2e-5, "gradients": 2e-5}  # float32 tiny models, as the rope and hybrid tests
@@ -46,8 +60,13 @@ def _families(rank, world):
                 continue
             layers = [m for m in model.modules() if is_latent_attention(m)]
             widths = {m.kv_b_proj.in_features + m.qk_rope_head_dim for m in layers}
-            out[(family, layout)] = (errors, stats.choices().get("keys=latent", 0), len(layers), stats.sent("forward"),
-                                     max(widths))
+            out[(family, layout)] = (
+                errors,
+                stats.choices().get("keys=latent", 0),
+                len(layers),
+                stats.sent("forward"),
+                max(widths),
+            )
     return out
 
 

@@ -34,11 +34,21 @@ def rope_parameters(head_dim: int = 16) -> dict:
         "linear": {"rope_type": "linear", "factor": 4.0, **base},
         "dynamic": {"rope_type": "dynamic", "factor": 2.0, **base},
         "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL, **base},
-        "longrope": {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(half)],
-                     "long_factor": [2.0 + 0.3 * i for i in range(half)],
-                     "original_max_position_embeddings": ORIGINAL, **base},
-        "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": ORIGINAL, **base},
+        "longrope": {
+            "rope_type": "longrope",
+            "short_factor": [1.0 + 0.1 * i for i in range(half)],
+            "long_factor": [2.0 + 0.3 * i for i in range(half)],
+            "original_max_position_embeddings": ORIGINAL,
+            **base,
+        },
+        "llama3": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": ORIGINAL,
+            **base,
+        },
         "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5, **base},
     }
 
@@ -48,9 +58,16 @@ def _twins(rope: dict, name: str):
 
     from burst.bench.hf_zoo import twin_models
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=ORIGINAL,
-                         rope_parameters=rope)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=ORIGINAL,
+        rope_parameters=rope,
+    )
     return twin_models("llama", name, config)
 
 
@@ -81,8 +98,10 @@ def _rope_world(rank, world):
     # sharded by hand, the model never prepared: the attention function refuses the length-dependent types
     _, fresh = _twins(rope_parameters()["longrope"], "rope_contiguous")
     try:
-        fresh(input_ids=layout_mod.shard(ids, layout="contiguous", dim=1),
-              position_ids=layout_mod.shard(torch.arange(112)[None], layout="contiguous", dim=1))
+        fresh(
+            input_ids=layout_mod.shard(ids, layout="contiguous", dim=1),
+            position_ids=layout_mod.shard(torch.arange(112)[None], layout="contiguous", dim=1),
+        )
         out["unprepared"] = None
     except ValueError as err:
         out["unprepared"] = str(err)
@@ -96,8 +115,7 @@ _results = results_by_world(_rope_world)
 def test_every_rope_type_is_exact_in_both_layouts(world):
     errors = _results(world)[0]["errors"]
     assert len(errors) == len(LAYOUTS) * len(rope_parameters()) * len(LENGTHS)
-    bad = {case: e for case, e in errors.items()
-           if e["logits"] > 2e-5 or e["loss"] > 2e-6 or e["gradients"] > 1e-4}
+    bad = {case: e for case, e in errors.items() if e["logits"] > 2e-5 or e["loss"] > 2e-6 or e["gradients"] > 1e-4}
     assert not bad, bad
 
 

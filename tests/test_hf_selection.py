@@ -34,8 +34,9 @@ BOUND = {"logits": 2e-5, "loss": 2e-6, "gradients": 1e-4}  # as tests/test_hf_fl
 def doge_published():
     from transformers import DogeConfig
 
-    config = DogeConfig(num_hidden_layers=2, vocab_size=256, intermediate_size=128, bos_token_id=0, eos_token_id=1,
-                        pad_token_id=0)
+    config = DogeConfig(
+        num_hidden_layers=2, vocab_size=256, intermediate_size=128, bos_token_id=0, eos_token_id=1, pad_token_id=0
+    )
     assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (1024, 8, 8)
     assert config.keep_window_size == 2048 < DOGE_TOKENS
     return config
@@ -69,8 +70,11 @@ def _unprepared_minimax(name, layout):
     _, model = twin_models("minimax_m3_vl_text", name, tiny_config("minimax_m3_vl_text"))
     ids = torch.randint(3, VOCAB, (1, 128), generator=torch.Generator().manual_seed(1))
     # sharded by hand, not by shard_batch(model=): the indexer is not prepared
-    model(input_ids=burst.shard(ids, layout=layout, dim=1),
-          position_ids=burst.shard(torch.arange(128)[None], layout=layout, dim=1), use_cache=False)
+    model(
+        input_ids=burst.shard(ids, layout=layout, dim=1),
+        position_ids=burst.shard(torch.arange(128)[None], layout=layout, dim=1),
+        use_cache=False,
+    )
 
 
 def _selection(rank, world):
@@ -88,20 +92,24 @@ def _selection(rank, world):
         name = bt.register(f"selection_{layout}", layout=layout)
         out[("doge", layout)] = _errors("doge", doge_published(), name, layout, DOGE_TOKENS)
         out[("phimoe", layout)] = _errors("phimoe", phimoe_windowed(), name, layout, 128)
-        out[("minimax_m3_vl_text", layout)] = _errors("minimax_m3_vl_text", tiny_config("minimax_m3_vl_text"), name,
-                                                      layout, 128)
+        out[("minimax_m3_vl_text", layout)] = _errors(
+            "minimax_m3_vl_text", tiny_config("minimax_m3_vl_text"), name, layout, 128
+        )
     minimax = tiny_config("minimax_m3_vl_text")
     with mock.patch.object(block_indexer, "block_selection", lambda module, chosen: None):
         out["planted: minimax's blocks dropped"] = _errors("minimax_m3_vl_text", minimax, name, "zigzag", 128)
     gathered = block_indexer._GatheredKeys  # the keys gathered in the contiguous order under zigzag: misplaced
     with mock.patch.object(block_indexer, "_GatheredKeys", lambda group, layout: gathered(group, "contiguous")):
-        out["planted: minimax's indexer keys out of order"] = _errors("minimax_m3_vl_text", minimax, name, "zigzag",
-                                                                      128)
+        out["planted: minimax's indexer keys out of order"] = _errors(
+            "minimax_m3_vl_text", minimax, name, "zigzag", 128
+        )
     out["refused: minimax unprepared"] = value_error_text(lambda: _unprepared_minimax(name, "zigzag"))
     with mock.patch.object(dynamic_mask, "kept_keys", lambda *args: None):
         out["planted: doge keeps every key"] = _errors("doge", doge_published(), name, "zigzag", DOGE_TOKENS)
-    with mock.patch.object(features, "window_from_config", lambda module, window: window), \
-            mock.patch.object(keywords, "_window_not_in_mask", lambda module: True):  # past the refusal
+    with (
+        mock.patch.object(features, "window_from_config", lambda module, window: window),
+        mock.patch.object(keywords, "_window_not_in_mask", lambda module: True),
+    ):  # past the refusal
         out["planted: phimoe's window not applied"] = _errors("phimoe", phimoe_windowed(), name, "zigzag", 128)
     return out
 
@@ -110,17 +118,27 @@ _results = results_by_world(_selection, timeout=900)
 
 
 def test_doge_past_keep_window_size_and_phimoe_window_exact_at_2_ranks():
-    failures = [(rank, case, errors) for rank, by_case in enumerate(_results(2)) for case, errors in by_case.items()
-                if not isinstance(case, str) and not all(errors[k] <= BOUND[k] for k in BOUND)]
+    failures = [
+        (rank, case, errors)
+        for rank, by_case in enumerate(_results(2))
+        for case, errors in by_case.items()
+        if not isinstance(case, str) and not all(errors[k] <= BOUND[k] for k in BOUND)
+    ]
     assert not failures, failures
 
 
 def test_dropping_the_selection_or_the_window_is_caught():
     results = _results(2)[0]
-    for case in ("planted: doge keeps every key", "planted: phimoe's window not applied",
-                 "planted: minimax's blocks dropped", "planted: minimax's indexer keys out of order"):
-        assert results[case]["logits"] > 5 * BOUND["logits"] or results[case]["gradients"] > 5 * BOUND["gradients"], \
-            (case, results[case])
+    for case in (
+        "planted: doge keeps every key",
+        "planted: phimoe's window not applied",
+        "planted: minimax's blocks dropped",
+        "planted: minimax's indexer keys out of order",
+    ):
+        assert results[case]["logits"] > 5 * BOUND["logits"] or results[case]["gradients"] > 5 * BOUND["gradients"], (
+            case,
+            results[case],
+        )
 
 
 def test_minimax_unprepared_across_ranks_is_refused_on_every_rank():

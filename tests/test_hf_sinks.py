@@ -25,11 +25,23 @@ SEQ, VOCAB, NEW = 48, 128, 5
 def _gpt_oss():
     from transformers import GptOssConfig
 
-    return GptOssConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
-                        num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256,
-                        layer_types=["sliding_attention", "full_attention"], pad_token_id=0, eos_token_id=1,
-                        bos_token_id=2)
+    return GptOssConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        layer_types=["sliding_attention", "full_attention"],
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
 
 
 def _models(name):
@@ -39,7 +51,9 @@ def _models(name):
     torch.manual_seed(0)
     eager = AutoModelForCausalLM.from_config(_gpt_oss(), attn_implementation="eager")
     for layer in eager.model.layers:  # gpt-oss initializes sinks small: make them matter
-        layer.self_attn.sinks.data = torch.randn(4, generator=torch.Generator().manual_seed(layer.self_attn.layer_idx)) * 2
+        layer.self_attn.sinks.data = (
+            torch.randn(4, generator=torch.Generator().manual_seed(layer.self_attn.layer_idx)) * 2
+        )
     model = AutoModelForCausalLM.from_config(_gpt_oss(), attn_implementation=name)
     model.load_state_dict(eager.state_dict())
     return eager, model
@@ -98,15 +112,21 @@ def _one_model(eager, model, vocab):
     reference = dict(eager.named_parameters())
     grads = {n: _rel(p.grad, reference[n].grad) for n, p in model.named_parameters() if p.grad is not None}
     sinks_effect = max(reference[n].grad.abs().max().item() for n in reference if n.endswith("sinks"))
-    result = {"logits": _rel(logits, expected.logits), "loss": abs(bt.reduce_loss(out.loss).item() - expected.loss.item()),
-              "grads": max(grads.values()), "sinks grads": max(v for n, v in grads.items() if n.endswith("sinks")),
-              "sinks effect": sinks_effect, "grads compared": len(grads)}
+    result = {
+        "logits": _rel(logits, expected.logits),
+        "loss": abs(bt.reduce_loss(out.loss).item() - expected.loss.item()),
+        "grads": max(grads.values()),
+        "sinks grads": max(v for n, v in grads.items() if n.endswith("sinks")),
+        "sinks effect": sinks_effect,
+        "grads compared": len(grads),
+    }
     eager.eval(), model.eval()
     prompt = torch.randint(3, vocab, (1, 13), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want = eager.generate(prompt, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
-        got = model.generate(prompt, past_key_values=bt.ShardedCache(model), max_new_tokens=NEW,
-                             min_new_tokens=NEW, do_sample=False)
+        got = model.generate(
+            prompt, past_key_values=bt.ShardedCache(model), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False
+        )
     result["tokens equal"] = torch.equal(want, got)
     return result
 
@@ -136,14 +156,19 @@ def test_keywords_burst_cannot_honour_are_refused_naming_them():
     q = torch.randn(1, 4, 8, 16)
     kv = torch.randn(1, 2, 8, 16)
     positions = torch.arange(8)[None]
-    for kwargs, words in (({"alibi_slopes": torch.ones(4)}, "alibi_slopes"), ({"position_bias": torch.ones(1, 4, 8, 8)}, "position_bias"),
-                          ({"cu_seq_lens_q": torch.tensor([0, 8])}, "cu_seq_lens_q"), ({"dropout": 0.1}, "dropout")):
+    for kwargs, words in (
+        ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
+        ({"position_bias": torch.ones(1, 4, 8, 8)}, "position_bias"),
+        ({"cu_seq_lens_q": torch.tensor([0, 8])}, "cu_seq_lens_q"),
+        ({"dropout": 0.1}, "dropout"),
+    ):
         with pytest.raises(ValueError, match=words) as err:
             bt.burst_attention_forward(attention, q, kv, kv, None, position_ids=positions, **kwargs)
         assert "GptOssAttention" in str(err.value)
     assert "alibi_slopes" not in ACCEPTED_KEYWORDS
-    out, _ = bt.burst_attention_forward(attention, q, kv, kv, None, position_ids=positions, dropout=0.0,
-                                        softcap=None, s_aux=attention.sinks)
+    out, _ = bt.burst_attention_forward(
+        attention, q, kv, kv, None, position_ids=positions, dropout=0.0, softcap=None, s_aux=attention.sinks
+    )
     assert out.shape == (1, 8, 4, 16)
     # the sliding layer's window comes from its config; a call that does not pass it is refused
     with pytest.raises(ValueError, match="sliding window"):

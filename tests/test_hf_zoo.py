@@ -19,8 +19,21 @@ transformers_or_skip()
 SINK_FAMILIES = ("gpt_oss", "flint", "granite_swa", "granitemoe_swa", "mimo_v2_flash")
 # issue 53's and 54's flagships: softcap, chunked attention, per-layer head dims, DeepSeek sparse attention
 # (index_topk 16 of 128 tokens in the zoo's configs: the selection prunes) and DeepSeek-V4's compressed attention
-FLAGSHIPS = ("gemma2", "vaultgemma", "llama4", "llama4_text", "gemma4", "gemma4_text", "gemma4_unified",
-             "gemma4_unified_text", "deepseek_v32", "glm_moe_dsa", "hy_v4", "axk2", "deepseek_v4")
+FLAGSHIPS = (
+    "gemma2",
+    "vaultgemma",
+    "llama4",
+    "llama4_text",
+    "gemma4",
+    "gemma4_text",
+    "gemma4_unified",
+    "gemma4_unified_text",
+    "deepseek_v32",
+    "glm_moe_dsa",
+    "hy_v4",
+    "axk2",
+    "deepseek_v4",
+)
 # issue 53 item 3: every family is built tiny but where transformers itself cannot run it eagerly on token
 # ids (a timm vision tower without timm, an assistant that needs its backbone's KV)
 MAX_SKIPPED = 10
@@ -50,10 +63,16 @@ def _zoo():
 
 def test_no_family_is_silently_wrong_or_crashes():
     rows = _zoo()[0]
-    bad = [f"{family} ({setting}): {o.outcome}: {o.detail}" for family, by in rows.items()
-           for setting, o in by.items() if o.outcome in ("silent", "crash")]
+    bad = [
+        f"{family} ({setting}): {o.outcome}: {o.detail}"
+        for family, by in rows.items()
+        for setting, o in by.items()
+        if o.outcome in ("silent", "crash")
+    ]
     assert not bad, "\n".join(bad)
-    refused_without_reason = [f for f, by in rows.items() for o in by.values() if o.outcome == "refused" and not o.detail]
+    refused_without_reason = [
+        f for f, by in rows.items() for o in by.values() if o.outcome == "refused" and not o.detail
+    ]
     assert not refused_without_reason
 
 
@@ -67,14 +86,23 @@ def test_every_family_is_built_but_those_transformers_cannot_run_on_token_ids():
 
 def test_every_rank_sees_the_same_outcomes():
     first, second = _zoo()
-    assert {f: {s: o.outcome for s, o in by.items()} for f, by in first.items()} == \
-           {f: {s: o.outcome for s, o in by.items()} for f, by in second.items()}
+    assert {f: {s: o.outcome for s, o in by.items()} for f, by in first.items()} == {
+        f: {s: o.outcome for s, o in by.items()} for f, by in second.items()
+    }
 
 
 def test_sink_families_flagships_and_the_common_ones_are_exact_at_1_and_2_ranks():
     rows = _zoo()[0]
-    for family in SINK_FAMILIES + FLAGSHIPS + POSITIONS_KEPT_FROM_THE_MODEL + WINDOW_NOT_IN_MASK + DYNAMIC_MASK + BLOCK_SELECTION + WINDOW_FROM_CONFIG + ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2",
-                                              "olmo2"):
+    for family in (
+        SINK_FAMILIES
+        + FLAGSHIPS
+        + POSITIONS_KEPT_FROM_THE_MODEL
+        + WINDOW_NOT_IN_MASK
+        + DYNAMIC_MASK
+        + BLOCK_SELECTION
+        + WINDOW_FROM_CONFIG
+        + ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2", "olmo2")
+    ):
         if family not in rows:  # a family this transformers release does not ship (the lowest tested)
             continue
         assert {o.outcome for o in rows[family].values()} == {"exact"}, (family, rows[family])
@@ -105,8 +133,11 @@ def test_families_that_pick_attention_classes_by_name_are_refused_by_burst():
         if family not in rows:
             continue
         for setting, outcome in rows[family].items():
-            assert outcome.outcome == "refused" and "ATTENTION_CLASSES by name" in outcome.detail, (family, setting,
-                                                                                                   outcome)
+            assert outcome.outcome == "refused" and "ATTENTION_CLASSES by name" in outcome.detail, (
+                family,
+                setting,
+                outcome,
+            )
 
 
 def test_a_window_no_mask_applies_is_left_out_but_refused_when_decoding(monkeypatch):
@@ -127,7 +158,8 @@ def test_a_window_no_mask_applies_is_left_out_but_refused_when_decoding(monkeypa
     assert check_model_features("burst", attention, None) is None
     with pytest.raises(ValueError, match="generate on one rank"):
         check_model_features("burst", attention, None, decoding=True)
-    monkeypatch.setattr(sys.modules[type(attention).__module__], "create_sliding_window_causal_mask", None,
-                        raising=False)
+    monkeypatch.setattr(
+        sys.modules[type(attention).__module__], "create_sliding_window_causal_mask", None, raising=False
+    )
     with pytest.raises(ValueError, match="does not pass as sliding_window="):
         check_model_features("burst", attention, None)

@@ -108,8 +108,9 @@ def _both_rings_full(rank, world):
     sent = [_message(rank, peer, t, numel, torch.float32) for t in tags]
     requests = [channels.send(t, peer, tag) for t, tag in zip(sent, tags)]
     posted = [channels.post_recv(torch.empty(numel), peer, t) for t in tags]
-    ok = all(torch.equal(channels.complete(r), _message(peer, rank, t, numel, torch.float32))
-             for r, t in zip(posted, tags))
+    ok = all(
+        torch.equal(channels.complete(r), _message(peer, rank, t, numel, torch.float32)) for r, t in zip(posted, tags)
+    )
     for r in requests:
         if r is not None:
             r.wait()
@@ -119,6 +120,7 @@ def _both_rings_full(rank, world):
 def _raises(error: Exception):
     def fail(*args):
         raise error
+
     return fail
 
 
@@ -238,8 +240,9 @@ def test_files_a_dead_world_left_are_removed_by_the_next_start(tmp_path):
 
     from burst.comm.shm import create_private, private_name, remove_dead
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     left = private_name("p2p", str(tmp_path)).replace(f"-{os.getpid()}-", f"-{dead}-") + ".from1"
     mine = private_name("gather", str(tmp_path))
     other = str(tmp_path / "unrelated-file")

@@ -34,10 +34,12 @@ def _allowed(path: str, allowed) -> bool:
 def house_problems(package: Path = ROOT / "burst", allowed=ALLOWED) -> list[str]:
     """The circles with a file outside `allowed`, and the files over 400 lines outside it, as lines."""
     graph = _import_graph()
-    problems = [f"circle: {' '.join(c)}" for c in graph.cycles(graph.graph(package))
-                if not all(_allowed(path, allowed) for path in c)]
-    problems += [f"{path}: {lines} lines" for path, lines in graph.long_files(package)
-                 if not _allowed(path, allowed)]
+    problems = [
+        f"circle: {' '.join(c)}"
+        for c in graph.cycles(graph.graph(package))
+        if not all(_allowed(path, allowed) for path in c)
+    ]
+    problems += [f"{path}: {lines} lines" for path, lines in graph.long_files(package) if not _allowed(path, allowed)]
     return problems
 
 
@@ -50,15 +52,18 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 
 def test_the_script_finds_circles_through_relative_and_deferred_imports(tmp_path):
     graph = _import_graph()
-    package = _write(tmp_path, {
-        "pkg/__init__.py": "from .a import f\n",
-        "pkg/a.py": "from . import b\n\ndef f():\n    pass\n",
-        "pkg/b.py": "import torch\n\ndef g():\n    from .a import f  # deferred: still an edge\n",
-        "pkg/c.py": "from .sub import d\n",
-        "pkg/sub/__init__.py": "",
-        "pkg/sub/d.py": "from ..c import x\nimport pkg.a\n",
-        "pkg/long.py": "x = 1\n" * 401,
-    })
+    package = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .a import f\n",
+            "pkg/a.py": "from . import b\n\ndef f():\n    pass\n",
+            "pkg/b.py": "import torch\n\ndef g():\n    from .a import f  # deferred: still an edge\n",
+            "pkg/c.py": "from .sub import d\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/d.py": "from ..c import x\nimport pkg.a\n",
+            "pkg/long.py": "x = 1\n" * 401,
+        },
+    )
     edges = graph.graph(package)
     assert edges["pkg/__init__.py"] == {"pkg/a.py"}
     assert edges["pkg/b.py"] == {"pkg/a.py"}  # torch is another package's
@@ -67,7 +72,8 @@ def test_the_script_finds_circles_through_relative_and_deferred_imports(tmp_path
     assert graph.long_files(package) == [("pkg/long.py", 401)]
     assert graph.main(["--package", str(package)]) == 1
     assert house_problems(package, allowed=("pkg/a.py", "pkg/b.py", "pkg/sub/", "pkg/long.py")) == [
-        "circle: pkg/c.py pkg/sub/d.py"]  # a circle counts unless all its files are allowed
+        "circle: pkg/c.py pkg/sub/d.py"
+    ]  # a circle counts unless all its files are allowed
 
     clean = _write(tmp_path / "clean", {"pkg/__init__.py": "from .a import f\n", "pkg/a.py": "def f():\n    pass\n"})
     assert graph.main(["--package", str(clean)]) == 0

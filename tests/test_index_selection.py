@@ -48,7 +48,7 @@ def selection_mask(indices: torch.Tensor, n: int) -> torch.Tensor:
 
 def _reference(full, allowed):
     """float64 out, lse, dq, dk, dv with one mask per batch row (reference_grads takes one mask)."""
-    rows = [reference_grads(*(t[b:b + 1] for t in full), mask=allowed[b]) for b in range(B)]
+    rows = [reference_grads(*(t[b : b + 1] for t in full), mask=allowed[b]) for b in range(B)]
     return [torch.cat([r[i] for r in rows]) for i in range(5)]
 
 
@@ -60,8 +60,10 @@ def _errors(full, ref, indices, dtype, layout, **kwargs):
         out, lse = burst.attention(q, k, v, layout=layout, return_lse=True, indices=mine, **kwargs)
         out.backward(dout.to(dtype))
     theirs = [burst.shard(t, layout=layout, dim=2 if t.dim() == 3 else 1) for t in ref]
-    errors = {name: rel_err(x, r) for name, x, r in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad),
-                                                      (theirs[0], *theirs[2:]))}
+    errors = {
+        name: rel_err(x, r)
+        for name, x, r in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad), (theirs[0], *theirs[2:]))
+    }
     errors["lse"] = (lse.double() - theirs[1]).abs().max().item()
     errors["nan"] = any(bool(torch.isnan(t).any()) for t in (out, lse, q.grad, k.grad, v.grad))
     errors["pairs"] = stats.pairs("forward")
@@ -83,9 +85,14 @@ def _cases(rank, world):
                     results.append(((strategy, layout, name, str(dtype)), errs))
     q = burst.shard(full[0], layout="zigzag")
     mine = burst.shard(indices, layout="zigzag")
-    refusals = {s: value_error_text(lambda s=s: burst.attention(q, q[:, :, :HK], q[:, :, :HK], layout="zigzag",
-                                                               causal=True, strategy=s, indices=mine))
-                for s in REFUSING}
+    refusals = {
+        s: value_error_text(
+            lambda s=s: burst.attention(
+                q, q[:, :, :HK], q[:, :, :HK], layout="zigzag", causal=True, strategy=s, indices=mine
+            )
+        )
+        for s in REFUSING
+    }
     with burst.CommStats() as stats:
         burst.attention(q, q[:, :, :HK], q[:, :, :HK], layout="zigzag", causal=True)
     return results, refusals, stats.pairs("forward")
@@ -127,7 +134,11 @@ def test_strategies_that_move_queries_elsewhere_refuse_on_every_rank(world):
 def test_bad_indices_raise_before_any_communication():
     q = torch.randn(1, 8, H, D)
     k = q[:, :, :HK]
-    for bad, kind in ((torch.zeros(1, 8, 2), TypeError), (torch.zeros(1, 7, 2, dtype=torch.long), ValueError),
-                      (torch.full((1, 8, 2), 8), ValueError), (torch.full((1, 8, 2), -2), ValueError)):
+    for bad, kind in (
+        (torch.zeros(1, 8, 2), TypeError),
+        (torch.zeros(1, 7, 2, dtype=torch.long), ValueError),
+        (torch.full((1, 8, 2), 8), ValueError),
+        (torch.full((1, 8, 2), -2), ValueError),
+    ):
         with pytest.raises(kind, match="indices"):
             burst.attention(q, k, k, causal=True, indices=bad)

@@ -25,8 +25,11 @@ STRATEGIES = ("burst", "burst:backward_side=queries", "burst:chunk_rows=8", "rin
 
 
 def masks(n: int) -> dict:
-    return {"causal": {"causal": True}, "window": {"causal": True, "window": (9, 0)},
-            "documents": {"causal": True, "cu_seqlens": (0, n // 3, 2 * n // 3 + 1, n)}}
+    return {
+        "causal": {"causal": True},
+        "window": {"causal": True, "window": (9, 0)},
+        "documents": {"causal": True, "cu_seqlens": (0, n // 3, 2 * n // 3 + 1, n)},
+    }
 
 
 def chosen(n: int, kv_heads: int, block: int, seed: int) -> torch.Tensor:
@@ -35,8 +38,7 @@ def chosen(n: int, kv_heads: int, block: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     own = torch.arange(n)[None, :, None, None].expand(B, n, kv_heads, 1) // block
     earlier = (torch.rand(B, n, kv_heads, TOPK, generator=g) * (own + 1)).long()
-    beyond = torch.where(torch.rand(B, n, kv_heads, 1, generator=g) < 0.5, -1,
-                         (own + 1).clamp(max=(n - 1) // block))
+    beyond = torch.where(torch.rand(B, n, kv_heads, 1, generator=g) < 0.5, -1, (own + 1).clamp(max=(n - 1) // block))
     return torch.cat([own, earlier, beyond], dim=3)
 
 
@@ -48,7 +50,7 @@ def selection_mask(entries: torch.Tensor, n: int, block: int) -> torch.Tensor:
             for h in range(entries.shape[2]):
                 for e in entries[b, i, h].tolist():
                     if e >= 0:
-                        mask[b, h, i, e * block: min(n, (e + 1) * block)] = True
+                        mask[b, h, i, e * block : min(n, (e + 1) * block)] = True
     return mask
 
 
@@ -63,10 +65,15 @@ def reference(full, allowed):
     for b in range(B):
         for h in range(hk):
             heads = slice(h * group, (h + 1) * group)
-            o, l, gq, gk, gv = full_reference(q[b:b + 1, :, heads], k[b:b + 1, :, h:h + 1], v[b:b + 1, :, h:h + 1],
-                                              dout[b:b + 1, :, heads], mask=allowed[b, h])
-            out[b:b + 1, :, heads], lse[b:b + 1, heads], dq[b:b + 1, :, heads] = o, l, gq
-            dk[b:b + 1, :, h:h + 1], dv[b:b + 1, :, h:h + 1] = gk, gv
+            o, l, gq, gk, gv = full_reference(
+                q[b : b + 1, :, heads],
+                k[b : b + 1, :, h : h + 1],
+                v[b : b + 1, :, h : h + 1],
+                dout[b : b + 1, :, heads],
+                mask=allowed[b, h],
+            )
+            out[b : b + 1, :, heads], lse[b : b + 1, heads], dq[b : b + 1, :, heads] = o, l, gq
+            dk[b : b + 1, :, h : h + 1], dv[b : b + 1, :, h : h + 1] = gk, gv
     return out, lse, dq, dk, dv
 
 
@@ -81,8 +88,10 @@ def _errors(full, ref, selection, layout, **kwargs):
         out, lse = burst.attention(q, k, v, layout=layout, return_lse=True, indices=mine, **kwargs)
         out.backward(dout)
     theirs = [burst.shard(t, layout=layout, dim=2 if t.dim() == 3 else 1) for t in ref]
-    errors = {name: rel_err(x, r) for name, x, r in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad),
-                                                      (theirs[0], *theirs[2:]))}
+    errors = {
+        name: rel_err(x, r)
+        for name, x, r in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad), (theirs[0], *theirs[2:]))
+    }
     errors["lse"] = (lse.double() - theirs[1]).abs().max().item()
     return errors, stats.sent("backward")
 
@@ -108,13 +117,15 @@ def _cases(rank, world):
         # the query side carries each row's choice: blocks against the same choice as key positions
         blocks = chosen(n, kv_heads, BLOCK, seed=world)
         positions = (blocks[..., None] * BLOCK + torch.arange(BLOCK)).flatten(-2)
-        positions = torch.where(blocks[..., None].expand(*blocks.shape, BLOCK).flatten(-2) < 0, -1,
-                                positions.clamp(max=n - 1))
+        positions = torch.where(
+            blocks[..., None].expand(*blocks.shape, BLOCK).flatten(-2) < 0, -1, positions.clamp(max=n - 1)
+        )
         for label, selection in (("blocks", burst.BlockIndices(blocks, BLOCK)), ("positions", positions)):
             side = {"strategy": "burst", "backward_side": "queries", "causal": True}
             allowed = selection_mask(blocks, n, BLOCK) & reference_mask(n, causal=True)
-            errs, sent[(heads, kv_heads, label)] = _errors(full, reference(full, allowed), selection, "contiguous",
-                                                           **side)
+            errs, sent[(heads, kv_heads, label)] = _errors(
+                full, reference(full, allowed), selection, "contiguous", **side
+            )
             results.append(((heads, kv_heads, "bytes", label, "burst:backward_side=queries", "contiguous"), errs))
     return results, sent
 
@@ -159,9 +170,11 @@ def test_each_head_sees_only_its_own_choice():
 def test_bad_selections_raise_before_any_communication():
     q = torch.randn(1, 8, 4, D)
     k = q[:, :, :2]
-    for bad, kind, words in ((torch.zeros(1, 8, 3, 2, dtype=torch.long), ValueError, "kv_heads"),
-                             (burst.BlockIndices(torch.full((1, 8, 2), 2), 4), ValueError, "blocks of 4 keys"),
-                             (burst.BlockIndices(torch.zeros(1, 8, 2), 4), TypeError, "BlockIndices blocks")):
+    for bad, kind, words in (
+        (torch.zeros(1, 8, 3, 2, dtype=torch.long), ValueError, "kv_heads"),
+        (burst.BlockIndices(torch.full((1, 8, 2), 2), 4), ValueError, "blocks of 4 keys"),
+        (burst.BlockIndices(torch.zeros(1, 8, 2), 4), TypeError, "BlockIndices blocks"),
+    ):
         with pytest.raises(kind, match=words):
             burst.attention(q, k, k, causal=True, indices=bad)
     with pytest.raises(ValueError, match="block_size must be a positive int"):

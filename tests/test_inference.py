@@ -30,8 +30,8 @@ def _decode(rank, world, layout, dtype, shared_memory=False):
     cache = ShardedKVCache(layers=1, layout=layout, chunk=4)
     positions = cache.prefill_positions(lengths, padded)
     cache.store_prefill(0, k_full[:, positions[0]].to(dtype), v_full[:, positions[0]].to(dtype))
-    rows_k = [k_full[b, :lengths[b]] for b in range(2)]
-    rows_v = [v_full[b, :lengths[b]] for b in range(2)]
+    rows_k = [k_full[b, : lengths[b]] for b in range(2)]
+    rows_v = [v_full[b, : lengths[b]] for b in range(2)]
     errors, outs = [], []
     exchange = decode_exchange((2, 1, H, D), dtype, torch.device("cpu")) if shared_memory else None
     assert (exchange is not None) == shared_memory  # one host, Linux x86-64: the suite's machines
@@ -45,9 +45,10 @@ def _decode(rank, world, layout, dtype, shared_memory=False):
         rows_v = [torch.cat([rows_v[b], v_new[b]]) for b in range(2)]
         out = decode_attention(q.to(dtype), *cache.keys_values(0), agreed=shared_memory, exchange=exchange)
         for b in range(2):
-            ref, _ = reference_attention(q[b:b + 1].to(dtype).double(), rows_k[b][None].to(dtype).double(),
-                                         rows_v[b][None].to(dtype).double())
-            errors.append(((out[b:b + 1].double() - ref).abs().max() / ref.abs().max()).item())
+            ref, _ = reference_attention(
+                q[b : b + 1].to(dtype).double(), rows_k[b][None].to(dtype).double(), rows_v[b][None].to(dtype).double()
+            )
+            errors.append(((out[b : b + 1].double() - ref).abs().max() / ref.abs().max()).item())
         outs.append(out)
     total = sum(lengths) + 2 * STEPS  # real tokens over both rows
     held = int(cache.keys_values(0)[2].sum())
@@ -74,9 +75,12 @@ def _host_all_gather(rank, world):
 
 
 def _all(rank, world):
-    out = {(layout, str(dtype), shm): _decode(rank, world, layout, dtype, shm)
-           for layout in ("contiguous", "zigzag", "striped") for dtype in (torch.float32, torch.bfloat16)
-           for shm in (False, True)}
+    out = {
+        (layout, str(dtype), shm): _decode(rank, world, layout, dtype, shm)
+        for layout in ("contiguous", "zigzag", "striped")
+        for dtype in (torch.float32, torch.bfloat16)
+        for shm in (False, True)
+    }
     out["host_all_gather"] = _host_all_gather(rank, world)
     return out
 
@@ -99,7 +103,7 @@ def test_decode_attention_exact_and_identical_on_every_rank(world):
             assert torch.equal(outs, per_rank[0][key][1]), (rank, key)  # bit-identical: greedy stays in step
         held = [per_rank[r][key][2] for r in range(world)]
         total = per_rank[0][key][3]
-        assert sum(held) == total, (key, held, total)      # every real token is somewhere, once
+        assert sum(held) == total, (key, held, total)  # every real token is somewhere, once
         assert max(held) <= total / world + 2 * world + 2, (key, held)  # ~1/G each (padding and turns aside)
 
 

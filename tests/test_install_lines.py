@@ -39,14 +39,17 @@ def pyproject() -> dict:
         import tomllib
 
         return tomllib.loads(text)
+
     # Python 3.10 has no tomllib: the few keys read here, as pyproject.toml writes them (one line each)
     def strings(line: str) -> list[str]:
         return re.findall(r'"([^"]*)"', line.split("=", 1)[1])
 
-    project = {"version": strings(re.search(r"^version = .*$", text, re.M).group(0))[0],
-               "dependencies": strings(re.search(r"^dependencies = .*$", text, re.M).group(0)),
-               "license": {"text": re.search(r'^license = \{ text = "([^"]*)" \}', text, re.M).group(1)},
-               "optional-dependencies": {}}
+    project = {
+        "version": strings(re.search(r"^version = .*$", text, re.M).group(0))[0],
+        "dependencies": strings(re.search(r"^dependencies = .*$", text, re.M).group(0)),
+        "license": {"text": re.search(r'^license = \{ text = "([^"]*)" \}', text, re.M).group(1)},
+        "optional-dependencies": {},
+    }
     table = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
     for line in re.findall(r"^\w+ = \[.*\]$", table, re.M):
         project["optional-dependencies"][line.split(" ", 1)[0]] = strings(line)
@@ -64,17 +67,20 @@ def install_commands(text: str) -> list[list[str]]:
     """The `pip install ...` commands in a line of text: ["install", arg, ...] each, quotes removed."""
     commands = []
     for found in re.finditer(r"\bpip install\b", text):
-        args, rest = ["install"], text[found.end():]
-        while (m := _ARG.match(rest)):
+        args, rest = ["install"], text[found.end() :]
+        while m := _ARG.match(rest):
             word = m.group(1)
             bare = word.strip("'\"")
-            if not (bare.startswith(("-", ".", "dist/")) or word[0] in "'\"" or
-                    re.match(r"^[A-Za-z][\w\-]*(\[[\w,]+\])?([<>=!~].*)?$", bare)):
+            if not (
+                bare.startswith(("-", ".", "dist/"))
+                or word[0] in "'\""
+                or re.match(r"^[A-Za-z][\w\-]*(\[[\w,]+\])?([<>=!~].*)?$", bare)
+            ):
                 break
             if bare in ("or", "and", "from", "with", "then", "for", "the", "in", "on", "to", "pulls", "once"):
                 break
             args.append(bare)
-            rest = rest[m.end():]
+            rest = rest[m.end() :]
         commands.append(args)
     return commands
 
@@ -99,8 +105,10 @@ def problems(command: list[str], line: str) -> list[str]:
                 found.append(f"{arg}: the tree builds version {project['version']}")
         elif named and named.group(1).lower() == "burst-attention":
             if not re.search(r"publish", line, re.I):
-                found.append(f"{arg}: burst-attention is not on the package index; this form only on a line "
-                             "that says it is the published one (docs/install.md)")
+                found.append(
+                    f"{arg}: burst-attention is not on the package index; this form only on a line "
+                    "that says it is the published one (docs/install.md)"
+                )
         elif named and named.group(1).lower() in FLASH_ATTN:
             if named.group(3) not in ("", FLASH_ATTN_SPEC):
                 found.append(f"{arg}: burst drives flash-attn {FLASH_ATTN_SPEC}")
@@ -118,8 +126,9 @@ def _filled(path: Path, text: str) -> str:
         text = text.replace("{" + name + "}", value)
     if "{TESTED_TRANSFORMERS}" in text:
         source = (ROOT / "burst/integrations/transformers/backend/attention.py").read_text()
-        text = text.replace("{TESTED_TRANSFORMERS}", re.search(r'^TESTED_TRANSFORMERS = "([^"]*)"', source, re.M)
-                            .group(1))
+        text = text.replace(
+            "{TESTED_TRANSFORMERS}", re.search(r'^TESTED_TRANSFORMERS = "([^"]*)"', source, re.M).group(1)
+        )
     # a message split over adjacent string literals, read as the one line it prints
     return re.sub(r"""["']\s*\n\s*f?["']""", "", text)
 
@@ -146,23 +155,34 @@ def all_install_commands() -> list[tuple[list[str], str, str]]:
 def test_every_install_line_is_an_accepted_form():
     found = all_install_commands()
     assert len(found) >= 8, found  # README, docs/install.md, the messages: the reader found them
-    offenders = [f"{where}: {problem}\n    {line}" for command, where, line in found
-                 for problem in problems(command, line)
-                 if not where.startswith("scripts/")]  # scripts install into .venv with their own pins
+    offenders = [
+        f"{where}: {problem}\n    {line}"
+        for command, where, line in found
+        for problem in problems(command, line)
+        if not where.startswith("scripts/")
+    ]  # scripts install into .venv with their own pins
     assert not offenders, "install lines that do not work as written:\n" + "\n".join(offenders)
 
 
 def test_the_reader_catches_what_fails():
     """The forms that failed before issue 69, and look-alikes, are caught."""
-    for line in ("pip install 'burst-attention[hf]'", "pip install '.[hfx]'",
-                 "pip install 'transformers>=5.0' 'accelerate>=1.1'",
-                 "pip install 'dist/burst_attention-0.0.1-py3-none-any.whl[hf]'", "pip install " + "burst",
-                 "pip install 'flash-attn>=2.5'"):
+    for line in (
+        "pip install 'burst-attention[hf]'",
+        "pip install '.[hfx]'",
+        "pip install 'transformers>=5.0' 'accelerate>=1.1'",
+        "pip install 'dist/burst_attention-0.0.1-py3-none-any.whl[hf]'",
+        "pip install " + "burst",
+        "pip install 'flash-attn>=2.5'",
+    ):
         (command,) = install_commands(line)
         assert problems(command, line), line
-    for line in ("pip install .", "pip install -e '.[dev,hf,plot]'", "pip install matplotlib",
-                 "pip install 'flash-attn>=2.7' --no-build-isolation",
-                 "the published form, once published: pip install 'burst-attention[hf]'"):
+    for line in (
+        "pip install .",
+        "pip install -e '.[dev,hf,plot]'",
+        "pip install matplotlib",
+        "pip install 'flash-attn>=2.7' --no-build-isolation",
+        "the published form, once published: pip install 'burst-attention[hf]'",
+    ):
         (command,) = install_commands(line)
         assert not problems(command, line), (line, problems(command, line))
 

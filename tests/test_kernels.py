@@ -42,11 +42,13 @@ def stand_in(monkeypatch):
 def aten_stand_in(monkeypatch):
     """aten's two flash ops played by flash_stand_in.AtenOps; returns a function that picks the varlen
     lse layout (padded per sequence, as older builds return it, or (h, total_q))."""
+
     def use(padded_lse: bool = False):
         ops = flash_stand_in.AtenOps(padded_lse)
         monkeypatch.setattr(aten_flash, "_forward_op", ops.forward)
         monkeypatch.setattr(aten_flash, "_backward_op", ops.backward)
         monkeypatch.setattr(aten_flash, "varlen_lse_padded", lambda: padded_lse)  # the build's rule
+
     use()
     return use
 
@@ -64,17 +66,20 @@ def test_flash_attn_adapter_matches_float64_attention(stand_in, aten_stand_in, c
     b, s, d = 2, 48, 16
     for heads, kv_heads in ((4, 4), (4, 2), (4, 1)):
         for causal in (False, True):
-            q64, dout64 = torch.randn(b, s, heads, d, dtype=torch.float64), torch.randn(b, s, heads, d, dtype=torch.float64)
+            q64, dout64 = (
+                torch.randn(b, s, heads, d, dtype=torch.float64),
+                torch.randn(b, s, heads, d, dtype=torch.float64),
+            )
             k64, v64 = (torch.randn(b, s, kv_heads, d, dtype=torch.float64) for _ in range(2))
             q64.requires_grad_(), k64.requires_grad_(), v64.requires_grad_()
             ref_out, ref_lse = reference_attention(q64, k64, v64, causal=causal)
             ref_out.backward(dout64)
             q, k, v, dout = (t.detach().to(torch.bfloat16) for t in (q64, k64, v64, dout64))
-            out, lse = kernel.forward(q, k, v, d ** -0.5, causal)
+            out, lse = kernel.forward(q, k, v, d**-0.5, causal)
             assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32 and lse.shape == (b, heads, s)
             assert rel_err(out, ref_out) < 2e-2 and rel_err(lse, ref_lse) < 1e-2
             # The backward gets the global out and lse, as in a ring step.
-            grads = kernel.backward(dout, q, k, v, ref_out.detach().to(q.dtype), ref_lse.float(), d ** -0.5, causal)
+            grads = kernel.backward(dout, q, k, v, ref_out.detach().to(q.dtype), ref_lse.float(), d**-0.5, causal)
             for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
                 assert got.shape == want.shape and got.dtype == torch.bfloat16
                 assert rel_err(got, want) < 3e-2, (heads, kv_heads, causal)
@@ -90,11 +95,13 @@ def test_flash_attn_hands_what_it_cannot_do_to_sdpa(stand_in, aten_stand_in, mon
     q, k = torch.randn(1, 8, 2, 16, dtype=torch.bfloat16), torch.randn(1, 8, 2, 16, dtype=torch.bfloat16)
     mask = torch.ones(8, 8, dtype=torch.bool).tril()
     odd = torch.randn(1, 8, 2, 12, dtype=torch.bfloat16)
-    cases = [(q, k, False, mask),                        # a partial tile needs a mask
-             (q, k[:, :4], True, None),                  # causal but not square: alignment differs
-             (odd, odd, False, None),                    # head dim not a multiple of 8
-             (q.float(), k.float(), False, None),        # float32
-             (torch.randn(1, 8, 2, 264, dtype=torch.bfloat16),) * 2 + (False, None)]  # head dim over 256
+    cases = [
+        (q, k, False, mask),  # a partial tile needs a mask
+        (q, k[:, :4], True, None),  # causal but not square: alignment differs
+        (odd, odd, False, None),  # head dim not a multiple of 8
+        (q.float(), k.float(), False, None),  # float32
+        (torch.randn(1, 8, 2, 264, dtype=torch.bfloat16),) * 2 + (False, None),
+    ]  # head dim over 256
     for qq, kk, causal, m in cases:
         assert kernel.forward(qq, kk, kk, 1.0, causal, m) == "sdpa"
         assert kernel.backward(qq, qq, kk, kk, qq, None, 1.0, causal, m) == "sdpa"
@@ -169,11 +176,13 @@ def test_dispatch_by_device_and_dtype(stand_in, monkeypatch):
 def test_named_kernel_says_why_it_cannot_run(monkeypatch):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.setattr(cudnn, "available", lambda: False)
-    for name, device, dtype, words in (("cudnn", cpu, torch.bfloat16, "needs CUDA tensors"),
-                                       ("cudnn", cuda, torch.bfloat16, "no cuDNN attention"),
-                                       ("cpu_flash", cuda, torch.float32, "needs CPU tensors"),
-                                       ("sdpa", cuda, torch.float64, "takes float16, bfloat16, float32, not float64"),
-                                       ("nonsense", cpu, torch.float32, "is not one of auto, cpu_flash, cudnn")):
+    for name, device, dtype, words in (
+        ("cudnn", cpu, torch.bfloat16, "needs CUDA tensors"),
+        ("cudnn", cuda, torch.bfloat16, "no cuDNN attention"),
+        ("cpu_flash", cuda, torch.float32, "needs CPU tensors"),
+        ("sdpa", cuda, torch.float64, "takes float16, bfloat16, float32, not float64"),
+        ("nonsense", cpu, torch.float32, "is not one of auto, cpu_flash, cudnn"),
+    ):
         with pytest.raises(ValueError, match=words):
             kernels.named_kernel(name, device, dtype)
     monkeypatch.setenv(kernels.KERNEL_ENV, "cpu_flash")
@@ -183,12 +192,17 @@ def test_named_kernel_says_why_it_cannot_run(monkeypatch):
 
 # --- cuDNN's ops: full and causal tiles itself, masked ones through aten's flash -----------------------
 
+
 def test_cudnn_runs_full_and_causal_tiles_of_any_shape_itself(cudnn_ops):
     """Rectangular tiles, causal top-left (burst's convention, what cuDNN's is_causal means), GQA without
     repeats, forward and backward from the global out and lse: every call cuDNN's (the stand-in's)."""
     torch.manual_seed(4)
-    for sq, sk, heads, kv_heads, causal in ((48, 32, 4, 2, True), (32, 48, 8, 1, True), (40, 40, 4, 4, False),
-                                            (24, 64, 6, 3, False)):
+    for sq, sk, heads, kv_heads, causal in (
+        (48, 32, 4, 2, True),
+        (32, 48, 8, 1, True),
+        (40, 40, 4, 4, False),
+        (24, 64, 6, 3, False),
+    ):
         q64, dout64 = (torch.randn(2, sq, heads, 16, dtype=torch.float64) for _ in range(2))
         k64, v64 = (torch.randn(2, sk, kv_heads, 16, dtype=torch.float64, requires_grad=True) for _ in range(2))
         q64.requires_grad_()
@@ -228,8 +242,9 @@ def test_cudnn_hands_masked_and_unfit_tiles_to_aten_flash(cudnn_ops, aten_stand_
     assert handed == ["forward", "backward"] * 3 and not cudnn_ops
 
 
-@pytest.mark.parametrize("broken", ["lse_without_its_last_dim", "dout_in_other_strides", "no_lengths",
-                                    "sequence_as_heads"])
+@pytest.mark.parametrize(
+    "broken", ["lse_without_its_last_dim", "dout_in_other_strides", "no_lengths", "sequence_as_heads"]
+)
 def test_the_cudnn_stand_in_fails_a_broken_adapter(cudnn_ops, monkeypatch, broken):
     """The stand-in is a check, not a mirror: each rule the adapter keeps, broken, fails the call (or,
     for a layout the ops cannot tell from the right one, the result)."""
@@ -254,25 +269,45 @@ def test_the_cudnn_stand_in_fails_a_broken_adapter(cudnn_ops, monkeypatch, broke
 
 # --- masks as kernel arguments: the planner's band and varlen tiles through the adapter --------------
 
+
 def _mask_cases():
     """(name, query runs, key runs, spec): causal off the diagonal, windows, documents, striped runs."""
     from burst.layout import Segment
     from burst.masks import BlockSparseMask, MaskSpec
+
     docs = (0, 40, 52, 90, 128)
     layout = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
     return [
-        ("causal, keys before and across the queries", [Segment(0, 64, 64)], [Segment(0, 96, 16)], MaskSpec(causal=True)),
+        (
+            "causal, keys before and across the queries",
+            [Segment(0, 64, 64)],
+            [Segment(0, 96, 16)],
+            MaskSpec(causal=True),
+        ),
         ("causal, queries shorter than keys", [Segment(0, 24, 40)], [Segment(0, 64, 0)], MaskSpec(causal=True)),
         ("sliding window", [Segment(0, 64, 64)], [Segment(0, 128, 0)], MaskSpec(causal=True, window=(20, 0))),
         ("two-sided window", [Segment(0, 64, 32)], [Segment(0, 128, 0)], MaskSpec(window=(9, 13))),
         ("documents, causal", [Segment(0, 64, 32)], [Segment(0, 96, 0)], MaskSpec(causal=True, cu_seqlens=docs)),
-        ("documents, window", [Segment(0, 96, 32)], [Segment(0, 128, 0)],
-         MaskSpec(causal=True, window=(7, 0), cu_seqlens=docs)),
+        (
+            "documents, window",
+            [Segment(0, 96, 32)],
+            [Segment(0, 128, 0)],
+            MaskSpec(causal=True, window=(7, 0), cu_seqlens=docs),
+        ),
         ("documents, full", [Segment(0, 64, 40)], [Segment(0, 128, 0)], MaskSpec(cu_seqlens=docs)),
         ("striped causal", [Segment(0, 32, 1, 4)], [Segment(0, 32, 3, 4)], MaskSpec(causal=True)),
-        ("striped window and documents", [Segment(0, 32, 2, 4)], [Segment(0, 32, 0, 4)],
-         MaskSpec(causal=True, window=(17, 0), cu_seqlens=docs)),
-        ("block-sparse", [Segment(0, 64, 64)], [Segment(0, 128, 0)], MaskSpec(block_sparse=BlockSparseMask(32, layout))),
+        (
+            "striped window and documents",
+            [Segment(0, 32, 2, 4)],
+            [Segment(0, 32, 0, 4)],
+            MaskSpec(causal=True, window=(17, 0), cu_seqlens=docs),
+        ),
+        (
+            "block-sparse",
+            [Segment(0, 64, 64)],
+            [Segment(0, 128, 0)],
+            MaskSpec(block_sparse=BlockSparseMask(32, layout)),
+        ),
     ]
 
 
@@ -298,8 +333,9 @@ def _through_tiles(kernel, tiles, q, k, v, dout, ref_out, ref_lse, scale):
     out_acc, lse_acc = empty_accumulators(q)
     attend_forward(kernel, q, k, v, tiles, out_acc, lse_acc, scale)
     grads = [torch.zeros(t.shape, dtype=out_acc.dtype) for t in (q, k, v)]
-    attend_backward(kernel, dout, q, k, v, ref_out.to(q.dtype), lse_for_backward(ref_lse.to(lse_acc.dtype)),
-                    tiles, *grads, scale)
+    attend_backward(
+        kernel, dout, q, k, v, ref_out.to(q.dtype), lse_for_backward(ref_lse.to(lse_acc.dtype)), tiles, *grads, scale
+    )
     return out_acc, lse_acc, grads
 
 
@@ -319,7 +355,9 @@ def _mask_cases_through(kernel, seed: int):
         flash_stand_in.CALLS.clear()
         with CommStats() as stats:
             out_acc, lse_acc, grads = _through_tiles(kernel, tiles, q, k, v, dout, ref_out, ref_lse, scale)
-        assert rel_err(out_acc, ref_out) < 2e-2 and lse_error(lse_acc, ref_lse) < 5e-2, name  # bf16 lse near 5: ulp 0.03
+        assert rel_err(out_acc, ref_out) < 2e-2 and lse_error(lse_acc, ref_lse) < 5e-2, (
+            name
+        )  # bf16 lse near 5: ulp 0.03
         for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
             assert rel_err(got, want) < 3e-2, name
         calls = {(kind, n > 1, (wl, wr) != (-1, -1)) for kind, wl, wr, n in flash_stand_in.CALLS}
@@ -327,8 +365,12 @@ def _mask_cases_through(kernel, seed: int):
 
 
 # The cases reach the window arguments and the varlen interface with several sequences, forward and backward.
-WINDOWED_AND_VARLEN = {("forward", False, True), ("varlen_forward", True, True), ("backward", False, True),
-                       ("varlen_backward", True, True)}
+WINDOWED_AND_VARLEN = {
+    ("forward", False, True),
+    ("varlen_forward", True, True),
+    ("backward", False, True),
+    ("varlen_backward", True, True),
+}
 
 
 def test_band_and_varlen_tiles_are_exact_and_build_no_dense_mask(stand_in, flex_stand_in):
@@ -370,14 +412,16 @@ def test_bands_flash_attn_would_misread_run_as_calls_it_reads_right():
     most sk + 1 rows): their masks as flash reads them, put in place, are the bands' own mask."""
     from burst.masks import Bands
 
-    cases = [((0, 96), (0, 32), 0, -1, True),     # the H200's failure: row 0 would see no key instead of all
-             ((0, 64), (0, 32), -1, 32, True),    # right 32 read as unbounded, but it bounds rows 0..30
-             ((0, 64), (0, 32), -1, 63, False),   # every row sees every key anyway
-             ((0, 32), (0, 32), 0, -1, False),    # square: max_seqlen_k wide is unbounded
-             ((0, 33), (0, 32), 5, -1, False),    # one more query than keys: still as meant
-             ((0, 200), (0, 17), 3, 190, True),   # 12 pieces; row 0 sees keys 0..7
-             ((0, 20, 100), (0, 10, 40), 2, -1, True),   # varlen: the second document, 80 x 30, misread
-             ((0, 20, 50), (0, 30, 60), 2, -1, False)]   # varlen: fewer queries than keys in each
+    cases = [
+        ((0, 96), (0, 32), 0, -1, True),  # the H200's failure: row 0 would see no key instead of all
+        ((0, 64), (0, 32), -1, 32, True),  # right 32 read as unbounded, but it bounds rows 0..30
+        ((0, 64), (0, 32), -1, 63, False),  # every row sees every key anyway
+        ((0, 32), (0, 32), 0, -1, False),  # square: max_seqlen_k wide is unbounded
+        ((0, 33), (0, 32), 5, -1, False),  # one more query than keys: still as meant
+        ((0, 200), (0, 17), 3, 190, True),  # 12 pieces; row 0 sees keys 0..7
+        ((0, 20, 100), (0, 10, 40), 2, -1, True),  # varlen: the second document, 80 x 30, misread
+        ((0, 20, 50), (0, 30, 60), 2, -1, False),
+    ]  # varlen: fewer queries than keys in each
     for cu_q, cu_k, left, right, misread in cases:
         bands = Bands(cu_q, cu_k, left, right)
         assert bands.flash_misreads() == misread, (cu_q, cu_k, left, right)
@@ -403,8 +447,12 @@ def test_misread_bands_are_exact_through_both_flash_libraries(stand_in, aten_sta
     from burst.masks import Bands
 
     torch.manual_seed(3)
-    for cu_q, cu_k, left, right in (((0, 96), (0, 32), 0, -1), ((0, 64), (0, 32), -1, 32), ((0, 70), (0, 20), 4, 60),
-                                    ((0, 20, 100), (0, 10, 40), 2, -1)):
+    for cu_q, cu_k, left, right in (
+        ((0, 96), (0, 32), 0, -1),
+        ((0, 64), (0, 32), -1, 32),
+        ((0, 70), (0, 20), 4, 60),
+        ((0, 20, 100), (0, 10, 40), 2, -1),
+    ):
         bands = Bands(cu_q, cu_k, left, right)
         q64, dout64 = (torch.randn(2, cu_q[-1], 4, 16, dtype=torch.float64) for _ in range(2))
         k64, v64 = (torch.randn(2, cu_k[-1], 2, 16, dtype=torch.float64) for _ in range(2))
@@ -427,6 +475,7 @@ def test_band_window_sizes_follow_flash_attns_corner():
     """The window of a band tile in flash_attn's convention (bottom-right corner), from positions."""
     from burst.layout import Segment
     from burst.masks import Cover, MaskSpec, TileSizes, plan_tiles
+
     sizes = TileSizes(max_rows=4096, bands=True)
     # Queries 100..163 against keys 0..127, causal: the corner pairs query 163 with key 127, and that
     # query sees 36 keys past the corner's diagonal (it would see up to 163): window right 36.
@@ -445,6 +494,7 @@ def test_band_window_sizes_follow_flash_attns_corner():
 
 
 # --- FlexAttention (kernels/flex.py): any mask as a rule, the backward from the global out and lse -----
+
 
 def _flex_call(spec, max_rows, bands=False):
     """An AttentionCall whose kernel is flex with small calls (a row's tiles merge); bands: planned as
@@ -471,7 +521,9 @@ def test_flex_backward_from_the_global_out_and_lse_is_exact(flex_stand_in):
         tiles = call.plan(q_segs, k_segs)
         q, k, v, dout, ref_out, ref_lse = _float64_case(q_segs, k_segs, spec, 0.25)
         with CommStats() as stats:
-            out, lse, grads = _through_tiles(call.kernel, tiles, *(t.detach() for t in (q, k, v)), dout, ref_out, ref_lse, 0.25)
+            out, lse, grads = _through_tiles(
+                call.kernel, tiles, *(t.detach() for t in (q, k, v)), dout, ref_out, ref_lse, 0.25
+            )
         assert rel_err(out, ref_out) < 1e-10 and lse_error(lse, ref_lse) < 1e-10, name
         for got, want in zip(grads, (q.grad, k.grad, v.grad)):
             assert rel_err(got, want) < 1e-10, name

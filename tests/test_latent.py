@@ -17,16 +17,19 @@ from world import results_by_world
 
 B, H, NOPE, ROPE, VD, R = 2, 4, 8, 4, 6, 10
 
+
 def full(n, seed=3):
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
     return r(B, n, H, NOPE + ROPE), r(B, n, R), r(B, n, ROPE), r(H * (NOPE + VD), R) * 0.3, r(B, n, H, VD)
+
 
 def expand(c, rope, w):
     b, n, _ = c.shape
     kv = (c @ w.t()).view(b, n, H, NOPE + VD)
     k = torch.cat([kv[..., :NOPE], rope[:, :, None].expand(b, n, H, ROPE)], -1)
     return k, kv[..., NOPE:]
+
 
 def reference(q, c, rope, w, dout, mask, sinks=None, softcap=0.0):
     """float64 attention over the expanded heads, with sinks (one logit per head in every row's
@@ -40,18 +43,23 @@ def reference(q, c, rope, w, dout, mask, sinks=None, softcap=0.0):
     s = s.masked_fill(~mask, float("-inf"))
     if sinks is not None:
         s = torch.cat([s, sinks[None, :, None, None].expand(*s.shape[:3], 1)], dim=-1)
-    p = s.softmax(-1)[..., :mask.shape[-1]]
+    p = s.softmax(-1)[..., : mask.shape[-1]]
     out = torch.einsum("bhqk,bkhd->bqhd", p, v)
     out.backward(dout)
     return out.detach(), q.grad, c.grad, rope.grad, w.grad, sinks.grad if sinks is not None else None
+
 
 def job(rank, world):
     n = 12 * world
     res = []
     q, c, rope, w, dout = full(n)
     sinks = torch.randn(H, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
-    for name, kw in (("causal", dict(causal=True)), ("window", dict(causal=True, window=(5, 0))), ("full", {}),
-                     ("sinks and softcap", dict(causal=True, sinks=sinks, softcap=3.0))):
+    for name, kw in (
+        ("causal", dict(causal=True)),
+        ("window", dict(causal=True, window=(5, 0))),
+        ("full", {}),
+        ("sinks and softcap", dict(causal=True, sinks=sinks, softcap=3.0)),
+    ):
         mask = reference_mask(n, causal=kw.get("causal", False), window=kw.get("window"))
         ref = reference(q, c, rope, w, dout, mask, kw.get("sinks"), kw.get("softcap", 0.0))
         for layout in ("contiguous", "zigzag"):
@@ -63,15 +71,21 @@ def job(rank, world):
                 if "sinks" in kw:
                     call_kw["sinks"] = kw["sinks"].clone().requires_grad_()
                 with burst.CommStats() as st:
-                    out = burst.attention(qs, latent=burst.LatentKV(cs, rs, ws, NOPE, VD), layout=layout, chunk_rows=rows,
-                                          **call_kw)
+                    out = burst.attention(
+                        qs, latent=burst.LatentKV(cs, rs, ws, NOPE, VD), layout=layout, chunk_rows=rows, **call_kw
+                    )
                     out.backward(ds)
                 dw = ws.grad.clone()
                 if world > 1:
                     torch.distributed.all_reduce(dw)
                 theirs = [burst.shard(t, layout=layout) for t in (ref[0], ref[1], ref[2], ref[3])]
-                e = dict(out=rel_err(out, theirs[0]), dq=rel_err(qs.grad, theirs[1]), dc=rel_err(cs.grad, theirs[2]),
-                         drope=rel_err(rs.grad, theirs[3]), dw=rel_err(dw, ref[4]))
+                e = dict(
+                    out=rel_err(out, theirs[0]),
+                    dq=rel_err(qs.grad, theirs[1]),
+                    dc=rel_err(cs.grad, theirs[2]),
+                    drope=rel_err(rs.grad, theirs[3]),
+                    dw=rel_err(dw, ref[4]),
+                )
                 if "sinks" in kw:  # each rank's share, summed
                     dsinks = call_kw["sinks"].grad.clone()
                     if world > 1:
@@ -86,8 +100,12 @@ _results = results_by_world(job)
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_latent_attention_matches_float64_reference(world):
-    failures = [f"rank {rank} {case[:3]}: {case[4]}" for rank, cases in enumerate(_results(world)) for case in cases
-                if not case[3] <= TOL[torch.float64]]
+    failures = [
+        f"rank {rank} {case[:3]}: {case[4]}"
+        for rank, cases in enumerate(_results(world))
+        for case in cases
+        if not case[3] <= TOL[torch.float64]
+    ]
     assert not failures, "\n".join(failures[:10])
     assert len(_results(world)[0]) == 4 * 2 * 3
 

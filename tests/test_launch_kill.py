@@ -23,8 +23,8 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads p
 
 TRAIN = ["train", "--seq-len", "64", "--steps", "100000", "--nproc", "2", "--device", "cpu", "--no-progress"]
 START_S = 60.0  # the world up and training, on a loaded 2-core machine (3 interpreters import torch)
-EXIT_S = 15.0   # the launcher gone after the fault
-GONE_S = 10.0   # every process it started gone after the launcher (the forkserver exits last)
+EXIT_S = 15.0  # the launcher gone after the fault
+GONE_S = 10.0  # every process it started gone after the launcher (the forkserver exits last)
 POLL_S = 0.1
 
 
@@ -76,11 +76,15 @@ def _poll(condition, seconds: float):
 
 def _training_ranks(launcher: subprocess.Popen, log: Path) -> dict[int, int]:
     """{rank: pid} once both ranks run and rank 0 has logged a step; fails if the launcher ends first."""
+
     def ready():
         if launcher.poll() is not None:
             pytest.fail(f"burst train exited ({launcher.returncode}) before training:\n{log.read_text()[-3000:]}")
-        ranks = {int(_name(pid).removeprefix("burst-rank-")): pid for pid in _descendants(launcher.pid)
-                 if _name(pid).startswith("burst-rank-")}
+        ranks = {
+            int(_name(pid).removeprefix("burst-rank-")): pid
+            for pid in _descendants(launcher.pid)
+            if _name(pid).startswith("burst-rank-")
+        }
         return ranks if len(ranks) == 2 and "\nstep 1 " in "\n" + log.read_text() else None
 
     ranks = _poll(ready, START_S)
@@ -95,8 +99,13 @@ def _burst_train(tmp_path: Path):
     log = tmp_path / "stderr.txt"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     with open(log, "w") as err:
-        launcher = subprocess.Popen([sys.executable, "-m", "burst", *TRAIN], stdout=subprocess.DEVNULL, stderr=err,
-                                    env=env, start_new_session=True)
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "burst", *TRAIN],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+            start_new_session=True,
+        )
     try:
         yield launcher, log
     finally:
@@ -117,9 +126,11 @@ def test_a_rank_killed_ends_the_launcher_naming_it_and_every_process_it_started(
         _assert_all_gone(started)
 
 
-@pytest.mark.parametrize("sent, code, line", [(signal.SIGINT, 130, "burst train: interrupted"),
-                                               (signal.SIGTERM, 128 + signal.SIGTERM, None)],
-                         ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sent, code, line",
+    [(signal.SIGINT, 130, "burst train: interrupted"), (signal.SIGTERM, 128 + signal.SIGTERM, None)],
+    ids=["SIGINT", "SIGTERM"],
+)
 def test_a_signal_to_the_launcher_alone_ends_every_rank(tmp_path, sent, code, line):
     """The ranks share the launcher's process group, so a terminal's Ctrl-C reaches them too; `kill PID`
     or a KeyboardInterrupt raised in the launcher alone must end them as well."""

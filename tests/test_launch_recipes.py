@@ -29,32 +29,49 @@ TIMEOUT = 300  # for the whole page
 AT_ONCE = 3  # launches at a time: ~6 processes each, a few hundred MB per rank
 
 # option -> the value it takes on the CPU (every occurrence, whatever the page's value)
-SUBSTITUTE = {"--nproc-per-node": "2", "--nnodes": "2", "--device": "cpu", "--dtype": "float32",
-              "--seq-len": "256", "--heads": "4", "--kv-heads": "2", "--head-dim": "32", "--model": "tiny",
-              "--steps": "2"}
+SUBSTITUTE = {
+    "--nproc-per-node": "2",
+    "--nnodes": "2",
+    "--device": "cpu",
+    "--dtype": "float32",
+    "--seq-len": "256",
+    "--heads": "4",
+    "--kv-heads": "2",
+    "--head-dim": "32",
+    "--model": "tiny",
+    "--steps": "2",
+}
 DROPPED = {"examples/trainer_train.py": ("--bf16", "--fsdp")}  # flags of the script's own, left out on the CPU
 ADDED = {"examples/titan_llama.py": ("--no-compile",)}
 # the page's substitution table, as its rows read (the test keeps the two in step)
-TABLE = [("`--nproc-per-node 8`", "`--nproc-per-node 2`"), ("`--nnodes $NNODES`", "`--nnodes 2`"),
-         ("`$MASTER_ADDR:29500`", "`127.0.0.1:`"), ("`$JOB_ID`", "a fresh id"),
-         ("`--device cuda`", "`--device cpu`"), ("`--dtype bfloat16`", "`--dtype float32`"),
-         ("`--bf16`, `--fsdp` (the Trainer's flags)", "left out"), ("`--seq-len N`", "`--seq-len 256`"),
-         ("`--heads 32 --kv-heads 8 --head-dim 128`", "`--heads 4 --kv-heads 2 --head-dim 32`"),
-         ("`--model llama-7b`", "`--model tiny`"), ("`--steps N`", "`--steps 2`"),
-         ("`examples/titan_llama.py ...`", "`... --no-compile` added")]
+TABLE = [
+    ("`--nproc-per-node 8`", "`--nproc-per-node 2`"),
+    ("`--nnodes $NNODES`", "`--nnodes 2`"),
+    ("`$MASTER_ADDR:29500`", "`127.0.0.1:`"),
+    ("`$JOB_ID`", "a fresh id"),
+    ("`--device cuda`", "`--device cpu`"),
+    ("`--dtype bfloat16`", "`--dtype float32`"),
+    ("`--bf16`, `--fsdp` (the Trainer's flags)", "left out"),
+    ("`--seq-len N`", "`--seq-len 256`"),
+    ("`--heads 32 --kv-heads 8 --head-dim 128`", "`--heads 4 --kv-heads 2 --head-dim 32`"),
+    ("`--model llama-7b`", "`--model tiny`"),
+    ("`--steps N`", "`--steps 2`"),
+    ("`examples/titan_llama.py ...`", "`... --no-compile` added"),
+]
 
 
 def _page_lines() -> list[str]:
     """The page's shell lines that launch something: torchrun, or srun then torchrun."""
     blocks = re.findall(r"```bash\n(.*?)```", PAGE.read_text(), flags=re.S)
-    return [line.strip() for block in blocks for line in block.splitlines()
-            if re.match(r"\s*(srun\s+)?torchrun\s", line)]
+    return [
+        line.strip() for block in blocks for line in block.splitlines() if re.match(r"\s*(srun\s+)?torchrun\s", line)
+    ]
 
 
 def _split(line: str) -> tuple[list[str], list[str]]:
     """(torchrun's own arguments, the program and its arguments) of a line (after `srun`, if any)."""
     words = shlex.split(line)  # $VARIABLES stay as written
-    words = words[words.index("torchrun") + 1:]
+    words = words[words.index("torchrun") + 1 :]
     launcher = []
     while words and words[0].startswith("--"):
         flag = words.pop(0)
@@ -111,8 +128,13 @@ def _start(launcher: list[str], program: list[str], nodes: int, out: Path) -> tu
     for node in range(nodes):
         stdout, stderr = out / f"node{node}.out", out / f"node{node}.err"
         with open(stdout, "w") as o, open(stderr, "w") as e:
-            started.append((subprocess.Popen(cmd, stdout=o, stderr=e, env=_env(), cwd=ROOT, start_new_session=True),
-                            stdout, stderr))
+            started.append(
+                (
+                    subprocess.Popen(cmd, stdout=o, stderr=e, env=_env(), cwd=ROOT, start_new_session=True),
+                    stdout,
+                    stderr,
+                )
+            )
     return cmd, started
 
 
@@ -151,24 +173,38 @@ def test_page_lines_pair_up_and_the_table_is_the_tests():
     one_node, several, srun = _recipes()
     doors = {key[1] if key[0] == "-m" else key[0] for key in one_node}
     assert {"burst", "examples/titan_llama.py", "examples/trainer_train.py"} <= doors, doors
-    assert any(key[:3] == ("-m", "burst", "check") for key in one_node) and \
-        any(key[:3] == ("-m", "burst", "train") for key in one_node), list(one_node)
+    assert any(key[:3] == ("-m", "burst", "check") for key in one_node) and any(
+        key[:3] == ("-m", "burst", "train") for key in one_node
+    ), list(one_node)
     assert _split(_page_lines()[0])[1][:3] == ["-m", "burst", "check"], "the page starts with burst check"
-    assert set(one_node) == set(several), ("every one-node line needs its N-node twin (the same program and "
-                                           f"arguments):\n{set(one_node) ^ set(several)}")
+    assert set(one_node) == set(several), (
+        f"every one-node line needs its N-node twin (the same program and arguments):\n{set(one_node) ^ set(several)}"
+    )
     for line, launcher, _ in one_node.values():
         assert launcher == ["--standalone", "--nproc-per-node", "8"], line
     for line, launcher, _ in several.values():
-        assert launcher == ["--nnodes", "$NNODES", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
-                            "--rdzv-endpoint", "$MASTER_ADDR:29500", "--rdzv-id", "$JOB_ID"], line
+        assert launcher == [
+            "--nnodes",
+            "$NNODES",
+            "--nproc-per-node",
+            "8",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "$MASTER_ADDR:29500",
+            "--rdzv-id",
+            "$JOB_ID",
+        ], line
     assert srun, "the page has no SLURM line"
     for line, launcher, program in srun:
-        assert tuple(program) in several and several[tuple(program)][1] == launcher, \
+        assert tuple(program) in several and several[tuple(program)][1] == launcher, (
             f"an srun line that is not one of the N-node lines after srun: {line}"
+        )
     text = PAGE.read_text()
     for on_page, on_cpu in TABLE:
-        assert re.search(rf"^\|[^|\n]*{re.escape(on_page)}[^|\n]*\| {re.escape(on_cpu)}", text, re.M), \
+        assert re.search(rf"^\|[^|\n]*{re.escape(on_page)}[^|\n]*\| {re.escape(on_cpu)}", text, re.M), (
             f"docs/launch.md's substitution table has no row {on_page} -> {on_cpu}"
+        )
 
 
 def test_every_line_runs_on_the_cpu(tmp_path):
@@ -182,8 +218,24 @@ def test_every_line_runs_on_the_cpu(tmp_path):
     first = next(program for key, (_, _, program) in one_node.items() if key[:3] == ("-m", "burst", "check"))
     jobs = [(["--standalone", "--nproc-per-node", "2"], first, 1)]
     for _, _, program in several.values():
-        jobs.append((["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                      f"127.0.0.1:{_free_port()}", "--rdzv-id", uuid.uuid4().hex[:12]], program, 2))
+        jobs.append(
+            (
+                [
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    f"127.0.0.1:{_free_port()}",
+                    "--rdzv-id",
+                    uuid.uuid4().hex[:12],
+                ],
+                program,
+                2,
+            )
+        )
     deadline = time.monotonic() + TIMEOUT
     running, failures = [], []
     for number, (launcher, program, nodes) in enumerate(jobs):
@@ -201,6 +253,7 @@ def test_every_example_runs_on_gpus_as_written():
     """Each script under examples/ takes --device cuda (one GPU per rank, NCCL), as the page says."""
     for script in sorted((ROOT / "examples").glob("*.py")):
         text = script.read_text()
-        assert re.search(r'add_argument\("--device", choices=\("cpu", "cuda"\)', text), \
+        assert re.search(r'add_argument\("--device", choices=\("cpu", "cuda"\)', text), (
             f"{script.name} has no --device {{cpu,cuda}}"
+        )
         assert "torchrun" not in text or "--device cuda" in text, f"{script.name}'s usage shows no GPU line"

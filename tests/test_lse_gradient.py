@@ -22,8 +22,18 @@ from test_latent import B as LB, H as LH, NOPE, ROPE, VD, expand, full as latent
 from world import results_by_world
 
 N_LOCAL, H, D, EXTRA = 8, 4, 8, 3
-STRATEGIES = ("burst", "burst:chunk_rows=4", "burst:backward_side=keys", "burst:backward_side=queries", "ring",
-              "allgather", "distflash", "ulysses", "usp", "cqs")
+STRATEGIES = (
+    "burst",
+    "burst:chunk_rows=4",
+    "burst:backward_side=keys",
+    "burst:backward_side=queries",
+    "ring",
+    "allgather",
+    "distflash",
+    "ulysses",
+    "usp",
+    "cqs",
+)
 LOSSES = ("out and lse", "lse alone", "cascade")
 SINKS_STRATEGIES = ("burst", "ring", "ulysses")
 
@@ -46,13 +56,15 @@ def _loss(out, lse, loss: str, weights, other=None):
 
     def weight(x):
         return torch.exp(x - merged).transpose(1, 2)[..., None]
+
     return ((weight(lse) * out + weight(other_lse) * other_out) * w).sum()
 
 
 def _weights(n, seed=7):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(2, n, H, D, generator=g, dtype=torch.float64), torch.randn(2, H, n, generator=g,
-                                                                                   dtype=torch.float64)
+    return torch.randn(2, n, H, D, generator=g, dtype=torch.float64), torch.randn(
+        2, H, n, generator=g, dtype=torch.float64
+    )
 
 
 def _extra(hk, seed=8):
@@ -130,8 +142,13 @@ def _attention_cases(world):
                     ref = _reference(full, mask, loss, weights, sinks)
                     for strategy in SINKS_STRATEGIES if with_sinks else STRATEGIES:
                         if _runs(strategy, causal, world):
-                            key = (strategy, f"heads {H}/{hk}", "causal" if causal else "full", loss,
-                                   "sinks" if with_sinks else "")
+                            key = (
+                                strategy,
+                                f"heads {H}/{hk}",
+                                "causal" if causal else "full",
+                                loss,
+                                "sinks" if with_sinks else "",
+                            )
                             results.append((key, _caught(_case, full, ref, loss, weights, strategy, causal, sinks)))
     return results
 
@@ -170,8 +187,9 @@ def _compressed_cases(world):
     results = []
     for loss in ("out and lse", "lse alone"):
         q, k, v, ck, cv = (t.clone().requires_grad_() for t in (*full[:3], *entries))
-        out, lse = reference_attention(q, torch.cat([k, ck], 1), torch.cat([v, cv], 1),
-                                       mask=torch.cat([reference_mask(n, causal=True), seen], 1))
+        out, lse = reference_attention(
+            q, torch.cat([k, ck], 1), torch.cat([v, cv], 1), mask=torch.cat([reference_mask(n, causal=True), seen], 1)
+        )
         _loss(out, lse, loss, weights).backward()
         ref = [_grad(t) for t in (q, k, v, ck, cv)]
         for strategy in ("burst", "ring", "allgather"):
@@ -183,8 +201,9 @@ def _compressed_cases(world):
 def _compressed_case(full, entries, rate, ref, loss, weights, strategy):
     q, k, v = (burst.shard(t).clone().requires_grad_() for t in full[:3])
     ck, cv = (t.clone().requires_grad_() for t in entries)
-    out, lse = burst.attention(q, k, v, causal=True, return_lse=True, strategy=strategy,
-                               compressed=burst.CompressedKV(ck, cv, rate))
+    out, lse = burst.attention(
+        q, k, v, causal=True, return_lse=True, strategy=strategy, compressed=burst.CompressedKV(ck, cv, rate)
+    )
     _loss(out, lse, loss, (burst.shard(weights[0]), burst.shard(weights[1], dim=2))).backward()
     errors = {name: rel_err(_grad(x), burst.shard(r)) for name, x, r in zip(("dq", "dk", "dv"), (q, k, v), ref)}
     errors.update(dck=rel_err(_summed(ck.grad), ref[3]), dcv=rel_err(_summed(cv.grad), ref[4]))
@@ -196,8 +215,10 @@ def _latent_cases(world):
     n = 12 * world
     inputs = latent_inputs(n)[:4]  # q, latent, rope, weight
     g = torch.Generator().manual_seed(6)
-    weights = (torch.randn(LB, n, LH, VD, generator=g, dtype=torch.float64),
-               torch.randn(LB, LH, n, generator=g, dtype=torch.float64))
+    weights = (
+        torch.randn(LB, n, LH, VD, generator=g, dtype=torch.float64),
+        torch.randn(LB, LH, n, generator=g, dtype=torch.float64),
+    )
     results = []
     for causal in (False, True):
         mask = reference_mask(n, causal=causal)
@@ -205,22 +226,32 @@ def _latent_cases(world):
             for sinks in (None, _sinks()[:LH]):
                 ts = [t.clone().requires_grad_() for t in inputs]
                 s = sinks.clone().requires_grad_() if sinks is not None else None
-                out, lse = reference_attention(ts[0], *expand(*ts[1:]), scale=(NOPE + ROPE) ** -0.5, mask=mask,
-                                               sinks=s)
+                out, lse = reference_attention(ts[0], *expand(*ts[1:]), scale=(NOPE + ROPE) ** -0.5, mask=mask, sinks=s)
                 _loss(out, lse, loss, weights).backward()
                 ref = [_grad(t) for t in ts] + [s.grad if s is not None else None]
                 for rows in (None, 0):
                     errors = _caught(_latent_case, inputs, ref, loss, weights, causal, sinks, rows)
-                    results.append((("latent", f"chunk_rows={rows}", "causal" if causal else "full", loss,
-                                      "" if sinks is None else "sinks"), errors))
+                    results.append(
+                        (
+                            (
+                                "latent",
+                                f"chunk_rows={rows}",
+                                "causal" if causal else "full",
+                                loss,
+                                "" if sinks is None else "sinks",
+                            ),
+                            errors,
+                        )
+                    )
     return results
 
 
 def _latent_case(inputs, ref, loss, weights, causal, sinks, rows):
     mine = [burst.shard(t).clone().requires_grad_() for t in inputs[:3]] + [inputs[3].clone().requires_grad_()]
     s = sinks.clone().requires_grad_() if sinks is not None else None
-    out, lse = burst.attention(mine[0], latent=burst.LatentKV(*mine[1:], NOPE, VD), causal=causal,
-                               return_lse=True, sinks=s, chunk_rows=rows)
+    out, lse = burst.attention(
+        mine[0], latent=burst.LatentKV(*mine[1:], NOPE, VD), causal=causal, return_lse=True, sinks=s, chunk_rows=rows
+    )
     _loss(out, lse, loss, (burst.shard(weights[0]), burst.shard(weights[1], dim=2))).backward()
     errors = {name: rel_err(_grad(x), burst.shard(r)) for name, x, r in zip(("dq", "dlatent", "drope"), mine, ref)}
     errors["dweight"] = rel_err(_summed(mine[3].grad), ref[3])

@@ -37,9 +37,12 @@ def _specs(seqlen):
 
 def _spec(kwargs) -> MaskSpec:
     """The MaskSpec of burst.attention's mask arguments."""
-    return MaskSpec(causal=kwargs.get("causal", False), window=kwargs.get("window"),
-                    cu_seqlens=tuple(kwargs["cu_seqlens"]) if "cu_seqlens" in kwargs else None,
-                    block_sparse=kwargs.get("block_sparse"))
+    return MaskSpec(
+        causal=kwargs.get("causal", False),
+        window=kwargs.get("window"),
+        cu_seqlens=tuple(kwargs["cu_seqlens"]) if "cu_seqlens" in kwargs else None,
+        block_sparse=kwargs.get("block_sparse"),
+    )
 
 
 def _painted(tiles, n):
@@ -55,10 +58,17 @@ def _painted(tiles, n):
     return grid
 
 
-_SIZES = (TileSizes(burst.masks.MAX_TILE), TileSizes(5), TileSizes(5, 2, True), TileSizes(burst.masks.MAX_TILE, 3, True),
-          # kernels that take masks as arguments: flash_attn's bands and varlen, FlexAttention's rules, both
-          TileSizes(burst.masks.MAX_TILE, bands=True), TileSizes(5, bands=True),
-          TileSizes(burst.masks.MAX_TILE, rules=True), TileSizes(5, bands=True, rules=True))
+_SIZES = (
+    TileSizes(burst.masks.MAX_TILE),
+    TileSizes(5),
+    TileSizes(5, 2, True),
+    TileSizes(burst.masks.MAX_TILE, 3, True),
+    # kernels that take masks as arguments: flash_attn's bands and varlen, FlexAttention's rules, both
+    TileSizes(burst.masks.MAX_TILE, bands=True),
+    TileSizes(5, bands=True),
+    TileSizes(burst.masks.MAX_TILE, rules=True),
+    TileSizes(5, bands=True, rules=True),
+)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
@@ -92,8 +102,9 @@ def _call(layout, rank, world, n, spec):
     from burst.call import AttentionCall
     from burst.kernels import reference
 
-    return AttentionCall(group=None, rank=rank, world=world, layout=layout, local_len=n, spec=spec, scale=1.0,
-                         kernel=reference)
+    return AttentionCall(
+        group=None, rank=rank, world=world, layout=layout, local_len=n, spec=spec, scale=1.0, kernel=reference
+    )
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])

@@ -17,8 +17,7 @@ import torch
 import burst
 import burst.kernels.cpu_flash
 import burst.masks
-from cases import (assert_within_bounds, full_inputs, reference_grads, reference_mask, sharded_errors,
-                   strategy_kwargs)
+from cases import assert_within_bounds, full_inputs, reference_grads, reference_mask, sharded_errors, strategy_kwargs
 from world import run_world
 
 N_LOCAL, H, D = 12, 4, 8
@@ -55,13 +54,12 @@ def _correctness(rank, world, layouts, strategies, dtypes, kv_heads_list):
         mask_kwargs = {k: v for k, v in kwargs.items() if k != "causal"}
         allowed = reference_mask(seqlen, causal=kwargs.get("causal", False), **mask_kwargs)
         for kv_heads in kv_heads_list:
-            for dtype in (dtypes if name in BF16_MASKS else dtypes[:1]):
+            for dtype in dtypes if name in BF16_MASKS else dtypes[:1]:
                 full = full_inputs(zlib.crc32(name.encode()) % 1000 + kv_heads, 2, seqlen, H, kv_heads, D, dtype)
                 ref = reference_grads(*full, causal=False, mask=allowed)
                 for layout in layouts:
                     for strategy in strategies:
-                        errs = sharded_errors(full, ref, dtype, layout=layout, **strategy_kwargs(strategy),
-                                              **kwargs)
+                        errs = sharded_errors(full, ref, dtype, layout=layout, **strategy_kwargs(strategy), **kwargs)
                         results.append(((name, layout, strategy, kv_heads, str(dtype)), errs))
     # DistFlashAttn: causal on contiguous shards, its one supported combination.
     full = full_inputs(5, 2, seqlen, H, 2, D, torch.float32)
@@ -76,22 +74,30 @@ def _balance(rank, world):
     n = 64
     q = torch.randn(1, n, 2, 8, requires_grad=True)
     out = {}
-    for strategy, layout in (("ring", "contiguous"), ("ring", "zigzag"), ("burst", "zigzag"),
-                             ("ring", "striped"), ("burst", "striped"), ("distflash", "contiguous")):
+    for strategy, layout in (
+        ("ring", "contiguous"),
+        ("ring", "zigzag"),
+        ("burst", "zigzag"),
+        ("ring", "striped"),
+        ("burst", "striped"),
+        ("distflash", "contiguous"),
+    ):
         with burst.CommStats() as stats:
             burst.attention(q, q, q, strategy=strategy, layout=layout, causal=True).sum().backward()
         out[(strategy, layout)] = (stats.pairs("forward"), stats.pairs("backward"))
     # Chunks of queries are served only where the mask needs them (zigzag causal: often half a block);
     # forced: one tensor as q, k and v makes the key side the smaller (K = V travels once).
     with burst.CommStats() as stats:
-        burst.attention(q, q, q, strategy="burst", layout="zigzag", causal=True, chunk_rows=16,
-                        backward_side="queries").sum().backward()
+        burst.attention(
+            q, q, q, strategy="burst", layout="zigzag", causal=True, chunk_rows=16, backward_side="queries"
+        ).sum().backward()
     out[("burst", "zigzag served")] = stats.sent("backward")
     k, v = (torch.randn(1, n, 2, 8, requires_grad=True) for _ in range(2))  # two tensors: K and V both travel
     # The key side likewise: chunks of K, V only where some query needs them, their dK, dV home.
     with burst.CommStats() as stats:
-        burst.attention(q, k, v, strategy="burst", layout="zigzag", causal=True, chunk_rows=16,
-                        backward_side="keys").sum().backward()
+        burst.attention(
+            q, k, v, strategy="burst", layout="zigzag", causal=True, chunk_rows=16, backward_side="keys"
+        ).sum().backward()
     out[("burst", "zigzag served keys")] = stats.sent("backward"), stats.choices()
     # Early stop: a window shorter than a shard needs only the previous rank's keys.
     for strategy in ("ring", "burst"):
@@ -114,8 +120,12 @@ BF16_MASKS = ("window_causal", "documents_causal", "block_sparse_causal")  # bf1
 # float32 at 4 (for the suite's time);
 # at 5 the layouts that balance and both of burst's backward paths, with GQA; at 8 (8 processes on the
 # suite's 2 cores) the deepest ring with GQA, zigzag only.
-ALL = (("contiguous", "zigzag", "striped"), ("burst", "burst:chunk_rows=5", "ring", "allgather"),
-       (torch.float32, torch.bfloat16), (4, 2))
+ALL = (
+    ("contiguous", "zigzag", "striped"),
+    ("burst", "burst:chunk_rows=5", "ring", "allgather"),
+    (torch.float32, torch.bfloat16),
+    (4, 2),
+)
 ALL_GQA = (*ALL[:3], (2,))
 ALL_GQA_FP32 = (*ALL[:2], (torch.float32,), (2,))
 SUBSET = (("zigzag", "striped"), ("burst", "burst:chunk_rows=5", "burst:chunk_rows=0", "ring"), (torch.float32,), (2,))
@@ -124,7 +134,9 @@ DEEP = (("zigzag",), ("burst", "burst:chunk_rows=5", "ring"), (torch.float32,), 
 
 @functools.lru_cache(maxsize=None)
 def _results(world):
-    cases = ALL if world <= 2 else ALL_GQA if world == 3 else ALL_GQA_FP32 if world == 4 else SUBSET if world < 8 else DEEP
+    cases = (
+        ALL if world <= 2 else ALL_GQA if world == 3 else ALL_GQA_FP32 if world == 4 else SUBSET if world < 8 else DEEP
+    )
     return run_world(world, _everything, *cases, timeout=600)
 
 
@@ -141,8 +153,13 @@ def test_masks_match_float64_reference(world):
 @pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
 def test_balanced_layouts_and_distflash_even_out_causal_work(world):
     per_rank = [balance for _, balance in _results(world)]
-    for key in (("ring", "zigzag"), ("burst", "zigzag"), ("ring", "striped"), ("burst", "striped"),
-                ("distflash", "contiguous")):
+    for key in (
+        ("ring", "zigzag"),
+        ("burst", "zigzag"),
+        ("ring", "striped"),
+        ("burst", "striped"),
+        ("distflash", "contiguous"),
+    ):
         for phase in (0, 1):
             pairs = [b[key][phase] for b in per_rank]
             assert max(pairs) / (sum(pairs) / world) <= 1.05, (key, phase, pairs)
@@ -198,8 +215,8 @@ def test_window_stops_the_ring_after_one_step(world):
     kv_bytes = 64 * 2 * 8 * 4  # one K (or V) shard of 64 tokens, fp32
     for rank, balance in enumerate(b for _, b in _results(world)):
         fwd, bwd = balance[("ring", "window")]
-        assert fwd == 2 * kv_bytes                      # K, V move one hop, not G - 1
-        assert bwd == 2 * kv_bytes + 2 * 2 * kv_bytes   # K, V once; dK, dV one hop on, one hop home
+        assert fwd == 2 * kv_bytes  # K, V move one hop, not G - 1
+        assert bwd == 2 * kv_bytes + 2 * 2 * kv_bytes  # K, V once; dK, dV one hop on, one hop home
         fwd, bwd = balance[("burst", "window")]
         assert fwd == 2 * kv_bytes
         q_bytes, stat_bytes = kv_bytes // 2, 32 * 2 * 4  # the window's rows: the first n / 2 of a shard

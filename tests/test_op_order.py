@@ -21,15 +21,38 @@ from world import results_by_world
 
 WORLD = 4
 SEQ = 128
-CASES = [(strategy, layout, mask)
-         for strategy in ("burst", "ring", "distflash", "usp", "cqs", "ulysses", "allgather",
-                          "burst:double ring", "ring:double ring")  # 2 nodes of 2 ranks: the topology-aware rings
-         for layout in ("contiguous", "zigzag", "striped")
-         for mask in ("causal", "window", "documents", "full")]
-MASKS = {"causal": dict(causal=True), "window": dict(causal=True, window=(40, 0)),
-         "documents": dict(causal=True, cu_seqlens=(0, 30, 50, 128)), "full": {}}
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_to_all_single", "reduce_scatter_tensor",
-               "broadcast", "barrier", "all_gather_object")
+CASES = [
+    (strategy, layout, mask)
+    for strategy in (
+        "burst",
+        "ring",
+        "distflash",
+        "usp",
+        "cqs",
+        "ulysses",
+        "allgather",
+        "burst:double ring",
+        "ring:double ring",
+    )  # 2 nodes of 2 ranks: the topology-aware rings
+    for layout in ("contiguous", "zigzag", "striped")
+    for mask in ("causal", "window", "documents", "full")
+]
+MASKS = {
+    "causal": dict(causal=True),
+    "window": dict(causal=True, window=(40, 0)),
+    "documents": dict(causal=True, cu_seqlens=(0, 30, 50, 128)),
+    "full": {},
+}
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_to_all_single",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "barrier",
+    "all_gather_object",
+)
 
 
 def _log_collectives(log: list) -> None:
@@ -41,6 +64,7 @@ def _log_collectives(log: list) -> None:
             tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
             log.append((name, tuple(tensor.shape) if tensor is not None else None))
             return fn(*args, **kwargs)
+
         return call
 
     for name in COLLECTIVES:

@@ -40,7 +40,7 @@ def test_model_hides_the_ring_exactly_above_the_minimal_block():
     for factor, hidden in ((1.25, True), (0.8, False)):
         n = int(c_min * factor)
         compute = 8 * 4 * n * n * 64 / flops  # 8 steps of one head, d = 64
-        block = 2 * n * 64 * 2                # K and V of one head, bf16
+        block = 2 * n * 64 * 2  # K and V of one head, bf16
         wall, link, exposed, _, _ = _ring_pass(cluster, 8, compute, block, double=False)
         assert (exposed == pytest.approx(0.0, abs=1e-12)) == hidden, (factor, exposed, link)
 
@@ -82,11 +82,15 @@ def test_burstengine_table1_ordering_and_link_bytes():
 def test_monotone_in_bandwidth_and_sequence(strategy):
     base = Workload(seq_len=65536, heads=8, head_dim=128, kv_heads=8, layers=2, causal=True)
     for gpus, per_node in ((8, 8), (16, 4)):
-        walls = [estimate(strategy, Cluster(gpus, per_node, H100, inter_bw=bw * 1e9), base).wall_s
-                 for bw in (0.1, 1, 10, 100)]
+        walls = [
+            estimate(strategy, Cluster(gpus, per_node, H100, inter_bw=bw * 1e9), base).wall_s
+            for bw in (0.1, 1, 10, 100)
+        ]
         assert all(a >= b for a, b in zip(walls, walls[1:])), (strategy, walls)
-        mems = [estimate(strategy, Cluster(gpus, per_node, H100), replace(base, seq_len=n)).mem_bytes_per_device
-                for n in (16384, 65536, 262144)]
+        mems = [
+            estimate(strategy, Cluster(gpus, per_node, H100), replace(base, seq_len=n)).mem_bytes_per_device
+            for n in (16384, 65536, 262144)
+        ]
         assert all(a <= b for a, b in zip(mems, mems[1:])), (strategy, mems)
 
 
@@ -104,18 +108,47 @@ def test_auto_picks_a_strategy_that_takes_the_call():
     q, kv = torch.randn(1, 64, 4, 16), torch.randn(1, 64, 2, 16)
     for layout in ("contiguous", "zigzag", "striped"):
         for causal in (False, True):
-            name, _ = checked_call(q, kv, kv, None, 0, 1, "auto", layout, causal, None, None, None, None, {},
-                                   auto=auto_choice)
+            name, _ = checked_call(
+                q, kv, kv, None, 0, 1, "auto", layout, causal, None, None, None, None, {}, auto=auto_choice
+            )
             if name == "distflash":
                 assert layout == "contiguous" and causal
-    assert choose(Cluster(8, 8, H100), Workload(seq_len=8192, heads=8, head_dim=64, causal=False),
-                  ["distflash", "ring"]) == "ring"  # distflash is causal only
+    assert (
+        choose(Cluster(8, 8, H100), Workload(seq_len=8192, heads=8, head_dim=64, causal=False), ["distflash", "ring"])
+        == "ring"
+    )  # distflash is causal only
 
 
 def test_cli_json_rows():
-    done = subprocess.run([sys.executable, "-m", "burst", "plan", "--gpus", "16", "--gpus-per-node", "8", "--profile",
-                           "H100", "--seq-len", "131072", "--heads", "32", "--kv-heads", "8", "--head-dim", "128",
-                           "--causal", "--inter-node-gbps", "25", "--json"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "burst",
+            "plan",
+            "--gpus",
+            "16",
+            "--gpus-per-node",
+            "8",
+            "--profile",
+            "H100",
+            "--seq-len",
+            "131072",
+            "--heads",
+            "32",
+            "--kv-heads",
+            "8",
+            "--head-dim",
+            "128",
+            "--causal",
+            "--inter-node-gbps",
+            "25",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
     assert {r["strategy"] for r in rows} == set(STRATEGIES)
@@ -149,14 +182,20 @@ def test_whole_model_monotone(strategy):
     layout = "contiguous" if strategy == "distflash" else "zigzag"
     for mode in ("train", "prefill"):
         t = Training(m, 1 << 18, mode=mode, layout=layout)
-        steps = [whole_model(strategy, Cluster(16, 8, A800, inter_bw=bw * 1e9, intra_bw=bw * 4e9), t).wall_s
-                 for bw in (1, 5, 25, 100)]
+        steps = [
+            whole_model(strategy, Cluster(16, 8, A800, inter_bw=bw * 1e9, intra_bw=bw * 4e9), t).wall_s
+            for bw in (1, 5, 25, 100)
+        ]
         assert all(a >= b for a, b in zip(steps, steps[1:])), (mode, steps)
-        mems = [whole_model(strategy, Cluster(16, 8, A800), replace(t, seq_len=n)).mem_bytes_per_device
-                for n in (1 << 16, 1 << 18, 1 << 20)]
+        mems = [
+            whole_model(strategy, Cluster(16, 8, A800), replace(t, seq_len=n)).mem_bytes_per_device
+            for n in (1 << 16, 1 << 18, 1 << 20)
+        ]
         assert all(a <= b for a, b in zip(mems, mems[1:])), (mode, mems)
-    by_mode = {c: whole_model(strategy, Cluster(16, 8, A800), Training(m, 1 << 18, checkpointing=c, layout=layout))
-               for c in CHECKPOINTING}
+    by_mode = {
+        c: whole_model(strategy, Cluster(16, 8, A800), Training(m, 1 << 18, checkpointing=c, layout=layout))
+        for c in CHECKPOINTING
+    }
     kept = [by_mode[c].extra["memory"]["kept_activations"] for c in ("none", "remat", "selective", "full")]
     assert kept == sorted(kept, reverse=True) and kept[0] > kept[-1]
     steps = [by_mode[c].wall_s for c in ("none", "remat", "selective", "full")]
@@ -182,12 +221,12 @@ def test_fits_is_decided_by_whole_model_memory():
 def test_overlap_is_not_perfect_and_prefill_is_cheaper():
     """A hidden ring still costs (contention, per-layer sync); a prefill is one forward, no optimizer."""
     w = Workload(seq_len=1 << 20, heads=40, head_dim=128, layers=40)
-    raw, real = estimate("burst", Cluster(32, 8, A800), w), attention_step("burst",
-                                                                                      Cluster(32, 8, A800), w)
+    raw, real = estimate("burst", Cluster(32, 8, A800), w), attention_step("burst", Cluster(32, 8, A800), w)
     assert real.wall_s > raw.wall_s
     t = Training(model_config("llama-14b"), 1 << 20)
-    train, prefill = (whole_model("burst", Cluster(32, 8, A800), replace(t, mode=mode))
-                      for mode in ("train", "prefill"))
+    train, prefill = (
+        whole_model("burst", Cluster(32, 8, A800), replace(t, mode=mode)) for mode in ("train", "prefill")
+    )
     assert prefill.wall_s < train.wall_s / 2 and prefill.mem_bytes_per_device < train.mem_bytes_per_device
     assert estimate("burst", Cluster(32, 8, A800), replace(w, forward_only=True)).wall_s < raw.wall_s / 3
 
@@ -220,24 +259,45 @@ def test_cli_whole_model(capsys, tmp_path):
         assert r["scope"] == "whole model"
     burst = next(r for r in rows if r["strategy"] == "burst")
     assert burst["fits"] and burst["tokens_per_s_per_device"] == pytest.approx(118.36, rel=0.25)  # Table 4
-    assert main([*base, "--hidden", "5120", "--ffn-hidden", "13824", "--vocab", "120000", "--heads", "40",
-                 "--layers", "40", "--mode", "prefill"]) == 0
+    assert (
+        main(
+            [
+                *base,
+                "--hidden",
+                "5120",
+                "--ffn-hidden",
+                "13824",
+                "--vocab",
+                "120000",
+                "--heads",
+                "40",
+                "--layers",
+                "40",
+                "--mode",
+                "prefill",
+            ]
+        )
+        == 0
+    )
     assert "whole model" in capsys.readouterr().out
     assert main([*base, "--model", "llama-14b", "--attention-only"]) == 0
     assert "attention only" in capsys.readouterr().out
     assert main([*base, "--model", "llama-7b", "--gpu-mem-gib", "10", "--json", "-"]) == 0
     assert not any(r["fits"] for r in json.loads(capsys.readouterr().out))
-    for argv, option in ((["--hidden", "4096"], "--ffn-hidden"), (["--model", "llama-7b", "--dp", "3"], "--dp"),
-                         (["--model", "llama-7b", "--head-dim", "64"], "--head-dim"),
-                         (["--model", "llama-7b", "--checkpointing", "some"], "--checkpointing"),
-                         (["--model", "llama-7b", "--mode", "decode"], "--mode"),
-                         (["--model", "gpt-5"], "--model"), (["--attention-only", "--heads", "8", "--head-dim", "64"],
-                                                             "--attention-only"),
-                         (["--model", "llama-7b", "--gpu-mem-gib", "0"], "--gpu-mem-gib"),
-                         (["--model", "llama-7b", "--kv-heads", "5"], "--kv-heads"),
-                         (["--model", "llama-7b", "--heads", "7"], "--heads"),
-                         (["--model", "llama-7b", "--dp", "2", "--attention-only"], "--dp"),
-                         ([], "--heads")):
+    for argv, option in (
+        (["--hidden", "4096"], "--ffn-hidden"),
+        (["--model", "llama-7b", "--dp", "3"], "--dp"),
+        (["--model", "llama-7b", "--head-dim", "64"], "--head-dim"),
+        (["--model", "llama-7b", "--checkpointing", "some"], "--checkpointing"),
+        (["--model", "llama-7b", "--mode", "decode"], "--mode"),
+        (["--model", "gpt-5"], "--model"),
+        (["--attention-only", "--heads", "8", "--head-dim", "64"], "--attention-only"),
+        (["--model", "llama-7b", "--gpu-mem-gib", "0"], "--gpu-mem-gib"),
+        (["--model", "llama-7b", "--kv-heads", "5"], "--kv-heads"),
+        (["--model", "llama-7b", "--heads", "7"], "--heads"),
+        (["--model", "llama-7b", "--dp", "2", "--attention-only"], "--dp"),
+        ([], "--heads"),
+    ):
         with pytest.raises(SystemExit) as exited:
             main([*base, *argv])
         err = capsys.readouterr().err.strip().splitlines()
@@ -255,8 +315,13 @@ def test_each_papers_command_gives_the_planned_value(capsys):
         assert main(["plan", *run.argv(), "--json", "-"]) == 0
         row = next(r for r in json.loads(capsys.readouterr().out) if r["strategy"] == run.strategy)
         value, fits = planned(run)
-        cli = {"tgs": row["tokens_per_s_per_device"], "step_s": row["step_s"], "prefill_s": row["step_s"],
-               "mem_gb": row["mem_bytes_per_device"] / 1e9, "fits": float(row["fits"])}[run.metric]
+        cli = {
+            "tgs": row["tokens_per_s_per_device"],
+            "step_s": row["step_s"],
+            "prefill_s": row["step_s"],
+            "mem_gb": row["mem_bytes_per_device"] / 1e9,
+            "fits": float(row["fits"]),
+        }[run.metric]
         assert cli == pytest.approx(value, rel=1e-9), run.label
         assert row["fits"] == fits, run.label
 
@@ -338,8 +403,10 @@ def test_sliding_windows_are_costed():
 
     assert served_share(2048, 2, 128, "zigzag") * 1024 == pytest.approx(127)
     zigzag = replace(windowed, layout="zigzag")
-    assert estimate("burst", cluster, zigzag).intra_node_bytes_per_device < \
-        estimate("ring", cluster, zigzag).intra_node_bytes_per_device / 10
+    assert (
+        estimate("burst", cluster, zigzag).intra_node_bytes_per_device
+        < estimate("ring", cluster, zigzag).intra_node_bytes_per_device / 10
+    )
 
 
 def test_cli_window_and_a_config_with_sliding_layers(capsys, tmp_path):

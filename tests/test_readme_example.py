@@ -17,8 +17,19 @@ from world import run_world
 transformers_or_skip()
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
-FAMILIES = ("llama", "mamba", "rwkv", "qwen3_next", "gemma3_text", "openai-gpt", "xlm", "cpmant", "prophetnet",
-            "deepseek_v32", "deepseek_v4")
+FAMILIES = (
+    "llama",
+    "mamba",
+    "rwkv",
+    "qwen3_next",
+    "gemma3_text",
+    "openai-gpt",
+    "xlm",
+    "cpmant",
+    "prophetnet",
+    "deepseek_v32",
+    "deepseek_v4",
+)
 # tiny float32 models, one process against two ranks: the bounds of tests/test_hf_rope.py and test_hf_hybrid.py
 BOUND = {"logits": 2e-5, "loss": 2e-6, "gradients": 1e-4}
 
@@ -66,11 +77,17 @@ def _run_readme(rank, world):
         expected = eager(input_ids=ids, labels=ids, use_cache=False)
         expected.loss.backward()
         logits = layout_mod.unshard(namespace["out"].logits.contiguous(), layout="zigzag", dim=1)
-        pairs = [(p.grad, q.grad) for p, q in zip(namespace["model"].parameters(), eager.parameters())
-                 if q.grad is not None]
-        outcomes[family] = ("ran", {"logits": (logits - expected.logits).abs().max().item(),
-                                    "loss": abs(namespace["loss"].item() - expected.loss.item()),
-                                    "gradients": hf_zoo.gradient_error(pairs)})
+        pairs = [
+            (p.grad, q.grad) for p, q in zip(namespace["model"].parameters(), eager.parameters()) if q.grad is not None
+        ]
+        outcomes[family] = (
+            "ran",
+            {
+                "logits": (logits - expected.logits).abs().max().item(),
+                "loss": abs(namespace["loss"].item() - expected.loss.item()),
+                "gradients": hf_zoo.gradient_error(pairs),
+            },
+        )
     return outcomes
 
 

@@ -12,16 +12,42 @@ import pytest
 
 def test_report_writes_markdown_json_and_plots(tmp_path):
     out = tmp_path / "report"
-    done = subprocess.run([sys.executable, "-m", "burst", "bench", "--report", str(out), "--report-seq-lens", "256,512",
-                           "--report-worlds", "1,2", "--strategies", "burst,ring", "--causal", "--layout", "zigzag",
-                           "--heads", "2", "--head-dim", "16"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "burst",
+            "bench",
+            "--report",
+            str(out),
+            "--report-seq-lens",
+            "256,512",
+            "--report-worlds",
+            "1,2",
+            "--strategies",
+            "burst,ring",
+            "--causal",
+            "--layout",
+            "zigzag",
+            "--heads",
+            "2",
+            "--head-dim",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert {(r["seq_len"], r["strategy"]) for r in results["timing"]} == {(n, s) for n in (256, 512)
-                                                                        for s in ("burst", "ring")}
+    assert {(r["seq_len"], r["strategy"]) for r in results["timing"]} == {
+        (n, s) for n in (256, 512) for s in ("burst", "ring")
+    }
     assert all(r["measured_s"] > 0 and r["predicted_s"] > 0 and r["sent_per_rank"] > 0 for r in results["timing"])
-    assert {(r["world"], r["strategy"]) for r in results["memory"]} == {(g, s) for g in (1, 2) for s in ("burst", "ring")}
+    assert {(r["world"], r["strategy"]) for r in results["memory"]} == {
+        (g, s) for g in (1, 2) for s in ("burst", "ring")
+    }
     report = (out / "report.md").read_text()
     assert "Planner vs measurement" in report and "| 512 | ring |" in report
     try:
@@ -71,5 +97,7 @@ def test_heap_peak_sees_a_tensor_held_in_each_phase_and_keeps_a_timeline():
     assert max(live for _, _, live in ruler.timeline) == max(ruler.peak.values())
     with HeapPeak(interval_s=3600.0) as long_ruler:  # no interval ends inside: the exit keeps the last one
         kept = torch.ones(4 * mib)
-    assert [(phase, live >= long_ruler.start + 16 * mib) for _, phase, live in long_ruler.timeline] == [("forward", True)]
+    assert [(phase, live >= long_ruler.start + 16 * mib) for _, phase, live in long_ruler.timeline] == [
+        ("forward", True)
+    ]
     del kept

@@ -48,8 +48,10 @@ def _case(full, ref, dtype, layout, **kwargs):
         return None, str(err).split("\n")[0]
     out.backward(dout.to(dtype))
     r_out, r_lse, r_dq, r_dk, r_dv = (burst.shard(t, layout=layout, dim=2 if t.dim() == 3 else 1) for t in ref[:5])
-    errors = {name: rel_err(x, r) for name, x, r in
-              (("out", out, r_out), ("dq", q.grad, r_dq), ("dk", k.grad, r_dk), ("dv", v.grad, r_dv))}
+    errors = {
+        name: rel_err(x, r)
+        for name, x, r in (("out", out, r_out), ("dq", q.grad, r_dq), ("dk", k.grad, r_dk), ("dv", v.grad, r_dv))
+    }
     errors["lse"] = (lse.double() - r_lse).abs().max().item()  # finite everywhere: the sink is in every row
     errors["dsinks"] = rel_err(_sum_over_ranks(sinks.grad), ref[5])
     errors["nan"] = any(bool(torch.isnan(t).any()) for t in (out, lse, q.grad, k.grad, v.grad, sinks.grad))
@@ -92,8 +94,12 @@ def _decode_errors(rank, world):
     sinks = _sinks(torch.float64)
     mine = slice(5 * rank, 5 * rank + 5)
     out = decode_attention(q, k[:, mine], v[:, mine], valid[:, mine], sinks=sinks)
-    expected = torch.cat([reference_attention(q[b:b + 1], k[b:b + 1, valid[b]], v[b:b + 1, valid[b]], sinks=sinks)[0]
-                          for b in range(2)])
+    expected = torch.cat(
+        [
+            reference_attention(q[b : b + 1], k[b : b + 1, valid[b]], v[b : b + 1, valid[b]], sinks=sinks)[0]
+            for b in range(2)
+        ]
+    )
     return {"out": rel_err(out, expected), "nan": bool(torch.isnan(out).any())}
 
 
@@ -117,11 +123,18 @@ def may_refuse(strategy, layout, name, world) -> str | None:
 
 
 def _expected_cases(world):
-    keys = {(strategy, layout, name, str(dtype)) for dtype in (torch.float64, torch.bfloat16)
-            for name in ("full", "causal", "window") for layout in ("contiguous", "zigzag", "striped")
-            for strategy in (STRATEGIES if dtype == torch.float64 else BF16_STRATEGIES)}
-    keys |= {(strategy, "doc_zigzag", f"documents window={window}", str(torch.float64))
-             for window in (None, (3, 0)) for strategy in ("burst", "ring", "allgather")}
+    keys = {
+        (strategy, layout, name, str(dtype))
+        for dtype in (torch.float64, torch.bfloat16)
+        for name in ("full", "causal", "window")
+        for layout in ("contiguous", "zigzag", "striped")
+        for strategy in (STRATEGIES if dtype == torch.float64 else BF16_STRATEGIES)
+    }
+    keys |= {
+        (strategy, "doc_zigzag", f"documents window={window}", str(torch.float64))
+        for window in (None, (3, 0))
+        for strategy in ("burst", "ring", "allgather")
+    }
     return keys | {("decode",)}
 
 
@@ -147,14 +160,18 @@ def test_sinks_exact_in_every_strategy_and_layout(world):
 
 def test_bad_sinks_raise_before_any_communication():
     q = torch.randn(1, 8, H, D)
-    for bad, kind in ((torch.zeros(H + 1), ValueError), (torch.zeros(H, dtype=torch.long), ValueError),
-                      ([0.0] * H, TypeError)):
+    for bad, kind in (
+        (torch.zeros(H + 1), ValueError),
+        (torch.zeros(H, dtype=torch.long), ValueError),
+        ([0.0] * H, TypeError),
+    ):
         with pytest.raises(kind, match="sinks"):
             burst.attention(q, q[:, :, :HK], q[:, :, :HK], sinks=bad)
 
 
 def test_burst_check_compares_the_sinks_gradient():
-    report = burst.check(strategies=("burst", "ring"), layouts=("contiguous",), seq_len=32, heads=H, kv_heads=HK,
-                         head_dim=D, sinks=True)
+    report = burst.check(
+        strategies=("burst", "ring"), layouts=("contiguous",), seq_len=32, heads=H, kv_heads=HK, head_dim=D, sinks=True
+    )
     assert report.ok and all("dsinks" in r.errors for r in report.rows if r.status == "ok"), report.table()
     assert "dsinks" in report.table()

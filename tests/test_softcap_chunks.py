@@ -37,12 +37,24 @@ def _settings(n, world):
         ("softcap causal", {"causal": True}, reference_mask(n, causal=True), CAP),
         ("softcap window", {"causal": True, "window": (6, 0)}, reference_mask(n, causal=True, window=(6, 0)), CAP),
         ("softcap documents", {"causal": True, "cu_seqlens": cu}, reference_mask(n, causal=True, cu_seqlens=cu), CAP),
-        ("chunks causal", {"causal": True, "chunk_size": CHUNK}, reference_mask(n, causal=True) & chunk_mask(n, CHUNK),
-         0.0),
-        ("chunks + softcap", {"causal": True, "chunk_size": CHUNK},
-         reference_mask(n, causal=True) & chunk_mask(n, CHUNK), CAP),
-        ("chunks + documents", {"causal": True, "chunk_size": CHUNK, "cu_seqlens": cu},
-         reference_mask(n, causal=True, cu_seqlens=cu) & chunk_mask(n, CHUNK), 0.0),
+        (
+            "chunks causal",
+            {"causal": True, "chunk_size": CHUNK},
+            reference_mask(n, causal=True) & chunk_mask(n, CHUNK),
+            0.0,
+        ),
+        (
+            "chunks + softcap",
+            {"causal": True, "chunk_size": CHUNK},
+            reference_mask(n, causal=True) & chunk_mask(n, CHUNK),
+            CAP,
+        ),
+        (
+            "chunks + documents",
+            {"causal": True, "chunk_size": CHUNK, "cu_seqlens": cu},
+            reference_mask(n, causal=True, cu_seqlens=cu) & chunk_mask(n, CHUNK),
+            0.0,
+        ),
     ]
 
 
@@ -59,7 +71,9 @@ def _cases(rank, world):
             for dtype, strategies in ((torch.float64, STRATEGIES), (torch.bfloat16, ("burst", "ring"))):
                 for strategy in strategies:
                     try:
-                        errs = sharded_errors(full, ref, dtype, layout, softcap=cap, **mask, **strategy_kwargs(strategy))
+                        errs = sharded_errors(
+                            full, ref, dtype, layout, softcap=cap, **mask, **strategy_kwargs(strategy)
+                        )
                     except (ValueError, NotImplementedError) as err:  # the strategy does not take the case
                         errs = str(err).split("\n")[0]
                     results.append(((strategy, layout, name, str(dtype)), errs))
@@ -100,9 +114,13 @@ def may_refuse(strategy, layout, name) -> str | None:
 def test_softcap_and_chunks_exact_in_every_strategy_and_layout(world):
     failures = []
     names = [s[0] for s in _settings(N_LOCAL * world, world)]
-    expected = {(strategy, layout, name, str(dtype)) for name in names for layout in ("contiguous", "zigzag", "striped")
-                for dtype, strategies in ((torch.float64, STRATEGIES), (torch.bfloat16, ("burst", "ring")))
-                for strategy in strategies}
+    expected = {
+        (strategy, layout, name, str(dtype))
+        for name in names
+        for layout in ("contiguous", "zigzag", "striped")
+        for dtype, strategies in ((torch.float64, STRATEGIES), (torch.bfloat16, ("burst", "ring")))
+        for strategy in strategies
+    }
     for rank, cases in enumerate(_results(world)):
         cases = [(key, errs) for key, errs in cases if key[0] != "stats"]
         assert {key for key, _ in cases} == expected and len(cases) == len(expected), rank
@@ -144,7 +162,12 @@ def test_chunks_skip_off_chunk_pairs(world):
 
 def test_bad_softcap_and_chunk_size_raise_before_any_communication():
     q = torch.randn(1, 8, H, D)
-    for kwargs in ({"softcap": -1.0}, {"softcap": float("inf")}, {"softcap": True}, {"chunk_size": 0},
-                   {"chunk_size": 2.5}):
+    for kwargs in (
+        {"softcap": -1.0},
+        {"softcap": float("inf")},
+        {"softcap": True},
+        {"chunk_size": 0},
+        {"chunk_size": 2.5},
+    ):
         with pytest.raises(ValueError, match="softcap|chunk_size"):
             burst.attention(q, q[:, :, :HK], q[:, :, :HK], **kwargs)

@@ -13,8 +13,13 @@ from cases import full_inputs, reference_grads, rel_err, strategy_kwargs, within
 from world import results_by_world
 
 B, H, KV, D = 2, 4, 2, 8
-STRATEGIES = (("burst", "zigzag"), ("burst:chunk_rows=1", "striped"), ("ring", "striped"), ("allgather", "contiguous"),
-              ("distflash", "contiguous"))  # burst:1: its queries served as 1-row chunks of strided views
+STRATEGIES = (
+    ("burst", "zigzag"),
+    ("burst:chunk_rows=1", "striped"),
+    ("ring", "striped"),
+    ("allgather", "contiguous"),
+    ("distflash", "contiguous"),
+)  # burst:1: its queries served as 1-row chunks of strided views
 
 
 def _as_heads_first_view(x: torch.Tensor) -> torch.Tensor:
@@ -46,8 +51,12 @@ def _cases(rank, world):
                     out = burst.attention(q, k, v, layout=layout, causal=causal, **strategy_kwargs(strategy))
                     out.backward(view(dout))
                     r_out, r_dq, r_dk, r_dv = (burst.shard(t, layout=layout) for t in (ref[0], *ref[2:]))
-                    errs = {"out": rel_err(out, r_out), "dq": rel_err(q.grad, r_dq), "dk": rel_err(k.grad, r_dk),
-                            "dv": rel_err(v.grad, r_dv)}
+                    errs = {
+                        "out": rel_err(out, r_out),
+                        "dq": rel_err(q.grad, r_dq),
+                        "dk": rel_err(k.grad, r_dk),
+                        "dv": rel_err(v.grad, r_dv),
+                    }
                     results.append(((strategy, layout, causal, view.__name__, str(dtype)), errs))
     return results
 

@@ -22,8 +22,12 @@ EXACT_TOPOLOGIES = {4: (2, 1), 6: (3, 2)}
 
 
 def _masks(seqlen):
-    return {"full": {}, "causal": dict(causal=True), "window": dict(causal=True, window=(5, 0)),
-            "documents": dict(cu_seqlens=[0, 3, seqlen // 2 + 1, seqlen])}
+    return {
+        "full": {},
+        "causal": dict(causal=True),
+        "window": dict(causal=True, window=(5, 0)),
+        "documents": dict(cu_seqlens=[0, 3, seqlen // 2 + 1, seqlen]),
+    }
 
 
 def _exact(rank, world):
@@ -37,15 +41,16 @@ def _exact(rank, world):
                     continue
                 extra = {k: v for k, v in kwargs.items() if k != "causal"}
                 allowed = reference_mask(seqlen, causal=kwargs.get("causal", False), **extra)
-                for kv_heads in ((2, 1) if world == 4 else (1,)):  # 6 processes on 2 cores: GQA only
+                for kv_heads in (2, 1) if world == 4 else (1,):  # 6 processes on 2 cores: GQA only
                     dtypes = (torch.float32, torch.bfloat16) if name == "causal" and double else (torch.float32,)
                     for dtype in dtypes:
                         full = full_inputs(per_node * 10 + kv_heads, 1, seqlen, H, kv_heads, D, dtype)
                         ref = reference_grads(*full, causal=False, mask=allowed)
                         for layout in ("contiguous", "zigzag"):
                             for strategy in ("burst", "ring"):
-                                errs = sharded_errors(full, ref, dtype, layout=layout, strategy=strategy,
-                                                      topology=topo, **kwargs)
+                                errs = sharded_errors(
+                                    full, ref, dtype, layout=layout, strategy=strategy, topology=topo, **kwargs
+                                )
                                 results.append(((per_node, double, name, kv_heads, str(dtype), layout, strategy), errs))
     return results
 
@@ -58,18 +63,22 @@ def _links(rank, world):
             for strategy in ("burst", "ring"):
                 q, k, v = (torch.randn(1, N_LOCAL, H, D, requires_grad=True) for _ in range(3))
                 with burst.CommStats() as stats:
-                    burst.attention(q, k, v, strategy=strategy,
-                                    topology=burst.Topology(per_node, double_ring=double)).sum().backward()
+                    burst.attention(
+                        q, k, v, strategy=strategy, topology=burst.Topology(per_node, double_ring=double)
+                    ).sum().backward()
                 out[(per_node, double, strategy)] = {
                     (phase, link): stats.sent(phase, link=link)
-                    for phase in ("forward", "backward") for link in ("intra", "inter")}
+                    for phase in ("forward", "backward")
+                    for link in ("intra", "inter")
+                }
     return out
 
 
 def _bad(rank, world):
     x = torch.randn(1, N_LOCAL, H, D)
     return value_error_text(
-        lambda: burst.attention(x, x, x, topology=burst.Topology(local_world_size=world - 1 if world > 2 else 3)))
+        lambda: burst.attention(x, x, x, topology=burst.Topology(local_world_size=world - 1 if world > 2 else 3))
+    )
 
 
 def _emulated(rank, world):
@@ -112,9 +121,9 @@ def test_bytes_by_link_match_the_formulas(world):
     """Double ring, M nodes of L: forward (M-1) K, V blocks inter-node and M(L-1) intra; accumulators
     go round the node (L-1 hops) and then home in one hop per outer step. Flat ring: the rank before
     a node boundary sends all its blocks inter-node, the others none."""
-    kv = 2 * N_LOCAL * H * D * 4          # K and V, fp32
-    q = N_LOCAL * H * D * 4               # one of Q, dO, dQ
-    stat = N_LOCAL * H * 4                # one of D, lse
+    kv = 2 * N_LOCAL * H * D * 4  # K and V, fp32
+    q = N_LOCAL * H * D * 4  # one of Q, dO, dQ
+    stat = N_LOCAL * H * 4  # one of D, lse
     for rank, (_, links, _, _) in enumerate(_results(world)):
         for (per_node, double, strategy), got in links.items():
             L = per_node if double and per_node < world else world
@@ -135,8 +144,10 @@ def test_bytes_by_link_match_the_formulas(world):
                 if strategy == "ring":
                     bwd = {link: (world - 1) * 2 * kv, ("intra" if crossing else "inter"): 0}
                 else:  # queries travel to rank - 1
-                    bwd = {("inter" if behind else "intra"): (world - 1) * (2 * q + 2 * stat + q),
-                           ("intra" if behind else "inter"): 0}
+                    bwd = {
+                        ("inter" if behind else "intra"): (world - 1) * (2 * q + 2 * stat + q),
+                        ("intra" if behind else "inter"): 0,
+                    }
                 home = kv if strategy == "ring" else q  # the last hop home: its own link
                 src = (rank - (world - 1)) % world if strategy == "ring" else (rank + world - 1) % world
                 home_link = "intra" if src // per_node == rank // per_node else "inter"

@@ -90,30 +90,55 @@ def test_offloaded_activations_on_two_sequence_parallel_ranks():
 
 def test_memory_options_are_checked_and_recorded(tmp_path):
     assert _config(checkpointing="full", offload_activations=True).memory_options()["offload_activations"]
-    for options, message in ((dict(offload_activations=True), "--offload-activations: moves what checkpointing"),
-                             (dict(offload_optimizer=True, fsdp="dp"), "--offload-optimizer: one rank"),
-                             (dict(offload_optimizer=True, checkpoint_dir=str(tmp_path)), "host state")):
+    for options, message in (
+        (dict(offload_activations=True), "--offload-activations: moves what checkpointing"),
+        (dict(offload_optimizer=True, fsdp="dp"), "--offload-optimizer: one rank"),
+        (dict(offload_optimizer=True, checkpoint_dir=str(tmp_path)), "host state"),
+    ):
         with pytest.raises(ValueError, match=message):
             _config(**options).check(1)
     with pytest.raises(ValueError, match="--offload-optimizer: one rank"):
         _config(offload_optimizer=True).check(2)
     from burst.engine.train import train
 
-    rows = train(0, 1, _config(checkpointing="full", ffn_chunk=16, offload_activations=True, offload_optimizer=True,
-                               metrics=str(tmp_path / "m.jsonl"), progress=False))
+    rows = train(
+        0,
+        1,
+        _config(
+            checkpointing="full",
+            ffn_chunk=16,
+            offload_activations=True,
+            offload_optimizer=True,
+            metrics=str(tmp_path / "m.jsonl"),
+            progress=False,
+        ),
+    )
     assert len(rows) == STEPS
     for row in rows:
-        assert row["memory_options"] == {"checkpointing": "full", "ffn_chunk": 16, "fused_loss": True,
-                                         "offload_activations": True, "offload_optimizer": True, "fsdp": "none",
-                                         "fsdp_cpu_offload": False}
+        assert row["memory_options"] == {
+            "checkpointing": "full",
+            "ffn_chunk": 16,
+            "fused_loss": True,
+            "offload_activations": True,
+            "offload_optimizer": True,
+            "fsdp": "none",
+            "fsdp_cpu_offload": False,
+        }
         assert 0 <= row["optimizer_s"] <= row["step_s"] and row["host_peak_bytes"] > 0
     assert (tmp_path / "m.jsonl").read_text().count("memory_options") == STEPS
 
 
 def test_llama3_8b_preset_shapes_without_allocating_them():
     m = PRESETS["llama3-8b"]
-    assert (m.dim, m.layers, m.heads, m.kv_heads, m.ffn_dim, m.vocab_size, m.head_dim) == \
-        (4096, 32, 32, 8, 14336, 128256, 128)
+    assert (m.dim, m.layers, m.heads, m.kv_heads, m.ffn_dim, m.vocab_size, m.head_dim) == (
+        4096,
+        32,
+        32,
+        8,
+        14336,
+        128256,
+        128,
+    )
     assert m.rope_theta == 500000.0 and m.rope_scaling.factor == 8.0
     assert m.parameters() == 8_030_261_248  # Llama-3.1-8B's published count
     model = Transformer(m, device="meta")  # shapes only
@@ -129,11 +154,20 @@ def test_llama3_rotary_frequencies_are_transformers_llama3():
     from burst.engine.model import llama3_frequencies
 
     m = PRESETS["llama3-8b"]
-    config = transformers.LlamaConfig(hidden_size=m.dim, num_attention_heads=m.heads, num_key_value_heads=m.kv_heads,
-                                      max_position_embeddings=131072,
-                                      rope_parameters={"rope_type": "llama3", "rope_theta": m.rope_theta,
-                                                       "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                       "original_max_position_embeddings": 8192})
+    config = transformers.LlamaConfig(
+        hidden_size=m.dim,
+        num_attention_heads=m.heads,
+        num_key_value_heads=m.kv_heads,
+        max_position_embeddings=131072,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": m.rope_theta,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    )
     theirs = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")[0].double()
     plain = m.rope_theta ** (-torch.arange(0, m.head_dim, 2, dtype=torch.float64) / m.head_dim)
     ours = llama3_frequencies(plain, m.rope_scaling)
@@ -146,11 +180,21 @@ def test_llama3_8b_scaled_down_trains_and_large_models_are_drawn_on_the_device(m
     meta, weights drawn where they will live) gives the same weights for the same seed."""
     import burst.engine.train as train_module
 
-    small = dataclasses.replace(PRESETS["llama3-8b"], dim=64, layers=2, heads=4, kv_heads=1, ffn_dim=224,
-                                vocab_size=512)
+    small = dataclasses.replace(
+        PRESETS["llama3-8b"], dim=64, layers=2, heads=4, kv_heads=1, ffn_dim=224, vocab_size=512
+    )
     monkeypatch.setitem(PRESETS, "llama3-8b-small", small)
-    cfg = TrainConfig(model="llama3-8b-small", seq_len=128, steps=2, lr=1e-3, warmup=1, checkpointing="full",
-                      ffn_chunk=32, offload_activations=True, offload_optimizer=True)
+    cfg = TrainConfig(
+        model="llama3-8b-small",
+        seq_len=128,
+        steps=2,
+        lr=1e-3,
+        warmup=1,
+        checkpointing="full",
+        ffn_chunk=32,
+        offload_activations=True,
+        offload_optimizer=True,
+    )
     losses = _run(cfg)[0]
     assert abs(losses[0] - math.log(512)) < 1.0 and all(math.isfinite(x) for x in losses)
     monkeypatch.setattr(train_module, "BUILT_ON_HOST_BYTES", 0)  # every model takes the large path
@@ -185,14 +229,39 @@ def test_burst_train_out_of_memory_exits_with_one_line_and_leaves_no_shm():
 
     shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     site = pathlib.Path(__file__).parent / "clients" / "oom_site"
-    done = subprocess.run([sys.executable, "-m", "burst", "train", "--model", "tiny", "--nproc", "1", "--seq-len", "64",
-                           "--steps", "2", "--checkpointing", "full", "--no-progress", "--device", "cpu"],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1",
-                               "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "burst",
+            "train",
+            "--model",
+            "tiny",
+            "--nproc",
+            "1",
+            "--seq-len",
+            "64",
+            "--steps",
+            "2",
+            "--checkpointing",
+            "full",
+            "--no-progress",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+        },
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("burst train: error: rank 0: TrainOutOfMemory: out of memory at "
-                                                   "--seq-len 64 on cpu"), done.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(
+        "burst train: error: rank 0: TrainOutOfMemory: out of memory at --seq-len 64 on cpu"
+    ), done.stderr[-3000:]
     left = set(os.listdir("/dev/shm")) - shm if os.path.isdir("/dev/shm") else set()
     assert not {n for n in left if "torch" in n or "burst" in n}, left

@@ -41,8 +41,11 @@ def _run(tmp_path, name: str, nproc: int, job: tuple, *args: str) -> dict:
         import os
         import sys
 
-        done = run_process_group([sys.executable, str(script), *options, *args, "--out", str(out)], timeout=300,
-                                 env={**os.environ, "OMP_NUM_THREADS": "2"})
+        done = run_process_group(
+            [sys.executable, str(script), *options, *args, "--out", str(out)],
+            timeout=300,
+            env={**os.environ, "OMP_NUM_THREADS": "2"},
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     else:
         run_torchrun(script, nproc, *options, *args, "--out", str(out))
@@ -99,8 +102,20 @@ def test_trainer_two_replicas_of_two_ranks_equal_one_process(tmp_path):
     gradient checkpointing: the replicas take different batches (one process packs both at once);
     eval sets of 4 rows, so no replica pads its last batch (plain DDP would differ there too)."""
     ref = _run(tmp_path, "reference", 1, TRAINER, "--reference", "--packed", "--batch", "4", "--eval-rows", "4")
-    got = _run(tmp_path, "dp2sp2", 4, TRAINER, "--packed", "--batch", "2", "--sp-size", "2", "--eval-rows", "4",
-               "--checkpointing")
+    got = _run(
+        tmp_path,
+        "dp2sp2",
+        4,
+        TRAINER,
+        "--packed",
+        "--batch",
+        "2",
+        "--sp-size",
+        "2",
+        "--eval-rows",
+        "4",
+        "--checkpointing",
+    )
     _assert_same_trainer_job(got, ref)
 
 
@@ -138,8 +153,14 @@ def test_refusals_before_training():
 
     from burst.integrations.transformers import SequenceParallelTrainer
 
-    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1)
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     model = AutoModelForCausalLM.from_config(config)
     args = dict(output_dir="unused", use_cpu=True, report_to=[])
     with pytest.raises(ValueError, match="label_smoothing_factor"):

@@ -18,15 +18,30 @@ from world import results_by_world, run_torchrun, value_error_text
 transformers_or_skip()
 
 VOCAB = 64
-COMBOS = (("burst", "contiguous"), ("burst", "zigzag"), ("burst", "striped"), ("ring", "contiguous"),
-          ("ring", "zigzag"), ("ring", "striped"), ("distflash", "contiguous"))
+COMBOS = (
+    ("burst", "contiguous"),
+    ("burst", "zigzag"),
+    ("burst", "striped"),
+    ("ring", "contiguous"),
+    ("ring", "zigzag"),
+    ("ring", "striped"),
+    ("distflash", "contiguous"),
+)
 
 
 def _llama_config(**extra):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, **extra)
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        **extra,
+    )
 
 
 def _models(config_fn, name):
@@ -93,8 +108,8 @@ def _packed(rank, world):
     worst, start = 0.0, 0
     with torch.no_grad():
         for length in lengths:
-            alone = reference(input_ids=ids[:, start:start + length]).logits
-            worst = max(worst, _rel(logits[:, start:start + length], alone))
+            alone = reference(input_ids=ids[:, start : start + length]).logits
+            worst = max(worst, _rel(logits[:, start : start + length], alone))
             start += length
     return worst
 
@@ -112,10 +127,12 @@ def _packed_per_document(rank, world):
     ids = torch.randint(0, VOCAB, (1, sum(lengths)), generator=torch.Generator().manual_seed(9))
     positions = torch.cat([torch.arange(length) for length in lengths])[None]
     starts = [0, unit, 3 * unit]
-    ref_logits = torch.cat([reference(input_ids=ids[:, s:s + n]).logits for s, n in zip(starts, lengths)], dim=1)
+    ref_logits = torch.cat([reference(input_ids=ids[:, s : s + n]).logits for s, n in zip(starts, lengths)], dim=1)
     ref_loss = torch.nn.functional.cross_entropy(ref_logits[0, :-1], ids[0, 1:])
     ref_loss.backward()
-    batch = bt.shard_batch({"input_ids": ids, "position_ids": positions, "labels": ids}, layout="doc_zigzag", model=model)
+    batch = bt.shard_batch(
+        {"input_ids": ids, "position_ids": positions, "labels": ids}, layout="doc_zigzag", model=model
+    )
     out = model(**batch)
     out.loss.backward()
     bt.reduce_gradients(model)
@@ -123,8 +140,11 @@ def _packed_per_document(rank, world):
 
     cu = (0, *itertools.accumulate(lengths))
     logits = burst.unshard(out.logits, layout=burst.DocumentLayout(cu, "zigzag"))
-    return {"logits": _rel(logits, ref_logits), "loss": abs(bt.reduce_loss(out.loss).item() - ref_loss.item()),
-            "grads": _grads_error(model, reference)}
+    return {
+        "logits": _rel(logits, ref_logits),
+        "loss": abs(bt.reduce_loss(out.loss).item() - ref_loss.item()),
+        "grads": _grads_error(model, reference),
+    }
 
 
 def _sliding_window(rank, world):
@@ -134,9 +154,16 @@ def _sliding_window(rank, world):
     from transformers import MistralConfig
 
     def config():
-        return MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, sliding_window=5,
-                             max_position_embeddings=512)
+        return MistralConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            sliding_window=5,
+            max_position_embeddings=512,
+        )
 
     name = bt.register("burst-window", strategy="ring", layout="striped")
     reference, model = _models(config, name)
@@ -155,8 +182,11 @@ def _sliding_window(rank, world):
     unwindowed.load_state_dict(reference.state_dict())
     with torch.no_grad():
         window_effect = _rel(unwindowed(input_ids=ids).logits, ref_out.logits)
-    return {"logits": _rel(burst.unshard(out.logits, layout="striped"), ref_out.logits),
-            "grads": _grads_error(model, reference), "window effect": window_effect}
+    return {
+        "logits": _rel(burst.unshard(out.logits, layout="striped"), ref_out.logits),
+        "grads": _grads_error(model, reference),
+        "window effect": window_effect,
+    }
 
 
 def _errors(rank, world):
@@ -172,13 +202,18 @@ def _errors(rank, world):
         holes[0, 0] = 0
     cases = {
         "padding on one rank": lambda: model(**batch, attention_mask=holes),
-        "padding in shard_batch": lambda: bt.shard_batch({"input_ids": ids, "attention_mask": torch.zeros_like(ids)}, model=model),
+        "padding in shard_batch": lambda: bt.shard_batch(
+            {"input_ids": ids, "attention_mask": torch.zeros_like(ids)}, model=model
+        ),
         # a sampler over the whole world hands each rank its own sequence: shards of two would be joined as one
-        "a different batch per rank": lambda: bt.shard_batch({"input_ids": ids, "labels": (ids + rank) % VOCAB}, model=model),
+        "a different batch per rank": lambda: bt.shard_batch(
+            {"input_ids": ids, "labels": (ids + rank) % VOCAB}, model=model
+        ),
         "output_attentions": lambda: model(**batch, output_attentions=True),
         "default positions": lambda: model(input_ids=batch["input_ids"]),
-        "cached decoding": lambda: model.generate(batch["input_ids"], position_ids=batch["position_ids"],
-                                                  max_new_tokens=2, do_sample=False),
+        "cached decoding": lambda: model.generate(
+            batch["input_ids"], position_ids=batch["position_ids"], max_new_tokens=2, do_sample=False
+        ),
     }
     model.train()
     model.config.attention_dropout = 0.1
@@ -228,10 +263,15 @@ def test_packed_documents_and_sliding_window(world):
 
 
 def test_unsupported_raises_on_every_rank():
-    expected = {"padding on one rank": "padding", "padding in shard_batch": "padding",
-                "output_attentions": "output_attentions", "default positions": "global positions",
-                "cached decoding": "ShardedCache", "dropout": "dropout",
-                "a different batch per rank": "must hold the same batch"}
+    expected = {
+        "padding on one rank": "padding",
+        "padding in shard_batch": "padding",
+        "output_attentions": "output_attentions",
+        "default positions": "global positions",
+        "cached decoding": "ShardedCache",
+        "dropout": "dropout",
+        "a different batch per rank": "must hold the same batch",
+    }
     for rank, results in enumerate(_results(2)):
         errors = results["errors"]
         for case, words in expected.items():
@@ -279,7 +319,9 @@ def test_shard_batch_without_the_model_is_a_type_error_naming_why():
     import burst.integrations.transformers as bt
 
     ids = torch.zeros(1, 8, dtype=torch.long)
-    for call in (lambda: bt.shard_batch({"input_ids": ids}, layout="zigzag"),
-                 lambda: bt.shard_batch({"input_ids": ids}, model=None)):
+    for call in (
+        lambda: bt.shard_batch({"input_ids": ids}, layout="zigzag"),
+        lambda: bt.shard_batch({"input_ids": ids}, model=None),
+    ):
         with pytest.raises(TypeError, match="model=model.*never calls attention"):
             call()

@@ -29,24 +29,48 @@ LAYOUTS = ("contiguous", "zigzag", "striped")
 def _llama(**extra):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0,
-                       **extra)
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        **extra,
+    )
 
 
 def _mistral(sliding_window=4):
     from transformers import MistralConfig
 
-    return MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=1, sliding_window=sliding_window,
-                         max_position_embeddings=512, pad_token_id=0)
+    return MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        sliding_window=sliding_window,
+        max_position_embeddings=512,
+        pad_token_id=0,
+    )
 
 
 def _qwen2():
     from transformers import Qwen2Config
 
-    return Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0)
+    return Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+    )
 
 
 def _models(config, name, dtype=torch.float32):
@@ -69,9 +93,16 @@ def _generate(model, ids, cache=None, seed=None, **options):
     if seed is not None:
         torch.manual_seed(seed)  # the same seed on every rank
     extra = {generate_cache_keyword(): cache} if cache is not None else {}
-    out = model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, return_dict_in_generate=True,
-                         output_logits=True, **extra, **options)
-    return out.sequences[:, ids.shape[1]:], torch.stack(out.logits)
+    out = model.generate(
+        ids,
+        max_new_tokens=NEW,
+        min_new_tokens=NEW,
+        return_dict_in_generate=True,
+        output_logits=True,
+        **extra,
+        **options,
+    )
+    return out.sequences[:, ids.shape[1] :], torch.stack(out.logits)
 
 
 def _rel(x, ref):
@@ -88,9 +119,15 @@ def _compare(reference, model, ids, seed=None, **options):
     whole = DynamicCache(config=reference.config)
     ref_tokens, ref_logits = _generate(reference, ids, whole, seed, **options)
     whole_bytes = sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in whole.layers)
-    return {"tokens": tokens, "same tokens": torch.equal(tokens, ref_tokens), "logits": logits,
-            "logits error": _rel(logits, ref_logits), "bytes": cache.bytes(), "whole bytes": whole_bytes,
-            "entries": cache.kv.length}
+    return {
+        "tokens": tokens,
+        "same tokens": torch.equal(tokens, ref_tokens),
+        "logits": logits,
+        "logits error": _rel(logits, ref_logits),
+        "bytes": cache.bytes(),
+        "whole bytes": whole_bytes,
+        "entries": cache.kv.length,
+    }
 
 
 def _greedy(rank, world):
@@ -108,8 +145,9 @@ def _greedy(rank, world):
         results[layout] = _compare(reference, model, ids, do_sample=False, **mask)
     bt.register("burst-generate", layout="zigzag")
     results["short prompt"] = _compare(reference, model, _prompt(1, 2, seed=2), do_sample=False)  # padded to 2G
-    results["sampling"] = _compare(reference, model, _prompt(2, 4 * world - 1, seed=4), seed=1234, do_sample=True,
-                                   top_p=0.9, temperature=1.3)
+    results["sampling"] = _compare(
+        reference, model, _prompt(2, 4 * world - 1, seed=4), seed=1234, do_sample=True, top_p=0.9, temperature=1.3
+    )
     return results
 
 
@@ -126,8 +164,9 @@ def _other_models(rank, world):
     results["window effect"] = _rel(_generate(unwindowed, ids, do_sample=False)[1], results["mistral window"]["logits"])
     results["qwen2"] = _compare(*_models(_qwen2(), name), ids, do_sample=False)
     name = bt.register("burst-generate-zigzag", layout="zigzag")
-    results["bfloat16"] = _compare(*_models(_llama(), name, torch.bfloat16), _prompt(2, 3 * world, seed=12),
-                                   do_sample=False)
+    results["bfloat16"] = _compare(
+        *_models(_llama(), name, torch.bfloat16), _prompt(2, 3 * world, seed=12), do_sample=False
+    )
     return results
 
 
@@ -145,18 +184,19 @@ def _errors(rank, world):
     cases = {
         "no cache": lambda: model.generate(ids, max_new_tokens=2),
         "use_cache=False": lambda: model.generate(ids, max_new_tokens=2, use_cache=False),
-        "padding mask": lambda: model.generate(torch.cat([ids, ids]), attention_mask=left_padded, max_new_tokens=2,
-                                               **bt.sharded_cache(model)),
-        "beam search": lambda: model.generate(ids, num_beams=2, max_new_tokens=2,
-                                              **bt.sharded_cache(model)),
+        "padding mask": lambda: model.generate(
+            torch.cat([ids, ids]), attention_mask=left_padded, max_new_tokens=2, **bt.sharded_cache(model)
+        ),
+        "beam search": lambda: model.generate(ids, num_beams=2, max_new_tokens=2, **bt.sharded_cache(model)),
     }
     results = value_errors(cases)
     tokens = _generate(model, ids, bt.ShardedCache(model), do_sample=False)[0]
     results["works after"] = tokens.shape == (1, NEW)
     # A prompt given as inputs_embeds (generate returns only the new tokens then) is sharded the same way.
     embeds = model.get_input_embeddings()(ids)
-    out = model.generate(inputs_embeds=embeds, **bt.sharded_cache(model), max_new_tokens=NEW,
-                         min_new_tokens=NEW, do_sample=False)
+    out = model.generate(
+        inputs_embeds=embeds, **bt.sharded_cache(model), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False
+    )
     results["inputs_embeds"] = torch.equal(out, tokens)
     return results
 
@@ -223,8 +263,12 @@ def test_sliding_window_qwen2_and_bfloat16(world):
 
 
 def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_work():
-    expected = {"no cache": "ShardedCache", "use_cache=False": "ShardedCache", "padding mask": "padding",
-                "beam search": "beam search"}
+    expected = {
+        "no cache": "ShardedCache",
+        "use_cache=False": "ShardedCache",
+        "padding mask": "padding",
+        "beam search": "beam search",
+    }
     for rank, results in enumerate(_results(2)):
         errors = results["errors"]
         for case, words in expected.items():
@@ -239,11 +283,21 @@ def _torchrun_tokens(nproc: int) -> list[str]:
 
     root = pathlib.Path(__file__).resolve().parents[1]
     torchrun = pathlib.Path(sys.executable).parent / "torchrun"
-    done = subprocess.run([str(torchrun), "--standalone", f"--nproc-per-node={nproc}",
-                           str(root / "examples" / "transformers_generate.py"), "--new-tokens", "8"],
-                          capture_output=True, text=True, timeout=240,
-                          # the example as a user runs it, with no deprecated keyword (FutureWarning as an error)
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error::FutureWarning"})
+    done = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            str(root / "examples" / "transformers_generate.py"),
+            "--new-tokens",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        # the example as a user runs it, with no deprecated keyword (FutureWarning as an error)
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error::FutureWarning"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return [line for line in done.stdout.splitlines() if line.startswith("tokens")]
 

@@ -22,8 +22,15 @@ STEPS = 3
 def _config():
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
 
 
 def _model(name, dtype=torch.float32):
@@ -44,8 +51,10 @@ def _rel(x, ref) -> float:
 
 def _full_grads(model) -> dict[str, torch.Tensor]:
     """Every parameter's gradient as one whole tensor (FSDP's DTensor shards gathered)."""
-    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
-            for n, p in model.named_parameters()}
+    return {
+        n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+        for n, p in model.named_parameters()
+    }
 
 
 def _reference_job(batches, autocast=False, checkpointing=False, dtype=torch.float32):
@@ -98,8 +107,12 @@ def _compare(steps, reference) -> dict:
     of a gradient's norm to the reference's (1.0 when no constant factor is off)."""
     loss = max(abs(a - b) for (a, _), (b, _) in zip(steps, reference))
     grads = max(_rel(g[n], r[n]) for (_, g), (_, r) in zip(steps, reference) for n in r)
-    ratio = max(abs(g[n].double().norm() / r[n].double().norm() - 1) for (_, g), (_, r) in zip(steps, reference)
-                for n in r if r[n].norm() > 0)
+    ratio = max(
+        abs(g[n].double().norm() / r[n].double().norm() - 1)
+        for (_, g), (_, r) in zip(steps, reference)
+        for n in r
+        if r[n].norm() > 0
+    )
     return {"loss": loss, "grads": grads, "norm ratio - 1": float(ratio)}
 
 
@@ -119,9 +132,13 @@ def _autocast_checkpointing(rank, world):
     fp32_ref = _reference_job(batches)
     # Bytes of the first step's forward: the ring carried bf16 (a float32 ring sends twice as many).
     kv_bytes = 2 * (world - 1) * 16 * 2 * 8 * 2  # (K, V) x blocks x local tokens x kv_heads x head_dim x bf16
-    return {"vs bf16 one process": _compare(steps, bf16_ref), "vs fp32": _compare(steps, fp32_ref),
-            "one process bf16 vs fp32": _compare(bf16_ref, fp32_ref),
-            "forward bytes per layer call": stats.sent("forward") / (STEPS * 2 * 2), "bf16 ring bytes": kv_bytes}
+    return {
+        "vs bf16 one process": _compare(steps, bf16_ref),
+        "vs fp32": _compare(steps, fp32_ref),
+        "one process bf16 vs fp32": _compare(bf16_ref, fp32_ref),
+        "forward bytes per layer call": stats.sent("forward") / (STEPS * 2 * 2),
+        "bf16 ring bytes": kv_bytes,
+    }
 
 
 def _fsdp_jobs(rank, world):
@@ -162,12 +179,16 @@ def _dp_sp_mesh(rank, world):
     rows = slice(dp_rank, dp_rank + 1)
     results = {}
     model = bt.fully_shard(_model(name), mesh=mesh._flatten("dp_sp"), group=sp_group)
-    results["fsdp over the world"] = _compare(_sharded_job(model, batches, "zigzag", sp_group, rows=rows, dp_group=dp_group), reference)
+    results["fsdp over the world"] = _compare(
+        _sharded_job(model, batches, "zigzag", sp_group, rows=rows, dp_group=dp_group), reference
+    )
     model = _model(name)
     for layer in model.model.layers:
         torch_fully_shard(layer, mesh=mesh["dp"])
     torch_fully_shard(model, mesh=mesh["dp"])
-    results["fsdp over dp"] = _compare(_sharded_job(model, batches, "zigzag", sp_group, rows=rows, dp_group=dp_group), reference)
+    results["fsdp over dp"] = _compare(
+        _sharded_job(model, batches, "zigzag", sp_group, rows=rows, dp_group=dp_group), reference
+    )
     return results
 
 
@@ -186,8 +207,11 @@ def _everything(rank, world):
     torch.set_num_threads(1)
     if world == 4:
         return {"mesh": _dp_sp_mesh(rank, world)}
-    return {"autocast": _autocast_checkpointing(rank, world), "fsdp": _fsdp_jobs(rank, world),
-            "compile": _compiled(rank, world)}
+    return {
+        "autocast": _autocast_checkpointing(rank, world),
+        "fsdp": _fsdp_jobs(rank, world),
+        "compile": _compiled(rank, world),
+    }
 
 
 _results = results_by_world(_everything, timeout=400)
@@ -208,13 +232,21 @@ def test_bf16_autocast_with_checkpointing_matches_one_process_and_carries_bf16()
 def test_fsdp2_on_the_sequence_parallel_ranks_gives_one_process_gradients():
     for rank, results in enumerate(_results(2)):
         for case, errors in results["fsdp"].items():
-            assert errors["loss"] < 1e-5 and errors["grads"] < 1e-4 and errors["norm ratio - 1"] < 1e-4, (rank, case, errors)
+            assert errors["loss"] < 1e-5 and errors["grads"] < 1e-4 and errors["norm ratio - 1"] < 1e-4, (
+                rank,
+                case,
+                errors,
+            )
 
 
 def test_fsdp2_on_a_dp_by_sp_mesh_gives_one_process_gradients():
     for rank, results in enumerate(_results(4)):
         for case, errors in results["mesh"].items():
-            assert errors["loss"] < 1e-5 and errors["grads"] < 1e-4 and errors["norm ratio - 1"] < 1e-4, (rank, case, errors)
+            assert errors["loss"] < 1e-5 and errors["grads"] < 1e-4 and errors["norm ratio - 1"] < 1e-4, (
+                rank,
+                case,
+                errors,
+            )
 
 
 def test_torch_compile_matches_one_process():

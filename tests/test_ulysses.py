@@ -36,7 +36,7 @@ def _cases(rank, world):
         extra = {k: v for k, v in kwargs.items() if k != "causal"}
         allowed = reference_mask(seqlen, causal=kwargs.get("causal", False), **extra)
         for kv_heads in (4, 2, 1):
-            for dtype in ((torch.float32, torch.bfloat16) if name == "causal" else (torch.float32,)):
+            for dtype in (torch.float32, torch.bfloat16) if name == "causal" else (torch.float32,):
                 full = full_inputs(10 + kv_heads, 2, seqlen, H, kv_heads, D, dtype)
                 ref = reference_grads(*full, causal=False, mask=allowed)
                 for layout in ("contiguous", "zigzag", "striped"):

@@ -21,8 +21,12 @@ DEGREES = {4: (1, 2, 4), 6: (2,)}
 def _cases(rank, world):
     results = []
     seqlen = N_LOCAL * world
-    masks = {"full": {}, "causal": dict(causal=True), "window": dict(causal=True, window=(5, 0)),
-             "documents": dict(cu_seqlens=[0, 5, seqlen // 2 + 1, seqlen])}
+    masks = {
+        "full": {},
+        "causal": dict(causal=True),
+        "window": dict(causal=True, window=(5, 0)),
+        "documents": dict(cu_seqlens=[0, 5, seqlen // 2 + 1, seqlen]),
+    }
     settings = [dict(ulysses_degree=u) for u in DEGREES[world]]
     settings.append(dict(topology=burst.Topology(local_world_size=2)))  # default degree: ranks per node
     for options in settings:
@@ -34,7 +38,7 @@ def _cases(rank, world):
             for kv_heads in (4, 2, 1):
                 if kv_heads == 1 and options.get("ulysses_degree", 2) > 2:
                     continue
-                for dtype in ((torch.float32, torch.bfloat16) if name == "causal" else (torch.float32,)):
+                for dtype in (torch.float32, torch.bfloat16) if name == "causal" else (torch.float32,):
                     full = full_inputs(30 + kv_heads, 1, seqlen, H, kv_heads, D, dtype)
                     ref = reference_grads(*full, causal=False, mask=allowed)
                     for layout in ("contiguous", "zigzag", "striped"):

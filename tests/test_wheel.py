@@ -39,17 +39,23 @@ def _env() -> dict:
 
 
 def _run(cmd, cwd, check=True):
-    done = subprocess.run([str(c) for c in cmd], cwd=cwd, env=_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    done = subprocess.run([str(c) for c in cmd], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     if check:
-        assert done.returncode == 0, (f"{' '.join(map(str, cmd))} exited {done.returncode}\n"
-                                      f"stdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-4000:]}")
+        assert done.returncode == 0, (
+            f"{' '.join(map(str, cmd))} exited {done.returncode}\n"
+            f"stdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-4000:]}"
+        )
     return done
 
 
 def _repo_files() -> list[str]:
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [name for name in listed.split("\0") if name and (ROOT / name).is_file()]
 
 
@@ -64,8 +70,21 @@ def installed(tmp_path_factory):
     assert not any(src.glob("*.egg-info")), "the copy holds build leftovers"
 
     # the wheel, offline: this environment's setuptools (the dev extra) is the build backend
-    _run([sys.executable, "-m", "pip", "wheel", src, "--no-deps", "--no-build-isolation", "--no-index",
-          "-w", tmp / "dist"], cwd=tmp)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            src,
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            tmp / "dist",
+        ],
+        cwd=tmp,
+    )
     wheels = sorted((tmp / "dist").glob("*.whl"))
     assert [w.name.split("-")[0] for w in wheels] == ["burst_attention"], wheels
 
@@ -74,19 +93,21 @@ def installed(tmp_path_factory):
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp)
     python = venv / "bin" / "python"
-    site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=tmp)
-                .stdout.strip())
+    site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=tmp).stdout.strip())
     host = Path(sysconfig.get_path("purelib"))
     assert (host / "torch").is_dir(), f"torch is not in {host}"
     (site / "_burst_test_host_site.pth").write_text(f"{host}\n")
 
     before = _run([python, "-c", "import torch; import burst"], cwd=tmp, check=False)
-    assert before.returncode != 0 and "No module named 'burst'" in before.stderr, \
+    assert before.returncode != 0 and "No module named 'burst'" in before.stderr, (
         f"burst is importable in the new environment before the wheel is installed:\n{before.stderr[-2000:]}"
+    )
 
     # --ignore-installed: the host's editable burst-attention is seen, and must be left alone
-    _run([python, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "--no-compile",
-          wheels[0]], cwd=tmp)
+    _run(
+        [python, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "--no-compile", wheels[0]],
+        cwd=tmp,
+    )
     return tmp, python, site, wheels[0]
 
 
@@ -117,8 +138,27 @@ def test_installed_command_import_and_bench(installed):
     assert found.is_relative_to(site.resolve()), f"burst imported from {found}, not {site}"
     assert not found.is_relative_to(ROOT), f"burst imported from the work tree: {found}"
 
-    bench = _run([command, "bench", "--seq-len", "256", "--heads", "2", "--head-dim", "16", "--nproc", "2",
-                  "--strategies", "burst", "--repeats", "1", "--threads", "1"], cwd=tmp)
+    bench = _run(
+        [
+            command,
+            "bench",
+            "--seq-len",
+            "256",
+            "--heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--nproc",
+            "2",
+            "--strategies",
+            "burst",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+        ],
+        cwd=tmp,
+    )
     assert re.search(r"^\| burst \|", bench.stdout, re.M), bench.stdout
 
 
@@ -128,13 +168,28 @@ BLOCK_TRANSFORMERS = "import sys; sys.modules['transformers'] = None; sys.module
 def test_missing_hf_extra_is_one_line(tmp_path):
     config = tmp_path / "config.json"
     config.write_text('{"model_type": "llama"}')
-    done = _run([sys.executable, "-c", BLOCK_TRANSFORMERS + "from burst.cli import main; sys.exit(main())",
-                 "plan", "--gpus", "8", "--seq-len", "4096", "--hf-config", config], cwd=tmp_path, check=False)
+    done = _run(
+        [
+            sys.executable,
+            "-c",
+            BLOCK_TRANSFORMERS + "from burst.cli import main; sys.exit(main())",
+            "plan",
+            "--gpus",
+            "8",
+            "--seq-len",
+            "4096",
+            "--hf-config",
+            config,
+        ],
+        cwd=tmp_path,
+        check=False,
+    )
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
         "burst plan: error: --hf-config: needs transformers: pip install 'transformers>=5.23.0,<6' (or, from a "
-        "clone of burst, pip install '.[hf]')"]
+        "clone of burst, pip install '.[hf]')"
+    ]
 
     # the library's paths: register() and the classes that subclass transformers' own
     probe = BLOCK_TRANSFORMERS + (
@@ -145,7 +200,8 @@ def test_missing_hf_extra_is_one_line(tmp_path):
         "    except ImportError as err:\n"
         "        print(err)\n"
         "    else:\n"
-        "        print('no error')\n")
+        "        print('no error')\n"
+    )
     lines = _run([sys.executable, "-c", probe], cwd=tmp_path).stdout.splitlines()
     assert len(lines) == 3, lines
     from test_install_lines import install_commands, problems
@@ -161,8 +217,10 @@ def test_install_lines_name_the_distribution():
     offenders = []
     for name in _repo_files():
         path = ROOT / name
-        if path.suffix not in (".py", ".md", ".sh", ".toml", ".yml", ".yaml", ".txt", ".cfg") or \
-                path == Path(__file__).resolve():
+        if (
+            path.suffix not in (".py", ".md", ".sh", ".toml", ".yml", ".yaml", ".txt", ".cfg")
+            or path == Path(__file__).resolve()
+        ):
             continue
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if old.search(line):
@@ -190,7 +248,19 @@ def test_install_lines_from_the_tree_run(installed):
     py = venv / "bin" / "python"
     purelib = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=tmp).stdout.strip())
     (purelib / "_burst_test_host_site.pth").write_text(f"{sysconfig.get_path('purelib')}\n")
-    _run([py, "-m", "pip", *command, "--no-deps", "--no-index", "--no-build-isolation", "--ignore-installed",
-          "--no-compile"], cwd=tmp / "src")
+    _run(
+        [
+            py,
+            "-m",
+            "pip",
+            *command,
+            "--no-deps",
+            "--no-index",
+            "--no-build-isolation",
+            "--ignore-installed",
+            "--no-compile",
+        ],
+        cwd=tmp / "src",
+    )
     where = _run([py, "-c", "import burst; print(burst.__file__)"], cwd=tmp).stdout.split()
     assert Path(where[-1]).resolve().is_relative_to(purelib.resolve()), (command, where)

@@ -50,8 +50,11 @@ def run_torchrun(script, nproc: int, *args: str, timeout: float = 240) -> str:
     import sys
 
     torchrun = pathlib.Path(sys.executable).parent / "torchrun"
-    done = run_process_group([str(torchrun), "--standalone", f"--nproc-per-node={nproc}", str(script), *args],
-                             timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = run_process_group(
+        [str(torchrun), "--standalone", f"--nproc-per-node={nproc}", str(script), *args],
+        timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -63,8 +66,9 @@ def run_process_group(cmd, timeout: float, env=None):
     import signal
     import subprocess
 
-    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

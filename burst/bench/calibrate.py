@@ -27,7 +27,7 @@ def measure_flops(tokens: int = 2048, heads: int = 8, head_dim: int = 64, repeat
     """Attention FLOP/s of this process's CPU kernel: forward + backward of one full block."""
     g = torch.Generator().manual_seed(0)
     q, k, v, dout = (torch.randn(1, tokens, heads, head_dim, generator=g) for _ in range(4))
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     best = float("inf")
     for _ in range(repeats + 1):  # one warm-up
         start = time.perf_counter()
@@ -85,9 +85,15 @@ def calibrate(threads: int = 1, path: str | None = CALIBRATION_FILE) -> dict:
     latency = max(0.0, times[small] - small / bandwidth)
     # The planner's rate is the whole loop's (a ring step's merges and accumulation cost ~10-20% on
     # CPU beyond the kernel); the kernel's own rate is kept for reference.
-    result = {"flops": ring_flops, "kernel_flops": kernel_flops, "bandwidth": bandwidth, "latency": latency,
-              "threads_per_rank": threads,
-              "torch": torch.__version__, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    result = {
+        "flops": ring_flops,
+        "kernel_flops": kernel_flops,
+        "bandwidth": bandwidth,
+        "latency": latency,
+        "threads_per_rank": threads,
+        "torch": torch.__version__,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     if path:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:

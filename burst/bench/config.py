@@ -15,7 +15,7 @@ from burst.masks import BlockSparseMask
 
 @dataclass
 class BenchConfig:
-    seq_len: int = 4096          # global tokens
+    seq_len: int = 4096  # global tokens
     heads: int = 8
     kv_heads: int | None = None  # default: heads (MHA)
     head_dim: int = 64
@@ -24,14 +24,14 @@ class BenchConfig:
     causal: bool = False
     layout: str = "contiguous"
     nproc: int = 2
-    threads: int | None = None   # per rank; default: cores // nproc
+    threads: int | None = None  # per rank; default: cores // nproc
     repeats: int = 2
     strategies: list[str] = field(default_factory=lambda: ["burst", "ring", "allgather"])
     baseline: bool = True
-    check_rows: int = 64         # query rows per rank checked against float64 attention
+    check_rows: int = 64  # query rows per rank checked against float64 attention
     seed: int = 0
     window: tuple[int, int] | None = None  # sliding window (left, right), -1 = unbounded
-    documents: int = 0           # > 0: pack this many documents of uneven (seeded) lengths
+    documents: int = 0  # > 0: pack this many documents of uneven (seeded) lengths
     block_sparse: tuple[int, float] | None = None  # (block size, density): seeded random block layout
     ranks_per_node: int | None = None  # a burst.Topology: this many ranks per (emulated) node
     inter_node_gbps: float | None = None  # emulated inter-node bandwidth (comm/emulation.py)
@@ -67,8 +67,12 @@ class BenchConfig:
         return resolve_layout(self.layout, self.cu_seqlens())
 
     def mask_kwargs(self) -> dict:
-        return {"causal": self.causal, "window": tuple(self.window) if self.window else None,
-                "cu_seqlens": self.cu_seqlens(), "block_sparse": self.block_mask()}
+        return {
+            "causal": self.causal,
+            "window": tuple(self.window) if self.window else None,
+            "cu_seqlens": self.cu_seqlens(),
+            "block_sparse": self.block_mask(),
+        }
 
     def resolved_threads(self) -> int:
         return self.threads or max(1, (os.cpu_count() or 1) // self.nproc)

@@ -41,8 +41,9 @@ def _bytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def simulate(workers: int, seq_len: int, heads: int = 8, head_dim: int = 64, causal: bool = False,
-             seed: int = 0) -> SimRow:
+def simulate(
+    workers: int, seq_len: int, heads: int = 8, head_dim: int = 64, causal: bool = False, seed: int = 0
+) -> SimRow:
     """Run the W workers of the distilled CQS one after another on this process (forward)."""
     if seq_len % workers:
         raise ValueError(f"seq_len {seq_len} must be divisible by the {workers} workers")
@@ -53,11 +54,20 @@ def simulate(workers: int, seq_len: int, heads: int = 8, head_dim: int = 64, cau
     spec = MaskSpec(causal=causal)
 
     def call_for(w: int) -> AttentionCall:
-        return AttentionCall(group=None, rank=w, world=workers, layout="contiguous", local_len=n, spec=spec,
-                             scale=head_dim ** -0.5, kernel=kernel, options=CQSOptions())
+        return AttentionCall(
+            group=None,
+            rank=w,
+            world=workers,
+            layout="contiguous",
+            local_len=n,
+            spec=spec,
+            scale=head_dim**-0.5,
+            kernel=kernel,
+            options=CQSOptions(),
+        )
 
     def group(t, x):
-        return t[:, x * n:(x + 1) * n]
+        return t[:, x * n : (x + 1) * n]
 
     sched = call_schedule(call_for(0))
     out = [torch.zeros(1, n, heads, head_dim) for _ in range(workers)]
@@ -76,18 +86,31 @@ def simulate(workers: int, seq_len: int, heads: int = 8, head_dim: int = 64, cau
         for x, (o, l) in partial.items():  # the Tiler
             merge_partial(out[x], lse[x], o, l)
     start = time.perf_counter()
-    ref, _ = kernel.forward(q, k, v, head_dim ** -0.5, causal)
+    ref, _ = kernel.forward(q, k, v, head_dim**-0.5, causal)
     single_s = time.perf_counter() - start
     err = (torch.cat(out, dim=1) - ref).abs().max().item() / ref.abs().max().item()
-    return SimRow(workers, seq_len, sequence_length_ratio(workers), max(sched.load()), straggler_s, single_s,
-                  straggler_mem, _bytes(q, k, v, ref), err)
+    return SimRow(
+        workers,
+        seq_len,
+        sequence_length_ratio(workers),
+        max(sched.load()),
+        straggler_s,
+        single_s,
+        straggler_mem,
+        _bytes(q, k, v, ref),
+        err,
+    )
 
 
-def table2(workers=(2, 3, 4, 7, 8, 13, 16), seq_lens=(4096, 16384), heads: int = 8, head_dim: int = 64,
-           causal: bool = False) -> str:
+def table2(
+    workers=(2, 3, 4, 7, 8, 13, 16), seq_lens=(4096, 16384), heads: int = 8, head_dim: int = 64, causal: bool = False
+) -> str:
     """The shape of the paper's Table 2 at our scale, as a Markdown table."""
-    lines = ["| W | tokens | SLR | pairs (max per worker) | straggler s | one process s | straggler MiB | one process MiB "
-             "| max err |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| W | tokens | SLR | pairs (max per worker) | straggler s | one process s | straggler MiB | one process MiB "
+        "| max err |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for n in seq_lens:
         for w in workers:
             if n % w:
@@ -95,6 +118,8 @@ def table2(workers=(2, 3, 4, 7, 8, 13, 16), seq_lens=(4096, 16384), heads: int =
             else:
                 n_w = n
             r = simulate(w, n_w, heads, head_dim, causal)
-            lines.append(f"| {w} | {n_w} | {r.slr:.3f} | {r.tasks_max} | {r.straggler_s:.3f} | {r.single_s:.3f} | "
-                         f"{r.straggler_mem_bytes / 2**20:.1f} | {r.single_mem_bytes / 2**20:.1f} | {r.max_err:.1e} |")
+            lines.append(
+                f"| {w} | {n_w} | {r.slr:.3f} | {r.tasks_max} | {r.straggler_s:.3f} | {r.single_s:.3f} | "
+                f"{r.straggler_mem_bytes / 2**20:.1f} | {r.single_mem_bytes / 2**20:.1f} | {r.max_err:.1e} |"
+            )
     return "\n".join(lines)

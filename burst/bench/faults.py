@@ -24,7 +24,7 @@ import time
 import torch
 
 FAULTS = ("raise", "kill", "stall")
-STALL_S = 3.0   # the agreement timeout the stalled world's waiting ranks run with
+STALL_S = 3.0  # the agreement timeout the stalled world's waiting ranks run with
 BOUND_S = 45.0  # a world, from start to its error, start-up included (2 cores)
 
 
@@ -73,8 +73,16 @@ def run_one(fault: str | None, victim: int, world: int) -> dict:
     else:  # stall: a waiting rank's agreement timeout, naming the call
         right = failed_rank is not None and failed_rank != victim and "TimeoutError" in (error or "")
     ok = right and elapsed < BOUND_S and not left_files and not left_processes
-    return {"fault": fault or "none", "victim": victim, "seconds": elapsed, "error": error, "failed_rank": failed_rank,
-            "left_files": left_files, "left_processes": left_processes, "ok": ok}
+    return {
+        "fault": fault or "none",
+        "victim": victim,
+        "seconds": elapsed,
+        "error": error,
+        "failed_rank": failed_rank,
+        "left_files": left_files,
+        "left_processes": left_processes,
+        "ok": ok,
+    }
 
 
 def plan(worlds: int, seed: int, world: int) -> list[tuple[str | None, int]]:
@@ -101,18 +109,25 @@ def main() -> None:
     args = parser.parse_args()
     start = time.time()
     rows = stress(args.worlds, args.seed, args.nproc)
-    lines = ["# Fault stress: worlds that fail, one after another", "",
-             f"Made by `python -m burst.bench.faults --worlds {args.worlds} --seed {args.seed} --nproc {args.nproc}` "
-             f"in {time.time() - start:.0f} s (torch {torch.__version__}, 2-core CPU). What each fault is and what "
-             "counts as right: `burst/bench/faults.py`.", "",
-             f"- worlds: {len(rows)}, right: {sum(r['ok'] for r in rows)}; longest: "
-             f"{max(r['seconds'] for r in rows):.1f} s (bound {BOUND_S:.0f} s)", "",
-             "| # | fault | victim | seconds | error | files left | processes left | right |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Fault stress: worlds that fail, one after another",
+        "",
+        f"Made by `python -m burst.bench.faults --worlds {args.worlds} --seed {args.seed} --nproc {args.nproc}` "
+        f"in {time.time() - start:.0f} s (torch {torch.__version__}, 2-core CPU). What each fault is and what "
+        "counts as right: `burst/bench/faults.py`.",
+        "",
+        f"- worlds: {len(rows)}, right: {sum(r['ok'] for r in rows)}; longest: "
+        f"{max(r['seconds'] for r in rows):.1f} s (bound {BOUND_S:.0f} s)",
+        "",
+        "| # | fault | victim | seconds | error | files left | processes left | right |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for i, r in enumerate(rows):
         error = (r["error"] or "").replace("|", "/")[:110]
-        lines.append(f"| {i} | {r['fault']} | {r['victim']} | {r['seconds']:.1f} | {error} | {len(r['left_files'])} | "
-                     f"{len(r['left_processes'])} | {'yes' if r['ok'] else 'NO'} |")
+        lines.append(
+            f"| {i} | {r['fault']} | {r['victim']} | {r['seconds']:.1f} | {error} | {len(r['left_files'])} | "
+            f"{len(r['left_processes'])} | {'yes' if r['ok'] else 'NO'} |"
+        )
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {args.out}: {sum(r['ok'] for r in rows)} of {len(rows)} right")

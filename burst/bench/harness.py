@@ -35,7 +35,7 @@ def attention_flops(cfg: BenchConfig, pairs: int | None = None) -> tuple[float, 
     """Useful FLOPs of forward and backward (plan.cost.pair_flops) of the attended (query, key) pairs
     the strategies counted; without them, the whole sequence's (causal: half)."""
     if pairs is None:
-        pairs = cfg.seq_len ** 2 / (2 if cfg.causal else 1)
+        pairs = cfg.seq_len**2 / (2 if cfg.causal else 1)
     return pair_flops(pairs, cfg.batch, cfg.heads, cfg.head_dim)
 
 
@@ -143,12 +143,18 @@ def run_strategy(cfg: BenchConfig, strategy: str, rank: int, world: int) -> dict
     fwd_s, bwd_s, out = _time_passes(cfg.repeats, device, forward, backward, next_pass)
     peak = peak_bytes(device) - floor
     return {
-        "fwd_s": fwd_s, "bwd_s": bwd_s,
-        "sent_fwd": stats.sent("forward"), "sent_bwd": stats.sent("backward"),
-        "sent_inter": stats.sent(link="inter"), "sent_intra": stats.sent(link="intra"),
-        "pairs_fwd": stats.pairs("forward"), "pairs_bwd": stats.pairs("backward"),
-        "compute_fwd_s": stats.compute_seconds("forward"), "compute_bwd_s": stats.compute_seconds("backward"),
-        "peak_mem_bytes": peak, "max_err": _check_error_in_turn(cfg, out.detach(), idx, rank, world),
+        "fwd_s": fwd_s,
+        "bwd_s": bwd_s,
+        "sent_fwd": stats.sent("forward"),
+        "sent_bwd": stats.sent("backward"),
+        "sent_inter": stats.sent(link="inter"),
+        "sent_intra": stats.sent(link="intra"),
+        "pairs_fwd": stats.pairs("forward"),
+        "pairs_bwd": stats.pairs("backward"),
+        "compute_fwd_s": stats.compute_seconds("forward"),
+        "compute_bwd_s": stats.compute_seconds("backward"),
+        "peak_mem_bytes": peak,
+        "max_err": _check_error_in_turn(cfg, out.detach(), idx, rank, world),
     }
 
 
@@ -170,23 +176,35 @@ def _strategy_on_rank(rank, world, cfg_dict, strategy):
 
 def _emulated_links(cfg: BenchConfig) -> dict:
     """The environment comm/emulation.py reads: emulated link bandwidths (GB/s)."""
-    return {f"BURST_EMULATE_{link}_GBPS": str(gbps)
-            for link, gbps in (("INTER", cfg.inter_node_gbps), ("INTRA", cfg.intra_node_gbps)) if gbps}
+    return {
+        f"BURST_EMULATE_{link}_GBPS": str(gbps)
+        for link, gbps in (("INTER", cfg.inter_node_gbps), ("INTRA", cfg.intra_node_gbps))
+        if gbps
+    }
 
 
 def spawn_strategy(cfg: BenchConfig, strategy: str) -> list[dict]:
     """Run one strategy on a fresh local world of cfg.nproc processes (NCCL on cuda, one GPU per rank,
     gloo on cpu: cfg.device); per-rank results. A failing rank ends the world (burst.launch.WorldError)."""
-    return spawn_world(_strategy_on_rank, asdict(cfg), strategy, nproc=cfg.nproc, threads=cfg.resolved_threads(),
-                       backend=backend_for(cfg.resolved_device()), env=_emulated_links(cfg))
+    return spawn_world(
+        _strategy_on_rank,
+        asdict(cfg),
+        strategy,
+        nproc=cfg.nproc,
+        threads=cfg.resolved_threads(),
+        backend=backend_for(cfg.resolved_device()),
+        env=_emulated_links(cfg),
+    )
 
 
 def _baseline_on_rank(_rank, _world, cfg_dict):
     cfg = BenchConfig(**cfg_dict)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     floor = held_bytes(device)
-    q, k, v, dout = (t.transpose(1, 2).to(device, DTYPES[cfg.dtype]).contiguous()
-                     for t in _input_rows(cfg, torch.arange(cfg.seq_len)))
+    q, k, v, dout = (
+        t.transpose(1, 2).to(device, DTYPES[cfg.dtype]).contiguous()
+        for t in _input_rows(cfg, torch.arange(cfg.seq_len))
+    )
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     kvh = k.shape[1]
     mask = None
@@ -196,8 +214,9 @@ def _baseline_on_rank(_rank, _world, cfg_dict):
     reset_peak(device)
 
     def forward():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=cfg.causal and mask is None,
-                                              enable_gqa=kvh != cfg.heads)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=cfg.causal and mask is None, enable_gqa=kvh != cfg.heads
+        )
 
     def next_pass():
         q.grad = k.grad = v.grad = None
@@ -218,15 +237,20 @@ def summarize(cfg: BenchConfig, strategy: str, per_rank: list[dict], baseline: d
     fwd = max(r["fwd_s"] for r in per_rank)
     bwd = max(r["bwd_s"] for r in per_rank)
     row = {
-        "strategy": strategy, "world": len(per_rank), "fwd_s": fwd, "bwd_s": bwd,
-        "fwd_tflops": fwd_flops / fwd / 1e12, "bwd_tflops": bwd_flops / bwd / 1e12,
+        "strategy": strategy,
+        "world": len(per_rank),
+        "fwd_s": fwd,
+        "bwd_s": bwd,
+        "fwd_tflops": fwd_flops / fwd / 1e12,
+        "bwd_tflops": bwd_flops / bwd / 1e12,
         "sent_fwd_per_rank": max(r["sent_fwd"] for r in per_rank),
         "sent_inter_max_per_rank": max(r.get("sent_inter", 0) for r in per_rank),
         "compute_share": max(r["compute_fwd_s"] + r["compute_bwd_s"] for r in per_rank) / (fwd + bwd),
         "sent_bwd_per_rank": max(r["sent_bwd"] for r in per_rank),
         "peak_mem_per_rank": max(r["peak_mem_bytes"] for r in per_rank),
         "max_err": max(r["max_err"] for r in per_rank),
-        "pairs_fwd_max_over_mean": max(r["pairs_fwd"] for r in per_rank) / (sum(r["pairs_fwd"] for r in per_rank) / len(per_rank)),
+        "pairs_fwd_max_over_mean": max(r["pairs_fwd"] for r in per_rank)
+        / (sum(r["pairs_fwd"] for r in per_rank) / len(per_rank)),
         "pairs_total": sum(r["pairs_fwd"] for r in per_rank),
         "compute_s_per_rank": compute,
         "compute_max_over_min": max(compute) / min(compute) if min(compute) > 0 else float("inf"),
@@ -254,10 +278,19 @@ def run_bench(cfg: BenchConfig, on_done=None) -> dict:
             on_done(_done_label(rows[-1]))
     fwd_flops, bwd_flops = attention_flops(cfg, rows[0]["pairs_total"] if rows else None)
     if baseline:
-        baseline = {**baseline, "fwd_tflops": fwd_flops / baseline["fwd_s"] / 1e12,
-                    "bwd_tflops": bwd_flops / baseline["bwd_s"] / 1e12}
-    return {"config": asdict(cfg), "threads_per_rank": cfg.resolved_threads(), "sdpa_single_process": baseline,
-            "strategies": rows, "git_commit": _git_commit(), "torch": torch.__version__}
+        baseline = {
+            **baseline,
+            "fwd_tflops": fwd_flops / baseline["fwd_s"] / 1e12,
+            "bwd_tflops": bwd_flops / baseline["bwd_s"] / 1e12,
+        }
+    return {
+        "config": asdict(cfg),
+        "threads_per_rank": cfg.resolved_threads(),
+        "sdpa_single_process": baseline,
+        "strategies": rows,
+        "git_commit": _git_commit(),
+        "torch": torch.__version__,
+    }
 
 
 def _every_strategy_in_this_world(rank: int, world: int, cfg: BenchConfig, on_done) -> list[dict]:
@@ -281,8 +314,12 @@ def _git_commit() -> str | None:
 
     try:
         here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=5).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -294,23 +331,29 @@ def format_table(result: dict) -> str:
         f"dim {cfg['head_dim']}, {cfg['dtype']}, causal={cfg['causal']}, window={cfg['window']}, "
         f"documents={cfg['documents']}, block_sparse={cfg['block_sparse']}, layout={cfg['layout']}, {cfg['nproc']} ranks x {result['threads_per_rank']} threads"
         + (f", {cfg['ranks_per_node']} ranks per node" if cfg.get("ranks_per_node") else "")
-        + (f", EMULATED links: inter {cfg.get('inter_node_gbps') or 'real'} GB/s, intra {cfg.get('intra_node_gbps') or 'real'} GB/s"
-           if cfg.get("inter_node_gbps") or cfg.get("intra_node_gbps") else ""),
+        + (
+            f", EMULATED links: inter {cfg.get('inter_node_gbps') or 'real'} GB/s, intra {cfg.get('intra_node_gbps') or 'real'} GB/s"
+            if cfg.get("inter_node_gbps") or cfg.get("intra_node_gbps")
+            else ""
+        ),
         "",
         "| strategy | fwd s | bwd s | fwd TFLOP/s | bwd TFLOP/s | vs SDPA (fwd+bwd) | sent fwd MiB/rank | sent bwd MiB/rank | peak MiB/rank | pairs max/mean | compute max/min | max err |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = result["sdpa_single_process"]
     if base:
-        lines.append(f"| sdpa (1 process) | {base['fwd_s']:.3f} | {base['bwd_s']:.3f} | {base['fwd_tflops']:.3f} | "
-                     f"{base['bwd_tflops']:.3f} | 1.00 | - | - | {base['peak_mem_bytes'] / 2**20:.0f} | - | - | - |")
+        lines.append(
+            f"| sdpa (1 process) | {base['fwd_s']:.3f} | {base['bwd_s']:.3f} | {base['fwd_tflops']:.3f} | "
+            f"{base['bwd_tflops']:.3f} | 1.00 | - | - | {base['peak_mem_bytes'] / 2**20:.0f} | - | - | - |"
+        )
     for r in result["strategies"]:
         vs = f"{r['vs_sdpa']:.2f}" if "vs_sdpa" in r else "-"
         lines.append(
             f"| {r['strategy']} | {r['fwd_s']:.3f} | {r['bwd_s']:.3f} | {r['fwd_tflops']:.3f} | {r['bwd_tflops']:.3f} | "
             f"{vs} | {r['sent_fwd_per_rank'] / 2**20:.1f} | {r['sent_bwd_per_rank'] / 2**20:.1f} | "
             f"{r['peak_mem_per_rank'] / 2**20:.0f} | {r['pairs_fwd_max_over_mean']:.2f} | "
-            f"{r['compute_max_over_min']:.2f} | {r['max_err']:.1e} |")
+            f"{r['compute_max_over_min']:.2f} | {r['max_err']:.1e} |"
+        )
     return "\n".join(lines)
 
 

@@ -42,8 +42,8 @@ MAX_PARAMETERS = 30_000_000
 @dataclass
 class Outcome:
     family: str
-    outcome: str          # exact | refused | silent | crash | skip
-    detail: str = ""      # the error's first line, the difference, or why skipped
+    outcome: str  # exact | refused | silent | crash | skip
+    detail: str = ""  # the error's first line, the difference, or why skipped
     difference: float | None = None
 
 
@@ -145,8 +145,9 @@ def _compare(model_type, expected, model, ids, positions, layout, group) -> Outc
 
     try:
         labels = {"labels": ids} if expected.loss is not None else {}
-        batch = bt.shard_batch({"input_ids": ids, **labels, "position_ids": positions}, group=group,
-                               layout=layout, model=model)
+        batch = bt.shard_batch(
+            {"input_ids": ids, **labels, "position_ids": positions}, group=group, layout=layout, model=model
+        )
         with torch.no_grad():
             got = model(**batch, use_cache=False)
         logits = _unshard(got.logits, group, layout)
@@ -196,8 +197,9 @@ def twin_models(model_type: str, attn_implementation: str, config=None, referenc
     return eager, model
 
 
-def train_step_errors(model_type: str, name: str, layout: str, group=None, seq_len: int = 64,
-                      checkpointing: bool = False) -> dict:
+def train_step_errors(
+    model_type: str, name: str, layout: str, group=None, seq_len: int = 64, checkpointing: bool = False
+) -> dict:
     """step_errors of the family's tiny model (batch 2 of seq_len tokens) on the burst backend `name`.
     checkpointing: the split model recomputes each layer in the backward. Call on every rank of the
     group alike."""
@@ -216,8 +218,12 @@ def step_errors(eager, model, ids: torch.Tensor, layout: str, group=None) -> dic
     expected.loss.backward()
     logits, loss = sharded_step(model, ids, layout, group)
     pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
-    return {"logits": (logits - expected.logits).abs().max().item(), "loss": abs(loss - expected.loss.item()),
-            "gradients": gradient_error(pairs), "gradient_count": len(pairs)}
+    return {
+        "logits": (logits - expected.logits).abs().max().item(),
+        "loss": abs(loss - expected.loss.item()),
+        "gradients": gradient_error(pairs),
+        "gradient_count": len(pairs),
+    }
 
 
 def sharded_step(model, ids: torch.Tensor, layout: str, group=None) -> tuple[torch.Tensor, float]:
@@ -267,8 +273,9 @@ def _first_line(err: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def run_zoo(model_types, group=None, strategy: str = "burst",
-            layouts=("contiguous", "zigzag")) -> dict[str, dict[str, Outcome]]:
+def run_zoo(
+    model_types, group=None, strategy: str = "burst", layouts=("contiguous", "zigzag")
+) -> dict[str, dict[str, Outcome]]:
     """Every family at 1 rank and, on a world of G > 1 ranks, at G ranks in each of `layouts`:
     {family: {setting: Outcome}}. Call on every rank of the group alike (the 1-rank setting runs on a
     group of this rank alone, so each rank checks it too)."""
@@ -280,8 +287,9 @@ def run_zoo(model_types, group=None, strategy: str = "burst",
         alone = [dist.new_group([r]) for r in ranks][dist.get_rank(group)]
         names = {"1 rank": bt.register(f"zoo_{strategy}_alone", strategy=strategy, group=alone)}
         for layout in layouts:
-            names[f"{world} ranks {layout}"] = bt.register(f"zoo_{strategy}_{layout}", strategy=strategy,
-                                                           layout=layout, group=group)
+            names[f"{world} ranks {layout}"] = bt.register(
+                f"zoo_{strategy}_{layout}", strategy=strategy, layout=layout, group=group
+            )
     else:
         names = {"1 rank": bt.register(f"zoo_{strategy}_alone", strategy=strategy, group=group)}
     groups = {setting: bt.BACKENDS[name].group for setting, name in names.items()}
@@ -319,8 +327,9 @@ def table(rows: dict[str, dict[str, Outcome]]) -> str:
     return "\n".join(lines)
 
 
-def zoo_world(rank: int, world: int, model_types=None,
-              layouts=("contiguous", "zigzag")) -> dict[str, dict[str, Outcome]]:
+def zoo_world(
+    rank: int, world: int, model_types=None, layouts=("contiguous", "zigzag")
+) -> dict[str, dict[str, Outcome]]:
     """run_zoo on every family (or `model_types`) in `layouts`, as one rank of a local world
     (burst.launch.spawn_world)."""
     import warnings

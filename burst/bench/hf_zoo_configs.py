@@ -24,49 +24,146 @@ SEQ_LEN, VOCAB = 128, 256
 # as None where its class declares an int there (_sized: a feature its default leaves off with None, such
 # as sliding_window=None, stays off)
 SIZES = {
-    "vocab_size": VOCAB, "hidden_size": 64, "n_embd": 64, "d_model": 64, "embed_dim": 64, "n_embed": 64,
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "n_embd": 64,
+    "d_model": 64,
+    "embed_dim": 64,
+    "n_embed": 64,
     "hidden_size_global": 64,
-    "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2, "encoder_layers": 2,
-    "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "num_heads": 4, "decoder_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "n_layer": 2,
+    "num_layers": 2,
+    "n_layers": 2,
+    "decoder_layers": 2,
+    "encoder_layers": 2,
+    "num_attention_heads": 4,
+    "n_head": 4,
+    "n_heads": 4,
+    "num_heads": 4,
+    "decoder_attention_heads": 4,
     "encoder_attention_heads": 4,
-    "num_key_value_heads": 2, "num_kv_heads": 2, "n_kv_heads": 2, "multi_query_group_num": 2, "kv_n_heads": 2,
-    "head_dim": 16, "kv_channels": 16, "attention_head_dim": 16, "attention_head_size": 16, "rotary_dim": 8,
-    "intermediate_size": 128, "ffn_dim": 128, "decoder_ffn_dim": 128, "encoder_ffn_dim": 128, "n_inner": 128,
-    "ffn_hidden_size": 128, "d_ff": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
-    "expert_intermediate_size": 32, "moe_ffn_hidden_size": 32,
-    "max_position_embeddings": 512, "n_positions": 512,
-    "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4, "n_shared_experts": 1,
-    "num_experts_per_tok": 2, "moe_topk": 2, "moe_k": 2, "moe_top_k": 2, "n_group": 1, "topk_group": 1,
-    "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
-    "first_k_dense_replace": 1, "sliding_window": 32, "attention_chunk_size": 64,
+    "num_key_value_heads": 2,
+    "num_kv_heads": 2,
+    "n_kv_heads": 2,
+    "multi_query_group_num": 2,
+    "kv_n_heads": 2,
+    "head_dim": 16,
+    "kv_channels": 16,
+    "attention_head_dim": 16,
+    "attention_head_size": 16,
+    "rotary_dim": 8,
+    "intermediate_size": 128,
+    "ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "encoder_ffn_dim": 128,
+    "n_inner": 128,
+    "ffn_hidden_size": 128,
+    "d_ff": 128,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "expert_intermediate_size": 32,
+    "moe_ffn_hidden_size": 32,
+    "max_position_embeddings": 512,
+    "n_positions": 512,
+    "num_local_experts": 4,
+    "num_experts": 4,
+    "n_routed_experts": 4,
+    "moe_num_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "moe_topk": 2,
+    "moe_k": 2,
+    "moe_top_k": 2,
+    "n_group": 1,
+    "topk_group": 1,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "first_k_dense_replace": 1,
+    "sliding_window": 32,
+    "attention_chunk_size": 64,
     # indexers choosing each query's keys (DeepSeek sparse attention, Qwen4's compressed blocks): fewer than 128
     # index_topk 16 of 128 tokens: the selection prunes (a top-k covering every key would prove nothing)
-    "index_topk": 16, "index_n_heads": 2, "index_head_dim": 16, "indexer_n_heads": 2, "indexer_kv_heads": 1,
+    "index_topk": 16,
+    "index_n_heads": 2,
+    "index_head_dim": 16,
+    "indexer_n_heads": 2,
+    "indexer_kv_heads": 1,
     "indexer_head_dim": 16,
-    "indexer_budget": 32, "indexer_compress_ratio": 4,
+    "indexer_budget": 32,
+    "indexer_compress_ratio": 4,
     # per-layer embeddings (Gemma 3n / 4)
-    "hidden_size_per_layer_input": 16, "laurel_rank": 8, "backbone_hidden_size": 64,
+    "hidden_size_per_layer_input": 16,
+    "laurel_rank": 8,
+    "backbone_hidden_size": 64,
     # recurrent mixers (the backend's layers/mixers): value heads narrower than keys, scan chunks shorter than a shard
-    "linear_key_head_dim": 16, "linear_value_head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-    "linear_head_dim": 16, "linear_num_heads": 4,
-    "mamba_n_heads": 8, "mamba_num_heads": 8, "n_mamba_heads": 8, "mamba_d_head": 16, "mamba_head_dim": 16,
-    "mamba_headdim": 16, "mamba_d_state": 16, "ssm_state_size": 16, "state_size": 16, "mamba_dt_rank": 8,
-    "mamba_chunk_size": 16, "chunk_size": 16, "n_groups": 1, "mamba_n_groups": 1,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 8,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_head_dim": 16,
+    "linear_num_heads": 4,
+    "mamba_n_heads": 8,
+    "mamba_num_heads": 8,
+    "n_mamba_heads": 8,
+    "mamba_d_head": 16,
+    "mamba_head_dim": 16,
+    "mamba_headdim": 16,
+    "mamba_d_state": 16,
+    "ssm_state_size": 16,
+    "state_size": 16,
+    "mamba_dt_rank": 8,
+    "mamba_chunk_size": 16,
+    "chunk_size": 16,
+    "n_groups": 1,
+    "mamba_n_groups": 1,
 }
 # Sizes whose None switches a feature off (no sliding window, no query compression): left None.
 OFF_WHEN_NONE = ("sliding_window", "attention_chunk_size", "q_lora_rank")
 LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers")
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
-ZEROED = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "dropout", "hidden_dropout",
-          "hidden_dropout_prob", "resid_pdrop", "embd_pdrop", "activation_dropout")
+ZEROED = (
+    "attention_dropout",
+    "attn_pdrop",
+    "attention_probs_dropout_prob",
+    "dropout",
+    "hidden_dropout",
+    "hidden_dropout_prob",
+    "resid_pdrop",
+    "embd_pdrop",
+    "activation_dropout",
+)
 
 # Size attributes left at the family's default when a config refuses the full set of SIZES (per-layer
 # attributes, head dims tied to rotary dims, validated layer counts): each retry keeps one group more.
-_KEPT_IN_TURN = (("head_dim", "kv_channels", "attention_head_dim"),
-                 ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "qk_rope_head_dim", "qk_nope_head_dim",
-                  "v_head_dim", "q_lora_rank", "kv_lora_rank"),
-                 ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers",
-                  "layer_types", "intermediate_size", "moe_intermediate_size", "first_k_dense_replace"))
+_KEPT_IN_TURN = (
+    ("head_dim", "kv_channels", "attention_head_dim"),
+    (
+        "num_key_value_heads",
+        "num_kv_heads",
+        "n_kv_heads",
+        "qk_rope_head_dim",
+        "qk_nope_head_dim",
+        "v_head_dim",
+        "q_lora_rank",
+        "kv_lora_rank",
+    ),
+    (
+        "num_hidden_layers",
+        "n_layer",
+        "num_layers",
+        "n_layers",
+        "decoder_layers",
+        "encoder_layers",
+        "layer_types",
+        "intermediate_size",
+        "moe_intermediate_size",
+        "first_k_dense_replace",
+    ),
+)
 RETRIES = tuple(sum(_KEPT_IN_TURN[:i], ()) for i in range(len(_KEPT_IN_TURN) + 1))
 
 
@@ -117,8 +214,11 @@ def _shrunk(config, keep_default, extra: dict, only=None) -> dict:
     for key in getattr(config, "sub_configs", {}):
         sub = config._getattr_without_heterogeneous_validation(key, None)
         if hasattr(sub, "to_dict") and (only is None or isinstance(sub, only)):
-            out[key] = {k: v for k, v in {**sub.to_dict(), **_shrunk(sub, keep_default, extra.get(key, {}))}.items()
-                        if v is not _DERIVED}
+            out[key] = {
+                k: v
+                for k, v in {**sub.to_dict(), **_shrunk(sub, keep_default, extra.get(key, {}))}.items()
+                if v is not _DERIVED
+            }
     if only is not None:
         return {**out, **{k: v for k, v in extra.items() if k not in out}}
     sized = {k: v for k, v in _overrides(config).items() if k not in keep_default}
@@ -179,7 +279,9 @@ def _per_layer(config, depth: int, sized: dict) -> dict:
     if spec is not None:
         out["per_layer_config"] = {
             index: {attr: _scaled(value, sized.get(attr), _get(config, attr)) for attr, value in overrides.items()}
-            for index, overrides in spec.per_layer_overrides.items() if index < depth}
+            for index, overrides in spec.per_layer_overrides.items()
+            if index < depth
+        }
     return out
 
 

@@ -16,8 +16,12 @@ OVERRIDES = {
     # Zamba ties its shared attention block across its hybrid layers: it needs two of them; its attention
     # is twice the hidden size wide. Weights 5x transformers' default scale (as ZAYA's): at 0.02 its Mamba
     # mixers' outputs are too small for a missing state to show (a planted one: 1e-7 off; at 0.1, 1e-3)
-    "zamba": {"layer_types": ["mamba", "hybrid", "hybrid"], "num_hidden_layers": 3, "attention_hidden_size": 128,
-              "initializer_range": 0.1},
+    "zamba": {
+        "layer_types": ["mamba", "hybrid", "hybrid"],
+        "num_hidden_layers": 3,
+        "attention_hidden_size": 128,
+        "initializer_range": 0.1,
+    },
     # DbrxAttention reads attn_config.rope_theta, which DbrxAttentionConfig does not declare, and clamps q, k, v
     # to clip_qkv, which torch refuses with no bound (the default None)
     "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
@@ -25,11 +29,17 @@ OVERRIDES = {
     # layers' no-rope plus rope dims, checked by its validator (scaled: 192 + 64 = 256 becomes 24 + 8 = 32)
     "dots3_note_text": {"head_dim": 32, "qk_nope_head_dim": 16},
     # (and its vision and audio adapters' outputs, checked against the text's hidden size, though unused here)
-    "dots3_note": {"text_config": {"head_dim": 32, "qk_nope_head_dim": 16}, "vision_config": {"adapter_out_dim": 64},
-                   "audio_config": {"adapter_out_dim": 64}},
+    "dots3_note": {
+        "text_config": {"head_dim": 32, "qk_nope_head_dim": 16},
+        "vision_config": {"adapter_out_dim": 64},
+        "audio_config": {"adapter_out_dim": 64},
+    },
     # Gemma 3n's last layers reuse earlier layers' KV (num_kv_shared_layers), of each kind that produces one
-    "gemma3n_text": {"layer_types": ["sliding_attention", "full_attention"] * 2, "num_hidden_layers": 4,
-                     "num_kv_shared_layers": 2},
+    "gemma3n_text": {
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "num_hidden_layers": 4,
+        "num_kv_shared_layers": 2,
+    },
     # MusicGen's decoder reads one row of token ids per codebook: one codebook takes the zoo's (1, 128) ids
     "musicgen": {"decoder": {"num_codebooks": 1}},
     "musicgen_melody": {"decoder": {"num_codebooks": 1}},
@@ -37,8 +47,13 @@ OVERRIDES = {
     "xmod": {"default_language": "en_XX"},
     # ReformerModelWithLMHead asserts is_decoder; its axial position embeddings' dims sum to the hidden size
     # and their shape covers the sequence
-    "reformer": {"is_decoder": True, "axial_pos_embds_dim": [16, 48], "axial_pos_shape": [8, 16],
-                 "local_attn_chunk_length": 16, "lsh_attn_chunk_length": 16},
+    "reformer": {
+        "is_decoder": True,
+        "axial_pos_embds_dim": [16, 48],
+        "axial_pos_shape": [8, 16],
+        "local_attn_chunk_length": 16,
+        "lsh_attn_chunk_length": 16,
+    },
     # ZAYA validates top-1 routing only; weights 5x the default scale, so that a chunk run without its halo
     # shows (planted: gradients 1.2e-4 off at 0.02, 5e-3 at 0.1)
     "zaya": {"num_experts_per_tok": 1, "initializer_range": 0.1},
@@ -47,9 +62,14 @@ OVERRIDES = {
     # DeepSeek-V4: one layer of each compressed kind, HCA's windows of 8 tokens instead of 128 (so that a 128-token
     # sequence has 16 entries and a shard of 4 ranks' zigzag (16 tokens) holds whole windows), a grouped output
     # projection of a tiny rank
-    "deepseek_v4": {"compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-                    "layer_types": ["compressed_sparse_attention", "heavily_compressed_attention"],
-                    "mlp_layer_types": ["hash_moe", "moe"], "num_hidden_layers": 2, "o_groups": 2, "o_lora_rank": 16},
+    "deepseek_v4": {
+        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        "layer_types": ["compressed_sparse_attention", "heavily_compressed_attention"],
+        "mlp_layer_types": ["hash_moe", "moe"],
+        "num_hidden_layers": 2,
+        "o_groups": 2,
+        "o_lora_rank": 16,
+    },
     # Doge past keep_window_size: each row keeps its 64 largest biases per KV head of up to 128 keys (a selection per
     # KV head: burst's indices=); tests/test_hf_selection.py runs the published keep_window_size of 2048 past it
     "doge": {"keep_window_size": 64},
@@ -58,8 +78,12 @@ OVERRIDES = {
     "phimoe": {"sliding_window": 32},
     # MiniMax-M3: its default has no block-sparse layer; one of each kind, blocks of 8 keys (16 in 128 tokens) of
     # which each query keeps 4 per KV head (its own block among them): the selection prunes
-    "minimax_m3_vl_text": {"layer_types": ["minimax_m3_sparse", "full_attention"], "index_block_size": 8,
-                           "index_topk_blocks": 4, "index_local_blocks": 1},
+    "minimax_m3_vl_text": {
+        "layer_types": ["minimax_m3_sparse", "full_attention"],
+        "index_block_size": 8,
+        "index_topk_blocks": 4,
+        "index_local_blocks": 1,
+    },
     # the assistant shares every layer's KV with its backbone and has no per-layer inputs (its validator)
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},
 }

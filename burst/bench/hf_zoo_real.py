@@ -38,8 +38,23 @@ import torch
 
 from .hf_zoo_real_configs import CASES, PUBLISHED, Case
 
-__all__ = ["BOUND", "CASES", "PUBLISHED", "Case", "Reference", "Result", "build_config", "cases_at", "describe",
-           "eager_logits", "reference", "run", "sharded", "sharded_world", "variant"]
+__all__ = [
+    "BOUND",
+    "CASES",
+    "PUBLISHED",
+    "Case",
+    "Reference",
+    "Result",
+    "build_config",
+    "cases_at",
+    "describe",
+    "eager_logits",
+    "reference",
+    "run",
+    "sharded",
+    "sharded_world",
+    "variant",
+]
 
 VOCAB = 256
 MAX_HEADS = 32
@@ -70,8 +85,11 @@ def variant(case: Case, seq_len: int) -> Case | None:
     biting = [key for key, fraction in case.gated.items() if _get(case.kept, key) >= seq_len]
     for key in biting:
         _set(kept, key, int(case.gated[key] * seq_len))
-    shrunk = ", ".join(f"{key.split('.')[-1]} {_get(case.kept, key)} -> {_get(kept, key)}"
-                       for key in biting if not key.startswith("rope_parameters."))
+    shrunk = ", ".join(
+        f"{key.split('.')[-1]} {_get(case.kept, key)} -> {_get(kept, key)}"
+        for key in biting
+        if not key.startswith("rope_parameters.")
+    )
     return dataclasses.replace(case, name=f"{case.name} ({shrunk})", kept=kept, gated={}, parent=case.name)
 
 
@@ -127,18 +145,19 @@ def token_ids(seq_len: int) -> torch.Tensor:
 @dataclass
 class Reference:
     """What the eager model in one process gave (saved beside it: weights, logits, loss, gradients)."""
+
     case: str
     seconds: float = 0.0
     parameters: int = 0
-    skip: str = ""           # the eager model does not build or run: why
+    skip: str = ""  # the eager model does not build or run: why
     moved: float | None = None  # a variant: max |logits - its published case's logits| (what the shrinking changed)
 
 
 @dataclass
 class Result:
-    outcome: str             # exact | refused | silent | crash
-    errors: dict = field(default_factory=dict)   # logits, loss, gradients
-    detail: str = ""         # the refusal's or the crash's first line, or what exceeded the bound
+    outcome: str  # exact | refused | silent | crash
+    errors: dict = field(default_factory=dict)  # logits, loss, gradients
+    detail: str = ""  # the refusal's or the crash's first line, or what exceeded the bound
     seconds: float = 0.0
 
 
@@ -159,8 +178,9 @@ def reference(case: Case, seq_len: int, path: str) -> Reference:
     except Exception as err:  # noqa: BLE001 - the family's own limits, recorded
         return Reference(case.name, time.time() - start, skip=f"eager model does not build or run: {_first_line(err)}")
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
-    torch.save({"state": model.state_dict(), "logits": out.logits.detach(), "loss": out.loss.item(), "grads": grads},
-               path)
+    torch.save(
+        {"state": model.state_dict(), "logits": out.logits.detach(), "loss": out.loss.item(), "grads": grads}, path
+    )
     parameters = sum(p.numel() for p in model.parameters())
     del model, out, grads
     gc.collect()
@@ -193,8 +213,11 @@ def sharded(case: Case, seq_len: int, saved: dict, name: str, layout: str, group
             pairs.append((torch.zeros_like(expected), expected))
         else:
             pairs.append((p.grad, expected))
-    errors = {"logits": (logits - saved["logits"]).abs().max().item(), "loss": abs(loss - saved["loss"]),
-              "gradients": gradient_error(pairs)}
+    errors = {
+        "logits": (logits - saved["logits"]).abs().max().item(),
+        "loss": abs(loss - saved["loss"]),
+        "gradients": gradient_error(pairs),
+    }
     over = [k for k in BOUND if not errors[k] <= BOUND[k]]
     detail = ", ".join(f"{k} {errors[k]:.2e} > {BOUND[k]:g}" for k in over)
     if missing:
@@ -203,8 +226,9 @@ def sharded(case: Case, seq_len: int, saved: dict, name: str, layout: str, group
     return Result(outcome, errors, detail, time.time() - start)
 
 
-def sharded_world(rank: int, world: int, cases: list[Case], seq_len: int, folder: str,
-                  layouts=("contiguous", "zigzag")) -> dict:
+def sharded_world(
+    rank: int, world: int, cases: list[Case], seq_len: int, folder: str, layouts=("contiguous", "zigzag")
+) -> dict:
     """Every case (those with a saved reference in `folder`) in each layout, as one rank of a local
     world: {(case name, "<world> ranks <layout>"): Result}."""
     import warnings
@@ -232,8 +256,14 @@ def _saved_path(folder: str, case_name: str) -> str:
     return os.path.join(folder, "".join(c if c.isalnum() else "_" for c in case_name) + ".pt")
 
 
-def run(cases: list[Case], seq_len: int, worlds=(2, 4), layouts=("contiguous", "zigzag"),
-        log: Callable[[str], None] = lambda line: None, timeout: float = 4 * 3600):
+def run(
+    cases: list[Case],
+    seq_len: int,
+    worlds=(2, 4),
+    layouts=("contiguous", "zigzag"),
+    log: Callable[[str], None] = lambda line: None,
+    timeout: float = 4 * 3600,
+):
     """Each case's eager reference here, then each world size's ranks on every case:
     ({case: Reference}, {case: {"<world> ranks <layout>": Result}})."""
     from burst.launch import spawn_world
@@ -246,20 +276,28 @@ def run(cases: list[Case], seq_len: int, worlds=(2, 4), layouts=("contiguous", "
         for case in cases:  # what each variant's shrinking changes: burst ignoring it would be off by this
             if case.parent and not references[case.name].skip:
                 parent = references.get(case.parent)
-                theirs = (torch.load(_saved_path(folder, case.parent))["logits"] if parent and not parent.skip
-                          else eager_logits(CASES[case.parent], seq_len))
+                theirs = (
+                    torch.load(_saved_path(folder, case.parent))["logits"]
+                    if parent and not parent.skip
+                    else eager_logits(CASES[case.parent], seq_len)
+                )
                 ours = torch.load(_saved_path(folder, case.name))["logits"]
                 references[case.name].moved = (ours - theirs).abs().max().item()
         runnable = [case for case in cases if not references[case.name].skip]
         for world in worlds:
             start = time.time()
-            by_rank = spawn_world(sharded_world, runnable, seq_len, folder, layouts, nproc=world, threads=1,
-                                  timeout=timeout)
+            by_rank = spawn_world(
+                sharded_world, runnable, seq_len, folder, layouts, nproc=world, threads=1, timeout=timeout
+            )
             for (case_name, setting), result in by_rank[0].items():
                 others = [r[(case_name, setting)] for r in by_rank[1:]]
                 if any(o.outcome != result.outcome for o in others):  # ranks must agree on what happened
-                    result = Result("crash", result.errors, "ranks disagree: " + ", ".join(
-                        o.outcome for o in [result, *others]), result.seconds)
+                    result = Result(
+                        "crash",
+                        result.errors,
+                        "ranks disagree: " + ", ".join(o.outcome for o in [result, *others]),
+                        result.seconds,
+                    )
                 rows[case_name][setting] = result
             log(f"{world} ranks: {time.time() - start:.0f} s")
     return references, rows
@@ -275,9 +313,13 @@ def describe(case: Case) -> tuple[str, str]:
             kept.append(f"{key} {value}")
     if case.note:
         kept.append(case.note)
-    shrunk = [f"{SMALL['num_hidden_layers']} layers"
-              + (f" ({', '.join(case.small['layer_types'])})" if "layer_types" in case.small else ""),
-              f"hidden {SMALL['hidden_size']}", f"MLP {SMALL['intermediate_size']}", f"vocab {VOCAB}"]
+    shrunk = [
+        f"{SMALL['num_hidden_layers']} layers"
+        + (f" ({', '.join(case.small['layer_types'])})" if "layer_types" in case.small else ""),
+        f"hidden {SMALL['hidden_size']}",
+        f"MLP {SMALL['intermediate_size']}",
+        f"vocab {VOCAB}",
+    ]
     shrunk += [f"{k} {v}" for k, v in case.small.items() if k != "layer_types"]
     if case.heads is not None:
         published = (case.kept["num_attention_heads"], case.kept["num_key_value_heads"])

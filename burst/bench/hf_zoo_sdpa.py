@@ -51,8 +51,11 @@ def refused_families() -> list[str]:
             cls = getattr(importlib.import_module(module), class_name)
         except Exception:  # noqa: BLE001 - a family whose modeling module does not import here
             continue
-        if getattr(cls, "_supports_attention_backend", True) is False and model_type not in CALLS_THE_INTERFACE \
-                and model_type not in FAMILIES:
+        if (
+            getattr(cls, "_supports_attention_backend", True) is False
+            and model_type not in CALLS_THE_INTERFACE
+            and model_type not in FAMILIES
+        ):
             out.add(model_type)
     return sorted(out & set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
 
@@ -88,16 +91,18 @@ def through_the_door(model_type: str, layout: str, group=None) -> tuple[str, str
     labels = torch.cat([ids[:, 1:], torch.full((1, 1), -100)], 1)
 
     def loss_of(logits, targets):
-        return torch.nn.functional.cross_entropy(logits[0].float(), targets[0], ignore_index=-100,
-                                                 reduction="sum") / (SEQ - 1)
+        return torch.nn.functional.cross_entropy(logits[0].float(), targets[0], ignore_index=-100, reduction="sum") / (
+            SEQ - 1
+        )
 
     expected = eager(input_ids=ids, position_ids=torch.arange(SEQ)[None], use_cache=False).logits
     expected_loss = loss_of(expected, labels)
     expected_loss.backward()
     x, positions, targets = ids.clone(), torch.arange(SEQ)[None].clone(), labels.clone()
     try:
-        with burst.context_parallel(buffers=(x, positions, targets), buffer_seq_dims=(1, 1, 1), layout=layout,
-                                    group=group):
+        with burst.context_parallel(
+            buffers=(x, positions, targets), buffer_seq_dims=(1, 1, 1), layout=layout, group=group
+        ):
             logits = model(input_ids=x, position_ids=positions, use_cache=False).logits
             loss = loss_of(logits, targets)
             loss.backward()
@@ -127,8 +132,10 @@ def door_world(rank: int, world: int, model_types=None, layouts=("contiguous", "
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
-    return {family: {layout: through_the_door(family, layout) for layout in layouts}
-            for family in (model_types or refused_families())}
+    return {
+        family: {layout: through_the_door(family, layout) for layout in layouts}
+        for family in (model_types or refused_families())
+    }
 
 
 def _first_line(err: BaseException) -> str:
@@ -145,20 +152,26 @@ def report(rows: dict, seconds: float) -> str:
 
     layouts = list(next(iter(rows.values())))
     counts = collections.Counter(o for by in rows.values() for o, _ in by.values())
-    lines = ["# The SDPA door for the families burst's transformers backend refuses", "",
-             "Made by `python -m burst.bench.hf_zoo_sdpa` (burst/bench/hf_zoo_sdpa.py) with transformers "
-             f"{transformers.__version__}, torch {torch.__version__}, {platform.machine()} CPU, in {seconds:.0f} s on "
-             "2 processes.", "",
-             "Each family transformers marks as not running on custom attention backends, and those that pick their "
-             "attention classes by name (falcon, gpt_neo, git), built tiny with attn_implementation=\"sdpa\" and run "
-             f"through `burst.context_parallel` at 2 ranks ({SEQ} tokens) against eager attention in one process: "
-             "logits, loss, every gradient. exact: within the zoo's tolerances; refused by the door: an explicit "
-             "attn_mask (one rank's tokens only) or positions numbered from the shard's own length, raised on every "
-             "rank; not built: transformers does not build the family with \"sdpa\"; silent: ran and differs, which "
-             "the door cannot see (the model computes something outside SDPA from the shard alone).", "",
-             "Outcomes (family x layout): " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), "",
-             "| family | " + " | ".join(f"2 ranks {x}" for x in layouts) + " |",
-             "|---" * (len(layouts) + 1) + "|"]
+    lines = [
+        "# The SDPA door for the families burst's transformers backend refuses",
+        "",
+        "Made by `python -m burst.bench.hf_zoo_sdpa` (burst/bench/hf_zoo_sdpa.py) with transformers "
+        f"{transformers.__version__}, torch {torch.__version__}, {platform.machine()} CPU, in {seconds:.0f} s on "
+        "2 processes.",
+        "",
+        "Each family transformers marks as not running on custom attention backends, and those that pick their "
+        'attention classes by name (falcon, gpt_neo, git), built tiny with attn_implementation="sdpa" and run '
+        f"through `burst.context_parallel` at 2 ranks ({SEQ} tokens) against eager attention in one process: "
+        "logits, loss, every gradient. exact: within the zoo's tolerances; refused by the door: an explicit "
+        "attn_mask (one rank's tokens only) or positions numbered from the shard's own length, raised on every "
+        'rank; not built: transformers does not build the family with "sdpa"; silent: ran and differs, which '
+        "the door cannot see (the model computes something outside SDPA from the shard alone).",
+        "",
+        "Outcomes (family x layout): " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+        "",
+        "| family | " + " | ".join(f"2 ranks {x}" for x in layouts) + " |",
+        "|---" * (len(layouts) + 1) + "|",
+    ]
     for family, by in rows.items():
         lines.append(f"| {family} | " + " | ".join(f"{o}: {d.replace('|', '/')}" for o, d in by.values()) + " |")
     return "\n".join(lines) + "\n"

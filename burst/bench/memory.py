@@ -21,8 +21,10 @@ __all__ = ["held_bytes", "peak_bytes", "reset_peak", "live_heap_bytes", "HeapPea
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+    ]
 
 
 @functools.lru_cache(maxsize=1)

@@ -45,15 +45,31 @@ def predicted_wall(profile, cfg: BenchConfig, strategy: str, world: int) -> floa
     from ..plan import Cluster, Workload, estimate
 
     cluster = Cluster(gpus=world, gpus_per_node=world, profile=profile)
-    workload = Workload(seq_len=cfg.seq_len, heads=cfg.heads, head_dim=cfg.head_dim, kv_heads=cfg.kv_heads,
-                        batch=cfg.batch, causal=cfg.causal, dtype_bytes=4 if cfg.dtype == "float32" else 2,
-                        layout=cfg.layout)
+    workload = Workload(
+        seq_len=cfg.seq_len,
+        heads=cfg.heads,
+        head_dim=cfg.head_dim,
+        kv_heads=cfg.kv_heads,
+        batch=cfg.batch,
+        causal=cfg.causal,
+        dtype_bytes=4 if cfg.dtype == "float32" else 2,
+        layout=cfg.layout,
+    )
     return estimate(strategy, cluster, workload).wall_s
 
 
-def run_report(outdir: str, seq_lens=(2048, 4096, 8192), strategies=("burst", "ring", "allgather"),
-               worlds=(1, 2, 4), nproc: int = 2, causal: bool = True, layout: str = "zigzag", heads: int = 8,
-               head_dim: int = 64, repeats: int = 1) -> dict:
+def run_report(
+    outdir: str,
+    seq_lens=(2048, 4096, 8192),
+    strategies=("burst", "ring", "allgather"),
+    worlds=(1, 2, 4),
+    nproc: int = 2,
+    causal: bool = True,
+    layout: str = "zigzag",
+    heads: int = 8,
+    head_dim: int = 64,
+    repeats: int = 1,
+) -> dict:
     """Run the sweep and write the report; returns what results.json holds."""
     from ..plan.profiles import PROFILES
 
@@ -62,19 +78,39 @@ def run_report(outdir: str, seq_lens=(2048, 4096, 8192), strategies=("burst", "r
     step = _progress(total)
     calibration = calibrate(threads=1, path=None)  # the report uses it; `--calibrate` saves one
     step("calibrated")
-    profile = replace(PROFILES["local"], flops=calibration["flops"], intra_bw=calibration["bandwidth"],
-                      inter_bw=calibration["bandwidth"], intra_latency=calibration["latency"],
-                      inter_latency=calibration["latency"])
-    base = BenchConfig(heads=heads, head_dim=head_dim, causal=causal, layout=layout, nproc=nproc, threads=1,
-                       repeats=repeats, strategies=list(strategies), baseline=False)
+    profile = replace(
+        PROFILES["local"],
+        flops=calibration["flops"],
+        intra_bw=calibration["bandwidth"],
+        inter_bw=calibration["bandwidth"],
+        intra_latency=calibration["latency"],
+        inter_latency=calibration["latency"],
+    )
+    base = BenchConfig(
+        heads=heads,
+        head_dim=head_dim,
+        causal=causal,
+        layout=layout,
+        nproc=nproc,
+        threads=1,
+        repeats=repeats,
+        strategies=list(strategies),
+        baseline=False,
+    )
     timing = []
     for n in seq_lens:
         cfg = replace(base, seq_len=n)
         for row in run_bench(cfg)["strategies"]:
-            timing.append({"seq_len": n, "strategy": row["strategy"], "measured_s": row["fwd_s"] + row["bwd_s"],
-                           "predicted_s": predicted_wall(profile, cfg, row["strategy"], nproc),
-                           "sent_per_rank": row["sent_fwd_per_rank"] + row["sent_bwd_per_rank"],
-                           "peak_mem_per_rank": row["peak_mem_per_rank"]})
+            timing.append(
+                {
+                    "seq_len": n,
+                    "strategy": row["strategy"],
+                    "measured_s": row["fwd_s"] + row["bwd_s"],
+                    "predicted_s": predicted_wall(profile, cfg, row["strategy"], nproc),
+                    "sent_per_rank": row["sent_fwd_per_rank"] + row["sent_bwd_per_rank"],
+                    "peak_mem_per_rank": row["peak_mem_per_rank"],
+                }
+            )
         step(f"{n} tokens")
     memory = []
     mid = seq_lens[len(seq_lens) // 2]
@@ -84,9 +120,22 @@ def run_report(outdir: str, seq_lens=(2048, 4096, 8192), strategies=("burst", "r
             memory.append({"world": g, "strategy": row["strategy"], "peak_mem_per_rank": row["peak_mem_per_rank"]})
         step(f"world {g}")
     command = "burst bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None
-    results = {"calibration": calibration, "timing": timing, "memory": memory, "command": command,
-               "config": {"heads": heads, "head_dim": head_dim, "causal": causal, "layout": layout, "nproc": nproc,
-                          "dtype": base.dtype, "device": _device_name(), "memory_seq_len": mid}}
+    results = {
+        "calibration": calibration,
+        "timing": timing,
+        "memory": memory,
+        "command": command,
+        "config": {
+            "heads": heads,
+            "head_dim": head_dim,
+            "causal": causal,
+            "layout": layout,
+            "nproc": nproc,
+            "dtype": base.dtype,
+            "device": _device_name(),
+            "memory_seq_len": mid,
+        },
+    }
     with open(os.path.join(outdir, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     plots = _plots(outdir, results, strategies)
@@ -103,8 +152,10 @@ def _device_name() -> str:
 
 def _what(cfg: dict) -> str:
     """The measured setting, for plot titles: ranks, dtype, device, shape, mask."""
-    return (f"{cfg.get('dtype', 'float32')}, {cfg.get('device', 'CPU')}, {cfg['heads']} heads x {cfg['head_dim']}, "
-            f"{'causal' if cfg['causal'] else 'full'}, {cfg['layout']}")
+    return (
+        f"{cfg.get('dtype', 'float32')}, {cfg.get('device', 'CPU')}, {cfg['heads']} heads x {cfg['head_dim']}, "
+        f"{'causal' if cfg['causal'] else 'full'}, {cfg['layout']}"
+    )
 
 
 def _tokens(n: int) -> str:
@@ -151,8 +202,13 @@ def _plots(outdir: str, results: dict, strategies) -> list[str]:
         pts = [(r["seq_len"], r["measured_s"]) for r in timing if r["strategy"] == s]
         ax.plot(*zip(*pts), marker="o", label=s)
     lengths = sorted({r["seq_len"] for r in timing})
-    ax.set(xscale="log", yscale="log", xlabel="global sequence length (tokens)", ylabel="forward + backward (s)",
-           title=f"time vs sequence length, {cfg['nproc']} ranks\n{what}")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="global sequence length (tokens)",
+        ylabel="forward + backward (s)",
+        title=f"time vs sequence length, {cfg['nproc']} ranks\n{what}",
+    )
     ax.set_xticks(lengths, [_tokens(n) for n in lengths])
     ax.legend()
     save(fig, "time_vs_seq.png")
@@ -163,8 +219,11 @@ def _plots(outdir: str, results: dict, strategies) -> list[str]:
         ax.plot(*zip(*pts), marker="o", label=s)
     worlds = sorted({r["world"] for r in memory})
     ax.set_xticks(worlds, [str(g) for g in worlds])  # world sizes are whole ranks
-    ax.set(xlabel="world size (ranks)", ylabel="peak memory per rank (MiB)",
-           title=f"memory per rank vs world size, {_tokens(cfg.get('memory_seq_len', 0))} tokens\n{what}")
+    ax.set(
+        xlabel="world size (ranks)",
+        ylabel="peak memory per rank (MiB)",
+        title=f"memory per rank vs world size, {_tokens(cfg.get('memory_seq_len', 0))} tokens\n{what}",
+    )
     ax.legend()
     save(fig, "memory_vs_world.png")
 
@@ -172,8 +231,11 @@ def _plots(outdir: str, results: dict, strategies) -> list[str]:
     longest = max(r["seq_len"] for r in timing)
     rows = [r for r in timing if r["seq_len"] == longest]
     ax.bar([r["strategy"] for r in rows], [r["sent_per_rank"] / 2**20 for r in rows])
-    ax.set(xlabel="strategy", ylabel="sent per rank, forward + backward (MiB)",
-           title=f"bytes sent per rank, {_tokens(longest)} tokens, {cfg['nproc']} ranks\n{what}")
+    ax.set(
+        xlabel="strategy",
+        ylabel="sent per rank, forward + backward (MiB)",
+        title=f"bytes sent per rank, {_tokens(longest)} tokens, {cfg['nproc']} ranks\n{what}",
+    )
     save(fig, "bytes_per_rank.png")
 
     fig, ax = plt.subplots(figsize=(5.5, 5))
@@ -184,10 +246,14 @@ def _plots(outdir: str, results: dict, strategies) -> list[str]:
     hi = max(max(r["predicted_s"], r["measured_s"]) for r in timing)
     ax.plot([lo, hi], [lo, hi], "k--", lw=1)
     ax.fill_between([lo, hi], [0.75 * lo, 0.75 * hi], [1.25 * lo, 1.25 * hi], color="grey", alpha=0.2, label="±25%")
-    ax.set(xscale="log", yscale="log", xlabel="predicted forward + backward (s)",
-           ylabel="measured forward + backward (s)",
-           title=f"planner vs measurement, {cfg['nproc']} ranks, {_tokens(lengths[0])}-{_tokens(lengths[-1])} "
-                 f"tokens\n{what}")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="predicted forward + backward (s)",
+        ylabel="measured forward + backward (s)",
+        title=f"planner vs measurement, {cfg['nproc']} ranks, {_tokens(lengths[0])}-{_tokens(lengths[-1])} "
+        f"tokens\n{what}",
+    )
     ax.legend()
     save(fig, "predicted_vs_measured.png")
     return made
@@ -213,9 +279,11 @@ def _markdown(results: dict, plots: list[str]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in results["timing"]:
-        lines.append(f"| {r['seq_len']} | {r['strategy']} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | "
-                     f"{r['measured_s'] / r['predicted_s']:.2f} | {r['sent_per_rank'] / 2**20:.1f} | "
-                     f"{r['peak_mem_per_rank'] / 2**20:.0f} |")
+        lines.append(
+            f"| {r['seq_len']} | {r['strategy']} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | "
+            f"{r['measured_s'] / r['predicted_s']:.2f} | {r['sent_per_rank'] / 2**20:.1f} | "
+            f"{r['peak_mem_per_rank'] / 2**20:.0f} |"
+        )
     lines += ["", "| ranks | strategy | peak MiB per rank |", "|---|---|---|"]
     for r in results["memory"]:
         lines.append(f"| {r['world']} | {r['strategy']} | {r['peak_mem_per_rank'] / 2**20:.0f} |")

@@ -22,8 +22,9 @@ def build_parser() -> Parser:
 
     parser = Parser(prog="burst", description="Exact attention over long sequences split across processes.")
     parser.add_argument("--version", action="version", version=f"burst {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="VERB", parser_class=Parser,
-                                title="verbs (burst VERB --help for each)")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="VERB", parser_class=Parser, title="verbs (burst VERB --help for each)"
+    )
     for module in VERBS.values():
         module.add_parser(sub)
     return parser
@@ -37,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"burst: error: VERB: missing (one of {', '.join(VERBS)}; see burst --help)")
         args, unknown = parser.parse_known_args(argv)
         if unknown:
-            raise UsageError(f"burst {args.command}: error: {unknown[0]}: unknown option "
-                             f"(see burst {args.command} --help)")
+            raise UsageError(
+                f"burst {args.command}: error: {unknown[0]}: unknown option (see burst {args.command} --help)"
+            )
         verb = VERBS[args.command]
         try:
             verb.validate(args)
@@ -66,14 +68,17 @@ def _run(verb, args) -> int:
     except WorldError as err:
         if debug_wanted(args):
             print(err.details, file=sys.stderr, end="")
-        print(f"burst {args.command}: error: rank {err.rank}: {err.summary}"
-              + ("" if debug_wanted(args) else " (--debug for the traceback)"), file=sys.stderr, flush=True)
+        print(
+            f"burst {args.command}: error: rank {err.rank}: {err.summary}"
+            + ("" if debug_wanted(args) else " (--debug for the traceback)"),
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     except Exception as err:  # noqa: BLE001 - a failure in this process (or this torchrun rank)
         if debug_wanted(args):
             raise
-        print(f"burst {args.command}: error: {one_line(err)} (--debug for the traceback)", file=sys.stderr,
-              flush=True)
+        print(f"burst {args.command}: error: {one_line(err)} (--debug for the traceback)", file=sys.stderr, flush=True)
         return 1
 
 

@@ -32,12 +32,15 @@ def _number_where(kind, holds, expectation: str, name: str, doc: str):
 
 positive_int = _number_where(int, lambda v: v >= 1, "must be at least 1", "positive_int", "An int of 1 or more.")
 nonnegative_int = _number_where(int, lambda v: v >= 0, "must be 0 or more", "nonnegative_int", "An int of 0 or more.")
-positive_float = _number_where(float, lambda v: v > 0, "must be a positive number", "positive_float",
-                               "A finite number above 0.")
-nonnegative_float = _number_where(float, lambda v: v >= 0, "must be 0 or more", "nonnegative_float",
-                                  "A finite number of 0 or more.")
-probability = _number_where(float, lambda v: 0 < v <= 1, "must lie in (0, 1]", "probability",
-                            "A probability mass in (0, 1] (top-p).")
+positive_float = _number_where(
+    float, lambda v: v > 0, "must be a positive number", "positive_float", "A finite number above 0."
+)
+nonnegative_float = _number_where(
+    float, lambda v: v >= 0, "must be 0 or more", "nonnegative_float", "A finite number of 0 or more."
+)
+probability = _number_where(
+    float, lambda v: 0 < v <= 1, "must lie in (0, 1]", "probability", "A probability mass in (0, 1] (top-p)."
+)
 
 
 def int_pair(text: str) -> tuple[int, int]:
@@ -109,8 +112,7 @@ def dtype_names(allowed) -> callable:
         if not names:
             from ..devices import dtype_listing
 
-            raise argparse.ArgumentTypeError(f"expected comma-separated dtypes ({dtype_listing(allowed)}), "
-                                             "got nothing")
+            raise argparse.ArgumentTypeError(f"expected comma-separated dtypes ({dtype_listing(allowed)}), got nothing")
         return tuple(dict.fromkeys(one(name) for name in names))
 
     return parse

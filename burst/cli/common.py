@@ -64,8 +64,13 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         default = action.default
-        if not action.help or default is None or default is False or default is argparse.SUPPRESS \
-                or "--help" in action.option_strings:
+        if (
+            not action.help
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or "--help" in action.option_strings
+        ):
             return action.help
         shown = ",".join(map(str, default)) if isinstance(default, (tuple, list)) else str(default)
         return f"{action.help} (default: {shown})".replace("%", "%%")
@@ -81,7 +86,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         required = "the following arguments are required: "
         if message.startswith(required):  # name the first missing option first, as every other error does
-            missing = message[len(required):]
+            missing = message[len(required) :]
             message = f"{missing.split(', ')[0]}: required (missing: {missing})"
         raise UsageError(f"{self.prog}: error: {message.replace('argument ', '', 1)}")
 
@@ -95,35 +100,54 @@ def debug_wanted(args) -> bool:
 
 def add_common(p: argparse.ArgumentParser, world: bool = True, default_nproc: int = 2) -> None:
     """--json PATH, --debug, and (for verbs that start a world) --nproc."""
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                   help="also write the results as JSON to PATH ('-' or no PATH: to stdout, instead of the table)")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="also write the results as JSON to PATH ('-' or no PATH: to stdout, instead of the table)",
+    )
     if world:
-        p.add_argument("--nproc", type=positive_int, default=default_nproc,
-                       help="local processes to spawn (ignored under torchrun, which gives the world)")
-    p.add_argument("--debug", action="store_true",
-                   help=f"on a failure print the full traceback (also {DEBUG_ENV}=1)")
+        p.add_argument(
+            "--nproc",
+            type=positive_int,
+            default=default_nproc,
+            help="local processes to spawn (ignored under torchrun, which gives the world)",
+        )
+    p.add_argument("--debug", action="store_true", help=f"on a failure print the full traceback (also {DEBUG_ENV}=1)")
 
 
-def add_device_options(p: argparse.ArgumentParser, dtypes=("float32", "bfloat16", "float16"),
-                       default_dtype="float32") -> None:
+def add_device_options(
+    p: argparse.ArgumentParser, dtypes=("float32", "bfloat16", "float16"), default_dtype="float32"
+) -> None:
     """--device and (unless dtypes is None: a verb with its own) --dtype (burst/devices.py): where each
     rank runs and in what precision. dtypes: the canonical names the verb takes (each also by its short
     name: devices.DTYPE_ALIASES); args.dtype holds the canonical one."""
     from ..devices import DEVICES, dtype_listing
 
-    p.add_argument("--device", type=any_case(DEVICES), default="auto",
-                   help="cpu, cuda (one GPU per rank: cuda:LOCAL_RANK, NCCL) or auto (cuda when every local rank "
-                        "has a GPU, else cpu)")
+    p.add_argument(
+        "--device",
+        type=any_case(DEVICES),
+        default="auto",
+        help="cpu, cuda (one GPU per rank: cuda:LOCAL_RANK, NCCL) or auto (cuda when every local rank "
+        "has a GPU, else cpu)",
+    )
     if dtypes is not None:
-        p.add_argument("--dtype", type=dtype_name(dtypes), default=default_dtype,
-                       help=f"compute dtype: {dtype_listing(dtypes)}")
+        p.add_argument(
+            "--dtype", type=dtype_name(dtypes), default=default_dtype, help=f"compute dtype: {dtype_listing(dtypes)}"
+        )
     from ..kernels import kernels_by_name
 
     kernels = ("auto", *kernels_by_name())
-    p.add_argument("--kernel", type=any_case(kernels), default="auto",
-                   help="the attention kernel: auto (the fastest kernel proven for the device and dtype) or one "
-                        f"of {', '.join(kernels[1:])} (an error if it cannot run here); sets BURST_KERNEL for "
-                        "every rank")
+    p.add_argument(
+        "--kernel",
+        type=any_case(kernels),
+        default="auto",
+        help="the attention kernel: auto (the fastest kernel proven for the device and dtype) or one "
+        f"of {', '.join(kernels[1:])} (an error if it cannot run here); sets BURST_KERNEL for "
+        "every rank",
+    )
 
 
 def resolve_checked_device(args) -> str:
@@ -227,6 +251,7 @@ def progress(total: int, desc: str, unit: str, lines: int | None = None):
 
     step(label) marks one item done; step.close() ends the bar."""
     if not is_reporting_rank():
+
         def silent(label: str) -> None:
             pass
 

@@ -12,67 +12,144 @@ def add_parser(sub) -> None:
     from ..plan.model_cost import CHECKPOINTING, MODES
     from ..plan.models import PRESETS
 
-    p = sub.add_parser("plan", help="estimate each strategy's time, traffic and memory on a described cluster",
-                       description="Model forward + backward of attention for every strategy on a described "
-                                   "cluster; strategies that fit come first, fastest first.")
+    p = sub.add_parser(
+        "plan",
+        help="estimate each strategy's time, traffic and memory on a described cluster",
+        description="Model forward + backward of attention for every strategy on a described "
+        "cluster; strategies that fit come first, fastest first.",
+    )
     p.add_argument("--gpus", type=positive_int, required=True, help="devices in the cluster")
-    p.add_argument("--gpus-per-node", type=positive_int, default=8,
-                   help="devices per node (the whole cluster when larger than --gpus)")
-    p.add_argument("--profile", type=any_case(sorted(PROFILES)), default="H100",
-                   help=f"hardware profile, any case: {', '.join(sorted(PROFILES))} ('local' = this machine, "
-                        "calibrated by `burst bench --calibrate`)")
-    p.add_argument("--seq-len", type=positive_int, default=None,
-                   help="global sequence length (tokens); required unless --longest")
-    p.add_argument("--longest", action="store_true",
-                   help="with --model: for each of `burst train`'s memory options (checkpointing, --ffn-chunk, host "
-                        "offloads), the longest --seq-len whose step fits and the modelled speed and MFU there")
-    p.add_argument("--host-mem-gib", type=positive_float, default=None,
-                   help="host memory in GiB that decides fits with host offloads; default: not limited")
-    p.add_argument("--model", type=any_case(sorted(model_presets())), default=None,
-                   help="plan the whole model (FFN, projections, LM head, FSDP, optimizer): a preset, any case: "
-                        + ", ".join(sorted(model_presets())) + " (`burst train` trains " + ", ".join(sorted(PRESETS))
-                        + "; the others are the papers' models, to plan only); the shape flags below override its fields")
-    p.add_argument("--hidden", type=positive_int, default=None,
-                   help="whole model without a preset: hidden size (with --ffn-hidden, --vocab, --heads, --layers)")
+    p.add_argument(
+        "--gpus-per-node",
+        type=positive_int,
+        default=8,
+        help="devices per node (the whole cluster when larger than --gpus)",
+    )
+    p.add_argument(
+        "--profile",
+        type=any_case(sorted(PROFILES)),
+        default="H100",
+        help=f"hardware profile, any case: {', '.join(sorted(PROFILES))} ('local' = this machine, "
+        "calibrated by `burst bench --calibrate`)",
+    )
+    p.add_argument(
+        "--seq-len", type=positive_int, default=None, help="global sequence length (tokens); required unless --longest"
+    )
+    p.add_argument(
+        "--longest",
+        action="store_true",
+        help="with --model: for each of `burst train`'s memory options (checkpointing, --ffn-chunk, host "
+        "offloads), the longest --seq-len whose step fits and the modelled speed and MFU there",
+    )
+    p.add_argument(
+        "--host-mem-gib",
+        type=positive_float,
+        default=None,
+        help="host memory in GiB that decides fits with host offloads; default: not limited",
+    )
+    p.add_argument(
+        "--model",
+        type=any_case(sorted(model_presets())),
+        default=None,
+        help="plan the whole model (FFN, projections, LM head, FSDP, optimizer): a preset, any case: "
+        + ", ".join(sorted(model_presets()))
+        + " (`burst train` trains "
+        + ", ".join(sorted(PRESETS))
+        + "; the others are the papers' models, to plan only); the shape flags below override its fields",
+    )
+    p.add_argument(
+        "--hidden",
+        type=positive_int,
+        default=None,
+        help="whole model without a preset: hidden size (with --ffn-hidden, --vocab, --heads, --layers)",
+    )
     p.add_argument("--ffn-hidden", type=positive_int, default=None, help="SwiGLU hidden size (whole model)")
     p.add_argument("--vocab", type=positive_int, default=None, help="vocabulary size (whole model)")
     p.add_argument("--heads", type=positive_int, default=None, help="query heads (required without --model)")
     p.add_argument("--kv-heads", type=positive_int, default=None, help="KV heads (GQA); default: --heads")
-    p.add_argument("--head-dim", type=positive_int, default=None,
-                   help="dimension of each head (required for attention alone; whole model: --hidden / --heads)")
+    p.add_argument(
+        "--head-dim",
+        type=positive_int,
+        default=None,
+        help="dimension of each head (required for attention alone; whole model: --hidden / --heads)",
+    )
     p.add_argument("--batch", type=positive_int, default=1, help="sequences per step (per data-parallel replica)")
-    p.add_argument("--layers", type=positive_int, default=None,
-                   help="layers (time and memory scale by it); default: the model's, else 1")
+    p.add_argument(
+        "--layers",
+        type=positive_int,
+        default=None,
+        help="layers (time and memory scale by it); default: the model's, else 1",
+    )
     p.add_argument("--attention-only", action="store_true", help="with --model: plan its attention alone")
-    p.add_argument("--hf-config", default=None, metavar="PATH",
-                   help="a transformers model's config (config.json, its folder or a hub id): plan its attention "
-                        "layers, with the indexer keys and compressed entries of DeepSeek's sparse attention "
-                        "(needs transformers: pip install 'transformers>=5.23.0,<6', or '.[hf]' from a burst clone)")
-    p.add_argument("--mode", type=any_case(MODES), default="train",
-                   help="train (forward + backward, and the optimizer for a whole model) or prefill (one forward)")
-    p.add_argument("--checkpointing", type=any_case(CHECKPOINTING), default="none",
-                   help="whole model: activation checkpointing, as `burst train`'s (same default): "
-                        + ", ".join(CHECKPOINTING))
-    p.add_argument("--dp", type=positive_int, default=1,
-                   help="whole model: data-parallel replicas; each runs the sequence over --gpus / --dp devices")
+    p.add_argument(
+        "--hf-config",
+        default=None,
+        metavar="PATH",
+        help="a transformers model's config (config.json, its folder or a hub id): plan its attention "
+        "layers, with the indexer keys and compressed entries of DeepSeek's sparse attention "
+        "(needs transformers: pip install 'transformers>=5.23.0,<6', or '.[hf]' from a burst clone)",
+    )
+    p.add_argument(
+        "--mode",
+        type=any_case(MODES),
+        default="train",
+        help="train (forward + backward, and the optimizer for a whole model) or prefill (one forward)",
+    )
+    p.add_argument(
+        "--checkpointing",
+        type=any_case(CHECKPOINTING),
+        default="none",
+        help="whole model: activation checkpointing, as `burst train`'s (same default): " + ", ".join(CHECKPOINTING),
+    )
+    p.add_argument(
+        "--dp",
+        type=positive_int,
+        default=1,
+        help="whole model: data-parallel replicas; each runs the sequence over --gpus / --dp devices",
+    )
     p.add_argument("--unfused-loss", action="store_true", help="whole model: LM head builds the full logits")
     p.add_argument("--no-fsdp", action="store_true", help="whole model: weights and optimizer state replicated")
     p.add_argument("--offload-optimizer", action="store_true", help="whole model: Adam state and step on the host")
-    p.add_argument("--no-backward-overlap", action="store_true",
-                   help="whole model: ring transfers of the backward wait for compute (LoongTrain's double ring)")
-    p.add_argument("--gpu-mem-gib", type=positive_float, default=None,
-                   help="device memory in GiB that decides fits; default: the profile's")
+    p.add_argument(
+        "--no-backward-overlap",
+        action="store_true",
+        help="whole model: ring transfers of the backward wait for compute (LoongTrain's double ring)",
+    )
+    p.add_argument(
+        "--gpu-mem-gib",
+        type=positive_float,
+        default=None,
+        help="device memory in GiB that decides fits; default: the profile's",
+    )
     p.add_argument("--causal", action="store_true", help="causal mask (default: full attention)")
-    p.add_argument("--window", type=positive_int, default=None,
-                   help="causal sliding window: the keys each query sees at most (with --causal; attention alone)")
-    p.add_argument("--layout", type=any_case(LAYOUTS), default="zigzag", help="how the sequence is split: "
-                   + ", ".join(LAYOUTS))
-    p.add_argument("--dtype-bytes", type=int, choices=(1, 2, 4, 8), default=None,
-                   help="bytes per element of q, k, v; default: the profile's (2 on GPUs)")
-    p.add_argument("--inter-node-gbps", type=positive_float, default=None,
-                   help="inter-node GB/s per device per direction; default: the profile's")
-    p.add_argument("--intra-node-gbps", type=positive_float, default=None,
-                   help="intra-node GB/s per device per direction; default: the profile's")
+    p.add_argument(
+        "--window",
+        type=positive_int,
+        default=None,
+        help="causal sliding window: the keys each query sees at most (with --causal; attention alone)",
+    )
+    p.add_argument(
+        "--layout", type=any_case(LAYOUTS), default="zigzag", help="how the sequence is split: " + ", ".join(LAYOUTS)
+    )
+    p.add_argument(
+        "--dtype-bytes",
+        type=int,
+        choices=(1, 2, 4, 8),
+        default=None,
+        help="bytes per element of q, k, v; default: the profile's (2 on GPUs)",
+    )
+    p.add_argument(
+        "--inter-node-gbps",
+        type=positive_float,
+        default=None,
+        help="inter-node GB/s per device per direction; default: the profile's",
+    )
+    p.add_argument(
+        "--intra-node-gbps",
+        type=positive_float,
+        default=None,
+        help="intra-node GB/s per device per direction; default: the profile's",
+    )
     add_common(p, world=False)
     # what --hf-config reads of a model beyond its shapes (_apply_hf_config): nothing without one
     p.set_defaults(gathered=(0.0, 0.0), entries=0.0, indexer_macs=0.0, windowed_share=1.0, latent=None)
@@ -123,8 +200,9 @@ def validate(args) -> None:
         check_dp(args.dp, args.gpus)
     per_node = min(args.gpus, args.gpus_per_node)
     if args.gpus % per_node:
-        raise BadOption("--gpus", f"{args.gpus} is not a multiple of --gpus-per-node {args.gpus_per_node} "
-                                  "(whole nodes only)")
+        raise BadOption(
+            "--gpus", f"{args.gpus} is not a multiple of --gpus-per-node {args.gpus_per_node} (whole nodes only)"
+        )
     heads = model_of(args).heads if whole else args.heads
     if args.kv_heads is not None and heads % args.kv_heads:
         raise BadOption("--kv-heads", f"{args.kv_heads} does not divide {heads} query heads (use a divisor)")
@@ -139,13 +217,17 @@ def _apply_hf_config(args) -> None:
     """--hf-config: the config's attention shapes into the shape flags not given, and the numbers per
     token its sparse attention gathers (burst.plan.sparse) into args.gathered."""
     if args.model is not None or args.hidden is not None:
-        raise BadOption("--hf-config", "plans a transformers config's attention alone: give it without --model / "
-                                       "--hidden")
+        raise BadOption(
+            "--hf-config", "plans a transformers config's attention alone: give it without --model / --hidden"
+        )
     try:
         from transformers import AutoConfig
     except ImportError as err:  # the extra is missing: one line that names it, not a traceback
-        raise BadOption("--hf-config", "needs transformers: pip install 'transformers>=5.23.0,<6' "
-                                       "(or, from a clone of burst, pip install '.[hf]')") from err
+        raise BadOption(
+            "--hf-config",
+            "needs transformers: pip install 'transformers>=5.23.0,<6' "
+            "(or, from a clone of burst, pip install '.[hf]')",
+        ) from err
     with blame("--hf-config"):
         from ..plan.latent import latent_of
         from ..plan.sparse import entries_per_query, gathered_numbers, indexer_macs, windowed_layers
@@ -154,10 +236,17 @@ def _apply_hf_config(args) -> None:
         text = config.get_text_config(decoder=True)
         heads = text.num_attention_heads
         qk = getattr(text, "qk_nope_head_dim", 0) + getattr(text, "qk_rope_head_dim", 0)
-        head_dim = max(qk, getattr(text, "v_head_dim", 0)) if qk and getattr(text, "kv_lora_rank", None) else \
-            getattr(text, "head_dim", None) or text.hidden_size // heads
-        shapes = {"heads": heads, "kv_heads": getattr(text, "num_key_value_heads", None) or heads,
-                  "head_dim": head_dim, "layers": text.num_hidden_layers}
+        head_dim = (
+            max(qk, getattr(text, "v_head_dim", 0))
+            if qk and getattr(text, "kv_lora_rank", None)
+            else getattr(text, "head_dim", None) or text.hidden_size // heads
+        )
+        shapes = {
+            "heads": heads,
+            "kv_heads": getattr(text, "num_key_value_heads", None) or heads,
+            "head_dim": head_dim,
+            "layers": text.num_hidden_layers,
+        }
         args.latent = latent_of(text)  # MLA: burst moves the latent (plan/latent.py)
         args.gathered = gathered_numbers(config)
         args.entries = entries_per_query(config, args.seq_len)
@@ -179,10 +268,22 @@ def model_of(args):
     if args.model is not None:
         cfg = model_config(args.model)
     else:
-        cfg = ModelConfig(vocab_size=args.vocab, dim=args.hidden, layers=args.layers, heads=args.heads,
-                          kv_heads=args.kv_heads or args.heads, ffn_dim=args.ffn_hidden)
-    given = {"vocab_size": args.vocab, "dim": args.hidden, "layers": args.layers, "heads": args.heads,
-             "kv_heads": args.kv_heads, "ffn_dim": args.ffn_hidden}
+        cfg = ModelConfig(
+            vocab_size=args.vocab,
+            dim=args.hidden,
+            layers=args.layers,
+            heads=args.heads,
+            kv_heads=args.kv_heads or args.heads,
+            ffn_dim=args.ffn_hidden,
+        )
+    given = {
+        "vocab_size": args.vocab,
+        "dim": args.hidden,
+        "layers": args.layers,
+        "heads": args.heads,
+        "kv_heads": args.kv_heads,
+        "ffn_dim": args.ffn_hidden,
+    }
     cfg = replace(cfg, **{k: v for k, v in given.items() if v is not None})
     if args.heads is not None and args.kv_heads is None and cfg.heads % cfg.kv_heads:
         cfg = replace(cfg, kv_heads=cfg.heads)

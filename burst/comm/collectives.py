@@ -47,8 +47,11 @@ def record_to_peers(phase: str, nbytes: int, group, topology=None, posted: float
             link = link_between(topology, group, peer)
             record_sent(phase, nbytes, link=link)
             if emulate:  # as much comes in as goes out in these collectives
-                deadline = max(deadline, emulation.reserve(link, nbytes, posted, "out"),
-                               emulation.reserve(link, nbytes, posted, "in"))
+                deadline = max(
+                    deadline,
+                    emulation.reserve(link, nbytes, posted, "out"),
+                    emulation.reserve(link, nbytes, posted, "in"),
+                )
     if deadline:
         emulation.wait_until(deadline)
 

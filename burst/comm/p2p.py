@@ -84,8 +84,9 @@ def global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
 class Transfer:
     """Posted sends and receives; `received` is filled once `wait()` returns."""
 
-    def __init__(self, requests, sending, received, deadline: float = 0.0, host_received=None, channels=None,
-                 shared=()):
+    def __init__(
+        self, requests, sending, received, deadline: float = 0.0, host_received=None, channels=None, shared=()
+    ):
         self._requests = requests
         self._channels, self._shared = channels, shared  # receives posted on HostChannels
         self._sending = sending  # kept alive until the transfer is done
@@ -140,8 +141,11 @@ def exchange(
     sending = [t.contiguous() for t, _, _ in sends]
     # Receive buffers are contiguous whatever the strides of `like` (a transposed view from a
     # (batch, heads, seq, dim) model, a slice): gloo and NCCL refuse strided buffers.
-    received = list(into) if into is not None else [
-        torch.empty(like.shape, dtype=like.dtype, device=like.device) for like, _, _ in recvs]
+    received = (
+        list(into)
+        if into is not None
+        else [torch.empty(like.shape, dtype=like.dtype, device=like.device) for like, _, _ in recvs]
+    )
     wire_sent, wire_received, host_received = sending, received, None
     if through_host(group, sending + received):
         wire_sent = [t.to("cpu", copy=True) for t in sending]
@@ -152,10 +156,16 @@ def exchange(
     carried = channels.carries if channels is not None else lambda t: False
     redirected = [channels.send(t, peer, tag) for t, (_, peer, tag) in zip(wire_sent, sends) if carried(t)]
     shared = [channels.post_recv(buf, peer, tag) for buf, (_, peer, tag) in zip(wire_received, recvs) if carried(buf)]
-    ops = [dist.P2POp(dist.isend, t, global_rank(group, peer), group, tag)
-           for t, (_, peer, tag) in zip(wire_sent, sends) if not carried(t)]
-    ops += [dist.P2POp(dist.irecv, buf, global_rank(group, peer), group, tag)
-            for buf, (_, peer, tag) in zip(wire_received, recvs) if not carried(buf)]
+    ops = [
+        dist.P2POp(dist.isend, t, global_rank(group, peer), group, tag)
+        for t, (_, peer, tag) in zip(wire_sent, sends)
+        if not carried(t)
+    ]
+    ops += [
+        dist.P2POp(dist.irecv, buf, global_rank(group, peer), group, tag)
+        for buf, (_, peer, tag) in zip(wire_received, recvs)
+        if not carried(buf)
+    ]
     requests = [r for r in redirected if r is not None] + (dist.batch_isend_irecv(ops) if ops else [])
     deadline = 0.0
     for t, (_, peer, _) in zip(sending, sends):
@@ -165,6 +175,7 @@ def exchange(
             deadline = max(deadline, emulation.reserve(link, tensor_bytes(t), posted, "out"))
     if emulation.active():
         for buf, (_, peer, _) in zip(received, recvs):
-            deadline = max(deadline, emulation.reserve(link_between(topology, group, peer), tensor_bytes(buf),
-                                                       posted, "in"))
+            deadline = max(
+                deadline, emulation.reserve(link_between(topology, group, peer), tensor_bytes(buf), posted, "in")
+            )
     return Transfer(requests, wire_sent, received, deadline, host_received, channels, shared)

@@ -44,8 +44,9 @@ class RingComm:
         self._sent: list[torch.Tensor] = []
         self._spare: list[torch.Tensor] | None = None
 
-    def send_recv(self, tensors: Sequence[torch.Tensor], offset: int = 1, to: int | None = None,
-                  frm: int | None = None) -> list[torch.Tensor]:
+    def send_recv(
+        self, tensors: Sequence[torch.Tensor], offset: int = 1, to: int | None = None, frm: int | None = None
+    ) -> list[torch.Tensor]:
         """Start sending `tensors` to rank+offset; return buffers that `wait()` fills from rank-offset.
         `to` and `frm` name the peers instead (group ranks), for rings that are not rank-ordered
         (the double ring's sub-rings); to == frm == this rank is a loop-back.
@@ -62,9 +63,14 @@ class RingComm:
         if to == self.rank and frm == self.rank:
             return list(tensors)
         into, self._spare = self._spare, None
-        self._transfer = exchange(self.group, self.phase, tagged(tensors, to, self.tag), tagged(tensors, frm, self.tag),
-                                  into=into if into is not None and _same_layout(into, tensors) else None,
-                                  topology=self.topology)
+        self._transfer = exchange(
+            self.group,
+            self.phase,
+            tagged(tensors, to, self.tag),
+            tagged(tensors, frm, self.tag),
+            into=into if into is not None and _same_layout(into, tensors) else None,
+            topology=self.topology,
+        )
         self._sent = list(tensors)
         self._filled = [*self._filled[-1:], [weakref.ref(t) for t in self._transfer.received]]
         return self._transfer.received
@@ -83,5 +89,6 @@ def _same_tensors(a: Sequence[torch.Tensor], b: Sequence[weakref.ref]) -> bool:
 
 
 def _same_layout(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype and x.device == y.device
-                                    for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        x.shape == y.shape and x.dtype == y.dtype and x.device == y.device for x, y in zip(a, b)
+    )

@@ -96,8 +96,10 @@ def map_private(path: str, size: int) -> mmap.mmap:
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            raise PermissionError(f"{path}: owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o777)}; burst maps "
-                                  "only its own user's files of mode 0600")
+            raise PermissionError(
+                f"{path}: owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o777)}; burst maps "
+                "only its own user's files of mode 0600"
+            )
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
@@ -119,8 +121,9 @@ class HostAllGather:
         return os.path.isdir(SHM_DIR) and platform.machine() in ("x86_64", "AMD64")
 
     @classmethod
-    def create(cls, capacity: int, dtype: torch.dtype = torch.float32, group=None, timeout_s: float = 300.0
-               ) -> "HostAllGather | None":
+    def create(
+        cls, capacity: int, dtype: torch.dtype = torch.float32, group=None, timeout_s: float = 300.0
+    ) -> "HostAllGather | None":
         """Collective over `group`: the gather, or None on every rank when the ranks are not all on
         this host or the platform is not supported (then use the process group's all-gather)."""
         world, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -134,8 +137,9 @@ class HostAllGather:
             remove_dead()
             create_private(name[0], size)
         try:
-            dist.broadcast_object_list(name, src=dist.get_global_rank(group, 0) if group is not None else 0,
-                                       group=group)
+            dist.broadcast_object_list(
+                name, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group
+            )
             gather = cls(map_private(name[0], size), rank, world, capacity, dtype, timeout_s)
             if rank == 0:
                 gather._published[:] = -1
@@ -150,8 +154,10 @@ class HostAllGather:
         order: (world, numel), a fresh tensor."""
         n = tensor.numel()
         if n > self.capacity or tensor.dtype != self.dtype or tensor.device.type != "cpu":
-            raise ValueError(f"HostAllGather of capacity {self.capacity} {self.dtype} CPU elements got "
-                             f"{n} {tensor.dtype} on {tensor.device}")
+            raise ValueError(
+                f"HostAllGather of capacity {self.capacity} {self.dtype} CPU elements got "
+                f"{n} {tensor.dtype} on {tensor.device}"
+            )
         call, parity = self._calls, self._calls % 2
         self._slots[parity, self.rank, :n] = tensor.detach().reshape(-1).numpy()
         self._published[parity, self.rank] = call
@@ -170,8 +176,9 @@ class HostAllGather:
             if started is None:
                 started = time.monotonic()
             elif spins % 1000 == 0 and time.monotonic() - started > self.timeout_s:
-                raise RuntimeError(f"HostAllGather: rank {peer} did not reach call {call} within "
-                                   f"{self.timeout_s:.0f} s (did it fail?)")
+                raise RuntimeError(
+                    f"HostAllGather: rank {peer} did not reach call {call} within {self.timeout_s:.0f} s (did it fail?)"
+                )
 
     def close(self) -> None:
         """Unmap (after the last call on this rank; the others keep theirs)."""

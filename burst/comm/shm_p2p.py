@@ -109,8 +109,17 @@ class _Inbox:
 class HostChannels:
     """Shared-memory point-to-point channels between the ranks of `group` (all on this host)."""
 
-    def __init__(self, group, rank: int, world: int, capacity: int, outgoing: dict, incoming: dict,
-                 timeout_s: float, pids: list[int]):
+    def __init__(
+        self,
+        group,
+        rank: int,
+        world: int,
+        capacity: int,
+        outgoing: dict,
+        incoming: dict,
+        timeout_s: float,
+        pids: list[int],
+    ):
         self.group, self.rank, self.world, self.capacity = group, rank, world, capacity
         self.largest = capacity // 4  # larger messages go through gloo
         self.timeout_s = timeout_s
@@ -143,8 +152,11 @@ class HostChannels:
         if usable:
             try:
                 incoming = {src: _Ring(_map(path, COUNTERS + capacity), capacity) for src, path in paths.items()}
-                outgoing = {dst: _Ring(_map(f"{facts[dst][2]}.from{rank}", COUNTERS + capacity), capacity)
-                            for dst in range(world) if dst != rank}
+                outgoing = {
+                    dst: _Ring(_map(f"{facts[dst][2]}.from{rank}", COUNTERS + capacity), capacity)
+                    for dst in range(world)
+                    if dst != rank
+                }
                 channels = cls(group, rank, world, capacity, outgoing, incoming, timeout_s, [f[3] for f in facts])
             except OSError:  # a peer's rings are not here after all: every rank keeps gloo
                 channels = None
@@ -167,7 +179,7 @@ class HostChannels:
         position = self._make_room(ring, HEADER + _round_up(nbytes), HEADER + _round_up(nbytes) + REDIRECT_ROOM)
         if position is not None:
             start = position % self.capacity + HEADER
-            ring.data[start:start + nbytes].copy_(_bytes_of(t))
+            ring.data[start : start + nbytes].copy_(_bytes_of(t))
             ring.put_header(position, tag, nbytes, DATA)
             ring.counters[0, 0] = position + HEADER + _round_up(nbytes)
             return None
@@ -229,7 +241,7 @@ class HostChannels:
             tag, nbytes, kind = ring.header(read)
             size = HEADER + _round_up(nbytes) if kind != REDIRECT else HEADER
             start = read % self.capacity + HEADER
-            message = ring.data[start:start + nbytes] if kind == DATA else REDIRECT
+            message = ring.data[start : start + nbytes] if kind == DATA else REDIRECT
             waiting = inbox.posted.get(tag) if kind != PAD else None
             if kind == PAD:
                 pass
@@ -273,8 +285,10 @@ class HostChannels:
         if now - self._checked > LIVENESS_S:
             self._checked = now
             if not _alive(self._pids[peer]):
-                raise RuntimeError(f"HostChannels (rank {self.rank}): rank {peer} (pid {self._pids[peer]}) has exited "
-                                   f"while this rank waited on it ({what})")
+                raise RuntimeError(
+                    f"HostChannels (rank {self.rank}): rank {peer} (pid {self._pids[peer]}) has exited "
+                    f"while this rank waited on it ({what})"
+                )
         if self.sleeps and waited > SLEEP_AFTER_S:
             time.sleep(SLEEP_S)
         else:

@@ -36,8 +36,10 @@ class Topology:
     def check(self, world: int) -> None:
         size = self.local_world_size
         if not isinstance(size, int) or size < 1 or world % size:
-            raise ValueError(f"topology local_world_size={size!r} must be a positive divisor of the world size "
-                             f"{world} (ranks per node)")
+            raise ValueError(
+                f"topology local_world_size={size!r} must be a positive divisor of the world size "
+                f"{world} (ranks per node)"
+            )
         if not isinstance(self.double_ring, bool):
             raise TypeError(f"topology double_ring must be a bool, got {type(self.double_ring).__name__}")
 
@@ -45,7 +47,7 @@ class Topology:
         return global_rank // self.local_world_size
 
     def link(self, global_a: int, global_b: int) -> str:
-        """"intra" when the two global ranks share a node, else "inter"."""
+        """ "intra" when the two global ranks share a node, else "inter"."""
         return "intra" if self.node_of(global_a) == self.node_of(global_b) else "inter"
 
 

@@ -44,8 +44,9 @@ MODES = ("none", "full", "remat", "selective")
 
 def local_attention(q, k, v):
     """Single-device causal attention; q: (batch, seq, heads, head_dim), k, v: (batch, seq, kv_heads, head_dim)."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                         enable_gqa=k.shape[2] != q.shape[2])
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=k.shape[2] != q.shape[2]
+    )
     return out.transpose(1, 2)
 
 
@@ -53,8 +54,10 @@ def check_settings(mode: str, split: float, ffn_chunk: int, offload: bool = Fals
     """Raise ValueError for a checkpointing mode, selective split, blockwise-feedforward chunk or
     activation offload that does not exist (Transformer.set_checkpointing and `burst train` before it starts)."""
     if offload and mode == "none":
-        raise ValueError("offloading activations moves what checkpointing keeps: needs a checkpointing mode "
-                         "(full, remat or selective), not none")
+        raise ValueError(
+            "offloading activations moves what checkpointing keeps: needs a checkpointing mode "
+            "(full, remat or selective), not none"
+        )
     if mode not in MODES:
         raise ValueError(f"checkpointing {mode!r}: one of {MODES}")
     if not 0.0 <= split <= 1.0:
@@ -72,8 +75,9 @@ class SequenceAttention:
     are garbage), without autograd.
     """
 
-    def __init__(self, group=None, strategy: str = "burst", layout: str = "zigzag", world: int | None = None,
-                 **options):
+    def __init__(
+        self, group=None, strategy: str = "burst", layout: str = "zigzag", world: int | None = None, **options
+    ):
         import torch.distributed as dist
 
         self.group, self.strategy, self.layout, self.options = group, strategy, layout, options
@@ -83,8 +87,14 @@ class SequenceAttention:
         self.rank = dist.get_rank(group) if world > 1 else 0
 
     def _kwargs(self, **extra):
-        return {"group": self.group, "strategy": self.strategy, "layout": self.layout, "causal": True, **self.options,
-                **extra}
+        return {
+            "group": self.group,
+            "strategy": self.strategy,
+            "layout": self.layout,
+            "causal": True,
+            **self.options,
+            **extra,
+        }
 
     def __call__(self, q, k, v):
         if self.world == 1:
@@ -138,8 +148,11 @@ def prefix_layout(layout: str, world: int, global_len: int, split: int) -> str |
     for candidate in LAYOUTS:
         if split % (world * local_multiple(candidate)):
             continue
-        if all(torch.equal(mine[mine < split], shard_indices(candidate, r, world, split))
-               for r in range(world) for mine in (shard_indices(layout, r, world, global_len),)):
+        if all(
+            torch.equal(mine[mine < split], shard_indices(candidate, r, world, split))
+            for r in range(world)
+            for mine in (shard_indices(layout, r, world, global_len),)
+        ):
             return candidate
     return None
 

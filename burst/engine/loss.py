@@ -31,8 +31,13 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight * grad_loss.to(grad_weight.dtype), \
-            None, None, None
+        return (
+            grad_hidden * grad_loss.to(grad_hidden.dtype),
+            grad_weight * grad_loss.to(grad_weight.dtype),
+            None,
+            None,
+            None,
+        )
 
 
 def _loss_and_grads(hidden, weight, targets, ignore_index: int, count: float):
@@ -68,8 +73,9 @@ def _loss_and_grads(hidden, weight, targets, ignore_index: int, count: float):
     return loss, grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype)
 
 
-def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                               ignore_index: int = -100, group=None) -> torch.Tensor:
+def fused_linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, group=None
+) -> torch.Tensor:
     """Mean cross-entropy of `hidden @ weight.T` against `targets`, never building the logits.
 
     hidden: (..., hidden_size); weight: (vocab, hidden_size); targets: (...) ints, `ignore_index`
@@ -78,21 +84,26 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     (float64 for float64 input).
     """
     if hidden.shape[:-1] != targets.shape:
-        raise ValueError(f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} must share the "
-                         "leading dimensions")
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} must share the leading dimensions"
+        )
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
         raise ValueError(f"weight must be (vocab, {hidden.shape[-1]}), got {tuple(weight.shape)}")
     flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    return _FusedLinearCrossEntropy.apply(flat_h, weight, flat_t, ignore_index, _label_count(flat_t, ignore_index, group))
+    return _FusedLinearCrossEntropy.apply(
+        flat_h, weight, flat_t, ignore_index, _label_count(flat_t, ignore_index, group)
+    )
 
 
-def unfused_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
-                          group=None) -> torch.Tensor:
+def unfused_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, group=None
+) -> torch.Tensor:
     """The same loss from materialized logits (..., vocab): the baseline the fusion is measured
     against (benchmarks/engine.md)."""
     flat_t = targets.reshape(-1)
-    total = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat_t,
-                                              ignore_index=ignore_index, reduction="sum")
+    total = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), flat_t, ignore_index=ignore_index, reduction="sum"
+    )
     return total / _label_count(flat_t, ignore_index, group)
 
 

@@ -195,11 +195,19 @@ class Transformer(nn.Module):
             if isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
             elif isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=0.02 if isinstance(module, nn.Embedding)
-                                else 1 / math.sqrt(module.weight.shape[1]))
+                nn.init.normal_(
+                    module.weight,
+                    std=0.02 if isinstance(module, nn.Embedding) else 1 / math.sqrt(module.weight.shape[1]),
+                )
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor | None = None,
-                loss_group=None, fused_loss: bool = True) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        loss_group=None,
+        fused_loss: bool = True,
+    ) -> torch.Tensor:
         """tokens, positions: (batch, seq) (this rank's shard and its global positions) -> hidden
         states (batch, seq, dim) after the final norm; with `targets` (batch, seq), the mean
         cross-entropy instead (this rank's share of the global mean over `loss_group`), by the fused
@@ -208,8 +216,9 @@ class Transformer(nn.Module):
         cos, sin = rotary(positions, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
         x = self.embed(tokens)
         for block in self.blocks:
-            x = run_layer(block, x, cos, sin, positions, self.checkpointing, self.checkpoint_split,
-                          self.offload_activations)
+            x = run_layer(
+                block, x, cos, sin, positions, self.checkpointing, self.checkpoint_split, self.offload_activations
+            )
         hidden = self.norm(x)
         if targets is None:
             return hidden
@@ -217,8 +226,9 @@ class Transformer(nn.Module):
             return fused_linear_cross_entropy(hidden, self.lm_head.weight, targets, group=loss_group)
         return unfused_cross_entropy(self.lm_head(hidden), targets, group=loss_group)
 
-    def set_checkpointing(self, mode: str = "none", split: float = 0.5, ffn_chunk: int = 0,
-                          offload: bool = False) -> "Transformer":
+    def set_checkpointing(
+        self, mode: str = "none", split: float = 0.5, ffn_chunk: int = 0, offload: bool = False
+    ) -> "Transformer":
         """Activation checkpointing (engine/checkpointing.py: none | full | remat | selective; `split`
         is the fraction of the sequence `selective` recomputes), the blockwise feedforward
         (`ffn_chunk` tokens at a time; 0 = whole), and `offload`: what checkpointing keeps per layer

@@ -114,6 +114,7 @@ class HostAdamW:
 
     def state_bytes(self) -> int:
         """Host bytes of the master weights and moments."""
-        moments = sum(t.numel() * t.element_size() for s in self.inner.state.values() for t in s.values()
-                      if torch.is_tensor(t))
+        moments = sum(
+            t.numel() * t.element_size() for s in self.inner.state.values() for t in s.values() if torch.is_tensor(t)
+        )
         return moments + sum(m.numel() * m.element_size() for m in self.master)

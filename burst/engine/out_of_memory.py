@@ -47,8 +47,7 @@ def out_of_memory(cfg, device: torch.device, message: str) -> TrainOutOfMemory:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     tried = re.search(r"Tried to allocate ([0-9.]+) (GiB|MiB)", message)
-    failed = (f", a {tried.group(1)} {tried.group(2)} allocation failed with {_gib(held)} held"
-              if tried else "")
+    failed = f", a {tried.group(1)} {tried.group(2)} allocation failed with {_gib(held)} held" if tried else ""
     name, capacity = device_capacity(device)
     needed, rows = _planner(cfg, name, capacity)
     longest = "; ".join(f"{r['option']} {r['longest']}" for r in rows)
@@ -56,7 +55,8 @@ def out_of_memory(cfg, device: torch.device, message: str) -> TrainOutOfMemory:
         f"out of memory at --seq-len {cfg.seq_len} on {device} ({_gib(capacity)}): the step needs about "
         f"{_gib(needed)} (the planner's estimate for these settings){failed}; the longest the planner expects "
         f"to fit here, per memory option: {longest} (burst plan --model {cfg.model} --gpus 1 --profile {name} "
-        f"--longest shows each option's flags)")
+        f"--longest shows each option's flags)"
+    )
 
 
 def _planner(cfg, profile_name: str, capacity: float):
@@ -70,9 +70,19 @@ def _planner(cfg, profile_name: str, capacity: float):
     prof = replace(profile(profile_name), memory_bytes=capacity)
     cluster, model = Cluster(gpus=1, gpus_per_node=1, profile=prof), PRESETS[cfg.model]
     b = 2 if parse_dtype(cfg.dtype) == torch.bfloat16 else 4
-    t = Training(model, cfg.seq_len, batch=cfg.batch, checkpointing=cfg.checkpointing, split=cfg.checkpoint_split,
-                 fused_loss=cfg.fused_loss, fsdp=False, offload_optimizer=cfg.offload_optimizer,
-                 optimizer_in_backward=cfg.offload_optimizer, offload_activations=cfg.offload_activations,
-                 ffn_chunk=cfg.ffn_chunk, dtype_bytes=b)
+    t = Training(
+        model,
+        cfg.seq_len,
+        batch=cfg.batch,
+        checkpointing=cfg.checkpointing,
+        split=cfg.checkpoint_split,
+        fused_loss=cfg.fused_loss,
+        fsdp=False,
+        offload_optimizer=cfg.offload_optimizer,
+        optimizer_in_backward=cfg.offload_optimizer,
+        offload_activations=cfg.offload_activations,
+        ffn_chunk=cfg.ffn_chunk,
+        dtype_bytes=b,
+    )
     needed = speed_at("burst", cluster, t)["mem_bytes"]
     return needed, option_rows(model, cluster, host_memory_bytes=host_capacity(), dtype_bytes=b)

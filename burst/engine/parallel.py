@@ -59,8 +59,15 @@ def setup(dp: int, fsdp: str = "none", device: str = "cpu") -> Parallel:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device, (dp, sp), mesh_dim_names=("dp", "sp"))
-    return Parallel(dp=dp, sp=sp, dp_rank=mesh.get_local_rank("dp"), sp_rank=mesh.get_local_rank("sp"),
-                    sp_group=mesh.get_group("sp"), fsdp=fsdp, mesh=mesh)
+    return Parallel(
+        dp=dp,
+        sp=sp,
+        dp_rank=mesh.get_local_rank("dp"),
+        sp_rank=mesh.get_local_rank("sp"),
+        sp_group=mesh.get_group("sp"),
+        fsdp=fsdp,
+        mesh=mesh,
+    )
 
 
 def check_sharding(fsdp: str, cpu_offload: bool) -> None:
@@ -71,8 +78,10 @@ def check_sharding(fsdp: str, cpu_offload: bool) -> None:
     if cpu_offload and fsdp == "none":
         raise ValueError("--cpu-offload needs --fsdp dp or mesh (it is FSDP2's offload policy)")
     if cpu_offload and not torch.cuda.is_available():
-        raise ValueError("--cpu-offload needs a CUDA device (FSDP2 pins host memory for the copies; "
-                         "on a CPU-only machine parameters already live in host memory)")
+        raise ValueError(
+            "--cpu-offload needs a CUDA device (FSDP2 pins host memory for the copies; "
+            "on a CPU-only machine parameters already live in host memory)"
+        )
 
 
 def shard_parameters(model: torch.nn.Module, par: Parallel, cpu_offload: bool = False) -> torch.nn.Module:

@@ -30,8 +30,7 @@ import torch.distributed as dist
 
 # Fields that change what the resumed steps compute; the rest (world, strategy, layout, dp/FSDP,
 # checkpointing, metrics) may differ between the two runs.
-MUST_MATCH = ("model", "seq_len", "global_batch", "data", "seed", "lr", "warmup", "steps", "weight_decay",
-              "fused_loss")
+MUST_MATCH = ("model", "seq_len", "global_batch", "data", "seed", "lr", "warmup", "steps", "weight_decay", "fused_loss")
 
 
 META = "burst.json"  # written last: a step directory holding it is complete
@@ -104,16 +103,23 @@ def check_resumable(cfg) -> None:
     if not 0 < cfg.resume_step <= cfg.steps:
         raise ValueError(f"--resume-step: {cfg.resume_step} must lie in 1..--steps ({cfg.steps})")
     if not os.path.exists(os.path.join(step_dir(cfg.checkpoint_dir, cfg.resume_step), META)):
-        have = sorted(d for d in os.listdir(cfg.checkpoint_dir) if d.startswith("step-")) \
-            if os.path.isdir(cfg.checkpoint_dir) else []
-        raise ValueError(f"--resume-step: no checkpoint for step {cfg.resume_step} in {cfg.checkpoint_dir!r} "
-                         f"(found: {', '.join(have) or 'none'})")
+        have = (
+            sorted(d for d in os.listdir(cfg.checkpoint_dir) if d.startswith("step-"))
+            if os.path.isdir(cfg.checkpoint_dir)
+            else []
+        )
+        raise ValueError(
+            f"--resume-step: no checkpoint for step {cfg.resume_step} in {cfg.checkpoint_dir!r} "
+            f"(found: {', '.join(have) or 'none'})"
+        )
     saved = read_meta(cfg.checkpoint_dir, cfg.resume_step)["identity"]
     mine = _identity(cfg)
     for key in MUST_MATCH:
         if saved.get(key) != mine[key]:
-            raise ValueError(f"--resume-step: the checkpoint in {cfg.checkpoint_dir!r} is from another config: "
-                             f"{key} was {saved.get(key)!r}, this run has {mine[key]!r}")
+            raise ValueError(
+                f"--resume-step: the checkpoint in {cfg.checkpoint_dir!r} is from another config: "
+                f"{key} was {saved.get(key)!r}, this run has {mine[key]!r}"
+            )
 
 
 def save_checkpoint(cfg, step: int, model, optimizer) -> str:

@@ -49,8 +49,10 @@ class TokenSource:
         if self.tokens is not None and self.tokens.numel() < cfg.seq_len + 1:
             raise ValueError(f"--data: {cfg.data!r} holds {self.tokens.numel()} tokens, fewer than --seq-len + 1")
         if self.tokens is not None and int(self.tokens.max()) >= vocab:
-            raise ValueError(f"--data: {cfg.data!r} has token ids up to {int(self.tokens.max())}, "
-                             f"beyond the model's vocabulary of {vocab}")
+            raise ValueError(
+                f"--data: {cfg.data!r} has token ids up to {int(self.tokens.max())}, "
+                f"beyond the model's vocabulary of {vocab}"
+            )
 
     def batch(self, step: int, replica: int = 0) -> torch.Tensor:
         """Replica `replica`'s rows (batch, seq_len + 1) of step `step`'s global batch (batch x dp
@@ -61,8 +63,8 @@ class TokenSource:
             full = torch.randint(0, self.vocab, (rows, n), generator=g)
         else:
             starts = torch.randint(0, self.tokens.numel() - n + 1, (rows,), generator=g)
-            full = torch.stack([self.tokens[s:s + n] for s in starts.tolist()])
-        return full[replica * self.cfg.batch:(replica + 1) * self.cfg.batch]
+            full = torch.stack([self.tokens[s : s + n] for s in starts.tolist()])
+        return full[replica * self.cfg.batch : (replica + 1) * self.cfg.batch]
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
@@ -105,8 +107,9 @@ def make_optimizer(model, cfg: TrainConfig):
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def train_step(model, optimizer, tokens: torch.Tensor, cfg: TrainConfig, par: Parallel | None = None,
-               timings: dict | None = None) -> float:
+def train_step(
+    model, optimizer, tokens: torch.Tensor, cfg: TrainConfig, par: Parallel | None = None, timings: dict | None = None
+) -> float:
     """One step on this replica's rows `tokens` (batch, seq_len + 1); returns the global mean loss.
     timings: filled with "optimizer_s", the seconds of the optimizer (HostAdamW's host steps inside
     the backward, or AdamW's step after it, the device synchronized around it)."""
@@ -179,11 +182,18 @@ def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
             raise out_of_memory(cfg, device, failure)
         elapsed = time.perf_counter() - start
         compute_s = elapsed - timings["optimizer_s"]  # forward + backward: what MFU counts
-        row = {"step": step, "loss": loss, "lr": learning_rate(cfg, step), "step_s": elapsed,
-               "optimizer_s": timings["optimizer_s"], "tokens_per_s_per_device": tokens_per_device / elapsed,
-               "mfu": flops_per_token * tokens_per_device / compute_s / cfg.peak_flops if cfg.peak_flops else None,
-               "peak_mem_bytes": peak_memory_bytes(), "host_peak_bytes": peak_host_bytes(),
-               "memory_options": cfg.memory_options()}
+        row = {
+            "step": step,
+            "loss": loss,
+            "lr": learning_rate(cfg, step),
+            "step_s": elapsed,
+            "optimizer_s": timings["optimizer_s"],
+            "tokens_per_s_per_device": tokens_per_device / elapsed,
+            "mfu": flops_per_token * tokens_per_device / compute_s / cfg.peak_flops if cfg.peak_flops else None,
+            "peak_mem_bytes": peak_memory_bytes(),
+            "host_peak_bytes": peak_host_bytes(),
+            "memory_options": cfg.memory_options(),
+        }
         rows.append(row)
         if rank == 0:
             _report(bar, row)
@@ -240,8 +250,12 @@ def _say(bar, text: str) -> None:
 
 def _report(bar, row: dict) -> None:
     mfu = "n/a" if row["mfu"] is None else f"{row['mfu']:.1%}"
-    facts = dict(loss=f"{row['loss']:.4f}", tok_s_dev=f"{row['tokens_per_s_per_device']:.0f}",
-                 mfu=mfu, peak_mem=f"{row['peak_mem_bytes'] / 2**20:.0f}MiB")
+    facts = dict(
+        loss=f"{row['loss']:.4f}",
+        tok_s_dev=f"{row['tokens_per_s_per_device']:.0f}",
+        mfu=mfu,
+        peak_mem=f"{row['peak_mem_bytes'] / 2**20:.0f}MiB",
+    )
     if bar is None:
         print(f"step {row['step']} " + " ".join(f"{k} {v}" for k, v in facts.items()), file=sys.stderr, flush=True)
     else:

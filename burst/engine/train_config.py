@@ -63,8 +63,10 @@ class TrainConfig:
         sp = world // self.dp
         need = sp * local_multiple(self.layout)
         if self.seq_len % need:
-            raise ValueError(f"--seq-len: {self.seq_len} does not split over {sp} sequence-parallel ranks with "
-                             f"layout {self.layout!r} (use a multiple of {need})")
+            raise ValueError(
+                f"--seq-len: {self.seq_len} does not split over {sp} sequence-parallel ranks with "
+                f"layout {self.layout!r} (use a multiple of {need})"
+            )
         preset = PRESETS[self.model]
         if self.seq_len > preset.max_seq_len:
             raise ValueError(f"--seq-len: {self.seq_len} exceeds model {self.model!r}'s {preset.max_seq_len} positions")
@@ -91,14 +93,20 @@ class TrainConfig:
                 raise ValueError(f"{option}: must be at least 1, got {value}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"--lr: must be a positive number, got {self.lr}")
-        for option, value in (("--warmup", self.warmup), ("--peak-flops", self.peak_flops),
-                              ("--checkpoint-every", self.checkpoint_every), ("--ffn-chunk", self.ffn_chunk),
-                              ("--keep", self.keep),
-                              ("weight_decay", self.weight_decay)):
+        for option, value in (
+            ("--warmup", self.warmup),
+            ("--peak-flops", self.peak_flops),
+            ("--checkpoint-every", self.checkpoint_every),
+            ("--ffn-chunk", self.ffn_chunk),
+            ("--keep", self.keep),
+            ("weight_decay", self.weight_decay),
+        ):
             if not value >= 0:
                 raise ValueError(f"{option}: must be 0 or more, got {value}")
-        for option, settings in (("--checkpointing", (self.checkpointing, 0.5, 0)),
-                                 ("--checkpoint-split", ("none", self.checkpoint_split, 0))):
+        for option, settings in (
+            ("--checkpointing", (self.checkpointing, 0.5, 0)),
+            ("--checkpoint-split", ("none", self.checkpoint_split, 0)),
+        ):
             try:
                 check_settings(*settings)
             except ValueError as err:
@@ -108,21 +116,30 @@ class TrainConfig:
 
     def _check_offload(self, world: int) -> None:
         if self.offload_activations and self.checkpointing == "none":
-            raise ValueError("--offload-activations: moves what checkpointing keeps: give --checkpointing full, "
-                             "remat or selective")
+            raise ValueError(
+                "--offload-activations: moves what checkpointing keeps: give --checkpointing full, remat or selective"
+            )
         if self.offload_activations and self.fsdp != "none":
             raise ValueError("--offload-activations: runs without FSDP (--fsdp none)")
         if self.offload_optimizer and (world > 1 or self.fsdp != "none"):
-            raise ValueError("--offload-optimizer: one rank without FSDP; on several ranks use --fsdp dp|mesh "
-                             "--cpu-offload (FSDP2's offload)")
+            raise ValueError(
+                "--offload-optimizer: one rank without FSDP; on several ranks use --fsdp dp|mesh "
+                "--cpu-offload (FSDP2's offload)"
+            )
         if self.offload_optimizer and self.checkpoint_dir:
             raise ValueError("--offload-optimizer: checkpoints (--checkpoint-dir) do not save its host state yet")
 
     def memory_options(self) -> dict:
         """Which memory options this run uses (each step's metrics say it)."""
-        return {"checkpointing": self.checkpointing, "ffn_chunk": self.ffn_chunk, "fused_loss": self.fused_loss,
-                "offload_activations": self.offload_activations, "offload_optimizer": self.offload_optimizer,
-                "fsdp": self.fsdp, "fsdp_cpu_offload": self.cpu_offload}
+        return {
+            "checkpointing": self.checkpointing,
+            "ffn_chunk": self.ffn_chunk,
+            "fused_loss": self.fused_loss,
+            "offload_activations": self.offload_activations,
+            "offload_optimizer": self.offload_optimizer,
+            "fsdp": self.fsdp,
+            "fsdp_cpu_offload": self.cpu_offload,
+        }
 
     def _check_device(self, world: int) -> None:
         from ..devices import DTYPES, canonical_dtype, check_dtype, dtype_listing, local_ranks, resolve_device
@@ -131,8 +148,9 @@ class TrainConfig:
         name = canonical_dtype(self.dtype)  # any spelling --dtype takes ("bf16" as "bfloat16")
         if name not in TRAIN_DTYPES:
             why = ": float16 would need loss scaling, which burst train does not do" if name == "float16" else ""
-            raise ValueError(f"--dtype: training takes {dtype_listing(TRAIN_DTYPES)} (bfloat16 as autocast), "
-                             f"not {self.dtype!r}{why}")
+            raise ValueError(
+                f"--dtype: training takes {dtype_listing(TRAIN_DTYPES)} (bfloat16 as autocast), not {self.dtype!r}{why}"
+            )
         check_dtype(DTYPES[name], device)
 
     def _check_attention(self, sp: int, preset) -> None:
@@ -140,8 +158,17 @@ class TrainConfig:
         from ..plan.takes import check_call
 
         try:
-            check_call(sp, self.seq_len, preset.heads, preset.kv_heads, preset.head_dim, strategy=self.strategy,
-                       layout=self.layout, batch=self.batch, causal=True)
+            check_call(
+                sp,
+                self.seq_len,
+                preset.heads,
+                preset.kv_heads,
+                preset.head_dim,
+                strategy=self.strategy,
+                layout=self.layout,
+                batch=self.batch,
+                causal=True,
+            )
         except (ValueError, TypeError) as err:
             raise ValueError(f"--strategy: {err}") from None
 
@@ -152,8 +179,10 @@ class TrainConfig:
             raise ValueError(f"--data: {self.data!r} is not a file (a token file, a text file, or 'synthetic')")
         count = token_count(self.data)
         if count < self.seq_len + 1:
-            raise ValueError(f"--data: {self.data!r} holds {count} tokens, fewer than --seq-len + 1 = "
-                             f"{self.seq_len + 1} (a longer file, or a shorter --seq-len)")
+            raise ValueError(
+                f"--data: {self.data!r} holds {count} tokens, fewer than --seq-len + 1 = "
+                f"{self.seq_len + 1} (a longer file, or a shorter --seq-len)"
+            )
 
 
 def token_dtype(path: str):

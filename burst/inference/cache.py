@@ -30,9 +30,9 @@ class ShardedKVCache:
         self._v: list[torch.Tensor | None] = [None] * layers
         self._positions: torch.Tensor | None = None
         self._valid: torch.Tensor | None = None
-        self.length = 0        # entries held by this rank
+        self.length = 0  # entries held by this rank
         self._pending: set[int] = set()  # layers that appended this decode step's token here
-        self.decoded = 0       # tokens appended by decode steps (on all ranks together)
+        self.decoded = 0  # tokens appended by decode steps (on all ranks together)
 
     # -- prefill -------------------------------------------------------------------------------
     def prefill_positions(self, prompt_lengths: list[int], padded_len: int, device=None) -> torch.Tensor:
@@ -66,7 +66,7 @@ class ShardedKVCache:
         for store, new in ((self._k, k_new), (self._v, v_new)):
             if at >= store[layer].shape[1]:
                 store[layer] = self._grow(store[layer], extra=self.chunk)
-            store[layer][:, at:at + 1] = new
+            store[layer][:, at : at + 1] = new
         if not self._pending:
             if at >= self._positions.shape[1]:
                 pad = self._positions.new_zeros(self._positions.shape[0], self.chunk)
@@ -84,8 +84,9 @@ class ShardedKVCache:
         self.decoded += 1
 
     # -- reading -------------------------------------------------------------------------------
-    def keys_values(self, layer: int, since: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def keys_values(
+        self, layer: int, since: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(k, v, valid) of the entries this rank holds for `layer` (k, v views, no copy).
 
         since: (batch,) the oldest global position each row may attend (a sliding window), or None:

@@ -49,14 +49,15 @@ def partial_attention(q, k, v, valid, scale: float):
         keep = valid[row]
         if not bool(keep.any()):
             continue
-        o, l = kernel.forward(q[row:row + 1], k[row:row + 1, keep], v[row:row + 1, keep], scale, False, None)
-        out[row:row + 1].copy_(o)
-        lse[row:row + 1].copy_(l)
+        o, l = kernel.forward(q[row : row + 1], k[row : row + 1, keep], v[row : row + 1, keep], scale, False, None)
+        out[row : row + 1].copy_(o)
+        lse[row : row + 1].copy_(l)
     return out, lse
 
 
-def merge_across_ranks(out: torch.Tensor, lse: torch.Tensor, group=None, exchange: HostAllGather | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_across_ranks(
+    out: torch.Tensor, lse: torch.Tensor, group=None, exchange: HostAllGather | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """All-gather every rank's partial (out, lse) and merge them in rank order: float32 (out, lse).
 
     out: (batch, t, heads, head_dim) float32; lse: (batch, heads, t) float32. exchange: the
@@ -81,8 +82,17 @@ def merge_across_ranks(out: torch.Tensor, lse: torch.Tensor, group=None, exchang
     return merged_out, merged_lse
 
 
-def decode_attention(q, k, v, valid, scale: float | None = None, group=None, agreed: bool = False,
-                     exchange: HostAllGather | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+def decode_attention(
+    q,
+    k,
+    v,
+    valid,
+    scale: float | None = None,
+    group=None,
+    agreed: bool = False,
+    exchange: HostAllGather | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Exact attention of new queries over a KV cache sharded across `group`; q's dtype out.
 
     q: (batch, t, heads, head_dim), the same on every rank; k, v, valid: this rank's cache shard
@@ -95,9 +105,11 @@ def decode_attention(q, k, v, valid, scale: float | None = None, group=None, agr
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     problem = None
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[2] % k.shape[2] or valid.shape != k.shape[:2]:
-        problem = ValueError(f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, valid "
-                             f"{tuple(valid.shape)}: want q (batch, t, heads, d), k = v (batch, entries, kv_heads, d) "
-                             "with heads a multiple of kv_heads, valid (batch, entries)")
+        problem = ValueError(
+            f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, valid "
+            f"{tuple(valid.shape)}: want q (batch, t, heads, d), k = v (batch, entries, kv_heads, d) "
+            "with heads a multiple of kv_heads, valid (batch, entries)"
+        )
     try:
         check_sinks(sinks, q)
     except (TypeError, ValueError) as err:

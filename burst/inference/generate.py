@@ -26,8 +26,8 @@ from .decode import agree_on_decoding, decode_attention, decode_exchange
 
 @dataclass
 class Generated:
-    tokens: list[list[int]]      # the new tokens of each prompt
-    prefill_s: float             # time to the first token
+    tokens: list[list[int]]  # the new tokens of each prompt
+    prefill_s: float  # time to the first token
     decode_s_per_token: float
     cache_bytes_per_rank: int
 
@@ -40,8 +40,10 @@ def check_request(prompts, new_tokens: int, max_seq_len: int) -> None:
         raise ValueError("every prompt needs at least one token")
     longest = max(len(p) for p in prompts)
     if longest + new_tokens > max_seq_len:
-        raise ValueError(f"a prompt of {longest} tokens plus {new_tokens} new ones exceeds the model's "
-                         f"{max_seq_len} positions (max_seq_len)")
+        raise ValueError(
+            f"a prompt of {longest} tokens plus {new_tokens} new ones exceeds the model's "
+            f"{max_seq_len} positions (max_seq_len)"
+        )
 
 
 def _next_token(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None) -> torch.Tensor:
@@ -57,8 +59,17 @@ def _next_token(logits: torch.Tensor, temperature: float, top_p: float, gen: tor
 
 
 @torch.no_grad()
-def generate(model: Transformer, prompts: list[list[int]], new_tokens: int, group=None, strategy: str = "burst",
-             layout: str = "contiguous", temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> Generated:
+def generate(
+    model: Transformer,
+    prompts: list[list[int]],
+    new_tokens: int,
+    group=None,
+    strategy: str = "burst",
+    layout: str = "contiguous",
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+) -> Generated:
     """Generate `new_tokens` tokens after each prompt, with the KV cache sharded over `group`."""
     check_request(prompts, new_tokens, model.cfg.max_seq_len)
     world = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -68,7 +79,7 @@ def generate(model: Transformer, prompts: list[list[int]], new_tokens: int, grou
     device = next(model.parameters()).device
     full = torch.zeros(len(prompts), padded_len, dtype=torch.long)
     for row, p in enumerate(prompts):
-        full[row, :len(p)] = torch.tensor(p)
+        full[row, : len(p)] = torch.tensor(p)
     full = full.to(device)
     gen = torch.Generator().manual_seed(seed) if temperature > 0 else None
     cache = ShardedKVCache(layers=len(model.blocks), group=group, layout=layout)
@@ -86,7 +97,7 @@ def generate(model: Transformer, prompts: list[list[int]], new_tokens: int, grou
     # One check for the whole decode (its shapes do not change between tokens): each layer of each
     # token is then one collective, the merge's all-gather (through shared memory on one host).
     q_shape = (len(prompts), 1, cfg.heads, cfg.head_dim)
-    agree_on_decoding(q_shape, last.dtype, cfg.kv_heads, cfg.head_dim ** -0.5, group)
+    agree_on_decoding(q_shape, last.dtype, cfg.kv_heads, cfg.head_dim**-0.5, group)
     exchange = decode_exchange(q_shape, last.dtype, last.device, group) if new_tokens > 1 else None
     first_new = torch.tensor(lengths, device=device)  # once: each step adds to it on the device
     for step in range(1, new_tokens):

@@ -28,6 +28,21 @@ from .accumulators import accumulator_dtype, lse_for_backward, out_from_delta, r
 from .registry import KERNEL_ENV, kernels_by_name, named_kernel, select_kernel
 from .softcap import Softcapped
 
-__all__ = ["KERNEL_ENV", "Softcapped", "accumulator_dtype", "aten_flash", "cpu_flash", "cuda_flash_attn", "cuda_sdpa",
-           "cudnn", "flex", "kernels_by_name", "lse_for_backward", "named_kernel", "out_from_delta", "reference",
-           "row_delta", "select_kernel"]
+__all__ = [
+    "KERNEL_ENV",
+    "Softcapped",
+    "accumulator_dtype",
+    "aten_flash",
+    "cpu_flash",
+    "cuda_flash_attn",
+    "cuda_sdpa",
+    "cudnn",
+    "flex",
+    "kernels_by_name",
+    "lse_for_backward",
+    "named_kernel",
+    "out_from_delta",
+    "reference",
+    "row_delta",
+    "select_kernel",
+]

@@ -31,7 +31,7 @@ from .spec import HALF, NO_ROW_CAP, KernelSpec
 
 MAX_ROWS = NO_ROW_CAP  # its tiles it cannot take are partial (leaf-sized) or excluded by SPEC.head_dims
 DTYPES = cuda_flash_attn.DTYPES
-BANDS = True   # causal, window and document masks as arguments, like flash_attn's
+BANDS = True  # causal, window and document masks as arguments, like flash_attn's
 RULES = False  # other partial tiles as dense masks, for aten's efficient kernel (flex recompiles: gpu.md)
 SOFTCAP = False
 handles = cuda_flash_attn.handles
@@ -46,15 +46,22 @@ def available() -> bool:
     windows (ROCm builds run another flash under these names: not checked, so not chosen)."""
     if _forward_op is None or _backward_op is None or torch.version.hip or not torch.cuda.is_available():
         return False
-    takes_windows = all(any(a.name == "window_size_left" for a in op.default._schema.arguments)
-                        for op in (_forward_op, _backward_op))
+    takes_windows = all(
+        any(a.name == "window_size_left" for a in op.default._schema.arguments) for op in (_forward_op, _backward_op)
+    )
     built = getattr(torch.backends.cuda, "is_flash_attention_available", lambda: False)()
     return takes_windows and built and torch.cuda.get_device_capability() >= (8, 0)
 
 
-SPEC = KernelSpec("aten_flash", "cuda", HALF, available=lambda: available(), head_dims=(8, 256),
-                  missing="this torch or GPU has no flash attention with window arguments (an sm80+ GPU and "
-                          "torch 2.5 or newer built with it)")
+SPEC = KernelSpec(
+    "aten_flash",
+    "cuda",
+    HALF,
+    available=lambda: available(),
+    head_dims=(8, 256),
+    missing="this torch or GPU has no flash attention with window arguments (an sm80+ GPU and "
+    "torch 2.5 or newer built with it)",
+)
 
 
 def _fallback(mask, softcap: float = 0.0):
@@ -82,8 +89,9 @@ def varlen_lse_padded() -> bool:
     q = torch.empty(3, 1, 8, device="meta", dtype=torch.float16)
     cu = torch.empty(3, device="meta", dtype=torch.int32)
     try:
-        lse = _forward_op(q, q, q, cu, cu, 2, 2, 0.0, False, False, scale=1.0, window_size_left=-1,
-                          window_size_right=-1)[1]
+        lse = _forward_op(
+            q, q, q, cu, cu, 2, 2, 0.0, False, False, scale=1.0, window_size_left=-1, window_size_right=-1
+        )[1]
     except Exception:  # no meta rule in this build: the layout of the builds that have windows
         return False
     return lse.dim() == 3
@@ -101,20 +109,48 @@ class AtenFlash:
 
     @staticmethod
     def dense_forward(q, k, v, scale, causal, left, right, softcap):
-        out, lse, *_ = _forward_op(q, k, v, None, None, q.shape[1], k.shape[1], 0.0, causal, False, scale=scale,
-                                   **AtenFlash._windows(left, right))
+        out, lse, *_ = _forward_op(
+            q,
+            k,
+            v,
+            None,
+            None,
+            q.shape[1],
+            k.shape[1],
+            0.0,
+            causal,
+            False,
+            scale=scale,
+            **AtenFlash._windows(left, right),
+        )
         return out, lse[..., : q.shape[1]]
 
     @staticmethod
     def dense_backward(dout, q, k, v, out, lse, scale, causal, left, right, softcap):
-        dq, dk, dv = _backward_op(dout, q, k, v, out, lse, None, None, q.shape[1], k.shape[1], 0.0, causal,
-                                  *_no_rng(q.device), scale=scale, **AtenFlash._windows(left, right))
+        dq, dk, dv = _backward_op(
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            None,
+            None,
+            q.shape[1],
+            k.shape[1],
+            0.0,
+            causal,
+            *_no_rng(q.device),
+            scale=scale,
+            **AtenFlash._windows(left, right),
+        )
         return dq, dk, dv
 
     @staticmethod
     def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, softcap):
-        out, lse, *_ = _forward_op(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, False, False, scale=scale,
-                                   **AtenFlash._windows(left, right))
+        out, lse, *_ = _forward_op(
+            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, False, False, scale=scale, **AtenFlash._windows(left, right)
+        )
         if varlen_lse_padded():
             seq, pos = _rows_of_sequences(cu_q)
             lse = lse[seq, :, pos].transpose(0, 1)
@@ -127,8 +163,23 @@ class AtenFlash:
             padded = lse.new_zeros(len(cu_q) - 1, lse.shape[0], max_q)
             padded[seq, :, pos] = lse.transpose(0, 1)
             lse = padded
-        dq, dk, dv = _backward_op(dout, q, k, v, out, lse.contiguous(), cu_q, cu_k, max_q, max_k, 0.0, False,
-                                  *_no_rng(q.device), scale=scale, **AtenFlash._windows(left, right))
+        dq, dk, dv = _backward_op(
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse.contiguous(),
+            cu_q,
+            cu_k,
+            max_q,
+            max_k,
+            0.0,
+            False,
+            *_no_rng(q.device),
+            scale=scale,
+            **AtenFlash._windows(left, right),
+        )
         return dq, dk, dv
 
 

@@ -19,8 +19,9 @@ from .accumulators import out_from_delta
 from .masking import dense_mask
 
 
-def attend_forward(kernel, q, k, v, tiles: list[Tile], out_acc, lse_acc, scale: float, indices=None,
-                   index_block: int = 1) -> None:
+def attend_forward(
+    kernel, q, k, v, tiles: list[Tile], out_acc, lse_acc, scale: float, indices=None, index_block: int = 1
+) -> None:
     """Merge attention of q rows against k/v rows, tile by tile, into (out_acc, lse_acc).
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim)
@@ -67,8 +68,23 @@ def _account(phase: str, computed: list, start: float) -> None:
         record_pairs(phase, sum(c if isinstance(c, int) else c.pairs for c in computed))
 
 
-def attend_backward(kernel, dout, q, k, v, out, lse, tiles: list[Tile], dq_acc, dk_acc, dv_acc, scale: float,
-                    delta=None, indices=None, index_block: int = 1) -> None:
+def attend_backward(
+    kernel,
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    tiles: list[Tile],
+    dq_acc,
+    dk_acc,
+    dv_acc,
+    scale: float,
+    delta=None,
+    indices=None,
+    index_block: int = 1,
+) -> None:
     """Add the gradients of one block pair into float32 accumulators.
 
     out and lse are the query rows' *global* results (lse with +inf for empty rows, see

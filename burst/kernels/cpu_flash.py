@@ -31,8 +31,13 @@ def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | None = Non
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
     mask = dense_mask(mask, q.device)
     out, lse = _forward_op(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal,
-        attn_mask=additive_mask(mask, q.dtype), scale=scale,
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        0.0,
+        causal,
+        attn_mask=additive_mask(mask, q.dtype),
+        scale=scale,
     )
     return clear_empty_rows(out.transpose(1, 2), lse, mask)
 
@@ -42,8 +47,15 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Te
     mask = dense_mask(mask, q.device)
     lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)  # what the op expects
     dq, dk, dv = _backward_op(
-        dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        out.transpose(1, 2), lse, 0.0, causal,
-        attn_mask=additive_mask(mask, q.dtype), scale=scale,
+        dout.transpose(1, 2),
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        out.transpose(1, 2),
+        lse,
+        0.0,
+        causal,
+        attn_mask=additive_mask(mask, q.dtype),
+        scale=scale,
     )
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)

@@ -63,14 +63,24 @@ def available() -> bool:
         interface = _interface()
     except Exception:  # not installed, or built for another torch/CUDA: SDPA serves instead
         return False
-    return all(hasattr(interface, f) for f in ("_flash_attn_forward", "_flash_attn_backward",
-                                               "_flash_attn_varlen_forward", "_flash_attn_varlen_backward"))
+    return all(
+        hasattr(interface, f)
+        for f in (
+            "_flash_attn_forward",
+            "_flash_attn_backward",
+            "_flash_attn_varlen_forward",
+            "_flash_attn_varlen_backward",
+        )
+    )
 
 
 SPEC = KernelSpec(
-    "flash_attn", "cuda", HALF, available=lambda: available(),
+    "flash_attn",
+    "cuda",
+    HALF,
+    available=lambda: available(),
     missing="flash_attn (2.7 or newer) does not import here: pip install flash-attn, or leave BURST_KERNEL unset "
-            "to use the flash kernel inside torch (aten_flash) or SDPA",
+    "to use the flash kernel inside torch (aten_flash) or SDPA",
     proven=False,  # the package was never installed on a lent GPU: checked against its stand-in only
 )
 
@@ -104,28 +114,54 @@ class FlashAttnPackage:
     @staticmethod
     def dense_forward(q, k, v, scale, causal, left, right, softcap):
         """(b, s, h, d) inputs, contiguous -> out (b, sq, h, d), lse (b, h, sq) float32."""
-        out, lse, _, _ = _interface()._flash_attn_forward(q, k, v, 0.0, scale, causal, left, right, softcap, None, False)
+        out, lse, _, _ = _interface()._flash_attn_forward(
+            q, k, v, 0.0, scale, causal, left, right, softcap, None, False
+        )
         return out, lse
 
     @staticmethod
     def dense_backward(dout, q, k, v, out, lse, scale, causal, left, right, softcap):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _interface()._flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0, scale, causal, left, right,
-                                          softcap, None, False, None)
+        _interface()._flash_attn_backward(
+            dout, q, k, v, out, lse, dq, dk, dv, 0.0, scale, causal, left, right, softcap, None, False, None
+        )
         return dq, dk, dv
 
     @staticmethod
     def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, softcap):
         """(total, h, d) inputs -> out (total_q, h, d), lse (h, total_q) float32."""
-        out, lse, _, _ = _interface()._flash_attn_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, scale, False,
-                                                                 left, right, softcap, None, False)
+        out, lse, _, _ = _interface()._flash_attn_varlen_forward(
+            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, scale, False, left, right, softcap, None, False
+        )
         return out, lse
 
     @staticmethod
     def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _interface()._flash_attn_varlen_backward(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, 0.0,
-                                                 scale, False, left, right, softcap, None, False, None)
+        _interface()._flash_attn_varlen_backward(
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dq,
+            dk,
+            dv,
+            cu_q,
+            cu_k,
+            max_q,
+            max_k,
+            0.0,
+            scale,
+            False,
+            left,
+            right,
+            softcap,
+            None,
+            False,
+            None,
+        )
         return dq, dk, dv
 
 
@@ -170,8 +206,12 @@ def _cu_seqlens(bounds: tuple[int, ...], batch: int, rows: int, device: torch.de
 def _varlen_args(mask: Bands, q, k) -> tuple:
     batch = q.shape[0]
     max_q, max_k = mask.max_rows
-    return (_cu_seqlens(mask.cu_q, batch, q.shape[1], q.device), _cu_seqlens(mask.cu_k, batch, k.shape[1], q.device),
-            max_q, max_k)
+    return (
+        _cu_seqlens(mask.cu_q, batch, q.shape[1], q.device),
+        _cu_seqlens(mask.cu_k, batch, k.shape[1], q.device),
+        max_q,
+        max_k,
+    )
 
 
 def _packed(x):
@@ -179,43 +219,80 @@ def _packed(x):
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
 
 
-def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | None = None, softcap: float = 0.0,
-            library=FLASH_ATTN):
+def forward(
+    q,
+    k,
+    v,
+    scale: float,
+    causal: bool,
+    mask: torch.Tensor | Bands | None = None,
+    softcap: float = 0.0,
+    library=FLASH_ATTN,
+):
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32, on `library`'s
     FlashAttention-2 (flash_attn's by default)."""
     if not _runs(library, q, k, v, causal, mask, softcap):
         return library.fallback(mask, softcap).forward(q, k, v, scale, causal, mask, **_softcap_kwargs(softcap))
     parts = _parts(mask)
     if parts:  # FlashAttention-2 would read these bands' windows otherwise: calls it reads as meant
-        outs, lses = zip(*(forward(q[:, a:b], k[:, c:d], v[:, c:d], scale, False, band, softcap, library)
-                           for a, b, c, d, band in parts))
+        outs, lses = zip(
+            *(
+                forward(q[:, a:b], k[:, c:d], v[:, c:d], scale, False, band, softcap, library)
+                for a, b, c, d, band in parts
+            )
+        )
         return torch.cat(outs, 1), torch.cat(lses, 2)
     left, right = _window(causal, mask)
     if mask is not None and mask.sequences > 1:
         b, sq, h, _ = q.shape
-        out, lse = library.varlen_forward(_packed(q), _packed(k), _packed(v), *_varlen_args(mask, q, k), scale,
-                                          left, right, softcap)
+        out, lse = library.varlen_forward(
+            _packed(q), _packed(k), _packed(v), *_varlen_args(mask, q, k), scale, left, right, softcap
+        )
         out, lse = out.view(q.shape), lse.view(h, b, sq).transpose(0, 1)
     else:
-        out, lse = library.dense_forward(q.contiguous(), k.contiguous(), v.contiguous(), scale,
-                                         causal and mask is None, left, right, softcap)
+        out, lse = library.dense_forward(
+            q.contiguous(), k.contiguous(), v.contiguous(), scale, causal and mask is None, left, right, softcap
+        )
     return out, lse.masked_fill(lse == float("inf"), float("-inf"))
 
 
-def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Tensor | Bands | None = None,
-             softcap: float = 0.0, library=FLASH_ATTN):
+def backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    scale: float,
+    causal: bool,
+    mask: torch.Tensor | Bands | None = None,
+    softcap: float = 0.0,
+    library=FLASH_ATTN,
+):
     """Gradients of one block given the rows' global out and lse (see kernels/__init__.py)."""
     if not _runs(library, q, k, v, causal, mask, softcap):
-        return library.fallback(mask, softcap).backward(dout, q, k, v, out, lse, scale, causal, mask,
-                                                        **_softcap_kwargs(softcap))
+        return library.fallback(mask, softcap).backward(
+            dout, q, k, v, out, lse, scale, causal, mask, **_softcap_kwargs(softcap)
+        )
     parts = _parts(mask)
     if parts:
         dq = []
         dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (k, v))
         for a, b, c, d, band in parts:
             rows = slice(a, b)
-            dq_p, dk_p, dv_p = backward(dout[:, rows], q[:, rows], k[:, c:d], v[:, c:d], out[:, rows], lse[:, :, rows],
-                                        scale, False, band, softcap, library)
+            dq_p, dk_p, dv_p = backward(
+                dout[:, rows],
+                q[:, rows],
+                k[:, c:d],
+                v[:, c:d],
+                out[:, rows],
+                lse[:, :, rows],
+                scale,
+                False,
+                band,
+                softcap,
+                library,
+            )
             dq.append(dq_p)
             dk[:, c:d] += dk_p  # row pieces share their keys: summed in float32, handed back in k's dtype
             dv[:, c:d] += dv_p
@@ -224,9 +301,29 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Te
     if mask is not None and mask.sequences > 1:
         b, sq, h, _ = q.shape
         dq, dk, dv = library.varlen_backward(
-            _packed(dout), _packed(q), _packed(k), _packed(v), _packed(out),
-            lse.float().transpose(0, 1).reshape(h, b * sq), *_varlen_args(mask, q, k), scale, left, right, softcap,
+            _packed(dout),
+            _packed(q),
+            _packed(k),
+            _packed(v),
+            _packed(out),
+            lse.float().transpose(0, 1).reshape(h, b * sq),
+            *_varlen_args(mask, q, k),
+            scale,
+            left,
+            right,
+            softcap,
         )
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
-    return library.dense_backward(dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(),
-                                  lse.float().contiguous(), scale, causal and mask is None, left, right, softcap)
+    return library.dense_backward(
+        dout.contiguous(),
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        out.contiguous(),
+        lse.float().contiguous(),
+        scale,
+        causal and mask is None,
+        left,
+        right,
+        softcap,
+    )

@@ -26,7 +26,7 @@ _backward_op = torch.ops.aten._scaled_dot_product_efficient_attention_backward
 
 
 BIAS_ALIGN = 16  # elements: the largest alignment the efficient kernels ask of a bias row (SDPA pads so too)
-LSE_ALIGN = 32   # rows: how the forward pads lse, so its head stride is a multiple of 8
+LSE_ALIGN = 32  # rows: how the forward pads lse, so its head stride is a multiple of 8
 
 
 def _bias(mask, q):
@@ -34,8 +34,7 @@ def _bias(mask, q):
     if mask is None:
         return None
     *lead, sq, sk = mask.shape  # (sq, sk), or (b, 1, sq, sk) for an index selection
-    padded = torch.full((*lead, sq, -(-sk // BIAS_ALIGN) * BIAS_ALIGN), float("-inf"), dtype=q.dtype,
-                        device=q.device)
+    padded = torch.full((*lead, sq, -(-sk // BIAS_ALIGN) * BIAS_ALIGN), float("-inf"), dtype=q.dtype, device=q.device)
     padded[..., :sk] = additive_mask(mask, q.dtype)
     return padded[..., :sk].expand(q.shape[0], q.shape[2], sq, sk)
 
@@ -60,7 +59,13 @@ def forward(q, k, v, scale: float, causal: bool, mask=None):
     mask = dense_mask(mask, q.device)
     kk, vv = _expand_heads(k, v, q.shape[2])
     out, lse, _, _ = _forward_op(
-        q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), _bias(mask, q), True, 0.0, causal,
+        q.transpose(1, 2),
+        kk.transpose(1, 2),
+        vv.transpose(1, 2),
+        _bias(mask, q),
+        True,
+        0.0,
+        causal,
         scale=scale,
     )
     lse = lse[..., : q.shape[1]].float()  # some versions pad lse's last dim to a multiple of 32
@@ -73,8 +78,18 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask=None):
     kk, vv = _expand_heads(k, v, q.shape[2])
     zero = torch.zeros((), dtype=torch.int64, device=q.device)
     dq, dk, dv, _ = _backward_op(
-        dout.transpose(1, 2), q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), _bias(mask, q),
-        out.transpose(1, 2), _padded_lse(lse), zero, zero, 0.0, [True, True, True, False], causal,
+        dout.transpose(1, 2),
+        q.transpose(1, 2),
+        kk.transpose(1, 2),
+        vv.transpose(1, 2),
+        _bias(mask, q),
+        out.transpose(1, 2),
+        _padded_lse(lse),
+        zero,
+        zero,
+        0.0,
+        [True, True, True, False],
+        causal,
         scale=scale,
     )
     dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)

@@ -33,7 +33,7 @@ from . import aten_flash
 from .spec import HALF, NO_ROW_CAP, KernelSpec
 
 MAX_ROWS = NO_ROW_CAP
-BANDS = True   # masks as band arguments, for aten_flash: cuDNN itself runs the unmasked and causal tiles
+BANDS = True  # masks as band arguments, for aten_flash: cuDNN itself runs the unmasked and causal tiles
 RULES = False
 SOFTCAP = False
 MAX_HEAD_DIM = 128  # what torch's cuDNN path takes on every cuDNN 9 release (larger ones vary by version)
@@ -51,9 +51,14 @@ def available() -> bool:
 
 
 SPEC = KernelSpec(
-    "cudnn", "cuda", HALF, available=lambda: available(),
+    "cudnn",
+    "cuda",
+    HALF,
+    available=lambda: available(),
     missing="this torch or GPU has no cuDNN attention (cuDNN 9 and torch 2.5 or newer on an NVIDIA GPU)",
-    min_capability=(8, 0), fastest_from=(9, 0), head_dims=(8, MAX_HEAD_DIM),
+    min_capability=(8, 0),
+    fastest_from=(9, 0),
+    head_dims=(8, MAX_HEAD_DIM),
     proven=False,  # built against a stand-in of the ops' rules; not yet run on a GPU (benchmarks/gpu.md)
 )
 
@@ -61,8 +66,12 @@ SPEC = KernelSpec(
 def handles(q, k, v, causal: bool, mask) -> bool:
     """True when cuDNN runs this tile itself: fp16/bf16, no mask (causal is its own top-left
     triangle, any shape), equal q and v head dims that are multiples of 8 up to MAX_HEAD_DIM."""
-    return (mask is None and q.dtype in HALF and k.shape[-1] == q.shape[-1]
-            and SPEC.takes_head_dims(q.shape[-1], v.shape[-1]))
+    return (
+        mask is None
+        and q.dtype in HALF
+        and k.shape[-1] == q.shape[-1]
+        and SPEC.takes_head_dims(q.shape[-1], v.shape[-1])
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -80,8 +89,9 @@ def forward(q, k, v, scale: float, causal: bool, mask=None):
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
     if not handles(q, k, v, causal, mask):
         return aten_flash.forward(q, k, v, scale, causal, mask)
-    out, lse, *_ = _forward_op(_heads_first(q), _heads_first(k), _heads_first(v), None, True, 0.0, causal, False,
-                               scale=scale)
+    out, lse, *_ = _forward_op(
+        _heads_first(q), _heads_first(k), _heads_first(v), None, True, 0.0, causal, False, scale=scale
+    )
     return out.transpose(1, 2), lse.squeeze(-1)
 
 
@@ -90,8 +100,20 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask=None):
     if not handles(q, k, v, causal, mask):
         return aten_flash.backward(dout, q, k, v, out, lse, scale, causal, mask)
     dq, dk, dv = _backward_op(
-        _heads_first(dout), _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(out),
-        lse.float().contiguous().unsqueeze(-1), *_no_dropout_seeds(q.device), None, None, None,
-        q.shape[1], k.shape[1], 0.0, causal, scale=scale,
+        _heads_first(dout),
+        _heads_first(q),
+        _heads_first(k),
+        _heads_first(v),
+        _heads_first(out),
+        lse.float().contiguous().unsqueeze(-1),
+        *_no_dropout_seeds(q.device),
+        None,
+        None,
+        None,
+        q.shape[1],
+        k.shape[1],
+        0.0,
+        causal,
+        scale=scale,
     )
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)

@@ -52,8 +52,14 @@ def available() -> bool:
 
 
 # auto: softcap only (compiled, it recompiled per tile shape on an H200 until dynamo's limit: benchmarks/gpu.md)
-SPEC = KernelSpec("flex", "cuda", (*HALF, torch.float32), available=lambda: available(),
-                  missing=f"this torch ({torch.__version__}) has no FlexAttention with lse output", auto="softcap")
+SPEC = KernelSpec(
+    "flex",
+    "cuda",
+    (*HALF, torch.float32),
+    available=lambda: available(),
+    missing=f"this torch ({torch.__version__}) has no FlexAttention with lse output",
+    auto="softcap",
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,8 +77,12 @@ def _position_mod(rule: PositionRule, device):
     q_doc, k_doc = rule.spec.documents(q_pos, k_pos)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return rule.spec.attends(q_pos[q_idx], k_pos[kv_idx], q_doc[q_idx] if q_doc is not None else None,
-                                 k_doc[kv_idx] if k_doc is not None else None)
+        return rule.spec.attends(
+            q_pos[q_idx],
+            k_pos[kv_idx],
+            q_doc[q_idx] if q_doc is not None else None,
+            k_doc[kv_idx] if k_doc is not None else None,
+        )
 
     return mask_mod
 
@@ -131,22 +141,39 @@ def _attend(q, k, v, scale: float, block_mask, softcap: float = 0.0):
     from torch.nn.attention.flex_attention import AuxRequest
 
     out, aux = _compiled(q.device.type)(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask, scale=scale,
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        block_mask=block_mask,
+        scale=scale,
         score_mod=_softcap_mod(softcap) if softcap else None,
-        enable_gqa=q.shape[2] != k.shape[2], return_aux=AuxRequest(lse=True))
+        enable_gqa=q.shape[2] != k.shape[2],
+        return_aux=AuxRequest(lse=True),
+    )
     return out.transpose(1, 2), aux.lse
 
 
-def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | PositionRule | None = None,
-            softcap: float = 0.0):
+def forward(
+    q, k, v, scale: float, causal: bool, mask: torch.Tensor | Bands | PositionRule | None = None, softcap: float = 0.0
+):
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32 (float64 for float64)."""
     block_mask = _block_mask(mask, causal, q.shape[1], k.shape[1], q.device)
     out, lse = _attend(q, k, v, scale, block_mask, softcap)
     return out, lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
 
 
-def backward(dout, q, k, v, out, lse, scale: float, causal: bool,
-             mask: torch.Tensor | Bands | PositionRule | None = None, softcap: float = 0.0):
+def backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    scale: float,
+    causal: bool,
+    mask: torch.Tensor | Bands | PositionRule | None = None,
+    softcap: float = 0.0,
+):
     """Gradients of one block given the rows' global out and lse (see the module docstring)."""
     block_mask = _block_mask(mask, causal, q.shape[1], k.shape[1], q.device)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32

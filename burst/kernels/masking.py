@@ -23,8 +23,9 @@ def dense_mask(mask: torch.Tensor | Bands | PositionRule | None, device) -> torc
     return mask.to(device, non_blocking=True)
 
 
-def additive_mask(mask: torch.Tensor | Bands | PositionRule | None, dtype: torch.dtype,
-                  device=None) -> torch.Tensor | None:
+def additive_mask(
+    mask: torch.Tensor | Bands | PositionRule | None, dtype: torch.dtype, device=None
+) -> torch.Tensor | None:
     """The float bias SDPA kernels take: 0 where the mask attends, -inf elsewhere (None: no mask)."""
     mask = dense_mask(mask, device)
     if mask is None:

@@ -64,8 +64,9 @@ def _widened(*tensors):
     return [t.float() if t.dtype in (torch.float16, torch.bfloat16) else t for t in tensors]
 
 
-def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Tensor | None = None,
-             softcap: float = 0.0):
+def backward(
+    dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Tensor | None = None, softcap: float = 0.0
+):
     dtypes = q.dtype, k.dtype, v.dtype
     dout, q, k, v, out = _widened(dout, q, k, v, out)
     s, group = _scores(q, k, scale, causal, mask, softcap)
@@ -86,8 +87,17 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Te
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])
 
 
-def attention(q, k, v, scale: float | None = None, causal: bool = False, mask: torch.Tensor | None = None,
-              dtype: torch.dtype = torch.float64, sinks: torch.Tensor | None = None, softcap: float = 0.0):
+def attention(
+    q,
+    k,
+    v,
+    scale: float | None = None,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+    sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
+):
     """Differentiable attention on the full sequence in `dtype` (float64 by default): the oracle.
 
     q: (batch, seqlen, nheads, headdim); k, v: (batch, seqlen, nheads_k, headdim).
@@ -121,28 +131,42 @@ REFERENCE_CHUNK_ELEMENTS = 1 << 22  # scores per query chunk of full_reference (
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
-    """"float32" for torch.float32 (or for "float32" / "torch.float32")."""
+    """ "float32" for torch.float32 (or for "float32" / "torch.float32")."""
     name = str(dtype).removeprefix("torch.")
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {name!r}")
     return name
 
 
-def full_inputs(seed: int, batch: int, seq_len: int, heads: int, kv_heads: int, head_dim: int,
-                dtype: torch.dtype, device="cpu") -> list[torch.Tensor]:
+def full_inputs(
+    seed: int, batch: int, seq_len: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device="cpu"
+) -> list[torch.Tensor]:
     """q, dout: (batch, seq_len, heads, head_dim); k, v: (batch, seq_len, kv_heads, head_dim).
 
     Seeded on the CPU, so identical on every rank; values of `dtype` held in float64, so the reference
     sees exactly the inputs a strategy sees once they are cast to `dtype`. Order: q, k, v, dout.
     """
     g = torch.Generator().manual_seed(seed)
-    shapes = [(batch, seq_len, heads, head_dim), (batch, seq_len, kv_heads, head_dim),
-              (batch, seq_len, kv_heads, head_dim), (batch, seq_len, heads, head_dim)]
+    shapes = [
+        (batch, seq_len, heads, head_dim),
+        (batch, seq_len, kv_heads, head_dim),
+        (batch, seq_len, kv_heads, head_dim),
+        (batch, seq_len, heads, head_dim),
+    ]
     return [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).to(device, torch.float64) for s in shapes]
 
 
-def full_reference(q, k, v, dout, causal: bool = False, mask: torch.Tensor | None = None,
-                   scale: float | None = None, sinks: torch.Tensor | None = None, softcap: float = 0.0):
+def full_reference(
+    q,
+    k,
+    v,
+    dout,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
+):
     """float64 out (b, n, h, d), lse (b, h, n), dq, dk, dv of attention on the full sequence, and with
     `sinks` (h,) (attention's sinks) their gradient dsinks (h,) as a sixth value.
 
@@ -202,8 +226,11 @@ def errors_against(mine, ref) -> dict:
     """{quantity: error} of (out, lse, dq, dk, dv) against the float64 reference of the same rows:
     lse_error for lse, relative_error for the others. A quantity None on either side is left out
     (SDPA returns no lse)."""
-    return {name: lse_error(x, r) if name == "lse" else relative_error(x, r)
-            for name, x, r in zip(QUANTITIES, mine, ref) if x is not None and r is not None}
+    return {
+        name: lse_error(x, r) if name == "lse" else relative_error(x, r)
+        for name, x, r in zip(QUANTITIES, mine, ref)
+        if x is not None and r is not None
+    }
 
 
 def within_bounds(errors: dict, dtype: torch.dtype | str) -> bool:

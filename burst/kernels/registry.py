@@ -29,8 +29,13 @@ def kernels_by_name() -> dict:
     return {kernel.SPEC.name: kernel for kernel in BACKENDS}
 
 
-def select_kernel(device: torch.device, dtype: torch.dtype, softcap: float = 0.0, head_dim: int | None = None,
-                  v_head_dim: int | None = None):
+def select_kernel(
+    device: torch.device,
+    dtype: torch.dtype,
+    softcap: float = 0.0,
+    head_dim: int | None = None,
+    v_head_dim: int | None = None,
+):
     """The backend module for tensors on `device` with `dtype` (and these head dims, when given), or
     the one BURST_KERNEL names; softcap > 0: one that takes it, with it bound (softcap.Softcapped)."""
     wanted = os.environ.get(KERNEL_ENV, "auto")
@@ -38,8 +43,10 @@ def select_kernel(device: torch.device, dtype: torch.dtype, softcap: float = 0.0
         kernel = named_kernel(wanted, device, dtype)
         if not kernel.SPEC.takes_head_dims(head_dim, v_head_dim):
             multiple, largest = kernel.SPEC.head_dims
-            raise ValueError(f"{KERNEL_ENV}={wanted}: takes equal q and v head dims that are multiples of {multiple} "
-                             f"up to {largest}, not {head_dim} and {v_head_dim}")
+            raise ValueError(
+                f"{KERNEL_ENV}={wanted}: takes equal q and v head dims that are multiples of {multiple} "
+                f"up to {largest}, not {head_dim} and {v_head_dim}"
+            )
         if softcap and not kernel.SOFTCAP:
             takers = ", ".join(name for name, k in kernels_by_name().items() if k.SOFTCAP)
             raise ValueError(f"{KERNEL_ENV}={wanted}: takes no softcap (those that do: {takers})")
@@ -52,8 +59,14 @@ def _fastest(device: torch.device, dtype: torch.dtype, softcapped: bool, head_di
     for kernel in BACKENDS:
         spec = kernel.SPEC
         serves = spec.auto == "always" or (spec.auto == "softcap" and softcapped)
-        if (serves and spec.proven and (kernel.SOFTCAP or not softcapped) and spec.preferred_on(device)
-                and spec.takes_head_dims(head_dim, v_head_dim) and spec.why_not(device, dtype) is None):
+        if (
+            serves
+            and spec.proven
+            and (kernel.SOFTCAP or not softcapped)
+            and spec.preferred_on(device)
+            and spec.takes_head_dims(head_dim, v_head_dim)
+            and spec.why_not(device, dtype) is None
+        ):
             return kernel
     raise ValueError(f"no attention kernel runs {dtype} on {device.type}")  # reference runs everything
 
@@ -78,5 +91,8 @@ _warned: set[str] = set()
 def _warn_unproven(name: str) -> None:
     if name not in _warned:
         _warned.add(name)
-        warnings.warn(f"burst: {KERNEL_ENV}={name} runs a kernel path not yet checked on a GPU (benchmarks/gpu.md); "
-                      "run `burst check --device cuda` with it before trusting a run", stacklevel=3)
+        warnings.warn(
+            f"burst: {KERNEL_ENV}={name} runs a kernel path not yet checked on a GPU (benchmarks/gpu.md); "
+            "run `burst check --device cuda` with it before trusting a run",
+            stacklevel=3,
+        )

@@ -17,5 +17,21 @@ from .rules import BlockSparseMask, Cover, MaskSpec, PositionRule, may_attend
 from .selection import BlockIndices, checked_selection, selected
 from .tiles import MAX_TILE, SUB_TILE, Tile, TileSizes
 
-__all__ = ["Bands", "BlockIndices", "BlockSparseMask", "Cover", "MaskSpec", "MAX_TILE", "PositionRule", "RULE_CHECK", "SUB_TILE", "checked_selection",
-           "TILE", "Tile", "TileSizes", "may_attend", "plan_tiles", "selected"]
+__all__ = [
+    "Bands",
+    "BlockIndices",
+    "BlockSparseMask",
+    "Cover",
+    "MaskSpec",
+    "MAX_TILE",
+    "PositionRule",
+    "RULE_CHECK",
+    "SUB_TILE",
+    "checked_selection",
+    "TILE",
+    "Tile",
+    "TileSizes",
+    "may_attend",
+    "plan_tiles",
+    "selected",
+]

@@ -45,8 +45,10 @@ class Bands:
     @property
     def max_rows(self) -> tuple[int, int]:
         """The longest sequence's queries and keys (flash_attn's max_seqlen_q, max_seqlen_k)."""
-        return (max(b - a for a, b in zip(self.cu_q, self.cu_q[1:])),
-                max(b - a for a, b in zip(self.cu_k, self.cu_k[1:])))
+        return (
+            max(b - a for a, b in zip(self.cu_q, self.cu_q[1:])),
+            max(b - a for a, b in zip(self.cu_k, self.cu_k[1:])),
+        )
 
     def flash_windows(self) -> tuple[int, int]:
         """The window FlashAttention-2 applies for these arguments (mha_fwd, then set_params): a size of

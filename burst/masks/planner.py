@@ -34,8 +34,9 @@ from .tiles import Tile, TileSizes
 TILE = 512  # rows per tile when a block pair is partial: small enough to skip, big enough to run fast
 
 
-def plan_tiles(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec,
-               sizes: TileSizes = TileSizes()) -> list[Tile]:
+def plan_tiles(
+    q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec, sizes: TileSizes = TileSizes()
+) -> list[Tile]:
     """The kernel calls that compute queries `q_segs` against keys `k_segs` under `spec`.
 
     No call has more than `sizes.max_rows` query or key rows: kernels return fresh outputs and
@@ -49,8 +50,9 @@ def plan_tiles(q_segs: list[Segment], k_segs: list[Segment], spec: MaskSpec,
     return tiles
 
 
-def _plan_pair(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes, by_blocks: bool = True,
-               exact: bool = True) -> list[Tile]:
+def _plan_pair(
+    qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes, by_blocks: bool = True, exact: bool = True
+) -> list[Tile]:
     cover = Cover.FULL if spec.is_dense else spec.cover(qs, ks)
     if cover is Cover.SKIP:
         return []
@@ -155,8 +157,12 @@ def _as_varlen(pieces: list[Tile]) -> list[Tile]:
     out: list[list[Tile]] = []
     for t in pieces:
         prev = out[-1][-1] if out else None
-        if (prev is not None and _window(prev) == _window(t) and prev.q.rows.stop == t.q.local_start
-                and prev.k.rows.stop == t.k.local_start):
+        if (
+            prev is not None
+            and _window(prev) == _window(t)
+            and prev.q.rows.stop == t.q.local_start
+            and prev.k.rows.stop == t.k.local_start
+        ):
             out[-1].append(t)
         else:
             out.append([t])
@@ -268,10 +274,16 @@ def _coalesce_full(row: list[Tile], max_rows: int) -> list[Tile]:
     out: list[Tile] = []
     for t in row:
         prev = out[-1] if out else None
-        if (prev is not None and prev.cover is Cover.FULL and t.cover is Cover.FULL and prev.q == t.q
-                and prev.k.length + t.k.length <= max_rows
-                and prev.k.local_start + prev.k.length == t.k.local_start
-                and prev.k.stride == t.k.stride and prev.k.last + prev.k.stride == t.k.first):
+        if (
+            prev is not None
+            and prev.cover is Cover.FULL
+            and t.cover is Cover.FULL
+            and prev.q == t.q
+            and prev.k.length + t.k.length <= max_rows
+            and prev.k.local_start + prev.k.length == t.k.local_start
+            and prev.k.stride == t.k.stride
+            and prev.k.last + prev.k.stride == t.k.first
+        ):
             k = Segment(prev.k.local_start, prev.k.length + t.k.length, prev.k.first, prev.k.stride)
             out[-1] = Tile(prev.q, k, Cover.FULL, t.spec)
         else:

@@ -33,11 +33,11 @@ class Cover(enum.Enum):
 
     SKIP = 0
     FULL = 1
-    DIAG = 2      # top-left lower triangle (j <= i)
-    SHIFTED = 3   # strict lower triangle (j < i): striped layout, key rank > query rank
+    DIAG = 2  # top-left lower triangle (j <= i)
+    SHIFTED = 3  # strict lower triangle (j < i): striped layout, key rank > query rank
     PARTIAL = 4
-    BAND = 5      # a diagonal band per sequence, passed to the kernel as arguments (Tile.bands)
-    RULE = 6      # a partial tile passed whole as its rule (PositionRule) to a kernel that skips blocks itself
+    BAND = 5  # a diagonal band per sequence, passed to the kernel as arguments (Tile.bands)
+    RULE = 6  # a partial tile passed whole as its rule (PositionRule) to a kernel that skips blocks itself
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,9 +170,9 @@ def _causal_cover(qs: Segment, ks: Segment) -> Cover:
     if qs.stride == ks.stride and qs.length == ks.length:
         offset = qs.first - ks.first
         if 0 <= offset < qs.stride:
-            return Cover.DIAG      # same positions, or striped with key rank <= query rank: j <= i
+            return Cover.DIAG  # same positions, or striped with key rank <= query rank: j <= i
         if -qs.stride < offset < 0:
-            return Cover.SHIFTED   # striped, key rank > query rank (burstengine.md eq. 14): j < i
+            return Cover.SHIFTED  # striped, key rank > query rank (burstengine.md eq. 14): j < i
     return Cover.PARTIAL
 
 
@@ -202,7 +202,7 @@ def _document_cover(qs: Segment, ks: Segment, cu_seqlens: tuple[int, ...]) -> Co
 def _block_cover(qs: Segment, ks: Segment, mask: BlockSparseMask) -> Cover:
     bs = mask.block_size
     if qs.stride == 1 and ks.stride == 1:
-        sub = mask.layout[qs.first // bs: qs.last // bs + 1, ks.first // bs: ks.last // bs + 1]
+        sub = mask.layout[qs.first // bs : qs.last // bs + 1, ks.first // bs : ks.last // bs + 1]
     else:  # strided runs touch scattered blocks: look at exactly those
         qb = torch.unique(qs.positions() // bs)
         kb = torch.unique(ks.positions() // bs)

@@ -73,16 +73,24 @@ def checked_selection(indices, q: torch.Tensor, kv_heads: int, global_len: int) 
     if not isinstance(entries, torch.Tensor) or entries.dtype.is_floating_point or entries.dtype == torch.bool:
         raise TypeError(f"{what} must be an integer torch.Tensor, got {getattr(entries, 'dtype', type(entries))}")
     b, s = q.shape[0], q.shape[1]
-    if (entries.dim() not in (3, 4) or tuple(entries.shape[:2]) != (b, s) or entries.shape[-1] == 0
-            or (entries.dim() == 4 and entries.shape[2] != kv_heads)):
-        raise ValueError(f"{what} must be (batch, seqlen_local, topk) = ({b}, {s}, k >= 1) or, per KV head, "
-                         f"(batch, seqlen_local, kv_heads, topk) = ({b}, {s}, {kv_heads}, k >= 1); got shape "
-                         f"{tuple(entries.shape)}")
+    if (
+        entries.dim() not in (3, 4)
+        or tuple(entries.shape[:2]) != (b, s)
+        or entries.shape[-1] == 0
+        or (entries.dim() == 4 and entries.shape[2] != kv_heads)
+    ):
+        raise ValueError(
+            f"{what} must be (batch, seqlen_local, topk) = ({b}, {s}, k >= 1) or, per KV head, "
+            f"(batch, seqlen_local, kv_heads, topk) = ({b}, {s}, {kv_heads}, k >= 1); got shape "
+            f"{tuple(entries.shape)}"
+        )
     if entries.device != q.device:
         raise ValueError(f"{what} are on {entries.device} but q is on {q.device}")
     count = -(-global_len // block)  # key positions, or blocks (the last one may be short)
     if entries.device.type == "cpu" and entries.numel() and (int(entries.min()) < -1 or int(entries.max()) >= count):
         unit = "global key positions" if block == 1 else f"blocks of {block} keys"
-        raise ValueError(f"{what} must be {unit} in [-1, {count}) (-1: none), got values from "
-                         f"{int(entries.min())} to {int(entries.max())}")
+        raise ValueError(
+            f"{what} must be {unit} in [-1, {count}) (-1: none), got values from "
+            f"{int(entries.min())} to {int(entries.max())}"
+        )
     return entries, block

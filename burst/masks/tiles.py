@@ -45,8 +45,13 @@ class TileSizes:
         """How `kernel` (a burst.kernels backend module) wants its calls: its MAX_ROWS (or fewer), its
         leaves, and whether it takes bands and rules."""
         cap = kernel.MAX_ROWS if max_rows is None else min(max_rows, kernel.MAX_ROWS)
-        return cls(cap, getattr(kernel, "LEAF_ROWS", SUB_TILE), getattr(kernel, "SPLITS_TRIANGLES", False),
-                   getattr(kernel, "BANDS", False), getattr(kernel, "RULES", False))
+        return cls(
+            cap,
+            getattr(kernel, "LEAF_ROWS", SUB_TILE),
+            getattr(kernel, "SPLITS_TRIANGLES", False),
+            getattr(kernel, "BANDS", False),
+            getattr(kernel, "RULES", False),
+        )
 
 
 @dataclass(frozen=True, eq=False)

@@ -36,15 +36,30 @@ def plan(cluster: Cluster, workload, strategies=None, memory_bytes=None) -> list
     heads that do not split) does not fit, and its note says why."""
     if isinstance(workload, Training):
         m = workload.model
-        shape = Workload(workload.seq_len, m.heads, m.head_dim, m.kv_heads, workload.batch, m.layers,
-                         workload.causal, workload.dtype_bytes, workload.layout)
-        sp = replace(cluster, gpus=cluster.gpus // workload.dp,
-                     gpus_per_node=min(cluster.gpus // workload.dp, cluster.gpus_per_node))
-        rows = [_mark_refusal(whole_model(s, cluster, workload, memory_bytes), sp, shape)
-                for s in (strategies or STRATEGIES)]
+        shape = Workload(
+            workload.seq_len,
+            m.heads,
+            m.head_dim,
+            m.kv_heads,
+            workload.batch,
+            m.layers,
+            workload.causal,
+            workload.dtype_bytes,
+            workload.layout,
+        )
+        sp = replace(
+            cluster,
+            gpus=cluster.gpus // workload.dp,
+            gpus_per_node=min(cluster.gpus // workload.dp, cluster.gpus_per_node),
+        )
+        rows = [
+            _mark_refusal(whole_model(s, cluster, workload, memory_bytes), sp, shape)
+            for s in (strategies or STRATEGIES)
+        ]
     else:
-        rows = [_mark_refusal(attention_step(s, cluster, workload), cluster, workload)
-                for s in (strategies or STRATEGIES)]
+        rows = [
+            _mark_refusal(attention_step(s, cluster, workload), cluster, workload) for s in (strategies or STRATEGIES)
+        ]
     return sorted(rows, key=lambda e: (not e.fits, e.wall_s))
 
 
@@ -57,6 +72,25 @@ def _mark_refusal(est: Estimate, cluster: Cluster, w: Workload) -> Estimate:
     return est
 
 
-__all__ = ["Training", "whole_model", "attention_step", "model_config", "model_presets", "check_call", "check_split",
-           "refusal", "auto_choice", "device_profile", "plan", "choose", "estimate",
-           "Cluster", "Workload", "Estimate", "Profile", "PROFILES", "profile", "STRATEGIES"]
+__all__ = [
+    "Training",
+    "whole_model",
+    "attention_step",
+    "model_config",
+    "model_presets",
+    "check_call",
+    "check_split",
+    "refusal",
+    "auto_choice",
+    "device_profile",
+    "plan",
+    "choose",
+    "estimate",
+    "Cluster",
+    "Workload",
+    "Estimate",
+    "Profile",
+    "PROFILES",
+    "profile",
+    "STRATEGIES",
+]

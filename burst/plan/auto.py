@@ -55,7 +55,15 @@ def auto_choice(candidates, call, q, k) -> str:
     cluster = Cluster(gpus=call.world, gpus_per_node=per_node, profile=device_profile(q.device))
     window = call.spec.window  # (left, right); a causal window's keys per query: left + 1
     keys = window[0] + 1 if call.spec.causal and window is not None and window[0] >= 0 else None
-    workload = Workload(seq_len=call.local_len * call.world, heads=q.shape[2], head_dim=q.shape[3],
-                        kv_heads=k.shape[2], batch=q.shape[0], causal=call.spec.causal,
-                        dtype_bytes=q.element_size(), layout=call.layout, window=keys)
+    workload = Workload(
+        seq_len=call.local_len * call.world,
+        heads=q.shape[2],
+        head_dim=q.shape[3],
+        kv_heads=k.shape[2],
+        batch=q.shape[0],
+        causal=call.spec.causal,
+        dtype_bytes=q.element_size(),
+        layout=call.layout,
+        window=keys,
+    )
     return choose(cluster, workload, candidates)

@@ -52,9 +52,9 @@ class _Sizes:
     def __init__(self, w: Workload, g: int, dtype_bytes: int):
         n = w.seq_len / g
         self.n, self.dtype_bytes = n, dtype_bytes
-        self.q = w.batch * n * w.heads * w.head_dim * dtype_bytes        # one of Q, dO, O
-        self.kv = 2 * w.batch * n * w.kv * w.head_dim * dtype_bytes      # K and V
-        self.stat = w.batch * n * w.heads * 4                             # one of lse, D (fp32)
+        self.q = w.batch * n * w.heads * w.head_dim * dtype_bytes  # one of Q, dO, O
+        self.kv = 2 * w.batch * n * w.kv * w.head_dim * dtype_bytes  # K and V
+        self.stat = w.batch * n * w.heads * 4  # one of lse, D (fp32)
         self.dq32 = w.batch * n * w.heads * w.head_dim * 4
         self.dkv32 = 2 * w.batch * n * w.kv * w.head_dim * 4
 
@@ -82,15 +82,22 @@ def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; modelled: {STRATEGIES}")
     if w.causal and w.window is not None and w.windowed_share < 1:  # windowed and full layers, each costed
-        return blend(estimate(strategy, cluster, replace(w, windowed_share=1.0)),
-                     estimate(strategy, cluster, replace(w, window=None)), w.windowed_share)
+        return blend(
+            estimate(strategy, cluster, replace(w, windowed_share=1.0)),
+            estimate(strategy, cluster, replace(w, window=None)),
+            w.windowed_share,
+        )
     dtype_bytes = w.dtype_bytes or cluster.profile.dtype_bytes
     s = _Sizes(w, cluster.gpus, dtype_bytes)
     fwd_flops, bwd_flops = attention_flops(w)
     c_fwd = fwd_flops / cluster.gpus / cluster.profile.flops  # per device, one layer
     c_bwd = 0.0 if w.forward_only else bwd_flops / cluster.gpus / cluster.profile.flops
-    if (w.causal and w.layout == "contiguous" and strategy in _BY_SHARD
-            and not balanced(w.seq_len, cluster.gpus, w.window)):
+    if (
+        w.causal
+        and w.layout == "contiguous"
+        and strategy in _BY_SHARD
+        and not balanced(w.seq_len, cluster.gpus, w.window)
+    ):
         # The last rank's queries see G - 1/2 blocks where the average sees G/2: it sets the pace.
         straggler = (2 * cluster.gpus - 1) / cluster.gpus
         c_fwd, c_bwd = c_fwd * straggler, c_bwd * straggler
@@ -98,8 +105,14 @@ def estimate(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
     add_gathers(est, cluster, w, s, collective_time)  # sparse attention's gathers: sparse.py
     saved = w.layers * (3 * s.q + s.kv + s.stat) if w.kv == w.heads else w.layers * (2 * s.q + s.kv + s.stat)
     est.mem_bytes_per_device += saved
-    for attr in ("compute_s", "comm_s", "exposed_comm_s", "wall_s", "inter_node_bytes_per_device",
-                 "intra_node_bytes_per_device"):
+    for attr in (
+        "compute_s",
+        "comm_s",
+        "exposed_comm_s",
+        "wall_s",
+        "inter_node_bytes_per_device",
+        "intra_node_bytes_per_device",
+    ):
         setattr(est, attr, getattr(est, attr) * w.layers)
     est.fits = est.fits and est.mem_bytes_per_device <= cluster.profile.memory_bytes
     if est.mem_bytes_per_device > cluster.profile.memory_bytes:
@@ -120,8 +133,9 @@ def _ring_family(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     fwd = ring_pass(cluster, g, c_fwd, b.forward * f, double)  # f: the chunk stream serves only a window's rows
     staying = s.dkv32 + s.q if b.side == "queries" else s.dq32 + s.q  # the other side's accumulators, and O
     if b.streamed:  # the chunk stream: a few chunks held, accumulator parts go home
-        bwd = _backward(w, lambda: ring_pass(cluster, g, c_bwd, (b.moving + b.acc) * f, False,
-                                             tail=b.acc * f / CHUNKS_PER_BLOCK))
+        bwd = _backward(
+            w, lambda: ring_pass(cluster, g, c_bwd, (b.moving + b.acc) * f, False, tail=b.acc * f / CHUNKS_PER_BLOCK)
+        )
         peak = b.acc + staying - s.q + (2 * b.moving + 3 * b.acc + s.q) / CHUNKS_PER_BLOCK
     else:  # whole blocks on the (double) ring, their accumulators taking the last hop home
         bwd = _backward(w, lambda: ring_pass(cluster, g, c_bwd, b.moving + b.acc, double, tail=b.acc))
@@ -144,9 +158,15 @@ def _backward(w: Workload, run):
 
 
 def _sum(name, fwd, bwd, compute) -> Estimate:
-    return Estimate(name, compute_s=compute, wall_s=fwd[0] + bwd[0], comm_s=fwd[1] + bwd[1],
-                    exposed_comm_s=fwd[2] + bwd[2], inter_node_bytes_per_device=fwd[3] + bwd[3],
-                    intra_node_bytes_per_device=fwd[4] + bwd[4])
+    return Estimate(
+        name,
+        compute_s=compute,
+        wall_s=fwd[0] + bwd[0],
+        comm_s=fwd[1] + bwd[1],
+        exposed_comm_s=fwd[2] + bwd[2],
+        inter_node_bytes_per_device=fwd[3] + bwd[3],
+        intra_node_bytes_per_device=fwd[4] + bwd[4],
+    )
 
 
 def _allgather(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
@@ -156,9 +176,15 @@ def _allgather(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     scatter = collective_time(cluster, 0.0 if w.forward_only else (g - 1) * s.dkv32, share)
     gathers = 1 if w.forward_only else 2  # the backward gathers K, V again
     comm = gathers * gather[0] + scatter[0]
-    est = Estimate(name, compute_s=c_fwd + c_bwd, comm_s=comm, exposed_comm_s=comm, wall_s=c_fwd + c_bwd + comm,
-                   inter_node_bytes_per_device=gathers * gather[1] + scatter[1],
-                   intra_node_bytes_per_device=gathers * gather[2] + scatter[2])
+    est = Estimate(
+        name,
+        compute_s=c_fwd + c_bwd,
+        comm_s=comm,
+        exposed_comm_s=comm,
+        wall_s=c_fwd + c_bwd + comm,
+        inter_node_bytes_per_device=gathers * gather[1] + scatter[1],
+        intra_node_bytes_per_device=gathers * gather[2] + scatter[2],
+    )
     est.mem_bytes_per_device = g * (s.kv + s.dkv32) + s.dq32 + s.q
     est.note = "holds the whole sequence's K, V"
     return est
@@ -201,12 +227,24 @@ def _usp(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     r = cluster.gpus // u
     inner = _ulysses(name, Cluster(u, u, cluster.profile, cluster.intra_bw, cluster.inter_bw), w, s, 0.0, 0.0, u)
     # The ring carries the full sequence's share of the ring group: blocks of N/r tokens, H/u heads.
-    ring_sizes = _Sizes(Workload(w.seq_len, max(1, w.heads // u), w.head_dim, max(1, w.kv // u), w.batch, 1,
-                                 w.causal, None), r, s.dtype_bytes)
+    ring_sizes = _Sizes(
+        Workload(w.seq_len, max(1, w.heads // u), w.head_dim, max(1, w.kv // u), w.batch, 1, w.causal, None),
+        r,
+        s.dtype_bytes,
+    )
     ring_cluster = Cluster(r, 1, cluster.profile, cluster.intra_bw, cluster.inter_bw) if r > 1 else cluster
     fwd = ring_pass(ring_cluster, r, c_fwd, ring_sizes.kv, False)
-    bwd = _backward(w, lambda: ring_pass(ring_cluster, r, c_bwd, 2 * ring_sizes.q + 2 * ring_sizes.stat
-                                         + ring_sizes.dq32, False, tail=ring_sizes.dq32))
+    bwd = _backward(
+        w,
+        lambda: ring_pass(
+            ring_cluster,
+            r,
+            c_bwd,
+            2 * ring_sizes.q + 2 * ring_sizes.stat + ring_sizes.dq32,
+            False,
+            tail=ring_sizes.dq32,
+        ),
+    )
     est = _sum(name, fwd, bwd, c_fwd + c_bwd)
     est.wall_s += inner.comm_s
     est.comm_s += inner.comm_s
@@ -224,8 +262,9 @@ def _distflash(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     g = cluster.gpus
     steps = g // 2 + 1
     fwd = ring_pass(cluster, steps, c_fwd, s.kv + 0.5 * (s.q + s.dq32 + s.stat), False)
-    bwd = _backward(w, lambda: ring_pass(cluster, steps, c_bwd, s.kv + s.dkv32 + 0.5 * (2 * s.q + 2 * s.stat
-                                                                                    + s.dq32), False))
+    bwd = _backward(
+        w, lambda: ring_pass(cluster, steps, c_bwd, s.kv + s.dkv32 + 0.5 * (2 * s.q + 2 * s.stat + s.dq32), False)
+    )
     est = _sum(name, fwd, bwd, c_fwd + c_bwd)
     est.mem_bytes_per_device = 2 * s.kv + 2 * s.dkv32 + s.dq32 + 2 * s.q
     if not w.causal:
@@ -251,13 +290,26 @@ def _cqs(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
     bwd_back = 0.0 if w.forward_only else (k - 1) * (s.dq32 + s.dkv32)
     t_b = [collective_time(cluster, bwd_fetch, share), collective_time(cluster, bwd_back, share)]
     comm = sum(t[0] for t in t_f + t_b)
-    est = Estimate(name, compute_s=c_fwd + c_bwd, comm_s=comm, exposed_comm_s=comm, wall_s=c_fwd + c_bwd + comm,
-                   inter_node_bytes_per_device=sum(t[1] for t in t_f + t_b),
-                   intra_node_bytes_per_device=sum(t[2] for t in t_f + t_b))
+    est = Estimate(
+        name,
+        compute_s=c_fwd + c_bwd,
+        comm_s=comm,
+        exposed_comm_s=comm,
+        wall_s=c_fwd + c_bwd + comm,
+        inter_node_bytes_per_device=sum(t[1] for t in t_f + t_b),
+        intra_node_bytes_per_device=sum(t[2] for t in t_f + t_b),
+    )
     est.mem_bytes_per_device = k * (2 * s.q + s.kv + s.dkv32) + k * s.dq32
     est.extra = {"quorum": k}
     return est
 
 
-_MODELS = {"burst": _ring_family, "ring": _ring_family, "allgather": _allgather, "ulysses": _ulysses,
-           "usp": _usp, "distflash": _distflash, "cqs": _cqs}
+_MODELS = {
+    "burst": _ring_family,
+    "ring": _ring_family,
+    "allgather": _allgather,
+    "ulysses": _ulysses,
+    "usp": _usp,
+    "distflash": _distflash,
+    "cqs": _cqs,
+}

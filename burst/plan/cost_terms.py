@@ -50,14 +50,14 @@ class Workload:
     layers: int = 1
     causal: bool = True
     dtype_bytes: int | None = None  # default: the profile's
-    layout: str = "zigzag"          # contiguous shards leave causal work unbalanced on ring strategies
-    forward_only: bool = False      # a prefill: attention's forward pass alone
-    window: int | None = None       # causal layers: the keys each query sees at most (windows.py)
-    windowed_share: float = 1.0     # the share of layers with that window; the rest full causal
-    gathered: float = 0.0           # numbers per token each layer gathers to every rank, no gradient (sparse.py)
+    layout: str = "zigzag"  # contiguous shards leave causal work unbalanced on ring strategies
+    forward_only: bool = False  # a prefill: attention's forward pass alone
+    window: int | None = None  # causal layers: the keys each query sees at most (windows.py)
+    windowed_share: float = 1.0  # the share of layers with that window; the rest full causal
+    gathered: float = 0.0  # numbers per token each layer gathers to every rank, no gradient (sparse.py)
     gathered_with_gradient: float = 0.0  # ... whose gradients return in the backward (DeepSeek-V4's entries)
-    entries: float = 0.0            # compressed entries a query attends beside its keys, on average (sparse.py)
-    indexer_macs: float = 0.0       # multiply-adds of the indexers' scores per query, on average (sparse.py)
+    entries: float = 0.0  # compressed entries a query attends beside its keys, on average (sparse.py)
+    indexer_macs: float = 0.0  # multiply-adds of the indexers' scores per query, on average (sparse.py)
     latent: LatentShape | None = None  # MLA: burst moves the latent, others the expanded heads (latent.py)
 
     @property
@@ -69,8 +69,8 @@ class Workload:
 class Estimate:
     strategy: str
     compute_s: float = 0.0
-    comm_s: float = 0.0              # link time of all transfers, hidden or not
-    exposed_comm_s: float = 0.0      # what compute does not hide
+    comm_s: float = 0.0  # link time of all transfers, hidden or not
+    exposed_comm_s: float = 0.0  # what compute does not hide
     wall_s: float = 0.0
     mem_bytes_per_device: float = 0.0
     inter_node_bytes_per_device: float = 0.0
@@ -85,14 +85,22 @@ class Estimate:
         return 1.0 if self.comm_s == 0 else max(0.0, 1.0 - self.exposed_comm_s / self.comm_s)
 
     def row(self) -> dict:
-        return {"strategy": self.strategy, "fits": self.fits, "wall_s": self.wall_s, "compute_s": self.compute_s,
-                "comm_s": self.comm_s, "exposed_comm_s": self.exposed_comm_s, "overlap": self.overlap,
-                "mem_bytes_per_device": self.mem_bytes_per_device,
-                "inter_node_bytes_per_device": self.inter_node_bytes_per_device,
-                "intra_node_bytes_per_device": self.intra_node_bytes_per_device, "note": self.note,
-                "step_s": self.extra.get("step_s", self.wall_s),
-                "tokens_per_s_per_device": self.extra.get("tokens_per_s_per_device"),
-                "scope": self.extra.get("scope", "attention only")}
+        return {
+            "strategy": self.strategy,
+            "fits": self.fits,
+            "wall_s": self.wall_s,
+            "compute_s": self.compute_s,
+            "comm_s": self.comm_s,
+            "exposed_comm_s": self.exposed_comm_s,
+            "overlap": self.overlap,
+            "mem_bytes_per_device": self.mem_bytes_per_device,
+            "inter_node_bytes_per_device": self.inter_node_bytes_per_device,
+            "intra_node_bytes_per_device": self.intra_node_bytes_per_device,
+            "note": self.note,
+            "step_s": self.extra.get("step_s", self.wall_s),
+            "tokens_per_s_per_device": self.extra.get("tokens_per_s_per_device"),
+            "scope": self.extra.get("scope", "attention only"),
+        }
 
 
 def ring_pass(cluster: Cluster, steps: int, compute: float, block: float, double: bool, tail: float = 0.0):

@@ -24,11 +24,20 @@ MEMORY_OPTIONS: dict[str, tuple[dict, str]] = {
 for _mode in ("none", "full", "remat", "selective"):
     _flags = f"--checkpointing {_mode} --ffn-chunk {FFN_CHUNK} --offload-optimizer"
     MEMORY_OPTIONS[f"{_mode} + host optimizer"] = (
-        dict(checkpointing=_mode, ffn_chunk=FFN_CHUNK, offload_optimizer=True, optimizer_in_backward=True), _flags)
+        dict(checkpointing=_mode, ffn_chunk=FFN_CHUNK, offload_optimizer=True, optimizer_in_backward=True),
+        _flags,
+    )
     if _mode != "none":
         MEMORY_OPTIONS[f"{_mode} + host optimizer + host activations"] = (
-            dict(checkpointing=_mode, ffn_chunk=FFN_CHUNK, offload_optimizer=True, optimizer_in_backward=True,
-                 offload_activations=True), _flags + " --offload-activations")
+            dict(
+                checkpointing=_mode,
+                ffn_chunk=FFN_CHUNK,
+                offload_optimizer=True,
+                optimizer_in_backward=True,
+                offload_activations=True,
+            ),
+            _flags + " --offload-activations",
+        )
 
 
 def longest_length(strategy: str, cluster, t: Training, granule: int = 1024, limit: int = 1 << 23) -> int:
@@ -53,20 +62,34 @@ def speed_at(strategy: str, cluster, t: Training) -> dict:
     tokens = t.batch * t.seq_len / (cluster.gpus // t.dp)
     peak = DENSE_BF16_PEAK.get(cluster.profile.name, 0.0)
     flops = train_flops_per_token(t.model, t.seq_len) * tokens
-    return {"seq_len": t.seq_len, "fits": est.fits, "step_s": step, "optimizer_s": optimizer,
-            "tokens_per_s_per_device": tokens / step, "mfu": flops / (step - optimizer) / peak if peak else None,
-            "mem_bytes": est.mem_bytes_per_device, "host_mem_bytes": est.extra["host_mem_bytes"]}
+    return {
+        "seq_len": t.seq_len,
+        "fits": est.fits,
+        "step_s": step,
+        "optimizer_s": optimizer,
+        "tokens_per_s_per_device": tokens / step,
+        "mfu": flops / (step - optimizer) / peak if peak else None,
+        "mem_bytes": est.mem_bytes_per_device,
+        "host_mem_bytes": est.extra["host_mem_bytes"],
+    }
 
 
-def option_rows(model, cluster, host_memory_bytes: float | None = None, options=None, strategy: str = "burst",
-                dtype_bytes: int | None = None) -> list[dict]:
+def option_rows(
+    model,
+    cluster,
+    host_memory_bytes: float | None = None,
+    options=None,
+    strategy: str = "burst",
+    dtype_bytes: int | None = None,
+) -> list[dict]:
     """Per memory option (MEMORY_OPTIONS by default): its name, `burst train` flags, the longest
     length that fits and speed_at() there. One sequence per step on cluster.gpus devices (sp), no FSDP
     on one device."""
     rows = []
     for name, (fields, flags) in (options or MEMORY_OPTIONS).items():
-        t = Training(model, 1024, fsdp=cluster.gpus > 1, host_memory_bytes=host_memory_bytes,
-                     dtype_bytes=dtype_bytes, **fields)
+        t = Training(
+            model, 1024, fsdp=cluster.gpus > 1, host_memory_bytes=host_memory_bytes, dtype_bytes=dtype_bytes, **fields
+        )
         longest = longest_length(strategy, cluster, t)
         row = {"option": name, "flags": flags, "longest": longest}
         if longest:

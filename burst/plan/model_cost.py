@@ -35,16 +35,16 @@ from .cost import Cluster, Estimate, Workload, estimate
 from .models import check_dp, model_presets
 
 # --- constants: one value for every paper and profile; each a physical quantity ---
-GEMM_SHARE_OF_PEAK = 0.70       # share of dense peak that large bf16 GEMMs sustain (cuBLAS on A100/H100)
+GEMM_SHARE_OF_PEAK = 0.70  # share of dense peak that large bf16 GEMMs sustain (cuBLAS on A100/H100)
 ATTENTION_SHARE_OF_PEAK = 0.60  # profiles.py's flash-attention share; peak = profile.flops / this
-CONTENTION = 0.15               # compute seconds lost per second of transfer running under it
-LAYER_SYNC_S = 3e-3             # per layer and pass: launch gaps and the wait for the slowest rank
-STEP_SYNC_S = 0.05              # per step: gradient-norm all-reduce, optimizer launch, data
-HBM_BYTES_PER_S = 1.6e12        # device memory bandwidth the optimizer's elementwise kernels reach
-HOST_LINK_BYTES_PER_S = 12e9    # PCIe 4.0 x16 per device, one direction, as DMA reaches it
-HOST_ADAM_PARAMS_PER_S = 1e9    # host (CPU) Adam updates per second for one device's shard
-ADAM_STATE_BYTES = 12           # fp32 master weights, first and second moments
-FUSED_LOSS_CHUNK = 4096         # tokens of logits the fused LM head + loss holds at once
+CONTENTION = 0.15  # compute seconds lost per second of transfer running under it
+LAYER_SYNC_S = 3e-3  # per layer and pass: launch gaps and the wait for the slowest rank
+STEP_SYNC_S = 0.05  # per step: gradient-norm all-reduce, optimizer launch, data
+HBM_BYTES_PER_S = 1.6e12  # device memory bandwidth the optimizer's elementwise kernels reach
+HOST_LINK_BYTES_PER_S = 12e9  # PCIe 4.0 x16 per device, one direction, as DMA reaches it
+HOST_ADAM_PARAMS_PER_S = 1e9  # host (CPU) Adam updates per second for one device's shard
+ADAM_STATE_BYTES = 12  # fp32 master weights, first and second moments
+FUSED_LOSS_CHUNK = 4096  # tokens of logits the fused LM head + loss holds at once
 FRAMEWORK_RESERVE_BYTES = 3 * 2**30  # CUDA context, NCCL buffers, allocator fragmentation
 HOST_RESERVE_BYTES = 8 * 2**30  # the process on the host: Python, torch, CUDA's host side, pinned staging
 
@@ -65,23 +65,23 @@ class Training:
 
     model: object
     seq_len: int
-    batch: int = 1                  # sequences per data-parallel replica
-    dp: int = 1                     # data-parallel replicas; sp = gpus / dp
-    mode: str = "train"             # train | prefill
-    checkpointing: str = "none"     # none | full | remat | selective (burst train's default)
-    split: float = 0.5              # selective: share of the sequence whose attention is recomputed
-    fused_loss: bool = True         # LM head + loss a chunk of tokens at a time
-    fsdp: bool = True               # shard weights, gradients, optimizer state over all devices
+    batch: int = 1  # sequences per data-parallel replica
+    dp: int = 1  # data-parallel replicas; sp = gpus / dp
+    mode: str = "train"  # train | prefill
+    checkpointing: str = "none"  # none | full | remat | selective (burst train's default)
+    split: float = 0.5  # selective: share of the sequence whose attention is recomputed
+    fused_loss: bool = True  # LM head + loss a chunk of tokens at a time
+    fsdp: bool = True  # shard weights, gradients, optimizer state over all devices
     offload_optimizer: bool = False  # Adam state and step on the host
     causal: bool = True
     layout: str = "zigzag"
     dtype_bytes: int | None = None  # default: the profile's
-    backward_overlap: bool = True   # False: the backward's ring transfers wait (LoongTrain's double ring)
+    backward_overlap: bool = True  # False: the backward's ring transfers wait (LoongTrain's double ring)
     # burst train's host offloads (engine/offload.py) and blockwise feedforward:
     optimizer_in_backward: bool = False  # with offload_optimizer: each parameter stepped on the host as its
     #                                      gradient completes (HostAdamW): one layer's gradients on the device
     offload_activations: bool = False  # what checkpointing keeps per layer, in host memory (copied each way)
-    ffn_chunk: int = 0              # the SwiGLU a chunk of tokens at a time (0: whole)
+    ffn_chunk: int = 0  # the SwiGLU a chunk of tokens at a time (0: whole)
     host_memory_bytes: float | None = None  # host memory that decides fits (None: not checked)
 
     def check(self, gpus: int) -> None:
@@ -123,8 +123,18 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     sp = cluster.gpus // t.dp
     sp_cluster = replace(cluster, gpus=sp, gpus_per_node=min(sp, cluster.gpus_per_node))
     train = t.mode == "train"
-    attn_w = Workload(seq_len=t.seq_len, heads=m.heads, head_dim=m.head_dim, kv_heads=m.kv_heads, batch=t.batch,
-                      layers=m.layers, causal=t.causal, dtype_bytes=b, layout=t.layout, forward_only=not train)
+    attn_w = Workload(
+        seq_len=t.seq_len,
+        heads=m.heads,
+        head_dim=m.head_dim,
+        kv_heads=m.kv_heads,
+        batch=t.batch,
+        layers=m.layers,
+        causal=t.causal,
+        dtype_bytes=b,
+        layout=t.layout,
+        forward_only=not train,
+    )
     attn = estimate(strategy, sp_cluster, attn_w)
     fwd_only = estimate(strategy, sp_cluster, replace(attn_w, forward_only=True))
     one_layer = estimate(strategy, sp_cluster, replace(attn_w, layers=1))
@@ -134,8 +144,11 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     layer_fwd = 2 * layer_weights(m) * tokens * m.layers / gemm_rate
     head_fwd = 2 * m.dim * m.vocab_size * tokens / gemm_rate
     # attention: cost.estimate's wall (ring overlap inside), plus what checkpointing recomputes
-    recompute_attn = {"full": fwd_only.wall_s, "selective": fwd_only.compute_s * t.split ** 2}.get(
-        t.checkpointing, 0.0) if train else 0.0
+    recompute_attn = (
+        {"full": fwd_only.wall_s, "selective": fwd_only.compute_s * t.split**2}.get(t.checkpointing, 0.0)
+        if train
+        else 0.0
+    )
     if train and not t.backward_overlap:  # every backward transfer waits for its compute to end
         attn.wall_s += (attn.comm_s - attn.exposed_comm_s) - (fwd_only.comm_s - fwd_only.exposed_comm_s)
     recompute_layers = layer_fwd if train and t.checkpointing != "none" else 0.0
@@ -202,14 +215,25 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     # unfused: the logits in the model's dtype, their gradient written over them (BurstEngine Table
     # 2's unfused-to-fused step: 7.5 GB for 32K x 120K logits; engine/loss.py's unfused baseline also
     # keeps an fp32 log-softmax, twice that); fused: one fp32 chunk; a prefill: the last token's
-    logits = ((min(tokens, FUSED_LOSS_CHUNK) * 4 if t.fused_loss else tokens * b) * m.vocab_size if train
-              else m.vocab_size * 4 * t.batch)
+    logits = (
+        (min(tokens, FUSED_LOSS_CHUNK) * 4 if t.fused_loss else tokens * b) * m.vocab_size
+        if train
+        else m.vocab_size * 4 * t.batch
+    )
     mem = state + gathered + kept + working + attn_buffers + logits
     capacity = memory_bytes or p.memory_bytes
-    est = Estimate(strategy, compute_s=compute, comm_s=busy_links + fsdp_s, exposed_comm_s=step - compute,
-                   wall_s=step, mem_bytes_per_device=mem,
-                   inter_node_bytes_per_device=attn.inter_node_bytes_per_device,
-                   intra_node_bytes_per_device=attn.intra_node_bytes_per_device, fits=attn.fits, note=attn.note)
+    est = Estimate(
+        strategy,
+        compute_s=compute,
+        comm_s=busy_links + fsdp_s,
+        exposed_comm_s=step - compute,
+        wall_s=step,
+        mem_bytes_per_device=mem,
+        inter_node_bytes_per_device=attn.inter_node_bytes_per_device,
+        intra_node_bytes_per_device=attn.intra_node_bytes_per_device,
+        fits=attn.fits,
+        note=attn.note,
+    )
     if not attn.fits and "does not fit" in attn.note:
         est.fits, est.note = True, attn.note.replace("does not fit in device memory", "").strip("; ")
     if mem + FRAMEWORK_RESERVE_BYTES > capacity:
@@ -219,14 +243,34 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     if t.host_memory_bytes is not None and host > t.host_memory_bytes:
         est.fits = False
         est.note = (est.note + "; " if est.note else "") + "does not fit in host memory"
-    est.extra = {**attn.extra, "scope": "whole model", "step_s": step, "tokens_per_s_per_device": tokens / step,
-                 "attention_wall_s": attn.wall_s, "attention_mem_bytes_per_device": attn.mem_bytes_per_device,
-                 "host_mem_bytes": host, "optimizer_s": optimizer,
-                 "memory": {"states": state, "gathered_weights": gathered, "kept_activations": kept,
-                            "layer_working": working, "attention_buffers": attn_buffers, "logits": logits},
-                 "time": {"matmul": matmul, "attention": attn.wall_s, "recompute_attention": recompute_attn,
-                          "fsdp_exposed": exposed_fsdp, "contention": CONTENTION * min(hidden, compute),
-                          "sync": sync, "optimizer": optimizer, "offload": offload_s}}
+    est.extra = {
+        **attn.extra,
+        "scope": "whole model",
+        "step_s": step,
+        "tokens_per_s_per_device": tokens / step,
+        "attention_wall_s": attn.wall_s,
+        "attention_mem_bytes_per_device": attn.mem_bytes_per_device,
+        "host_mem_bytes": host,
+        "optimizer_s": optimizer,
+        "memory": {
+            "states": state,
+            "gathered_weights": gathered,
+            "kept_activations": kept,
+            "layer_working": working,
+            "attention_buffers": attn_buffers,
+            "logits": logits,
+        },
+        "time": {
+            "matmul": matmul,
+            "attention": attn.wall_s,
+            "recompute_attention": recompute_attn,
+            "fsdp_exposed": exposed_fsdp,
+            "contention": CONTENTION * min(hidden, compute),
+            "sync": sync,
+            "optimizer": optimizer,
+            "offload": offload_s,
+        },
+    }
     return est
 
 
@@ -249,6 +293,9 @@ def attention_step(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
     hidden = est.comm_s - est.exposed_comm_s
     est.wall_s += CONTENTION * min(hidden, est.compute_s) + (1 if w.forward_only else 2) * w.layers * LAYER_SYNC_S
     tokens = w.batch * w.seq_len / cluster.gpus
-    est.extra = {**est.extra, "step_s": est.wall_s,
-                 "tokens_per_s_per_device": tokens / est.wall_s if est.wall_s else 0.0}
+    est.extra = {
+        **est.extra,
+        "step_s": est.wall_s,
+        "tokens_per_s_per_device": tokens / est.wall_s if est.wall_s else 0.0,
+    }
     return est

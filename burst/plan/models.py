@@ -39,7 +39,11 @@ class ModelConfig:
     def parameters(self) -> int:
         """Parameter count (embeddings and LM head untied)."""
         attn = self.dim * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        return self.layers * (attn + 3 * self.dim * self.ffn_dim + 2 * self.dim) + 2 * self.vocab_size * self.dim + self.dim
+        return (
+            self.layers * (attn + 3 * self.dim * self.ffn_dim + 2 * self.dim)
+            + 2 * self.vocab_size * self.dim
+            + self.dim
+        )
 
 
 PRESETS = {
@@ -51,8 +55,17 @@ PRESETS = {
     "llama-14b": ModelConfig(vocab_size=120000, dim=5120, layers=40, heads=40, kv_heads=40, ffn_dim=13824),
     # Llama-3.1-8B's published shapes (its config.json; random weights, nothing downloaded). Its
     # published context is 131072 tokens; longer sequences run as ALST trains them (arXiv 2506.13996).
-    "llama3-8b": ModelConfig(vocab_size=128256, dim=4096, layers=32, heads=32, kv_heads=8, ffn_dim=14336,
-                             rope_theta=500000.0, rope_scaling=Llama3RopeScaling(), norm_eps=1e-5),
+    "llama3-8b": ModelConfig(
+        vocab_size=128256,
+        dim=4096,
+        layers=32,
+        heads=32,
+        kv_heads=8,
+        ffn_dim=14336,
+        rope_theta=500000.0,
+        rope_scaling=Llama3RopeScaling(),
+        norm_eps=1e-5,
+    ),
 }
 
 
@@ -73,4 +86,6 @@ def check_dp(dp: int, world: int) -> None:
     """ValueError unless `dp` data-parallel replicas split a world of `world` ranks (`burst train`
     before it starts, `burst plan` over --gpus, and setup)."""
     if dp < 1 or world % dp:
-        raise ValueError(f"--dp: {dp} does not divide the world of {world} ranks (sequence-parallel ranks = world / dp)")
+        raise ValueError(
+            f"--dp: {dp} does not divide the world of {world} ranks (sequence-parallel ranks = world / dp)"
+        )

@@ -10,7 +10,6 @@ M = 1 << 20
 K = 1 << 10
 
 
-
 @dataclass(frozen=True)
 class Run:
     source: str
@@ -20,9 +19,9 @@ class Run:
     profile: str
     model: str
     seq_len: int
-    metric: str                 # tgs (tokens/s/GPU), step_s, prefill_s, mem_gb, fits, speedup, over_1gpu
+    metric: str  # tgs (tokens/s/GPU), step_s, prefill_s, mem_gb, fits, speedup, over_1gpu
     value: float
-    group: str = ""             # runs whose time the paper compares (orderings)
+    group: str = ""  # runs whose time the paper compares (orderings)
     gpus_per_node: int = 8
     checkpointing: str = "remat"
     mode: str = "train"
@@ -37,12 +36,22 @@ class Run:
     intra_gbps: float | None = None
     attention_only: bool = False
     backward_overlap: bool = True  # False: LoongTrain's double ring (no backward overlap)
-    counted: bool = True        # False: the same measurement printed again elsewhere, or an order only
+    counted: bool = True  # False: the same measurement printed again elsewhere, or an order only
 
     def argv(self) -> list[str]:
         """The `burst plan` flags of this configuration."""
-        a = ["--gpus", str(self.gpus), "--gpus-per-node", str(self.gpus_per_node), "--profile", self.profile,
-             "--model", self.model, "--seq-len", str(self.seq_len)]
+        a = [
+            "--gpus",
+            str(self.gpus),
+            "--gpus-per-node",
+            str(self.gpus_per_node),
+            "--profile",
+            self.profile,
+            "--model",
+            self.model,
+            "--seq-len",
+            str(self.seq_len),
+        ]
         if self.attention_only:
             a += ["--attention-only"] + (["--mode", "prefill"] if self.mode == "prefill" else [])
         else:

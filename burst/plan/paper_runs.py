@@ -32,23 +32,74 @@ from .paper_run import K, M, Run
 RUNS: list[Run] = burstengine_runs.RUNS + distflashattn_runs.RUNS
 
 # burstattention.md Tables 2-3: BurstAttention's first-token latency (s), 8 A100 over PCIe
-_BA = {"llama-7b": (0.44, 0.84, 1.68, 3.27, 6.49, 16.01, 49.32),
-       "llama-13b": (0.69, 1.40, 2.57, 5.08, 9.92, 25.91, 78.80)}
+_BA = {
+    "llama-7b": (0.44, 0.84, 1.68, 3.27, 6.49, 16.01, 49.32),
+    "llama-13b": (0.69, 1.40, 2.57, 5.08, 9.92, 25.91, 78.80),
+}
 for model, values in _BA.items():
     table = "T2" if model == "llama-7b" else "T3"
     for i, value in enumerate(values):
         seq = 4096 << i
-        RUNS.append(Run("burstattention.md", f"{table} {model} {seq // K}K", "burst", 8, "A100", model, seq,
-                        "prefill_s", value, mode="prefill", fsdp=False, causal=False, intra_gbps=6))
-    RUNS.append(Run("burstattention.md", f"{table} {model} 256K runs", "burst", 8, "A100", model, 256 * K, "fits", 1,
-                    mode="prefill", fsdp=False, causal=False, intra_gbps=6))
+        RUNS.append(
+            Run(
+                "burstattention.md",
+                f"{table} {model} {seq // K}K",
+                "burst",
+                8,
+                "A100",
+                model,
+                seq,
+                "prefill_s",
+                value,
+                mode="prefill",
+                fsdp=False,
+                causal=False,
+                intra_gbps=6,
+            )
+        )
+    RUNS.append(
+        Run(
+            "burstattention.md",
+            f"{table} {model} 256K runs",
+            "burst",
+            8,
+            "A100",
+            model,
+            256 * K,
+            "fits",
+            1,
+            mode="prefill",
+            fsdp=False,
+            causal=False,
+            intra_gbps=6,
+        )
+    )
 
 # ring-attention.md Table 3: longest context that trained on A100 80GB (fp32, full checkpointing)
-for gpus, model, longest in ((8, "llama-3b", 512 * K), (8, "llama-7b", 256 * K), (8, "llama-13b", 128 * K),
-                             (32, "llama-7b", 4 * M), (32, "llama-13b", 2 * M)):
+for gpus, model, longest in (
+    (8, "llama-3b", 512 * K),
+    (8, "llama-7b", 256 * K),
+    (8, "llama-13b", 128 * K),
+    (32, "llama-7b", 4 * M),
+    (32, "llama-13b", 2 * M),
+):
     for seq, fits in ((longest, 1), (2 * longest, 0)):
-        RUNS.append(Run("ring-attention.md", f"T3 {gpus}x A100 {model} {seq // K}K", "ring:flat", gpus, "A100", model,
-                        seq, "fits", fits, checkpointing="full", fused_loss=False, dtype_bytes=4))
+        RUNS.append(
+            Run(
+                "ring-attention.md",
+                f"T3 {gpus}x A100 {model} {seq // K}K",
+                "ring:flat",
+                gpus,
+                "A100",
+                model,
+                seq,
+                "fits",
+                fits,
+                checkpointing="full",
+                fused_loss=False,
+                dtype_bytes=4,
+            )
+        )
 
 
 def planned(run: Run) -> tuple[float, bool]:
@@ -57,22 +108,51 @@ def planned(run: Run) -> tuple[float, bool]:
     from .cost import Cluster, Workload
     from .model_cost import Training, attention_step, model_config
 
-    cluster = Cluster(run.gpus, min(run.gpus, run.gpus_per_node), profile(run.profile),
-                      inter_bw=run.inter_gbps * 1e9 if run.inter_gbps else None,
-                      intra_bw=run.intra_gbps * 1e9 if run.intra_gbps else None)
+    cluster = Cluster(
+        run.gpus,
+        min(run.gpus, run.gpus_per_node),
+        profile(run.profile),
+        inter_bw=run.inter_gbps * 1e9 if run.inter_gbps else None,
+        intra_bw=run.intra_gbps * 1e9 if run.intra_gbps else None,
+    )
     m = model_config(run.model)
     if run.attention_only:
-        w = Workload(run.seq_len, m.heads, m.head_dim, m.kv_heads, layers=m.layers, causal=run.causal,
-                     dtype_bytes=run.dtype_bytes, layout=run.layout, forward_only=run.mode == "prefill")
+        w = Workload(
+            run.seq_len,
+            m.heads,
+            m.head_dim,
+            m.kv_heads,
+            layers=m.layers,
+            causal=run.causal,
+            dtype_bytes=run.dtype_bytes,
+            layout=run.layout,
+            forward_only=run.mode == "prefill",
+        )
         e = attention_step(run.strategy, cluster, w)
         if run.metric == "over_1gpu":
             return attention_step("ring", Cluster(1, 1, cluster.profile), w).wall_s / e.wall_s, e.fits
         return {"speedup": 1 / e.wall_s, "step_s": e.wall_s}.get(run.metric, e.wall_s), e.fits
-    t = Training(m, run.seq_len, dp=run.dp, mode=run.mode, checkpointing=run.checkpointing,
-                 fused_loss=run.fused_loss, fsdp=run.fsdp, offload_optimizer=run.offload_optimizer, causal=run.causal,
-                 layout=run.layout, dtype_bytes=run.dtype_bytes, backward_overlap=run.backward_overlap)
+    t = Training(
+        m,
+        run.seq_len,
+        dp=run.dp,
+        mode=run.mode,
+        checkpointing=run.checkpointing,
+        fused_loss=run.fused_loss,
+        fsdp=run.fsdp,
+        offload_optimizer=run.offload_optimizer,
+        causal=run.causal,
+        layout=run.layout,
+        dtype_bytes=run.dtype_bytes,
+        backward_overlap=run.backward_overlap,
+    )
     e = plan(cluster, t, strategies=[run.strategy])[0]  # as `burst plan` ranks it: refusals included
-    value = {"tgs": e.extra["tokens_per_s_per_device"], "speedup": e.extra["tokens_per_s_per_device"],
-             "step_s": e.wall_s, "prefill_s": e.wall_s, "mem_gb": e.mem_bytes_per_device / 1e9,
-             "fits": float(e.fits)}[run.metric]
+    value = {
+        "tgs": e.extra["tokens_per_s_per_device"],
+        "speedup": e.extra["tokens_per_s_per_device"],
+        "step_s": e.wall_s,
+        "prefill_s": e.wall_s,
+        "mem_gb": e.mem_bytes_per_device / 1e9,
+        "fits": float(e.fits),
+    }[run.metric]
     return value, e.fits

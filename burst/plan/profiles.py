@@ -21,13 +21,13 @@ GB = 1e9
 @dataclass(frozen=True)
 class Profile:
     name: str
-    flops: float              # attention FLOP/s one device sustains (fwd; bwd runs at the same rate)
-    memory_bytes: float       # device memory
-    intra_bw: float           # bytes/s per device per direction inside a node (NVLink)
-    inter_bw: float           # bytes/s per device per direction across nodes (InfiniBand / RoCE)
+    flops: float  # attention FLOP/s one device sustains (fwd; bwd runs at the same rate)
+    memory_bytes: float  # device memory
+    intra_bw: float  # bytes/s per device per direction inside a node (NVLink)
+    inter_bw: float  # bytes/s per device per direction across nodes (InfiniBand / RoCE)
     intra_latency: float = 5e-6
     inter_latency: float = 2e-5
-    dtype_bytes: int = 2      # bf16 on GPUs
+    dtype_bytes: int = 2  # bf16 on GPUs
     gpus_per_node: int = 8
 
     def as_dict(self) -> dict:
@@ -45,8 +45,17 @@ PROFILES: dict[str, Profile] = {
     "H200": Profile("H200", flops=300e12, memory_bytes=141 * 2**30, intra_bw=450 * GB, inter_bw=50 * GB),
     # This machine: ~110 GFLOP/s fp32 per core for the CPU flash op (DESIGN.md: ~220 on 2 cores),
     # gloo over loopback; replaced by a calibration when one is saved.
-    "local": Profile("local", flops=110e9, memory_bytes=24 * 2**30, intra_bw=2 * GB, inter_bw=2 * GB,
-                     intra_latency=5e-5, inter_latency=5e-5, dtype_bytes=4, gpus_per_node=2),
+    "local": Profile(
+        "local",
+        flops=110e9,
+        memory_bytes=24 * 2**30,
+        intra_bw=2 * GB,
+        inter_bw=2 * GB,
+        intra_latency=5e-5,
+        inter_latency=5e-5,
+        dtype_bytes=4,
+        gpus_per_node=2,
+    ),
 }
 
 CALIBRATION_FILE = os.path.join(os.path.expanduser("~"), ".cache", "burst", "calibration.json")
@@ -59,9 +68,14 @@ def calibrated_local(path: str = CALIBRATION_FILE) -> Profile:
         return base
     with open(path) as f:
         measured = json.load(f)
-    return replace(base, flops=measured["flops"], intra_bw=measured["bandwidth"], inter_bw=measured["bandwidth"],
-                   intra_latency=measured.get("latency", base.intra_latency),
-                   inter_latency=measured.get("latency", base.inter_latency))
+    return replace(
+        base,
+        flops=measured["flops"],
+        intra_bw=measured["bandwidth"],
+        inter_bw=measured["bandwidth"],
+        intra_latency=measured.get("latency", base.intra_latency),
+        inter_latency=measured.get("latency", base.inter_latency),
+    )
 
 
 def profile(name: str) -> Profile:

@@ -41,8 +41,15 @@ def burst_blocks(w, s, one_node: bool) -> RingBlocks:
         block = numbers * s.dtype_bytes
         return RingBlocks(block, side, block, numbers * 4, one_node, expansion_flops(w), f"backward moves the {side}")
     key_numbers = w.kv * w.head_dim
-    side = smaller_side(row_bytes(heads=w.heads, head_dim=w.head_dim, q_bytes=s.dtype_bytes, dout_bytes=s.dtype_bytes,
-                                  keys=[(key_numbers, s.dtype_bytes)] * 2))
+    side = smaller_side(
+        row_bytes(
+            heads=w.heads,
+            head_dim=w.head_dim,
+            q_bytes=s.dtype_bytes,
+            dout_bytes=s.dtype_bytes,
+            keys=[(key_numbers, s.dtype_bytes)] * 2,
+        )
+    )
     moving, acc = (s.kv, s.dkv32) if side == "keys" else (2 * s.q + 2 * s.stat, s.dq32)
     return RingBlocks(s.kv, side, moving, acc, one_node, note=f"backward moves the {side}")
 

@@ -57,8 +57,9 @@ def add_gathers(est, cluster, w, sizes, collective_time) -> None:
         return
     g = cluster.gpus
     share = 0.0 if cluster.nodes == 1 else (g - cluster.gpus_per_node) / (g - 1) if g > 1 else 0.0
-    for nbytes in gather_bytes(g, sizes.n, w.batch, w.gathered, w.gathered_with_gradient, sizes.dtype_bytes,
-                               w.forward_only):
+    for nbytes in gather_bytes(
+        g, sizes.n, w.batch, w.gathered, w.gathered_with_gradient, sizes.dtype_bytes, w.forward_only
+    ):
         t, inter, intra = collective_time(cluster, nbytes, share)
         est.comm_s, est.exposed_comm_s, est.wall_s = est.comm_s + t, est.exposed_comm_s + t, est.wall_s + t
         est.inter_node_bytes_per_device += inter
@@ -83,8 +84,15 @@ def indexer_macs(config, seq_len: int) -> float:
     return csa * per_key * seq_len / rates["compressed_sparse_attention"] / 2
 
 
-def gather_bytes(world: int, local_tokens: float, batch: int, plain: float, with_gradient: float,
-                 dtype_bytes: int, forward_only: bool) -> tuple[float, float]:
+def gather_bytes(
+    world: int,
+    local_tokens: float,
+    batch: int,
+    plain: float,
+    with_gradient: float,
+    dtype_bytes: int,
+    forward_only: bool,
+) -> tuple[float, float]:
     """(forward, backward) bytes one rank sends per layer: its share of the gathered numbers to each
     of world - 1 peers, and in the backward an all-reduce of the gathered entries' gradients
     (2 (world - 1) / world of the whole gathered tensor)."""

@@ -25,13 +25,28 @@ def check_split(seq_len: int, world: int, layout: str) -> None:
         check_layout(layout)
         need = world * local_multiple(layout)
     if seq_len < 1 or seq_len % need:
-        raise ValueError(f"{seq_len} tokens do not split over {world} ranks with layout {layout!r} "
-                         f"(use a positive multiple of {need})")
+        raise ValueError(
+            f"{seq_len} tokens do not split over {world} ranks with layout {layout!r} "
+            f"(use a positive multiple of {need})"
+        )
 
 
-def check_call(world: int, seq_len: int, heads: int, kv_heads: int | None, head_dim: int,
-               strategy: str = "burst", layout: str = "contiguous", batch: int = 1, dtype: str = "float32",
-               causal: bool = False, window=None, cu_seqlens=None, block_sparse=None, **options) -> str:
+def check_call(
+    world: int,
+    seq_len: int,
+    heads: int,
+    kv_heads: int | None,
+    head_dim: int,
+    strategy: str = "burst",
+    layout: str = "contiguous",
+    batch: int = 1,
+    dtype: str = "float32",
+    causal: bool = False,
+    window=None,
+    cu_seqlens=None,
+    block_sparse=None,
+    **options,
+) -> str:
     """Raise ValueError (or TypeError) for a call burst.attention would refuse on `world` ranks
     sharing `seq_len` tokens; returns the strategy it would run ("auto" resolved)."""
     check_split(seq_len, world, layout)
@@ -41,13 +56,30 @@ def check_call(world: int, seq_len: int, heads: int, kv_heads: int | None, head_
     k = torch.empty((), dtype=torch_dtype).expand(batch, local, kv_heads or heads, head_dim)
     # A topology of one rank per node: without a process group the library sees a world of one,
     # so a real topology is checked apart (burst.Topology.check) against the real world.
-    name, _ = checked_call(q, k, k, None, 0, world, strategy, layout, causal, window, None, cu_seqlens,
-                           block_sparse, options, Topology(local_world_size=1), auto=auto_choice)
+    name, _ = checked_call(
+        q,
+        k,
+        k,
+        None,
+        0,
+        world,
+        strategy,
+        layout,
+        causal,
+        window,
+        None,
+        cu_seqlens,
+        block_sparse,
+        options,
+        Topology(local_world_size=1),
+        auto=auto_choice,
+    )
     return name
 
 
-def refusal(strategy: str, world: int, seq_len: int, heads: int, kv_heads: int | None, head_dim: int,
-            layout: str, causal: bool) -> str | None:
+def refusal(
+    strategy: str, world: int, seq_len: int, heads: int, kv_heads: int | None, head_dim: int, layout: str, causal: bool
+) -> str | None:
     """Why burst.attention's `strategy` would refuse this workload (None when it takes it). The
     sequence is rounded up to a length the layout splits: only the strategy's own limits count."""
     need = world * local_multiple(layout)

@@ -32,7 +32,7 @@ def layer_pairs(seq_len: int, causal: bool, window: int | None) -> float:
     what a causal window shorter than the sequence leaves."""
     if causal and window is not None and window < seq_len:
         return causal_pairs(seq_len, window)
-    return seq_len ** 2 * (0.5 if causal else 1.0)
+    return seq_len**2 * (0.5 if causal else 1.0)
 
 
 def balanced(seq_len: int, gpus: int, window: int | None) -> bool:
@@ -65,8 +65,14 @@ def served_share(seq_len: int, gpus: int, window: int | None, layout: str) -> fl
 def blend(windowed, full, share: float):
     """The estimate of a model whose `share` of layers are windowed and the rest full: times and bytes
     add by share (each estimate covers all layers), memory and fit take the larger."""
-    numbers = ("compute_s", "comm_s", "exposed_comm_s", "wall_s", "inter_node_bytes_per_device",
-               "intra_node_bytes_per_device")
+    numbers = (
+        "compute_s",
+        "comm_s",
+        "exposed_comm_s",
+        "wall_s",
+        "inter_node_bytes_per_device",
+        "intra_node_bytes_per_device",
+    )
     mixed = replace(windowed, **{n: share * getattr(windowed, n) + (1 - share) * getattr(full, n) for n in numbers})
     mixed.mem_bytes_per_device = max(windowed.mem_bytes_per_device, full.mem_bytes_per_device)
     mixed.fits = windowed.fits and full.fits

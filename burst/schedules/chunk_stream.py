@@ -50,8 +50,9 @@ class StreamStep:
     slots: int
 
 
-def plan_stream(schedule: RingSchedule, local_len: int, chunk_rows: int,
-                needs: Callable[[int, int, int, int], bool]) -> list[StreamStep]:
+def plan_stream(
+    schedule: RingSchedule, local_len: int, chunk_rows: int, needs: Callable[[int, int, int, int], bool]
+) -> list[StreamStep]:
     """The steps of a flat schedule, with the chunks this rank receives and serves.
 
     needs(src, dst, start, stop): does rank dst compute anything with rows [start, stop) of src's
@@ -140,5 +141,6 @@ _PLANS = BoundedCache(CACHE_LIMIT)  # plan_stream's results by (plan_key, schedu
 def cached_plan(plan_key, schedule: RingSchedule, local_len: int, chunk_rows: int, needs) -> list[StreamStep]:
     """plan_stream, once per key: every layer of a model asks for the same plan at every step, and
     planning asks `needs` up to a few thousand times. plan_key must fix what `needs` answers."""
-    return _PLANS.get((plan_key, schedule, local_len, chunk_rows),
-                      lambda: plan_stream(schedule, local_len, chunk_rows, needs))
+    return _PLANS.get(
+        (plan_key, schedule, local_len, chunk_rows), lambda: plan_stream(schedule, local_len, chunk_rows, needs)
+    )

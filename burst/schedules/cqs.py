@@ -149,6 +149,7 @@ def schedule(w: int, causal: bool = False, lost: tuple[int, ...] = (), needed=No
         needed = frozenset((x, y) for x in range(w) for y in range(w) if not causal or y <= x)
     holders = {d: sorted({(-b) % w for a in interest for b in interest if (a - b) % w == d}) for d in range(w)}
     tasks: list[list[tuple[int, int]]] = [[] for _ in range(w)]
+
     def candidates(pair):  # surviving workers whose quorum holds both groups (any survivor if none)
         x, y = pair
         if x == y and x not in lost:

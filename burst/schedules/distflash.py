@@ -21,10 +21,10 @@ class Step:
     """
 
     t: int
-    kv_from: int | None    # owner work: attend our queries against this rank's K, V
-    kv_to: int | None      # ... and this rank needs our K, V
+    kv_from: int | None  # owner work: attend our queries against this rank's K, V
+    kv_to: int | None  # ... and this rank needs our K, V
     helped_by: int | None  # a helper attends our queries (against its K, V) and returns the result
-    help_for: int | None   # helper work: we attend this rank's queries against our K, V
+    help_for: int | None  # helper work: we attend this rank's queries against our K, V
     own_rows: slice = field(default_factory=lambda: slice(None))
     help_rows: slice = field(default_factory=lambda: slice(None))
 
@@ -38,10 +38,22 @@ def schedule(rank: int, world: int, local_len: int) -> list[Step]:
             # Even world, last step: the keys' rank (idle in the paper) takes the second half of
             # the owner's query rows, so both do half a block.
             half = local_len // 2
-            steps.append(Step(**owner, helped_by=owner["kv_from"], help_for=owner["kv_to"],
-                              own_rows=slice(0, half), help_rows=slice(half, local_len)))
+            steps.append(
+                Step(
+                    **owner,
+                    helped_by=owner["kv_from"],
+                    help_for=owner["kv_to"],
+                    own_rows=slice(0, half),
+                    help_rows=slice(half, local_len),
+                )
+            )
         else:
             helping = 2 * t < world  # helpers are needed for distances > world/2 only
-            steps.append(Step(**owner, helped_by=rank + t - world if helping and rank + t >= world else None,
-                              help_for=rank + world - t if helping and rank < t else None))
+            steps.append(
+                Step(
+                    **owner,
+                    helped_by=rank + t - world if helping and rank + t >= world else None,
+                    help_for=rank + world - t if helping and rank < t else None,
+                )
+            )
     return steps

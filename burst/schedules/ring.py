@@ -87,8 +87,9 @@ class RingSchedule:
         return list(grouped.items())
 
     @staticmethod
-    def build(rank: int, world: int, per_node: int, direction: int,
-              needed: Callable[[int, int], bool]) -> "RingSchedule":
+    def build(
+        rank: int, world: int, per_node: int, direction: int, needed: Callable[[int, int], bool]
+    ) -> "RingSchedule":
         """The schedule up to the last step at which some rank r needs its pair: needed(r, holding)."""
         full = RingSchedule(rank, world, per_node, direction, ())
         order = [(o, j) for o in range(world // per_node) for j in range(per_node)]

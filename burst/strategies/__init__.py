@@ -21,8 +21,10 @@ def split_variant(name: str) -> tuple[str, str]:
     (burstengine.md §3.1) unless told to keep the flat ring."""
     base, colon, variant = name.partition(":")
     if colon and (variant not in RING_VARIANTS or base not in ("burst", "ring")):
-        raise ValueError(f"unknown strategy {name!r}: burst:flat and ring:flat keep the flat ring across nodes, "
-                         "no other strategy has a variant")
+        raise ValueError(
+            f"unknown strategy {name!r}: burst:flat and ring:flat keep the flat ring across nodes, "
+            "no other strategy has a variant"
+        )
     return base, variant
 
 

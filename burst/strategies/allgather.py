@@ -36,8 +36,18 @@ def allgather_forward(call: AttentionCall, q, keys):
     kv_all = _gather_kv(call, keys.k, keys.v, "forward")
     out_acc, lse_acc = empty_accumulators(q)
     for src in range(call.world):
-        attend_forward(call.kernel, q, kv_all[2 * src], kv_all[2 * src + 1], call.tiles(call.rank, src),
-                       out_acc, lse_acc, call.scale, indices=call.indices, index_block=call.index_block)
+        attend_forward(
+            call.kernel,
+            q,
+            kv_all[2 * src],
+            kv_all[2 * src + 1],
+            call.tiles(call.rank, src),
+            out_acc,
+            lse_acc,
+            call.scale,
+            indices=call.indices,
+            index_block=call.index_block,
+        )
     return out_acc.to(q.dtype), lse_acc
 
 
@@ -48,9 +58,22 @@ def allgather_backward(call: AttentionCall, dout, q, keys, out, lse):
     dq = accumulator_zeros_like(q)
     dkv_all = accumulator_zeros_like(kv_all)
     for src in range(call.world):
-        attend_backward(call.kernel, dout, q, kv_all[2 * src], kv_all[2 * src + 1], out, lse,
-                        call.tiles(call.rank, src), dq, dkv_all[2 * src], dkv_all[2 * src + 1], call.scale,
-                        indices=call.indices, index_block=call.index_block)
+        attend_backward(
+            call.kernel,
+            dout,
+            q,
+            kv_all[2 * src],
+            kv_all[2 * src + 1],
+            out,
+            lse,
+            call.tiles(call.rank, src),
+            dq,
+            dkv_all[2 * src],
+            dkv_all[2 * src + 1],
+            call.scale,
+            indices=call.indices,
+            index_block=call.index_block,
+        )
     if call.world == 1:
         dkv = dkv_all
     else:

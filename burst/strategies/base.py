@@ -53,8 +53,9 @@ class Strategy:
         unknown = sorted(set(given) - set(self.options.names()))
         if unknown:
             accepted = ", ".join(self.options.names()) or "none"
-            raise ValueError(f"strategy {self.name!r} takes no option {', '.join(map(repr, unknown))} "
-                             f"(its options: {accepted})")
+            raise ValueError(
+                f"strategy {self.name!r} takes no option {', '.join(map(repr, unknown))} (its options: {accepted})"
+            )
         return self.options(**given)
 
     def takes(self, given: dict) -> bool:
@@ -74,8 +75,9 @@ class ShardedAttentionFunction(torch.autograd.Function):
     side it moves; lse is one of its differentiable outputs."""
 
     @staticmethod
-    def forward(ctx, call: AttentionCall, strategy: Strategy, keys: KeyBlocks, compressed, q, sinks, ck, cv,
-                *key_inputs):
+    def forward(
+        ctx, call: AttentionCall, strategy: Strategy, keys: KeyBlocks, compressed, q, sinks, ck, cv, *key_inputs
+    ):
         out, lse = sharded_forward(call, strategy, q, keys, sinks, compressed)
         ctx.save_for_backward(q, out, lse, sinks, ck, cv, *key_inputs)
         ctx.call, ctx.strategy, ctx.compressed, ctx.rebuild = call, strategy, compressed, keys.rebuilder()
@@ -86,9 +88,18 @@ class ShardedAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, out, lse, sinks, ck, cv, *key_inputs = ctx.saved_tensors
-        dq, key_grads, dsinks, dck, dcv = sharded_backward(ctx.call, ctx.strategy, dout, dlse, q,
-                                                           ctx.rebuild(*key_inputs), out, lse,
-                                                           sinks if ctx.needs_input_grad[5] else None, ctx.compressed)
+        dq, key_grads, dsinks, dck, dcv = sharded_backward(
+            ctx.call,
+            ctx.strategy,
+            dout,
+            dlse,
+            q,
+            ctx.rebuild(*key_inputs),
+            out,
+            lse,
+            sinks if ctx.needs_input_grad[5] else None,
+            ctx.compressed,
+        )
         return None, None, None, None, dq, dsinks, dck, dcv, *key_grads
 
 
@@ -104,8 +115,9 @@ def sharded_forward(call: AttentionCall, strategy: Strategy, q, keys: KeyBlocks,
     return out, lse
 
 
-def sharded_backward(call: AttentionCall, strategy: Strategy, dout, dlse, q, keys: KeyBlocks, out, lse, sinks=None,
-                     compressed=None):
+def sharded_backward(
+    call: AttentionCall, strategy: Strategy, dout, dlse, q, keys: KeyBlocks, out, lse, sinks=None, compressed=None
+):
     """(dq, gradients of keys.inputs, dsinks, dck, dcv) for sharded_forward's (out, lse): the strategy's
     backward on the folded rows, the entries' own backward on the same rows, the sinks' from one
     reduction over this rank's rows (None for what is not given). dout (narrower than out: MLA's
@@ -132,10 +144,19 @@ def _backward(call, strategy: Strategy, compressed, dout, q, keys, out, lse):
 def _lse_backward(call, strategy: Strategy, compressed, dout, dlse, q, keys, out, lse):
     """_backward's gradients for a loss that also reads lse: the same backward on widened tensors
     (burst/lse_channel.py), then their first channels."""
-    wide_entries = None if compressed is None else replace(compressed, k=zeros_after(compressed.k),
-                                                           v=ones_after(compressed.v))
-    dq, grads, dck, dcv = _backward(_widened_call(call, q), strategy, wide_entries, dlse_after(dout, dlse),
-                                    zeros_after(q), keys.with_lse_channel(), zeros_after(out), lse)
+    wide_entries = (
+        None if compressed is None else replace(compressed, k=zeros_after(compressed.k), v=ones_after(compressed.v))
+    )
+    dq, grads, dck, dcv = _backward(
+        _widened_call(call, q),
+        strategy,
+        wide_entries,
+        dlse_after(dout, dlse),
+        zeros_after(q),
+        keys.with_lse_channel(),
+        zeros_after(out),
+        lse,
+    )
     if compressed is not None:
         dck, dcv = narrowed(dck, compressed.k), narrowed(dcv, compressed.v)
     return narrowed(dq, q), keys.narrow_gradients(grads), dck, dcv

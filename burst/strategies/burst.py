@@ -29,8 +29,7 @@ from ..kernels.accumulators import accumulator_zeros_like, lse_for_backward, row
 from ..kernels.attend import attend_backward
 from ..keys import KeyBlocks, kv_gradients
 from .base import Options, Strategy, int_at_least
-from .burst_stream import (chunk_rows, keys_partly_needed, served_forward, served_key_backward,
-                           served_query_backward)
+from .burst_stream import chunk_rows, keys_partly_needed, served_forward, served_key_backward, served_query_backward
 from .ring import one_call, ring_backward, ring_forward, ring_key_backward, visit_blocks
 
 BACKWARD_SIDES = ("auto", "queries", "keys")
@@ -67,13 +66,19 @@ def burst_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
 def side_bytes_per_row(q, dout, k, v, indices=None) -> dict[str, int]:
     """Bytes one row of a shard puts on the wire per ring step, each side (batch rows counted once):
     row_bytes for these tensors (k alone when the values are the keys)."""
-    return row_bytes(heads=q.shape[2], head_dim=q.shape[3], q_bytes=q.element_size(), dout_bytes=dout.element_size(),
-                     keys=[(t.shape[2] * t.shape[3], t.element_size()) for t in ([k] if v is k else [k, v])],
-                     index_bytes=0 if indices is None else indices[0, 0].numel() * indices.element_size())
+    return row_bytes(
+        heads=q.shape[2],
+        head_dim=q.shape[3],
+        q_bytes=q.element_size(),
+        dout_bytes=dout.element_size(),
+        keys=[(t.shape[2] * t.shape[3], t.element_size()) for t in ([k] if v is k else [k, v])],
+        index_bytes=0 if indices is None else indices[0, 0].numel() * indices.element_size(),
+    )
 
 
-def row_bytes(*, heads: int, head_dim: int, q_bytes: int, dout_bytes: int, keys: list[tuple[int, int]],
-              index_bytes: int = 0) -> dict[str, int]:
+def row_bytes(
+    *, heads: int, head_dim: int, q_bytes: int, dout_bytes: int, keys: list[tuple[int, int]], index_bytes: int = 0
+) -> dict[str, int]:
     """Bytes a row puts on the wire per ring step on each side of the backward, by shape alone (the
     planner counts with it too). queries: Q and dO (q_bytes, dout_bytes a number), D and lse (float32),
     the dQ accumulator (float32), and an index selection's chosen keys (index_bytes: they travel with
@@ -84,12 +89,12 @@ def row_bytes(*, heads: int, head_dim: int, q_bytes: int, dout_bytes: int, keys:
 
 
 def smaller_side(sizes: dict[str, int]) -> str:
-    """"keys" when they move fewer bytes than the queries, else "queries" (ties: the paper's side)."""
+    """ "keys" when they move fewer bytes than the queries, else "queries" (ties: the paper's side)."""
     return "keys" if sizes["keys"] < sizes["queries"] else "queries"
 
 
 def backward_side(call: AttentionCall, dout, q, k, v) -> str:
-    """"queries" or "keys": the option when it names one, else the smaller side. Shapes and dtypes
+    """ "queries" or "keys": the option when it names one, else the smaller side. Shapes and dtypes
     agree across ranks, so every rank picks the same side without a collective."""
     forced = call.options.backward_side
     if forced != "auto":
@@ -143,9 +148,23 @@ def _ring_backward(call: AttentionCall, travelling, out, k, v, dk, dv):
         q_j, dout_j, delta_j, lse_j, *indices_j = held
         # Our own queries come with their real output; others' are rebuilt from D tile by tile.
         out_j = out if src == call.rank else None
-        attend_backward(call.kernel, dout_j, q_j, k, v, out_j, lse_j, call.tiles(src, call.rank), dq_acc.part(0),
-                        dk, dv, call.scale, delta=delta_j, indices=indices_j[0] if indices_j else None,
-                        index_block=call.index_block)
+        attend_backward(
+            call.kernel,
+            dout_j,
+            q_j,
+            k,
+            v,
+            out_j,
+            lse_j,
+            call.tiles(src, call.rank),
+            dq_acc.part(0),
+            dk,
+            dv,
+            call.scale,
+            delta=delta_j,
+            indices=indices_j[0] if indices_j else None,
+            index_block=call.index_block,
+        )
 
     (dq,) = visit_blocks(call, call.q_schedule, "backward", travelling, attend, acc_likes=travelling[:1])
     return dq

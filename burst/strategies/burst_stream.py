@@ -72,11 +72,16 @@ def keys_partly_needed(call: AttentionCall, rows: int) -> bool:
     """Whether some rank needs only part of another's keys (a sliding window needs the last rows of
     the rank before, local documents a few). Decided from every rank's segments, so every rank takes
     the same forward. Then the forward serves key chunks like the backward serves query chunks."""
+
     def decide() -> bool:
         chunks = row_chunks(call.local_len, rows)
-        return any(may_attend(call.segments(dst), call.segments(src), call.spec)
-                   and not all(key_chunk_needed(call, src, dst, a, b) for a, b in chunks)
-                   for dst in range(call.world) for src in range(call.world) if src != dst)
+        return any(
+            may_attend(call.segments(dst), call.segments(src), call.spec)
+            and not all(key_chunk_needed(call, src, dst, a, b) for a, b in chunks)
+            for dst in range(call.world)
+            for src in range(call.world)
+            if src != dst
+        )
 
     return _PARTLY_NEEDED.get((call.mask_key, rows), decide)
 
@@ -92,12 +97,32 @@ def served_forward(call: AttentionCall, rows: int, q, keys: KeyBlocks):
     def attend(src, chunk, held, _accs):
         tiles = call.plan(mine, call.chunk_segments(src, *chunk))
         k_src, v_src = keys.expand(held)
-        attend_forward(call.kernel, q, k_src, v_src, tiles, out_acc, lse_acc, call.scale, indices=call.indices,
-                       index_block=call.index_block)
+        attend_forward(
+            call.kernel,
+            q,
+            k_src,
+            v_src,
+            tiles,
+            out_acc,
+            lse_acc,
+            call.scale,
+            indices=call.indices,
+            index_block=call.index_block,
+        )
 
     blocks = keys.travelling
-    stream_chunks(call, call.kv_schedule, "forward", blocks, (1,) * len(blocks), rows,
-                  functools.partial(key_chunk_needed, call), attend, acc_likes=[], plan_key=("keys", call.mask_key))
+    stream_chunks(
+        call,
+        call.kv_schedule,
+        "forward",
+        blocks,
+        (1,) * len(blocks),
+        rows,
+        functools.partial(key_chunk_needed, call),
+        attend,
+        acc_likes=[],
+        plan_key=("keys", call.mask_key),
+    )
     return out_acc.to(q.dtype), lse_acc
 
 
@@ -108,17 +133,41 @@ def served_query_backward(call: AttentionCall, rows: int, travelling, out, k, v,
 
     def attend(src, chunk, held, accs):
         q_c, dout_c, delta_c, lse_c, *indices_c = held  # indices: the chunk's rows' chosen keys, if any
-        out_c = out[:, chunk[0]:chunk[1]] if src == call.rank else None  # others' rebuilt from D per tile
+        out_c = out[:, chunk[0] : chunk[1]] if src == call.rank else None  # others' rebuilt from D per tile
         # Kernel calls sized to the chunk bound their fresh dQ, dK, dV; our own block (one chunk, nothing
         # in flight beside it) takes the kernel's full call size, which adds fewer dK, dV partials.
         tiles = call.plan(call.chunk_segments(src, *chunk), mine, max_rows=None if src == call.rank else rows)
-        attend_backward(call.kernel, dout_c, q_c, k, v, out_c, lse_c, tiles, accs[0], dk, dv, call.scale,
-                        delta=delta_c, indices=indices_c[0] if indices_c else None,
-                        index_block=call.index_block)
+        attend_backward(
+            call.kernel,
+            dout_c,
+            q_c,
+            k,
+            v,
+            out_c,
+            lse_c,
+            tiles,
+            accs[0],
+            dk,
+            dv,
+            call.scale,
+            delta=delta_c,
+            indices=indices_c[0] if indices_c else None,
+            index_block=call.index_block,
+        )
 
     row_dims = (1, 1, 2, 2, 1)[: len(travelling)]
-    (dq,) = stream_chunks(call, call.q_schedule, "backward", travelling, row_dims, rows, needs, attend,
-                          acc_likes=travelling[:1], plan_key=("queries", call.mask_key))
+    (dq,) = stream_chunks(
+        call,
+        call.q_schedule,
+        "backward",
+        travelling,
+        row_dims,
+        rows,
+        needs,
+        attend,
+        acc_likes=travelling[:1],
+        plan_key=("queries", call.mask_key),
+    )
     return dq
 
 
@@ -134,20 +183,52 @@ def served_key_backward(call: AttentionCall, rows: int, dout, q, keys: KeyBlocks
         # Kernel calls sized to the chunk bound their fresh dQ, dK, dV (our own block: the full call size).
         tiles = call.plan(mine, call.chunk_segments(src, *chunk), max_rows=None if src == call.rank else rows)
         k_src, v_src, dk, dv, finish = keys.for_backward(held, accs[0], accs[-1])
-        attend_backward(call.kernel, dout, q, k_src, v_src, out, lse, tiles, dq, dk, dv, call.scale,
-                        indices=call.indices, index_block=call.index_block)
+        attend_backward(
+            call.kernel,
+            dout,
+            q,
+            k_src,
+            v_src,
+            out,
+            lse,
+            tiles,
+            dq,
+            dk,
+            dv,
+            call.scale,
+            indices=call.indices,
+            index_block=call.index_block,
+        )
         finish()
 
     blocks = keys.travelling
-    grads = stream_chunks(call, call.kv_schedule, "backward", blocks, (1,) * len(blocks), rows,
-                          functools.partial(key_chunk_needed, call), attend, acc_likes=blocks,
-                          plan_key=("keys", call.mask_key))
+    grads = stream_chunks(
+        call,
+        call.kv_schedule,
+        "backward",
+        blocks,
+        (1,) * len(blocks),
+        rows,
+        functools.partial(key_chunk_needed, call),
+        attend,
+        acc_likes=blocks,
+        plan_key=("keys", call.mask_key),
+    )
     return dq, grads
 
 
-def stream_chunks(call, schedule: RingSchedule, phase: str, block: Sequence[torch.Tensor],
-                  row_dims: Sequence[int], chunk_rows: int, needs: Callable, compute: Callable,
-                  acc_likes: Sequence[torch.Tensor], plan_key=None) -> list[torch.Tensor]:
+def stream_chunks(
+    call,
+    schedule: RingSchedule,
+    phase: str,
+    block: Sequence[torch.Tensor],
+    row_dims: Sequence[int],
+    chunk_rows: int,
+    needs: Callable,
+    compute: Callable,
+    acc_likes: Sequence[torch.Tensor],
+    plan_key=None,
+) -> list[torch.Tensor]:
     """Run `compute(src, (start, stop), held, accs)` for every chunk this rank works on.
 
     block: this rank's tensors that are served, each cut along its dim in row_dims. held: rows
@@ -159,8 +240,11 @@ def stream_chunks(call, schedule: RingSchedule, phase: str, block: Sequence[torc
     me = schedule.rank
     homes = [accumulator_zeros_like(t) for t in acc_likes]
     acc_dims = list(row_dims[: len(homes)])
-    steps = (plan_stream(schedule, call.local_len, chunk_rows, needs) if plan_key is None
-             else cached_plan(plan_key, schedule, call.local_len, chunk_rows, needs))
+    steps = (
+        plan_stream(schedule, call.local_len, chunk_rows, needs)
+        if plan_key is None
+        else cached_plan(plan_key, schedule, call.local_len, chunk_rows, needs)
+    )
     labels = [(step, slot) for step in steps for slot in range(step.slots)]
 
     def rows_of(tensors, dims, chunk):

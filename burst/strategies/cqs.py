@@ -52,14 +52,19 @@ class CQSOptions(Options):
 def check_cqs(call: AttentionCall, q, k) -> None:
     lost = call.options.lost_workers
     if any(not 0 <= r < call.world for r in lost) or len(lost) >= call.world:
-        raise ValueError(f"lost_workers={lost!r} must be distinct ranks of 0..{call.world - 1}, "
-                         "leaving at least one worker")
+        raise ValueError(
+            f"lost_workers={lost!r} must be distinct ranks of 0..{call.world - 1}, leaving at least one worker"
+        )
 
 
 def call_schedule(call: AttentionCall) -> Schedule:
     """The distilled schedule for this call's mask (pairs the mask skips are never given out)."""
-    needed = frozenset((x, y) for x in range(call.world) for y in range(call.world)
-                       if may_attend(call.segments(x), call.segments(y), call.spec))
+    needed = frozenset(
+        (x, y)
+        for x in range(call.world)
+        for y in range(call.world)
+        if may_attend(call.segments(x), call.segments(y), call.spec)
+    )
     return schedule(call.world, lost=call.options.lost_workers, needed=needed)
 
 
@@ -88,8 +93,15 @@ def _fetch(call: AttentionCall, sched: Schedule, phase: str, q_side: list, kv_si
     return q_groups, kv_groups
 
 
-def _return_partials(call: AttentionCall, sched: Schedule, phase: str, mine_by_group: dict, likes: list,
-                     role: int, tag: int = tags.CQS_RESULTS):
+def _return_partials(
+    call: AttentionCall,
+    sched: Schedule,
+    phase: str,
+    mine_by_group: dict,
+    likes: list,
+    role: int,
+    tag: int = tags.CQS_RESULTS,
+):
     """One exchange: send each owner its partial results; return those sent to us, in worker order.
 
     mine_by_group: {group: [tensors]} computed here (our own group included, kept). role: 0 for the
@@ -123,8 +135,9 @@ def cqs_forward(call: AttentionCall, q, keys):
     q_groups, kv_groups = _fetch(call, sched, "forward", [q], [k, v])
     partial = worker_forward(call, sched.tasks[call.rank], q_groups, kv_groups)  # no communication in here
     out_acc, lse_acc = partial.pop(call.rank, None) or empty_accumulators(q)
-    arrived = _return_partials(call, sched, "forward", {x: list(p) for x, p in partial.items()},
-                               [out_acc, lse_acc], role=0)
+    arrived = _return_partials(
+        call, sched, "forward", {x: list(p) for x, p in partial.items()}, [out_acc, lse_acc], role=0
+    )
     for out_w, lse_w in arrived:  # the Tiler: merge where the rows live
         merge_partial(out_acc, lse_acc, out_w, lse_w)
     return out_acc.to(q.dtype), lse_acc
@@ -142,13 +155,26 @@ def cqs_backward(call: AttentionCall, dout, q, keys, out, lse):
         if y not in dkv_parts:
             dkv_parts[y] = [accumulator_zeros_like(k), accumulator_zeros_like(v)]
         q_x, dout_x, delta_x, lse_x = q_groups[x]
-        attend_backward(call.kernel, dout_x, q_x, *kv_groups[y], None, lse_x, call.tiles(x, y), dq_parts[x][0],
-                        *dkv_parts[y], call.scale, delta=delta_x)
+        attend_backward(
+            call.kernel,
+            dout_x,
+            q_x,
+            *kv_groups[y],
+            None,
+            lse_x,
+            call.tiles(x, y),
+            dq_parts[x][0],
+            *dkv_parts[y],
+            call.scale,
+            delta=delta_x,
+        )
     (dq,) = dq_parts.pop(call.rank, None) or [accumulator_zeros_like(q)]
     dk, dv = dkv_parts.pop(call.rank, None) or [accumulator_zeros_like(k), accumulator_zeros_like(v)]
     for (part,) in _return_partials(call, sched, "backward", dq_parts, [dq], role=0):
         dq += part
-    for part_k, part_v in _return_partials(call, sched, "backward", dkv_parts, [dk, dv], role=1, tag=tags.CQS_KV_RESULTS):
+    for part_k, part_v in _return_partials(
+        call, sched, "backward", dkv_parts, [dk, dv], role=1, tag=tags.CQS_KV_RESULTS
+    ):
         dk += part_k
         dv += part_v
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -93,7 +93,10 @@ def distflash_forward(call: AttentionCall, q, keys):
             sends = [(o_h, step.help_for, tags.DISTFLASH_RESULTS), (lse_h, step.help_for, tags.DISTFLASH_RESULTS + 1)]
         if step.helped_by is not None:
             rows = _rows([out_acc, lse_acc], step.help_rows)
-            recvs = [(rows[0], step.helped_by, tags.DISTFLASH_RESULTS), (rows[1], step.helped_by, tags.DISTFLASH_RESULTS + 1)]
+            recvs = [
+                (rows[0], step.helped_by, tags.DISTFLASH_RESULTS),
+                (rows[1], step.helped_by, tags.DISTFLASH_RESULTS + 1),
+            ]
         _merge_result(results, out_acc, lse_acc)
         results = (exchange(call.group, "forward", sends, recvs, topology=call.topology), step)
     _merge_result(results, out_acc, lse_acc)
@@ -137,8 +140,7 @@ def distflash_backward(call: AttentionCall, dout, q, keys, out, lse):
             q_r, dout_r, delta_r, lse_r = helped
             dq_r = accumulator_zeros_like(q_r)
             tiles = _query_tiles(call, step.help_for, step.help_rows, call.rank, rebase=True)
-            attend_backward(call.kernel, dout_r, q_r, k, v, None, lse_r, tiles, dq_r, dk, dv, call.scale,
-                            delta=delta_r)
+            attend_backward(call.kernel, dout_r, q_r, k, v, None, lse_r, tiles, dq_r, dk, dv, call.scale, delta=delta_r)
             sends += [(dq_r, step.help_for, tags.DISTFLASH_RESULTS + 2)]
         if step.kv_to is not None:
             recvs += [(dk, step.kv_to, tags.DISTFLASH_RESULTS), (dv, step.kv_to, tags.DISTFLASH_RESULTS + 1)]

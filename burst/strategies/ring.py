@@ -25,8 +25,13 @@ import torch
 from ..call import AttentionCall
 from ..comm import tags
 from ..comm.ring import RingComm
-from ..kernels.accumulators import (ArrivingAccumulators, accumulator_dtype, accumulator_zeros_like, empty_accumulators,
-                                    lse_for_backward)
+from ..kernels.accumulators import (
+    ArrivingAccumulators,
+    accumulator_dtype,
+    accumulator_zeros_like,
+    empty_accumulators,
+    lse_for_backward,
+)
 from ..kernels.attend import attend_backward, attend_forward
 from ..masks import Tile
 from ..schedules.ring import RingSchedule
@@ -50,8 +55,18 @@ def ring_forward(call: AttentionCall, q, keys: KeyBlocks):
 
     def attend(src, held, _):  # our queries against the K, V of rank src (one block when v is k)
         k_src, v_src = keys.expand(held)
-        attend_forward(call.kernel, q, k_src, v_src, call.tiles(call.rank, src), out_acc, lse_acc, call.scale,
-                       indices=call.indices, index_block=call.index_block)
+        attend_forward(
+            call.kernel,
+            q,
+            k_src,
+            v_src,
+            call.tiles(call.rank, src),
+            out_acc,
+            lse_acc,
+            call.scale,
+            indices=call.indices,
+            index_block=call.index_block,
+        )
 
     visit_blocks(call, call.kv_schedule, "forward", keys.travelling, attend)
     return out_acc.to(q.dtype), lse_acc
@@ -62,8 +77,9 @@ def ring_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
     k, v = keys.k, keys.v
     alone = one_call(call)
     if alone is not None:  # the kernel's gradients as they are: no float32 accumulators
-        dq, dk, dv = call.kernel.backward(dout, q, k, v, out, lse_for_backward(lse), call.scale, alone.causal,
-                                          alone.kernel_mask)
+        dq, dk, dv = call.kernel.backward(
+            dout, q, k, v, out, lse_for_backward(lse), call.scale, alone.causal, alone.kernel_mask
+        )
         return (dq, *keys.gradients([dk + dv] if v is k else [dk, dv]))
     dq, grads = ring_key_backward(call, dout, q, keys, out, lse_for_backward(lse))
     return (dq.to(q.dtype), *keys.gradients(grads))
@@ -88,8 +104,22 @@ def ring_key_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
 
     def attend(src, held, grads):  # the visiting block's dK, dV add onto what the ranks before us added
         k_src, v_src, dk, dv, finish = keys.for_backward(held, grads.part(0), grads.part(-1))
-        attend_backward(call.kernel, dout, q, k_src, v_src, out, lse, call.tiles(call.rank, src), dq, dk, dv,
-                        call.scale, indices=call.indices, index_block=call.index_block)
+        attend_backward(
+            call.kernel,
+            dout,
+            q,
+            k_src,
+            v_src,
+            out,
+            lse,
+            call.tiles(call.rank, src),
+            dq,
+            dk,
+            dv,
+            call.scale,
+            indices=call.indices,
+            index_block=call.index_block,
+        )
         finish()
 
     # with v is k one block and one accumulator, dK and dV added into it
@@ -97,8 +127,14 @@ def ring_key_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
     return dq, grads
 
 
-def visit_blocks(call, schedule: RingSchedule, phase: str, block: Sequence[torch.Tensor],
-                 compute: Callable, acc_likes: Sequence[torch.Tensor] | None = None):
+def visit_blocks(
+    call,
+    schedule: RingSchedule,
+    phase: str,
+    block: Sequence[torch.Tensor],
+    compute: Callable,
+    acc_likes: Sequence[torch.Tensor] | None = None,
+):
     """Run `compute(src, held, accs)` for every step of `schedule` while blocks move.
 
     block: this rank's tensors that travel. held: the block of rank `src` at that step. accs: when
@@ -123,8 +159,11 @@ def visit_blocks(call, schedule: RingSchedule, phase: str, block: Sequence[torch
             if more_inner:
                 next_held = intra.send_recv(held, to=s.intra_next, frm=s.intra_prev)
             src = s.holding(o, j)
-            accs = ArrivingAccumulators(list(acc_likes), accs_comm, incoming if n_inner > 0 else None) \
-                if acc_likes else None
+            accs = (
+                ArrivingAccumulators(list(acc_likes), accs_comm, incoming if n_inner > 0 else None)
+                if acc_likes
+                else None
+            )
             compute(src, held, accs)
             if acc_likes:
                 done = accs()  # (fetched already unless this step had no tile)

@@ -156,8 +156,9 @@ def ulysses_backward(call: AttentionCall, dout, q, keys, out, lse):
     delta_h = ex.stats_to_heads(row_delta(dout, out), "backward")
     lse_h = lse_for_backward(ex.stats_to_heads(lse, "backward"))
     dq_h, dk_h, dv_h = (accumulator_zeros_like(t) for t in (q_h, k_h, v_h))
-    attend_backward(call.kernel, dout_h, q_h, k_h, v_h, None, lse_h, _full_tiles(call), dq_h, dk_h, dv_h,
-                    call.scale, delta=delta_h)
+    attend_backward(
+        call.kernel, dout_h, q_h, k_h, v_h, None, lse_h, _full_tiles(call), dq_h, dk_h, dv_h, call.scale, delta=delta_h
+    )
     dq = ex.to_sequence(dq_h, "backward")
     dk, dv = (kv_grads_home(ex, t, kv_groups, k.shape[2]) for t in (dk_h, dv_h))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -59,8 +59,10 @@ def check_usp(call: AttentionCall, q, k) -> None:
     u = ulysses_degree(call, heads, kv_heads)
     if u not in valid_degrees(heads, kv_heads, limit=max(u, 1)):
         degrees = [d for d in valid_degrees(heads, kv_heads, limit=call.world) if call.world % d == 0]
-        raise ValueError(f"ulysses_degree={u} cannot split {heads} query heads and {kv_heads} KV heads; "
-                         f"valid degrees for this world: {degrees}")
+        raise ValueError(
+            f"ulysses_degree={u} cannot split {heads} query heads and {kv_heads} KV heads; "
+            f"valid degrees for this world: {degrees}"
+        )
 
 
 def _subgroups(call: AttentionCall, u: int):
@@ -73,7 +75,7 @@ def _subgroups(call: AttentionCall, u: int):
     key = (id(call.group), u)
     if key not in _SUBGROUPS:
         ranks = dist.get_process_group_ranks(call.group or dist.group.WORLD)
-        ulysses = [dist.new_group(ranks[g * u:(g + 1) * u]) for g in range(call.world // u)]
+        ulysses = [dist.new_group(ranks[g * u : (g + 1) * u]) for g in range(call.world // u)]
         rings = [dist.new_group(ranks[p::u]) for p in range(u)]
         _SUBGROUPS[key] = (ulysses, rings)
     ulysses, rings = _SUBGROUPS[key]
@@ -88,11 +90,21 @@ def _calls(call: AttentionCall, q, k):
     n = call.local_len
 
     def ring_member_segments(j: int) -> list[Segment]:  # Ulysses group j's shards, concatenated
-        return [Segment(p * n + s.local_start, s.length, s.first, s.stride)
-                for p in range(u) for s in call.segments(j * u + p)]
+        return [
+            Segment(p * n + s.local_start, s.length, s.first, s.stride)
+            for p in range(u)
+            for s in call.segments(j * u + p)
+        ]
 
-    ring = replace(call, group=ring_group, rank=call.rank // u, world=call.world // u, local_len=u * n,
-                   shard_segments=ring_member_segments, options=BurstOptions())
+    ring = replace(
+        call,
+        group=ring_group,
+        rank=call.rank // u,
+        world=call.world // u,
+        local_len=u * n,
+        shard_segments=ring_member_segments,
+        options=BurstOptions(),
+    )
     return exchange, ring, u
 
 

@@ -35,5 +35,18 @@ from .launch import main, run
 from .memory import longest, memory_trial
 from .report import Report, Section
 
-__all__ = ["CPU_SIZES", "CUDA_SIZES", "KERNEL_CASES", "QUANTITIES", "Report", "Section", "Sizes", "compare",
-           "kernel_rows", "longest", "main", "memory_trial", "run"]
+__all__ = [
+    "CPU_SIZES",
+    "CUDA_SIZES",
+    "KERNEL_CASES",
+    "QUANTITIES",
+    "Report",
+    "Section",
+    "Sizes",
+    "compare",
+    "kernel_rows",
+    "longest",
+    "main",
+    "memory_trial",
+    "run",
+]

@@ -33,26 +33,26 @@ DTYPE_NAMES = {dtype: name for name, dtype in reference.DTYPES.items()}
 class Sizes:
     """Every size the check uses; CUDA and CPU differ only here."""
 
-    kernel_len: int            # tokens in section 1's block step (split into tiles of kernel_len // 2)
+    kernel_len: int  # tokens in section 1's block step (split into tiles of kernel_len // 2)
     kernel_heads: int
     kernel_kv_heads: int
     kernel_dims: tuple
-    kernel_dtypes: tuple       # half/single precisions tried on each kernel path
-    world_len: int             # global tokens in section 2's worlds
+    kernel_dtypes: tuple  # half/single precisions tried on each kernel path
+    world_len: int  # global tokens in section 2's worlds
     world_heads: int
     world_kv_heads: int
     world_dim: int
     world_dtypes: tuple
-    world_ranks: tuple         # several ranks on one device
+    world_ranks: tuple  # several ranks on one device
     speed_lens: tuple
     speed_dims: tuple
-    speed_hidden: int          # heads x head_dim in section 3
+    speed_hidden: int  # heads x head_dim in section 3
     speed_dtype: str
     speed_repeats: int
-    world_speed_len: int       # section 3's several-rank run
-    ref_lens: tuple            # section 7: tokens, the most telling first (a short budget runs those)
-    ref_heads: int             # section 7: query heads (KV heads a quarter of them, or as many), head dim 128
-    mem_batch: int             # section 4's longest-length search: batch x heads x head_dim
+    world_speed_len: int  # section 3's several-rank run
+    ref_lens: tuple  # section 7: tokens, the most telling first (a short budget runs those)
+    ref_heads: int  # section 7: query heads (KV heads a quarter of them, or as many), head dim 128
+    mem_batch: int  # section 4's longest-length search: batch x heads x head_dim
     mem_heads: int
     mem_dim: int
     mem_start: int
@@ -61,36 +61,79 @@ class Sizes:
     train_model: str
     train_start: int
     train_limit: int
-    budgets: dict              # seconds per section
+    budgets: dict  # seconds per section
     spawn_timeout: float
-    threads: int | None        # torch threads per process (None: torch's default)
+    threads: int | None  # torch threads per process (None: torch's default)
 
 
 CUDA_SIZES = Sizes(
-    kernel_len=4096, kernel_heads=8, kernel_kv_heads=2, kernel_dims=(64, 128),
+    kernel_len=4096,
+    kernel_heads=8,
+    kernel_kv_heads=2,
+    kernel_dims=(64, 128),
     kernel_dtypes=("float32", "float16", "bfloat16"),
-    world_len=4096, world_heads=8, world_kv_heads=2, world_dim=128,
-    world_dtypes=("float32", "bfloat16", "float16"), world_ranks=(2, 4),
-    speed_lens=(8192, 16384, 32768, 65536, 131072), speed_dims=(64, 128), speed_hidden=2048,
-    speed_dtype="bfloat16", speed_repeats=1,
-    ref_lens=(65536, 16384, 131072, 32768), ref_heads=32,
+    world_len=4096,
+    world_heads=8,
+    world_kv_heads=2,
+    world_dim=128,
+    world_dtypes=("float32", "bfloat16", "float16"),
+    world_ranks=(2, 4),
+    speed_lens=(8192, 16384, 32768, 65536, 131072),
+    speed_dims=(64, 128),
+    speed_hidden=2048,
+    speed_dtype="bfloat16",
+    speed_repeats=1,
+    ref_lens=(65536, 16384, 131072, 32768),
+    ref_heads=32,
     world_speed_len=16384,  # 2 ranks sharing the GPU through gloo's host copies did not finish 32768 in the time left
     # batch 1 and at most 2^18 tokens: under 2^31 elements per tensor (on the H200 torch's own SDPA hit an illegal
     # memory access at 8 x 32 x 128 x 131072 = 2^32, which poisons the CUDA context for every later section)
-    mem_batch=1, mem_heads=32, mem_dim=128, mem_start=8192, mem_limit=1 << 18, mem_cap_bytes=None,
-    train_model="small", train_start=65536, train_limit=1 << 20,
-    budgets={"1": 40, "2": 90, "3": 100, "4": 50, "5": 40, "6": 90, "7": 360}, spawn_timeout=120.0, threads=None,
+    mem_batch=1,
+    mem_heads=32,
+    mem_dim=128,
+    mem_start=8192,
+    mem_limit=1 << 18,
+    mem_cap_bytes=None,
+    train_model="small",
+    train_start=65536,
+    train_limit=1 << 20,
+    budgets={"1": 40, "2": 90, "3": 100, "4": 50, "5": 40, "6": 90, "7": 360},
+    spawn_timeout=120.0,
+    threads=None,
 )
 
 
 CPU_SIZES = Sizes(
-    kernel_len=128, kernel_heads=2, kernel_kv_heads=1, kernel_dims=(16,), kernel_dtypes=("float32", "bfloat16"),
-    world_len=32, world_heads=2, world_kv_heads=1, world_dim=16, world_dtypes=("float32",), world_ranks=(2,),
-    speed_lens=(128, 256), speed_dims=(16,), speed_hidden=32, speed_dtype="float32", speed_repeats=1,
-    world_speed_len=128, ref_lens=(256, 128), ref_heads=4,
-    mem_batch=1, mem_heads=2, mem_dim=16, mem_start=128, mem_limit=512, mem_cap_bytes=256 << 20,
-    train_model="tiny", train_start=32, train_limit=64,
-    budgets={"1": 30, "2": 60, "3": 20, "4": 30, "5": 40, "6": 40, "7": 30}, spawn_timeout=60.0,
+    kernel_len=128,
+    kernel_heads=2,
+    kernel_kv_heads=1,
+    kernel_dims=(16,),
+    kernel_dtypes=("float32", "bfloat16"),
+    world_len=32,
+    world_heads=2,
+    world_kv_heads=1,
+    world_dim=16,
+    world_dtypes=("float32",),
+    world_ranks=(2,),
+    speed_lens=(128, 256),
+    speed_dims=(16,),
+    speed_hidden=32,
+    speed_dtype="float32",
+    speed_repeats=1,
+    world_speed_len=128,
+    ref_lens=(256, 128),
+    ref_heads=4,
+    mem_batch=1,
+    mem_heads=2,
+    mem_dim=16,
+    mem_start=128,
+    mem_limit=512,
+    mem_cap_bytes=256 << 20,
+    train_model="tiny",
+    train_start=32,
+    train_limit=64,
+    budgets={"1": 30, "2": 60, "3": 20, "4": 30, "5": 40, "6": 40, "7": 30},
+    spawn_timeout=60.0,
     threads=1,  # tiny ops: one thread each is many times faster than threads spinning on a busy machine
 )
 
@@ -139,8 +182,12 @@ def mask_spec(kind: str, n: int, seed: int = 0) -> MaskSpec:
 
 
 def api_mask_kwargs(spec: MaskSpec) -> dict:
-    return {"causal": spec.causal, "window": spec.window, "cu_seqlens": spec.cu_seqlens,
-            "block_sparse": spec.block_sparse}
+    return {
+        "causal": spec.causal,
+        "window": spec.window,
+        "cu_seqlens": spec.cu_seqlens,
+        "block_sparse": spec.block_sparse,
+    }
 
 
 def float64_reference(q, k, v, dout, spec: MaskSpec, scale: float, q_pos=None, k_pos=None):
@@ -175,8 +222,9 @@ def block_step(kernel, q, k, v, dout, spec: MaskSpec, scale: float, max_rows: in
     out = out_acc.to(q.dtype)
     del out_acc
     dq, dk, dv = accumulator_zeros_like(q), accumulator_zeros_like(k), accumulator_zeros_like(v)
-    attend_backward(kernel, dout, q, k, v, None, lse_for_backward(lse), tiles, dq, dk, dv, scale,
-                    delta=row_delta(dout, out))
+    attend_backward(
+        kernel, dout, q, k, v, None, lse_for_backward(lse), tiles, dq, dk, dv, scale, delta=row_delta(dout, out)
+    )
     return (out, lse, dq, dk, dv), tiles
 
 

@@ -1,5 +1,4 @@
-"""Every section in order under one deadline, and the command line (`python -m burst.bench.gpu_check`).
-"""
+"""Every section in order under one deadline, and the command line (`python -m burst.bench.gpu_check`)."""
 
 from __future__ import annotations
 
@@ -23,8 +22,9 @@ SECTIONS = ("1", "2", "3", "4", "5", "6", "7")
 DEFAULT_SECTIONS = SECTIONS[:6]  # 7 (the references' speed, issue 66) needs most of a command's 10 minutes alone
 
 
-def run(outdir: str, device: torch.device | None = None, budget: float | None = None,
-        sections: tuple = DEFAULT_SECTIONS) -> dict:
+def run(
+    outdir: str, device: torch.device | None = None, budget: float | None = None, sections: tuple = DEFAULT_SECTIONS
+) -> dict:
     """The `sections` (default every one) on `device` (default: CUDA when available, else CPU;
     BURST_DEVICE overrides); writes outdir/report.md and report.json; returns the report as a dict.
     Without section 2 no several-rank world is known to run, so 3 and 4 time one rank only."""
@@ -62,13 +62,21 @@ def run(outdir: str, device: torch.device | None = None, budget: float | None = 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m burst.bench.gpu_check", description="Prove burst on this machine's GPU in one command; DIR/report.md holds what it measured.")
+    p = argparse.ArgumentParser(
+        prog="python -m burst.bench.gpu_check",
+        description="Prove burst on this machine's GPU in one command; DIR/report.md holds what it measured.",
+    )
     p.add_argument("outdir", help="where report.md and report.json are written")
     p.add_argument("--budget", type=float, default=None, help="global deadline in seconds (default: the sections' sum)")
-    p.add_argument("--sections", default=",".join(DEFAULT_SECTIONS),
-                   help="comma-separated section numbers to run (default: 1-6; 2 gives 3 and 4 their several-rank "
-                        "world; 7, the speed against SDPA's flash and cuDNN backends and FlexAttention, runs alone)")
+    p.add_argument(
+        "--sections",
+        default=",".join(DEFAULT_SECTIONS),
+        help="comma-separated section numbers to run (default: 1-6; 2 gives 3 and 4 their several-rank "
+        "world; 7, the speed against SDPA's flash and cuDNN backends and FlexAttention, runs alone)",
+    )
     args = p.parse_args(argv)
-    data = run(args.outdir, budget=args.budget, sections=tuple(s.strip() for s in args.sections.split(",") if s.strip()))
+    data = run(
+        args.outdir, budget=args.budget, sections=tuple(s.strip() for s in args.sections.split(",") if s.strip())
+    )
     print(f"gpu_check: {'all sections ok' if data['ok'] else 'NOT all ok'}; report in {args.outdir}/report.md")
     return 0 if data["ok"] else 1

@@ -85,8 +85,9 @@ def memory_trial(device: torch.device, cap: int | None, run) -> tuple[bool, int]
 
 def fwd_bwd_once(name: str, n: int, sizes: Sizes, device) -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    q, k, v, dout = random_inputs(sizes.mem_batch, n, sizes.mem_heads, sizes.mem_heads, sizes.mem_dim, dtype, device,
-                                  on_device=True)
+    q, k, v, dout = random_inputs(
+        sizes.mem_batch, n, sizes.mem_heads, sizes.mem_heads, sizes.mem_dim, dtype, device, on_device=True
+    )
     forward, backward, _ = RUNNERS[name](q, k, v, dout, True, device)
     backward(forward())
 
@@ -121,12 +122,20 @@ def train_steps(sizes: Sizes, device, mode: str, n: int, steps: int = 2, model=N
 def section_memory(rep: Report, several: str | None) -> None:
     with rep.section("4", "Memory: longest fwd+bwd, peak per rank, training length per checkpointing mode") as sec:
         sizes, device = rep.sizes, rep.device
-        shape = (f"batch {sizes.mem_batch} x {sizes.mem_heads} heads x dim {sizes.mem_dim}, causal, "
-                 + ("bf16" if device.type == "cuda" else "float32"))
-        sec.note(f"longest fwd+bwd at {shape}; " + ("ran = no torch.cuda.OutOfMemoryError on the whole GPU"
-                 if device.type == "cuda" else f"CPU mode: ran = peak RSS growth under {sizes.mem_cap_bytes >> 20} MiB"))
+        shape = f"batch {sizes.mem_batch} x {sizes.mem_heads} heads x dim {sizes.mem_dim}, causal, " + (
+            "bf16" if device.type == "cuda" else "float32"
+        )
+        sec.note(
+            f"longest fwd+bwd at {shape}; "
+            + (
+                "ran = no torch.cuda.OutOfMemoryError on the whole GPU"
+                if device.type == "cuda"
+                else f"CPU mode: ran = peak RSS growth under {sizes.mem_cap_bytes >> 20} MiB"
+            )
+        )
         found, peaks = [], {}
         for i, name in enumerate(("sdpa", "burst.attention")):
+
             def fits(n, name=name):
                 ok, peak = memory_trial(device, sizes.mem_cap_bytes, lambda: fwd_bwd_once(name, n, sizes, device))
                 if ok:
@@ -134,15 +143,28 @@ def section_memory(rep: Report, several: str | None) -> None:
                 return ok
 
             deadline = time.monotonic() + sec.left() * (0.3 if i == 0 else 0.45)
-            found.append(longest(fits, sizes.mem_start, sizes.mem_limit, max(sizes.mem_start // 2, 1), deadline,
-                                 sec.note, f"{name} at one rank"))
-        sec.table(f"longest sequence, fwd+bwd, one rank ({shape})", ["what", "fits", "does not fit", "stopped by"], found)
+            found.append(
+                longest(
+                    fits,
+                    sizes.mem_start,
+                    sizes.mem_limit,
+                    max(sizes.mem_start // 2, 1),
+                    deadline,
+                    sec.note,
+                    f"{name} at one rank",
+                )
+            )
+        sec.table(
+            f"longest sequence, fwd+bwd, one rank ({shape})", ["what", "fits", "does not fit", "stopped by"], found
+        )
         common = [n for (name, n) in peaks if name == "sdpa" and ("burst.attention", n) in peaks]
         if common and device.type == "cuda":  # RSS growth at the CPU's tiny sizes says nothing
             n = max(common)
-            sec.note(f"peak above the inputs at {n} tokens: burst.attention {peaks[('burst.attention', n)] / 2**20:.0f} "
-                     f"MiB, SDPA {peaks[('sdpa', n)] / 2**20:.0f} MiB "
-                     f"({peaks[('burst.attention', n)] / max(peaks[('sdpa', n)], 1):.2f}x)")
+            sec.note(
+                f"peak above the inputs at {n} tokens: burst.attention {peaks[('burst.attention', n)] / 2**20:.0f} "
+                f"MiB, SDPA {peaks[('sdpa', n)] / 2**20:.0f} MiB "
+                f"({peaks[('burst.attention', n)] / max(peaks[('sdpa', n)], 1):.2f}x)"
+            )
         _peak_per_rank(sec, sizes, device, several)
         _train_lengths(sec, sizes, device)
 
@@ -154,29 +176,59 @@ def _peak_per_rank(sec: Section, sizes: Sizes, device, several: str | None) -> N
         return
     if sec.skip_for_time("peak per rank vs the 1/G share", 40):
         return
-    cfg = BenchConfig(seq_len=sizes.world_speed_len, heads=sizes.mem_heads, head_dim=sizes.mem_dim,
-                      dtype=sizes.speed_dtype, causal=True, layout="zigzag", repeats=0, check_rows=8)
+    cfg = BenchConfig(
+        seq_len=sizes.world_speed_len,
+        heads=sizes.mem_heads,
+        head_dim=sizes.mem_dim,
+        dtype=sizes.speed_dtype,
+        causal=True,
+        layout="zigzag",
+        repeats=0,
+        check_rows=8,
+    )
     one = run_strategy(cfg, "burst", 0, 1)["peak_mem_bytes"]  # this process, no group
-    rows = [{"ranks": 1, "tokens": cfg.seq_len, "peak MiB/rank": one / 2**20, "1/G share MiB": one / 2**20, "x share": 1.0}]
+    rows = [
+        {"ranks": 1, "tokens": cfg.seq_len, "peak MiB/rank": one / 2**20, "1/G share MiB": one / 2**20, "x share": 1.0}
+    ]
     for ranks in sizes.world_ranks:
         if sec.skip_for_time(f"peak per rank at {ranks} ranks", 20):
             break
-        per_rank = spawn_world(bench_rank, [(dataclasses.asdict(dataclasses.replace(cfg, nproc=ranks)), "burst")],
-                               device.type, nproc=ranks, backend=several, threads=sizes.threads, timeout=max(10.0, min(sec.left(), sizes.spawn_timeout)))
+        per_rank = spawn_world(
+            bench_rank,
+            [(dataclasses.asdict(dataclasses.replace(cfg, nproc=ranks)), "burst")],
+            device.type,
+            nproc=ranks,
+            backend=several,
+            threads=sizes.threads,
+            timeout=max(10.0, min(sec.left(), sizes.spawn_timeout)),
+        )
         peak = max(r[0]["peak_mem_bytes"] for r in per_rank)
-        rows.append({"ranks": ranks, "tokens": cfg.seq_len, "peak MiB/rank": peak / 2**20,
-                     "1/G share MiB": one / ranks / 2**20, "x share": peak / (one / ranks)})
-    sec.table("burst.attention peak memory per rank vs the 1/G share of one rank's (inputs included)",
-              ["ranks", "tokens", "peak MiB/rank", "1/G share MiB", "x share"], rows)
+        rows.append(
+            {
+                "ranks": ranks,
+                "tokens": cfg.seq_len,
+                "peak MiB/rank": peak / 2**20,
+                "1/G share MiB": one / ranks / 2**20,
+                "x share": peak / (one / ranks),
+            }
+        )
+    sec.table(
+        "burst.attention peak memory per rank vs the 1/G share of one rank's (inputs included)",
+        ["ranks", "tokens", "peak MiB/rank", "1/G share MiB", "x share"],
+        rows,
+    )
 
 
 def _train_lengths(sec: Section, sizes: Sizes, device) -> None:
     from burst.engine.checkpointing import MODES
 
-    sec.note("the engine on one device attends with torch SDPA (SequenceAttention at world 1); remat and "
-             "selective replay the stored output through burst's single-device strategy and kernels")
+    sec.note(
+        "the engine on one device attends with torch SDPA (SequenceAttention at world 1); remat and "
+        "selective replay the stored output through burst's single-device strategy and kernels"
+    )
     rows, stats = [], {}
     for i, mode in enumerate(MODES):
+
         def fits(n, mode=mode):
             box = {}
             ok, peak = memory_trial(device, None, lambda: box.update(train_steps(sizes, device, mode, n)))
@@ -185,13 +237,31 @@ def _train_lengths(sec: Section, sizes: Sizes, device) -> None:
             return ok
 
         deadline = time.monotonic() + sec.left() / (len(MODES) - i)
-        got = longest(fits, sizes.train_start, sizes.train_limit, max(sizes.train_start // 2, 1), deadline, sec.note,
-                      f"{sizes.train_model} model, checkpointing {mode}")
+        got = longest(
+            fits,
+            sizes.train_start,
+            sizes.train_limit,
+            max(sizes.train_start // 2, 1),
+            deadline,
+            sec.note,
+            f"{sizes.train_model} model, checkpointing {mode}",
+        )
         best = stats.get((mode, got["fits"]), {})
-        rows.append({"checkpointing": mode, "longest trained": got["fits"], "did not fit": got["does not fit"],
-                     "stopped by": got["stopped by"], "peak MiB": best["peak"] / 2**20 if best else None,
-                     "s/step": best.get("s_per_step"), "losses": ", ".join(f"{x:.3f}" for x in best.get("losses", []))})
+        rows.append(
+            {
+                "checkpointing": mode,
+                "longest trained": got["fits"],
+                "did not fit": got["does not fit"],
+                "stopped by": got["stopped by"],
+                "peak MiB": best["peak"] / 2**20 if best else None,
+                "s/step": best.get("s_per_step"),
+                "losses": ", ".join(f"{x:.3f}" for x in best.get("losses", [])),
+            }
+        )
         if got["stopped by"].startswith("error"):
             sec.fail(f"training with checkpointing {mode}: {got['stopped by']}")
-    sec.table(f"engine '{sizes.train_model}' model, 2 AdamW steps under bf16 autocast, one device, tokens per sequence",
-              ["checkpointing", "longest trained", "did not fit", "stopped by", "peak MiB", "s/step", "losses"], rows)
+    sec.table(
+        f"engine '{sizes.train_model}' model, 2 AdamW steps under bf16 autocast, one device, tokens per sequence",
+        ["checkpointing", "longest trained", "did not fit", "stopped by", "peak MiB", "s/step", "losses"],
+        rows,
+    )

@@ -203,10 +203,13 @@ def _row(sec, label: str, spec: MaskSpec, inputs, burst_kernels: dict) -> dict:
     for name in burst_kernels:
         if best and name in times:
             row[f"{name} x best"] = best / times[name]
-    fwd, bwd = attention_flops(BenchConfig(seq_len=q.shape[1], heads=q.shape[2], head_dim=q.shape[3],
-                                           causal=spec.causal))
+    fwd, bwd = attention_flops(
+        BenchConfig(seq_len=q.shape[1], heads=q.shape[2], head_dim=q.shape[3], causal=spec.causal)
+    )
     if "burst" in times:
-        row["burst TFLOP/s"] = (fwd + bwd) / times["burst"] / 1e9 if spec.window is None and spec.cu_seqlens is None else ""
+        row["burst TFLOP/s"] = (
+            (fwd + bwd) / times["burst"] / 1e9 if spec.window is None and spec.cu_seqlens is None else ""
+        )
     return row
 
 
@@ -216,9 +219,11 @@ def section_references(rep: Report) -> None:
         dtype = getattr(torch, sizes.speed_dtype)
         kernels = _burst_kernels(device)
         heads, dim = sizes.ref_heads, min(128, sizes.speed_hidden // 2)
-        sec.note(f"{sizes.speed_dtype}, batch 1, head dim {dim}, forward + backward ms (one warm-up pass, then one); "
-                 f"cuDNN available to burst: {cudnn.available()}; burst's automatic kernel: "
-                 f"{select_kernel(device, dtype, head_dim=dim, v_head_dim=dim).__name__.rsplit('.', 1)[-1]}")
+        sec.note(
+            f"{sizes.speed_dtype}, batch 1, head dim {dim}, forward + backward ms (one warm-up pass, then one); "
+            f"cuDNN available to burst: {cudnn.available()}; burst's automatic kernel: "
+            f"{select_kernel(device, dtype, head_dim=dim, v_head_dim=dim).__name__.rsplit('.', 1)[-1]}"
+        )
         rows = []
         for n in sizes.ref_lens:
             for kv in (heads // 4, heads):
@@ -228,27 +233,58 @@ def section_references(rep: Report) -> None:
                     inputs = random_inputs(1, n, heads, kv, dim, dtype, device, on_device=True)
                     rows.append(_row(sec, label, spec, inputs, kernels))
                     del inputs
-        cols = ["work", "tokens", "heads", *[f"{r} ms" for r in _references(MaskSpec(), device)],
-                *[f"{b} ms" for b in kernels],
-                *[f"{b} x best" for b in kernels], "burst TFLOP/s"]
+        cols = [
+            "work",
+            "tokens",
+            "heads",
+            *[f"{r} ms" for r in _references(MaskSpec(), device)],
+            *[f"{b} ms" for b in kernels],
+            *[f"{b} x best" for b in kernels],
+            "burst TFLOP/s",
+        ]
         sec.table("one rank, full and causal", cols, rows)
         if device.type == "cuda":
-            sec.table("peak MiB above the inputs (the same runs)", ["work", "tokens", "heads",
-                      *[f"{r} MiB" for r in (*_references(MaskSpec(), device), *kernels)]], rows)
+            sec.table(
+                "peak MiB above the inputs (the same runs)",
+                ["work", "tokens", "heads", *[f"{r} MiB" for r in (*_references(MaskSpec(), device), *kernels)]],
+                rows,
+            )
         n = sizes.ref_lens[0]
         part = n // 16
-        masked = (("window, causal", MaskSpec(causal=True, window=(part, 0))),
-                  ("16 documents, causal", MaskSpec(causal=True, cu_seqlens=tuple(range(0, n + 1, part)))))
+        masked = (
+            ("window, causal", MaskSpec(causal=True, window=(part, 0))),
+            ("16 documents, causal", MaskSpec(causal=True, cu_seqlens=tuple(range(0, n + 1, part)))),
+        )
         rows = []
         for label, spec in masked:
             if not sec.skip_for_time(f"{label} at {n}", 8):
-                rows.append(_row(sec, label, spec, random_inputs(1, n, heads, heads // 4, dim, dtype, device,
-                                                                 on_device=True), kernels))
-        sec.table(f"masks at {n} tokens (window and documents of {part})",
-                  ["work", "tokens", "heads", "SDPA flash ms", "FlexAttention ms", *[f"{b} ms" for b in kernels],
-                   *[f"{b} x best" for b in kernels]], rows)
-        sec.table(f"the block steps of a G-rank ring summed against one call, {n} tokens", ["work", "G", "one call ms",
-                  "tiles summed ms", "one call / tiles"], _ring_rows(sec, n, heads, dim, dtype, device))
+                rows.append(
+                    _row(
+                        sec,
+                        label,
+                        spec,
+                        random_inputs(1, n, heads, heads // 4, dim, dtype, device, on_device=True),
+                        kernels,
+                    )
+                )
+        sec.table(
+            f"masks at {n} tokens (window and documents of {part})",
+            [
+                "work",
+                "tokens",
+                "heads",
+                "SDPA flash ms",
+                "FlexAttention ms",
+                *[f"{b} ms" for b in kernels],
+                *[f"{b} x best" for b in kernels],
+            ],
+            rows,
+        )
+        sec.table(
+            f"the block steps of a G-rank ring summed against one call, {n} tokens",
+            ["work", "G", "one call ms", "tiles summed ms", "one call / tiles"],
+            _ring_rows(sec, n, heads, dim, dtype, device),
+        )
 
 
 def _ring_rows(sec, n, heads, dim, dtype, device) -> list:
@@ -264,8 +300,15 @@ def _ring_rows(sec, n, heads, dim, dtype, device) -> list:
             if sec.skip_for_time(f"ring tiles {label} G={g}", 4 * whole / 1e3 + 2):
                 break
             summed = _time(ring_tiles_runner, *inputs, spec, g)
-            rows.append({"work": label, "G": g, "one call ms": 1e3 * whole, "tiles summed ms": 1e3 * summed,
-                         "one call / tiles": whole / summed})
+            rows.append(
+                {
+                    "work": label,
+                    "G": g,
+                    "one call ms": 1e3 * whole,
+                    "tiles summed ms": 1e3 * summed,
+                    "one call / tiles": whole / summed,
+                }
+            )
         del inputs
         release_memory(device)
     return rows

@@ -28,7 +28,7 @@ class Section:
     id: str
     title: str
     deadline: float
-    status: str = "ok"          # ok | FAIL (a result out of bounds) | error (it raised) | running
+    status: str = "ok"  # ok | FAIL (a result out of bounds) | error (it raised) | running
     seconds: float = 0.0
     notes: list = dataclasses.field(default_factory=list)
     tables: list = dataclasses.field(default_factory=list)  # [{"name", "columns", "rows"}]
@@ -91,9 +91,12 @@ class Report:
             self.write()
 
     def as_dict(self) -> dict:
-        return {**self.facts, "total_s": time.monotonic() - self.start,
-                "ok": all(s.status == "ok" for s in self.sections),
-                "sections": [dataclasses.asdict(s) for s in self.sections]}
+        return {
+            **self.facts,
+            "total_s": time.monotonic() - self.start,
+            "ok": all(s.status == "ok" for s in self.sections),
+            "sections": [dataclasses.asdict(s) for s in self.sections],
+        }
 
     def write(self) -> None:
         os.makedirs(self.outdir, exist_ok=True)
@@ -105,23 +108,38 @@ class Report:
 
 
 def markdown(data: dict) -> str:
-    lines = [f"# burst GPU check: {data['device_name']}", "",
-             f"Command: `{data['command']}`  ", f"burst commit {data['git_commit']}, torch {data['torch']}, "
-             f"CUDA {data['cuda']}, flash_attn {data['flash_attn']}, aten_flash {data.get('aten_flash')}, mode {data['mode']}, "
-             f"{data['total_s']:.0f} s of a {data['budget_s']:.0f} s budget"
-             + (f", {data['gpu_memory_bytes'] / 2**30:.0f} GiB of GPU memory." if data["gpu_memory_bytes"] else "."), "",
-             "| section | status | seconds |", "|---|---|---|"]
+    lines = [
+        f"# burst GPU check: {data['device_name']}",
+        "",
+        f"Command: `{data['command']}`  ",
+        f"burst commit {data['git_commit']}, torch {data['torch']}, "
+        f"CUDA {data['cuda']}, flash_attn {data['flash_attn']}, aten_flash {data.get('aten_flash')}, mode {data['mode']}, "
+        f"{data['total_s']:.0f} s of a {data['budget_s']:.0f} s budget"
+        + (f", {data['gpu_memory_bytes'] / 2**30:.0f} GiB of GPU memory." if data["gpu_memory_bytes"] else "."),
+        "",
+        "| section | status | seconds |",
+        "|---|---|---|",
+    ]
     lines += [f"| {s['id']}. {s['title']} | {s['status']} | {s['seconds']:.0f} |" for s in data["sections"]]
-    found = [f"- {s['id']}: {n}" for s in data["sections"] for n in s["notes"]
-             if n.startswith(("FAIL", "error", "skipped for time", "could not"))]
+    found = [
+        f"- {s['id']}: {n}"
+        for s in data["sections"]
+        for n in s["notes"]
+        if n.startswith(("FAIL", "error", "skipped for time", "could not"))
+    ]
     if found:
         lines += ["", "What to look at (failures, errors, what ran out of time):", "", *found]
     for s in data["sections"]:
         lines += ["", f"## {s['id']}. {s['title']} ({s['status']})", ""]
         lines += [f"- {n}" for n in s["notes"]]
         for t in s["tables"]:
-            lines += ["", f"**{t['name']}**", "", "| " + " | ".join(t["columns"]) + " |",
-                      "|" + "---|" * len(t["columns"])]
+            lines += [
+                "",
+                f"**{t['name']}**",
+                "",
+                "| " + " | ".join(t["columns"]) + " |",
+                "|" + "---|" * len(t["columns"]),
+            ]
             lines += ["| " + " | ".join(_cell(r.get(c)) for c in t["columns"]) + " |" for r in t["rows"]]
         if s["error"]:
             lines += ["", "```", s["error"].strip()[-3000:], "```"]
@@ -139,12 +157,20 @@ def _cell(x) -> str:
 def environment(device: torch.device) -> dict:
     cuda = device.type == "cuda"
     return {
-        "mode": device.type, "device_name": torch.cuda.get_device_name(0) if cuda else f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
-        "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
-        "flash_attn": cuda_flash_attn.available(), "aten_flash": aten_flash.available(), "git_commit": _git_commit(), "python": sys.version.split()[0],
+        "mode": device.type,
+        "device_name": torch.cuda.get_device_name(0)
+        if cuda
+        else f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if cuda else None,
+        "flash_attn": cuda_flash_attn.available(),
+        "aten_flash": aten_flash.available(),
+        "git_commit": _git_commit(),
+        "python": sys.version.split()[0],
         "command": " ".join(["scripts/gpu_check.sh", *sys.argv[1:]]),
-        "selected_kernels": {DTYPE_NAMES[dt]: select_kernel(device, dt).__name__.rsplit(".", 1)[-1]
-                             for dt in DTYPE_NAMES},
+        "selected_kernels": {
+            DTYPE_NAMES[dt]: select_kernel(device, dt).__name__.rsplit(".", 1)[-1] for dt in DTYPE_NAMES
+        },
         "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory if cuda else None,
     }
 
@@ -152,8 +178,12 @@ def environment(device: torch.device) -> dict:
 def _git_commit() -> str | None:
     here = os.path.dirname(os.path.abspath(__file__))
     try:
-        return subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=5).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         return None
 

@@ -1,5 +1,4 @@
-"""Section 3: the block step and burst.attention fwd+bwd against torch SDPA's flash path.
-"""
+"""Section 3: the block step and burst.attention fwd+bwd against torch SDPA's flash path."""
 
 from __future__ import annotations
 
@@ -65,8 +64,19 @@ def block_step_runner(q, k, v, dout, causal: bool, device):
 
     def backward(out):
         grads = [accumulator_zeros_like(t) for t in (q, k, v)]
-        attend_backward(kernel, dout, q, k, v, None, lse_for_backward(state.pop("lse")), tiles, *grads, scale,
-                        delta=row_delta(dout, out))
+        attend_backward(
+            kernel,
+            dout,
+            q,
+            k,
+            v,
+            None,
+            lse_for_backward(state.pop("lse")),
+            tiles,
+            *grads,
+            scale,
+            delta=row_delta(dout, out),
+        )
 
     return forward, backward, lambda: None
 
@@ -88,8 +98,9 @@ def measure(name: str, inputs, causal: bool, device, repeats: int) -> dict:
     """Best fwd and bwd seconds of runner `name` on inputs q, k, v, dout (batch 1, MHA), and TFLOP/s."""
     q = inputs[0]
     fwd_s, bwd_s = time_fwd_bwd(device, repeats, *RUNNERS[name](*inputs, causal, device))
-    fwd_flops, bwd_flops = attention_flops(BenchConfig(seq_len=q.shape[1], heads=q.shape[2], head_dim=q.shape[3],
-                                                       causal=causal))
+    fwd_flops, bwd_flops = attention_flops(
+        BenchConfig(seq_len=q.shape[1], heads=q.shape[2], head_dim=q.shape[3], causal=causal)
+    )
     return {"fwd_s": fwd_s, "bwd_s": bwd_s, "tflops": (fwd_flops + bwd_flops) / (fwd_s + bwd_s) / 1e12}
 
 
@@ -103,15 +114,19 @@ def section_speed(rep: Report, several: str | None) -> None:
     with rep.section("3", "Speed: block step and one-rank burst.attention vs torch SDPA") as sec:
         sizes, device = rep.sizes, rep.device
         dtype = getattr(torch, sizes.speed_dtype)
-        sec.note(f"{sizes.speed_dtype}, batch 1, heads x head_dim = {sizes.speed_hidden}, MHA; TFLOP/s counts "
-                 "4*heads*dim per attended pair forward, 2.5x that backward (harness.attention_flops); "
-                 "'x SDPA' = SDPA's fwd+bwd time / this one's (> 1: faster than SDPA)"
-                 + ("; SDPA pinned to its flash backend" if device.type == "cuda" else "; SDPA on the CPU"))
+        sec.note(
+            f"{sizes.speed_dtype}, batch 1, heads x head_dim = {sizes.speed_hidden}, MHA; TFLOP/s counts "
+            "4*heads*dim per attended pair forward, 2.5x that backward (harness.attention_flops); "
+            "'x SDPA' = SDPA's fwd+bwd time / this one's (> 1: faster than SDPA)"
+            + ("; SDPA pinned to its flash backend" if device.type == "cuda" else "; SDPA on the CPU")
+        )
         rows, last = [], {}
         for n in sizes.speed_lens:  # every setting at one length before any at the next: time runs out at the longest
             for dim in sizes.speed_dims:
                 for causal in (False, True):
-                    if sec.skip_for_time(f"dim {dim} causal={causal} at {n} tokens", 4.5 * last.get((dim, causal), 0) + 1):
+                    if sec.skip_for_time(
+                        f"dim {dim} causal={causal} at {n} tokens", 4.5 * last.get((dim, causal), 0) + 1
+                    ):
                         continue
                     began = time.monotonic()
                     heads = max(1, sizes.speed_hidden // dim)
@@ -146,14 +161,22 @@ def section_speed(rep: Report, several: str | None) -> None:
         ranks = sizes.world_ranks[0]
         runs = []
         for causal in (False, True):
-            cfg = BenchConfig(seq_len=sizes.world_speed_len, heads=max(1, sizes.speed_hidden // 128),
-                              head_dim=min(128, sizes.speed_hidden), dtype=sizes.speed_dtype, causal=causal,
-                              layout="zigzag" if causal else "contiguous", nproc=ranks, repeats=sizes.speed_repeats)
+            cfg = BenchConfig(
+                seq_len=sizes.world_speed_len,
+                heads=max(1, sizes.speed_hidden // 128),
+                head_dim=min(128, sizes.speed_hidden),
+                dtype=sizes.speed_dtype,
+                causal=causal,
+                layout="zigzag" if causal else "contiguous",
+                nproc=ranks,
+                repeats=sizes.speed_repeats,
+            )
             runs += [(dataclasses.asdict(cfg), strategy) for strategy in ("burst", "ring")]
         limit = max(10.0, min(sec.left(), sizes.spawn_timeout))
         try:
-            per_rank = spawn_world(bench_rank, runs, device.type, nproc=ranks, backend=several, threads=sizes.threads,
-                                   timeout=limit)
+            per_rank = spawn_world(
+                bench_rank, runs, device.type, nproc=ranks, backend=several, threads=sizes.threads, timeout=limit
+            )
         except TimeoutError:  # ranks sharing one device through host copies: slow, not hung (section 2 ran them)
             sec.note(f"could not finish the several-rank timing in the {limit:.0f} s the section had left")
             return
@@ -162,11 +185,25 @@ def section_speed(rep: Report, several: str | None) -> None:
             cfg, mine = BenchConfig(**cfg_dict), [r[i] for r in per_rank]
             fwd_flops, bwd_flops = attention_flops(cfg)
             secs = max(r["fwd_s"] for r in mine) + max(r["bwd_s"] for r in mine)
-            world_rows.append({"strategy": strategy, "ranks": ranks, "causal": cfg.causal, "layout": cfg.layout,
-                               "tokens": cfg.seq_len, "s": secs, "TFLOP/s (all ranks)": (fwd_flops + bwd_flops) / secs / 1e12,
-                               "peak MiB/rank": max(r["peak_mem_bytes"] for r in mine) / 2**20,
-                               "max err": max(r["max_err"] for r in mine)})
-        sec.note(f"{ranks} ranks share one device over {several}: their communication is copies on one device "
-                 "(through host memory with gloo) and they share its compute: not a multi-GPU number")
-        sec.table(f"{ranks} ranks on one device (harness.run_strategy)", ["strategy", "ranks", "causal", "layout", "tokens",
-                  "s", "TFLOP/s (all ranks)", "peak MiB/rank", "max err"], world_rows)
+            world_rows.append(
+                {
+                    "strategy": strategy,
+                    "ranks": ranks,
+                    "causal": cfg.causal,
+                    "layout": cfg.layout,
+                    "tokens": cfg.seq_len,
+                    "s": secs,
+                    "TFLOP/s (all ranks)": (fwd_flops + bwd_flops) / secs / 1e12,
+                    "peak MiB/rank": max(r["peak_mem_bytes"] for r in mine) / 2**20,
+                    "max err": max(r["max_err"] for r in mine),
+                }
+            )
+        sec.note(
+            f"{ranks} ranks share one device over {several}: their communication is copies on one device "
+            "(through host memory with gloo) and they share its compute: not a multi-GPU number"
+        )
+        sec.table(
+            f"{ranks} ranks on one device (harness.run_strategy)",
+            ["strategy", "ranks", "causal", "layout", "tokens", "s", "TFLOP/s (all ranks)", "peak MiB/rank", "max err"],
+            world_rows,
+        )

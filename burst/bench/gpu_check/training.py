@@ -31,8 +31,14 @@ TRAIN_STEPS = 2
 def _run(sec: Section, command: list, timeout: float) -> tuple[bool, str]:
     """Runs `command` from the repository root; (succeeded, the last lines of its output)."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, cwd=repo_root(), timeout=max(10.0, timeout),
-                              env={**os.environ, "PYTHONPATH": repo_root(), "OMP_NUM_THREADS": "4"})
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            cwd=repo_root(),
+            timeout=max(10.0, timeout),
+            env={**os.environ, "PYTHONPATH": repo_root(), "OMP_NUM_THREADS": "4"},
+        )
     except subprocess.TimeoutExpired:
         return False, "timed out"
     text = (done.stdout + done.stderr).strip()
@@ -43,9 +49,31 @@ def _run(sec: Section, command: list, timeout: float) -> tuple[bool, str]:
 
 def _burst_train_losses(sec: Section, outdir: str, device: str, dtype: str, seq_len: int) -> list | None:
     path = os.path.join(outdir, f"train_{device}_{dtype}.jsonl")
-    ok, _ = _run(sec, [sys.executable, "-m", "burst", "train", "--device", device, "--dtype", dtype, "--nproc", "1",
-                       "--model", "tiny", "--seq-len", str(seq_len), "--steps", str(TRAIN_STEPS), "--no-progress",
-                       "--metrics", path], min(sec.left(), 150))
+    ok, _ = _run(
+        sec,
+        [
+            sys.executable,
+            "-m",
+            "burst",
+            "train",
+            "--device",
+            device,
+            "--dtype",
+            dtype,
+            "--nproc",
+            "1",
+            "--model",
+            "tiny",
+            "--seq-len",
+            str(seq_len),
+            "--steps",
+            str(TRAIN_STEPS),
+            "--no-progress",
+            "--metrics",
+            path,
+        ],
+        min(sec.left(), 150),
+    )
     if not ok:
         return None
     with open(path) as f:
@@ -56,22 +84,47 @@ def _burst_train_rows(sec: Section, rep: Report, scratch: str) -> list:
     seq_len = 4096 if rep.device.type == "cuda" else 128
     got = _burst_train_losses(sec, scratch, rep.device.type, "bfloat16", seq_len)
     ref = _burst_train_losses(sec, scratch, "cpu", "float32", seq_len)
-    feature = f"`burst train --device {rep.device.type} --dtype bfloat16` vs one process in float32 (cpu), {seq_len} tokens"
+    feature = (
+        f"`burst train --device {rep.device.type} --dtype bfloat16` vs one process in float32 (cpu), {seq_len} tokens"
+    )
     if got is None or ref is None or not len(got) == len(ref) == TRAIN_STEPS:
         return [{"feature": feature, "status": "FAIL", "detail": f"losses {got} vs {ref}"}]
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
-    return [{"feature": feature, "status": "ok" if worst <= BOUNDS["bfloat16"] else "FAIL",
-             "detail": f"losses {', '.join(f'{x:.4f}' for x in got)} vs {', '.join(f'{x:.4f}' for x in ref)}; "
-                       f"worst relative {worst:.1e} (bound {BOUNDS['bfloat16']})"}]
+    return [
+        {
+            "feature": feature,
+            "status": "ok" if worst <= BOUNDS["bfloat16"] else "FAIL",
+            "detail": f"losses {', '.join(f'{x:.4f}' for x in got)} vs {', '.join(f'{x:.4f}' for x in ref)}; "
+            f"worst relative {worst:.1e} (bound {BOUNDS['bfloat16']})",
+        }
+    ]
 
 
 def _trainer(sec: Section, outdir: str, name: str, *options: str, ranks: int = 0) -> dict | None:
     """examples/trainer_train.py on this GPU (under torchrun with `ranks` ranks, else one plain process)."""
     out = os.path.join(outdir, f"trainer_{name}")
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)] if ranks
-                else [sys.executable])
-    ok, _ = _run(sec, [*launcher, "examples/trainer_train.py", "--device", "cuda", "--optim", "sgd", "--lr", "1.0",
-                       "--steps", str(TRAIN_STEPS), *options, "--out", out], min(sec.left(), 150))
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)] if ranks else [sys.executable]
+    )
+    ok, _ = _run(
+        sec,
+        [
+            *launcher,
+            "examples/trainer_train.py",
+            "--device",
+            "cuda",
+            "--optim",
+            "sgd",
+            "--lr",
+            "1.0",
+            "--steps",
+            str(TRAIN_STEPS),
+            *options,
+            "--out",
+            out,
+        ],
+        min(sec.left(), 150),
+    )
     return torch.load(os.path.join(out, "result.pt"), weights_only=False) if ok else None
 
 
@@ -80,8 +133,10 @@ def _step_errors(got: dict, ref: dict) -> tuple[float, float]:
     from burst.bench.hf_zoo import gradient_error
 
     loss = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref["losses"]))
-    grads = max(gradient_error([(g[n].double().cpu(), r[n].double().cpu()) for n in r])
-                for g, r in zip(got["grads"], ref["grads"]))
+    grads = max(
+        gradient_error([(g[n].double().cpu(), r[n].double().cpu()) for n in r])
+        for g, r in zip(got["grads"], ref["grads"])
+    )
     return loss, grads
 
 
@@ -96,9 +151,14 @@ def _trainer_rows(sec: Section, scratch: str) -> list:
         return [{"feature": feature, "status": "FAIL", "detail": f"steps {len(got['losses'])} vs {len(ref['losses'])}"}]
     mine, theirs = _step_errors(got, ref), _step_errors(yardstick, ref)
     ok = got["sharded"] and all(m <= max(2 * t, 1e-3) for m, t in zip(mine, theirs))
-    return [{"feature": feature, "status": "ok" if ok else "FAIL",
-             "detail": f"sharded {got['sharded']}; loss {mine[0]:.1e}, gradients {mine[1]:.1e} against float32 "
-                       f"(plain Trainer in bf16: loss {theirs[0]:.1e}, gradients {theirs[1]:.1e})"}]
+    return [
+        {
+            "feature": feature,
+            "status": "ok" if ok else "FAIL",
+            "detail": f"sharded {got['sharded']}; loss {mine[0]:.1e}, gradients {mine[1]:.1e} against float32 "
+            f"(plain Trainer in bf16: loss {theirs[0]:.1e}, gradients {theirs[1]:.1e})",
+        }
+    ]
 
 
 def section_training(rep: Report) -> None:

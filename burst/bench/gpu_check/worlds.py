@@ -24,11 +24,21 @@ def _check_world(rank, world, sizes_dict, device_kind, strategies):
     """On every rank: burst.check plus the masks through burst.attention; rank 0's result returned."""
     sizes = Sizes(**sizes_dict)
     device = rank_device(device_kind)
-    report = burst.check(strategies=strategies, seq_len=sizes.world_len, heads=sizes.world_heads,
-                         kv_heads=sizes.world_kv_heads, head_dim=sizes.world_dim, dtype=sizes.world_dtypes,
-                         device=device)
-    return {"check": report.as_dict(), "masks": masked_api_rows(None, world, device, sizes, strategies),
-            "backend": dist.get_backend(), "device": str(device)}
+    report = burst.check(
+        strategies=strategies,
+        seq_len=sizes.world_len,
+        heads=sizes.world_heads,
+        kv_heads=sizes.world_kv_heads,
+        head_dim=sizes.world_dim,
+        dtype=sizes.world_dtypes,
+        device=device,
+    )
+    return {
+        "check": report.as_dict(),
+        "masks": masked_api_rows(None, world, device, sizes, strategies),
+        "backend": dist.get_backend(),
+        "device": str(device),
+    }
 
 
 def _probe_then_check(rank, world, sizes_dict, device_kind):
@@ -49,15 +59,23 @@ def masked_api_rows(group, world: int, device, sizes: Sizes, strategies=None) ->
         full = random_inputs(1, n, sizes.world_heads, sizes.world_kv_heads, sizes.world_dim, dtype, device, seed=7)
         for kind in ("window", "documents", "documents_window", "block_sparse"):
             spec = mask_spec(kind, n)
-            ref = float64_reference(*full, spec, sizes.world_dim ** -0.5)
+            ref = float64_reference(*full, spec, sizes.world_dim**-0.5)
             for strategy in strategies or api.STRATEGIES:
                 for lay in layout_mod.LAYOUTS:
                     row = {"strategy": strategy, "layout": lay, "mask": kind, "dtype": dtype_name}
                     q, k, v, dout = (layout_mod.shard(t, group=group, layout=lay) for t in full)
                     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
                     try:
-                        out, lse = burst.attention(q, k, v, group=group, strategy=strategy, layout=lay, return_lse=True,
-                                                   **api_mask_kwargs(spec))
+                        out, lse = burst.attention(
+                            q,
+                            k,
+                            v,
+                            group=group,
+                            strategy=strategy,
+                            layout=lay,
+                            return_lse=True,
+                            **api_mask_kwargs(spec),
+                        )
                     except (ValueError, NotImplementedError) as err:  # refused alike on every rank
                         row.update(status="skipped", note=first_line(err)[:70])
                         rows.append(row)
@@ -92,12 +110,16 @@ def _probe_world(rank, world, device_kind):
 
 
 def _world_table(sec: Section, label: str, result: dict) -> None:
-    check_rows = [{**{k: r[k] for k in ("strategy", "layout", "causal", "dtype", "status", "note")}, **r["errors"]}
-                  for r in result["check"]["rows"]]
+    check_rows = [
+        {**{k: r[k] for k in ("strategy", "layout", "causal", "dtype", "status", "note")}, **r["errors"]}
+        for r in result["check"]["rows"]
+    ]
     bad = [r for r in check_rows + result["masks"] if r["status"] == "FAIL"]
     ran = [r for r in check_rows + result["masks"] if r["status"] == "ok"]
-    sec.note(f"{label}: backend {result['backend']}, tensors on {result['device']}: {len(ran)} cases within bounds, "
-             f"{len(bad)} FAIL, {len(check_rows) + len(result['masks']) - len(ran) - len(bad)} skipped (refused by the strategy)")
+    sec.note(
+        f"{label}: backend {result['backend']}, tensors on {result['device']}: {len(ran)} cases within bounds, "
+        f"{len(bad)} FAIL, {len(check_rows) + len(result['masks']) - len(ran) - len(bad)} skipped (refused by the strategy)"
+    )
     for r in bad:
         sec.fail(f"{label}: {r['strategy']} {r['layout']} {r.get('causal', r.get('mask'))} {r['dtype']}")
     cols = ["strategy", "layout", "dtype", "out", "lse", "dq", "dk", "dv", "status", "note"]
@@ -111,8 +133,16 @@ def section_worlds(rep: Report) -> dict:
     with rep.section("2", "The whole API on one rank, then several ranks on one device") as sec:
         sizes, kind = rep.sizes, rep.device.type
         one = "nccl" if kind == "cuda" else "gloo"
-        result = spawn_world(_check_world, dataclasses.asdict(sizes), kind, None, nproc=1, backend=one, threads=sizes.threads,
-                             timeout=min(sec.left(), sizes.spawn_timeout * 2))
+        result = spawn_world(
+            _check_world,
+            dataclasses.asdict(sizes),
+            kind,
+            None,
+            nproc=1,
+            backend=one,
+            threads=sizes.threads,
+            timeout=min(sec.left(), sizes.spawn_timeout * 2),
+        )
         _world_table(sec, f"1 rank ({one})", result[0])
         candidates = ["nccl", "gloo"] if kind == "cuda" else ["gloo"]
         tried, first = [], sizes.world_ranks[0]
@@ -121,28 +151,50 @@ def section_worlds(rep: Report) -> dict:
                 break
             try:
                 limit = 90.0 if backend == "nccl" else sizes.spawn_timeout * 2  # NCCL is expected to refuse: fast
-                got = spawn_world(_probe_then_check, dataclasses.asdict(sizes), kind, nproc=first, backend=backend,
-                                  threads=sizes.threads, timeout=max(10.0, min(limit, sec.left())))[0]
+                got = spawn_world(
+                    _probe_then_check,
+                    dataclasses.asdict(sizes),
+                    kind,
+                    nproc=first,
+                    backend=backend,
+                    threads=sizes.threads,
+                    timeout=max(10.0, min(limit, sec.left())),
+                )[0]
                 tried.append({"backend": backend, "ranks": first, "tensors": kind, **got["probe"], "result": "ran"})
             except Exception as err:  # noqa: BLE001 - the probe is there to find out
                 tried.append({"backend": backend, "ranks": first, "tensors": kind, "result": first_line(err)[:160]})
                 continue
             if got["check"] is not None:
                 found["backend"] = backend
-                sec.note(f"several ranks on one device run with {backend}: communication is copies on the device "
-                         "(with gloo, through host memory: comm/p2p.py), not a network")
+                sec.note(
+                    f"several ranks on one device run with {backend}: communication is copies on the device "
+                    "(with gloo, through host memory: comm/p2p.py), not a network"
+                )
                 _world_table(sec, f"{first} ranks ({backend})", got["check"])
                 break
-        sec.table("several ranks on one device: what the backends took (exchange = burst.comm.p2p's isend/irecv)",
-                  ["backend", "ranks", "tensors", "all_reduce", "all_gather", "exchange", "result"], tried)
+        sec.table(
+            "several ranks on one device: what the backends took (exchange = burst.comm.p2p's isend/irecv)",
+            ["backend", "ranks", "tensors", "all_reduce", "all_gather", "exchange", "result"],
+            tried,
+        )
         if found["backend"] is None:
-            sec.note(f"no backend ran {first} ranks on one {kind} device with {kind} tensors (see the table); the "
-                     "several-rank checks did not run")
+            sec.note(
+                f"no backend ran {first} ranks on one {kind} device with {kind} tensors (see the table); the "
+                "several-rank checks did not run"
+            )
             return found
         for ranks in sizes.world_ranks[1:]:
             if sec.skip_for_time(f"{ranks} ranks", 20):
                 break
-            result = spawn_world(_check_world, dataclasses.asdict(sizes), kind, None, nproc=ranks, threads=sizes.threads,
-                                 backend=found["backend"], timeout=min(sec.left(), sizes.spawn_timeout * 2))
+            result = spawn_world(
+                _check_world,
+                dataclasses.asdict(sizes),
+                kind,
+                None,
+                nproc=ranks,
+                threads=sizes.threads,
+                backend=found["backend"],
+                timeout=min(sec.left(), sizes.spawn_timeout * 2),
+            )
             _world_table(sec, f"{ranks} ranks ({found['backend']})", result[0])
     return found

@@ -62,11 +62,33 @@ from .layers.mixers import FAMILIES, shard_mixers
 from .sequence_parallel import SequenceParallel
 
 __all__ = [
-    "ACCEPTED_KEYWORDS", "BACKENDS", "Backend", "FAMILIES", "SequenceParallel", "SequenceParallelTrainer",
-    "ShardedCache", "TESTED_TRANSFORMERS", "backend_of", "burst_attention_forward", "burst_attention_mask",
-    "check_backend_compatible", "check_config", "check_keywords", "check_model", "check_model_features",
-    "check_same_batch", "documents_from_positions", "fsdp_reduction", "fully_shard", "model_name", "reduce_gradients",
-    "reduce_loss", "register", "shard_batch", "shard_mixers", "sharded_cache",
+    "ACCEPTED_KEYWORDS",
+    "BACKENDS",
+    "Backend",
+    "FAMILIES",
+    "SequenceParallel",
+    "SequenceParallelTrainer",
+    "ShardedCache",
+    "TESTED_TRANSFORMERS",
+    "backend_of",
+    "burst_attention_forward",
+    "burst_attention_mask",
+    "check_backend_compatible",
+    "check_config",
+    "check_keywords",
+    "check_model",
+    "check_model_features",
+    "check_same_batch",
+    "documents_from_positions",
+    "fsdp_reduction",
+    "fully_shard",
+    "model_name",
+    "reduce_gradients",
+    "reduce_loss",
+    "register",
+    "shard_batch",
+    "shard_mixers",
+    "sharded_cache",
 ]
 
 
@@ -88,7 +110,9 @@ def __getattr__(attr: str):
     except ModuleNotFoundError as err:  # the extra is missing: say which install brings it
         if (err.name or "").partition(".")[0] not in ("transformers", "accelerate"):
             raise
-        raise ImportError(f"{__name__}.{attr} needs transformers and accelerate: pip install "
-                          f"'transformers{TESTED_TRANSFORMERS}' 'accelerate>=1.1' (or, from a clone of burst, "
-                          "pip install '.[hf]')") from err
+        raise ImportError(
+            f"{__name__}.{attr} needs transformers and accelerate: pip install "
+            f"'transformers{TESTED_TRANSFORMERS}' 'accelerate>=1.1' (or, from a clone of burst, "
+            "pip install '.[hf]')"
+        ) from err
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

@@ -70,20 +70,22 @@ class ShardedCache(Cache):
         check_model(model)
         name, backend = backend_of(model)
         if backend.layout not in LAYOUTS:  # a DocumentLayout cuts packed documents: no prompt is one
-            raise ValueError(f"ShardedCache needs attn_implementation={name!r} registered with a layout of {LAYOUTS}, "
-                             f"got {backend.layout!r}")
+            raise ValueError(
+                f"ShardedCache needs attn_implementation={name!r} registered with a layout of {LAYOUTS}, "
+                f"got {backend.layout!r}"
+            )
         super().__init__(layers=[])  # per-layer storage is burst's ShardedKVCache, not transformers' layers
         layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self.name, self.group, self.layout = name, backend.group, backend.layout
         self.world = dist.get_world_size(self.group) if dist.is_initialized() else 1
         self.kv = ShardedKVCache(layers, group=self.group, layout=self.layout, chunk=chunk)
         self._agreed: dict[tuple, object] = {}  # decode signature every rank agreed on -> its decode_exchange
-        self.seen = 0           # tokens of each row seen so far (prompt + decoded), on all ranks together
+        self.seen = 0  # tokens of each row seen so far (prompt + decoded), on all ranks together
         self.prompt_length = 0
         self.phase: str | None = None  # "prefill" or "decode" while a forward runs
         self._batch = 0
         self._prefill_positions = None  # (batch, padded / G) global positions of this rank's prompt shard
-        self._step = None       # decode: (batch,) global position of the token being run
+        self._step = None  # decode: (batch,) global position of the token being run
         self._install_hooks(model)
 
     # -- what transformers asks of a Cache -----------------------------------------------------
@@ -100,8 +102,10 @@ class ShardedCache(Cache):
         elif self.phase == "decode":
             self.kv.append(layer_idx, k, v, self._step)
         else:
-            raise ValueError("this ShardedCache was built for another model: pass ShardedCache(model) of the model "
-                             "that runs (it hooks that model's decoder)")
+            raise ValueError(
+                "this ShardedCache was built for another model: pass ShardedCache(model) of the model "
+                "that runs (it hooks that model's decoder)"
+            )
         return key_states, value_states
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -135,8 +139,10 @@ class ShardedCache(Cache):
         self._refuse("selecting batch rows")
 
     def _refuse(self, what: str):
-        raise ValueError(f"ShardedCache does not support {what}: generate() on burst runs greedy search or "
-                         "sampling, one token per step")
+        raise ValueError(
+            f"ShardedCache does not support {what}: generate() on burst runs greedy search or "
+            "sampling, one token per step"
+        )
 
     # -- the decoder hooks ---------------------------------------------------------------------
     @staticmethod
@@ -145,7 +151,8 @@ class ShardedCache(Cache):
         if getattr(decoder, "_burst_sharded_cache_hooks", None) is None:
             decoder._burst_sharded_cache_hooks = (
                 decoder.register_forward_pre_hook(_before_decoder, with_kwargs=True),
-                decoder.register_forward_hook(_after_decoder, with_kwargs=True, always_call=True))
+                decoder.register_forward_hook(_after_decoder, with_kwargs=True, always_call=True),
+            )
 
     def _begin(self, kwargs: dict) -> None:
         """Rewrite the decoder's inputs for this rank (kwargs, in place) and enter prefill or decode."""
@@ -157,8 +164,10 @@ class ShardedCache(Cache):
         if self.seen == 0:
             expected = torch.arange(length, device=tokens.device)
             if positions is not None and not bool((positions == expected).all()):
-                raise ValueError("generate() with a ShardedCache runs whole prompts at positions 0..n-1 "
-                                 "(packed prompts or custom position_ids are not supported)")
+                raise ValueError(
+                    "generate() with a ShardedCache runs whole prompts at positions 0..n-1 "
+                    "(packed prompts or custom position_ids are not supported)"
+                )
             multiple = self.world * local_multiple(self.layout)
             padded = -(-length // multiple) * multiple
             full = torch.cat([tokens, tokens.new_zeros(batch, padded - length, *tokens.shape[2:])], dim=1)
@@ -171,7 +180,8 @@ class ShardedCache(Cache):
             raise ValueError(
                 f"a ShardedCache that has seen {self.seen} tokens got a forward of {batch} x {length} tokens; it "
                 f"decodes one token per row of the prompt's batch ({self._batch}) per step. Use a new "
-                "ShardedCache for each generate() call, and keep use_cache on")
+                "ShardedCache for each generate() call, and keep use_cache on"
+            )
         if positions is not None and not bool((positions == self.seen).all()):
             raise ValueError(f"position_ids {positions.flatten().tolist()} in decode: the next position is {self.seen}")
         self._step = torch.full((batch,), self.seen, dtype=torch.long, device=tokens.device)
@@ -192,8 +202,14 @@ class ShardedCache(Cache):
         output["last_hidden_state"] = last
         return output
 
-    def attend(self, layer: int, query: torch.Tensor, scaling: float | None, sliding_window: int | None,
-               sinks: torch.Tensor | None = None):
+    def attend(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        scaling: float | None,
+        sliding_window: int | None,
+        sinks: torch.Tensor | None = None,
+    ):
         """Decode attention of the new token over the sharded cache: (batch, 1, heads, head_dim).
 
         query: (batch, heads, 1, head_dim), the same on every rank; sinks: (heads,) or None.
@@ -208,8 +224,9 @@ class ShardedCache(Cache):
         if signature not in self._agreed:  # once per generation (and per shape): then one collective per layer
             agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, self.group)
             self._agreed[signature] = decode_exchange(q.shape, q.dtype, q.device, self.group)
-        return decode_attention(q, k, v, valid, scale=scale, group=self.group, agreed=True,
-                                exchange=self._agreed[signature], sinks=sinks)
+        return decode_attention(
+            q, k, v, valid, scale=scale, group=self.group, agreed=True, exchange=self._agreed[signature], sinks=sinks
+        )
 
 
 def _drop_all_ones_mask(kwargs: dict, name: str) -> None:
@@ -217,9 +234,11 @@ def _drop_all_ones_mask(kwargs: dict, name: str) -> None:
     if mask is None:
         return
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or not bool(mask.bool().all()):
-        raise ValueError(f"attn_implementation={name!r}: generate() with a ShardedCache runs unpadded prompts; "
-                         "the attention_mask has padding (zeros) or is not 2-D. Generate each length's prompts "
-                         "as their own batch")
+        raise ValueError(
+            f"attn_implementation={name!r}: generate() with a ShardedCache runs unpadded prompts; "
+            "the attention_mask has padding (zeros) or is not 2-D. Generate each length's prompts "
+            "as their own batch"
+        )
 
 
 def sharded_cache(model: torch.nn.Module, chunk: int = 256) -> dict:

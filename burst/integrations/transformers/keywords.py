@@ -34,8 +34,10 @@ ACCEPTED_KEYWORDS: dict[str, tuple[str, str]] = {
     "sinks": (USED, "sinks"),
     "position_ids": (USED, "global positions; restarts at 0 mark packed documents (cu_seqlens)"),
     "indices": (USED, "DeepSeek sparse attention's selected keys (global positions): burst.attention(indices=)"),
-    "block_indices": (USED, "MiniMax-M3's key blocks per KV head (global block numbers): burst.attention("
-                      "indices=burst.BlockIndices(...))"),
+    "block_indices": (
+        USED,
+        "MiniMax-M3's key blocks per KV head (global block numbers): burst.attention(indices=burst.BlockIndices(...))",
+    ),
     "dropout": (OFF_ONLY, "attention dropout (set config.attention_dropout = 0)"),
     "softcap": (USED, "softcap (Gemma 2's attention logit softcapping: c * tanh(score / c))"),
     "output_attentions": (OFF_ONLY, "the attention matrix, which burst never builds"),
@@ -79,10 +81,13 @@ def check_keywords(name: str, module, kwargs: dict) -> None:
             raise ValueError(
                 f"attn_implementation={name!r}: {model_name(module)} passes the attention function "
                 f"{key}={_short(value)}, which burst does not implement; it refuses rather than drop it "
-                "(accepted keywords: burst.integrations.transformers.keywords.ACCEPTED_KEYWORDS)")
+                "(accepted keywords: burst.integrations.transformers.keywords.ACCEPTED_KEYWORDS)"
+            )
         if rule[0] == OFF_ONLY and value is not None and value is not False and not _is_zero(value):
-            raise ValueError(f"attn_implementation={name!r}: {model_name(module)} passes {key}={_short(value)}; "
-                             f"burst does not support {rule[1]}")
+            raise ValueError(
+                f"attn_implementation={name!r}: {model_name(module)} passes {key}={_short(value)}; "
+                f"burst does not support {rule[1]}"
+            )
 
 
 def check_model_features(name: str, module, sliding_window, decoding: bool = False) -> int | None:
@@ -98,26 +103,31 @@ def check_model_features(name: str, module, sliding_window, decoding: bool = Fal
     chunk = getattr(config, "attention_chunk_size", None)
     if layer_type == "chunked_attention" or (chunk and layer_type is None):
         if layer_type is None or not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
-            raise ValueError(f"attn_implementation={name!r}: {model_name(module)} has attention_chunk_size={chunk!r} "
-                             f"on layer type {layer_type!r}: burst runs chunked attention on the layers "
-                             "config.layer_types names 'chunked_attention', with a positive chunk size")
+            raise ValueError(
+                f"attn_implementation={name!r}: {model_name(module)} has attention_chunk_size={chunk!r} "
+                f"on layer type {layer_type!r}: burst runs chunked attention on the layers "
+                "config.layer_types names 'chunked_attention', with a positive chunk size"
+            )
         return chunk
     window = getattr(config, "sliding_window", None)
     uses_window = layer_type == "sliding_attention" or (
-        layer_type is None and window and getattr(config, "use_sliding_window", True) is not False)
+        layer_type is None and window and getattr(config, "use_sliding_window", True) is not False
+    )
     if uses_window and sliding_window is None and _window_not_in_mask(module):
         if decoding:
             raise ValueError(
                 f"attn_implementation={name!r}: {model_name(module)} has config.sliding_window={window}, which its "
                 f"mask does not apply ({WINDOW_NOT_IN_MASK[type(module).__name__]}) but transformers' cache does, "
                 "when decoding: one process's generate() windows the new tokens and not the prompt. burst's "
-                "sharded cache does not copy that; generate on one rank (training and forwards are exact)")
+                "sharded cache does not copy that; generate on one rank (training and forwards are exact)"
+            )
         return None
     if uses_window and sliding_window is None:
         raise ValueError(
             f"attn_implementation={name!r}: {model_name(module)} has a sliding window (config.sliding_window="
             f"{window}) that its attention does not pass as sliding_window=, so burst cannot tell which "
-            "layers apply it; refused rather than attend the whole sequence")
+            "layers apply it; refused rather than attend the whole sequence"
+        )
     return None
 
 
@@ -135,10 +145,14 @@ WINDOW_NOT_IN_MASK: dict[str, str] = {
 WINDOW_FROM_CONFIG: dict[str, str] = {
     "DogeAttention": "DogeModel (and its dynamic mask) applies config.sliding_window to every layer",
     "PhimoeAttention": "PhimoeModel builds every layer's mask with create_sliding_window_causal_mask when "
-                       "config.sliding_window is set (Phi-3.5-MoE publishes one)",
+    "config.sliding_window is set (Phi-3.5-MoE publishes one)",
 }
-_SLIDING_MASK_BUILDERS = ("create_sliding_window_causal_mask", "sliding_window_causal_mask_function",
-                          "sliding_window_overlay", "create_masks_for_generate")
+_SLIDING_MASK_BUILDERS = (
+    "create_sliding_window_causal_mask",
+    "sliding_window_causal_mask_function",
+    "sliding_window_overlay",
+    "create_masks_for_generate",
+)
 
 
 def window_from_config(module, sliding_window: int | None) -> int | None:
@@ -163,12 +177,22 @@ def _window_not_in_mask(module) -> bool:
 
 # Per-layer kinds (config.layer_types / layers_block_type) that mix tokens only through attention, or not at all
 # ("indexed_attention": DeepSeek sparse attention, whose indexer backend/checks.py refuses until it is prepared)
-ATTENTION_LAYER_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention",
-                                   "indexed_attention", "mlp", "moe",
-                                   # MiniMax-M3's block-sparse layers (layers/block_indexer.py; refused unprepared)
-                                   "minimax_m3_sparse",
-                                   # DeepSeek-V4's (its compressors: layers/compressed.py; refused unprepared)
-                                   "compressed_sparse_attention", "heavily_compressed_attention"})
+ATTENTION_LAYER_KINDS = frozenset(
+    {
+        "full_attention",
+        "sliding_attention",
+        "chunked_attention",
+        "attention",
+        "indexed_attention",
+        "mlp",
+        "moe",
+        # MiniMax-M3's block-sparse layers (layers/block_indexer.py; refused unprepared)
+        "minimax_m3_sparse",
+        # DeepSeek-V4's (its compressors: layers/compressed.py; refused unprepared)
+        "compressed_sparse_attention",
+        "heavily_compressed_attention",
+    }
+)
 
 
 def layer_kinds(config) -> set:
@@ -197,8 +221,10 @@ def cache_keyword(forward) -> str:
     for name in ("cache", "past_key_values"):
         if name in parameters:
             return name
-    raise ValueError(f"{getattr(forward, '__qualname__', forward)} takes neither cache nor past_key_values: this "
-                     "transformers release arranges the layer differently from what burst knows")
+    raise ValueError(
+        f"{getattr(forward, '__qualname__', forward)} takes neither cache nor past_key_values: this "
+        "transformers release arranges the layer differently from what burst knows"
+    )
 
 
 def _layer_type(config, layer_idx):

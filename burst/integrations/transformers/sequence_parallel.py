@@ -40,14 +40,27 @@ class SequenceParallel:
     SequenceParallelTrainer: right padding with labels -100 there, or packed rows; left padding raises.
     """
 
-    def __init__(self, model, sp_size: int | None = None, strategy: str = "burst", layout: str = "zigzag",
-                 attn_name: str = "burst", attention_options: dict | None = None):
+    def __init__(
+        self,
+        model,
+        sp_size: int | None = None,
+        strategy: str = "burst",
+        layout: str = "zigzag",
+        attn_name: str = "burst",
+        attention_options: dict | None = None,
+    ):
         self.group, self.sp_size, self.replica, self.replicas = sequence_parallel_groups(sp_size)
         self.layout = layout
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.model = getattr(model, "module", model)  # under DDP's wrapper
-        prepare_model(self.model, self.group, strategy, layout, attn_name,  # DDP's wrapper
-                      attention_options)
+        prepare_model(
+            self.model,
+            self.group,
+            strategy,
+            layout,
+            attn_name,  # DDP's wrapper
+            attention_options,
+        )
 
     def dataloader(self, loader):
         """`loader` (prepared by accelerate) sampling over the data-parallel replicas only."""
@@ -101,7 +114,8 @@ def over_replicas(dataloader, replica: int, replicas: int, sp_size: int):
         raise NotImplementedError(
             f"{type(dataloader).__name__}: burst re-points accelerate's per-process sampler (BatchSamplerShard or "
             "IterableDatasetShard) to the data-parallel replicas, and this dataloader has none (an iterable "
-            "dataset dispatched from rank 0?): set accelerator_config={'dispatch_batches': False}")
+            "dataset dispatched from rank 0?): set accelerator_config={'dispatch_batches': False}"
+        )
     shard.num_processes, shard.process_index = replicas, replica
     if replicas == 1 and hasattr(shard, "even_batches"):
         # accelerate would not shard one process at all: no last batch filled up from the start
@@ -159,11 +173,15 @@ def whole_sequences(batch: dict, multiple: int, ignore_index: int = -100) -> tup
         keep = mask.bool()
         right_padded = bool((keep.cummin(dim=1).values == keep).all())
         if not right_padded:
-            raise ValueError("attention_mask has zeros before ones (left padding or holes): burst runs whole "
-                             "sequences; pad on the right (tokenizer.padding_side = 'right') or pack documents")
+            raise ValueError(
+                "attention_mask has zeros before ones (left padding or holes): burst runs whole "
+                "sequences; pad on the right (tokenizer.padding_side = 'right') or pack documents"
+            )
         if labels is not None and bool((labels[~keep] != ignore_index).any()):
-            raise ValueError(f"labels at padded positions (attention_mask 0) must be {ignore_index}, as "
-                             "DataCollatorForLanguageModeling makes them")
+            raise ValueError(
+                f"labels at padded positions (attention_mask 0) must be {ignore_index}, as "
+                "DataCollatorForLanguageModeling makes them"
+            )
     pad = -length % multiple
     if pad:
         out["input_ids"] = torch.nn.functional.pad(ids, (0, pad))

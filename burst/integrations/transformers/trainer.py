@@ -47,12 +47,22 @@ class SequenceParallelTrainer(Trainer):
     takes no `num_items_in_batch`, `average_tokens_across_devices=False`, `model_init`.
     """
 
-    def __init__(self, *args, sp_size: int | None = None, strategy: str = "burst", layout: str = "zigzag",
-                 attn_name: str = "burst", attention_options: dict | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        sp_size: int | None = None,
+        strategy: str = "burst",
+        layout: str = "zigzag",
+        attn_name: str = "burst",
+        attention_options: dict | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         if getattr(self, "model_init", None) is not None:
-            raise NotImplementedError("SequenceParallelTrainer needs model= (model_init builds a new model per "
-                                      "trial, which burst would have to hook each time)")
+            raise NotImplementedError(
+                "SequenceParallelTrainer needs model= (model_init builds a new model per "
+                "trial, which burst would have to hook each time)"
+            )
         self.sp_group, self.sp_size, self.replica, self.replicas = sequence_parallel_groups(sp_size)
         self.sp_layout = layout
         self._refuse_inexact_settings()
@@ -65,8 +75,10 @@ class SequenceParallelTrainer(Trainer):
         if self.compute_loss_func is not None:
             problems.append("compute_loss_func (it would see one rank's shard of the logits and labels)")
         if not self.model_accepts_loss_kwargs:
-            problems.append(f"{type(self.model).__name__}.forward takes no num_items_in_batch (each rank would "
-                            "average its own tokens)")
+            problems.append(
+                f"{type(self.model).__name__}.forward takes no num_items_in_batch (each rank would "
+                "average its own tokens)"
+            )
         if not self.args.average_tokens_across_devices:
             problems.append("average_tokens_across_devices=False (each rank would average its own tokens)")
         if problems:

@@ -33,8 +33,7 @@ from .registry import BACKENDS, Backend, backend_of, running_cache, world_size
 TESTED_TRANSFORMERS = ">=5.23.0,<6"  # the `hf` extra of pyproject.toml: the releases scripts/test.sh tests
 
 
-def register(name: str = "burst", *, strategy: str = "burst", layout: str = "contiguous", group=None,
-             **options) -> str:
+def register(name: str = "burst", *, strategy: str = "burst", layout: str = "contiguous", group=None, **options) -> str:
     """Register burst as attention implementation `name`; returns the name for `attn_implementation`.
 
     strategy, layout, group and **options are those of `burst.attention`; the batch must be sharded
@@ -44,8 +43,10 @@ def register(name: str = "burst", *, strategy: str = "burst", layout: str = "con
     if layout not in layout_mod.DOCUMENT_LAYOUTS:  # doc_*: the documents come with each batch's position_ids
         layout_mod.check_layout(layout)
     if "flash" in name or "/" in name or ":" in name:  # transformers routes such names to its flash / hub kernels
-        raise ValueError(f"name {name!r}: transformers treats names containing 'flash', '/' or ':' as its own "
-                         "flash-attention or hub kernels; choose another (e.g. 'burst')")
+        raise ValueError(
+            f"name {name!r}: transformers treats names containing 'flash', '/' or ':' as its own "
+            "flash-attention or hub kernels; choose another (e.g. 'burst')"
+        )
     if strategy not in api.STRATEGY_NAMES:
         raise ValueError(f"strategy must be one of {api.STRATEGY_NAMES}, got {strategy!r}")
     BACKENDS[name] = Backend(strategy, layout, group, dict(options))
@@ -79,9 +80,19 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     check_config(name, getattr(module, "config", None), world_size(backend.group))
     check_keywords(name, module, kwargs)
     cache = running_cache()
-    call = LayerCall(name, module, backend, query, key, value, attention_mask, kwargs,
-                     decoding=cache is not None and cache.phase == "decode", scaling=kwargs.get("scaling"),
-                     sliding_window=kwargs.get("sliding_window"))
+    call = LayerCall(
+        name,
+        module,
+        backend,
+        query,
+        key,
+        value,
+        attention_mask,
+        kwargs,
+        decoding=cache is not None and cache.phase == "decode",
+        scaling=kwargs.get("scaling"),
+        sliding_window=kwargs.get("sliding_window"),
+    )
     features.run("check", call)
     sinks = kwargs.get("s_aux", kwargs.get("sinks"))
     if call.decoding:
@@ -100,10 +111,21 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
         call.scaling = call.query.shape[-1] ** -0.5
     features.run("hand", call)
     handed = {"indices": kwargs.get("indices"), **call.burst}  # a feature's selection (BlockIndices) or DSA's
-    out = api.attention(*_transposed(call), group=backend.group, strategy=backend.strategy, layout=backend.layout,
-                        causal=causal, window=window, softmax_scale=call.scaling, sinks=sinks, softcap=call.softcap,
-                        chunk_size=call.chunk_size, **handed, **backend.options)
-    return out[..., :call.width], None
+    out = api.attention(
+        *_transposed(call),
+        group=backend.group,
+        strategy=backend.strategy,
+        layout=backend.layout,
+        causal=causal,
+        window=window,
+        softmax_scale=call.scaling,
+        sinks=sinks,
+        softcap=call.softcap,
+        chunk_size=call.chunk_size,
+        **handed,
+        **backend.options,
+    )
+    return out[..., : call.width], None
 
 
 def _transposed(call: LayerCall) -> tuple:
@@ -122,7 +144,8 @@ def _refuse_generate_without_cache(name: str) -> None:
         raise ValueError(
             f"attn_implementation={name!r}: model.generate() needs {generate_cache_keyword()}=bt.ShardedCache(model), "
             "or **bt.sharded_cache(model) (import burst.integrations.transformers as bt). Without it every rank would "
-            "run the whole prompt and decode against a whole, unsharded cache")
+            "run the whole prompt and decode against a whole, unsharded cache"
+        )
 
 
 def _inside_generate() -> bool:
@@ -165,14 +188,26 @@ def _refuse_unsupported(call: LayerCall) -> None:
             "shard's queries to the same shard's keys. Cached decoding needs burst's sharded KV cache: "
             f"model.generate(ids, {generate_cache_keyword()}=bt.ShardedCache(model)) (import "
             "burst.integrations.transformers as bt); a model that adds keys of its own (compressed or memory tokens) "
-            "is not supported")
+            "is not supported"
+        )
     if attention_mask is not None and not getattr(attention_mask, "_burst_placeholder", False):
-        raise ValueError(f"attn_implementation={name!r} got an attention mask it cannot apply "
-                         f"(shape {tuple(attention_mask.shape)}); pass no mask, or packed position_ids")
+        raise ValueError(
+            f"attn_implementation={name!r} got an attention mask it cannot apply "
+            f"(shape {tuple(attention_mask.shape)}); pass no mask, or packed position_ids"
+        )
 
 
-def burst_attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
-                         mask_function=None, attention_mask: torch.Tensor | None = None, config=None, **kwargs):
+def burst_attention_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function=None,
+    attention_mask: torch.Tensor | None = None,
+    config=None,
+    **kwargs,
+):
     """transformers' mask interface: burst needs no mask tensor (causality, windows and documents
     are its own options), so this returns None; a padding mask with holes raises on every rank.
 
@@ -191,7 +226,8 @@ def burst_attention_mask(batch_size: int, q_length: int, kv_length: int, q_offse
         problem = ValueError(
             f"attn_implementation={name!r}: the attention_mask has padding (zeros); burst runs whole "
             "sequences only. Pack documents into one row instead (position_ids restarting at 0 per document "
-            "become burst's cu_seqlens), or pad at the end with labels -100 and pass no attention_mask")
+            "become burst's cu_seqlens), or pad at the end with labels -100 and pass no attention_mask"
+        )
     agree("burst (transformers mask)", {} if problem is None else None, problem, group, world)
     return _placeholder(batch_size, q_length, kv_length, kwargs.get("device")) if _indexed(config) else None
 

@@ -23,8 +23,13 @@ from .registry import world_size
 _MODEL_NOT_GIVEN = object()
 
 
-def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_index: int = -100,
-                model: torch.nn.Module = _MODEL_NOT_GIVEN) -> dict:
+def shard_batch(
+    batch: dict,
+    group=None,
+    layout: str = "contiguous",
+    ignore_index: int = -100,
+    model: torch.nn.Module = _MODEL_NOT_GIVEN,
+) -> dict:
     """This rank's shard of a batch of full sequences, ready for `model(**shard)`.
 
     batch: `input_ids` (batch, seq_len), optional `labels` (same shape), `position_ids` (made as
@@ -55,9 +60,11 @@ def shard_batch(batch: dict, group=None, layout: str = "contiguous", ignore_inde
     check_same_batch(batch, group)
     mask = batch.get("attention_mask")
     if mask is not None and not bool(mask.bool().all()):
-        raise ValueError("attention_mask has padding (zeros); burst runs whole sequences: pack documents "
-                         "into one row (position_ids restarting at 0 per document) or pad at the end with labels "
-                         f"{ignore_index} and drop the attention_mask")
+        raise ValueError(
+            "attention_mask has padding (zeros); burst runs whole sequences: pack documents "
+            "into one row (position_ids restarting at 0 per document) or pad at the end with labels "
+            f"{ignore_index} and drop the attention_mask"
+        )
     positions = batch.get("position_ids")
     if positions is None:
         positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
@@ -84,7 +91,8 @@ def _the_model(model) -> torch.nn.Module:
         raise TypeError(
             "shard_batch(batch, ..., model=model) needs the model the batch is for: burst checks and prepares it "
             "there (a model that never calls attention, such as Mamba or RWKV, or that runs its own, such as GPT-1 "
-            "or XLM, would otherwise run each rank's shard alone and give wrong logits without an error)")
+            "or XLM, would otherwise run each rank's shard alone and give wrong logits without an error)"
+        )
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return model.module
     return model
@@ -98,10 +106,15 @@ def check_same_batch(batch: dict, group=None) -> None:
     world = world_size(group)
     if world == 1:
         return
-    facts = {key: _content_digest(batch[key]) for key in ("input_ids", "labels", "position_ids")
-             if isinstance(batch.get(key), torch.Tensor)}
-    hint = ("; the ranks of a sequence-parallel group must hold the same batch (each shards it): sample over "
-            "the data-parallel replicas only, e.g. DistributedSampler(num_replicas=world // G, rank=rank // G)")
+    facts = {
+        key: _content_digest(batch[key])
+        for key in ("input_ids", "labels", "position_ids")
+        if isinstance(batch.get(key), torch.Tensor)
+    }
+    hint = (
+        "; the ranks of a sequence-parallel group must hold the same batch (each shards it): sample over "
+        "the data-parallel replicas only, e.g. DistributedSampler(num_replicas=world // G, rank=rank // G)"
+    )
     agree("burst.shard_batch", facts, None, group, world, hints={key: hint for key in facts})
 
 

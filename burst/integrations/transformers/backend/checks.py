@@ -30,38 +30,53 @@ def check_config(name: str, config, world: int) -> None:
     from a zero state."""
     check_backend_compatible(name, config)
     text = text_config(config)
-    if getattr(text, "index_topk", None) and not any(m.prepared(c) for m in (indexer, compressed) for c in (config, text)):
-        raise ValueError(f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses "
-                         f"DeepSeek sparse attention (index_topk={text.index_topk}), whose indexer (and DeepSeek-V4's "
-                         "compressors) must see the whole sequence: prepare the model with "
-                         "bt.shard_batch(..., model=model)")
-    if world > 1 and getattr(text, "index_topk_blocks", None) and "minimax_m3_sparse" in layer_kinds(text) and not any(
-            block_indexer.prepared(c) for c in (config, text)):
-        raise ValueError(f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} picks key "
-                         "blocks with an indexer that must score every key of the sequence, not its shard's: prepare "
-                         "the model with bt.shard_batch(..., model=model) (or SequenceParallelTrainer / "
-                         "SequenceParallel)")
+    if getattr(text, "index_topk", None) and not any(
+        m.prepared(c) for m in (indexer, compressed) for c in (config, text)
+    ):
+        raise ValueError(
+            f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses "
+            f"DeepSeek sparse attention (index_topk={text.index_topk}), whose indexer (and DeepSeek-V4's "
+            "compressors) must see the whole sequence: prepare the model with "
+            "bt.shard_batch(..., model=model)"
+        )
+    if (
+        world > 1
+        and getattr(text, "index_topk_blocks", None)
+        and "minimax_m3_sparse" in layer_kinds(text)
+        and not any(block_indexer.prepared(c) for c in (config, text))
+    ):
+        raise ValueError(
+            f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} picks key "
+            "blocks with an indexer that must score every key of the sequence, not its shard's: prepare "
+            "the model with bt.shard_batch(..., model=model) (or SequenceParallelTrainer / "
+            "SequenceParallel)"
+        )
     if world > 1 and rope.needs_global_length(text):
         raise ValueError(
             f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses the rope types "
             f"{sorted(rope.rope_types(text))}, whose frequencies depend on the longest position the rotary "
             f"embedding sees, and across {world} ranks each would see its shard's: prepare the model with "
             "bt.shard_batch(..., model=model) (or SequenceParallelTrainer / SequenceParallel), which shows it the "
-            "whole sequence's length")
+            "whole sequence's length"
+        )
     others = sorted(layer_kinds(text) - ATTENTION_LAYER_KINDS)
-    if not others and (mixers.supported(getattr(text, "model_type", None))
-                       or mixers.supported(getattr(config, "model_type", None))):
+    if not others and (
+        mixers.supported(getattr(text, "model_type", None)) or mixers.supported(getattr(config, "model_type", None))
+    ):
         others = ["recurrent or convolutional"]  # a family burst splits whose config lists no layer kinds
     if world > 1 and others and not (mixers.prepared(config) or mixers.prepared(text)):
         model_type = getattr(config, "model_type", None)
-        advice = ("pass model= to shard_batch (or SequenceParallelTrainer), which prepares them to pass their "
-                  "state across ranks (burst.integrations.transformers.shard_mixers(model, group, layout) hooks "
-                  "them alone)" if mixers.supported(model_type) or
-                  mixers.supported(getattr(text, "model_type", None)) else "refused; on one rank the model runs "
-                  "exactly")
+        advice = (
+            "pass model= to shard_batch (or SequenceParallelTrainer), which prepares them to pass their "
+            "state across ranks (burst.integrations.transformers.shard_mixers(model, group, layout) hooks "
+            "them alone)"
+            if mixers.supported(model_type) or mixers.supported(getattr(text, "model_type", None))
+            else "refused; on one rank the model runs exactly"
+        )
         raise ValueError(
             f"attn_implementation={name!r}: model_type {model_type!r} has {others} layers, which mix tokens outside "
-            f"attention; across {world} ranks they would start each shard from a zero state: {advice}")
+            f"attention; across {world} ranks they would start each shard from a zero state: {advice}"
+        )
 
 
 # Families transformers does not mark as taking custom attention backends whose attention modules call
@@ -90,7 +105,8 @@ def check_backend_compatible(name: str, model_or_config) -> None:
         f"attn_implementation={name!r}: transformers marks {cls.__name__} as not running on custom attention "
         "backends (_supports_attention_backend = False): it computes attention in its own code or mixes tokens "
         "outside attention (recurrent or convolutional layers, absolute positions), so burst cannot make it "
-        "exact across ranks and refuses it")
+        "exact across ranks and refuses it"
+    )
 
 
 _classes: dict = {}
@@ -104,10 +120,12 @@ def check_buildable(name: str, model_or_config) -> None:
     picked_by_name = _attention_classes_by_name(cls)
     if picked_by_name is not None:
         table, names = picked_by_name
-        raise ValueError(f"attn_implementation={name!r}: {cls.__name__} picks its attention class from {table} by "
-                         f"name ({', '.join(names)}) and runs its own attention code, not an attention function: it "
-                         "cannot be built on a registered backend (transformers raises KeyError), so burst cannot "
-                         "split it; check before building with bt.check_backend_compatible(name, config)")
+        raise ValueError(
+            f"attn_implementation={name!r}: {cls.__name__} picks its attention class from {table} by "
+            f"name ({', '.join(names)}) and runs its own attention code, not an attention function: it "
+            "cannot be built on a registered backend (transformers raises KeyError), so burst cannot "
+            "split it; check before building with bt.check_backend_compatible(name, config)"
+        )
 
 
 def _attention_classes_by_name(cls) -> tuple[str, list[str]] | None:

@@ -43,8 +43,10 @@ def documents(position_ids, batch: int, local_len: int, backend: Backend):
     position_ids: (batch or 1, seq_local) at global positions in the layout's order (shard_batch).
     """
     if position_ids is None:
-        raise ValueError("burst's transformers backend needs position_ids at global positions: "
-                         "shard the batch with burst.integrations.transformers.shard_batch")
+        raise ValueError(
+            "burst's transformers backend needs position_ids at global positions: "
+            "shard the batch with burst.integrations.transformers.shard_batch"
+        )
     hit, value = _document_cache.get(position_ids)
     if hit:
         return value
@@ -86,7 +88,8 @@ def _documents_cut_per_document(local: torch.Tensor, world: int, backend: Backen
         raise ValueError(
             f"position_ids are not global positions in layout={backend.layout!r} order: each document's positions "
             "must restart at 0 and rise by 1, cut per document. Shard the batch with "
-            f"burst.integrations.transformers.shard_batch(batch, layout={backend.layout!r})")
+            f"burst.integrations.transformers.shard_batch(batch, layout={backend.layout!r})"
+        )
     return cu
 
 
@@ -117,10 +120,13 @@ def documents_from_positions(positions: torch.Tensor, world: int, layout: str) -
         raise ValueError(
             f"position_ids are not global positions in layout={layout!r} order{hint}: every run must start "
             "at 0 (a new document) and rise by 1. Shard the batch with "
-            f"burst.integrations.transformers.shard_batch(batch, layout={layout!r})")
+            f"burst.integrations.transformers.shard_batch(batch, layout={layout!r})"
+        )
     if not bool((starts_row == starts_row[:1]).all()):
-        raise ValueError("packed rows must share their document boundaries (burst's cu_seqlens applies to "
-                         "every row); pack into batch 1, or make the rows' documents line up")
+        raise ValueError(
+            "packed rows must share their document boundaries (burst's cu_seqlens applies to "
+            "every row); pack into batch 1, or make the rows' documents line up"
+        )
     starts = (torch.nonzero(starts_row[0]).flatten() + 1).tolist()
     if not starts:
         return None

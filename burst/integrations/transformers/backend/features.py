@@ -22,8 +22,17 @@ from ..keywords import check_model_features, model_name, window_from_config
 from ..layers import block_indexer, compressed, dynamic_mask, latent, positions
 from ..layers.mixers import shard_mixers
 from .documents import documents
-from .preparations import (capture_positions, compress_whole_sequence, left_entries, move_latents, see_global_length,
-                           show_blocks_whole_sequence, show_whole_sequence, take_over_dynamic_masks, tunes_temperature)
+from .preparations import (
+    capture_positions,
+    compress_whole_sequence,
+    left_entries,
+    move_latents,
+    see_global_length,
+    show_blocks_whole_sequence,
+    show_whole_sequence,
+    take_over_dynamic_masks,
+    tunes_temperature,
+)
 from .registry import Backend, world_size
 
 
@@ -91,6 +100,7 @@ class Feature:
 
 # ---- positions: global ones, from the call or kept on the layer ----------------------------------------------
 
+
 def _hand_documents(call: LayerCall) -> None:
     """cu_seqlens from the shard's global positions (restarts at 0 begin documents)."""
     found = call.kwargs.get("position_ids")
@@ -101,11 +111,13 @@ def _hand_documents(call: LayerCall) -> None:
             f"attn_implementation={call.name!r}: {call.model} does not pass position_ids to its attention "
             "function, so burst can neither check that the shards sit at their global positions nor see packed "
             "documents; refused (models that do pass them: Llama, Qwen, Mistral, GPT-OSS, ...; a model prepared "
-            "by bt.shard_batch(..., model=model) or SequenceParallelTrainer has them captured)")
+            "by bt.shard_batch(..., model=model) or SequenceParallelTrainer has them captured)"
+        )
     call.burst["cu_seqlens"] = documents(found, call.query.shape[0], call.query.shape[2], call.backend)
 
 
 # ---- DeepSeek-V4: K = V, and compressed entries beside the shard's keys ---------------------------------------
+
 
 def _take_values_are_keys(call: LayerCall) -> None:
     call.values_are_keys = call.value is call.key  # one block travels for both
@@ -119,11 +131,14 @@ def _take_entries(call: LayerCall) -> None:
     if count == 0 and call.key.shape[2] == local:  # no window has ended yet (a sequence shorter than one)
         return
     if call.key.shape[2] != local + count:
-        raise ValueError(f"attn_implementation={call.name!r}: {call.model} handed {call.key.shape[2]} keys for "
-                         f"{local} queries and {count} compressed entries; this transformers release arranges "
-                         "DeepSeek-V4's attention differently from what burst knows")
-    entries = api.CompressedKV(call.key[:, :, local:].transpose(1, 2), call.value[:, :, local:].transpose(1, 2),
-                               rate, chosen)
+        raise ValueError(
+            f"attn_implementation={call.name!r}: {call.model} handed {call.key.shape[2]} keys for "
+            f"{local} queries and {count} compressed entries; this transformers release arranges "
+            "DeepSeek-V4's attention differently from what burst knows"
+        )
+    entries = api.CompressedKV(
+        call.key[:, :, local:].transpose(1, 2), call.value[:, :, local:].transpose(1, 2), rate, chosen
+    )
     call.held["compressed entries"] = entries
     call.key, call.value = call.key[:, :, :local], call.value[:, :, :local]
 
@@ -136,6 +151,7 @@ def _hand_entries(call: LayerCall) -> None:
 
 # ---- MiniMax-M3: key blocks chosen per KV head by an indexer that sees the whole sequence ---------------------
 
+
 def _check_block_selection(call: LayerCall) -> None:
     if call.decoding:
         _refuse_decoding(call, "key blocks picked by an indexer")
@@ -146,9 +162,11 @@ def _take_block_selection(call: LayerCall) -> None:
     if chosen is None:
         return
     if world_size(call.backend.group) > 1 and not block_indexer.prepared(call.module.config):
-        raise ValueError(f"attn_implementation={call.name!r}: {call.model} picks key blocks with an indexer that must "
-                         "score every key of the sequence, not its shard's: prepare the model with "
-                         "bt.shard_batch(..., model=model) (or SequenceParallelTrainer / SequenceParallel)")
+        raise ValueError(
+            f"attn_implementation={call.name!r}: {call.model} picks key blocks with an indexer that must "
+            "score every key of the sequence, not its shard's: prepare the model with "
+            "bt.shard_batch(..., model=model) (or SequenceParallelTrainer / SequenceParallel)"
+        )
     call.held["block selection"] = block_indexer.block_selection(call.module, chosen)
 
 
@@ -159,6 +177,7 @@ def _hand_block_selection(call: LayerCall) -> None:
 
 
 # ---- Doge: a bias per key instead of a dense mask ---------------------------------------------------------------
+
 
 def _check_dynamic_mask(call: LayerCall) -> None:
     if call.decoding:
@@ -181,13 +200,16 @@ def _hand_bias(call: LayerCall) -> None:
     kept = call.held.get("dynamic mask kept")
     if kept is not None:
         if call.burst.get("cu_seqlens") is not None:
-            raise ValueError(f"attn_implementation={call.name!r}: {call.model}'s dynamic mask past keep_window_size="
-                             f"{call.module.keep_window_size} keys picks each row's keys over one sequence; packed "
-                             "documents (position_ids restarting inside a row) are refused there")
+            raise ValueError(
+                f"attn_implementation={call.name!r}: {call.model}'s dynamic mask past keep_window_size="
+                f"{call.module.keep_window_size} keys picks each row's keys over one sequence; packed "
+                "documents (position_ids restarting inside a row) are refused there"
+            )
         call.burst["indices"] = kept
 
 
 # ---- MLA: the latent and rotary key travel, each rank expands what it holds -----------------------------------
+
 
 def _take_latent(call: LayerCall) -> None:
     handed = latent.handed_over(call.module, call.key, call.value)
@@ -199,20 +221,24 @@ def _hand_latent(call: LayerCall) -> None:
     """burst.attention(latent=...) in the attention's dtype, as q: no K, V."""
     handed = call.held.get("latent")
     if handed is not None:
-        call.burst["latent"] = replace(handed, latent=handed.latent.to(call.query.dtype),
-                                       rope=handed.rope.to(call.query.dtype))
+        call.burst["latent"] = replace(
+            handed, latent=handed.latent.to(call.query.dtype), rope=handed.rope.to(call.query.dtype)
+        )
         call.key = call.value = None
 
 
 # ---- what the config asks of attention beyond the call: windows and chunks, softcap -------------------------
+
 
 def _take_window_from_config(call: LayerCall) -> None:
     call.sliding_window = window_from_config(call.module, call.sliding_window)  # its model's, on every layer
 
 
 def _refuse_decoding(call: LayerCall, what: str) -> None:
-    raise ValueError(f"attn_implementation={call.name!r}: {call.model} decodes with {what}, which the sharded KV "
-                     "cache does not run yet; generate on one rank (prefill and training are exact across ranks)")
+    raise ValueError(
+        f"attn_implementation={call.name!r}: {call.model} decodes with {what}, which the sharded KV "
+        "cache does not run yet; generate on one rank (prefill and training are exact across ranks)"
+    )
 
 
 def _check_windows_and_chunks(call: LayerCall) -> None:
@@ -229,6 +255,7 @@ def _check_softcap(call: LayerCall) -> None:
 
 # ---- Llama 4: attention temperature at global indices -----------------------------------------------------------
 
+
 def _hand_global_temperature(call: LayerCall) -> None:
     call.query = global_temperature(call.name, call.module, call.query, call.backend)
 
@@ -242,9 +269,11 @@ def global_temperature(name: str, module, query: torch.Tensor, backend: Backend)
     if world == 1:
         return query
     if backend.layout not in layout_mod.LAYOUTS:
-        raise ValueError(f"attn_implementation={name!r}: {model_name(module)} scales queries by their index in the "
-                         f"sequence (attn_temperature_tuning), which burst applies under {layout_mod.LAYOUTS}, not "
-                         f"{backend.layout!r}")
+        raise ValueError(
+            f"attn_implementation={name!r}: {model_name(module)} scales queries by their index in the "
+            f"sequence (attn_temperature_tuning), which burst applies under {layout_mod.LAYOUTS}, not "
+            f"{backend.layout!r}"
+        )
     local = query.shape[2]
     mine = layout_mod.shard_indices(backend.layout, rank, world, local * world, device=query.device)
     own = torch.arange(local, device=query.device)
@@ -256,6 +285,7 @@ def global_temperature(name: str, module, query: torch.Tensor, backend: Backend)
 
 
 # ---- MLA expanded: values narrower than queries and keys ----------------------------------------------------------
+
 
 def _hand_one_head_dim(call: LayerCall) -> None:
     """One head dim for q, k, v: MLA's values (DeepSeek: 128) are narrower than its queries and keys (192),
@@ -281,18 +311,33 @@ FEATURES: tuple[Feature, ...] = (
     Feature("positions", prepare=capture_positions, hand=_hand_documents),
     Feature("rotary embeddings of the whole length", prepare=see_global_length),
     Feature("DeepSeek sparse attention's indexer", prepare=show_whole_sequence),
-    Feature("block selection per KV head", detect=block_indexer.has_block_indexer,
-            prepare=show_blocks_whole_sequence, check=_check_block_selection, take=_take_block_selection,
-            hand=_hand_block_selection),
+    Feature(
+        "block selection per KV head",
+        detect=block_indexer.has_block_indexer,
+        prepare=show_blocks_whole_sequence,
+        check=_check_block_selection,
+        take=_take_block_selection,
+        hand=_hand_block_selection,
+    ),
     Feature("keys as values", take=_take_values_are_keys),
-    Feature("compressed entries", detect=left_entries, prepare=compress_whole_sequence, take=_take_entries,
-            hand=_hand_entries),
+    Feature(
+        "compressed entries",
+        detect=left_entries,
+        prepare=compress_whole_sequence,
+        take=_take_entries,
+        hand=_hand_entries,
+    ),
     Feature("recurrent and convolutional mixers", prepare=shard_mixers),
     Feature("window from the config", check=_take_window_from_config),
-    Feature("dynamic mask", detect=dynamic_mask.is_dynamic_mask_attention, prepare=take_over_dynamic_masks,
-            check=_check_dynamic_mask, take=_take_bias, hand=_hand_bias),
-    Feature("latent", detect=latent.is_latent_attention, prepare=move_latents, take=_take_latent,
-            hand=_hand_latent),
+    Feature(
+        "dynamic mask",
+        detect=dynamic_mask.is_dynamic_mask_attention,
+        prepare=take_over_dynamic_masks,
+        check=_check_dynamic_mask,
+        take=_take_bias,
+        hand=_hand_bias,
+    ),
+    Feature("latent", detect=latent.is_latent_attention, prepare=move_latents, take=_take_latent, hand=_hand_latent),
     Feature("windows and chunks in the config", check=_check_windows_and_chunks),
     Feature("softcap", check=_check_softcap),
     Feature("attention temperature", detect=tunes_temperature, hand=_hand_global_temperature),

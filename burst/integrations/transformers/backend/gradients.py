@@ -57,8 +57,10 @@ def fully_shard(model: torch.nn.Module, mesh=None, group=None, **fsdp_kwargs) ->
         device = next(model.parameters()).device.type
         mesh = init_device_mesh(device, (dist.get_world_size(),))
     if mesh.ndim != 1:
-        raise NotImplementedError(f"fully_shard takes a 1-D mesh (got {mesh.ndim}-D): pass mesh['dp'] or a "
-                                  "flattened mesh; hybrid sharding is not supported by the backend yet")
+        raise NotImplementedError(
+            f"fully_shard takes a 1-D mesh (got {mesh.ndim}-D): pass mesh['dp'] or a "
+            "flattened mesh; hybrid sharding is not supported by the backend yet"
+        )
     scale, _ = fsdp_reduction(_mesh_ranks(mesh), _group_ranks(group), 1.0)
     factor = 1.0 / scale  # the factor for which reduce_gradients' scale is 1
     layer_names = set(getattr(model, "_no_split_modules", None) or ())
@@ -86,9 +88,11 @@ def fsdp_reduction(fsdp_ranks: tuple[int, ...], group_ranks: tuple[int, ...], fa
         return factor * len(sp) / len(mesh), False
     if len(mesh & sp) == 1:
         return factor / len(mesh), True
-    raise NotImplementedError(f"FSDP's mesh (ranks {sorted(mesh)}) and burst's sequence-parallel group (ranks "
-                              f"{sorted(sp)}) overlap in part: shard over the group's ranks, every rank, or "
-                              "one rank of each group (data parallel)")
+    raise NotImplementedError(
+        f"FSDP's mesh (ranks {sorted(mesh)}) and burst's sequence-parallel group (ranks "
+        f"{sorted(sp)}) overlap in part: shard over the group's ranks, every rank, or "
+        "one rank of each group (data parallel)"
+    )
 
 
 def _gradients_every_rank_has(model: torch.nn.Module, group) -> list[torch.Tensor]:

@@ -48,8 +48,12 @@ def hands_over_latent(layer) -> bool:
     """Whether an MLA layer hands burst its latent (layers/latent.py): its attention is burst's with
     the "burst" strategy (whose key side moves the latent), outside a generation cache's steps."""
     backend = BACKENDS.get(getattr(getattr(layer, "config", None), "_attn_implementation", None))
-    return (backend is not None and backend.strategy in ("burst", "auto") and running_cache() is None
-            and backend.options.get("backward_side", "auto") != "queries")
+    return (
+        backend is not None
+        and backend.strategy in ("burst", "auto")
+        and running_cache() is None
+        and backend.options.get("backward_side", "auto") != "queries"
+    )
 
 
 def move_latents(model, group, layout) -> None:

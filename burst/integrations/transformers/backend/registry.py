@@ -31,8 +31,10 @@ def backend_of(module) -> tuple[str, Backend]:
     """(name, Backend) of the implementation `module`'s config names (a model or one of its layers)."""
     name = getattr(getattr(module, "config", None), "_attn_implementation", None)
     if name not in BACKENDS:
-        raise ValueError(f"attention implementation {name!r} was not registered with burst "
-                         f"(registered: {sorted(BACKENDS)}); call burst.integrations.transformers.register first")
+        raise ValueError(
+            f"attention implementation {name!r} was not registered with burst "
+            f"(registered: {sorted(BACKENDS)}); call burst.integrations.transformers.register first"
+        )
     return name, BACKENDS[name]
 
 

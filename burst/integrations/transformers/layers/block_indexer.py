@@ -33,8 +33,9 @@ _prepared = PreparedConfigs()  # the configs of models whose block indexers see 
 
 def is_block_indexer(module: torch.nn.Module) -> bool:
     """A MiniMax-M3-style indexer: block_size, topk_blocks and local_blocks, keys through update_index."""
-    return (type(module).__name__.endswith("Indexer") and all(
-        hasattr(module, a) for a in ("block_size", "topk_blocks", "local_blocks", "layer_idx")))
+    return type(module).__name__.endswith("Indexer") and all(
+        hasattr(module, a) for a in ("block_size", "topk_blocks", "local_blocks", "layer_idx")
+    )
 
 
 def has_block_indexer(attention: torch.nn.Module) -> bool:
@@ -50,8 +51,9 @@ def prepared(config) -> bool:
 def show_blocks_whole_sequence(model: torch.nn.Module, group=None, layout="contiguous") -> int:
     """Take over the forward of every block indexer of `model` (the module docstring); returns how
     many. ValueError for a layout whose shards are not runs of positions known here (doc_*)."""
-    return take_over_indexers(model, is_block_indexer, _whole_sequence_block_indexer, _prepared,
-                              "block-sparse attention", group, layout)
+    return take_over_indexers(
+        model, is_block_indexer, _whole_sequence_block_indexer, _prepared, "block-sparse attention", group, layout
+    )
 
 
 class _GatheredIndexKeys:
@@ -72,15 +74,18 @@ class _GatheredIndexKeys:
         return self._keys.update_indexer(keys.squeeze(1), 0)[:, None]
 
 
-def _whole_sequence_block_indexer(module, forward, group, layout, hidden_states, position_embeddings, cache=None,
-                                  position_ids=None, **kwargs):
+def _whole_sequence_block_indexer(
+    module, forward, group, layout, hidden_states, position_embeddings, cache=None, position_ids=None, **kwargs
+):
     """The indexer's forward over this rank's queries and every key: (batch, kv_heads, seq_local, topk)
     global block numbers (-1: none)."""
     cache = cache if cache is not None else kwargs.pop("past_key_values", None)
-    refuse_decoding(f"{type(module).__name__}: decoding on a cache with block-sparse attention under burst", cache,
-                    module.layer_idx)
-    rows = one_sequence_per_row(f"{type(module).__name__}: block-sparse attention", position_ids, group, layout,
-                                hidden_states)
+    refuse_decoding(
+        f"{type(module).__name__}: decoding on a cache with block-sparse attention under burst", cache, module.layer_idx
+    )
+    rows = one_sequence_per_row(
+        f"{type(module).__name__}: block-sparse attention", position_ids, group, layout, hidden_states
+    )
     positions = rows[None].expand(hidden_states.shape[0], -1)
     return forward(module, hidden_states, position_embeddings, _GatheredIndexKeys(group, layout), positions)
 
@@ -93,6 +98,8 @@ def block_selection(module: torch.nn.Module, block_indices: torch.Tensor):
 
     kv_heads = getattr(module.config, "num_key_value_heads", None)
     if block_indices.dim() != 4 or (kv_heads is not None and block_indices.shape[1] != kv_heads):
-        raise ValueError(f"{type(module).__name__}: block_indices of shape {tuple(block_indices.shape)}, not (batch, "
-                         f"num_key_value_heads={kv_heads}, seq, topk): one selection per KV head is what burst takes")
+        raise ValueError(
+            f"{type(module).__name__}: block_indices of shape {tuple(block_indices.shape)}, not (batch, "
+            f"num_key_value_heads={kv_heads}, seq, topk): one selection per KV head is what burst takes"
+        )
     return BlockIndices(block_indices.transpose(1, 2).contiguous(), module.indexer.block_size)

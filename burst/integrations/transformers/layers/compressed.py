@@ -50,7 +50,7 @@ PENDING = "_burst_compressed"  # the attention module's entries' rate and choice
 
 
 def kind(module: torch.nn.Module) -> str | None:
-    """"csa" or "hca" for a DeepSeek-V4 compressor, else None."""
+    """ "csa" or "hca" for a DeepSeek-V4 compressor, else None."""
     name = type(module).__name__
     if not all(hasattr(module, a) for a in ("compress_rate", "kv_proj", "gate_proj", "position_bias", "kv_norm")):
         return None
@@ -72,36 +72,58 @@ def compress_whole_sequence(model: torch.nn.Module, group=None, layout="contiguo
     if not layers:
         return 0
     if layout not in layout_mod.LAYOUTS:
-        raise ValueError(f"{type(model).__name__}: compressed attention runs under the layouts {layout_mod.LAYOUTS}, "
-                         f"not {layout!r}")
+        raise ValueError(
+            f"{type(model).__name__}: compressed attention runs under the layouts {layout_mod.LAYOUTS}, not {layout!r}"
+        )
     world, _ = layout_mod._world_and_rank(group)
     state_passing.chunks(layout, group, 2 * world)  # striped raises here: its shards have no runs
     for attention, compressor in layers:
-        compressor.forward = functools.partial(_whole_sequence_compressor, compressor, weakref.ref(attention),
-                                               group, layout)
+        compressor.forward = functools.partial(
+            _whole_sequence_compressor, compressor, weakref.ref(attention), group, layout
+        )
     _prepared.add(model.config, text_config(model.config))
     return len(layers)
 
 
-def _whole_sequence_compressor(module, attention, group, layout, hidden_states, q_residual, position_ids,
-                               cache=None, layer_idx=None, past_key_values=None):
+def _whole_sequence_compressor(
+    module,
+    attention,
+    group,
+    layout,
+    hidden_states,
+    q_residual,
+    position_ids,
+    cache=None,
+    layer_idx=None,
+    past_key_values=None,
+):
     """(entries (batch, 1, n, head_dim) of the whole sequence, None): the layer concatenates them to its
     keys; their rate and the CSA indexer's choice wait on the attention module for its attention
     function (PENDING)."""
-    refuse_decoding(f"{type(module).__name__}: decoding on a cache with DeepSeek-V4's compressed attention under "
-                    "burst", cache if cache is not None else past_key_values, layer_idx)
+    refuse_decoding(
+        f"{type(module).__name__}: decoding on a cache with DeepSeek-V4's compressed attention under burst",
+        cache if cache is not None else past_key_values,
+        layer_idx,
+    )
     _check_runs_on_burst(module, attention())
-    one_sequence_per_row(f"{type(module).__name__}: DeepSeek-V4's compressed attention", position_ids, group, layout,
-                         hidden_states)  # entries over a packed row would span its documents
+    one_sequence_per_row(
+        f"{type(module).__name__}: DeepSeek-V4's compressed attention", position_ids, group, layout, hidden_states
+    )  # entries over a packed row would span its documents
     overlap = kind(module) == "csa"
-    entries = whole_sequence_entries(module, module.kv_proj(hidden_states), module.gate_proj(hidden_states),
-                                     group, layout, overlap)
+    entries = whole_sequence_entries(
+        module, module.kv_proj(hidden_states), module.gate_proj(hidden_states), group, layout, overlap
+    )
     chosen = None
     if overlap:
         indexer = module.indexer
         stand_in = _IndexerEntries(indexer, group, layout, layer_idx)
-        chosen = indexer(hidden_states, q_residual, position_ids, **{cache_keyword(type(indexer).forward): stand_in},
-                         layer_idx=layer_idx)
+        chosen = indexer(
+            hidden_states,
+            q_residual,
+            position_ids,
+            **{cache_keyword(type(indexer).forward): stand_in},
+            layer_idx=layer_idx,
+        )
     setattr(attention(), PENDING, (module.compress_rate, entries.shape[1], chosen))
     return entries.unsqueeze(1), None
 
@@ -114,9 +136,11 @@ def _check_runs_on_burst(module, attention) -> None:
 
     name = getattr(getattr(attention, "config", None), "_attn_implementation", None)
     if getattr(ALL_ATTENTION_FUNCTIONS.get(name), "__name__", None) != "burst_attention_forward":
-        raise ValueError(f"{type(module).__name__}: this model was prepared for burst's attention backend "
-                         f"(bt.shard_batch(..., model=model)), whose compressed attention runs only there; "
-                         f"attn_implementation={name!r} is not a burst backend")
+        raise ValueError(
+            f"{type(module).__name__}: this model was prepared for burst's attention backend "
+            f"(bt.shard_batch(..., model=model)), whose compressed attention runs only there; "
+            f"attn_implementation={name!r} is not a burst backend"
+        )
 
 
 class _IndexerEntries:
@@ -130,16 +154,18 @@ class _IndexerEntries:
         self.entries = None
 
     def store_compression_weights(self, name, kv, gate):
-        self.entries = whole_sequence_entries(self.indexer, kv, gate, self.group, self.layout, overlap=True,
-                                              phase="indexer")
+        self.entries = whole_sequence_entries(
+            self.indexer, kv, gate, self.group, self.layout, overlap=True, phase="indexer"
+        )
         return kv[:, :0], gate[:, :0], 0  # nothing left for the indexer to compress itself
 
     def update_compressor_states(self, name, compressed):
         return self.entries
 
 
-def whole_sequence_entries(module, kv: torch.Tensor, gate: torch.Tensor, group, layout, overlap: bool,
-                           phase: str = "compressed") -> torch.Tensor:
+def whole_sequence_entries(
+    module, kv: torch.Tensor, gate: torch.Tensor, group, layout, overlap: bool, phase: str = "compressed"
+) -> torch.Tensor:
     """Every entry of the sequence, (batch, N // rate, head_dim), in global order, on every rank.
     Its halo and gather are counted in CommStats under `phase` (the indexer's entries: "indexer").
 
@@ -162,8 +188,10 @@ def whole_sequence_entries(module, kv: torch.Tensor, gate: torch.Tensor, group, 
     else:
         tails = [both[:, seg.rows][:, -width:] for seg in mine]
         halos = state_passing.halo(tails, width, layout, group, local, phase=phase, dim=1)  # wider than chunks too
-    made = [_entries_of_chunk(module, torch.cat([halo, both[:, seg.rows]], dim=1), seg.first, seg.length, width,
-                              overlap) for seg, halo in zip(mine, halos)]
+    made = [
+        _entries_of_chunk(module, torch.cat([halo, both[:, seg.rows]], dim=1), seg.first, seg.length, width, overlap)
+        for seg, halo in zip(mine, halos)
+    ]
     return _gathered_in_order(made, every, rate, group, phase)
 
 
@@ -177,7 +205,7 @@ def _entries_of_chunk(module, tokens, first: int, length: int, width: int, overl
     batch, channels = tokens.shape[0], tokens.shape[2] // 2
     back = 1 if overlap else 0
     start = (lo - back) * rate - (first - width)
-    windows = tokens[:, start:start + (hi - lo + back) * rate].reshape(batch, hi - lo + back, rate, 2 * channels)
+    windows = tokens[:, start : start + (hi - lo + back) * rate].reshape(batch, hi - lo + back, rate, 2 * channels)
     kv, gate = windows[..., :channels], windows[..., channels:] + module.position_bias
     if overlap:  # entry w: window w - 1's first half beside window w's second half (a window before 0 weighs 0)
         kv = torch.cat([kv[:, :-1, :, :head_dim], kv[:, 1:, :, head_dim:]], dim=2)
@@ -205,7 +233,7 @@ def _gathered_in_order(made, every, rate: int, group, phase: str = "compressed")
     padded = [torch.nn.functional.pad(e, (0, 0, 0, most - e.shape[1])) for e in made]
     gathered, anchor = state_passing.all_gather_tensors(padded, group, phase)  # counted in CommStats
     order = sorted((seg.first, r, c) for r, segs in enumerate(every) for c, seg in enumerate(segs))
-    return torch.cat([gathered[r][c][:, :counts[r][c]] for _, r, c in order], dim=1) + anchor
+    return torch.cat([gathered[r][c][:, : counts[r][c]] for _, r, c in order], dim=1) + anchor
 
 
 def pending(module):

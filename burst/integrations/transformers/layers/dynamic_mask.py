@@ -43,20 +43,23 @@ def is_dynamic_mask_attention(module: torch.nn.Module) -> bool:
     return callable(getattr(type(module), "prepare_dynamic_mask", None)) and hasattr(module, "keep_window_size")
 
 
-def take_over_dynamic_masks(model: torch.nn.Module, hands_over: Callable[[torch.nn.Module], bool], group=None,
-                            layout: str = "contiguous") -> int:
+def take_over_dynamic_masks(
+    model: torch.nn.Module, hands_over: Callable[[torch.nn.Module], bool], group=None, layout: str = "contiguous"
+) -> int:
     """Take over the prepare_dynamic_mask of every dynamic-mask layer of `model` (the module
     docstring) for a sequence sharded by `layout` over `group`; returns how many. Calling it again
     replaces the predicate, the group and the layout."""
     layers = [m for m in model.modules() if is_dynamic_mask_attention(m)]
     for layer in layers:
-        layer.prepare_dynamic_mask = functools.partial(_bias_or_mask, layer, type(layer).prepare_dynamic_mask,
-                                                       hands_over, group, layout)
+        layer.prepare_dynamic_mask = functools.partial(
+            _bias_or_mask, layer, type(layer).prepare_dynamic_mask, hands_over, group, layout
+        )
     return len(layers)
 
 
-def _bias_or_mask(layer, prepare, hands_over, group, layout, hidden_states, dt_states, keep_window_size=2048,
-                  attention_mask=None):
+def _bias_or_mask(
+    layer, prepare, hands_over, group, layout, hidden_states, dt_states, keep_window_size=2048, attention_mask=None
+):
     if not hands_over(layer):
         return prepare(layer, hidden_states, dt_states, keep_window_size, attention_mask)
     setattr(layer, _BIAS, dt_states)
@@ -76,8 +79,10 @@ def kept_keys(bias: torch.Tensor, keep: int, window: int | None, group=None, lay
     if length <= keep:
         return None
     if layout not in layout_mod.LAYOUTS:
-        raise ValueError(f"Doge's dynamic mask past keep_window_size={keep} keys runs under the layouts "
-                         f"{layout_mod.LAYOUTS}, not {layout!r}")
+        raise ValueError(
+            f"Doge's dynamic mask past keep_window_size={keep} keys runs under the layouts "
+            f"{layout_mod.LAYOUTS}, not {layout!r}"
+        )
     whole = bias.detach()
     if world > 1:
         whole = layout_mod.unshard(whole.contiguous(), group=group, layout=layout, dim=2)

@@ -58,12 +58,14 @@ def prepared(config) -> bool:
 def show_whole_sequence(model: torch.nn.Module, group=None, layout="contiguous") -> int:
     """Take over the forward of every DSA indexer of `model` (see the module docstring); returns how
     many. ValueError for a layout whose shards are not runs of positions known here (doc_*)."""
-    return take_over_indexers(model, is_indexer, _whole_sequence_indexer, _prepared, "DeepSeek sparse attention",
-                              group, layout)
+    return take_over_indexers(
+        model, is_indexer, _whole_sequence_indexer, _prepared, "DeepSeek sparse attention", group, layout
+    )
 
 
-def take_over_indexers(model: torch.nn.Module, found, whole_sequence_forward, prepared_configs: PreparedConfigs,
-                       what: str, group, layout) -> int:
+def take_over_indexers(
+    model: torch.nn.Module, found, whole_sequence_forward, prepared_configs: PreparedConfigs, what: str, group, layout
+) -> int:
     """Every module of `model` that `found` picks runs whole_sequence_forward(module, its class's forward,
     group, layout, ...) in place of its forward; the model's configs join prepared_configs. Returns how
     many; ValueError for a layout whose shards are not runs of positions known here (doc_*)."""
@@ -71,8 +73,9 @@ def take_over_indexers(model: torch.nn.Module, found, whole_sequence_forward, pr
     if not indexers:
         return 0
     if layout not in layout_mod.LAYOUTS:
-        raise ValueError(f"{type(model).__name__}: {what}'s indexer runs under the layouts {layout_mod.LAYOUTS}, "
-                         f"not {layout!r}")
+        raise ValueError(
+            f"{type(model).__name__}: {what}'s indexer runs under the layouts {layout_mod.LAYOUTS}, not {layout!r}"
+        )
     for indexer in indexers:
         indexer.forward = functools.partial(whole_sequence_forward, indexer, type(indexer).forward, group, layout)
     prepared_configs.add(model.config, text_config(model.config))
@@ -118,20 +121,44 @@ def one_sequence_per_row(what: str, position_ids, group, layout, hidden_states) 
     local = hidden_states.shape[1]
     rows = layout_mod.shard_indices(layout, rank, world, local * world, device=hidden_states.device)
     if position_ids is not None and not bool((position_ids == rows).all()):
-        raise ValueError(f"{what} with packed documents (position_ids restarting inside a row) is not supported "
-                         "across ranks; one sequence per row")
+        raise ValueError(
+            f"{what} with packed documents (position_ids restarting inside a row) is not supported "
+            "across ranks; one sequence per row"
+        )
     return rows
 
 
-def _whole_sequence_indexer(module, forward, group, layout, hidden_states, q_resid, position_embeddings,
-                            attention_mask=None, position_ids=None, cache=None, past_key_values=None):
+def _whole_sequence_indexer(
+    module,
+    forward,
+    group,
+    layout,
+    hidden_states,
+    q_resid,
+    position_embeddings,
+    attention_mask=None,
+    position_ids=None,
+    cache=None,
+    past_key_values=None,
+):
     """The indexer's own forward over this rank's queries and every key: (batch, seq_local, topk)
     global key positions. (Its cache comes as `cache`, or `past_key_values` before transformers 5.24.)"""
-    refuse_decoding(f"{type(module).__name__}: decoding on a cache with DeepSeek sparse attention under burst",
-                    cache if cache is not None else past_key_values, module.layer_idx)
-    rows = one_sequence_per_row(f"{type(module).__name__}: DeepSeek sparse attention", position_ids, group, layout,
-                                hidden_states)
+    refuse_decoding(
+        f"{type(module).__name__}: decoding on a cache with DeepSeek sparse attention under burst",
+        cache if cache is not None else past_key_values,
+        module.layer_idx,
+    )
+    rows = one_sequence_per_row(
+        f"{type(module).__name__}: DeepSeek sparse attention", position_ids, group, layout, hidden_states
+    )
     keys = torch.arange(rows.numel() * layout_mod._world_and_rank(group)[0], device=hidden_states.device)
     causal = (keys[None, :] <= rows[:, None]).expand(hidden_states.shape[0], -1, -1)  # (batch, seq_local, seq)
-    return forward(module, hidden_states, q_resid, position_embeddings, causal, position_ids,
-                   **{cache_keyword(forward): _GatheredKeys(group, layout)})
+    return forward(
+        module,
+        hidden_states,
+        q_resid,
+        position_embeddings,
+        causal,
+        position_ids,
+        **{cache_keyword(forward): _GatheredKeys(group, layout)},
+    )

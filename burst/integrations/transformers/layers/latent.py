@@ -28,8 +28,13 @@ _MARK = "_burst_latent_handed_over"
 def is_latent_attention(module: torch.nn.Module) -> bool:
     """An MLA attention layer whose expansion burst can take over."""
     proj = getattr(module, "kv_b_proj", None)
-    return (callable(getattr(type(module), "expand_kv", None)) and type(proj) is torch.nn.Linear
-            and proj.bias is None and hasattr(module, "qk_nope_head_dim") and hasattr(module, "v_head_dim"))
+    return (
+        callable(getattr(type(module), "expand_kv", None))
+        and type(proj) is torch.nn.Linear
+        and proj.bias is None
+        and hasattr(module, "qk_nope_head_dim")
+        and hasattr(module, "v_head_dim")
+    )
 
 
 def move_latents(model: torch.nn.Module, hands_over: Callable[[torch.nn.Module], bool]) -> int:

@@ -37,7 +37,9 @@ def rope_types(config) -> set[str]:
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
     if not isinstance(params, dict):
         return set()
-    dicts = [params] if "rope_type" in params or "type" in params else [p for p in params.values() if isinstance(p, dict)]
+    dicts = (
+        [params] if "rope_type" in params or "type" in params else [p for p in params.values() if isinstance(p, dict)]
+    )
     return {str(p.get("rope_type", p.get("type"))) for p in dicts if p.get("rope_type", p.get("type"))}
 
 
@@ -68,9 +70,11 @@ def see_global_length(model: torch.nn.Module, group=None) -> int:
             module._burst_length_group = group
         wrapped += 1
     if not wrapped:
-        raise ValueError(f"{type(model).__name__}: its config asks for the rope types {sorted(rope_types(configs[0]))}, "
-                         "whose frequencies depend on the sequence's length, and burst found no rotary module of "
-                         "transformers' kind to show the whole length to; refused (each rank would see its shard's)")
+        raise ValueError(
+            f"{type(model).__name__}: its config asks for the rope types {sorted(rope_types(configs[0]))}, "
+            "whose frequencies depend on the sequence's length, and burst found no rotary module of "
+            "transformers' kind to show the whole length to; refused (each rank would see its shard's)"
+        )
     _prepared.add(*configs)
     return wrapped
 

@@ -30,8 +30,10 @@ def causal_conv(original, shards: Shards, hidden_states, weight, bias=None, *arg
         return original(hidden_states, weight, bias, *args, **kwargs)
     tails = [hidden_states[..., seg.rows][..., -width:] for seg in mine]  # a chunk shorter than width: all of it
     halos = state_passing.halo(tails, width, shards.layout, shards.group, local_len, phase="conv_halo")
-    outs = [original(torch.cat([halo, hidden_states[..., seg.rows]], dim=-1), weight, bias, *args, **kwargs)
-            [..., width:] for seg, halo in zip(mine, halos)]
+    outs = [
+        original(torch.cat([halo, hidden_states[..., seg.rows]], dim=-1), weight, bias, *args, **kwargs)[..., width:]
+        for seg, halo in zip(mine, halos)
+    ]
     return torch.cat(outs, dim=-1)
 
 
@@ -70,18 +72,21 @@ class TokenShift(torch.nn.Module):
             return F.pad(hidden, (0, 0, 1, -1))
         mine = local_chunks(self.shards, hidden.shape[1])
         tails = [hidden[:, seg.rows][:, -1:] for seg in mine]
-        halos = state_passing.halo(tails, 1, self.shards.layout, self.shards.group, hidden.shape[1],
-                                   phase="token_shift", dim=1)
-        return torch.cat([torch.cat([halo, hidden[:, seg.rows][:, :-1]], dim=1) for seg, halo in zip(mine, halos)],
-                         dim=1)
+        halos = state_passing.halo(
+            tails, 1, self.shards.layout, self.shards.group, hidden.shape[1], phase="token_shift", dim=1
+        )
+        return torch.cat(
+            [torch.cat([halo, hidden[:, seg.rows][:, :-1]], dim=1) for seg, halo in zip(mine, halos)], dim=1
+        )
 
 
 def shard_token_shifts(model: torch.nn.Module, shards: Shards) -> None:
     """Replace each RWKV-style `time_shift` (a ZeroPad2d shifting one token) with a TokenShift."""
     for module in model.modules():
         shift = getattr(module, "time_shift", None)
-        if isinstance(shift, TokenShift) or (isinstance(shift, torch.nn.ZeroPad2d) and
-                                             tuple(shift.padding) == (0, 0, 1, -1)):
+        if isinstance(shift, TokenShift) or (
+            isinstance(shift, torch.nn.ZeroPad2d) and tuple(shift.padding) == (0, 0, 1, -1)
+        ):
             module.time_shift = TokenShift(shards)
 
 
@@ -118,25 +123,36 @@ def cca_projection(module, forward, shards: Shards, hidden_states, cache=None, c
     if cache is not None or kwargs.pop("past_key_values", None) is not None:
         raise cache_refused(module, shards.world)
     if conv_mask is not None:  # burst's mask interface refuses padding first; this is the backstop
-        raise ValueError(f"{type(module).__name__}: a padding mask with the sequence split across {shards.world} "
-                         "ranks is not supported; pack documents or pad at the end with labels -100")
+        raise ValueError(
+            f"{type(module).__name__}: a padding mask with the sequence split across {shards.world} "
+            "ranks is not supported; pack documents or pad at the end with labels -100"
+        )
     width = module.conv_kernel_size
     mine = local_chunks(shards, hidden_states.shape[1])
 
     def tail(seg):  # the last max(width, 1) tokens' q/k projections (B, C_qk, t) and delayed values (B, C_v, t)
-        last = hidden_states[:, seg.rows][:, -max(width, 1):]
+        last = hidden_states[:, seg.rows][:, -max(width, 1) :]
         qk = torch.cat([module.q_proj(last), module.k_proj(last)], dim=-1)
         return torch.cat([qk, module.v_proj_delayed(last)], dim=-1).transpose(1, 2)
 
-    halos = state_passing.halo([tail(seg) for seg in mine], max(width, 1), shards.layout, shards.group,
-                               hidden_states.shape[1], phase="cca_halo")
+    halos = state_passing.halo(
+        [tail(seg) for seg in mine],
+        max(width, 1),
+        shards.layout,
+        shards.group,
+        hidden_states.shape[1],
+        phase="cca_halo",
+    )
     qk_channels = module.q_proj.out_features + module.k_proj.out_features
     outs = []
     for seg, halo in zip(mine, halos):
-        given = _Halo(halo[:, :qk_channels, halo.shape[-1] - width:],
-                      None if seg.first == 0 else halo[:, qk_channels:, -1])
+        given = _Halo(
+            halo[:, :qk_channels, halo.shape[-1] - width :], None if seg.first == 0 else halo[:, qk_channels:, -1]
+        )
         outs.append(forward(hidden_states[:, seg.rows], given, None, **kwargs))
         if not given.read:  # the layer ran as if the chunk began the sequence: wrong, so loud
-            raise RuntimeError(f"{type(module).__name__} did not read the halo burst handed it; this transformers "
-                               "release arranges the layer differently from what burst knows")
+            raise RuntimeError(
+                f"{type(module).__name__} did not read the halo burst handed it; this transformers "
+                "release arranges the layer differently from what burst knows"
+            )
     return tuple(torch.cat(parts, dim=1) for parts in zip(*outs))

@@ -55,8 +55,13 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 
 # Cached decoding, which cannot run on a shard (the pre-hook refuses a cache first; these are the backstop).
-UNSPLIT = ("causal_conv1d_update", "torch_recurrent_gated_delta_rule", "mamba_selective_state_update",
-           "mamba2_selective_state_update", "recurrent_kimi_delta_attention")
+UNSPLIT = (
+    "causal_conv1d_update",
+    "torch_recurrent_gated_delta_rule",
+    "mamba_selective_state_update",
+    "mamba2_selective_state_update",
+    "recurrent_kimi_delta_attention",
+)
 # Fused CUDA kernels (convolution + scan + projections in one call); their torch stand-ins return None, which
 # the mixers read as "no kernel: take the unfused path". Sharded, they return None, so the unfused path, whose
 # convolution and scan burst splits, runs (on a GPU too, through its own kernels).
@@ -74,8 +79,12 @@ _SHARDED = {  # a function of a modeling module -> its sharded version: (origina
 }
 # Modules whose recurrence is inline in their forward: the forward runs through these, once per chunk
 # (module, the class's forward, shards, *its arguments).
-_TAKEN_OVER = {"MiniMaxLightningAttention": linear_attention.lightning_attention, "xLSTMBackend": normalised.mlstm,
-               "RecurrentGemmaRglru": rg_lru.rg_lru, "ZayaCCAProjection": convolution.cca_projection}
+_TAKEN_OVER = {
+    "MiniMaxLightningAttention": linear_attention.lightning_attention,
+    "xLSTMBackend": normalised.mlstm,
+    "RecurrentGemmaRglru": rg_lru.rg_lru,
+    "ZayaCCAProjection": convolution.cca_projection,
+}
 
 _prepared = PreparedConfigs()  # the configs of models shard_mixers prepared
 
@@ -106,15 +115,19 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     family = supported(model_type) or supported(getattr(config, "model_type", None))
     if not names and not inline:
         if family and world > 1:  # a supported family whose mixers are not where burst looks would run unhooked
-            raise ValueError(f"{type(model).__name__}: neither its modeling module's functions ({sorted(_SHARDED)}) "
-                             f"nor its modules ({sorted(_TAKEN_OVER)}) are what burst splits; this transformers "
-                             "release arranges the family differently from what burst knows")
+            raise ValueError(
+                f"{type(model).__name__}: neither its modeling module's functions ({sorted(_SHARDED)}) "
+                f"nor its modules ({sorted(_TAKEN_OVER)}) are what burst splits; this transformers "
+                "release arranges the family differently from what burst knows"
+            )
         return 0
     if not family:
         if world == 1:  # the whole sequence on one rank: nothing to pass (check_model decides)
             return 0
-        raise ValueError(f"model_type {model_type!r} mixes tokens outside attention ({', '.join(names)}) and is "
-                         f"not among the families burst makes exact across ranks: {sorted(FAMILIES)}")
+        raise ValueError(
+            f"model_type {model_type!r} mixes tokens outside attention ({', '.join(names)}) and is "
+            f"not among the families burst makes exact across ranks: {sorted(FAMILIES)}"
+        )
     state_passing.chunks(layout, group, 2 * world)  # a layout without runs (striped) raises here
     for name in names:
         wrap(module, name, _SHARDED.get(name), name in FUSED)
@@ -124,8 +137,10 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
         _take_over(mixer, shards)
     convolution.shard_convolution_modules(model, shards)
     if not mixers and not inline and _mixes_outside_attention(text):
-        raise ValueError(f"{type(model).__name__}: found none of the modules that call {names}; this "
-                         "transformers release arranges the family differently from what burst knows")
+        raise ValueError(
+            f"{type(model).__name__}: found none of the modules that call {names}; this "
+            "transformers release arranges the family differently from what burst knows"
+        )
     for mixer in mixers:
         for handle in getattr(mixer, "_burst_mixer_hooks", ()):
             handle.remove()

@@ -19,8 +19,20 @@ from ...keywords import cache_keyword
 from .state import Shards, cache_refused, from_true_starts, local_chunks, refuse_state_arguments
 
 
-def gated_delta_rule(original, shards: Shards, query, key, value, g, beta, *args, initial_state=None,
-                      output_final_state=False, cu_seqlens=None, **kwargs):
+def gated_delta_rule(
+    original,
+    shards: Shards,
+    query,
+    key,
+    value,
+    g,
+    beta,
+    *args,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    **kwargs,
+):
     """Gated delta rule; query/key (B, T, Hk, dk), value (B, T, Hv, dv), g (B, T, Hv) or, Kimi's,
     (B, T, Hv, dk), beta (B, T, Hv); state (B, Hv, dk, dv), transition (B, Hv, dk, dk) acting on the
     state's dk side."""
@@ -33,16 +45,25 @@ def gated_delta_rule(original, shards: Shards, query, key, value, g, beta, *args
     for seg in local_chunks(shards, local_len):
         rows = seg.rows
         value_ext = torch.cat([value[:, rows], value.new_zeros(batch, seg.length, heads, dk)], dim=-1)
-        out, final = original(query[:, rows], key[:, rows], value_ext, g[:, rows], beta[:, rows], *args,
-                              initial_state=start, output_final_state=True, **kwargs)
+        out, final = original(
+            query[:, rows],
+            key[:, rows],
+            value_ext,
+            g[:, rows],
+            beta[:, rows],
+            *args,
+            initial_state=start,
+            output_final_state=True,
+            **kwargs,
+        )
         outs.append(out[..., :dv])
         coefficients.append(out[..., dv:])
         finals.append(final[..., :dv].float())
         transitions.append(final[..., dv:].float())
-    starts = state_passing.initial_states(finals, transitions, torch.matmul, shards.layout, shards.group,
-                                          local_len, phase="gated_delta_rule_state")
-    out = [o + torch.einsum("bthk,bhkv->bthv", c.float(), s).to(o.dtype)
-           for o, c, s in zip(outs, coefficients, starts)]
+    starts = state_passing.initial_states(
+        finals, transitions, torch.matmul, shards.layout, shards.group, local_len, phase="gated_delta_rule_state"
+    )
+    out = [o + torch.einsum("bthk,bhkv->bthv", c.float(), s).to(o.dtype) for o, c, s in zip(outs, coefficients, starts)]
     return torch.cat(out, dim=1), None
 
 
@@ -82,8 +103,10 @@ def lightning_attention(module, forward, shards: Shards, hidden_states, *args, *
         given = _StartState(start.to(state_dtype["value"]))
         out = forward(hidden_states[:, seg.rows], *args, **{keyword: given}, **kwargs)[0]
         if not given.read:  # the layer ran from zero: wrong, so loud
-            raise RuntimeError(f"{type(module).__name__} did not read the starting state burst handed it; this "
-                               "transformers release arranges the layer differently from what burst knows")
+            raise RuntimeError(
+                f"{type(module).__name__} did not read the starting state burst handed it; this "
+                "transformers release arranges the layer differently from what burst knows"
+            )
         return out
 
     outs = from_true_starts(shards, hidden_states.shape[1], "lightning_state", final_and_transition, run_from)

@@ -15,8 +15,10 @@ def rg_lru(module, forward, shards: Shards, activations, position_ids):
     and final state are affine in that start, so each chunk runs from 0 and from 1 (the difference is
     its transition per channel), then from the state it truly starts from."""
     if activations.shape[1] == 1:
-        raise ValueError(f"{type(module).__name__}: decoding (one token) with the sequence split across "
-                         f"{shards.world} ranks is not supported for recurrent layers")
+        raise ValueError(
+            f"{type(module).__name__}: decoding (one token) with the sequence split across "
+            f"{shards.world} ranks is not supported for recurrent layers"
+        )
 
     def from_state(seg, start):
         module.recurrent_states = start

@@ -46,8 +46,10 @@ def hook(mixer: torch.nn.Module, shards: Shards):
         if tokens:
             _running.reset(tokens.pop())
 
-    return (mixer.register_forward_pre_hook(enter, with_kwargs=True),
-            mixer.register_forward_hook(leave, with_kwargs=True, always_call=True))
+    return (
+        mixer.register_forward_pre_hook(enter, with_kwargs=True),
+        mixer.register_forward_hook(leave, with_kwargs=True, always_call=True),
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,8 +82,10 @@ def wrap(module, name: str, sharded, fused: bool) -> None:
         if fused:
             return None
         if sharded is None:
-            raise ValueError(f"{name} (cached decoding) runs on one shard at a time and cannot pass state across "
-                             f"{shards.world} ranks")
+            raise ValueError(
+                f"{name} (cached decoding) runs on one shard at a time and cannot pass state across "
+                f"{shards.world} ranks"
+            )
         return sharded(original, shards, *args, **kwargs)
 
     dispatch._burst_original = original
@@ -103,21 +107,28 @@ def from_true_starts(shards: Shards, local_len: int, phase: str, final_and_trans
     from the state it truly starts from. Returns run_from's results, one per local chunk."""
     mine = local_chunks(shards, local_len)
     finals, transitions = zip(*(final_and_transition(seg) for seg in mine))
-    starts = state_passing.initial_states(finals, transitions, torch.mul, shards.layout, shards.group, local_len,
-                                          phase=phase)
+    starts = state_passing.initial_states(
+        finals, transitions, torch.mul, shards.layout, shards.group, local_len, phase=phase
+    )
     return [run_from(seg, start) for seg, start in zip(mine, starts)]
 
 
 def cache_refused(module, world: int) -> ValueError:
-    return ValueError(f"{type(module).__name__}: a cache (generation) with the sequence split across {world} ranks "
-                      "is not supported for recurrent layers; a training step or a plain forward needs none: "
-                      "model(**batch, use_cache=False)")
+    return ValueError(
+        f"{type(module).__name__}: a cache (generation) with the sequence split across {world} ranks "
+        "is not supported for recurrent layers; a training step or a plain forward needs none: "
+        "model(**batch, use_cache=False)"
+    )
 
 
 def refuse_state_arguments(what: str, initial, final, varlen) -> None:
     if initial is not None or final:
-        raise ValueError(f"{what} was called with a starting or final state (a cache) while its sequence is split "
-                         "across ranks; burst passes the state itself and supports no cache here")
+        raise ValueError(
+            f"{what} was called with a starting or final state (a cache) while its sequence is split "
+            "across ranks; burst passes the state itself and supports no cache here"
+        )
     if varlen is not None:
-        raise ValueError(f"{what} was called with variable-length sequences (cu_seqlens / seq_idx) while its "
-                         "sequence is split across ranks; burst does not split packed sequences for recurrent layers")
+        raise ValueError(
+            f"{what} was called with variable-length sequences (cu_seqlens / seq_idx) while its "
+            "sequence is split across ranks; burst does not split packed sequences for recurrent layers"
+        )
