@@ -1,6 +1,6 @@
 """The engine's activation memory with a ruler that sees tensors, and the longest sequence in 4 GiB.
 
-    .venv/bin/python benchmarks/engine_memory.py --lengths 8192,16384,32768 --modes full,remat,selective --ffn-chunk 2048
+    .venv/bin/python benchmarks/engine_memory.py --modes full,remat,selective --ffn-chunk 2048  # 8K, 16K, 32K tokens
     .venv/bin/python benchmarks/engine_memory.py --lengths 262144 --modes selective --ffn-chunk 2048  # one length
     .venv/bin/python benchmarks/engine_memory.py --report      # the tables of benchmarks/engine_memory.md
     .venv/bin/python benchmarks/engine_memory.py --lengths 417792 --modes remat --ffn-chunk 2048 --interval 20

@@ -36,7 +36,8 @@ def main():
         f"`tiny` model (2 layers, dim 64, 4 heads, 2 KV heads), fp32, greedy, zigzag prefill, {NEW} new tokens;",
         "G ranks x 1 thread (G = 4 shares the 2 cores, so its times are not a scaling result). Commit " + commit + ".",
         "",
-        "| prompt tokens | G | time to first token (s) | decode ms/token | KV cache KiB per rank | same tokens as G = 1 |",
+        "| prompt tokens | G | time to first token (s) | decode ms/token | KV cache KiB per rank "
+        "| same tokens as G = 1 |",
         "|---|---|---|---|---|---|",
     ]
     for n in PROMPTS:

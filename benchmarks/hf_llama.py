@@ -91,9 +91,11 @@ def main() -> None:
         "",
         "| run | time (s) | vs one process | peak RSS per process (MiB) | loss |",
         "|---|---|---|---|---|",
-        f"| one process, 2 threads, transformers `sdpa` | {one['time']:.2f} | 1.00 | {one['peak'] / mib:.0f} | {one['loss']:.5f} |",
+        f"| one process, 2 threads, transformers `sdpa` | {one['time']:.2f} | 1.00 | {one['peak'] / mib:.0f} | "
+        f"{one['loss']:.5f} |",
         f"| 2 ranks x 1 thread, burst zigzag | {max(r['time'] for r in two):.2f} | "
-        f"{one['time'] / max(r['time'] for r in two):.2f} | {max(r['peak'] for r in two) / mib:.0f} | {two[0]['loss']:.5f} |",
+        f"{one['time'] / max(r['time'] for r in two):.2f} | {max(r['peak'] for r in two) / mib:.0f} | "
+        f"{two[0]['loss']:.5f} |",
         "",
         "The losses agree (the sharded model's is the global mean, `bt.reduce_loss`). Each rank holds half of",
         "every activation; the weights, their gradients and ~50 MiB of runtime are held whole by each process.",

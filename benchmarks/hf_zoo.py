@@ -60,9 +60,10 @@ def report(rows: dict, seconds: float) -> str:
             "layout) against the same model's eager attention in one process (logits alone where the family's own "
             'loss needs more than token ids: "exact: logits only"). exact: within '
             f"{TOLERANCE:g} (max abs), and one backward's every parameter gradient within {GRADIENT_TOLERANCE:g} "
-            "(relative, where the loss runs); refused: a clear error from burst (or transformers' own, when it cannot build "
-            "the family with a custom attention implementation); skip: the family cannot be built tiny or does "
-            "not run eagerly on token ids alone (the reason is given); silent / crash: what must never happen.",
+            "(relative, where the loss runs); refused: a clear error from burst (or transformers' own, when it "
+            "cannot build the family with a custom attention implementation); skip: the family cannot be built "
+            "tiny or does not run eagerly on token ids alone (the reason is given); silent / crash: what must never "
+            "happen.",
             "",
             *counts,
             "",

@@ -1,7 +1,8 @@
 """The families users shard most, from their published configs, exact across ranks at 4096 tokens
 (burst/bench/hf_zoo_real.py; issue 53 item 4).
 
-    python benchmarks/hf_zoo_real.py [--seq-len 4096] [--worlds 2,4] [--cases llama,gpt_oss] [--out benchmarks/hf_zoo_real.md]
+    python benchmarks/hf_zoo_real.py [--seq-len 4096] [--worlds 2,4] [--cases llama,gpt_oss]
+                                     [--out benchmarks/hf_zoo_real.md]
 
 Each case's eager reference runs in this process (all cores), then a local world of 2 and one of 4 CPU
 processes (gloo, one thread each) runs every case in the contiguous and the zigzag layout; the Markdown
@@ -108,10 +109,10 @@ def report(cases, references, rows, seq_len, worlds, seconds, command) -> str:
             "ranks, attention multipliers: the *kept* column) and shrinks what does not (the *shrunk* column): "
             "2 layers, one of each kind where the family alternates; hidden size 64; a narrow MLP; a 256-token "
             f"vocabulary; few experts. A family with more than {MAX_HEADS} query heads runs with fewer, its GQA "
-            "ratio kept (MQA: its one KV head) (bold in the table): the eager reference materialises heads x n x n fp32 scores in one "
-            "process. Where a published window, chunk, temperature floor (Llama 4's floor_scale) or LongRoPE "
-            f"original length is {seq_len} or longer, so that it changes nothing at {seq_len} tokens, a variant "
-            "row runs it shrunk (its name says to what) so it bites.",
+            "ratio kept (MQA: its one KV head) (bold in the table): the eager reference materialises heads x n x n "
+            "fp32 scores in one process. Where a published window, chunk, temperature floor (Llama 4's floor_scale) "
+            f"or LongRoPE original length is {seq_len} or longer, so that it changes nothing at {seq_len} tokens, "
+            "a variant row runs it shrunk (its name says to what) so it bites.",
             "",
             f"Random weights (seed 0), one row of {seq_len} random tokens, fp32, training mode. The reference: the "
             "same weights with transformers' eager attention in one process, forward + loss + backward. Each "
@@ -146,8 +147,9 @@ def report(cases, references, rows, seq_len, worlds, seconds, command) -> str:
             "pick the short factors).",
             "- Gemma 4's errors are some 30x the others' (still 10x inside the bounds): its attention runs with "
             "scaling 1 on q/k-normed 512-wide heads, so scores are large and fp32 rounds more. Eager against SDPA "
-            "attention in one process (two correct fp32 orders; measured once, by hand) differ by 3.7e-06 in the logits at 1024 tokens for "
-            "Gemma 4, 6.6e-07 for Gemma 3, 3.3e-07 for Llama: the same ratio, so rounding, not a burst error.",
+            "attention in one process (two correct fp32 orders; measured once, by hand) differ by 3.7e-06 in the "
+            "logits at 1024 tokens for Gemma 4, 6.6e-07 for Gemma 3, 3.3e-07 for Llama: the same ratio, so "
+            "rounding, not a burst error.",
             "- Llama 4 Scout's rope_scaling has low_freq_factor = high_freq_factor = 1 (transformers warns; kept as "
             "published).",
             "- Gemma 4: the values come from public copies of google/gemma-4-26B-A4B's config.json (not fetched from "

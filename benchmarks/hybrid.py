@@ -7,8 +7,8 @@ Each family's small config (below: a few layers of its recurrent mixer and one a
 random weights, one forward + backward on a batch of one sequence: one process with 2 threads (eager
 attention is replaced by SDPA there; transformers' torch scans), then G local processes (gloo) of
 max(1, 2 // G) threads with burst's backend, zigzag, the mixers hooked (shard_mixers). Reports the
-step time, the loss's and the embedding gradient's (max abs) difference from one process, and the bytes each rank sent for the mixers' state
-exchange (the mixers' phases) next to attention's.
+step time, the loss's and the embedding gradient's (max abs) difference from one process, and the
+bytes each rank sent for the mixers' state exchange (the mixers' phases) next to attention's.
 """
 
 from __future__ import annotations
@@ -161,8 +161,8 @@ def write(path, rows, args) -> None:
     ]
     for family, seq, world, alone, split, diff, grad, state, attention in rows:
         lines.append(
-            f"| {family} | {seq} | {world} | {alone:.2f} | {split:.2f} | {alone / split:.2f} | {diff:.1e} | {grad:.1e} | "
-            f"{state / 1024:.0f} KiB | {attention / 2**20:.1f} MiB |"
+            f"| {family} | {seq} | {world} | {alone:.2f} | {split:.2f} | {alone / split:.2f} | {diff:.1e} | "
+            f"{grad:.1e} | {state / 1024:.0f} KiB | {attention / 2**20:.1f} MiB |"
         )
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

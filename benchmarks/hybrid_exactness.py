@@ -65,8 +65,9 @@ def write(path, by_world, seconds, args) -> None:
         f"{transformers.__version__}, torch {torch.__version__}, {platform.machine()} CPU, in {seconds:.0f} s.",
         "",
         "Each cell: max abs difference of the logits / of the loss / largest parameter gradient's max abs "
-        "difference relative to that gradient's max, or to 1/100 of the largest gradient where that is more (hf_zoo.train_step_errors; fp32, batch 2, 64 tokens at "
-        "2 ranks, 96 at 3-4). The suite's bounds (tests/test_hf_hybrid.py): 2e-5 / 2e-5 / 1e-4.",
+        "difference relative to that gradient's max, or to 1/100 of the largest gradient where that is more "
+        "(hf_zoo.train_step_errors; fp32, batch 2, 64 tokens at 2 ranks, 96 at 3-4). The suite's bounds "
+        "(tests/test_hf_hybrid.py): 2e-5 / 2e-5 / 1e-4.",
         "",
         "| family | layout | " + " | ".join(f"{w} ranks" for w in worlds) + " |",
         "|---|---|" + "---|" * len(worlds),

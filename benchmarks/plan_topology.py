@@ -51,7 +51,8 @@ for path in sorted(
         predicted = estimate(s["strategy"], cluster, w).wall_s
         ratios.append(measured / predicted)
         print(
-            f"| {cfg['inter_node_gbps']} | {s['strategy']} | {measured:.2f} | {predicted:.2f} | {measured / predicted:.2f} |"
+            f"| {cfg['inter_node_gbps']} | {s['strategy']} | {measured:.2f} | {predicted:.2f} | "
+            f"{measured / predicted:.2f} |"
         )
 within = sum(0.75 <= x <= 1.25 for x in ratios)
 print(f"\n{within} of {len(ratios)} within ±25% (measured / predicted {min(ratios):.2f} to {max(ratios):.2f}).")

@@ -21,7 +21,8 @@ print("Runs marked `older` predate the `git_commit` field (commit f5b3ebd's harn
 print("sequence before cutting their shard, which inflates their peak memory; the memory table below is the")
 print("corrected measurement.\n")
 print(
-    "| tokens | mask | strategy | fwd s | bwd s | vs SDPA | fwd MiB sent | bwd MiB sent | peak MiB/rank | SDPA peak MiB | max err | commit |"
+    "| tokens | mask | strategy | fwd s | bwd s | vs SDPA | fwd MiB sent | bwd MiB sent | peak MiB/rank "
+    "| SDPA peak MiB | max err | commit |"
 )
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for n in (8192, 16384, 32768):

@@ -22,7 +22,8 @@ print("passes after a warm-up, max over ranks.")
 print("`compute max/min` is the spread of the ranks' time inside attention kernels (fwd+bwd).\n")
 print("## Same sequence, different masks (strategy burst)\n")
 print(
-    "| mask | layout | attended pairs | fwd+bwd s | speedup vs full | useful TFLOP/s (fwd+bwd) | compute max/min | max err |"
+    "| mask | layout | attended pairs | fwd+bwd s | speedup vs full | useful TFLOP/s (fwd+bwd) "
+    "| compute max/min | max err |"
 )
 print("|---|---|---|---|---|---|---|---|")
 full = load("full.json")
@@ -46,7 +47,8 @@ for name, label in (
     )
 print("\n## Causal: schedules and layouts\n")
 print(
-    "| strategy | layout | fwd s | bwd s | fwd+bwd vs SDPA | pairs max/mean | compute max/min | sent fwd MiB | sent bwd MiB |"
+    "| strategy | layout | fwd s | bwd s | fwd+bwd vs SDPA | pairs max/mean | compute max/min "
+    "| sent fwd MiB | sent bwd MiB |"
 )
 print("|---|---|---|---|---|---|---|---|---|")
 base = None

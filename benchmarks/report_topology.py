@@ -14,7 +14,8 @@ print("intra-node transfers use the real loopback. fp32, 8 heads of 64, full mas
 print('`burst:flat` is burst on the flat ring of the same topology. "compute share" is the busiest rank\'s')
 print("kernel time over the wall time (1.0 = all communication hidden).\n")
 print(
-    "| inter GB/s (emulated) | tokens | strategy | fwd s | bwd s | fwd+bwd s | compute share | inter-node MiB (busiest rank) | commit |"
+    "| inter GB/s (emulated) | tokens | strategy | fwd s | bwd s | fwd+bwd s | compute share "
+    "| inter-node MiB (busiest rank) | commit |"
 )
 print("|---|---|---|---|---|---|---|---|---|")
 for path in sorted(
@@ -43,8 +44,11 @@ for path in sorted(
     r = json.load(open(path))
     wall = {s["strategy"]: s["fwd_s"] + s["bwd_s"] for s in r["strategies"]}
     print(
-        f"| {r['config']['inter_node_gbps']} | {wall['burst:flat'] / wall['burst']:.2f} | {wall['ring:flat'] / wall['ring']:.2f} |"
+        f"| {r['config']['inter_node_gbps']} | {wall['burst:flat'] / wall['burst']:.2f} | "
+        f"{wall['ring:flat'] / wall['ring']:.2f} |"
     )
 print(
-    "\nCommand: `bash benchmarks/run_topology.sh` (N=4096 by default: CPU compute is slow, so only links below ~0.1 GB/s are slower than a step of compute; the issue's 16K at 0.1-10 GB/s would show every strategy compute-bound here)."
+    "\nCommand: `bash benchmarks/run_topology.sh` (N=4096 by default: CPU compute is slow, so only links below "
+    "~0.1 GB/s are slower than a step of compute; the issue's 16K at 0.1-10 GB/s would show every strategy "
+    "compute-bound here)."
 )

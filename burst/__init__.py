@@ -1,7 +1,8 @@
 """burst: exact attention over very long sequences split across devices.
 
-Public names: attention, shard, unshard, CommStats, BlockSparseMask, set_agreement_check, check, Topology (see DESIGN.md);
-also set_agreement_timeout, context_parallel, DocumentLayout, CompressedKV and LatentKV.
+Public names: attention, shard, unshard, CommStats, BlockSparseMask, set_agreement_check, check,
+Topology (see DESIGN.md); also set_agreement_timeout, context_parallel, DocumentLayout, CompressedKV
+and LatentKV.
 """
 
 from . import cqs  # noqa: F401 - burst.cqs.interest_set (the CQS paper's interest set) is public

@@ -10,8 +10,9 @@ So burst moves the latent on BurstAttention's key side (strategies/burst.py), fo
 `LatentKeys` is a kind of key side (burst/keys.py), run by the same prepare_attention, Strategy and
 autograd Function as K and V (their validation, sink fold and lse gradient). The (latent, rotary
 key) blocks ride the ring (served chunk by chunk on one node), and the rank that computes with a
-block expands it with the layer's weight (`LatentKeys.expand`), one chunk at a time, so that no expanded block travels and on one node none exists whole. Backward: a held block's dK, dV
-(float32, expanded, per chunk) fold back through the expansion's transpose before they go home,
+block expands it with the layer's weight (`LatentKeys.expand`), one chunk at a time, so that no
+expanded block travels and on one node none exists whole. Backward: a held block's dK, dV (float32,
+expanded, per chunk) fold back through the expansion's transpose before they go home,
     d latent = dK_nope W_k + dV W_v,    d rope = sum over heads of dK_rope,
 and the weight's gradient dW += [dK_nope, dV]^T latent is each rank's sum over the blocks it expanded:
 sum it over the group like any weight applied to this rank's tokens (bt.reduce_gradients does). Q, dO

@@ -1,8 +1,9 @@
-"""Long-context fine-tuning of a transformers Llama (random weights from a config) through burst.
+r"""Long-context fine-tuning of a transformers Llama (random weights from a config) through burst.
 
     torchrun --nproc-per-node 2 examples/transformers_train.py [--steps 2] [--seq-len 256]
     torchrun --nproc-per-node 4 examples/transformers_train.py --bf16 --checkpointing --fsdp   # the long-context recipe
-    torchrun --nproc-per-node 8 examples/transformers_train.py --device cuda --bf16 --checkpointing --fsdp --seq-len 65536
+    torchrun --nproc-per-node 8 examples/transformers_train.py --device cuda --bf16 --checkpointing --fsdp \
+        --seq-len 65536
 
 Every rank holds 1/G of each sequence; rank 0 prints the global loss of each step, which equals what
 one process training the same model on the whole sequence prints (`--nproc-per-node 1`), to float

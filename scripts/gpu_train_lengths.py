@@ -516,7 +516,8 @@ def report(meta: dict, results: list, skipped: list, search: Search) -> str:
             "",
             "## Out of memory from `burst train`",
             "",
-            f"At --seq-len {o['seq_len']} ({o['option']}): {'as it should be' if o.get('ok') else 'NOT as it should be'}"
+            f"At --seq-len {o['seq_len']} ({o['option']}): "
+            f"{'as it should be' if o.get('ok') else 'NOT as it should be'}"
             f" ({o['wall_s']:.0f} s): {o['why']}",
         ]
     if skipped:

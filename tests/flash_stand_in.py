@@ -4,11 +4,11 @@ flash_attn needs a GPU; this module plays `flash_attn.flash_attn_interface` on t
 suite checks burst's side of the contract (kernels/cuda_flash_attn.py): burst's (b, s, h, d) layout,
 contiguous fp16/bf16 inputs, head dims that are multiples of 8, window sizes that are -1 or >= 0 with
 the band aligned at the bottom-right corner (causal = right window 0) and read as FlashAttention-2 reads
-them (a size >= max_seqlen_k unbounded, then one unbounded side beside a bound max_seqlen_k wide), the varlen layout (total, h, d)
-with int32 `cu_seqlens` on q's device and lse (h, total_q), the gradients written into the buffers
-given, and a row that sees no key returned with lse +inf (what flash_attn does). It computes in float64
-from the values it is given (including the global out and lse in the backward) and records each
-call in `CALLS` as (function, window_left, window_right, sequences).
+them (a size >= max_seqlen_k unbounded, then one unbounded side beside a bound max_seqlen_k wide), the
+varlen layout (total, h, d) with int32 `cu_seqlens` on q's device and lse (h, total_q), the gradients
+written into the buffers given, and a row that sees no key returned with lse +inf (what flash_attn
+does). It computes in float64 from the values it is given (including the global out and lse in the
+backward) and records each call in `CALLS` as (function, window_left, window_right, sequences).
 """
 
 from __future__ import annotations

@@ -5,10 +5,11 @@ keys under a causal sliding window, the entries each query may see (entry w once
 entry not yet complete, which must be dropped), and the sinks, in one softmax.
 
 One world per size, cases looped inside: burst (whole blocks and served chunks), ring, allgather,
-ulysses, usp and cqs (the entries fold in after any strategy's forward), three layouts, HCA-like (every visible entry) and CSA-like (a pruning choice), with and without
-sinks, float64 and bf16; out, lse, dq, dk, dv, and the entries' and sinks' gradients summed over
-the ranks. Beside them, values that are the keys (`v is k`, DeepSeek-V4's K = V): exact, and one
-block travels where two did.
+ulysses, usp and cqs (the entries fold in after any strategy's forward), three layouts, HCA-like
+(every visible entry) and CSA-like (a pruning choice), with and without sinks, float64 and bf16;
+out, lse, dq, dk, dv, and the entries' and sinks' gradients summed over the ranks. Beside them,
+values that are the keys (`v is k`, DeepSeek-V4's K = V): exact, and one block travels where two
+did.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """CQS-Attention: difference covers, distillation, and strategy="cqs" against float64 attention.
 
-The maths runs in this process; the strategy runs in one world per size (1, 2, 3, 4; 5 is left out for the suite's time): full and
-causal, MHA and GQA, fp32 and bf16, lost workers, the exchange volume the schedule predicts, and no
-bytes or messages between the first and the last block computation. Worlds 7 and 8 run fewer cases
-(~2-3 s each on 2 cores).
+The maths runs in this process; the strategy runs in one world per size (1, 2, 3, 4; 5 is left out
+for the suite's time): full and causal, MHA and GQA, fp32 and bf16, lost workers, the exchange
+volume the schedule predicts, and no bytes or messages between the first and the last block
+computation. Worlds 7 and 8 run fewer cases (~2-3 s each on 2 cores).
 """
 
 from __future__ import annotations

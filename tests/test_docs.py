@@ -19,8 +19,14 @@ README = ROOT / "README.md"
 # The README opens with these two lines, as they are (.ci/run calls scripts/test.sh); the suite's minutes are
 # benchmarks/suite_time.md's figure (test_suite_time_is_one_figure), written here as ~N.
 COMMANDS = [
-    "bash scripts/bench.sh     # set up .venv, then `burst bench`: burst/ring/allgather on 2 local CPU processes vs one-process SDPA",
-    "bash scripts/test.sh      # set up .venv, then the whole test suite (multi-process gloo worlds, ~N min on 2 cores)",
+    (
+        "bash scripts/bench.sh     # set up .venv, then `burst bench`: "
+        "burst/ring/allgather on 2 local CPU processes vs one-process SDPA"
+    ),
+    (
+        "bash scripts/test.sh      # set up .venv, then the whole test suite "
+        "(multi-process gloo worlds, ~N min on 2 cores)"
+    ),
 ]
 
 # What each API page must document: the public names of each area, under the area's own path.

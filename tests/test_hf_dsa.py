@@ -5,11 +5,12 @@ Tiny configs with index_topk 8 over 128 tokens, so the selection prunes (each qu
 8 of up to 128 keys); DeepSeek-V4 with a CSA layer (entries of 4 tokens, index_topk 4 of up to 32
 entries) and an HCA layer (entries of 8 tokens) beside a 32-token sliding window and sinks. At 2 and
 4 ranks, contiguous and zigzag (V4 also at 120 tokens, so that windows cross chunk boundaries, and at
-64 tokens with HCA's published 128-token windows, none of which ends), against the same model with eager attention in one process: logits,
-loss, every parameter gradient, and the indexers' selections themselves, row by row (the keys or
-entries each query chose, among those it may see). Planted: every other rank's indexer keys replaced
-by zeros (a V3.2 rank choosing from what it holds), and every other rank's compressed entries zeroed
-(a V4 rank compressing only its own windows), each of which must be caught.
+64 tokens with HCA's published 128-token windows, none of which ends), against the same model with
+eager attention in one process: logits, loss, every parameter gradient, and the indexers' selections
+themselves, row by row (the keys or entries each query chose, among those it may see). Planted:
+every other rank's indexer keys replaced by zeros (a V3.2 rank choosing from what it holds), and
+every other rank's compressed entries zeroed (a V4 rank compressing only its own windows), each of
+which must be caught.
 """
 
 from __future__ import annotations

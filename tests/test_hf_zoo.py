@@ -1,10 +1,10 @@
 """The zoo: every causal-LM family transformers ships, built tiny from its own config class, on
 burst's backend at 1 rank and at 2 ranks (contiguous and zigzag) against the same model's eager
 attention in one process (burst/bench/hf_zoo.py): logits, loss and, where the family's own loss runs on
-token ids, one backward (every parameter's gradient, hf_zoo.GRADIENT_TOLERANCE); the suite runs zigzag at 2 ranks (the layout
-with two chunks per rank), the table both. Each family is exact or refused with a clear
-error, never silently different and never a traceback; benchmarks/hf_zoo.md is the table
-(`python benchmarks/hf_zoo.py`). One 2-rank world runs every family (about a minute).
+token ids, one backward (every parameter's gradient, hf_zoo.GRADIENT_TOLERANCE); the suite runs
+zigzag at 2 ranks (the layout with two chunks per rank), the table both. Each family is exact or
+refused with a clear error, never silently different and never a traceback; benchmarks/hf_zoo.md
+is the table (`python benchmarks/hf_zoo.py`). One 2-rank world runs every family (about a minute).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ MAX_SKIPPED = 10
 POSITIONS_KEPT_FROM_THE_MODEL = ("gpt_bigcode", "ctrl", "dory", "cohere_compass_text")
 # issue 60 item 5: a sliding window in the config that neither the attention call nor the mask applies
 WINDOW_NOT_IN_MASK = ("moshi",)
-# issue 60 item 5: Doge's dynamic mask, a bias per key folded into the keys (tests/test_hf_flagships.py: A drawn, a window);
-# issue 68: past keep_window_size (64 of 128 tokens here), each row's keys per KV head as indices= (test_hf_selection.py:
-# the published keep_window_size of 2048)
+# issue 60 item 5: Doge's dynamic mask, a bias per key folded into the keys (tests/test_hf_flagships.py:
+# A drawn, a window); issue 68: past keep_window_size (64 of 128 tokens here), each row's keys per KV
+# head as indices= (test_hf_selection.py: the published keep_window_size of 2048)
 DYNAMIC_MASK = ("doge",)
 # issue 68: a sliding window the model's mask applies and the attention does not pass, read from the config
 WINDOW_FROM_CONFIG = ("phimoe",)

@@ -1,5 +1,6 @@
-"""ruff over the tree (its settings in pyproject.toml): unused and undefined names fail the suite, and so does a
-file `ruff format` would change (run `ruff format burst tests examples benchmarks scripts`)."""
+"""ruff over the tree (its settings in pyproject.toml): unused and undefined names and lines over 120
+columns fail the suite, and so does a file `ruff format` would change (run `ruff format burst tests
+examples benchmarks scripts`)."""
 
 from __future__ import annotations
 

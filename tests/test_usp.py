@@ -1,8 +1,9 @@
 """strategy="usp" (Ulysses inside a group, ring across groups) against float64 attention.
 
-One world of 4 ranks (6, for 3 x 2 and 2 x 3 meshes, is left out for the suite's time): Ulysses degrees 1, 2 and the whole world, and the default taken from
-the topology (ranks per node); every layout, causal / window / documents, MHA and GQA (one KV head
-with Ulysses degree 2), fp32 and bf16; degrees that do not divide raise on every rank.
+One world of 4 ranks (6, for 3 x 2 and 2 x 3 meshes, is left out for the suite's time): Ulysses
+degrees 1, 2 and the whole world, and the default taken from the topology (ranks per node); every
+layout, causal / window / documents, MHA and GQA (one KV head with Ulysses degree 2), fp32 and bf16;
+degrees that do not divide raise on every rank.
 """
 
 from __future__ import annotations

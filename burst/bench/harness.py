@@ -329,15 +329,18 @@ def format_table(result: dict) -> str:
     lines = [
         f"seq {cfg['seq_len']}, batch {cfg['batch']}, heads {cfg['heads']}/{cfg['kv_heads'] or cfg['heads']}, "
         f"dim {cfg['head_dim']}, {cfg['dtype']}, causal={cfg['causal']}, window={cfg['window']}, "
-        f"documents={cfg['documents']}, block_sparse={cfg['block_sparse']}, layout={cfg['layout']}, {cfg['nproc']} ranks x {result['threads_per_rank']} threads"
+        f"documents={cfg['documents']}, block_sparse={cfg['block_sparse']}, layout={cfg['layout']}, "
+        f"{cfg['nproc']} ranks x {result['threads_per_rank']} threads"
         + (f", {cfg['ranks_per_node']} ranks per node" if cfg.get("ranks_per_node") else "")
         + (
-            f", EMULATED links: inter {cfg.get('inter_node_gbps') or 'real'} GB/s, intra {cfg.get('intra_node_gbps') or 'real'} GB/s"
+            f", EMULATED links: inter {cfg.get('inter_node_gbps') or 'real'} GB/s, "
+            f"intra {cfg.get('intra_node_gbps') or 'real'} GB/s"
             if cfg.get("inter_node_gbps") or cfg.get("intra_node_gbps")
             else ""
         ),
         "",
-        "| strategy | fwd s | bwd s | fwd TFLOP/s | bwd TFLOP/s | vs SDPA (fwd+bwd) | sent fwd MiB/rank | sent bwd MiB/rank | peak MiB/rank | pairs max/mean | compute max/min | max err |",
+        "| strategy | fwd s | bwd s | fwd TFLOP/s | bwd TFLOP/s | vs SDPA (fwd+bwd) | sent fwd MiB/rank "
+        "| sent bwd MiB/rank | peak MiB/rank | pairs max/mean | compute max/min | max err |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = result["sdpa_single_process"]
@@ -349,8 +352,9 @@ def format_table(result: dict) -> str:
     for r in result["strategies"]:
         vs = f"{r['vs_sdpa']:.2f}" if "vs_sdpa" in r else "-"
         lines.append(
-            f"| {r['strategy']} | {r['fwd_s']:.3f} | {r['bwd_s']:.3f} | {r['fwd_tflops']:.3f} | {r['bwd_tflops']:.3f} | "
-            f"{vs} | {r['sent_fwd_per_rank'] / 2**20:.1f} | {r['sent_bwd_per_rank'] / 2**20:.1f} | "
+            f"| {r['strategy']} | {r['fwd_s']:.3f} | {r['bwd_s']:.3f} | {r['fwd_tflops']:.3f} | "
+            f"{r['bwd_tflops']:.3f} | {vs} | {r['sent_fwd_per_rank'] / 2**20:.1f} | "
+            f"{r['sent_bwd_per_rank'] / 2**20:.1f} | "
             f"{r['peak_mem_per_rank'] / 2**20:.0f} | {r['pairs_fwd_max_over_mean']:.2f} | "
             f"{r['compute_max_over_min']:.2f} | {r['max_err']:.1e} |"
         )

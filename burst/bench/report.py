@@ -268,14 +268,15 @@ def _markdown(results: dict, plots: list[str]) -> str:
         "",
         f"{cfg['nproc']} local ranks x 1 thread, fp32, {cfg['heads']} heads of {cfg['head_dim']}, "
         f"{'causal' if cfg['causal'] else 'full'}, layout {cfg['layout']}.",
-        f"Calibration (at 4096 tokens, burst, full mask): {cal['flops'] / 1e9:.0f} GFLOP/s per rank through the whole loop "
-        f"({cal.get('kernel_flops', cal['flops']) / 1e9:.0f} for the kernel alone), "
+        f"Calibration (at 4096 tokens, burst, full mask): {cal['flops'] / 1e9:.0f} GFLOP/s per rank through the "
+        f"whole loop ({cal.get('kernel_flops', cal['flops']) / 1e9:.0f} for the kernel alone), "
         f"{cal['bandwidth'] / 1e9:.2f} GB/s and {cal['latency'] * 1e6:.0f} us between ranks.",
         "",
         f"Planner vs measurement: {within} of {len(ratios)} points within ±25% "
         f"(measured / predicted from {min(ratios):.2f} to {max(ratios):.2f}).",
         "",
-        "| tokens | strategy | measured s | predicted s | measured / predicted | MiB sent per rank | peak MiB per rank |",
+        "| tokens | strategy | measured s | predicted s | measured / predicted | MiB sent per rank "
+        "| peak MiB per rank |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in results["timing"]:

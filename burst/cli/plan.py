@@ -76,7 +76,8 @@ def _longest(args, cluster) -> int:
     rows = option_rows(model_of(args), cluster, host_memory_bytes=host, dtype_bytes=args.dtype_bytes)
     lines = [
         f"{args.gpus} x {args.profile}, whole model {args.model}, one sequence per step, modelled (predictions, "
-        f"not measurements; each run also takes --nproc 1 --dtype bfloat16); host memory {'%g GiB' % args.host_mem_gib if host else 'not limited'}",
+        f"not measurements; each run also takes --nproc 1 --dtype bfloat16); "
+        f"host memory {'%g GiB' % args.host_mem_gib if host else 'not limited'}",
         "| memory option | longest seq | step (s) | optimizer (s) | tokens/s/device | MFU | GPU GiB | host GiB "
         "| burst train flags |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -2,9 +2,10 @@
 
 What SDPA's flash backend runs, called directly so that the forward returns lse and the backward
 takes the rows' global out and lse (what ring backward needs). The proven CUDA kernel for fp16/bf16
-(kernels/registry.py): SDPA's flash backend itself, with the lse burst's merges need. The ops take flash_attn's layout and
-conventions (b, s, h, d; GQA native; windows with the band at the bottom-right corner; varlen with
-int32 cu_seqlens), so the tile logic is cuda_flash_attn's, handed this module's `ATEN` library:
+(kernels/registry.py): SDPA's flash backend itself, with the lse burst's merges need. The ops take
+flash_attn's layout and conventions (b, s, h, d; GQA native; windows with the band at the
+bottom-right corner; varlen with int32 cu_seqlens), so the tile logic is cuda_flash_attn's, handed
+this module's `ATEN` library:
 
     _flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                              return_debug_mask, *, scale, window_size_left, window_size_right)

@@ -3,7 +3,8 @@
 For CUDA tiles that flash_attn cannot take (block-sparse masks, runs of unequal strides, fp32), for
 softcap, and wherever BURST_KERNEL=flex asks. Without flash_attn the default CUDA kernel is aten's
 efficient op (cuda_sdpa.py), not this one: on an H200 the compiled flex_attention recompiled per tile
-shape, dtype and grad mode until dynamo's recompile limit sent it to the unfused path (benchmarks/gpu.md). The tile's mask reaches it as a rule over global positions (masks.PositionRule),
+shape, dtype and grad mode until dynamo's recompile limit sent it to the unfused path
+(benchmarks/gpu.md). The tile's mask reaches it as a rule over global positions (masks.PositionRule),
 as bands (masks.Bands) or as a dense bool tensor; each becomes a `mask_mod`, and the `BlockMask` built
 from it (once per plan and device, cached) lets the kernel skip the blocks the mask leaves out.
 

@@ -41,8 +41,9 @@ def self_distillation(w: int) -> list[list[tuple[int, int]]]:
     return lists
 
 
-# The paper's token-level lists (cqs-attention.md §III-A, Code Blocks 1-4): TG-Tk map, Distilled-CQS, material lists, task and ban lists, SLR = m_Tk / N. Token indices are global
-# (0..N-1); pairs are (query token, key token) cells of P.
+# The paper's token-level lists (cqs-attention.md §III-A, Code Blocks 1-4): TG-Tk map, Distilled-CQS,
+# material lists, task and ban lists, SLR = m_Tk / N. Token indices are global (0..N-1); pairs are
+# (query token, key token) cells of P.
 
 
 def tg_tk_map(n: int, w: int) -> list[list[int]]:

@@ -145,8 +145,8 @@ def section_kernels(rep: Report) -> None:
         sec.note(
             "burst selects per dtype: "
             + ", ".join(f"{d} -> {m}" for d, m in rep.facts["selected_kernels"].items())
-            + ". cuda_sdpa calls aten's memory-efficient SDPA op directly, aten_flash aten's flash ops (both return lse "
-            "and take the backward's lse); flash/cuDNN/math below are torch's SDPA, checked as the yardstick."
+            + ". cuda_sdpa calls aten's memory-efficient SDPA op directly, aten_flash aten's flash ops (both return "
+            "lse and take the backward's lse); flash/cuDNN/math below are torch's SDPA, checked as the yardstick."
         )
         if device.type == "cuda" and not cuda_flash_attn.available():
             sec.note("flash_attn is not importable here: the cuda_flash_attn path did not run.")

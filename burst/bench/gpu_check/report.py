@@ -113,8 +113,8 @@ def markdown(data: dict) -> str:
         "",
         f"Command: `{data['command']}`  ",
         f"burst commit {data['git_commit']}, torch {data['torch']}, "
-        f"CUDA {data['cuda']}, flash_attn {data['flash_attn']}, aten_flash {data.get('aten_flash')}, mode {data['mode']}, "
-        f"{data['total_s']:.0f} s of a {data['budget_s']:.0f} s budget"
+        f"CUDA {data['cuda']}, flash_attn {data['flash_attn']}, aten_flash {data.get('aten_flash')}, "
+        f"mode {data['mode']}, {data['total_s']:.0f} s of a {data['budget_s']:.0f} s budget"
         + (f", {data['gpu_memory_bytes'] / 2**30:.0f} GiB of GPU memory." if data["gpu_memory_bytes"] else "."),
         "",
         "| section | status | seconds |",

@@ -118,7 +118,8 @@ def _world_table(sec: Section, label: str, result: dict) -> None:
     ran = [r for r in check_rows + result["masks"] if r["status"] == "ok"]
     sec.note(
         f"{label}: backend {result['backend']}, tensors on {result['device']}: {len(ran)} cases within bounds, "
-        f"{len(bad)} FAIL, {len(check_rows) + len(result['masks']) - len(ran) - len(bad)} skipped (refused by the strategy)"
+        f"{len(bad)} FAIL, {len(check_rows) + len(result['masks']) - len(ran) - len(bad)} skipped "
+        "(refused by the strategy)"
     )
     for r in bad:
         sec.fail(f"{label}: {r['strategy']} {r['layout']} {r.get('causal', r.get('mask'))} {r['dtype']}")

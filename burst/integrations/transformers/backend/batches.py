@@ -122,7 +122,8 @@ def _content_digest(t: torch.Tensor) -> str:
     import hashlib
 
     data = t.detach().to("cpu").contiguous()
-    return f"{tuple(t.shape)} {hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=8).hexdigest()}"
+    digest = hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=8).hexdigest()
+    return f"{tuple(t.shape)} {digest}"
 
 
 def reduce_loss(loss: torch.Tensor, group=None) -> torch.Tensor:

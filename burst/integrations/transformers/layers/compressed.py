@@ -27,7 +27,8 @@ a model) takes over the forward of each compressor:
   travelling with the ring.
 
 Ties in the indexer's top-k break as on one device wherever a row's scores are equal bit for bit;
-see indexer.py for the exact zeros a ReLU can leave. A forward may carry a cache (its first forward runs); decoding on it is refused.
+see indexer.py for the exact zeros a ReLU can leave. A forward may carry a cache (its first forward
+runs); decoding on it is refused.
 """
 
 from __future__ import annotations
