@@ -100,6 +100,9 @@ def main() -> None:
         action="store_true",
         help="FSDP2 through the Trainer's own accelerate plugin (fsdp='full_shard', version 2)",
     )
+    parser.add_argument(
+        "--fused-loss", action="store_true", help="the training loss from the hidden states, never the logits"
+    )
     parser.add_argument("--out", default=None, help="save losses, gradients, weights, eval and predictions here")
     args = parser.parse_args()
 
@@ -154,7 +157,9 @@ def main() -> None:
     else:
         from burst.integrations.transformers import SequenceParallelTrainer
 
-        trainer = SequenceParallelTrainer(**common, sp_size=args.sp_size, strategy=args.strategy, layout=args.layout)
+        trainer = SequenceParallelTrainer(
+            **common, sp_size=args.sp_size, strategy=args.strategy, layout=args.layout, fused_loss=args.fused_loss
+        )
     trainer.train()
     sharded = any(hasattr(p, "full_tensor") for p in trainer.model.parameters())  # FSDP2 holds DTensors
     if args.fsdp and not sharded:  # accelerate runs DDP instead where it cannot apply FSDP (on the CPU)

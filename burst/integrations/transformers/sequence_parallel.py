@@ -29,6 +29,7 @@ from .backend.attention import register
 from .backend.batches import shard_batch
 from .backend.checks import check_model
 from .backend.features import prepare_features
+from .fused_loss import check_fusable, fused_causal_lm_loss
 
 
 class SequenceParallel:
@@ -38,6 +39,8 @@ class SequenceParallel:
     registered with strategy, layout and attention_options) and its recurrent layers are hooked.
     sp_size: ranks per sequence (default: the world). Same rules for the batches as
     SequenceParallelTrainer: right padding with labels -100 there, or packed rows; left padding raises.
+    fused_loss: `loss` from the final hidden states and the LM head a tile at a time, never the logits
+    (fused_loss.py).
     """
 
     def __init__(
@@ -48,11 +51,15 @@ class SequenceParallel:
         layout: str = "zigzag",
         attn_name: str = "burst",
         attention_options: dict | None = None,
+        fused_loss: bool = False,
     ):
         self.group, self.sp_size, self.replica, self.replicas = sequence_parallel_groups(sp_size)
         self.layout = layout
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.model = getattr(model, "module", model)  # under DDP's wrapper
+        self.fused_loss = fused_loss
+        if fused_loss:
+            check_fusable(self.model)
         prepare_model(
             self.model,
             self.group,
@@ -79,7 +86,9 @@ class SequenceParallel:
     def loss(self, model, batch: dict) -> torch.Tensor:
         """The loss to backpropagate for `batch`: this rank's labelled tokens' share of the world's mean
         token loss, times the world size, since DDP (or FSDP) averages gradients over every rank."""
-        return model(**self.shard(batch)).loss * self.world
+        shard = self.shard(batch)
+        loss = fused_causal_lm_loss(model, shard) if self.fused_loss else model(**shard).loss
+        return loss * self.world
 
     def mean_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The world's mean token loss from what `loss` returned (for logging; a collective)."""

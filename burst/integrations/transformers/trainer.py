@@ -33,6 +33,7 @@ from transformers import Trainer
 from burst import layout as layout_mod
 
 from .backend.batches import reduce_loss
+from .fused_loss import check_fusable, fused_causal_lm_loss
 from .sequence_parallel import over_replicas, prepare_model, sequence_parallel_groups, shard_whole_sequences
 
 
@@ -42,7 +43,9 @@ class SequenceParallelTrainer(Trainer):
     sp_size: ranks per sequence (default: the world; W must be a multiple); the world's ranks
     r = replica * sp_size + s form the groups. strategy, layout and attention_options (a dict of
     further keywords): as for `bt.register` (`burst.attention`). attn_name: the attention
-    implementation name the model is switched to. Everything else is Trainer's. What it cannot
+    implementation name the model is switched to. fused_loss: the training loss from the final hidden
+    states and the LM head a tile at a time, never the (batch, seq, vocab) logits (fused_loss.py; a
+    causal LM whose logits are its head's). Everything else is Trainer's. What it cannot
     do exactly raises in __init__: label smoothing, a `compute_loss_func`, a model whose forward
     takes no `num_items_in_batch`, `average_tokens_across_devices=False`, `model_init`.
     """
@@ -55,6 +58,7 @@ class SequenceParallelTrainer(Trainer):
         layout: str = "zigzag",
         attn_name: str = "burst",
         attention_options: dict | None = None,
+        fused_loss: bool = False,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -65,7 +69,10 @@ class SequenceParallelTrainer(Trainer):
             )
         self.sp_group, self.sp_size, self.replica, self.replicas = sequence_parallel_groups(sp_size)
         self.sp_layout = layout
+        self.sp_fused_loss = fused_loss
         self._refuse_inexact_settings()
+        if fused_loss:
+            check_fusable(self.model)
         prepare_model(self.model, self.sp_group, strategy, layout, attn_name, attention_options)
 
     def _refuse_inexact_settings(self) -> None:
@@ -107,6 +114,13 @@ class SequenceParallelTrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         shard, _ = self._shard(self._prepare_inputs(inputs))
         return super().training_step(model, shard, num_items_in_batch)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not (self.sp_fused_loss and model.training) or return_outputs:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        # Trainer's own arithmetic around the loss (the token count, the world's scale), the model's
+        # forward replaced by the fused loss: it hands Trainer a loss and no logits.
+        return super().compute_loss(_FusedLossForward(model), inputs, False, num_items_in_batch)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         inputs = self._prepare_inputs(inputs)
@@ -159,3 +173,13 @@ class SequenceParallelTrainer(Trainer):
         if state.end_of_dataloader and state.remainder > 0:  # the replicas' padding of the last batch
             kept = kept[: state.remainder]
         return kept
+
+
+class _FusedLossForward:
+    """`model(**inputs)` as Trainer.compute_loss calls it, returning only the fused loss."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, **inputs):
+        return {"loss": fused_causal_lm_loss(self.model, inputs)}
