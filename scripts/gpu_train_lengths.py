@@ -1,6 +1,7 @@
 """llama3-8b on one GPU: the longest sequence one training step completes, and its speed, against transformers.
 
-    scripts/gpu_train_lengths.sh OUT [--budget 530] [--modes full,selective,remat,none] [--no-hf] [--dry-run]
+    scripts/gpu_train_lengths.sh OUT [--budget 530] [--modes full,selective,remat,none] [--no-hf] [--no-hf-burst]
+                                 [--dry-run]
     python scripts/gpu_train_lengths.py OUT --cpu       # the same code, a tiny model at tiny lengths (the test)
 
 Each trial is one process (a fresh device, its own peak memory, an out-of-memory that ends only it):
@@ -13,7 +14,9 @@ backward; the dense bf16 peak), peak GPU memory (the allocator's) and peak host 
 process's resident set).
 
 The planner picks the lengths: speed at 32K and 128K (burst, full checkpointing, host optimizer);
-transformers from 8K up, doubling until a step fails; then, per checkpointing mode, 0.9 x the
+transformers from 8K up, doubling until a step fails; the same LlamaForCausalLM on burst's backend with
+fused_loss=True (SequenceParallel at one rank, as SequenceParallelTrainer runs it) from twice plain
+transformers' longest, doubling (--no-hf-burst skips it); then, per checkpointing mode, 0.9 x the
 planner's longest (0.7 x after a failure). A trial runs only when the time it is expected to take
 (the planner's step time, scaled by how far the first trial's measurement was from it, plus the
 measured start-up) fits in what is left of --budget seconds, so one command stays under 10
@@ -61,7 +64,10 @@ def run_trial(spec: dict) -> dict:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec["gpu_mem_gib"] * 2**30 / total), device)
     start = time.perf_counter()
-    step = hf_step(m, n, device) if spec["engine"] == "transformers" else burst_step(m, n, device, spec)
+    if spec["engine"] == "burst":
+        step = burst_step(m, n, device, spec)
+    else:
+        step = hf_step(m, n, device, through_burst=spec["engine"] == HF_BURST)
     setup_s, rows = time.perf_counter() - start, []
     try:
         for _ in range(spec["steps"]):
@@ -142,7 +148,12 @@ def burst_step(m, n, device, spec):
     return step
 
 
-def hf_step(m, n, device):
+HF_BURST = "transformers + burst"  # LlamaForCausalLM on burst's backend, fused loss, one rank (issue 70 item 4)
+
+
+def hf_step(m, n, device, through_burst: bool = False):
+    """LlamaForCausalLM (sdpa, gradient checkpointing); through_burst: the path a transformers user takes,
+    SequenceParallel (burst's backend, at one rank) with fused_loss=True, as SequenceParallelTrainer runs it."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -180,9 +191,17 @@ def hf_step(m, n, device):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
+    if through_burst:
+        from burst.integrations.transformers import SequenceParallel
+
+        sp = SequenceParallel(model, fused_loss=True)
+        loss_of = lambda ids: sp.loss(model, {"input_ids": ids, "labels": ids})  # noqa: E731
+    else:
+        loss_of = lambda ids: model(input_ids=ids, labels=ids).loss  # noqa: E731
+
     def forward_backward():
         ids = torch.randint(0, m.vocab_size, (1, n), generator=gen).to(device)
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = loss_of(ids)
         loss.backward()
         return loss.item()
 
@@ -265,7 +284,7 @@ class Search:
         from burst.plan.lengths import MEMORY_OPTIONS
 
         guess = self.predicted(option if engine == "burst" else "full", n)
-        expected = self.setup_s + steps * guess["step_s"] * self.factor * (1.5 if engine == "transformers" else 1)
+        expected = self.setup_s + steps * guess["step_s"] * self.factor * (1 if engine == "burst" else 1.5)
         entry = {
             "engine": engine,
             "option": option,
@@ -339,6 +358,14 @@ class Search:
             n = 64 if self.cpu else 8 * K
             while n <= (128 if self.cpu else 256 * K):
                 got = self.trial("transformers", "sdpa + gradient checkpointing", n, 2 if n in speed else 1, "longest")
+                if not (got and got["ok"]):
+                    break
+                n *= 2
+        if self.args.hf and self.args.hf_burst:  # the transformers path on burst: from 2x plain's longest, doubling
+            theirs = [r["seq_len"] for r in self.results if r["engine"] == "transformers" and r.get("ok")]
+            n = 64 if self.cpu else 2 * max(theirs, default=4 * K)
+            while n <= (64 if self.cpu else 512 * K):
+                got = self.trial(HF_BURST, "burst backend + fused loss + gradient checkpointing", n, 1, "longest")
                 if not (got and got["ok"]):
                     break
                 n *= 2
@@ -486,7 +513,7 @@ def report(meta: dict, results: list, skipped: list, search: Search) -> str:
             f"{_gib(r.get('peak_gpu_bytes'))} | {_gib(r.get('peak_host_bytes'))} | {planned} |"
         )
     lines += ["", "## Longest step completed", ""]
-    for engine in ("burst", "transformers"):
+    for engine in ("burst", "transformers", HF_BURST):
         ok = [r for r in results if r["engine"] == engine and r.get("ok")]
         by = {}
         for r in ok:
@@ -509,6 +536,12 @@ def report(meta: dict, results: list, skipped: list, search: Search) -> str:
     if longest_ours and longest_theirs:
         lines.append(
             f"- longest step: burst {longest_ours}, transformers {longest_theirs}: {longest_ours / longest_theirs:.2f}x"
+        )
+    longest_path = max((r["seq_len"] for r in ok if r["engine"] == HF_BURST), default=0)
+    if longest_path and longest_theirs:
+        lines.append(
+            f"- longest step through transformers: on burst's backend with fused_loss {longest_path}, plain "
+            f"{longest_theirs}: {longest_path / longest_theirs:.2f}x"
         )
     if search.oom:
         o = search.oom
@@ -536,6 +569,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=530, help="seconds for the whole search (default 530)")
     p.add_argument("--modes", default="full,selective,remat,none", help="checkpointing modes to find the longest of")
     p.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers")
+    p.add_argument("--no-hf-burst", dest="hf_burst", action="store_false", help="skip transformers on burst's backend")
     p.add_argument("--no-speed", dest="speed", action="store_false", help="skip the 32K and 128K speed trials")
     p.add_argument("--profile", default="auto", help="planner profile: H100, H200, or auto (GPU 0's, by nvidia-smi)")
     p.add_argument(

@@ -21,10 +21,10 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 def test_cpu_mode_runs_every_kind_of_trial(tmp_path):
     pytest.importorskip("transformers")
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path), "--cpu", "--modes", "full", "--budget", "100"],
+        [sys.executable, str(SCRIPT), str(tmp_path), "--cpu", "--modes", "full", "--budget", "140"],
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=200,
         env=ENV,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -32,13 +32,19 @@ def test_cpu_mode_runs_every_kind_of_trial(tmp_path):
     runs = results["results"]
     assert all(r["ok"] for r in runs), runs
     kinds = {(r["engine"], r["purpose"]) for r in runs}
-    assert kinds == {("burst", "speed"), ("transformers", "longest"), ("burst", "longest")}, kinds
+    assert kinds == {
+        ("burst", "speed"),
+        ("transformers", "longest"),
+        ("burst", "longest"),
+        ("transformers + burst", "longest"),  # LlamaForCausalLM on burst's backend, fused loss (issue 70 item 4)
+    }, kinds
     assert [r["seq_len"] for r in runs if r["engine"] == "transformers"] == [64, 128]  # doubling (to 128 on the CPU)
     for r in runs:
         assert r["step_s"] >= r["optimizer_s"] >= 0 and r["peak_host_bytes"] > 0 and r["tokens_per_s"] > 0
     report = (tmp_path / "report.md").read_text()
     assert "## Against transformers" in report and "- longest step: burst" in report
     assert "burst, full + host optimizer:" in report and "planner's longest" in report
+    assert "- longest step through transformers: on burst's backend with fused_loss 64, plain 128" in report
     # `burst train` past the longest (on the CPU its step raises CUDA's error, tests/clients/oom_site): one line
     oom = results["out_of_memory"]
     assert oom["ok"] and "exit 1, 1 stderr line(s): burst train: error: rank 0: TrainOutOfMemory" in oom["why"], oom
