@@ -116,10 +116,10 @@ def _everything(rank, world, layouts, strategies, dtypes, kv_heads_list):
 
 
 BF16_MASKS = ("window_causal", "documents_causal", "block_sparse_causal")  # bf16 on a subset, for time
-# (layouts, strategies, dtypes, KV heads) per world size: everything at 2 ranks, with GQA only at 3, and in
-# float32 at 4 (for the suite's time);
-# at 5 the layouts that balance and both of burst's backward paths, with GQA; at 8 (8 processes on the
-# suite's 2 cores) the deepest ring with GQA, zigzag only.
+# (layouts, strategies, dtypes, KV heads) per world size: everything at 1 and 2 ranks; at 3 (odd, more than
+# two ring steps) every layout and strategy with GQA in both dtypes; at 4 (even, a deeper ring) the balanced
+# zigzag layout through burst's backward paths (default chunks, chunks of 5, whole blocks) and ring, with GQA.
+# 5 and 8 ranks took no other code path (the 8-rank ring is tests/test_numerics_8ranks.py's subject).
 ALL = (
     ("contiguous", "zigzag", "striped"),
     ("burst", "burst:chunk_rows=5", "ring", "allgather"),
@@ -127,20 +127,16 @@ ALL = (
     (4, 2),
 )
 ALL_GQA = (*ALL[:3], (2,))
-ALL_GQA_FP32 = (*ALL[:2], (torch.float32,), (2,))
-SUBSET = (("zigzag", "striped"), ("burst", "burst:chunk_rows=5", "burst:chunk_rows=0", "ring"), (torch.float32,), (2,))
-DEEP = (("zigzag",), ("burst", "burst:chunk_rows=5", "ring"), (torch.float32,), (2,))
+DEEP = (("zigzag",), ("burst", "burst:chunk_rows=5", "burst:chunk_rows=0", "ring"), (torch.float32,), (2,))
 
 
 @functools.lru_cache(maxsize=None)
 def _results(world):
-    cases = (
-        ALL if world <= 2 else ALL_GQA if world == 3 else ALL_GQA_FP32 if world == 4 else SUBSET if world < 8 else DEEP
-    )
+    cases = ALL if world <= 2 else ALL_GQA if world == 3 else DEEP
     return run_world(world, _everything, *cases, timeout=600)
 
 
-WORLDS = [1, 2, 3, 4, 5, 8]
+WORLDS = [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -150,7 +146,7 @@ def test_masks_match_float64_reference(world):
     assert_within_bounds(cases_by_rank, lambda case: case[-1])
 
 
-@pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_balanced_layouts_and_distflash_even_out_causal_work(world):
     per_rank = [balance for _, balance in _results(world)]
     for key in (
@@ -173,7 +169,7 @@ def test_balanced_layouts_and_distflash_even_out_causal_work(world):
     assert max(pairs) / (sum(pairs) / world) > 1.4  # (2G-1)/G: 1.5 at G=2, towards 2
 
 
-@pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_burst_serves_only_the_query_rows_the_mask_needs(world):
     """Zigzag causal, 64 rows per rank in chunks of 16: rank r sends Q, dO, D, lse of each row that
     attends some key of the receiving rank, and the dQ part of each such row of others back home."""
@@ -191,7 +187,7 @@ def test_burst_serves_only_the_query_rows_the_mask_needs(world):
         assert expect < whole
 
 
-@pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_burst_key_side_serves_only_the_key_rows_the_mask_needs(world):
     """The key side (forced): rank r sends K, V of each of its key rows that some query of the receiving
     rank attends, and the dK, dV parts of others' such rows back home; dQ never travels."""
