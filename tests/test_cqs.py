@@ -1,9 +1,9 @@
 """CQS-Attention: difference covers, distillation, and strategy="cqs" against float64 attention.
 
-The maths runs in this process; the strategy runs in one world per size (1, 2, 3, 4; 5 is left out
-for the suite's time): full and causal, MHA and GQA, fp32 and bf16, lost workers, the exchange
-volume the schedule predicts, and no bytes or messages between the first and the last block
-computation. Worlds 7 and 8 run fewer cases (~2-3 s each on 2 cores).
+The maths runs in this process; the strategy runs in one world per size (1, 2, 3; 4, 5 and 8 took no
+other path and are left out for the suite's time): full and causal, MHA and GQA, fp32 and bf16, lost
+workers, the exchange volume the schedule predicts, and no bytes or messages between the first and the
+last block computation. World 7 (the paper's Fano plane) runs fewer cases, two lost workers among them.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_lost_workers_get_nothing_and_the_rest_cover_all():
 def _cases(rank, world):
     results = []
     seqlen = N_LOCAL * world
-    lost_options = [()] + ([(world - 1,)] if world > 1 else []) + ([(0, 2)] if world >= 4 else [])
+    lost_options = [()] + ([(world - 1,)] if world > 1 else [])  # two lost workers: _large_cases
     for causal in (False, True):
         for kv_heads in (4, 1):
             for dtype in (torch.float32, torch.bfloat16):
@@ -122,12 +122,12 @@ def _compute_watch(stats):
 _results = results_by_world(_cases, timeout=300)
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])  # 7 and 8 below; 5 left out for the suite's time
+@pytest.mark.parametrize("world", [1, 2, 3])  # 7 below
 def test_cqs_matches_float64(world):
     assert_within_bounds([r[0] for r in _results(world)], lambda key: key[2])
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_exchange_volume_is_what_the_schedule_predicts(world):
     """Forward: Q to each worker listing our group as a query material, K, V to each listing it as a
     key material; (out, lse) partials back, one per query group a worker computed for another owner.
@@ -191,7 +191,7 @@ def test_token_level_lists_reproduce_the_papers_table2_and_partition_p():
 
 
 def _large_cases(rank, world):
-    """Worlds 7 (the paper's Fano plane) and 8: fewer cases, as each spawns 7-8 processes on few cores."""
+    """World 7 (the paper's Fano plane): fewer cases, as it spawns 7 processes on few cores."""
     results = []
     for causal, kv_heads, dtype, lost, layout in (
         (False, 4, torch.float32, (), "contiguous"),
@@ -206,6 +206,5 @@ def _large_cases(rank, world):
     return results
 
 
-@pytest.mark.parametrize("world", [7, 8])
-def test_cqs_matches_float64_at_7_and_8_ranks(world):
-    assert_within_bounds(run_world(world, _large_cases, timeout=300), lambda key: key[2])
+def test_cqs_matches_float64_at_7_ranks():
+    assert_within_bounds(run_world(7, _large_cases, timeout=300), lambda key: key[2])
