@@ -4,7 +4,8 @@
 The reference runs each KV head's group of query heads on its own, with that head's selection as a
 mask built here by a loop independent of burst.masks.selection. Each query chooses, per KV head,
 keys (or blocks) of its own drawing, itself always (so no row is empty), some -1 and one past the
-causal edge. One world per size, cases looped inside: burst (both backward sides, served chunks), ring
+causal edge. One world per size (1-3 ranks: 3 is odd and a ring of more than two steps; 4 took no
+other path), cases looped inside: burst (both backward sides, served chunks), ring
 and allgather; causal, a window and documents; GQA 4/2 and 8/1; float64; out, lse, dq, dk, dv. A block
 choice travels in burst's query-side backward as fewer bytes than the same choice as key positions.
 """
@@ -133,7 +134,7 @@ def _cases(rank, world):
 _results = results_by_world(_cases)
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_selections_per_kv_head_and_in_blocks_are_exact(world):
     failures = []
     for rank, (cases, _) in enumerate(_results(world)):
@@ -143,7 +144,7 @@ def test_selections_per_kv_head_and_in_blocks_are_exact(world):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_a_block_choice_travels_in_fewer_bytes_than_its_key_positions(world):
     total = {}  # over the ranks: under causal masks only the later ranks' queries travel
     for _, sent in _results(world):
