@@ -1,6 +1,8 @@
 """burst.attention on real local gloo worlds against float64 attention on the full sequence.
 
-One world per size; every strategy x causal x (MHA, GQA, MQA) x dtype runs inside it.
+One world per size; every strategy x causal x (MHA, GQA, MQA) x dtype runs inside it at 1 and 2 ranks,
+and at 3 (odd, a ring of more than two steps; 4 took no other path) in the two dtypes the merge rounds
+differently (float32 and bfloat16; float16 and float64 take their paths at 1 and 2).
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 HEADS = 4
 
 
+def _dtypes(world):
+    return DTYPES if world <= 2 else DTYPES[:2]
+
+
 def _all_cases(rank, world):
     results = []
     seqlen = 6 * world
     for causal in (False, True):
         for kv_heads in (4, 2, 1):
-            for dtype in DTYPES:
+            for dtype in _dtypes(world):
                 full = full_inputs(1000 + kv_heads, 2, seqlen, HEADS, kv_heads, 8, dtype)
                 ref = reference_grads(*full, causal=causal)
                 for strategy in STRATEGIES:
@@ -35,8 +41,8 @@ def _all_cases(rank, world):
 _results = results_by_world(_all_cases)
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_matches_float64_reference(world):
     results = _results(world)  # per rank: ((strategy, causal, kv_heads, dtype), errors)
-    assert sum(len(cases) for cases in results) == world * 2 * 3 * (3 * 4 + 1)
+    assert sum(len(cases) for cases in results) == world * 2 * 3 * (3 * len(_dtypes(world)) + 1)
     assert_within_bounds(results, lambda key: key[3])
