@@ -1,7 +1,8 @@
 """Attention sinks (`burst.attention(..., sinks=s)`, gpt-oss's s_aux) against float64 attention with the
 sink column on the full sequence (reference.attention: concatenate, softmax, drop the column).
 
-One world per size (1-4 ranks), cases looped inside: every strategy, the three layouts, causal or
+One world per size (1-3 ranks: 3 is odd and a ring of more than two steps; 4 took no other path, and
+ulysses, which 3 ranks refuse, runs at 1 and 2), cases looped inside: every strategy, the three layouts, causal or
 not, a sliding window, packed documents cut per document, GQA; out, lse, dq, dk, dv and the sinks'
 gradient (each rank's share, summed over the ranks) in float64 and, for burst, ring and ulysses, in
 bfloat16 (within the bf16 bound of reference.BOUNDS, no NaN); decode_attention with sinks on a
@@ -138,7 +139,7 @@ def _expected_cases(world):
     return keys | {("decode",)}
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_sinks_exact_in_every_strategy_and_layout(world):
     failures = []
     expected = _expected_cases(world)
