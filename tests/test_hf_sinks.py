@@ -1,7 +1,8 @@
 """gpt-oss (attention sinks through `s_aux`, sliding and full layers) and the other s_aux families
 transformers ships (flint, granite_swa, granitemoe_swa, mimo_v2_flash, from the zoo's tiny configs)
 train and generate on burst exactly as on one process with eager attention: logits, loss, every
-parameter's gradient (the sinks' included), and generate()'s tokens, at 2 and 4 ranks, zigzag.
+parameter's gradient (the sinks' included), and generate()'s tokens, zigzag: every family at 2 ranks, gpt-oss
+(sliding and full layers) at 4 ranks too (the other families hand burst the same s_aux).
 
 Also the deny-by-default contract of the backend: an unknown keyword, a relative-position bias and a
 window the layer hides from burst are refused naming the keyword and the model (softcap is honoured:
@@ -89,7 +90,7 @@ def _train_and_generate(rank, world):
 
     name = bt.register("burst_sinks", strategy="burst", layout="zigzag")
     results = {"gpt_oss": _one_model(*_models(name), VOCAB)}
-    for family in SINK_FAMILIES:
+    for family in SINK_FAMILIES if world == 2 else ():
         models = _zoo_models(family, name)
         if models is not None:
             results[family] = _one_model(*models, 256)
@@ -137,7 +138,7 @@ _results = results_by_world(_train_and_generate)
 @pytest.mark.parametrize("world", [2, 4])  # 3 left out for the suite's time
 def test_sink_families_train_and_generate_like_one_process(world):
     for rank, by_family in enumerate(_results(world)):
-        assert "gpt_oss" in by_family and len(by_family) >= 3, by_family.keys()
+        assert "gpt_oss" in by_family and len(by_family) >= (3 if world == 2 else 1), by_family.keys()
         for family, r in by_family.items():
             assert r["logits"] < 1e-4 and r["loss"] < 1e-5, (family, rank, r)
             assert r["grads"] < 1e-4 and r["sinks grads"] < 1e-4, (family, rank, r)
