@@ -12,44 +12,107 @@ beside the same script in one process (the same weights and data, the same globa
   on a (dp, sp) mesh, activation checkpointing, torch.compile, FSDP2 over the mesh). Each step's
   loss and gradients, the final weights.
 
-SGD, so a gradient difference is not hidden (Adam normalises a constant factor away).
+Two steps each (the second loss follows an optimizer step; every step's gradients are compared). SGD,
+so a gradient difference is not hidden (Adam normalises a constant factor away).
+
+Each interpreter costs seconds of imports (torch, transformers) per rank, so the recipes of one world
+size share one launch: this file, run as a script (`_run_recipes`), runs the examples one after
+another, each as `python example.py ARGS` would (its `__main__`, its own argv), in one torchrun
+world of 2 and one of 4 ranks; the one-process references all run in one plain interpreter. The
+recipes share the world's process group (the first initialises it; a recipe's end is a barrier).
 """
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import pytest
 import torch
 
 from requires import importorskip, transformers_or_skip
-from world import run_process_group, run_torchrun
 
 transformers_or_skip()
 importorskip("accelerate", reason="accelerate is not installed (pip install '.[hf]' from the clone)")
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
-TRAINER = (EXAMPLES / "trainer_train.py", "--optim", "sgd", "--lr", "1.0", "--steps", "3")
-TITAN = (EXAMPLES / "titan_llama.py", "--optim", "sgd", "--steps", "3")
-LOOP = (EXAMPLES / "accelerate_train.py", "--steps", "3")
+STEPS = 2
+TRAINER = ("trainer_train.py", "--optim", "sgd", "--lr", "1.0", "--steps", str(STEPS))
+TITAN = ("titan_llama.py", "--optim", "sgd", "--steps", str(STEPS))
+LOOP = ("accelerate_train.py", "--steps", str(STEPS))
+# name: (ranks, the job under torchrun, the job in one process that it must equal)
+RECIPES = {
+    "trainer sp2": (2, (*TRAINER, "--batch", "2"), (*TRAINER, "--reference", "--batch", "2")),
+    # dp x sp = 2 x 2, packed rows, gradient checkpointing; eval sets of 4 rows, so no replica pads
+    "trainer dp2sp2": (
+        4,
+        (*TRAINER, "--packed", "--batch", "2", "--sp-size", "2", "--eval-rows", "4", "--checkpointing"),
+        (*TRAINER, "--reference", "--packed", "--batch", "4", "--eval-rows", "4"),
+    ),
+    "trainer hybrid": (2, (*TRAINER, "--family", "qwen3_next"), (*TRAINER, "--reference", "--family", "qwen3_next")),
+    "loop sp2": (2, (*LOOP, "--batch", "2"), (*LOOP, "--reference", "--batch", "2")),
+    "loop dp2sp2": (4, (*LOOP, "--batch", "2", "--sp-size", "2"), (*LOOP, "--reference", "--batch", "4")),
+    "titan sp2": (2, TITAN, (*TITAN, "--no-compile")),
+    "titan dp2sp2": (4, (*TITAN, "--dp", "2", "--no-compile"), (*TITAN, "--dp", "2", "--no-compile")),
+}
 
 
-def _run(tmp_path, name: str, nproc: int, job: tuple, *args: str) -> dict:
-    out = tmp_path / name
-    script, *options = job
-    if nproc == 1:
+def _run_recipes(out: str, *jobs: str) -> None:
+    """Each job ("NAME|script|arg|...") as `python examples/script args --out out/NAME` runs it, one
+    after another in this interpreter (under torchrun: in this world, its group shared)."""
+    import os
+    import runpy
+    import sys
+
+    import torch.distributed as dist
+    from accelerate.state import AcceleratorState, GradientState
+
+    import burst.launch
+
+    sys.path.insert(0, str(EXAMPLES))  # accelerate_train imports trainer_train
+    end_rank = burst.launch.end_rank
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+        dist.init_process_group = lambda *args, **kwargs: None  # titan_llama's: the world is up
+        burst.launch.end_rank = dist.barrier  # a recipe's end: the next one runs in the same world
+    for job in jobs:
+        name, script, *args = job.split("|")
+        AcceleratorState._reset_state()  # a fresh Accelerator per recipe (the process group stays)
+        GradientState._reset_state()
+        sys.argv = [str(EXAMPLES / script), *args, "--out", os.path.join(out, name)]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    if dist.is_initialized():
+        end_rank()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """results(recipe): (its result.pt under torchrun, the one-process reference's). Each launch runs
+    once, the first time a test asks: the references (ranks 1), or the recipes of one world size."""
+
+    @functools.lru_cache(maxsize=None)
+    def launch(ranks: int) -> dict:
         import os
         import sys
 
-        done = run_process_group(
-            [sys.executable, str(script), *options, *args, "--out", str(out)],
-            timeout=300,
-            env={**os.environ, "OMP_NUM_THREADS": "2"},
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-    else:
-        run_torchrun(script, nproc, *options, *args, "--out", str(out))
-    return torch.load(out / "result.pt", weights_only=False)
+        from world import run_process_group, run_torchrun
+
+        out = tmp_path_factory.mktemp(f"ranks-{ranks}")
+        jobs = {name: ref if ranks == 1 else job for name, (n, job, ref) in RECIPES.items() if ranks in (1, n)}
+        args = [str(out), *("|".join((name, *job)) for name, job in jobs.items())]
+        if ranks == 1:
+            done = run_process_group(
+                [sys.executable, __file__, *args], timeout=400, env={**os.environ, "OMP_NUM_THREADS": "2"}
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+        else:
+            run_torchrun(__file__, ranks, *args, timeout=400)
+        return {name: torch.load(out / name / "result.pt", weights_only=False) for name in jobs}
+
+    def pair(name: str) -> tuple[dict, dict]:
+        return launch(RECIPES[name][0])[name], launch(1)[name]
+
+    return pair
 
 
 def _unwrapped(named: dict) -> dict:
@@ -61,9 +124,9 @@ def _assert_same_steps(got: dict, ref: dict, bound: float = 1e-4) -> None:
     """Each step's loss and every gradient (hf_zoo.gradient_error, the zoo's rule), and the final weights."""
     from burst.bench.hf_zoo import gradient_error
 
-    assert len(got["losses"]) == len(ref["losses"]) == 3
+    assert len(got["losses"]) == len(ref["losses"]) == STEPS
     assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5)
-    assert len(got["grads"]) == len(ref["grads"]) == 3
+    assert len(got["grads"]) == len(ref["grads"]) == STEPS
     for step, (grads, ref_grads) in enumerate(zip(got["grads"], ref["grads"])):
         grads, ref_grads = _unwrapped(grads), _unwrapped(ref_grads)
         assert grads.keys() == ref_grads.keys()
@@ -92,59 +155,38 @@ def _assert_same_trainer_job(got: dict, ref: dict) -> None:
     assert _rel(got_logits * scored, ref_logits * scored) < 1e-5
 
 
-def test_trainer_two_ranks_one_sequence_equals_one_process(tmp_path):
-    ref = _run(tmp_path, "reference", 1, TRAINER, "--reference", "--batch", "2")
-    _assert_same_trainer_job(_run(tmp_path, "sp2", 2, TRAINER, "--batch", "2"), ref)
+def test_trainer_two_ranks_one_sequence_equals_one_process(results):
+    _assert_same_trainer_job(*results("trainer sp2"))
 
 
-def test_trainer_two_replicas_of_two_ranks_equal_one_process(tmp_path):
+def test_trainer_two_replicas_of_two_ranks_equal_one_process(results):
     """dp x sp = 2 x 2, packed rows (DataCollatorWithFlattening: position ids restart per document),
     gradient checkpointing: the replicas take different batches (one process packs both at once);
     eval sets of 4 rows, so no replica pads its last batch (plain DDP would differ there too)."""
-    ref = _run(tmp_path, "reference", 1, TRAINER, "--reference", "--packed", "--batch", "4", "--eval-rows", "4")
-    got = _run(
-        tmp_path,
-        "dp2sp2",
-        4,
-        TRAINER,
-        "--packed",
-        "--batch",
-        "2",
-        "--sp-size",
-        "2",
-        "--eval-rows",
-        "4",
-        "--checkpointing",
-    )
-    _assert_same_trainer_job(got, ref)
+    _assert_same_trainer_job(*results("trainer dp2sp2"))
 
 
-def test_trainer_hybrid_model_equals_one_process(tmp_path):
+def test_trainer_hybrid_model_equals_one_process(results):
     """A hybrid (Qwen3-Next, tiny from its config class: gated delta rule and short convolutions beside
     attention): the Trainer hooks its recurrent layers, which pass their state across the 2 ranks."""
-    ref = _run(tmp_path, "reference", 1, TRAINER, "--reference", "--family", "qwen3_next")
-    _assert_same_trainer_job(_run(tmp_path, "sp2", 2, TRAINER, "--family", "qwen3_next"), ref)
+    _assert_same_trainer_job(*results("trainer hybrid"))
 
 
-def test_accelerate_loop_equals_one_process(tmp_path):
+def test_accelerate_loop_equals_one_process(results):
     """2 ranks on one sequence (sp 2), then 2 replicas x 2 ranks (dp 2 x sp 2) against one process
     running the replicas' rows together."""
-    ref = _run(tmp_path, "reference-2", 1, LOOP, "--reference", "--batch", "2")
-    _assert_same_steps(_run(tmp_path, "sp2", 2, LOOP, "--batch", "2"), ref)
-    ref = _run(tmp_path, "reference-4", 1, LOOP, "--reference", "--batch", "4")
-    _assert_same_steps(_run(tmp_path, "dp2sp2", 4, LOOP, "--batch", "2", "--sp-size", "2"), ref)
+    _assert_same_steps(*results("loop sp2"))
+    _assert_same_steps(*results("loop dp2sp2"))
 
 
-def test_titan_recipe_two_ranks_equals_one_process(tmp_path):
+def test_titan_recipe_two_ranks_equals_one_process(results):
     """zigzag over 2 ranks, activation checkpointing, torch.compile on the blocks, FSDP2 over the mesh."""
-    ref = _run(tmp_path, "reference", 1, TITAN, "--no-compile")
-    _assert_same_steps(_run(tmp_path, "sp2", 2, TITAN), ref)
+    _assert_same_steps(*results("titan sp2"))
 
 
-def test_titan_recipe_two_replicas_of_two_ranks_equal_one_process(tmp_path):
+def test_titan_recipe_two_replicas_of_two_ranks_equal_one_process(results):
     """(dp, sp) = (2, 2): FSDP2 over all 4 ranks (sum over sp, mean over dp), checkpointing, no compile."""
-    ref = _run(tmp_path, "reference", 1, TITAN, "--dp", "2", "--no-compile")
-    _assert_same_steps(_run(tmp_path, "dp2sp2", 4, TITAN, "--dp", "2", "--no-compile"), ref)
+    _assert_same_steps(*results("titan dp2sp2"))
 
 
 def test_refusals_before_training():
@@ -188,3 +230,9 @@ def test_whole_sequences_padding_rules():
         whole_sequences({"input_ids": ids, "attention_mask": mask.flip(1)}, multiple=1)
     with pytest.raises(ValueError, match="labels at padded positions"):
         whole_sequences({"input_ids": ids, "labels": ids, "attention_mask": mask}, multiple=1)
+
+
+if __name__ == "__main__":  # _results' launches: python|torchrun tests/test_training_stacks.py OUT JOB...
+    import sys
+
+    _run_recipes(*sys.argv[1:])
