@@ -21,20 +21,39 @@ PEERS = {"doc_contiguous": (0, 120, 1248, 4232), "doc_zigzag": (0, 128, 1248, 42
 STRATEGIES = ("burst", "ring", "allgather", "ulysses", "usp")
 
 
-def _case(world, cu, split, strategies, dtype=torch.float32, heads=2, kv_heads=1, local_form=False, seed=1):
+def _case(world, cu, split, forms, dtype=torch.float32, heads=2, kv_heads=1, seed=1):
+    """forms: {local form: strategies}; the same {local form: (errors by strategy, tokens per rank)}. The
+    local form passes the peers' per-rank cu_seqlens besides the layout; every form and strategy is held to
+    one float64 reference on the whole packed sequence."""
     layout = DocumentLayout(cu, split)
     full = full_inputs(seed, 1, cu[-1], heads, kv_heads, 8, torch.float64)
-    mask = reference_mask(cu[-1], causal=True, cu_seqlens=list(cu))
-    ref = reference_grads(*full, causal=False, mask=mask)
+    ref = _reference_once(full, reference_mask(cu[-1], causal=True, cu_seqlens=list(cu)))
     n = cu[-1] // world
-    extra = {"cu_seqlens": [c // world for c in cu]} if local_form else {}
-    errors = {}
-    for strategy in strategies:
-        try:
-            errors[strategy] = sharded_errors(full, ref, dtype, layout=layout, causal=True, strategy=strategy, **extra)
-        except (ValueError, NotImplementedError) as err:
-            errors[strategy] = str(err)
-    return errors, n
+    done = {}
+    for local_form, strategies in forms.items():
+        extra = {"cu_seqlens": [c // world for c in cu]} if local_form else {}
+        errors = {}
+        for strategy in strategies:
+            try:
+                errors[strategy] = sharded_errors(
+                    full, ref, dtype, layout=layout, causal=True, strategy=strategy, **extra
+                )
+            except (ValueError, NotImplementedError) as err:
+                errors[strategy] = str(err)
+        done[local_form] = errors, n
+    return done
+
+
+def _reference_once(full, mask):
+    """reference_grads on rank 0, sent to the others: the same float64 attention on the whole packed
+    sequence every rank would compute (the peers' 4K tokens made that the world's largest cost)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return reference_grads(*full, causal=False, mask=mask)
+    box = [reference_grads(*full, causal=False, mask=mask) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _own_cases(world):
@@ -85,16 +104,16 @@ def _run(rank, world):
     if world == 4:  # the peers' cases at their usual world; 4K tokens each, so one world only
         for name, cu in PEERS.items():
             split = name.removeprefix("doc_")
-            results[f"peers {name}"] = _case(world, cu, split, ("burst", "ring"))
-            results[f"peers {name} local form"] = _case(world, cu, split, ("burst",), local_form=True)
+            forms = _case(world, cu, split, {False: ("burst", "ring"), True: ("burst",)})
+            results[f"peers {name}"], results[f"peers {name} local form"] = forms[False], forms[True]
     cu = _own_cases(world)
     if world == 2:
         results["compiled and context_parallel"] = _compiled_and_context_parallel(cu)
     for split in ("contiguous", "zigzag"):
-        results[f"own {split}"] = _case(world, cu, split, STRATEGIES, heads=4, kv_heads=2)
+        results[f"own {split}"] = _case(world, cu, split, {False: STRATEGIES}, heads=4, kv_heads=2)[False]
         results[f"own {split} bf16"] = _case(
-            world, cu, split, ("burst", "ring"), dtype=torch.bfloat16, heads=4, kv_heads=2
-        )
+            world, cu, split, {False: ("burst", "ring")}, dtype=torch.bfloat16, heads=4, kv_heads=2
+        )[False]
     return results
 
 
