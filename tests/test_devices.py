@@ -81,13 +81,42 @@ def _burst(*args, timeout=120):
     )
 
 
-def test_verbs_refuse_a_device_or_dtype_they_cannot_run_before_any_rank_starts():
+@pytest.fixture
+def no_world(monkeypatch):
+    """Starting any rank fails the test: a refusal must come before that."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a world was started for a value the verb cannot run")
+
+    import burst.bench.harness
+
+    for module in (launch, burst.bench.harness):
+        monkeypatch.setattr(module, "spawn_world", refuse)
+        monkeypatch.setattr(module, "run_world", refuse)
+
+
+def _refusal(capsys, *argv) -> str:
+    """`burst ARGV` in this process: exit status 2 and its one line on stderr, returned."""
+    from burst.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    err = capsys.readouterr().err.strip()
+    assert exited.value.code == 2 and "\n" not in err, (argv, err)
+    return err
+
+
+def test_verbs_refuse_a_device_or_dtype_they_cannot_run_before_any_rank_starts(gpus, capsys, no_world):
+    """Each verb in this process (no rank may start), on a machine with no GPU; the installed command
+    once, as a user runs it, to show the exit status and the line reach the shell."""
+    gpus(0)
     for verb in ("train", "generate", "bench", "check"):
-        done = _burst(verb, "--device", "cuda", "--nproc", "2")
-        assert done.returncode == 2, (verb, done.stdout, done.stderr)
-        assert "--device: cuda, but this machine has no CUDA device" in done.stderr, (verb, done.stderr)
-    done = _burst("train", "--dtype", "fp16")
-    assert done.returncode == 2 and "--dtype" in done.stderr
+        err = _refusal(capsys, verb, "--device", "cuda", "--nproc", "2")
+        assert "--device: cuda, but this machine has no CUDA device" in err, (verb, err)
+    assert "--dtype" in _refusal(capsys, "train", "--dtype", "fp16")
+    done = _burst("train", "--device", "cuda", "--nproc", "2")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "--device: cuda, but this machine has no CUDA device" in done.stderr, done.stderr
 
 
 def test_one_table_reads_every_dtype_name():
@@ -109,33 +138,20 @@ def test_one_table_reads_every_dtype_name():
 
 def test_bf16_training_follows_fp32(tmp_path):
     """burst train --dtype bf16 (autocast; fp32 weights, gradients and optimizer state) on 2 ranks."""
+    from burst.cli import main
+
     losses = {}
-    for dtype in ("fp32", "bf16"):
+    for dtype in ("fp32", "bf16"):  # in this process: the command's path, without a second interpreter
         metrics = tmp_path / f"{dtype}.jsonl"
-        done = _burst(
-            "train",
-            "--nproc",
-            "2",
-            "--device",
-            "cpu",
-            "--dtype",
-            dtype,
-            "--steps",
-            "3",
-            "--seq-len",
-            "128",
-            "--no-progress",
-            "--metrics",
-            str(metrics),
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
+        argv = ["train", "--nproc", "2", "--device", "cpu", "--dtype", dtype, "--steps", "3", "--seq-len", "128"]
+        assert main([*argv, "--no-progress", "--metrics", str(metrics)]) == 0
         losses[dtype] = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
     assert len(losses["bf16"]) == 3 and losses["bf16"] != losses["fp32"]  # it did run in bf16
     for a, b in zip(losses["fp32"], losses["bf16"]):
         assert abs(a - b) < 2e-2 * abs(a), losses
 
 
-def test_kernel_by_name_or_a_clear_error(monkeypatch):
+def test_kernel_by_name_or_a_clear_error(monkeypatch, capsys, no_world):
     """BURST_KERNEL (what --kernel sets) picks a backend; one that cannot run here is a ValueError from
     burst.attention's validation (raised on every rank before any collective), not a crash inside."""
     import burst
@@ -156,5 +172,6 @@ def test_kernel_by_name_or_a_clear_error(monkeypatch):
         monkeypatch.setenv("BURST_KERNEL", name)
         with pytest.raises(ValueError, match=words):
             burst.attention(q, q, q, causal=True)
-    done = _burst("check", "--kernel", "flash_attn", "--nproc", "2")
-    assert done.returncode == 2 and "--kernel: BURST_KERNEL=flash_attn: needs CUDA tensors" in done.stderr, done.stderr
+    monkeypatch.delenv("BURST_KERNEL")
+    err = _refusal(capsys, "check", "--kernel", "flash_attn", "--nproc", "2")
+    assert "--kernel: BURST_KERNEL=flash_attn: needs CUDA tensors" in err, err
