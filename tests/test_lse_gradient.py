@@ -2,8 +2,9 @@
 
 A loss through out and lse, through lse alone, and the cascade merge of burst's (out, lse) with another
 partial attention (the other keys every rank holds, merged by lse as merge.py merges) must give q, k, v
-(and the sinks) the gradients of float64 attention on the full sequence. One world per size (1-4
-ranks), cases looped inside: every strategy that runs there, causal or not, MHA and GQA, with and
+(and the sinks) the gradients of float64 attention on the full sequence. One world per size (1-3
+ranks: 3 is odd and more than two ring steps; 4 took no other path, and ulysses, which 4 heads over 3 ranks
+refuse, runs at 1 and 2), cases looped inside: every strategy that runs there, causal or not, MHA and GQA, with and
 without sinks, one tensor as keys and values, compressed entries, and MLA's latent
 (burst.attention(q, latent=...)); and one compiled call (the custom op's backward).
 """
@@ -267,7 +268,7 @@ def _job(rank, world):
 _results = results_by_world(_job)
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_lse_gradient_matches_float64_attention(world):
     failures = []
     for rank, cases in enumerate(_results(world)):
