@@ -1,7 +1,8 @@
 """Hugging Face transformers models on burst's attention backend, against the single-process model.
 
-Models are built from configs with random weights (no download). One world per size (2, 3, 4);
-every strategy x layout, packed documents, sliding windows, an AdamW step and the errors run in it.
+Models are built from configs with random weights (no download). One world per size (2 and 3: an even
+and an odd size, 3 the more-than-two path); every strategy x layout, packed documents, sliding
+windows, an AdamW step and the errors run in it.
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ def _everything(rank, world):
 _results = results_by_world(_everything, timeout=400)
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_llama_logits_grads_and_adamw_step_match_single_process(world):
     for rank, results in enumerate(_results(world)):
         for combo, errors in results["parity"].items():
@@ -283,7 +284,7 @@ def _torchrun_losses(nproc: int, *flags: str) -> list[float]:
     import pathlib
 
     script = pathlib.Path(__file__).resolve().parents[1] / "examples" / "transformers_train.py"
-    stdout = run_torchrun(script, nproc, "--steps", "2", "--seq-len", "240", *flags)
+    stdout = run_torchrun(script, nproc, "--steps", "2", "--seq-len", "96", *flags)
     return [float(line.split()[-1]) for line in stdout.splitlines() if line.startswith("step")]
 
 
