@@ -1,9 +1,10 @@
 """transformers' model.generate() on burst (bt.ShardedCache) against one-process generate() on SDPA.
 
-Models are built from configs with random weights (no download). One world per size (2, 3, 4), the
-cases looped inside it: greedy tokens and every step's logits for each layout, prompt lengths that are
-not multiples of the world (and shorter than it), a batch of two; seeded top-p sampling; the cache's
-bytes per rank; a sliding-window Mistral and a Qwen2; bfloat16; inputs_embeds; what is refused.
+Models are built from configs with random weights (no download). One world per size (2 and 3: an
+even and an odd size, 3 the more-than-two path), the cases looped inside it: greedy tokens and every
+step's logits for each layout, prompt lengths that are not multiples of the world (and shorter than
+it), a batch of two; seeded top-p sampling; the cache's bytes per rank; a sliding-window Mistral and
+a Qwen2; bfloat16; inputs_embeds; what is refused.
 One more test runs examples/transformers_generate.py under torchrun at 1 and 2 ranks.
 """
 
@@ -220,7 +221,7 @@ def _same_on_every_rank(per_rank, key):
         assert torch.equal(run["logits"], per_rank[0]["logits"]), (rank, key)  # bit-identical, not just close
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_greedy_and_sampled_tokens_equal_one_process_generate(world):
     per_rank = [r["greedy"] for r in _results(world)]
     for key in per_rank[0]:
@@ -229,7 +230,7 @@ def test_greedy_and_sampled_tokens_equal_one_process_generate(world):
         assert runs[0]["same tokens"] and runs[0]["logits error"] < 1e-4, (key, runs[0]["logits error"])
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_cache_holds_its_share_of_the_tokens(world):
     """Each rank holds its prompt shard (padded to the layout's multiple) and every G-th decoded token."""
     from burst.layout import local_multiple
