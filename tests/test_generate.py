@@ -2,7 +2,8 @@
 
 The reference recomputes the whole sequence with the plain model at every step (no cache, one
 process); the sharded run prefills through burst and decodes on the cache. One world per size
-(2, 3, 4); prompts of lengths that are not multiples of the world, a batch of two.
+(2 and 3: an even and an odd size, 3 the more-than-two path); prompts of lengths that are not
+multiples of the world, a batch of two.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _run(rank, world):
 _results = results_by_world(_run, timeout=300)
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_greedy_generation_equals_single_process(world):
     torch.manual_seed(0)
     model = Transformer(PRESETS["tiny"]).eval()
