@@ -50,39 +50,24 @@ def _cases(rank, world):
         "window, sinks, chunk_rows": (dict(causal=True, window=(20, 0), sinks=sinks, chunk_rows=8), "contiguous"),
         "documents (cu_seqlens ints)": (dict(causal=True, cu_seqlens=[0, 20, 48, 64]), "contiguous"),
     }
-    # The settings side by side in one function, each call on inputs of its own: one compile (and one
-    # checkpointed compile) for all of them, where each would cost its own; every call must still be
-    # the op (fullgraph, and no break counted), and each setting's output and gradients equal eager's.
-    inputs = [_inputs(1, layout)[0] for _, layout in settings.values()]
-    weight = _inputs(1, "contiguous")[1]
+    results = {}
+    for name, (kwargs, layout) in settings.items():
+        (q, k, v), weight = _inputs(1, layout)
 
-    def attend(*tensors):
-        *qkv, weight = tensors
-        calls = zip(*[iter(qkv)] * 3, (kwargs for kwargs, _ in settings.values()))
-        return torch.stack([burst.attention(q, k, v, **kwargs).flatten(2) @ weight for q, k, v, kwargs in calls])
+        def attend(q, k, v, weight):
+            out = burst.attention(q, k, v, **kwargs)
+            return out.flatten(2) @ weight
 
-    def block(*tensors):  # checkpointed: recomputed in the backward
-        return checkpoint(attend, *tensors, use_reentrant=False)
+        def block(q, k, v, weight):  # checkpointed: recomputed in the backward
+            return checkpoint(attend, q, k, v, weight, use_reentrant=False)
 
-    flat = [t for qkv in inputs for t in qkv]
-    eager = _grads(attend, flat, weight)
-    torch._dynamo.reset()
-    breaks = torch._dynamo.explain(attend)(*flat, weight).graph_break_count
-    compiled = _grads(torch.compile(attend, fullgraph=True), flat, weight)
-    torch._dynamo.reset()
-    checkpointed = _grads(torch.compile(block, fullgraph=True), flat, weight)
-
-    def setting(grads, i):  # setting i's output, dq, dk, dv; and the weight's gradient, which all share
-        return [grads[0][i], *grads[1 + 3 * i : 4 + 3 * i], grads[-1]]
-
-    results = {
-        name: (
-            breaks,
-            _max_diff(setting(compiled, i), setting(eager, i)),
-            _max_diff(setting(checkpointed, i), setting(eager, i)),
-        )
-        for i, name in enumerate(settings)
-    }
+        eager = _grads(attend, (q, k, v), weight)
+        torch._dynamo.reset()
+        breaks = torch._dynamo.explain(attend)(q, k, v, weight).graph_break_count
+        compiled = _grads(torch.compile(attend, fullgraph=True), (q, k, v), weight)
+        torch._dynamo.reset()
+        checkpointed = _grads(torch.compile(block, fullgraph=True), (q, k, v), weight)
+        results[name] = (breaks, _max_diff(compiled, eager), _max_diff(checkpointed, eager))
 
     # SDPA routed by burst.context_parallel, in a compiled checkpointed block (fullgraph: no break).
     g = torch.Generator().manual_seed(3)
