@@ -13,7 +13,7 @@
   runs it with a published config's sizes past its keep_window_size of 2048).
 
 Each at 2 and 4 ranks, contiguous and zigzag: logits, loss and every parameter gradient against the
-same model with eager attention in one process (burst.bench.hf_zoo.gradient_error). Planted: the
+same model with eager attention in one process (burst.bench.hf_zoo.gradient_error). Planted (at 2 ranks): the
 global temperature left out, and the features switched off in the reference, must each be caught.
 """
 
@@ -102,6 +102,8 @@ def _flagships(rank, world):
         name = bt.register(f"flagship_{layout}", layout=layout)
         for family, make in CONFIGS.items():
             out[(family, layout)] = _errors(family, make(), name, layout)
+    if world > 2:  # the planted faults and the short keep window walk no other path at 4 ranks: run at 2
+        return out
     name = bt.register("flagship_planted", layout="zigzag")
     with mock.patch.object(features, "global_temperature", lambda name, module, query, backend: query):
         out["planted: local temperature"] = _errors("llama4_text", llama4_config(), name, "zigzag")
@@ -143,10 +145,10 @@ def test_gemma2_softcap_and_llama4_chunks_exact(world):
     assert not failures, failures
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_each_feature_is_seen_by_the_comparison(world):
-    """What the exactness above would miss if burst ignored a feature: each planted case fails the bounds."""
-    results = _results(world)[0]
+def test_each_feature_is_seen_by_the_comparison():
+    """What the exactness above would miss if burst ignored a feature: each planted case fails the bounds
+    (at 2 ranks: the same comparison at 4 ranks only splits the sequence further)."""
+    results = _results(2)[0]
     for case in (
         "planted: local temperature",
         "planted: no chunks in the reference",
