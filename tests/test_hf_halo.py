@@ -19,7 +19,8 @@ transformers_or_skip()
 
 BOUND = {"logits": 2e-5, "loss": 2e-5, "gradients": 2e-5}
 # (world, tokens): zigzag chunks of 8, 32 and 128 tokens (tokens / 2G) against HCA's 128-token entries
-V4_CASES = ((2, 32), (2, 128), (2, 512), (8, 1024))  # 8 ranks: chunks of 64 against 128-token entries
+# 4 ranks: chunks of 64 against 128-token entries (each spanning chunks of two ranks), as 1024 tokens on 8 had
+V4_CASES = ((2, 32), (2, 128), (2, 512), (4, 512))
 
 
 def _v4_published():
@@ -66,7 +67,7 @@ def _results(world):
     return run_world(world, _cases, cases, timeout=600)
 
 
-@pytest.mark.parametrize("world", [2, 8])
+@pytest.mark.parametrize("world", [2, 4])
 def test_halos_wider_than_a_chunk_are_exact(world):
     results = _results(world)
     ran = set(results[0])
