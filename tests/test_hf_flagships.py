@@ -12,7 +12,7 @@
   keeps its largest biases per KV head, handed to burst as indices= per KV head (tests/test_hf_selection.py
   runs it with a published config's sizes past its keep_window_size of 2048).
 
-Each at 2 and 4 ranks, contiguous and zigzag: logits, loss and every parameter gradient against the
+Each at 2 ranks, contiguous and zigzag, and at 4 ranks, zigzag: logits, loss and every parameter gradient against the
 same model with eager attention in one process (burst.bench.hf_zoo.gradient_error). Planted (at 2 ranks): the
 global temperature left out, and the features switched off in the reference, must each be caught.
 """
@@ -98,7 +98,7 @@ def _flagships(rank, world):
 
     transformers.logging.set_verbosity_error()
     out = {}
-    for layout in ("contiguous", "zigzag"):
+    for layout in ("contiguous", "zigzag") if world == 2 else ("zigzag",):  # 4 ranks: the layout with 2 chunks each
         name = bt.register(f"flagship_{layout}", layout=layout)
         for family, make in CONFIGS.items():
             out[(family, layout)] = _errors(family, make(), name, layout)
