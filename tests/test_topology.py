@@ -2,7 +2,8 @@
 against float64 attention, CommStats bytes by link against the formulas, and bad topologies.
 
 One world per size (4, 6); topologies 1x4, 2x2, 4x1 and 2x3, 3x2 (nodes x ranks per node) loop inside
-(exactness on the multi-node ones).
+(exactness on the multi-node ones: each of MHA and GQA, and each layout, on a multi-node topology at 4
+ranks; at 6 each topology in one layout).
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ TOPOLOGIES = {4: (4, 2, 1), 6: (3, 2)}  # world -> ranks per node to try
 # Exactness on several nodes only (one node of 4 is the flat ring that every other test runs); the flat
 # ring on a multi-node topology is the flat ring's loop with other link accounting: one mask there.
 EXACT_TOPOLOGIES = {4: (2, 1), 6: (3, 2)}
+# (world, ranks per node) -> KV heads and layouts: MHA on 2 nodes of 2, GQA elsewhere (6 processes on 2 cores);
+# at 6 ranks nodes of 3 on contiguous shards, nodes of 2 on zigzag ones.
+EXACT_KV_HEADS = {(4, 2): (2,), (4, 1): (1,), (6, 3): (1,), (6, 2): (1,)}
+EXACT_LAYOUTS = {
+    (4, 2): ("contiguous", "zigzag"),
+    (4, 1): ("contiguous", "zigzag"),
+    (6, 3): ("contiguous",),
+    (6, 2): ("zigzag",),
+}
 
 
 def _masks(seqlen):
@@ -41,12 +51,12 @@ def _exact(rank, world):
                     continue
                 extra = {k: v for k, v in kwargs.items() if k != "causal"}
                 allowed = reference_mask(seqlen, causal=kwargs.get("causal", False), **extra)
-                for kv_heads in (2, 1) if world == 4 else (1,):  # 6 processes on 2 cores: GQA only
+                for kv_heads in EXACT_KV_HEADS[(world, per_node)]:
                     dtypes = (torch.float32, torch.bfloat16) if name == "causal" and double else (torch.float32,)
                     for dtype in dtypes:
                         full = full_inputs(per_node * 10 + kv_heads, 1, seqlen, H, kv_heads, D, dtype)
                         ref = reference_grads(*full, causal=False, mask=allowed)
-                        for layout in ("contiguous", "zigzag"):
+                        for layout in EXACT_LAYOUTS[(world, per_node)]:
                             for strategy in ("burst", "ring"):
                                 errs = sharded_errors(
                                     full, ref, dtype, layout=layout, strategy=strategy, topology=topo, **kwargs
