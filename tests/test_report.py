@@ -4,42 +4,56 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+REPORT = [
+    "bench",
+    "--report-seq-lens",
+    "256,512",
+    "--report-worlds",
+    "1,2",
+    "--strategies",
+    "burst,ring",
+    "--causal",
+    "--layout",
+    "zigzag",
+    "--heads",
+    "2",
+    "--head-dim",
+    "16",
+]
 
-def test_report_writes_markdown_json_and_plots(tmp_path):
-    out = tmp_path / "report"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "burst",
-            "bench",
-            "--report",
-            str(out),
-            "--report-seq-lens",
-            "256,512",
-            "--report-worlds",
-            "1,2",
-            "--strategies",
-            "burst,ring",
-            "--causal",
-            "--layout",
-            "zigzag",
-            "--heads",
-            "2",
-            "--head-dim",
-            "16",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+
+@pytest.fixture(scope="module")
+def report_run(tmp_path_factory):
+    """`burst bench --report DIR` once, through the verb's main in this process (its worlds start from here);
+    the sweep's calibration, the module's one calibrate() (seconds of CPU), is also saved to a file on the
+    way: (exit status, DIR, the file, the path the report asked calibrate to save to, what calibrate returned)."""
+    import burst.bench.report as report
+    from burst.bench.calibrate import calibrate
+    from burst.cli import main
+
+    tmp = tmp_path_factory.mktemp("report")
+    saved, asked, returned = tmp / "calibration.json", [], []
+
+    def calibrate_and_save(threads=1, path=None):
+        asked.append(path)
+        returned.append(calibrate(threads=threads, path=str(saved)))
+        return returned[-1]
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(report, "calibrate", calibrate_and_save)
+    try:
+        status = main([REPORT[0], "--report", str(tmp / "report"), *REPORT[1:]])
+    finally:
+        patch.undo()
+    return status, tmp / "report", saved, asked, returned
+
+
+def test_report_writes_markdown_json_and_plots(report_run):
+    status, out, _, _, _ = report_run
+    assert status == 0
     results = json.loads((out / "results.json").read_text())
     assert {(r["seq_len"], r["strategy"]) for r in results["timing"]} == {
         (n, s) for n in (256, 512) for s in ("burst", "ring")
@@ -60,15 +74,17 @@ def test_report_writes_markdown_json_and_plots(tmp_path):
         assert (out / plot).stat().st_size > 1000 and f"]({plot})" in report
 
 
-def test_calibration_is_saved_and_read_by_the_local_profile(tmp_path):
-    from burst.bench.calibrate import calibrate
+def test_calibration_is_saved_and_read_by_the_local_profile(report_run):
+    """calibrate(path=...) writes what calibrated_local(path) reads (the report's sweep calibrates without
+    saving; its calibration, saved here, is the one the report used)."""
     from burst.plan.profiles import calibrated_local
 
-    path = str(tmp_path / "calibration.json")
-    result = calibrate(path=path)
+    _, out, saved, asked, (result,) = report_run
+    assert asked == [None]
     assert result["flops"] > 1e8 and result["bandwidth"] > 1e6 and result["latency"] >= 0
-    local = calibrated_local(path)
+    local = calibrated_local(str(saved))
     assert local.flops == result["flops"] and local.inter_bw == result["bandwidth"]
+    assert json.loads((out / "results.json").read_text())["calibration"] == result
 
 
 def test_heap_peak_sees_a_tensor_held_in_each_phase_and_keeps_a_timeline():
