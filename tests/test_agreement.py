@@ -19,6 +19,7 @@ from cases import TOL, full_inputs, reference_grads, sharded_errors
 from world import results_by_world
 
 B, N, H, D = 1, 8, 2, 8  # batch, local tokens, heads, head dim
+WAIT_S = 1.0  # the agreement timeout of the call only rank 0 makes (the others' barrier waits twice that)
 
 
 def _mismatch_cases(rank, world):
@@ -66,14 +67,15 @@ def _run_mismatches(rank, world):
     results["unshard shape"] = _error_of(lambda: burst.unshard(local[:, : N - 2] if rank == 0 else local))
     results["unshard still works"] = torch.equal(burst.unshard(local), full[0])
     results["first mode"] = _first_mode(rank, world, full, ref)
-    results["only rank 0 calls"] = _only_rank_zero_calls(rank, full)
+    if world == 2:  # a timeout to sit out: once (the test reads the world of 2)
+        results["only rank 0 calls"] = _only_rank_zero_calls(rank, full)
     return results
 
 
 _BROKEN_GROUPS = []
 
 
-def _only_rank_zero_calls(rank, full, wait_s=2.0):
+def _only_rank_zero_calls(rank, full, wait_s=WAIT_S):
     """Rank 0 calls burst.attention while the others wait in a barrier of their own (rank 0 calls
     generate(), the rest do not): rank 0 raises TimeoutError after the agreement timeout instead
     of waiting for gloo's 30 minutes. On a side group: the default group stays usable after."""
@@ -184,6 +186,6 @@ def test_a_call_made_by_only_some_ranks_raises_after_the_timeout():
         kind, message, seconds = results["only rank 0 calls"]
         if rank == 0:
             assert kind == "TimeoutError" and "burst.attention" in message and "did not make it" in message, message
-            assert 2.0 <= seconds < 10, seconds
+            assert WAIT_S <= seconds < 10, seconds
         else:  # not burst's wait: the barrier this rank chose, bounded by the test
             assert kind == "RuntimeError", (kind, message)
