@@ -1,6 +1,7 @@
 """CommStats volumes against the papers' formulas, work accounting, and bad input on every rank.
 
-One world per size (2, 3, 4); the volume and error cases loop inside it.
+One world per size, 2 and 3 (an even and an odd world; in 3 a middle rank, which the contiguous causal
+volumes and pairs count differently from the first and the last); the volume and error cases loop inside it.
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ def _everything(rank, world):
 _results = results_by_world(_everything, timeout=300)
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_bytes_match_formulas(world):
     for rank, (volumes, _, _) in enumerate(_results(world)):
         for (strategy, kv_heads, dtype, causal), (fwd, bwd, _, _) in volumes.items():
@@ -225,7 +226,7 @@ def test_bytes_match_formulas(world):
             assert (fwd, bwd) == expect, (rank, strategy, kv_heads, dtype, causal)
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_burst_backward_moves_about_a_quarter_less(world):
     volumes = _results(world)[0][0]
     burst_bwd = volumes[("burst", 4, "torch.float32", False)][1]
@@ -236,7 +237,7 @@ def test_burst_backward_moves_about_a_quarter_less(world):
     assert burst_bwd < ring_bwd
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_pairs_contiguous_causal_show_imbalance(world):
     for rank, (volumes, _, _) in enumerate(_results(world)):
         for strategy in ("burst", "ring", "allgather"):
@@ -263,7 +264,7 @@ def test_bad_input_raises_on_every_rank(world):
                 assert kind in (bad_type, "ValueError"), (case, rank, kind, message)
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_shard_roundtrip_ring_and_stream_buffers(world):
     for rank, (_, _, ok) in enumerate(_results(world)):
         assert all(ok.values()), (rank, ok)
