@@ -76,6 +76,10 @@ def _poll(condition, seconds: float):
     return value
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _training_ranks(launcher: subprocess.Popen, log: Path) -> dict[int, int]:
     """{rank: pid} once both ranks run and rank 0 has logged a step; fails if the launcher ends first."""
 
@@ -107,6 +111,9 @@ def _burst_train(tmp_path: Path):
             stderr=err,
             env=env,
             start_new_session=True,
+            # As from a terminal: a suite started in the background (`cmd &` in a script) ignores SIGINT,
+            # and Python keeps an inherited SIG_IGN, so Ctrl-C would never reach the launcher.
+            preexec_fn=_sigint_default,
         )
     try:
         yield launcher, log
