@@ -130,8 +130,13 @@ def _position_lookup(func, args, kwargs) -> torch.Tensor | None:
     if func is F.embedding:
         return args[0] if args else kwargs.get("input")
     if func in (torch.index_select, torch.Tensor.index_select):
+        source = args[0] if args else kwargs.get("input")
         dim = args[1] if len(args) > 1 else kwargs.get("dim")
-        return (args[2] if len(args) > 2 else kwargs.get("index")) if dim == 0 else None
+        # A fixed table (MusicGen's sinusoids), not activations: an MoE gathering an expert's tokens
+        # from hidden states that need gradients may pick a whole run of them.
+        if dim != 0 or not isinstance(source, torch.Tensor) or source.requires_grad:
+            return None
+        return args[2] if len(args) > 2 else kwargs.get("index")
     return None
 
 
