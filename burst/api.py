@@ -188,7 +188,13 @@ def key_side(k, v, latent):
     return LatentKeys(latent)
 
 
-@torch.compiler.disable  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
+# torch.compile calls it as is (collectives, per-tile kernel calls of varying shapes). torch's own lazy
+# form of torch.compiler.disable (torch.manual_seed's, the optimizers'): that one imports torch._dynamo
+# at once, ~2 s of CPU in every process that imports burst and never compiles (each rank, each CLI run).
+_run_eagerly = getattr(torch, "_disable_dynamo", torch.compiler.disable)
+
+
+@_run_eagerly
 def _sharded_attention(
     q,
     keys,

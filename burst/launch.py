@@ -267,7 +267,15 @@ def _signals_exit():
             signal.signal(signum, previous)
 
 
-PRELOAD = ["torch", "torch.distributed", "torch.nn.functional", "torch._dynamo"]
+PRELOAD = ["torch", "torch.distributed", "torch.nn.functional"]
+# torch._dynamo (~2 s to import) only where the ranks will want it: a launcher that has imported transformers
+# runs its models, whose modules import it; `burst train` and plain burst.attention never do.
+PRELOAD_WITH = {"transformers": "torch._dynamo", "torch._dynamo": "torch._dynamo"}
+
+
+def _preload() -> list[str]:
+    """What the forkserver imports before it forks ranks: torch, and what the launcher's modules suggest."""
+    return PRELOAD + sorted({extra for module, extra in PRELOAD_WITH.items() if module in sys.modules})
 
 
 def _rank_context():
@@ -278,7 +286,7 @@ def _rank_context():
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
+    context.set_forkserver_preload(_preload())
     return context
 
 

@@ -163,10 +163,11 @@ def _trainer_rows(sec: Section, scratch: str) -> list:
 
 def section_training(rep: Report) -> None:
     with rep.section("6", "Training stacks: burst train, the Trainer with accelerate's FSDP2, vs one process") as sec:
-        scratch = tempfile.mkdtemp(prefix="burst_gpu_check_")  # the runs' own files stay out of the report's folder
-        rows = _burst_train_rows(sec, rep, scratch)
-        if rep.device.type == "cuda" and not sec.skip_for_time("the Trainer with FSDP2", 30):
-            rows += _trainer_rows(sec, scratch)
+        # the runs' own files stay out of the report's folder, and are gone after
+        with tempfile.TemporaryDirectory(prefix="burst_gpu_check_") as scratch:
+            rows = _burst_train_rows(sec, rep, scratch)
+            if rep.device.type == "cuda" and not sec.skip_for_time("the Trainer with FSDP2", 30):
+                rows += _trainer_rows(sec, scratch)
         for row in rows:
             if row["status"] == "FAIL":
                 sec.fail(f"{row['feature']}: {row['detail']}")
