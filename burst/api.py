@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from . import custom_op
+from .call import AttentionRequest
 from .compressed import CompressedKV
 from .masks import BlockIndices, BlockSparseMask
 from .keys import KeyBlocks, unit_stride_last
@@ -130,51 +131,27 @@ def attention(
     """
     q, k, v = autocast_inputs(q, k, v)
     keys = key_side(k, v, latent)
-    if (
-        torch.compiler.is_compiling()
-        and latent is None
-        and indices is None
-        and compressed is None
-        and custom_op.takes(layout, cu_seqlens, block_sparse, topology, options)
-    ):
-        # traced as one op (burst/custom_op.py): no graph break, so checkpointed blocks compile too
-        return custom_op.attention(
-            q,
-            k,
-            v,
-            group,
-            strategy,
-            layout,
-            causal,
-            window,
-            softmax_scale,
-            return_lse,
-            cu_seqlens,
-            sinks,
-            options,
-            softcap,
-            chunk_size,
-        )
-    return _sharded_attention(
-        q,
-        keys,
-        group,
-        strategy,
-        layout,
-        causal,
-        window,
-        softmax_scale,
-        return_lse,
-        cu_seqlens,
-        block_sparse,
-        topology,
-        sinks,
-        softcap,
-        chunk_size,
-        indices,
-        compressed,
-        **options,
+    request = AttentionRequest(
+        group=group,
+        strategy=strategy,
+        layout=layout,
+        causal=causal,
+        window=window,
+        softmax_scale=softmax_scale,
+        return_lse=return_lse,
+        cu_seqlens=cu_seqlens,
+        block_sparse=block_sparse,
+        topology=topology,
+        softcap=softcap,
+        chunk_size=chunk_size,
+        indices=indices,
+        compressed=compressed,
+        options=options,
     )
+    if torch.compiler.is_compiling() and latent is None and custom_op.takes(request):
+        # traced as one op (burst/custom_op.py): no graph break, so checkpointed blocks compile too
+        return custom_op.attention(q, k, v, sinks, request)
+    return _sharded_attention(q, keys, sinks, request)
 
 
 def key_side(k, v, latent):
@@ -188,56 +165,12 @@ def key_side(k, v, latent):
     return LatentKeys(latent)
 
 
-# torch.compile calls it as is (collectives, per-tile kernel calls of varying shapes). torch's own lazy
-# form of torch.compiler.disable (torch.manual_seed's, the optimizers'): that one imports torch._dynamo
-# at once, ~2 s of CPU in every process that imports burst and never compiles (each rank, each CLI run).
-_run_eagerly = getattr(torch, "_disable_dynamo", torch.compiler.disable)
-
-
-@_run_eagerly
-def _sharded_attention(
-    q,
-    keys,
-    group,
-    strategy,
-    layout,
-    causal,
-    window,
-    softmax_scale,
-    return_lse,
-    cu_seqlens,
-    block_sparse,
-    topology,
-    sinks,
-    softcap,
-    chunk_size,
-    indices,
-    compressed,
-    **options,
-):
-    chosen, call = prepare_attention(
-        q,
-        keys,
-        group,
-        strategy,
-        layout,
-        causal,
-        window,
-        softmax_scale,
-        return_lse,
-        cu_seqlens,
-        block_sparse,
-        topology,
-        sinks=sinks,
-        softcap=softcap,
-        chunk_size=chunk_size,
-        indices=indices,
-        compressed=compressed,
-        **options,
-    )
+@custom_op.run_eagerly  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
+def _sharded_attention(q, keys, sinks, request: AttentionRequest):
+    chosen, call = prepare_attention(q, keys, request, sinks)
     with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
-        out, lse = chosen(call, unit_stride_last(q), keys.ready(q), sinks=sinks, compressed=compressed)
-    return (out, lse) if return_lse else out
+        out, lse = chosen(call, unit_stride_last(q), keys.ready(q), sinks=sinks, compressed=request.compressed)
+    return (out, lse) if request.return_lse else out
 
 
 def autocast_inputs(q, k, v):

@@ -29,6 +29,38 @@ class Options:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class AttentionRequest:
+    """What one burst.attention call asks for besides its tensors (q, the key side, sinks): the keywords
+    as the caller passed them, unchecked. validation.checked_key_call turns it into an AttentionCall;
+    prepare.py, api.py and custom_op.py hand it on whole. options: the strategy's own keywords."""
+
+    group: dist.ProcessGroup | None = None
+    strategy: str = "burst"
+    layout: object = "contiguous"  # a layout name or a burst.DocumentLayout
+    causal: bool = False
+    window: tuple[int, int] | None = None
+    softmax_scale: float | None = None
+    return_lse: bool = False
+    cu_seqlens: object = None
+    block_sparse: object = None  # burst.BlockSparseMask
+    topology: Topology | None = None
+    softcap: float = 0.0
+    chunk_size: int | None = None
+    indices: object = None  # a tensor or burst.BlockIndices
+    compressed: object = None  # burst.CompressedKV
+    options: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, **keywords) -> "AttentionRequest":
+        """burst.attention's keywords as one request: those it names, and the rest as options."""
+        named = {f.name for f in fields(cls)} - {"options"}
+        return cls(
+            **{k: v for k, v in keywords.items() if k in named},
+            options={k: v for k, v in keywords.items() if k not in named},
+        )
+
+
 TILE_BYTES = 400  # a Tile, its two Segments and its dict, roughly
 
 

@@ -24,6 +24,7 @@ layout, on CPU and GPU, with windows, documents and block-sparse masks, and GQA 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import api, custom_op
 from .agreement import agree
+from .call import AttentionRequest
 from .layout import DocumentLayout, _check_divisible, check_layout, resolve_layout, shard, shard_indices
 
 ENTRY = "burst.context_parallel"
@@ -176,13 +178,8 @@ class _SDPARouter(TorchFunctionMode):
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
         # Eagerly, behind a graph break under torch.compile when burst's custom op cannot carry the call:
         # the agreement collective and the ring's messages are not for dynamo to trace.
-        self.eager_attention = torch.compiler.disable(self.attention)
-        strategy_options = {
-            k: v for k, v in options.items() if k not in ("window", "cu_seqlens", "block_sparse", "topology")
-        }
-        self.traceable = custom_op.takes(
-            layout, options.get("cu_seqlens"), options.get("block_sparse"), options.get("topology"), strategy_options
-        )
+        self.eager_attention = custom_op.run_eagerly(functools.partial(self.attention))  # a bound method takes no marks
+        self.traceable = custom_op.takes(AttentionRequest.of(strategy=strategy, layout=layout, **options))
 
     def route(self, *args, **kwargs):
         """What SDPA is while the context is open: burst.attention's custom op under torch.compile (no

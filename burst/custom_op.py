@@ -18,133 +18,106 @@ tensor, non-integer options) keeps the eager path behind a graph break (`takes` 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 
+from .call import AttentionRequest
 from .keys import KeyBlocks, unit_stride_last
 from .prepare import prepare_attention
 from .strategies.base import sharded_backward, sharded_forward
+
+# torch.compiler.disable in torch's own lazy form (torch.manual_seed's, the optimizers'): the public one
+# imports torch._dynamo at once, ~2 s of CPU in every process that imports burst and never compiles.
+run_eagerly = getattr(torch, "_disable_dynamo", torch.compiler.disable)
 
 _PREPARED: dict = {}  # the op's arguments and shapes -> (strategy, AttentionCall), for the backward
 _PREPARED_MAX = 256
 
 
-def takes(layout, cu_seqlens, block_sparse, topology, options: dict) -> bool:
-    """True when the call's arguments fit the op's schema."""
-    if not isinstance(layout, str) or block_sparse is not None or topology is not None:
+def takes(request: AttentionRequest) -> bool:
+    """True when the call's keywords fit the op's schema."""
+    r = request
+    if not isinstance(r.layout, str) or r.block_sparse is not None or r.topology is not None:
         return False
-    if cu_seqlens is not None and not (
-        isinstance(cu_seqlens, (list, tuple)) and all(type(c) is int for c in cu_seqlens)
+    if r.indices is not None or r.compressed is not None:
+        return False
+    if r.cu_seqlens is not None and not (
+        isinstance(r.cu_seqlens, (list, tuple)) and all(type(c) is int for c in r.cu_seqlens)
     ):
         return False
-    return all(type(value) is int for value in options.values())  # not bool: validation names it eagerly
+    return all(type(value) is int for value in r.options.values())  # not bool: validation names it eagerly
 
 
-def attention(
-    q,
-    k,
-    v,
-    group,
-    strategy,
-    layout,
-    causal,
-    window,
-    softmax_scale,
-    return_lse,
-    cu_seqlens,
-    sinks,
-    options: dict,
-    softcap=0.0,
-    chunk_size=None,
-):
+class Settings(NamedTuple):
+    """An AttentionRequest as the op's schema carries it: every argument after the tensors, in order."""
+
+    group_name: str
+    strategy: str
+    layout: str
+    causal: bool
+    window: Optional[list[int]]
+    softmax_scale: Optional[float]
+    cu_seqlens: Optional[list[int]]
+    softcap: float
+    chunk_size: Optional[int]
+    option_names: str
+    option_values: list[int]
+    return_lse: bool
+
+    @classmethod
+    def of(cls, r: AttentionRequest) -> "Settings":
+        return cls(
+            r.group.group_name if r.group is not None else "",
+            r.strategy,
+            r.layout,
+            bool(r.causal),
+            list(r.window) if r.window is not None else None,
+            float(r.softmax_scale) if r.softmax_scale is not None else None,
+            list(r.cu_seqlens) if r.cu_seqlens is not None else None,
+            float(r.softcap),
+            r.chunk_size,
+            ",".join(r.options),
+            [int(x) for x in r.options.values()],
+            bool(r.return_lse),
+        )
+
+    def request(self) -> AttentionRequest:
+        return AttentionRequest(
+            group=dist.distributed_c10d._resolve_process_group(self.group_name) if self.group_name else None,
+            strategy=self.strategy,
+            layout=self.layout,
+            causal=self.causal,
+            window=tuple(self.window) if self.window else None,
+            softmax_scale=self.softmax_scale,
+            return_lse=self.return_lse,
+            cu_seqlens=self.cu_seqlens,
+            softcap=self.softcap,
+            chunk_size=self.chunk_size,
+            options=dict(zip(self.option_names.split(","), self.option_values)) if self.option_names else {},
+        )
+
+    def key(self) -> tuple:
+        """The settings as a dict key (lists as tuples)."""
+        return tuple(tuple(x) if isinstance(x, list) else x for x in self)
+
+
+def attention(q, k, v, sinks, request: AttentionRequest):
     """burst.attention through the op (the caller checked `takes`)."""
-    out, lse = torch.ops.burst.attention(
-        q,
-        k,
-        v,
-        sinks,
-        group.group_name if group is not None else "",
-        strategy,
-        layout,
-        bool(causal),
-        list(window) if window is not None else None,
-        float(softmax_scale) if softmax_scale is not None else None,
-        list(cu_seqlens) if cu_seqlens is not None else None,
-        float(softcap),
-        chunk_size,
-        ",".join(options),
-        [int(x) for x in options.values()],
-        bool(return_lse),
-    )
-    return (out, lse) if return_lse else out
+    out, lse = torch.ops.burst.attention(q, k, v, sinks, *Settings.of(request))
+    return (out, lse) if request.return_lse else out
 
 
-def _prepared(
-    q,
-    k,
-    v,
-    sinks,
-    group_name,
-    strategy,
-    layout,
-    causal,
-    window,
-    softmax_scale,
-    cu_seqlens,
-    softcap,
-    chunk_size,
-    option_names,
-    option_values,
-    return_lse,
-    fresh: bool,
-):
+def _prepared(q, k, v, sinks, settings: Settings, fresh: bool):
     """(strategy, AttentionCall) for the op's arguments: burst.attention's validation and agreement
     (collective), on every forward (`fresh`) as eager burst.attention does it, so that ranks whose
     calls differ raise together instead of one waiting in a ring the others never join; the
     backward reuses the forward's."""
-    key = (
-        group_name,
-        strategy,
-        layout,
-        causal,
-        tuple(window) if window else None,
-        softmax_scale,
-        tuple(cu_seqlens) if cu_seqlens else None,
-        softcap,
-        chunk_size,
-        option_names,
-        tuple(option_values),
-        return_lse,
-        tuple(q.shape),
-        tuple(k.shape),
-        q.dtype,
-        q.device,
-        sinks is not None,
-    )
+    key = (settings.key(), tuple(q.shape), tuple(k.shape), q.dtype, q.device, sinks is not None)
     hit = None if fresh else _PREPARED.get(key)
     if hit is None:
-        group = dist.distributed_c10d._resolve_process_group(group_name) if group_name else None
-        options = dict(zip(option_names.split(","), option_values)) if option_names else {}
-        hit = prepare_attention(
-            q,
-            KeyBlocks(k, v),
-            group,
-            strategy,
-            layout,
-            causal,
-            tuple(window) if window else None,
-            softmax_scale,
-            return_lse,
-            cu_seqlens,
-            None,
-            None,
-            sinks=sinks,
-            softcap=softcap,
-            chunk_size=chunk_size,
-            **options,
-        )
+        hit = prepare_attention(q, KeyBlocks(k, v), settings.request(), sinks)
         if len(_PREPARED) >= _PREPARED_MAX:
             _PREPARED.clear()
         _PREPARED[key] = hit
@@ -174,49 +147,18 @@ def _attention_op(
     option_values: list[int],
     return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    chosen, call = _prepared(
-        q,
-        k,
-        v,
-        sinks,
-        group_name,
-        strategy,
-        layout,
-        causal,
-        window,
-        softmax_scale,
-        cu_seqlens,
-        softcap,
-        chunk_size,
-        option_names,
-        option_values,
-        return_lse,
-        fresh=True,
-    )
+    settings = Settings(
+        group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, softcap, chunk_size,
+        option_names, option_values, return_lse,
+    )  # fmt: skip
+    chosen, call = _prepared(q, k, v, sinks, settings, fresh=True)
     with torch.autocast(q.device.type, enabled=False):
         out, lse = sharded_forward(call, chosen, unit_stride_last(q), KeyBlocks(k, v).ready(q), sinks)
     return out.contiguous(), lse.contiguous()  # the strides the fake promises (a strategy may follow q's)
 
 
 @_attention_op.register_fake
-def _(
-    q,
-    k,
-    v,
-    sinks,
-    group_name,
-    strategy,
-    layout,
-    causal,
-    window,
-    softmax_scale,
-    cu_seqlens,
-    softcap,
-    chunk_size,
-    option_names,
-    option_values,
-    return_lse,
-):
+def _(q, k, v, sinks, *settings):
     b, s, h, _ = q.shape
     return _contiguous_like(q), q.new_empty((b, h, s), dtype=_stat_dtype(q))
 
@@ -246,25 +188,11 @@ def _attention_backward_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv and dsinks (empty when there are no sinks: an op returns tensors only). dlse: lse's
     gradient, None when the caller did not ask for lse."""
-    chosen, call = _prepared(
-        q,
-        k,
-        v,
-        sinks,
-        group_name,
-        strategy,
-        layout,
-        causal,
-        window,
-        softmax_scale,
-        cu_seqlens,
-        softcap,
-        chunk_size,
-        option_names,
-        option_values,
-        return_lse,
-        fresh=False,
-    )
+    settings = Settings(
+        group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, softcap, chunk_size,
+        option_names, option_values, return_lse,
+    )  # fmt: skip
+    chosen, call = _prepared(q, k, v, sinks, settings, fresh=False)
     with torch.autocast(q.device.type, enabled=False):
         dq, (dk, dv), dsinks, _, _ = sharded_backward(call, chosen, dout, dlse, q, KeyBlocks(k, v), out, lse, sinks)
         if dv is None:  # v is k: dk holds both roles' sums (keys.kv_gradients); an op returns tensors
@@ -296,7 +224,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, sinks = ctx.saved_tensors
-    return_lse = ctx.settings[-1]  # without it the caller never saw lse: its gradient is zero, not computed
+    return_lse = Settings(*ctx.settings).return_lse  # else the caller never saw lse: its gradient is zero
     dq, dk, dv, dsinks = torch.ops.burst.attention_backward(
         dout, dlse if return_lse else None, q, k, v, out, lse, sinks, *ctx.settings
     )

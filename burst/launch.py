@@ -268,25 +268,19 @@ def _signals_exit():
 
 
 PRELOAD = ["torch", "torch.distributed", "torch.nn.functional"]
-# torch._dynamo (~2 s to import) only where the ranks will want it: a launcher that has imported transformers
-# runs its models, whose modules import it; `burst train` and plain burst.attention never do.
-PRELOAD_WITH = {"transformers": "torch._dynamo", "torch._dynamo": "torch._dynamo"}
-
-
-def _preload() -> list[str]:
-    """What the forkserver imports before it forks ranks: torch, and what the launcher's modules suggest."""
-    return PRELOAD + sorted({extra for module, extra in PRELOAD_WITH.items() if module in sys.modules})
 
 
 def _rank_context():
     """How ranks start: forked from a server that has imported torch (multiprocessing's forkserver,
     torch preloaded), which spares each rank the 2-3 s of CPU a fresh interpreter spends importing
     torch; like spawn, each rank is a clean process that unpickles its function and arguments. Spawn
-    where forkserver does not exist (Windows)."""
+    where forkserver does not exist (Windows). torch._dynamo (~2 s) is preloaded only where ranks will
+    want it: a launcher with transformers loaded runs its models, whose modules import it."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(_preload())
+    dynamo = {"transformers", "torch._dynamo"} & set(sys.modules)
+    context.set_forkserver_preload(PRELOAD + (["torch._dynamo"] if dynamo else []))
     return context
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from .agreement import agree
-from .call import AttentionCall
+from .call import AttentionCall, AttentionRequest
 from .comm.p2p import open_host_channels
 from .plan.auto import auto_choice
 from .sinks import check_sinks
@@ -18,62 +18,26 @@ from .strategies import STRATEGIES
 from .validation import check_tensors, checked_call, checked_key_call
 
 
-def prepare_attention(
-    q,
-    keys,
-    group=None,
-    strategy="burst",
-    layout="contiguous",
-    causal=False,
-    window=None,
-    softmax_scale=None,
-    return_lse=False,
-    cu_seqlens=None,
-    block_sparse=None,
-    topology=None,
-    sinks=None,
-    softcap=0.0,
-    chunk_size=None,
-    indices=None,
-    compressed=None,
-    **options,
-):
+def prepare_attention(q, keys, request: AttentionRequest, sinks=None):
     """burst.attention's validation and cross-rank agreement, without running it: the chosen
     Strategy and its AttentionCall, for callers that drive forward and backward themselves (the
     engine's rematerialization-aware checkpointing replays a stored output into strategy.backward).
 
     keys: the key side (burst/keys.py): KeyBlocks(k, v), or burst/latent.py's LatentKeys for latent=.
-    Same arguments and errors as burst.attention (which is `strategy(call, q, keys.ready(q))` on the result).
+    request: the call's keywords (AttentionRequest.of(**keywords) takes burst.attention's).
+    Same errors as burst.attention (which is `strategy(call, q, keys.ready(q))` on the result).
     """
+    group = request.group
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
     problem, call, name = None, None, None
     try:
-        name, call = checked_key_call(
-            q,
-            keys,
-            group,
-            rank,
-            world,
-            strategy,
-            layout,
-            causal,
-            window,
-            softmax_scale,
-            cu_seqlens,
-            block_sparse,
-            options,
-            topology,
-            auto=auto_choice,
-            softcap=softcap,
-            chunk_size=chunk_size,
-            indices=indices,
-        )
+        name, call = checked_key_call(q, keys, request, rank, world, auto=auto_choice)
         check_sinks(sinks, q)
-        keys.check_entries(compressed, q, q.shape[1] * world)
+        keys.check_entries(request.compressed, q, q.shape[1] * world)
     except (TypeError, ValueError, NotImplementedError) as err:
         problem = err
-    facts = _call_facts(q, keys, name, call, return_lse, sinks, softcap, compressed) if problem is None else None
+    facts = _call_facts(q, keys, name, call, request, sinks) if problem is None else None
     agree("burst.attention", facts, problem, group, world, hints=_HINTS)
     if world > 1:
         open_host_channels(group)  # collective on a group's first call: every rank has agreed to run it
@@ -84,20 +48,18 @@ def prepare_single_device(q, k, causal: bool = True, softmax_scale=None):
     """prepare_attention's (Strategy, AttentionCall) for one process holding the whole sequence: no
     group and no collective, even inside a distributed program (the engine's single-device model)."""
     check_tensors(q, k, k)
-    name, call = checked_call(
-        q, k, k, None, 0, 1, "allgather", "contiguous", causal, None, softmax_scale, None, None, {}
-    )
+    request = AttentionRequest(strategy="allgather", causal=causal, softmax_scale=softmax_scale)
+    name, call = checked_call(q, k, k, request, 0, 1)
     return STRATEGIES[name], call
 
 
 _HINTS = {"seqlen": " (shard with burst.shard, or pad every rank to one length)"}
 
 
-def _call_facts(
-    q, keys, name: str, call: AttentionCall, return_lse: bool, sinks=None, softcap=0.0, compressed=None
-) -> dict:
+def _call_facts(q, keys, name: str, call: AttentionCall, request: AttentionRequest, sinks=None) -> dict:
     """What must be equal on every rank for the call to be right: shard shapes, dtype, options, and the
     key side's (keys.facts(): K, V's heads, or MLA's latent shapes)."""
+    compressed = request.compressed
     spec = call.spec
     facts = {
         "batch": q.shape[0],
@@ -110,9 +72,9 @@ def _call_facts(
         "causal": spec.causal,
         "window": spec.window,
         "softmax_scale": call.scale,
-        "return_lse": bool(return_lse),
+        "return_lse": bool(request.return_lse),
         "cu_seqlens": spec.cu_seqlens,
-        "softcap": float(softcap),  # chunks are in cu_seqlens
+        "softcap": float(request.softcap),  # chunks are in cu_seqlens
         "indices": None if call.indices is None else (tuple(call.indices.shape), call.index_block),
         "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
         "topology": (call.topology.local_world_size, call.topology.double_ring),

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import torch
 
-from .call import AttentionCall
+from .call import AttentionCall, AttentionRequest
 from .comm.topology import Topology, default_world_size
 from .kernels import select_kernel
 from .keys import DTYPES, KeyBlocks, check_tensors  # noqa: F401  (DTYPES, check_tensors: api.py's names too)
@@ -23,112 +23,55 @@ from .strategies import STRATEGIES
 STRATEGY_NAMES = tuple(STRATEGIES) + ("auto",)
 
 
-def checked_call(
-    q,
-    k,
-    v,
-    group,
-    rank,
-    world,
-    strategy,
-    layout,
-    causal,
-    window,
-    softmax_scale,
-    cu_seqlens,
-    block_sparse,
-    options,
-    topology=None,
-    auto=None,
-    softcap: float = 0.0,
-    chunk_size: int | None = None,
-    indices=None,
-) -> tuple[str, AttentionCall]:
+def checked_call(q, k, v, request: AttentionRequest, rank: int, world: int, auto=None) -> tuple[str, AttentionCall]:
     """checked_key_call with the K, V tensors as the key side (the planner's stand-in shapes)."""
-    return checked_key_call(
-        q,
-        KeyBlocks(k, v),
-        group,
-        rank,
-        world,
-        strategy,
-        layout,
-        causal,
-        window,
-        softmax_scale,
-        cu_seqlens,
-        block_sparse,
-        options,
-        topology,
-        auto,
-        softcap,
-        chunk_size,
-        indices,
-    )
+    return checked_key_call(q, KeyBlocks(k, v), request, rank, world, auto)
 
 
-def checked_key_call(
-    q,
-    keys,
-    group,
-    rank,
-    world,
-    strategy,
-    layout,
-    causal,
-    window,
-    softmax_scale,
-    cu_seqlens,
-    block_sparse,
-    options,
-    topology=None,
-    auto=None,
-    softcap: float = 0.0,
-    chunk_size: int | None = None,
-    indices=None,
-) -> tuple[str, AttentionCall]:
+def checked_key_call(q, keys, request: AttentionRequest, rank: int, world: int, auto=None) -> tuple[str, AttentionCall]:
     """Validate this rank's arguments (local facts only) and build its AttentionCall: (strategy name,
     call). keys: the key side (burst/keys.py), K and V or another kind, which checks itself against q.
     strategy="auto" is resolved by `auto(candidates, call, q, k)` (burst.attention passes the planner's
     burst.plan.auto_choice; a key side only some strategies move takes the first of them); without
     one, "auto" raises."""
+    r = request
     keys.check(q)
-    layout, cu_seqlens = _document_layout(layout, cu_seqlens, world, q.shape[1])
-    _check_options(strategy, layout, causal, window, softmax_scale)
-    _check_softcap_and_chunks(softcap, chunk_size)
+    layout, cu_seqlens = _document_layout(r.layout, r.cu_seqlens, world, q.shape[1])
+    _check_options(r.strategy, layout, r.causal, r.window, r.softmax_scale)
+    _check_softcap_and_chunks(r.softcap, r.chunk_size)
     _check_local_length(q.shape[1], layout)
     global_len = q.shape[1] * world
     if isinstance(layout, DocumentLayout):
         layout.check(world, global_len)
     _check_documents(cu_seqlens, global_len)
-    _check_block_sparse(block_sparse, global_len)
-    indices, index_block = checked_selection(indices, q, keys.facts().get("kv_heads", q.shape[2]), global_len)
+    _check_block_sparse(r.block_sparse, global_len)
+    indices, index_block = checked_selection(r.indices, q, keys.facts().get("kv_heads", q.shape[2]), global_len)
     spec = MaskSpec(
-        causal=causal,
-        window=_normalized_window(window),
-        cu_seqlens=_documents_and_chunks(cu_seqlens, chunk_size, global_len),
-        block_sparse=block_sparse,
+        causal=r.causal,
+        window=_normalized_window(r.window),
+        cu_seqlens=_documents_and_chunks(cu_seqlens, r.chunk_size, global_len),
+        block_sparse=r.block_sparse,
     )
     call = AttentionCall(
-        group=group,
+        group=r.group,
         rank=rank,
         world=world,
         layout=layout,
         local_len=q.shape[1],
         spec=spec,
-        scale=float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5,
-        kernel=select_kernel(q.device, q.dtype, float(softcap), q.shape[-1], keys.kernel_value_dim(q)),
-        topology=_resolved_topology(topology),
+        scale=float(r.softmax_scale) if r.softmax_scale is not None else q.shape[-1] ** -0.5,
+        kernel=select_kernel(q.device, q.dtype, float(r.softcap), q.shape[-1], keys.kernel_value_dim(q)),
+        topology=_resolved_topology(r.topology),
         indices=indices,
         index_block=index_block,
     )
-    if strategy == "auto":
-        name = keys.strategies[0] if keys.strategies else _auto_strategy(call, q, keys.k, options, auto)
+    if r.strategy == "auto":
+        name = keys.strategies[0] if keys.strategies else _auto_strategy(call, q, keys.k, r.options, auto)
     else:
-        name = strategy
+        name = r.strategy
     chosen = STRATEGIES[name]
     _check_takes_indices(chosen, indices)
-    call = replace(call, options=chosen.parse_options(options))
+    call = replace(call, options=chosen.parse_options(r.options))
     keys.check_strategy(name, call)  # before the strategy's own check, which reads K (keys.k)
     if chosen.check is not None:
         chosen.check(call, q, keys.k)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from burst.plan.auto import auto_choice
+from burst.call import AttentionRequest
 from burst.validation import checked_call
 from burst.plan import Cluster, Workload, choose, estimate, plan, profile
 from burst.plan import papers
@@ -108,9 +109,8 @@ def test_auto_picks_a_strategy_that_takes_the_call():
     q, kv = torch.randn(1, 64, 4, 16), torch.randn(1, 64, 2, 16)
     for layout in ("contiguous", "zigzag", "striped"):
         for causal in (False, True):
-            name, _ = checked_call(
-                q, kv, kv, None, 0, 1, "auto", layout, causal, None, None, None, None, {}, auto=auto_choice
-            )
+            request = AttentionRequest(strategy="auto", layout=layout, causal=causal)
+            name, _ = checked_call(q, kv, kv, request, 0, 1, auto=auto_choice)
             if name == "distflash":
                 assert layout == "contiguous" and causal
     assert (

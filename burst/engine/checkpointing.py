@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..api import attention
+from ..call import AttentionRequest
 from ..keys import KeyBlocks
 from ..layout import LAYOUTS, local_multiple, shard_indices
 from ..masks import BlockSparseMask
@@ -104,7 +105,7 @@ class SequenceAttention:
     def prepare(self, q, k, v):
         if self.world == 1:
             return prepare_single_device(q, k, causal=True)
-        return prepare_attention(q, KeyBlocks(k, v), **self._kwargs())
+        return prepare_attention(q, KeyBlocks(k, v), AttentionRequest.of(**self._kwargs()))
 
     @torch.no_grad()
     def prefix(self, q, k, v, split: int):

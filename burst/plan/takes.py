@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..call import AttentionRequest
 from ..comm.topology import Topology
 from ..layout import DOCUMENT_LAYOUTS, check_layout, local_multiple
 from ..validation import checked_call
@@ -56,24 +57,17 @@ def check_call(
     k = torch.empty((), dtype=torch_dtype).expand(batch, local, kv_heads or heads, head_dim)
     # A topology of one rank per node: without a process group the library sees a world of one,
     # so a real topology is checked apart (burst.Topology.check) against the real world.
-    name, _ = checked_call(
-        q,
-        k,
-        k,
-        None,
-        0,
-        world,
-        strategy,
-        layout,
-        causal,
-        window,
-        None,
-        cu_seqlens,
-        block_sparse,
-        options,
-        Topology(local_world_size=1),
-        auto=auto_choice,
+    request = AttentionRequest(
+        strategy=strategy,
+        layout=layout,
+        causal=causal,
+        window=window,
+        cu_seqlens=cu_seqlens,
+        block_sparse=block_sparse,
+        topology=Topology(local_world_size=1),
+        options=options,
     )
+    name, _ = checked_call(q, k, k, request, 0, world, auto=auto_choice)
     return name
 
 
