@@ -10,7 +10,11 @@ after a fault works. `python -m burst.bench.faults --worlds 30` is the long form
 
 from __future__ import annotations
 
+import pytest
+
 from burst.bench import faults
+
+pytestmark = pytest.mark.serial  # times each faulty world's end and reads /dev/shm: no other test beside it
 
 
 def test_worlds_with_faults_end_promptly_naming_the_rank_and_leave_nothing():

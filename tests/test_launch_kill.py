@@ -21,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads processes from /proc (Linux)")
+pytestmark = [
+    pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads processes from /proc (Linux)"),
+    pytest.mark.serial,  # times a world's start and end, and reads /dev/shm: no other test beside it
+]
 
 TRAIN = ["train", "--seq-len", "64", "--steps", "100000", "--nproc", "2", "--device", "cpu", "--no-progress"]
 START_S = 60.0  # the world up and training, on a loaded 2-core machine (3 interpreters import torch)

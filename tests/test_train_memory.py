@@ -22,6 +22,8 @@ import torch
 from burst.engine.model import PRESETS, Transformer
 from burst.engine.train import TokenSource, TrainConfig, build, make_optimizer, train_step
 
+pytestmark = pytest.mark.serial  # reads what is new in /dev/shm: no other test beside it
+
 STEPS = 3
 
 
