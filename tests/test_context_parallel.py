@@ -19,15 +19,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from cases import rel_err as _rel
 from world import results_by_world
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
 VOCAB, DIM = 32, 32
 N_PER_RANK = 8
-
-
-def _rel(x, ref) -> float:
-    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
 
 
 class _Encoder(nn.Module):

@@ -14,14 +14,11 @@ import torch
 
 pytest.importorskip("transformers")
 
+from cases import rel_err as _rel
 from world import run_world  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "trainer_train.py")
-
-
-def _rel(x, ref) -> float:
-    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
 
 
 def _trainer_run(out, *options):

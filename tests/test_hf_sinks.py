@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from requires import transformers_or_skip
+from cases import rel_err as _rel
 from world import results_by_world
 
 transformers_or_skip()
@@ -79,10 +80,6 @@ def _zoo_models(family, name):
     eager.load_state_dict(state)
     model.load_state_dict(state)
     return eager.train(), model.train()
-
-
-def _rel(x, ref):
-    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
 
 
 def _train_and_generate(rank, world):

@@ -30,6 +30,7 @@ import pathlib
 import pytest
 import torch
 
+from cases import rel_err
 from requires import importorskip, transformers_or_skip
 
 transformers_or_skip()
@@ -137,8 +138,8 @@ def _assert_same_steps(got: dict, ref: dict, bound: float = 1e-4) -> None:
 
 
 def _rel(x, ref) -> float:
-    x, ref = torch.as_tensor(x).double(), torch.as_tensor(ref).double()
-    return ((x - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+    """rel_err of losses (floats) or tensors."""
+    return rel_err(torch.as_tensor(x), torch.as_tensor(ref).double())
 
 
 def _assert_same_trainer_job(got: dict, ref: dict) -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from requires import transformers_or_skip
+from cases import rel_err as _rel
 from world import results_by_world, run_torchrun, value_error_text
 
 transformers_or_skip()
@@ -54,10 +55,6 @@ def _models(config_fn, name):
     sharded = AutoModelForCausalLM.from_config(config_fn(), attn_implementation=name)
     sharded.load_state_dict(reference.state_dict())
     return reference, sharded
-
-
-def _rel(x, ref):
-    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
 
 
 def _grads_error(model, reference):

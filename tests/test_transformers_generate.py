@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from requires import transformers_or_skip
+from cases import rel_err as _rel
 from world import results_by_world, value_errors
 
 transformers_or_skip()
@@ -104,10 +105,6 @@ def _generate(model, ids, cache=None, seed=None, **options):
         **options,
     )
     return out.sequences[:, ids.shape[1] :], torch.stack(out.logits)
-
-
-def _rel(x, ref):
-    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
 
 
 def _compare(reference, model, ids, seed=None, **options):

@@ -14,6 +14,7 @@ import functools
 import torch
 
 from requires import transformers_or_skip
+from cases import rel_err as _rel
 from world import results_by_world
 
 transformers_or_skip()
@@ -46,10 +47,6 @@ def _model(name, dtype=torch.float32):
 def _batches(rows: int, seq_len: int):
     g = torch.Generator().manual_seed(11)
     return [torch.randint(0, VOCAB, (rows, seq_len), generator=g) for _ in range(STEPS)]
-
-
-def _rel(x, ref) -> float:
-    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
 
 
 def _full_grads(model) -> dict[str, torch.Tensor]:
