@@ -279,7 +279,7 @@ def _rank_context():
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
-    dynamo = {"transformers", "torch._dynamo"} & set(sys.modules)
+    dynamo = "transformers" in sys.modules or "torch._dynamo" in sys.modules
     context.set_forkserver_preload(PRELOAD + (["torch._dynamo"] if dynamo else []))
     return context
 
