@@ -173,12 +173,13 @@ def _references(spec: MaskSpec, device) -> dict:
     return refs
 
 
-def _burst_kernels(device) -> dict:
-    """burst.attention automatic, and each CUDA kernel it can be told to run here."""
+def _burst_kernels(device, automatic: str) -> dict:
+    """burst.attention with its automatic kernel (`automatic`, BURST_KERNEL's when set), and each other
+    CUDA kernel it can be told to run here (the automatic one is not timed twice)."""
     named = {"burst": None}
     if device.type == "cuda":
         for name in ("cudnn", "aten_flash"):
-            if kernels_by_name()[name].SPEC.available():
+            if name != automatic and kernels_by_name()[name].SPEC.available():
                 named[f"burst ({name})"] = name
     return named
 
@@ -214,25 +215,25 @@ def _row(sec, label: str, spec: MaskSpec, inputs, burst_kernels: dict) -> dict:
 
 
 def section_references(rep: Report) -> None:
+    """The first length's rows, its masks and the ring's tiles come first (the figures issue 66 asks
+    for), then the other lengths while the budget lasts."""
     with rep.section("7", "Against the fastest kernels torch ships (SDPA flash, cuDNN, FlexAttention)") as sec:
         sizes, device = rep.sizes, rep.device
         dtype = getattr(torch, sizes.speed_dtype)
-        kernels = _burst_kernels(device)
         heads, dim = sizes.ref_heads, min(128, sizes.speed_hidden // 2)
+        automatic = select_kernel(device, dtype, head_dim=dim, v_head_dim=dim).__name__.rsplit(".", 1)[-1]
+        kernels = _burst_kernels(device, automatic)
         sec.note(
             f"{sizes.speed_dtype}, batch 1, head dim {dim}, forward + backward ms (one warm-up pass, then one); "
-            f"cuDNN available to burst: {cudnn.available()}; burst's automatic kernel: "
-            f"{select_kernel(device, dtype, head_dim=dim, v_head_dim=dim).__name__.rsplit('.', 1)[-1]}"
+            f"cuDNN available to burst: {cudnn.available()}; burst's automatic kernel: {automatic}"
         )
-        rows = []
-        for n in sizes.ref_lens:
-            for kv in (heads // 4, heads):
-                for label, spec in (("full", MaskSpec()), ("causal", MaskSpec(causal=True))):
-                    if sec.skip_for_time(f"{label} {heads}/{kv} at {n}", 8):
-                        continue
-                    inputs = random_inputs(1, n, heads, kv, dim, dtype, device, on_device=True)
-                    rows.append(_row(sec, label, spec, inputs, kernels))
-                    del inputs
+        first, *others = sizes.ref_lens
+        rows = _plain_rows(sec, first, heads, dim, dtype, device, kernels)
+        masks = _mask_rows(sec, first, heads, dim, dtype, device, kernels)
+        ring = _ring_rows(sec, first, heads, dim, dtype, device)
+        for n in others:
+            rows += _plain_rows(sec, n, heads, dim, dtype, device, kernels)
+        rows.sort(key=lambda r: (r["tokens"], r["heads"] != f"{heads}/{heads // 4}", r["work"] != "full"))
         cols = [
             "work",
             "tokens",
@@ -247,28 +248,10 @@ def section_references(rep: Report) -> None:
             sec.table(
                 "peak MiB above the inputs (the same runs)",
                 ["work", "tokens", "heads", *[f"{r} MiB" for r in (*_references(MaskSpec(), device), *kernels)]],
-                rows,
+                rows + masks,
             )
-        n = sizes.ref_lens[0]
-        part = n // 16
-        masked = (
-            ("window, causal", MaskSpec(causal=True, window=(part, 0))),
-            ("16 documents, causal", MaskSpec(causal=True, cu_seqlens=tuple(range(0, n + 1, part)))),
-        )
-        rows = []
-        for label, spec in masked:
-            if not sec.skip_for_time(f"{label} at {n}", 8):
-                rows.append(
-                    _row(
-                        sec,
-                        label,
-                        spec,
-                        random_inputs(1, n, heads, heads // 4, dim, dtype, device, on_device=True),
-                        kernels,
-                    )
-                )
         sec.table(
-            f"masks at {n} tokens (window and documents of {part})",
+            f"masks at {first} tokens (window and documents of {first // 16})",
             [
                 "work",
                 "tokens",
@@ -278,13 +261,43 @@ def section_references(rep: Report) -> None:
                 *[f"{b} ms" for b in kernels],
                 *[f"{b} x best" for b in kernels],
             ],
-            rows,
+            masks,
         )
         sec.table(
-            f"the block steps of a G-rank ring summed against one call, {n} tokens",
+            f"the block steps of a G-rank ring summed against one call, {first} tokens (burst's {automatic})",
             ["work", "G", "one call ms", "tiles summed ms", "one call / tiles"],
-            _ring_rows(sec, n, heads, dim, dtype, device),
+            ring,
         )
+
+
+def _plain_rows(sec, n, heads, dim, dtype, device, kernels) -> list:
+    """Full and causal at `n` tokens, grouped (heads / 4 KV heads) and multi-head."""
+    rows = []
+    for kv in (heads // 4, heads):
+        for label, spec in (("full", MaskSpec()), ("causal", MaskSpec(causal=True))):
+            if sec.skip_for_time(f"{label} {heads}/{kv} at {n}", 8):
+                continue
+            rows.append(
+                _row(sec, label, spec, random_inputs(1, n, heads, kv, dim, dtype, device, on_device=True), kernels)
+            )
+            release_memory(device)
+    return rows
+
+
+def _mask_rows(sec, n, heads, dim, dtype, device, kernels) -> list:
+    """A causal window of n / 16 and 16 causal documents of n / 16, grouped heads."""
+    part = n // 16
+    masked = (
+        ("window, causal", MaskSpec(causal=True, window=(part, 0))),
+        ("16 documents, causal", MaskSpec(causal=True, cu_seqlens=tuple(range(0, n + 1, part)))),
+    )
+    rows = []
+    for label, spec in masked:
+        if not sec.skip_for_time(f"{label} at {n}", 8):
+            inputs = random_inputs(1, n, heads, heads // 4, dim, dtype, device, on_device=True)
+            rows.append(_row(sec, label, spec, inputs, kernels))
+            release_memory(device)
+    return rows
 
 
 def _ring_rows(sec, n, heads, dim, dtype, device) -> list:
