@@ -4,7 +4,8 @@ kernels/cudnn.py calls `aten::_scaled_dot_product_cudnn_attention` and its backw
 compute in float64 (flash_stand_in's math: the backward from the out and lse it is handed) after
 checking what torch's cuDNN path asks: (b, h, s, d) tensors with unit stride on the head dim, fp16/bf16
 alike, head dims multiples of 8 up to 128, query heads a multiple of key heads (GQA without repeats),
-no bias, lse requested, no dropout, the causal triangle top-left; the backward's dout in out's strides,
+no bias, lse requested, no dropout, not a one-query one-key tile (its frontend refuses s_q = s_kv = 1, found
+at 4 ranks on an H200; 1 x n and n x 1 run), the causal triangle top-left; the backward's dout in out's strides,
 lse as the forward returns it ((b, h, sq, 1) float32, contiguous), max_q and max_k the dense lengths
 (its dense path reads them as such), None for the bias and the varlen tensors, seed and offset tensors.
 Each call is logged in CALLS as (op, is_causal, sq, sk).
@@ -29,6 +30,7 @@ def _check_inputs(*tensors):
     assert d % 8 == 0 and d <= 128 and k.shape[-1] == d and v.shape[-1] % 8 == 0, (d, k.shape, v.shape)
     assert k.shape[0] == v.shape[0] == b and k.shape[1] == v.shape[1] and h % k.shape[1] == 0, (q.shape, k.shape)
     assert k.shape[2] == v.shape[2]
+    assert (q.shape[2], k.shape[2]) != (1, 1), "cuDNN Frontend error: s_q = s_kv = 1 is not supported."
 
 
 def _top_left(sq: int, sk: int, causal: bool) -> torch.Tensor:

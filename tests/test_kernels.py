@@ -136,15 +136,16 @@ def test_the_varlen_lse_layout_is_read_from_the_builds_shape_rule():
 
 
 def test_dispatch_by_device_and_dtype(stand_in, monkeypatch):
-    """The registry picks the fastest proven backend: flash_attn (installed, here its stand-in) and cuDNN
-    (not yet run on a GPU) only when named, with a warning; cuDNN, once proven, on sm90+ for head dims
-    it takes; aten's flash otherwise, aten's efficient op without it; FlexAttention only for softcap."""
+    """The registry picks the fastest proven backend: flash_attn (installed, here its stand-in; never run
+    on a GPU) only when named, with a warning; cuDNN (proven on an H200) on sm90+ for head dims it
+    takes; aten's flash otherwise, aten's efficient op without it; FlexAttention only for softcap; a
+    backend not proven is never picked (cuDNN as it was before its GPU run)."""
     cuda = torch.device("cuda")
     monkeypatch.setattr(kernel_spec, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(cudnn, "available", lambda: True)
     monkeypatch.setattr(aten_flash, "available", lambda: True)  # torch's own flash kernel (sm80+)
     assert kernels.select_kernel(torch.device("cpu"), torch.bfloat16) is kernels.cpu_flash
-    assert kernels.select_kernel(cuda, torch.bfloat16) is aten_flash  # flash_attn and cudnn are unproven
+    assert kernels.select_kernel(cuda, torch.bfloat16) is cudnn  # flash_attn is unproven
     assert kernels.select_kernel(cuda, torch.float32) is cuda_sdpa  # flex only where asked (compiled: recompiles)
     assert kernels.select_kernel(cuda, torch.float64) is kernels.reference
     assert kernels.select_kernel(cuda, torch.bfloat16, softcap=30.0).kernel is flex  # aten's flash has no softcap
@@ -152,8 +153,9 @@ def test_dispatch_by_device_and_dtype(stand_in, monkeypatch):
     with pytest.warns(UserWarning, match="not yet checked on a GPU"):
         assert kernels.select_kernel(cuda, torch.bfloat16) is cuda_flash_attn
     monkeypatch.delenv(kernels.KERNEL_ENV)
-    monkeypatch.setattr(cudnn, "SPEC", dataclasses.replace(cudnn.SPEC, proven=True))  # as a GPU run would set it
-    assert kernels.select_kernel(cuda, torch.bfloat16) is cudnn
+    with monkeypatch.context() as unproven:
+        unproven.setattr(cudnn, "SPEC", dataclasses.replace(cudnn.SPEC, proven=False))
+        assert kernels.select_kernel(cuda, torch.bfloat16) is aten_flash
     assert kernels.select_kernel(cuda, torch.float16, head_dim=128, v_head_dim=128) is cudnn
     assert kernels.select_kernel(cuda, torch.bfloat16, head_dim=192, v_head_dim=192) is aten_flash  # over 128
     assert kernels.select_kernel(cuda, torch.bfloat16, head_dim=64, v_head_dim=32) is cuda_sdpa  # unequal v
@@ -223,7 +225,7 @@ def test_cudnn_hands_masked_and_unfit_tiles_to_aten_flash(cudnn_ops, aten_stand_
     """Every mask case through the tiles planned for cudnn, exact: unmasked and diagonal tiles run on
     cuDNN, band and document tiles on aten's flash (windows and varlen as arguments), only block-sparse
     tiles as a dense bias (aten's efficient kernel, its stand-in); tiles cuDNN does not take (head dim
-    over 128, fp32) go to aten_flash as well."""
+    over 128, fp32, one query by one key) go to aten_flash as well."""
     sdpa_stand_in.install(monkeypatch)
     seen, cudnn_ran = set(), False
     for name, spec, _, dense_masks, calls in _mask_cases_through(cudnn, seed=5):
@@ -236,10 +238,15 @@ def test_cudnn_hands_masked_and_unfit_tiles_to_aten_flash(cudnn_ops, aten_stand_
     monkeypatch.setattr(aten_flash, "forward", lambda *a: handed.append("forward") or "aten")
     monkeypatch.setattr(aten_flash, "backward", lambda *a: handed.append("backward") or "aten")
     wide, narrow = torch.randn(1, 8, 2, 192, dtype=torch.bfloat16), torch.randn(1, 8, 2, 16, dtype=torch.bfloat16)
-    for q, k, v in ((wide, wide, wide), (narrow.float(),) * 3, (narrow, narrow, narrow[..., :8])):
+    single = narrow[:, :1]  # one query by one key: cuDNN's frontend refuses it (found at 4 ranks on an H200)
+    unfit = ((wide, wide, wide), (narrow.float(),) * 3, (narrow, narrow, narrow[..., :8]), (single,) * 3)
+    for q, k, v in unfit:
         assert cudnn.forward(q, k, v, 1.0, False) == "aten"
         assert cudnn.backward(q, q, k, v, q, None, 1.0, False) == "aten"
-    assert handed == ["forward", "backward"] * 3 and not cudnn_ops
+    assert handed == ["forward", "backward"] * len(unfit) and not cudnn_ops
+    assert cudnn.handles(narrow[:, :1], narrow, narrow, True, None) and cudnn.handles(
+        narrow, single, single, True, None
+    )
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,9 @@ and the varlen tensors (what autograd hands it after a dense forward) and zero d
 
 It runs full and causal tiles. Masked tiles (windows, documents, causal off the diagonal, all planned
 as masks.Bands since BANDS is set) and what cuDNN does not take here (fp32, head dims that are not a
-multiple of 8 or over 128, a v head dim unlike q's) go to aten_flash, the FlashAttention-2 inside torch,
-which takes bands as window and varlen arguments (and hands on what it cannot take itself).
+multiple of 8 or over 128, a v head dim unlike q's, a tile of one query and one key) go to aten_flash,
+the FlashAttention-2 inside torch, which takes bands as window and varlen arguments (and hands on what
+it cannot take itself).
 tests/cudnn_stand_in.py plays the two ops with these rules on the CPU; scripts/gpu_check.sh runs them.
 """
 
@@ -59,15 +60,17 @@ SPEC = KernelSpec(
     min_capability=(8, 0),
     fastest_from=(9, 0),
     head_dims=(8, MAX_HEAD_DIM),
-    proven=False,  # built against a stand-in of the ops' rules; not yet run on a GPU (benchmarks/gpu.md)
+    proven=True,  # exact on an H200 (benchmarks/gpu/h200_cudnn_run1.md, run2.md): sections 1, 2 (1 and 2 ranks), 5
 )
 
 
 def handles(q, k, v, causal: bool, mask) -> bool:
     """True when cuDNN runs this tile itself: fp16/bf16, no mask (causal is its own top-left
-    triangle, any shape), equal q and v head dims that are multiples of 8 up to MAX_HEAD_DIM."""
+    triangle, any shape but one query by one key: its frontend refuses s_q = s_kv = 1), equal q and v
+    head dims that are multiples of 8 up to MAX_HEAD_DIM."""
     return (
         mask is None
+        and (q.shape[1], k.shape[1]) != (1, 1)
         and q.dtype in HALF
         and k.shape[-1] == q.shape[-1]
         and SPEC.takes_head_dims(q.shape[-1], v.shape[-1])

@@ -64,6 +64,7 @@ class Sizes:
     budgets: dict  # seconds per section
     spawn_timeout: float
     threads: int | None  # torch threads per process (None: torch's default)
+    kernel_names: tuple = ()  # section 1's kernel paths by name (empty: every one burst selects here)
 
 
 CUDA_SIZES = Sizes(

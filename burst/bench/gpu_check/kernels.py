@@ -41,7 +41,8 @@ def kernel_paths(device: torch.device, sizes: Sizes) -> list:
             paths.append(("cuda_flash_attn", cuda_flash_attn, tuple(d for d in halves if d in cuda_flash_attn.DTYPES)))
     else:
         paths = [("cpu_flash", cpu_flash, halves)]
-    return paths + [("reference", reference, (torch.float64,))]
+    paths.append(("reference", reference, (torch.float64,)))
+    return [p for p in paths if not sizes.kernel_names or p[0] in sizes.kernel_names]
 
 
 def kernel_rows(sec: Section, device: torch.device, sizes: Sizes, paths) -> list:
