@@ -32,17 +32,20 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .cost import Cluster, Estimate, Workload, estimate
+from .flops import DENSE_BF16_PEAK
 from .models import check_dp, model_presets
 
 # --- constants: one value for every paper and profile; each a physical quantity ---
 GEMM_SHARE_OF_PEAK = 0.70  # share of dense peak that large bf16 GEMMs sustain (cuBLAS on A100/H100)
-ATTENTION_SHARE_OF_PEAK = 0.60  # profiles.py's flash-attention share; peak = profile.flops / this
+ATTENTION_SHARE_OF_PEAK = 0.60  # profiles.py's flash-attention share: peak = profile.flops / this, for a
+# device without a datasheet peak in flops.DENSE_BF16_PEAK
 CONTENTION = 0.15  # compute seconds lost per second of transfer running under it
 LAYER_SYNC_S = 3e-3  # per layer and pass: launch gaps and the wait for the slowest rank
 STEP_SYNC_S = 0.05  # per step: gradient-norm all-reduce, optimizer launch, data
 HBM_BYTES_PER_S = 1.6e12  # device memory bandwidth the optimizer's elementwise kernels reach
 HOST_LINK_BYTES_PER_S = 12e9  # PCIe 4.0 x16 per device, one direction, as DMA reaches it
-HOST_ADAM_PARAMS_PER_S = 1e9  # host (CPU) Adam updates per second for one device's shard
+HOST_ADAM_PARAMS_PER_S = 0.37e9  # host Adam updates/s for one device's shard: llama3-8b's 24.2 s on an H200 host
+# (16 cores; benchmarks/gpu/h200_llama3_8b_run1.md), less its PCIe share
 ADAM_STATE_BYTES = 12  # fp32 master weights, first and second moments
 FUSED_LOSS_CHUNK = 4096  # tokens of logits the fused LM head + loss holds at once
 FRAMEWORK_RESERVE_BYTES = 3 * 2**30  # CUDA context, NCCL buffers, allocator fragmentation
@@ -140,7 +143,8 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     one_layer = estimate(strategy, sp_cluster, replace(attn_w, layers=1))
 
     tokens = t.batch * t.seq_len / sp  # per device
-    gemm_rate = p.flops / ATTENTION_SHARE_OF_PEAK * GEMM_SHARE_OF_PEAK * (2 / b if b > 2 else 1)
+    peak = DENSE_BF16_PEAK.get(p.name, p.flops / ATTENTION_SHARE_OF_PEAK)
+    gemm_rate = peak * GEMM_SHARE_OF_PEAK * (2 / b if b > 2 else 1)
     layer_fwd = 2 * layer_weights(m) * tokens * m.layers / gemm_rate
     head_fwd = 2 * m.dim * m.vocab_size * tokens / gemm_rate
     # attention: cost.estimate's wall (ring overlap inside), plus what checkpointing recomputes

@@ -1,9 +1,10 @@
 """Hardware profiles: what one device computes and what its links carry.
 
-`flops` is the attention throughput a flash kernel reaches (not the datasheet peak): about 60% of
-dense bf16 peak on A100 (FlashAttention-2's published share there); on Hopper, what FlashAttention-2
-reached on an H200 (benchmarks/gpu.md: torch's flash backend 290-330 TFLOP/s fwd+bwd at head dim 128,
-burst's aten_flash 270-297; the H100 has the same compute); bandwidths are per device and
+`flops` is the attention throughput burst's kernel reaches (not the datasheet peak): about 60% of
+dense bf16 peak on A100 (FlashAttention-2's published share there); on Hopper, what burst.attention
+reached with cuDNN on an H200 (benchmarks/gpu/h200_cudnn_run1.md: 512-564 TFLOP/s fwd+bwd at head dim
+128, 16K-128K tokens, beside SDPA's cuDNN backend; the H100 has the same compute, and issue 66's probe
+measured cuDNN at 450-583 per tile there); bandwidths are per device and
 per direction in bytes/s; latencies in seconds. `local` describes this repository's development
 machine (2 CPU cores, gloo over loopback) and is replaced by `burst bench --calibrate`'s measurement
 when one is saved (see calibrated_local()).
@@ -40,9 +41,9 @@ PROFILES: dict[str, Profile] = {
     # A800: NVLink capped at 400 GB/s bidirectional.
     "A800": Profile("A800", flops=0.6 * 312e12, memory_bytes=80 * 2**30, intra_bw=200 * GB, inter_bw=25 * GB),
     # NVLink 4: 900 GB/s bidirectional; NDR InfiniBand 400 Gb/s per GPU.
-    # FlashAttention-2 on Hopper: ~300 TFLOP/s measured (FlashAttention-3's ~60% of 989 is not what burst runs)
-    "H100": Profile("H100", flops=300e12, memory_bytes=80 * 2**30, intra_bw=450 * GB, inter_bw=50 * GB),
-    "H200": Profile("H200", flops=300e12, memory_bytes=141 * 2**30, intra_bw=450 * GB, inter_bw=50 * GB),
+    # cuDNN's fused attention on Hopper, through burst: ~540 TFLOP/s fwd+bwd measured (FlashAttention-2: ~300)
+    "H100": Profile("H100", flops=540e12, memory_bytes=80 * 2**30, intra_bw=450 * GB, inter_bw=50 * GB),
+    "H200": Profile("H200", flops=540e12, memory_bytes=141 * 2**30, intra_bw=450 * GB, inter_bw=50 * GB),
     # This machine: ~110 GFLOP/s fp32 per core for the CPU flash op (DESIGN.md: ~220 on 2 cores),
     # gloo over loopback; replaced by a calibration when one is saved.
     "local": Profile(
