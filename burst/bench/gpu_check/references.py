@@ -257,6 +257,7 @@ def section_references(rep: Report) -> None:
                 "tokens",
                 "heads",
                 "SDPA flash ms",
+                "SDPA cuDNN ms",
                 "FlexAttention ms",
                 *[f"{b} ms" for b in kernels],
                 *[f"{b} x best" for b in kernels],
