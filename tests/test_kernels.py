@@ -249,6 +249,31 @@ def test_cudnn_hands_masked_and_unfit_tiles_to_aten_flash(cudnn_ops, aten_stand_
     )
 
 
+def test_cudnn_runs_windows_and_documents_as_its_triangles(cudnn_ops, aten_stand_in, monkeypatch):
+    """A causal window that divides the tile, and documents, planned for cudnn with its TRIANGLE_ROWS (here
+    small): every call is cuDNN's causal path (a reversed triangle as the causal tile of both runs
+    reversed), none FlashAttention-2's; forward and backward exact against float64 on the dense mask."""
+    from burst.call import AttentionCall
+    from burst.layout import Segment
+    from burst.masks import MaskSpec
+
+    monkeypatch.setattr(cudnn, "TRIANGLE_ROWS", 8)
+    torch.manual_seed(11)
+    whole = [Segment(0, 48, 0)]
+    for spec in (MaskSpec(causal=True, window=(8, 0)), MaskSpec(causal=True, cu_seqlens=(0, 8, 30, 48))):
+        tiles = AttentionCall(None, 0, 1, "contiguous", 0, spec, 0.25, cudnn).plan(whole, whole)
+        q64, k64, v64, dout64, ref_out, ref_lse = _float64_case(whole, whole, spec, 0.25)
+        q, k, v, dout = (t.detach().to(torch.bfloat16) for t in (q64, k64, v64, dout64))
+        flash_stand_in.CALLS.clear()
+        cudnn_ops.clear()
+        out, lse, grads = _through_tiles(cudnn, tiles, q, k, v, dout, ref_out, ref_lse, 0.25)
+        assert rel_err(out, ref_out) < 2e-2 and lse_error(lse, ref_lse) < 5e-2, spec
+        for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
+            assert rel_err(got, want) < 3e-2, spec
+        assert not flash_stand_in.CALLS and cudnn_ops and all(causal for _, causal, _, _ in cudnn_ops), cudnn_ops
+        assert len(cudnn_ops) == 2 * len(tiles) == 2 * (11 if spec.window else 3), (spec, cudnn_ops)
+
+
 @pytest.mark.parametrize(
     "broken", ["lse_without_its_last_dim", "dout_in_other_strides", "no_lengths", "sequence_as_heads"]
 )

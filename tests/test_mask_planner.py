@@ -29,6 +29,7 @@ def _specs(seqlen):
     yield dict(causal=True)
     yield dict(window=(9, 4))
     yield dict(causal=True, window=(13, -1))
+    yield dict(causal=True, window=(4, 0))  # divides the tiles: cuDNN's plan cuts it into triangles
     yield dict(cu_seqlens=docs)
     yield dict(causal=True, cu_seqlens=docs)
     yield dict(block_sparse=burst.BlockSparseMask(8, layout))
@@ -47,7 +48,7 @@ def _spec(kwargs) -> MaskSpec:
 
 def _painted(tiles, n):
     grid = torch.zeros(n, n, dtype=torch.int64)
-    for t in tiles:
+    for t in tiles:  # a BAND tile's mask is its bands' (a reversed triangle's included)
         if t.mask is not None:
             part = t.mask.long()
         elif t.causal:
@@ -68,6 +69,9 @@ _SIZES = (
     TileSizes(5, bands=True),
     TileSizes(burst.masks.MAX_TILE, rules=True),
     TileSizes(5, bands=True, rules=True),
+    # cuDNN's: bands that are causal triangles (documents' pieces, a window dividing the tile) as triangles
+    TileSizes(burst.masks.MAX_TILE, bands=True, triangle_rows=2),
+    TileSizes(5, bands=True, triangle_rows=4),
 )
 
 
@@ -96,6 +100,26 @@ def test_tiles_cover_the_mask_exactly(layout, world, monkeypatch):
             assert torch.equal(grid.bool(), want), (kwargs, layout, qr, kr)
             assert sum(t.pairs for t in tiles) == int(want.sum())
             assert all(t.pairs > 0 for t in tiles), "a planned tile attends nothing"
+
+
+def test_cudnn_plans_windows_and_documents_as_triangles():
+    """With triangle_rows (cuDNN's plan), a causal window that divides the tile runs as DIAG tiles and
+    reversed triangles, documents as their diagonal pieces, each at least triangle_rows long; a window
+    that does not divide the tile, or smaller pieces, stay one band or varlen call."""
+    from burst.layout import Segment
+    from burst.masks import Cover
+
+    whole, sizes = [Segment(0, 64, 0)], TileSizes(burst.masks.MAX_TILE, bands=True, triangle_rows=16)
+    window = plan_tiles(whole, whole, MaskSpec(causal=True, window=(16, 0)), sizes)
+    assert [t.cover for t in window].count(Cover.DIAG) == 4
+    mirrored = [t for t in window if t.cover is Cover.BAND]
+    assert len(mirrored) == 3 and all(t.bands.is_reversed_triangle and t.q.length == 16 for t in mirrored)
+    for spec in (MaskSpec(causal=True, window=(12, 0)), MaskSpec(causal=True, window=(8, 0))):  # 64 % 12; 8 < 16
+        assert [t.cover for t in plan_tiles(whole, whole, spec, sizes)] == [Cover.BAND], spec
+    docs = plan_tiles(whole, whole, MaskSpec(causal=True, cu_seqlens=(0, 16, 40, 64)), sizes)
+    assert [(t.cover, t.q.length) for t in docs] == [(Cover.DIAG, 16), (Cover.DIAG, 24), (Cover.DIAG, 24)]
+    small = plan_tiles(whole, whole, MaskSpec(causal=True, cu_seqlens=(0, 8, 40, 64)), sizes)
+    assert len(small) == 1 and small[0].bands.sequences == 3  # one varlen call
 
 
 def _call(layout, rank, world, n, spec):

@@ -16,11 +16,12 @@ burst's tile convention, for any tile shape. The backward reads max_q, max_k as 
 wants dout in out's strides and lse as the forward's (b, h, sq, 1), and is handed None for the bias
 and the varlen tensors (what autograd hands it after a dense forward) and zero dropout seeds.
 
-It runs full and causal tiles. Masked tiles (windows, documents, causal off the diagonal, all planned
-as masks.Bands since BANDS is set) and what cuDNN does not take here (fp32, head dims that are not a
-multiple of 8 or over 128, a v head dim unlike q's, a tile of one query and one key) go to aten_flash,
-the FlashAttention-2 inside torch, which takes bands as window and varlen arguments (and hands on what
-it cannot take itself).
+It runs full and causal tiles, and reversed triangles (query i sees keys i..: the planner's pieces of
+a causal window, TRIANGLE_ROWS) as the causal tile of both runs reversed. Other masked tiles
+(windows, documents, causal off the diagonal, all planned as masks.Bands since BANDS is set) and what
+cuDNN does not take here (fp32, head dims that are not a multiple of 8 or over 128, a v head dim
+unlike q's, a tile of one query and one key) go to aten_flash, the FlashAttention-2 inside torch,
+which takes bands as window and varlen arguments (and hands on what it cannot take itself).
 tests/cudnn_stand_in.py plays the two ops with these rules on the CPU; scripts/gpu_check.sh runs them.
 """
 
@@ -30,11 +31,17 @@ import functools
 
 import torch
 
+from ..masks import Bands
 from . import aten_flash
 from .spec import HALF, NO_ROW_CAP, KernelSpec
 
 MAX_ROWS = NO_ROW_CAP
 BANDS = True  # masks as band arguments, for aten_flash: cuDNN itself runs the unmasked and causal tiles
+# Documents and causal windows whose pieces are this large run as cuDNN's causal tiles (and reversed
+# ones) instead of FlashAttention-2's varlen and window calls: on an H200 cuDNN ran a causal tile in
+# 0.55-0.6 of FA2's time, 16 documents of 4096 took 16.4 ms through SDPA's cuDNN against 28.7 through
+# burst's varlen FA2 (benchmarks/gpu.md); smaller pieces stay one varlen or band call (not measured).
+TRIANGLE_ROWS = 1024
 RULES = False
 SOFTCAP = False
 MAX_HEAD_DIM = 128  # what torch's cuDNN path takes on every cuDNN 9 release (larger ones vary by version)
@@ -66,10 +73,11 @@ SPEC = KernelSpec(
 
 def handles(q, k, v, causal: bool, mask) -> bool:
     """True when cuDNN runs this tile itself: fp16/bf16, no mask (causal is its own top-left
-    triangle, any shape but one query by one key: its frontend refuses s_q = s_kv = 1), equal q and v
-    head dims that are multiples of 8 up to MAX_HEAD_DIM."""
+    triangle, any shape but one query by one key: its frontend refuses s_q = s_kv = 1) or a reversed
+    triangle (its causal path on both runs reversed), equal q and v head dims that are multiples of 8
+    up to MAX_HEAD_DIM."""
     return (
-        mask is None
+        (mask is None or _reversed(mask))
         and (q.shape[1], k.shape[1]) != (1, 1)
         and q.dtype in HALF
         and k.shape[-1] == q.shape[-1]
@@ -88,10 +96,22 @@ def _heads_first(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().transpose(1, 2)
 
 
+def _reversed(mask) -> bool:
+    return isinstance(mask, Bands) and mask.is_reversed_triangle
+
+
+def _flipped(*tensors, dim: int = 1):
+    """The tensors with their rows in reverse order (copies: a reversed triangle's runs for the causal path)."""
+    return [t.flip(dim) for t in tensors]
+
+
 def forward(q, k, v, scale: float, causal: bool, mask=None):
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
     if not handles(q, k, v, causal, mask):
         return aten_flash.forward(q, k, v, scale, causal, mask)
+    if mask is not None:  # a reversed triangle: query i sees keys i.. = the causal tile of both runs reversed
+        out, lse = forward(*_flipped(q, k, v), scale, True)
+        return out.flip(1), lse.flip(-1)
     out, lse, *_ = _forward_op(
         _heads_first(q), _heads_first(k), _heads_first(v), None, True, 0.0, causal, False, scale=scale
     )
@@ -102,6 +122,9 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask=None):
     """Gradients of one block given the rows' global out and lse (see kernels/__init__.py)."""
     if not handles(q, k, v, causal, mask):
         return aten_flash.backward(dout, q, k, v, out, lse, scale, causal, mask)
+    if mask is not None:  # a reversed triangle, as forward runs it
+        grads = backward(*_flipped(dout, q, k, v, out), lse.flip(-1), scale, True)
+        return _flipped(*grads)
     dq, dk, dv = _backward_op(
         _heads_first(dout),
         _heads_first(q),

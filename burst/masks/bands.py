@@ -43,6 +43,12 @@ class Bands:
         return len(self.cu_q) - 1
 
     @property
+    def is_reversed_triangle(self) -> bool:
+        """One square sequence whose query i sees keys i.. (the causal triangle mirrored: what a causal
+        kernel computes on both runs reversed)."""
+        return self.sequences == 1 and self.cu_q == self.cu_k and (self.left, self.right) == (0, -1)
+
+    @property
     def max_rows(self) -> tuple[int, int]:
         """The longest sequence's queries and keys (flash_attn's max_seqlen_q, max_seqlen_k)."""
         return (

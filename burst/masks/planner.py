@@ -63,7 +63,7 @@ def _plan_pair(
         n = qs.length
         return _plan_pair(qs.sub(1, n), ks.sub(0, n - 1), spec, sizes, by_blocks) if n > 1 else []
     if cover is Cover.PARTIAL and sizes.bands and _is_band(qs, ks, spec):
-        return _band_tile(qs, ks, spec)
+        return [piece for t in _band_tile(qs, ks, spec) for piece in _as_triangles(t, sizes)]
     if cover is Cover.PARTIAL and sizes.rules and not (sizes.bands and _cuts_exactly(qs, ks, spec, sizes)):
         return _rule_tile(qs, ks, spec)
     if cover is Cover.PARTIAL and exact and _cuts_exactly(qs, ks, spec, sizes):
@@ -132,6 +132,33 @@ def _band_tile(qs: Segment, ks: Segment, spec: MaskSpec) -> list[Tile]:
     return [Tile(qt, kt, Cover.BAND, spec, Bands((0, qt.length), (0, kt.length), left, right))]
 
 
+def _as_triangles(tile: Tile, sizes: TileSizes) -> list[Tile]:
+    """A one-sequence causal window band of a square tile, `left` wide, as triangles for a kernel whose
+    causal path beats its band arguments (sizes.triangle_rows): with rows and keys cut in blocks of
+    `left`, query a of block b sees keys 0..a of block b (a DIAG tile) and keys a.. of block b - 1 (a
+    reversed triangle: key - query = t - a - left >= -left). Only where `left` divides the tile and
+    is at least sizes.triangle_rows (smaller calls lose more than the band costs); else the band."""
+    bands, n = tile.bands, tile.q.length
+    if (
+        tile.cover is not Cover.BAND
+        or not sizes.triangle_rows
+        or bands.sequences != 1
+        or tile.k.length != n
+        or bands.right != 0
+        or bands.left < sizes.triangle_rows
+        or n % bands.left
+    ):
+        return [tile]
+    w, mirrored = bands.left, Bands((0, bands.left), (0, bands.left), 0, -1)
+    pieces = []
+    for b in range(n // w):
+        q = tile.q.sub(b * w, (b + 1) * w)
+        if b:
+            pieces.append(Tile(q, tile.k.sub((b - 1) * w, b * w), Cover.BAND, tile.spec, mirrored))
+        pieces.append(Tile(q, tile.k.sub(b * w, (b + 1) * w), Cover.DIAG, tile.spec))
+    return pieces
+
+
 RULE_CHECK = 1 << 20  # pairs: a rule tile up to this size is evaluated once when planned
 
 
@@ -169,6 +196,17 @@ def _as_varlen(pieces: list[Tile]) -> list[Tile]:
     return [run[0] if len(run) == 1 else _varlen_tile(run) for run in out]
 
 
+def _triangles_alone(pieces: list[Tile], sizes: TileSizes) -> bool:
+    """Documents' pieces run as they are, not as one varlen call, for a kernel whose causal path beats
+    its varlen one (sizes.triangle_rows) when every piece is full, a triangle or a mirrored one, and
+    none smaller than triangle_rows (many small calls cost more than one varlen call)."""
+    return bool(sizes.triangle_rows) and all(
+        min(t.q.length, t.k.length) >= sizes.triangle_rows
+        and (t.cover in (Cover.FULL, Cover.DIAG) or (t.cover is Cover.BAND and t.bands.is_reversed_triangle))
+        for t in pieces
+    )
+
+
 def _varlen_tile(run: list[Tile]) -> Tile:
     q = Segment(run[0].q.local_start, sum(t.q.length for t in run), run[0].q.first, run[0].q.stride)
     k = Segment(run[0].k.local_start, sum(t.k.length for t in run), run[0].k.first, run[0].k.stride)
@@ -196,7 +234,8 @@ def _plan_cut(qs: Segment, ks: Segment, spec: MaskSpec, sizes: TileSizes) -> lis
     if len(q_parts) == 1 and len(k_parts) == 1:  # nothing to cut at: the sub-tiles decide
         return _plan_pair(qs, ks, spec, sizes, exact=False)
     if sizes.bands:
-        return _as_varlen([t for qp in q_parts for kp in k_parts for t in _plan_pair(qp, kp, spec, sizes)])
+        pieces = [t for qp in q_parts for kp in k_parts for t in _plan_pair(qp, kp, spec, sizes)]
+        return pieces if _triangles_alone(pieces, sizes) else _as_varlen(pieces)
     tiles = []
     for qp in q_parts:
         row = []

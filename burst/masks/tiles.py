@@ -32,6 +32,10 @@ class TileSizes:
     kernel whose causal path pays for much of the masked half.
     bands: the kernel takes causal, window and document masks as Bands (flash_attn's window, varlen).
     rules: the kernel takes any other partial tile whole, as a PositionRule (FlexAttention).
+    triangle_rows: with bands, a band that is causal triangles of at least this many rows each runs as
+    those triangles instead (0: never): a document's diagonal piece as a DIAG tile, a causal window
+    as DIAG tiles and reversed triangles (Bands.is_reversed_triangle), for a kernel whose causal
+    path is faster than its band arguments (cuDNN's, beside FlashAttention-2's window and varlen).
     """
 
     max_rows: int = MAX_TILE
@@ -39,6 +43,7 @@ class TileSizes:
     split_triangles: bool = False
     bands: bool = False
     rules: bool = False
+    triangle_rows: int = 0
 
     @classmethod
     def for_kernel(cls, kernel, max_rows: int | None = None) -> "TileSizes":
@@ -51,6 +56,7 @@ class TileSizes:
             getattr(kernel, "SPLITS_TRIANGLES", False),
             getattr(kernel, "BANDS", False),
             getattr(kernel, "RULES", False),
+            getattr(kernel, "TRIANGLE_ROWS", 0),
         )
 
 

@@ -237,7 +237,7 @@ def tile_backend(kernel, q, k, tile) -> str:
     if kernel is cudnn:
         qt, kt = q[:, tile.q.rows], k[:, tile.k.rows]
         if cudnn.handles(qt, kt, kt, tile.causal, mask):
-            return "cudnn" + (" causal" if tile.causal else "")
+            return "cudnn" + (" causal" if tile.causal else " reversed" if mask is not None else "")
         kernel = aten_flash  # what cudnn hands masked tiles to
     if kernel in (cuda_flash_attn, aten_flash):
         qt, kt = q[:, tile.q.rows], k[:, tile.k.rows]
