@@ -267,3 +267,25 @@ def test_burst_train_out_of_memory_exits_with_one_line_and_leaves_no_shm():
     ), done.stderr[-3000:]
     left = set(os.listdir("/dev/shm")) - shm if os.path.isdir("/dev/shm") else set()
     assert not {n for n in left if "torch" in n or "burst" in n}, left
+
+
+def test_host_staging_moves_through_one_buffer_per_dtype():
+    """HostAdamW's transfers: one buffer per dtype, grown to the largest parameter and viewed as each;
+    the weights rounded on the host are the plain cast's (what a device-side cast gives), and on the
+    CPU the gradient is the plain float32 copy. The device path itself runs only on a GPU."""
+    from burst.engine.offload import HostStaging
+
+    staging = HostStaging()
+    small, large = torch.empty(3, 4, dtype=torch.bfloat16), torch.empty(5, 6, dtype=torch.bfloat16)
+    first = staging._staged(small)
+    assert first.shape == small.shape and staging._staged(large).shape == large.shape
+    assert staging._staged(small).data_ptr() == staging._buffers[torch.bfloat16].data_ptr()  # reused, not new
+    master = torch.randn(5, 6, dtype=torch.float32)
+    staged = staging._staged(large)
+    staged.copy_(master)
+    assert torch.equal(staged, master.to(torch.bfloat16))
+    param = torch.zeros(5, 6, dtype=torch.bfloat16)
+    staging.weights_to_device(master, param)
+    assert torch.equal(param, master.to(torch.bfloat16))
+    grad = torch.randn(5, 6, dtype=torch.bfloat16)
+    assert torch.equal(staging.gradient_to_host(grad), grad.float())
