@@ -123,13 +123,21 @@ def sharded_backward(
     reduction over this rank's rows (None for what is not given). dout (narrower than out: MLA's
     values, zero-padded) or dlse may be None (not read); a dlse runs the same backwards through one
     more channel (burst/lse_channel.py)."""
-    dout = torch.zeros_like(out) if dout is None else F.pad(dout, (0, out.shape[-1] - dout.shape[-1])).contiguous()
+    dout = torch.zeros_like(out) if dout is None else _as_wide_as(dout, out)
     if dlse is None:
         dq, grads, dck, dcv = _backward(call, strategy, compressed, dout, q, keys, out, lse)
     else:
         dq, grads, dck, dcv = _lse_backward(call, strategy, compressed, dout, dlse, q, keys, out, lse)
     dsinks = sink_gradient(dout, out, lse, sinks, dlse) if sinks is not None else None
     return dq, grads, dsinks, dck, dcv
+
+
+def _as_wide_as(dout, out):
+    """dout zero-padded to out's head dim (MLA's values run padded to the keys' width), contiguous; no
+    copy when it already is (F.pad copies even when it pads nothing: a dout-sized tensor at the peak)."""
+    if dout.shape[-1] != out.shape[-1]:
+        dout = F.pad(dout, (0, out.shape[-1] - dout.shape[-1]))
+    return dout.contiguous()
 
 
 def _backward(call, strategy: Strategy, compressed, dout, q, keys, out, lse):
