@@ -269,23 +269,20 @@ def test_burst_train_out_of_memory_exits_with_one_line_and_leaves_no_shm():
     assert not {n for n in left if "torch" in n or "burst" in n}, left
 
 
-def test_host_staging_moves_through_one_buffer_per_dtype():
-    """HostAdamW's transfers: one buffer per dtype, grown to the largest parameter and viewed as each;
-    the weights rounded on the host are the plain cast's (what a device-side cast gives), and on the
-    CPU the gradient is the plain float32 copy. The device path itself runs only on a GPU."""
-    from burst.engine.offload import HostStaging
+def test_a_failed_host_step_is_raised_by_step_and_the_next_backward_runs():
+    """HostAdamW's host steps run on a thread of their own while the backward goes on: one that fails is
+    raised by step() (not lost in the thread), and the optimizer works again for the next backward."""
+    from burst.engine.offload import HostAdamW
 
-    staging = HostStaging()
-    small, large = torch.empty(3, 4, dtype=torch.bfloat16), torch.empty(5, 6, dtype=torch.bfloat16)
-    first = staging._staged(small)
-    assert first.shape == small.shape and staging._staged(large).shape == large.shape
-    assert staging._staged(small).data_ptr() == staging._buffers[torch.bfloat16].data_ptr()  # reused, not new
-    master = torch.randn(5, 6, dtype=torch.float32)
-    staged = staging._staged(large)
-    staged.copy_(master)
-    assert torch.equal(staged, master.to(torch.bfloat16))
-    param = torch.zeros(5, 6, dtype=torch.bfloat16)
-    staging.weights_to_device(master, param)
-    assert torch.equal(param, master.to(torch.bfloat16))
-    grad = torch.randn(5, 6, dtype=torch.bfloat16)
-    assert torch.equal(staging.gradient_to_host(grad), grad.float())
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = HostAdamW([w], lr=0.1, weight_decay=0.0)
+    real = opt.inner.step
+    opt.inner.step = lambda: (_ for _ in ()).throw(ValueError("host out of memory"))
+    (w * 2).sum().backward()
+    with pytest.raises(RuntimeError, match="host optimizer step failed") as failed:
+        opt.step()
+    assert isinstance(failed.value.__cause__, ValueError)
+    opt.inner.step = real
+    (w * 2).sum().backward()
+    opt.step()
+    assert torch.all(w < 1)  # stepped against the gradient 2

@@ -193,8 +193,10 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     optimizer = 0.0
     if train:
         local = weights / shard
-        if t.offload_optimizer and t.optimizer_in_backward:  # gradients down, then weights up, one at a time
-            optimizer = 2 * local * b / HOST_LINK_BYTES_PER_S + local / HOST_ADAM_PARAMS_PER_S
+        if t.offload_optimizer and t.optimizer_in_backward:  # on the host while the backward runs (HostAdamW)
+            host = 2 * local * b / HOST_LINK_BYTES_PER_S + local / HOST_ADAM_PARAMS_PER_S
+            backward = wall_no_fsdp - fwd_layer * m.layers - head_fwd
+            optimizer = max(host / max(1, m.layers), host - backward)  # what outlasts it, the last layer's at least
         elif t.offload_optimizer:  # gradients down and weights up at once over PCIe, then host Adam
             optimizer = local * b / HOST_LINK_BYTES_PER_S + local / HOST_ADAM_PARAMS_PER_S
         else:  # Adam reads and writes its state, the weights and the gradients once
