@@ -38,9 +38,9 @@ from .spec import HALF, NO_ROW_CAP, KernelSpec
 MAX_ROWS = NO_ROW_CAP
 BANDS = True  # masks as band arguments, for aten_flash: cuDNN itself runs the unmasked and causal tiles
 # Documents and causal windows whose pieces are this large run as cuDNN's causal tiles (and reversed
-# ones) instead of FlashAttention-2's varlen and window calls: on an H200 cuDNN ran a causal tile in
-# 0.55-0.6 of FA2's time, 16 documents of 4096 took 16.4 ms through SDPA's cuDNN against 28.7 through
-# burst's varlen FA2 (benchmarks/gpu.md); smaller pieces stay one varlen or band call (not measured).
+# ones) instead of FlashAttention-2's varlen and window calls: on an H200 SDPA's cuDNN ran causal attention
+# in 0.55-0.60 of its flash backend's time, 16 documents of 4096 in 16.4 ms against 28.7 through burst's
+# varlen FA2 (benchmarks/gpu.md); smaller pieces stay one varlen or band call (the 1024: not measured).
 TRIANGLE_ROWS = 1024
 RULES = False
 SOFTCAP = False
