@@ -122,6 +122,11 @@ class HostStaging:
                 param.data.copy_(down.staged, non_blocking=True)
                 self.stream.record_event().synchronize()
         finally:
+            self.release(down)
+
+    def release(self, down: "_Down") -> None:
+        """down's buffer is free again (a step that ends without its weights going up)."""
+        if down.buffer is not None:
             self.free.put(down.buffer)
 
     def before_next_use(self) -> None:
@@ -207,7 +212,7 @@ class HostAdamW:
         down = self.staging.gradient_down(self.params[i].grad)
         self.params[i].grad = None
         self.optimizer_s += time.perf_counter() - start
-        self.worker.submit(lambda: self._host_step(i, down), lambda: self._give_back(down))
+        self.worker.submit(lambda: self._host_step(i, down), lambda: self.staging.release(down))
 
     def _host_step(self, i: int, down: _Down) -> None:
         master = self.master[i]
@@ -215,15 +220,11 @@ class HostAdamW:
             master.grad = down.wait()
             self.inner.step()  # AdamW skips every parameter without a gradient: only this one moves
         except BaseException:
-            self._give_back(down)
+            self.staging.release(down)
             raise
         finally:
             master.grad = None
         self.staging.weights_up(master, self.params[i], down)
-
-    def _give_back(self, down: _Down) -> None:
-        if down.buffer is not None:
-            self.staging.free.put(down.buffer)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
