@@ -15,7 +15,7 @@ import torch
 
 import burst
 from cases import full_inputs, reference_grads, reference_mask, sharded_errors
-from test_gpu_paths import FLASH_BOUND
+from test_gpu_paths import FLASH_BOUND, dispatch_bf16_to
 from world import results_by_world
 
 SEQ = 256  # 64 tokens a rank: the window's 16 divides the shards; the documents cut them
@@ -33,7 +33,6 @@ def _use_cudnn_stand_in():
     import cudnn_stand_in
     import flash_stand_in
 
-    from burst import validation
     from burst.kernels import aten_flash, cudnn
 
     ops = flash_stand_in.AtenOps(False)
@@ -41,12 +40,7 @@ def _use_cudnn_stand_in():
     aten_flash.varlen_lse_padded = lambda: False
     cudnn._forward_op, cudnn._backward_op = cudnn_stand_in.forward, cudnn_stand_in.backward
     cudnn.TRIANGLE_ROWS = 8
-    select = validation.select_kernel
-
-    def cudnn_for_bf16(device, dtype, softcap=0.0, head_dim=None, v_head_dim=None):
-        return cudnn if dtype == torch.bfloat16 else select(device, dtype, softcap, head_dim, v_head_dim)
-
-    validation.select_kernel = cudnn_for_bf16
+    dispatch_bf16_to(cudnn)  # no softcap among these masks
     return cudnn_stand_in.CALLS, flash_stand_in.CALLS
 
 

@@ -59,23 +59,31 @@ def _use_flash_stand_in():
     import flex_stand_in
     from torch.nn.attention import flex_attention
 
-    from burst import validation
-    from burst.kernels import Softcapped, cuda_flash_attn
+    from burst.kernels import cuda_flash_attn
 
     flash_stand_in.install()
     flex_stand_in.CALLS = flash_stand_in.CALLS  # one log of kernel calls
     flex_attention.flex_attention = flex_stand_in.flex_attention
     flex_attention.create_block_mask = flex_stand_in.create_block_mask
     cuda_flash_attn.available.cache_clear()
+    dispatch_bf16_to(cuda_flash_attn)
+    return flash_stand_in.CALLS
+
+
+def dispatch_bf16_to(kernel) -> None:
+    """In this rank, burst's validation selects `kernel` for bf16 (bound to the call's softcap), as auto
+    does on a GPU, and its own choice for every other dtype."""
+    from burst import validation
+    from burst.kernels import Softcapped
+
     select = validation.select_kernel
 
-    def flash_for_bf16(device, dtype, softcap=0.0, head_dim=None, v_head_dim=None):
+    def for_bf16(device, dtype, softcap=0.0, head_dim=None, v_head_dim=None):
         if dtype != torch.bfloat16:
             return select(device, dtype, softcap, head_dim, v_head_dim)
-        return Softcapped(cuda_flash_attn, softcap) if softcap else cuda_flash_attn
+        return Softcapped(kernel, softcap) if softcap else kernel
 
-    validation.select_kernel = flash_for_bf16
-    return flash_stand_in.CALLS
+    validation.select_kernel = for_bf16
 
 
 def runs(mask_name, layout, strategy) -> bool:
