@@ -18,11 +18,13 @@ def merge_partial(out_acc: torch.Tensor, lse_acc: torch.Tensor, out_blk: torch.T
     """Merge a block's partial result into the float32 accumulators, in place.
 
     out_acc: (batch, seqlen, nheads, headdim) float32; lse_acc: (batch, nheads, seqlen) float32.
-    out_blk, lse_blk: the same shapes, any dtype. out_blk is consumed (scaled in place when it is
-    already float32), which saves a full-size temporary per block.
+    out_blk, lse_blk: the same shapes, any dtype; left unchanged. Two passes over out_acc: addcmul_
+    reads a half-precision out_blk as it is (no float32 copy of the block), 18 bytes an element for
+    bf16 against 34 with a converted, scaled copy: on a GPU the merge is memory-bound, so it is what a
+    ring step adds to its kernel call (benchmarks/merge.md).
     """
     lse_new, w_acc, w_blk = merged_lse_and_weights(lse_acc, lse_blk)
-    out_acc.mul_(w_acc).add_(out_blk.to(out_acc.dtype).mul_(w_blk))
+    out_acc.mul_(w_acc).addcmul_(out_blk, w_blk)
     lse_acc.copy_(lse_new)
 
 

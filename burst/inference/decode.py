@@ -78,7 +78,7 @@ def merge_across_ranks(
     merged_out = torch.zeros_like(out)
     merged_lse = torch.full_like(lse, float("-inf"))
     for r in range(world):
-        merge_partial(merged_out, merged_lse, every[r, :n_out].view_as(out).clone(), every[r, n_out:].view_as(lse))
+        merge_partial(merged_out, merged_lse, every[r, :n_out].view_as(out), every[r, n_out:].view_as(lse))
     return merged_out, merged_lse
 
 

@@ -55,9 +55,8 @@ def out_from_delta(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     acc = accumulator_dtype(dout.dtype)
     norm2 = torch.linalg.vector_norm(dout, dim=-1, dtype=acc).square_()  # (b, s, h), no full-size temporary
     coef = torch.where(norm2 > 0, delta.transpose(1, 2) / norm2.clamp_min(torch.finfo(acc).tiny), 0.0)
-    if dout.dtype == acc:
-        return dout * coef.unsqueeze(-1)
-    return (dout.to(acc) * coef.unsqueeze(-1)).to(dout.dtype)
+    # Multiplied in float32 and rounded once into dout's dtype, with no float32 copy of dout.
+    return torch.mul(dout, coef.unsqueeze(-1), out=torch.empty_like(dout))
 
 
 class ArrivingAccumulators:
