@@ -48,16 +48,22 @@ def selected(indices: torch.Tensor, q: Segment, k: Segment, block: int = 1) -> t
     global key positions (block 1) or blocks of `block` positions; q.rows picks the tile's rows, k gives
     its keys' global positions.
     """
-    idx = indices[:, q.rows].to(torch.long)
-    if idx.dim() == 4:
-        idx = idx.transpose(1, 2)  # (batch, kv_heads, rows, topk)
+    idx = indices[:, q.rows]
     first, last = k.first // block, k.last // block  # the blocks the tile's keys fall in
     span = last - first + 1
-    column = idx - first
-    hit = (idx >= 0) & (column >= 0) & (column < span)
-    chosen = torch.zeros(*idx.shape[:-1], span + 1, dtype=torch.bool, device=idx.device)
-    chosen.scatter_(-1, torch.where(hit, column, span), True)  # misses land in the extra column, dropped
-    key_blocks = torch.div(k.positions(idx.device), block, rounding_mode="floor") - first
+    # 1 + each entry's column in the tile's span of blocks; entries before the span (and -1, none
+    # chosen) land in column 0, those past it in span + 1: both dropped. Two passes over the entries,
+    # in their own order (reading them transposed costs as much as the scatter).
+    column = torch.sub(idx, first - 1, out=torch.empty(idx.shape, dtype=torch.long, device=idx.device))
+    column.clamp_(0, span + 1)
+    if column.dim() == 4:
+        column = column.transpose(1, 2)  # (batch, kv_heads, rows, topk)
+    chosen = torch.zeros(*column.shape[:-1], span + 2, dtype=torch.bool, device=column.device)
+    chosen.scatter_(-1, column, True)
+    chosen = chosen[..., 1 : span + 1]
+    if block == 1 and k.stride == 1:  # the tile's keys are the span itself
+        return chosen
+    key_blocks = torch.div(k.positions(column.device), block, rounding_mode="floor") - first
     return chosen[..., key_blocks]
 
 
