@@ -134,45 +134,51 @@ def run_family(model_type: str, name: str, layout: str, group=None, built=None) 
     except Exception as err:  # noqa: BLE001 - any failure to build or run eagerly is the family's, not burst's
         return Outcome(model_type, "skip", f"eager model does not run tiny on token ids: {_first_line(err)}"), None
     expected, model, eager = built
-    outcome = _compare(model_type, expected, model, ids, positions, layout, group)
-    if outcome.outcome == "exact" and expected.loss is not None:  # one backward: every parameter's gradient
-        outcome = _compare_gradients(outcome, eager, model, ids, positions, layout, group)
+    outcome, loss = _compare(model_type, expected, model, ids, positions, layout, group)
+    if outcome.outcome == "exact" and loss is not None:  # one backward: every parameter's gradient
+        outcome = _compare_gradients(outcome, eager, model, loss, ids, positions, group)
     return outcome, built
 
 
-def _compare(model_type, expected, model, ids, positions, layout, group) -> Outcome:
+def _compare(model_type, expected, model, ids, positions, layout, group) -> tuple[Outcome, torch.Tensor | None]:
+    """The split model's logits and loss against eager's: (the Outcome, this rank's loss with its graph
+    for the backward, where the family's loss runs on token ids: the forward is not run twice)."""
     from ..integrations import transformers as bt
 
+    train = expected.loss is not None
     try:
-        labels = {"labels": ids} if expected.loss is not None else {}
+        labels = {"labels": ids} if train else {}
         batch = bt.shard_batch(
             {"input_ids": ids, **labels, "position_ids": positions}, group=group, layout=layout, model=model
         )
-        with torch.no_grad():
+        with torch.set_grad_enabled(train):
             got = model(**batch, use_cache=False)
-        logits = _unshard(got.logits, group, layout)
-        loss = bt.reduce_loss(got.loss, group) if got.loss is not None else None
+        logits = _unshard(got.logits.detach(), group, layout)
+        loss = bt.reduce_loss(got.loss.detach(), group) if got.loss is not None else None
     except Exception as err:  # noqa: BLE001 - classified: burst's own clear error, or a crash
         kind = "refused" if _raised_by_burst(err) else "crash"
-        return Outcome(model_type, kind, _first_line(err))
+        return Outcome(model_type, kind, _first_line(err)), None
     difference = (logits.double() - expected.logits.double()).abs().max().item()
     if loss is not None and expected.loss is not None:
         difference = max(difference, abs(loss.item() - expected.loss.item()))
     if difference <= TOLERANCE:
-        note = "" if expected.loss is not None else "logits only (its loss needs more than token ids)"
-        return Outcome(model_type, "exact", note, difference)
-    return Outcome(model_type, "silent", f"max abs difference {difference:.2e}", difference)
+        note = "" if train else "logits only (its loss needs more than token ids)"
+        return Outcome(model_type, "exact", note, difference), got.loss if train else None
+    return Outcome(model_type, "silent", f"max abs difference {difference:.2e}", difference), None
 
 
-def _compare_gradients(outcome: Outcome, eager, model, ids, positions, layout, group) -> Outcome:
-    """The exact forward's outcome, or what one backward shows: every parameter's gradient of the loss
-    (shard_batch, reduce_gradients) against eager's in this process, within GRADIENT_TOLERANCE
-    (gradient_error's relative measure)."""
+def _compare_gradients(outcome: Outcome, eager, model, loss, ids, positions, group) -> Outcome:
+    """The exact forward's outcome, or what one backward of its `loss` shows: every parameter's gradient
+    (reduce_gradients) against eager's in this process, within GRADIENT_TOLERANCE (gradient_error's
+    relative measure). Eager's gradients are computed once per family and kept for its other settings."""
+    from ..integrations import transformers as bt
+
     try:
-        for m in (eager, model):
-            m.zero_grad(set_to_none=True)
-        eager(input_ids=ids, position_ids=positions, labels=ids, use_cache=False).loss.backward()
-        sharded_step(model, ids, layout, group)  # positions 0..n-1, as `positions`
+        model.zero_grad(set_to_none=True)
+        if all(p.grad is None for p in eager.parameters()):
+            eager(input_ids=ids, position_ids=positions, labels=ids, use_cache=False).loss.backward()
+        loss.backward()
+        bt.reduce_gradients(model, group)
     except Exception as err:  # noqa: BLE001 - classified as the forward's errors are
         return Outcome(outcome.family, "refused" if _raised_by_burst(err) else "crash", "backward: " + _first_line(err))
     pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
