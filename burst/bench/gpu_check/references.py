@@ -19,13 +19,16 @@ import torch.nn.functional as F
 
 import burst
 from burst.bench.harness import BenchConfig, attention_flops
-from burst.kernels import KERNEL_ENV, cudnn, select_kernel
+from burst.kernels import KERNEL_ENV, cudnn, lse_for_backward, row_delta, select_kernel
+from burst.kernels.accumulators import accumulator_zeros_like, empty_accumulators
+from burst.kernels.attend import attend_backward, attend_forward
 from burst.kernels.registry import kernels_by_name
 from burst.layout import segments
-from burst.masks import MaskSpec
+from burst.masks import MaskSpec, TileSizes, plan_tiles
 from burst.memory import held_bytes, peak_bytes, reset_peak
+from burst.strategies.burst import side_bytes_per_row, smaller_side
 
-from .cases import block_step, is_oom, random_inputs, release_memory
+from .cases import is_oom, random_inputs, release_memory
 from .report import Report, first_line
 from .speed import time_fwd_bwd
 
@@ -130,24 +133,69 @@ def _mask_mod(spec: MaskSpec, device):
     return allowed
 
 
+def one_call_runner(q, k, v, dout, spec: MaskSpec):
+    """The kernel burst picks, one call forward and one backward on the whole sequence (full or
+    causal): what the ring's tiles are held against."""
+    kernel = select_kernel(q.device, q.dtype, head_dim=q.shape[-1], v_head_dim=v.shape[-1])
+    scale = q.shape[-1] ** -0.5
+
+    def forward():
+        return kernel.forward(q, k, v, scale, spec.causal)
+
+    def backward(result):
+        out, lse = result
+        kernel.backward(dout, q, k, v, out, lse, scale, spec.causal)
+
+    return forward, backward, lambda: None
+
+
 def ring_tiles_runner(q, k, v, dout, spec: MaskSpec, ranks: int):
-    """Every block step a `ranks`-rank ring runs (zigzag for causal), one after another on this device."""
+    """The block steps of a `ranks`-rank ring (zigzag for causal), one rank after another on this
+    device, with the work a rank does around them as the strategies do it: its float32 accumulators
+    started once, each step's tiles merged into them, then out and D once, and each backward step's
+    gradients added into float32 accumulators. The backward takes burst's smaller side: with grouped
+    heads the keys travel and every query row has its own out; with multi-head attention the queries
+    travel and a foreign block's out is rebuilt from D (kernels.out_from_delta). forward returns
+    {rank: (out, lse, D)}, backward each rank's global rows and its float32 dq, dk, dv."""
     kernel = select_kernel(q.device, q.dtype, head_dim=q.shape[-1], v_head_dim=v.shape[-1])
     layout = "zigzag" if spec.causal else "contiguous"
     local = q.shape[1] // ranks
     segs = [segments(layout, r, ranks, local) for r in range(ranks)]
     rows = [torch.cat([s.positions() for s in seg]).to(q.device) for seg in segs]
     shards = [[t[:, idx] for t in (q, k, v, dout)] for idx in rows]
+    sizes = TileSizes.for_kernel(kernel)
+    tiles = {(r, src): plan_tiles(segs[r], segs[src], spec, sizes) for r in range(ranks) for src in range(ranks)}
+    queries_travel = smaller_side(side_bytes_per_row(q, dout, k, v)) == "queries"
     scale = q.shape[-1] ** -0.5
+    state = {}
 
     def forward():
+        state.clear()
         for r in range(ranks):
+            out_acc, lse = empty_accumulators(shards[r][0])
             for src in range(ranks):
-                qr, _, _, dr = shards[r]
-                _, ks, vs, _ = shards[src]
-                block_step(kernel, qr, ks, vs, dr, spec, scale, local, segs[r], segs[src])
+                attend_forward(kernel, shards[r][0], *shards[src][1:3], tiles[r, src], out_acc, lse, scale)
+            out = out_acc.to(q.dtype)
+            del out_acc
+            state[r] = (out, lse_for_backward(lse), row_delta(shards[r][3], out))
+        return state
 
-    return forward, lambda out: None, lambda: None
+    def backward(_):
+        dq = [accumulator_zeros_like(s[0]) for s in shards]
+        dk = [accumulator_zeros_like(s[1]) for s in shards]
+        dv = [accumulator_zeros_like(s[2]) for s in shards]
+        for r in range(ranks):
+            qr, _, _, dr = shards[r]
+            out, lse, delta = state[r]
+            for src in range(ranks):
+                rebuilt = queries_travel and src != r
+                attend_backward(
+                    kernel, dr, qr, *shards[src][1:3], None if rebuilt else out, lse, tiles[r, src],
+                    dq[r], dk[src], dv[src], scale, delta=delta,
+                )  # fmt: skip
+        return rows, dq, dk, dv
+
+    return forward, backward, lambda: None
 
 
 SHORT_ROW = 32768  # tokens up to which a runner is timed best of 3 (one pass of 16K causal stalled 2x on the H200)
@@ -311,7 +359,7 @@ def _ring_rows(sec, n, heads, dim, dtype, device) -> list:
     for label, spec in (("full", MaskSpec()), ("causal", MaskSpec(causal=True))):
         inputs = random_inputs(1, n, heads, heads // 4, dim, dtype, device, on_device=True)
         try:
-            whole = _time(ring_tiles_runner, *inputs, spec, 1)
+            whole = _time(one_call_runner, *inputs, spec)
         except Exception as err:  # noqa: BLE001
             sec.fail(f"one call {label} at {n}: {first_line(err)}")
             continue
