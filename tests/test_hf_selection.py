@@ -52,14 +52,21 @@ def phimoe_windowed():
     return config
 
 
+_EAGER = {}  # Doge's eager step at 2112 tokens (seconds), run once and shared by its layouts and planted runs
+
+
 def _errors(family, config, name, layout, tokens) -> dict:
     import torch
 
-    from burst.bench.hf_zoo import VOCAB, step_errors, twin_models
+    from burst.bench.hf_zoo import VOCAB, eager_reference, step_errors, twin_models
 
     eager, model = twin_models(family, name, config)  # Doge's A drawn (hf_zoo_configs.DRAWN)
     ids = torch.randint(3, VOCAB, (1, tokens), generator=torch.Generator().manual_seed(1))
-    return step_errors(eager, model, ids, layout)
+    if family != "doge":
+        return step_errors(eager, model, ids, layout)
+    if not _EAGER:  # twin_models builds the same eager weights every time (seed 0)
+        _EAGER.update(eager=eager, expected=eager_reference(eager, ids))
+    return step_errors(_EAGER["eager"], model, ids, layout, expected=_EAGER["expected"])
 
 
 def _unprepared_minimax(name, layout):

@@ -216,12 +216,21 @@ def train_step_errors(
     return step_errors(eager, model, ids, layout, group)
 
 
-def step_errors(eager, model, ids: torch.Tensor, layout: str, group=None) -> dict:
-    """One forward + backward of `model` split over `group` (shard_batch, reduce_gradients) against
-    `eager` in this process on the same ids (batch, seq_len): the max abs difference of the logits
-    and the loss, and gradient_error over every parameter's gradient. Call on every rank alike."""
+def eager_reference(eager, ids: torch.Tensor):
+    """`eager`'s output on ids (batch, seq_len), as labels too, its gradients left on its parameters:
+    what step_errors compares a split model with (pass it again for another split twin of the same
+    weights instead of running eager again)."""
     expected = eager(input_ids=ids, labels=ids, use_cache=False)
     expected.loss.backward()
+    return expected
+
+
+def step_errors(eager, model, ids: torch.Tensor, layout: str, group=None, expected=None) -> dict:
+    """One forward + backward of `model` split over `group` (shard_batch, reduce_gradients) against
+    `eager` in this process on the same ids (batch, seq_len): the max abs difference of the logits
+    and the loss, and gradient_error over every parameter's gradient. expected: eager_reference(eager,
+    ids) when already run. Call on every rank alike."""
+    expected = eager_reference(eager, ids) if expected is None else expected
     logits, loss = sharded_step(model, ids, layout, group)
     pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()) if q.grad is not None]
     return {
