@@ -7,6 +7,7 @@ never planned and the pair count matches.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 
@@ -72,6 +73,10 @@ _SIZES = (
     # cuDNN's: bands that are causal triangles (documents' pieces, a window dividing the tile) as triangles
     TileSizes(burst.masks.MAX_TILE, bands=True, triangle_rows=2),
     TileSizes(5, bands=True, triangle_rows=4),
+    # full tiles joined across runs of positions (a zigzag shard's halves): what AttentionCall plans
+    TileSizes(burst.masks.MAX_TILE, join_runs=True),
+    TileSizes(5, 2, True, join_runs=True),
+    TileSizes(burst.masks.MAX_TILE, bands=True, triangle_rows=2, join_runs=True),
 )
 
 
@@ -120,6 +125,32 @@ def test_cudnn_plans_windows_and_documents_as_triangles():
     assert [(t.cover, t.q.length) for t in docs] == [(Cover.DIAG, 16), (Cover.DIAG, 24), (Cover.DIAG, 24)]
     small = plan_tiles(whole, whole, MaskSpec(causal=True, cu_seqlens=(0, 8, 40, 64)), sizes)
     assert len(small) == 1 and small[0].bands.sequences == 3  # one varlen call
+
+
+def test_a_zigzag_step_off_the_diagonal_is_one_call():
+    """Causal zigzag: a rank's queries against an earlier rank's keys are both its halves against one
+    half, and against a later rank's keys its second half against both halves: with join_runs one full
+    call each (its joined side Rows: no positions to misread), within max_rows; AttentionCall joins
+    only without an index selection, which reads positions."""
+    from burst.masks import Cover
+    from burst.masks.tiles import Rows
+
+    world, n, spec = 4, 32, MaskSpec(causal=True)
+    segs = [segments("zigzag", r, world, n) for r in range(world)]
+    joined = TileSizes(burst.masks.MAX_TILE, join_runs=True)
+    earlier, later = plan_tiles(segs[2], segs[0], spec, joined), plan_tiles(segs[1], segs[2], spec, joined)
+    assert [(t.cover, t.q.rows, t.k.rows, type(t.q)) for t in earlier] == [
+        (Cover.FULL, slice(0, 32), slice(0, 16), Rows)
+    ]
+    assert [(t.cover, t.q.rows, t.k.rows, type(t.k)) for t in later] == [
+        (Cover.FULL, slice(16, 32), slice(0, 32), Rows)
+    ]
+    assert not hasattr(earlier[0].q, "first")
+    assert len(plan_tiles(segs[2], segs[0], spec, TileSizes(16, join_runs=True))) == 2  # the cap holds
+    assert len(plan_tiles(segs[2], segs[0], spec, TileSizes(burst.masks.MAX_TILE))) == 2
+    indices = torch.zeros(1, n, 2, dtype=torch.long)
+    with_selection = dataclasses.replace(_call("zigzag", 2, world, n, spec), indices=indices)
+    assert len(_call("zigzag", 2, world, n, spec).tiles(2, 0)) == 1 and len(with_selection.tiles(2, 0)) == 2
 
 
 def _call(layout, rank, world, n, spec):

@@ -29,7 +29,7 @@ from __future__ import annotations
 from ..layout import Segment
 from .bands import Bands
 from .rules import Cover, MaskSpec
-from .tiles import Tile, TileSizes
+from .tiles import Rows, Tile, TileSizes
 
 TILE = 512  # rows per tile when a block pair is partial: small enough to skip, big enough to run fast
 
@@ -47,7 +47,7 @@ def plan_tiles(
     for qs in q_segs:
         for ks in k_segs:
             tiles.extend(_plan_pair(qs, ks, spec, sizes))
-    return tiles
+    return _joined(tiles, sizes.max_rows, across_runs=True) if sizes.join_runs else tiles
 
 
 def _plan_pair(
@@ -309,22 +309,47 @@ def _checked(tile: Tile) -> list[Tile]:
 
 
 def _coalesce_full(row: list[Tile], max_rows: int) -> list[Tile]:
-    """Merge runs of FULL tiles that are adjacent along the keys into one kernel call."""
+    """Merge runs of FULL tiles that are adjacent along the keys, and whose keys continue one run of
+    positions, into one kernel call."""
+    return _joined(row, max_rows, across_runs=False)
+
+
+def _joined(tiles: list[Tile], max_rows: int, across_runs: bool) -> list[Tile]:
+    """Consecutive FULL tiles next to each other in local rows joined into one call of at most max_rows
+    each way: the same queries and the next keys; with across_runs also the same keys and the next
+    queries, and runs of positions that do not continue each other (the joined side is then Rows)."""
     out: list[Tile] = []
-    for t in row:
-        prev = out[-1] if out else None
-        if (
-            prev is not None
-            and prev.cover is Cover.FULL
-            and t.cover is Cover.FULL
-            and prev.q == t.q
-            and prev.k.length + t.k.length <= max_rows
-            and prev.k.local_start + prev.k.length == t.k.local_start
-            and prev.k.stride == t.k.stride
-            and prev.k.last + prev.k.stride == t.k.first
-        ):
-            k = Segment(prev.k.local_start, prev.k.length + t.k.length, prev.k.first, prev.k.stride)
-            out[-1] = Tile(prev.q, k, Cover.FULL, t.spec)
+    for t in tiles:
+        prev = out[-1] if out and out[-1].cover is Cover.FULL and t.cover is Cover.FULL else None
+        if prev is not None and _same_rows(prev.q, t.q) and _next_rows(prev.k, t.k, max_rows, across_runs):
+            out[-1] = Tile(prev.q, _union(prev.k, t.k), Cover.FULL, t.spec)
+        elif across_runs and prev is not None and _same_rows(prev.k, t.k) and _next_rows(prev.q, t.q, max_rows, True):
+            out[-1] = Tile(_union(prev.q, t.q), prev.k, Cover.FULL, t.spec)
         else:
             out.append(t)
     return out
+
+
+def _same_rows(a, b) -> bool:
+    return a.local_start == b.local_start and a.length == b.length
+
+
+def _next_rows(a, b, max_rows: int, across_runs: bool) -> bool:
+    """b's local rows follow a's, together at most max_rows (and b's positions continue a's run unless
+    across_runs)."""
+    return (
+        a.local_start + a.length == b.local_start
+        and a.length + b.length <= max_rows
+        and (across_runs or _continues(a, b))
+    )
+
+
+def _continues(a, b) -> bool:
+    return isinstance(a, Segment) and isinstance(b, Segment) and a.stride == b.stride and a.last + a.stride == b.first
+
+
+def _union(a, b) -> Segment | Rows:
+    """The local rows of a and then b: one Segment when b's positions continue a's, else Rows."""
+    if _continues(a, b):
+        return Segment(a.local_start, a.length + b.length, a.first, a.stride)
+    return Rows(a.local_start, a.length + b.length)

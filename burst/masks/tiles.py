@@ -36,6 +36,11 @@ class TileSizes:
     those triangles instead (0: never): a document's diagonal piece as a DIAG tile, a causal window
     as DIAG tiles and reversed triangles (Bands.is_reversed_triangle), for a kernel whose causal
     path is faster than its band arguments (cuDNN's, beside FlashAttention-2's window and varlen).
+    join_runs: full tiles next to each other in a shard's local rows (the same queries and the next keys,
+    or the same keys and the next queries) run as one call up to max_rows, also across runs of
+    positions that do not continue each other (a zigzag shard's two halves, whose joined side is
+    `Rows`): fewer, larger calls and one merge where there were two. Only for calls with no index
+    selection, which reads a tile's positions (AttentionCall.plan sets it).
     """
 
     max_rows: int = MAX_TILE
@@ -44,6 +49,7 @@ class TileSizes:
     bands: bool = False
     rules: bool = False
     triangle_rows: int = 0
+    join_runs: bool = False
 
     @classmethod
     def for_kernel(cls, kernel, max_rows: int | None = None) -> "TileSizes":
@@ -60,12 +66,27 @@ class TileSizes:
         )
 
 
+@dataclass(frozen=True)
+class Rows:
+    """Local rows [local_start, local_start + length) of a shard that are not one run of positions: the
+    side of a tile joined across two runs (TileSizes.join_runs). It has no positions on purpose, so that
+    nothing that needs them (a mask, an index selection) can read wrong ones."""
+
+    local_start: int
+    length: int
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.local_start, self.local_start + self.length)
+
+
 @dataclass(frozen=True, eq=False)
 class Tile:
-    """One kernel call: query rows `q.rows` against key rows `k.rows` of the two shards."""
+    """One kernel call: query rows `q.rows` against key rows `k.rows` of the two shards (a side is Rows
+    only in a FULL tile joined across runs)."""
 
-    q: Segment
-    k: Segment
+    q: Segment | Rows
+    k: Segment | Rows
     cover: Cover
     spec: MaskSpec
     bands: Bands | None = None  # the mask as kernel arguments, for a BAND tile
