@@ -158,6 +158,8 @@ def _compare(model_type, expected, model, ids, positions, layout, group) -> tupl
     except Exception as err:  # noqa: BLE001 - classified: burst's own clear error, or a crash
         kind = "refused" if _raised_by_burst(err) else "crash"
         return Outcome(model_type, kind, _first_line(err)), None
+    if train and got.loss is None:
+        return Outcome(model_type, "crash", "the split model returned no loss for its labels"), None
     difference = (logits.double() - expected.logits.double()).abs().max().item()
     if loss is not None and expected.loss is not None:
         difference = max(difference, abs(loss.item() - expected.loss.item()))

@@ -52,8 +52,7 @@ def selected(indices: torch.Tensor, q: Segment, k: Segment, block: int = 1) -> t
     first, last = k.first // block, k.last // block  # the blocks the tile's keys fall in
     span = last - first + 1
     # 1 + each entry's column in the tile's span of blocks; entries before the span (and -1, none
-    # chosen) land in column 0, those past it in span + 1: both dropped. Two passes over the entries,
-    # in their own order (reading them transposed costs as much as the scatter).
+    # chosen) land in column 0, those past it in span + 1: both dropped. Two passes over the entries.
     column = torch.sub(idx, first - 1, out=torch.empty(idx.shape, dtype=torch.long, device=idx.device))
     column.clamp_(0, span + 1)
     if column.dim() == 4:
