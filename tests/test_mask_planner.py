@@ -146,6 +146,8 @@ def test_a_zigzag_step_off_the_diagonal_is_one_call():
         (Cover.FULL, slice(16, 32), slice(0, 32), Rows)
     ]
     assert not hasattr(earlier[0].q, "first")
+    alone = segments("zigzag", 0, 1, n)  # one rank, no mask: the four quarter tiles join into one call
+    assert [(t.q.rows, t.k.rows) for t in plan_tiles(alone, alone, MaskSpec(), joined)] == [(slice(0, n),) * 2]
     assert len(plan_tiles(segs[2], segs[0], spec, TileSizes(16, join_runs=True))) == 2  # the cap holds
     assert len(plan_tiles(segs[2], segs[0], spec, TileSizes(burst.masks.MAX_TILE))) == 2
     indices = torch.zeros(1, n, 2, dtype=torch.long)

@@ -317,17 +317,25 @@ def _coalesce_full(row: list[Tile], max_rows: int) -> list[Tile]:
 def _joined(tiles: list[Tile], max_rows: int, across_runs: bool) -> list[Tile]:
     """Consecutive FULL tiles next to each other in local rows joined into one call of at most max_rows
     each way: the same queries and the next keys; with across_runs also the same keys and the next
-    queries, and runs of positions that do not continue each other (the joined side is then Rows)."""
+    queries, and runs of positions that do not continue each other (the joined side is then Rows).
+    A joined tile may join its predecessor in turn (a zigzag shard's four quarter tiles make one)."""
     out: list[Tile] = []
     for t in tiles:
-        prev = out[-1] if out and out[-1].cover is Cover.FULL and t.cover is Cover.FULL else None
-        if prev is not None and _same_rows(prev.q, t.q) and _next_rows(prev.k, t.k, max_rows, across_runs):
-            out[-1] = Tile(prev.q, _union(prev.k, t.k), Cover.FULL, t.spec)
-        elif across_runs and prev is not None and _same_rows(prev.k, t.k) and _next_rows(prev.q, t.q, max_rows, True):
-            out[-1] = Tile(_union(prev.q, t.q), prev.k, Cover.FULL, t.spec)
-        else:
-            out.append(t)
+        out.append(t)
+        while len(out) > 1 and (joined := _join(out[-2], out[-1], max_rows, across_runs)) is not None:
+            out[-2:] = [joined]
     return out
+
+
+def _join(a: Tile, b: Tile, max_rows: int, across_runs: bool) -> Tile | None:
+    """a and b as one FULL tile (b after a in local rows), or None."""
+    if a.cover is not Cover.FULL or b.cover is not Cover.FULL:
+        return None
+    if _same_rows(a.q, b.q) and _next_rows(a.k, b.k, max_rows, across_runs):
+        return Tile(a.q, _union(a.k, b.k), Cover.FULL, b.spec)
+    if across_runs and _same_rows(a.k, b.k) and _next_rows(a.q, b.q, max_rows, True):
+        return Tile(_union(a.q, b.q), a.k, Cover.FULL, b.spec)
+    return None
 
 
 def _same_rows(a, b) -> bool:
