@@ -15,10 +15,10 @@ to agree before they are timed. Bytes per element are counted from the passes ea
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
+from burst.bench.harness import _time_passes
 from burst.kernels.accumulators import out_from_delta
 from burst.merge import merge_partial, merged_lse_and_weights
 
@@ -42,20 +42,6 @@ def counted_bytes(op: str, code: str, size: int) -> int:
         return 8 + converted + 8 + 12 if code == "before" else 8 + 8 + size
     # norm; (convert dout;) scale; (round back)  /  norm; one multiply into dout's dtype
     return size + converted + 8 + converted if code == "before" else 3 * size
-
-
-def _timed(fn, repeats: int, device) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main() -> None:
@@ -98,7 +84,7 @@ def main() -> None:
     print("| op | code | ms | bytes / element (counted) | GB/s at the counted bytes |")
     print("|---|---|---|---|---|")
     for (op, code), fn in runs.items():
-        seconds = _timed(fn, a.repeats, device)
+        seconds, _, _ = _time_passes(a.repeats, device, fn, lambda _: None, lambda: None)  # best after a warm-up
         per = counted_bytes(op, code, out_blk.element_size())
         print(f"| {op} | {code} | {1e3 * seconds:.1f} | {per} | {per * elements / seconds / 1e9:.1f} |")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 from functools import cached_property
 
@@ -117,7 +117,7 @@ class AttentionCall:
         mask or `spec` (the compressed entries' own, compressed.py)."""
         spec = self.spec if spec is None else spec
         # full tiles joined across a zigzag shard's halves, unless an index selection reads positions
-        sizes = replace(TileSizes.for_kernel(self.kernel, max_rows), join_runs=self.indices is None)
+        sizes = TileSizes.for_kernel(self.kernel, max_rows, join_runs=self.indices is None)
         key = (spec.key, tuple(q_segs), tuple(k_segs), sizes)
         return _TILES.get(key, lambda: tuple(plan_tiles(q_segs, k_segs, spec, sizes=sizes)))  # shared: read only
 

@@ -31,21 +31,29 @@ DOCUMENT_LAYOUTS = tuple(f"doc_{split}" for split in DOCUMENT_SPLITS)
 
 
 @dataclass(frozen=True)
-class Segment:
-    """Local rows [local_start, local_start + length) hold global tokens first, first + stride, ..."""
+class Rows:
+    """Local rows [local_start, local_start + length) of a shard. As itself, rows that are not one run of
+    positions: the side of a tile joined across two runs (masks.TileSizes.join_runs), with no positions
+    on purpose, so that nothing that needs them (a mask, an index selection) can read wrong ones."""
 
     local_start: int
     length: int
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.local_start, self.local_start + self.length)
+
+
+@dataclass(frozen=True)
+class Segment(Rows):
+    """Local rows [local_start, local_start + length) hold global tokens first, first + stride, ..."""
+
     first: int
     stride: int = 1
 
     @property
     def last(self) -> int:
         return self.first + self.stride * (self.length - 1)
-
-    @property
-    def rows(self) -> slice:
-        return slice(self.local_start, self.local_start + self.length)
 
     def positions(self, device=None) -> torch.Tensor:
         return self.first + self.stride * torch.arange(self.length, device=device)

@@ -133,7 +133,7 @@ def test_a_zigzag_step_off_the_diagonal_is_one_call():
     call each (its joined side Rows: no positions to misread), within max_rows; AttentionCall joins
     only without an index selection, which reads positions."""
     from burst.masks import Cover
-    from burst.masks.tiles import Rows
+    from burst.layout import Rows
 
     world, n, spec = 4, 32, MaskSpec(causal=True)
     segs = [segments("zigzag", r, world, n) for r in range(world)]

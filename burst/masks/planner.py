@@ -26,10 +26,10 @@ What attends is rules.py's (MaskSpec); this module only asks it and cuts.
 
 from __future__ import annotations
 
-from ..layout import Segment
+from ..layout import Rows, Segment
 from .bands import Bands
 from .rules import Cover, MaskSpec
-from .tiles import Rows, Tile, TileSizes
+from .tiles import Tile, TileSizes
 
 TILE = 512  # rows per tile when a block pair is partial: small enough to skip, big enough to run fast
 

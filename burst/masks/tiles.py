@@ -11,7 +11,7 @@ from functools import cached_property
 
 import torch
 
-from ..layout import Segment
+from ..layout import Rows, Segment
 from .bands import Bands
 from .rules import Cover, MaskSpec, PositionRule
 
@@ -52,9 +52,9 @@ class TileSizes:
     join_runs: bool = False
 
     @classmethod
-    def for_kernel(cls, kernel, max_rows: int | None = None) -> "TileSizes":
+    def for_kernel(cls, kernel, max_rows: int | None = None, join_runs: bool = False) -> "TileSizes":
         """How `kernel` (a burst.kernels backend module) wants its calls: its MAX_ROWS (or fewer), its
-        leaves, and whether it takes bands and rules."""
+        leaves, and whether it takes bands and rules; join_runs as the field says."""
         cap = kernel.MAX_ROWS if max_rows is None else min(max_rows, kernel.MAX_ROWS)
         return cls(
             cap,
@@ -63,21 +63,8 @@ class TileSizes:
             getattr(kernel, "BANDS", False),
             getattr(kernel, "RULES", False),
             getattr(kernel, "TRIANGLE_ROWS", 0),
+            join_runs,
         )
-
-
-@dataclass(frozen=True)
-class Rows:
-    """Local rows [local_start, local_start + length) of a shard that are not one run of positions: the
-    side of a tile joined across two runs (TileSizes.join_runs). It has no positions on purpose, so that
-    nothing that needs them (a mask, an index selection) can read wrong ones."""
-
-    local_start: int
-    length: int
-
-    @property
-    def rows(self) -> slice:
-        return slice(self.local_start, self.local_start + self.length)
 
 
 @dataclass(frozen=True, eq=False)

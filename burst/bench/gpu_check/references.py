@@ -12,7 +12,6 @@ over this row's (>= 1: as fast as the best reference).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 
 import torch
@@ -164,7 +163,7 @@ def ring_tiles_runner(q, k, v, dout, spec: MaskSpec, ranks: int):
     segs = [segments(layout, r, ranks, local) for r in range(ranks)]
     rows = [torch.cat([s.positions() for s in seg]).to(q.device) for seg in segs]
     shards = [[t[:, idx] for t in (q, k, v, dout)] for idx in rows]
-    sizes = dataclasses.replace(TileSizes.for_kernel(kernel), join_runs=True)  # as AttentionCall.plan plans
+    sizes = TileSizes.for_kernel(kernel, join_runs=True)  # as AttentionCall.plan plans a call without indices
     tiles = {(r, src): plan_tiles(segs[r], segs[src], spec, sizes) for r in range(ranks) for src in range(ranks)}
     queries_travel = smaller_side(side_bytes_per_row(q, dout, k, v)) == "queries"
     scale = q.shape[-1] ** -0.5
