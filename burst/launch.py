@@ -216,19 +216,10 @@ def spawn_world(
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     with tempfile.TemporaryDirectory() as outdir, _signals_exit():
         context = _rank_context()
-        entry_args = (
-            nproc,
-            free_port(),
-            threads,
-            backend,
-            dict(env or {}),
-            fn,
-            args,
-            outdir,
-            dict(os.environ),
-            os.getpid(),
-        )
-        ranks = [context.Process(target=_entry, args=(rank, *entry_args), daemon=False) for rank in range(nproc)]
+        entry_args = (nproc, free_port(), threads, backend, dict(env or {}), fn, args, outdir, dict(os.environ))
+        ranks = [
+            context.Process(target=_entry, args=(rank, *entry_args, os.getpid()), daemon=False) for rank in range(nproc)
+        ]
         try:  # from the first start on: whatever leaves this block, no rank outlives it
             for process in ranks:
                 process.start()
@@ -267,20 +258,26 @@ def _signals_exit():
             signal.signal(signum, previous)
 
 
-PRELOAD = ["torch", "torch.distributed", "torch.nn.functional"]
+PRELOAD = ["torch", "torch.distributed", "torch.nn.functional", "burst"]
+# what ranks import to run transformers' models (~4 s of CPU each); read the environment once, in the server
+PRELOAD_HF = [
+    "torch._dynamo",
+    "transformers.modeling_utils",
+    "transformers.models.llama.modeling_llama",
+    "burst.integrations.transformers",
+]
 
 
 def _rank_context():
-    """How ranks start: forked from a server that has imported torch (multiprocessing's forkserver,
-    torch preloaded), which spares each rank the 2-3 s of CPU a fresh interpreter spends importing
-    torch; like spawn, each rank is a clean process that unpickles its function and arguments. Spawn
-    where forkserver does not exist (Windows). torch._dynamo (~2 s) is preloaded only where ranks will
-    want it: a launcher with transformers loaded runs its models, whose modules import it."""
+    """How ranks start: forked from a server that has imported torch and burst (multiprocessing's
+    forkserver), sparing each rank the seconds of CPU a fresh interpreter spends importing them, and
+    PRELOAD_HF too where the launcher has loaded transformers; like spawn, each rank is a clean process
+    that unpickles its function and arguments. Spawn where forkserver does not exist (Windows)."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
-    dynamo = "transformers" in sys.modules or "torch._dynamo" in sys.modules
-    context.set_forkserver_preload(PRELOAD + (["torch._dynamo"] if dynamo else []))
+    dynamo = ["torch._dynamo"] if "torch._dynamo" in sys.modules else []  # ~2 s, where the launcher has it
+    context.set_forkserver_preload(PRELOAD + (PRELOAD_HF if "transformers" in sys.modules else dynamo))
     return context
 
 

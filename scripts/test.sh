@@ -5,6 +5,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bash "$root/scripts/setup.sh"
+# The set-up leaves byte-compiling to the imports (setup.sh): let them cache what they compile, here
+# where the suite starts hundreds of processes that import torch, transformers and burst.
+unset PYTHONDONTWRITEBYTECODE
 cd "$root"
 if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"

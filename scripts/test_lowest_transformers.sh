@@ -13,7 +13,7 @@ fi
 target=.venv/lowest-transformers/$lowest
 if [ ! -f "$target/.installed" ]; then
   rm -rf "$target"
-  .venv/bin/pip install -q --no-deps --target "$target" "transformers==$lowest"
+  .venv/bin/pip install -q --no-compile --no-deps --target "$target" "transformers==$lowest"
   touch "$target/.installed"
 fi
 export PYTHONPATH="$root/$target${PYTHONPATH:+:$PYTHONPATH}"
