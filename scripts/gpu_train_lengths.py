@@ -410,7 +410,9 @@ class Search:
                 }
             )
             return
-        shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+        from burst.comm import shm
+
+        before = shm.names()
         from burst.plan.lengths import MEMORY_OPTIONS
 
         cmd = [
@@ -443,12 +445,12 @@ class Search:
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(5, self.left()), env=env)
             lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-            left = sorted(set(os.listdir("/dev/shm")) - shm) if os.path.isdir("/dev/shm") else []
+            left = sorted(shm.left_by_dead() - before)  # files of processes still running are in use
             ok = done.returncode == 1 and len(lines) == 1 and "out of memory at --seq-len" in lines[0]
             entry.update(
                 ok=ok,
                 why=f"exit {done.returncode}, {len(lines)} stderr line(s): {lines[-1][:600] if lines else ''}"
-                f"; new in /dev/shm: {left or 'nothing'}",
+                f"; left in /dev/shm by exited processes: {left or 'nothing'}",
             )
         except subprocess.TimeoutExpired:
             entry.update(ok=False, why="out of time (the budget)")

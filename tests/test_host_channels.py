@@ -238,7 +238,7 @@ def test_files_a_dead_world_left_are_removed_by_the_next_start(tmp_path):
     import subprocess
     import sys
 
-    from burst.comm.shm import create_private, private_name, remove_dead
+    from burst.comm.shm import create_private, left_by_dead, private_name, remove_dead
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -246,7 +246,9 @@ def test_files_a_dead_world_left_are_removed_by_the_next_start(tmp_path):
     left = private_name("p2p", str(tmp_path)).replace(f"-{os.getpid()}-", f"-{dead}-") + ".from1"
     mine = private_name("gather", str(tmp_path))
     other = str(tmp_path / "unrelated-file")
-    for path in (left, mine, other):
+    torchs = str(tmp_path / f"torch_{dead}_12345_0")  # torch's name for a shared tensor: its to clean
+    for path in (left, mine, other, torchs):
         create_private(path, 4096)
+    assert left_by_dead(str(tmp_path)) == {os.path.basename(left), os.path.basename(torchs)}
     assert remove_dead(str(tmp_path)) == [left]
-    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in (mine, other))
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in (mine, other, torchs))

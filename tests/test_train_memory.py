@@ -22,7 +22,6 @@ import torch
 from burst.engine.model import PRESETS, Transformer
 from burst.engine.train import TokenSource, TrainConfig, build, make_optimizer, train_step
 
-pytestmark = pytest.mark.serial  # reads what is new in /dev/shm: no other test beside it
 
 STEPS = 3
 
@@ -229,7 +228,9 @@ def test_burst_train_out_of_memory_exits_with_one_line_and_leaves_no_shm():
     """The real command, its rank spawned (tests/clients/oom_site patches train_step in every process)."""
     import subprocess
 
-    shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    from burst.comm import shm
+
+    before = shm.names()
     site = pathlib.Path(__file__).parent / "clients" / "oom_site"
     done = subprocess.run(
         [
@@ -265,8 +266,8 @@ def test_burst_train_out_of_memory_exits_with_one_line_and_leaves_no_shm():
     assert len(lines) == 1 and lines[0].startswith(
         "burst train: error: rank 0: TrainOutOfMemory: out of memory at --seq-len 64 on cpu"
     ), done.stderr[-3000:]
-    left = set(os.listdir("/dev/shm")) - shm if os.path.isdir("/dev/shm") else set()
-    assert not {n for n in left if "torch" in n or "burst" in n}, left
+    left = shm.left_by_dead() - before  # files of processes still running (other tests') are in use
+    assert not left, left
 
 
 def test_a_failed_host_step_is_raised_by_step_and_the_next_backward_runs():

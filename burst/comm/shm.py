@@ -44,19 +44,46 @@ def remove_dead(directory: str = SHM_DIR) -> list[str]:
     between creating its files and unlinking them, which it does as soon as every rank has mapped
     them); returns their paths. Files of live processes, and other users' files, are left alone."""
     removed = []
-    for name in os.listdir(directory) if os.path.isdir(directory) else ():
-        parts = name.split("-")
-        if len(parts) != 4 or parts[0] != "burst" or not parts[2].isdigit():
+    for name in sorted(left_by_dead(directory)):
+        if not name.startswith("burst-"):  # torch's are torch's to clean
             continue
-        path = os.path.join(directory, name)
         try:
-            if os.lstat(path).st_uid != os.geteuid() or _running(int(parts[2])):
-                continue
-            os.unlink(path)
-            removed.append(path)
+            os.unlink(os.path.join(directory, name))
+            removed.append(os.path.join(directory, name))
         except FileNotFoundError:  # another rank cleaned it first
             continue
     return removed
+
+
+def names(directory: str = SHM_DIR) -> set[str]:
+    """The files in `directory` (none where it does not exist)."""
+    return set(os.listdir(directory)) if os.path.isdir(directory) else set()
+
+
+def left_by_dead(directory: str = SHM_DIR) -> set[str]:
+    """The names of this user's shared-memory files whose creating process has exited: burst's
+    (burst-KIND-PID-RANDOM) and torch's (torch_PID_...). Files of processes still running are in use,
+    not left behind: a check for what a finished run left reads this, not all that is new."""
+    left = set()
+    for name in names(directory):
+        pid = _creator(name)
+        try:
+            if pid is not None and os.lstat(os.path.join(directory, name)).st_uid == os.geteuid() and not _running(pid):
+                left.add(name)
+        except FileNotFoundError:  # unlinked meanwhile
+            continue
+    return left
+
+
+def _creator(name: str) -> int | None:
+    """The pid a shared-memory file's name holds: burst-KIND-PID-RANDOM (private_name), torch_PID_..."""
+    parts = name.split("-")
+    if len(parts) == 4 and parts[0] == "burst" and parts[2].isdigit():
+        return int(parts[2])
+    parts = name.split("_")
+    if len(parts) >= 3 and parts[0] == "torch" and parts[1].isdigit():
+        return int(parts[1])
+    return None
 
 
 def _running(pid: int) -> bool:
