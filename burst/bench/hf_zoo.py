@@ -83,6 +83,7 @@ def build(model_type: str, attn_implementation: str, ids: torch.Tensor, position
             torch.manual_seed(0)
             eager = causal_lm(model_type, copy.deepcopy(config), attn_implementation="eager").eval()
             draw(model_type, eager)
+            twin = copy.deepcopy(eager)  # before the forward: a module may keep state from one
             expected = _forward(eager, ids, positions)
         except _Skip:
             raise
@@ -96,25 +97,36 @@ def build(model_type: str, attn_implementation: str, ids: torch.Tensor, position
         except ValueError as err:
             raise _RefusedByBurst(_first_line(err)) from err
         try:
-            model = causal_lm(model_type, copy.deepcopy(config), attn_implementation=attn_implementation)
+            model = _switched(twin, attn_implementation)
+            if model is None:  # the family cannot switch: built anew, eager's weights loaded
+                model = causal_lm(model_type, copy.deepcopy(config), attn_implementation=attn_implementation)
+                model.load_state_dict(eager.state_dict())
         except Exception as err:  # noqa: BLE001 - transformers' own refusal of a custom attention name
             raise _NotBuilt(_first_line(err)) from err
-        model.load_state_dict(eager.state_dict())
         return expected, model.eval(), eager
     raise first
 
 
+def _switched(twin, attn_implementation: str):
+    """`twin` (a copy of the eager model: its weights, buffers and config) switched to attn_implementation
+    by transformers' set_attn_implementation, or None where the switch does not take (a third of the
+    zoo's build time was building each family's twin and loading eager's weights into it)."""
+    twin.set_attn_implementation(attn_implementation)
+    return twin if twin.config._attn_implementation == attn_implementation else None
+
+
 def _forward(model, ids, positions):
-    """The model's output on ids with them as labels too; its logits alone (loss None) where its own loss
-    needs more than token ids (GIT's drops the image tokens it assumes, MusicGen's labels are per codebook)."""
-    with torch.no_grad():
+    """The model's output on ids with them as labels too, its loss with its graph (the gradients'
+    reference: _compare_gradients); its logits alone (loss None) where its own loss needs more than token
+    ids (GIT's drops the image tokens it assumes, MusicGen's labels are per codebook)."""
+    try:
+        return model(input_ids=ids, position_ids=positions, labels=ids, use_cache=False)
+    except Exception as err:  # noqa: BLE001 - the logits alone, or the error with labels
         try:
-            return model(input_ids=ids, position_ids=positions, labels=ids, use_cache=False)
-        except Exception as err:  # noqa: BLE001 - the logits alone, or the error with labels
-            try:
+            with torch.no_grad():
                 return model(input_ids=ids, position_ids=positions, use_cache=False)
-            except Exception:  # noqa: BLE001
-                raise err from None
+        except Exception:  # noqa: BLE001
+            raise err from None
 
 
 def run_family(model_type: str, name: str, layout: str, group=None, built=None) -> tuple[Outcome, tuple | None]:
@@ -136,7 +148,7 @@ def run_family(model_type: str, name: str, layout: str, group=None, built=None) 
     expected, model, eager = built
     outcome, loss = _compare(model_type, expected, model, ids, positions, layout, group)
     if outcome.outcome == "exact" and loss is not None:  # one backward: every parameter's gradient
-        outcome = _compare_gradients(outcome, eager, model, loss, ids, positions, group)
+        outcome = _compare_gradients(outcome, eager, expected, model, loss, group)
     return outcome, built
 
 
@@ -160,7 +172,7 @@ def _compare(model_type, expected, model, ids, positions, layout, group) -> tupl
         return Outcome(model_type, kind, _first_line(err)), None
     if train and got.loss is None:
         return Outcome(model_type, "crash", "the split model returned no loss for its labels"), None
-    difference = (logits.double() - expected.logits.double()).abs().max().item()
+    difference = (logits.double() - expected.logits.detach().double()).abs().max().item()
     if loss is not None and expected.loss is not None:
         difference = max(difference, abs(loss.item() - expected.loss.item()))
     if difference <= TOLERANCE:
@@ -169,16 +181,16 @@ def _compare(model_type, expected, model, ids, positions, layout, group) -> tupl
     return Outcome(model_type, "silent", f"max abs difference {difference:.2e}", difference), None
 
 
-def _compare_gradients(outcome: Outcome, eager, model, loss, ids, positions, group) -> Outcome:
+def _compare_gradients(outcome: Outcome, eager, expected, model, loss, group) -> Outcome:
     """The exact forward's outcome, or what one backward of its `loss` shows: every parameter's gradient
-    (reduce_gradients) against eager's in this process, within GRADIENT_TOLERANCE (gradient_error's
-    relative measure). Eager's gradients are computed once per family and kept for its other settings."""
+    (reduce_gradients) against eager's in this process (the backward of `expected`'s loss, once per
+    family, kept for its other settings), within GRADIENT_TOLERANCE (gradient_error's relative measure)."""
     from ..integrations import transformers as bt
 
     try:
         model.zero_grad(set_to_none=True)
         if all(p.grad is None for p in eager.parameters()):
-            eager(input_ids=ids, position_ids=positions, labels=ids, use_cache=False).loss.backward()
+            expected.loss.backward()
         loss.backward()
         bt.reduce_gradients(model, group)
     except Exception as err:  # noqa: BLE001 - classified as the forward's errors are
@@ -294,8 +306,8 @@ def run_zoo(
     model_types, group=None, strategy: str = "burst", layouts=("contiguous", "zigzag")
 ) -> dict[str, dict[str, Outcome]]:
     """Every family at 1 rank and, on a world of G > 1 ranks, at G ranks in each of `layouts`:
-    {family: {setting: Outcome}}. Call on every rank of the group alike (the 1-rank setting runs on a
-    group of this rank alone, so each rank checks it too)."""
+    {family: {setting: Outcome}}, the same on every rank. Call on every rank of the group alike (the
+    1-rank setting runs on a group of one rank, each rank for every G-th family)."""
     from ..integrations import transformers as bt
 
     world = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -310,7 +322,17 @@ def run_zoo(
     else:
         names = {"1 rank": bt.register(f"zoo_{strategy}_alone", strategy=strategy, group=group)}
     groups = {setting: bt.BACKENDS[name].group for setting, name in names.items()}
-    return {family: _family_in_every_setting(family, names, groups) for family in model_types}
+    if world == 1:
+        return {family: _family_in_every_setting(family, names, groups) for family in model_types}
+    # The 1-rank setting is the same work on every rank: each rank runs it for its share of the families.
+    rank, rows = dist.get_rank(group), {}
+    for i, family in enumerate(model_types):
+        mine = {setting: name for setting, name in names.items() if setting != "1 rank" or i % world == rank}
+        rows[family] = _family_in_every_setting(family, mine, groups)
+    shares = [None] * world
+    dist.all_gather_object(shares, {f: by["1 rank"] for f, by in rows.items() if "1 rank" in by}, group=group)
+    alone = {family: outcome for share in shares for family, outcome in share.items()}
+    return {family: {"1 rank": alone[family], **rows[family]} for family in model_types}
 
 
 def _family_in_every_setting(model_type: str, names: dict, groups: dict) -> dict[str, Outcome]:
