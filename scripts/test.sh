@@ -13,8 +13,9 @@ if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
 # Two workers (pytest-xdist), one test module each at a time, the longest first (tests/conftest.py):
-# much of a test's time is one process starting or waiting on another, which leaves a core idle. Then,
+# much of a test's time is one process starting or waiting on another, which leaves a core idle. One
+# thread a process: two workers of two threads each (torch's default here) ran ~10% slower. Then,
 # alone, the tests marked serial.
-.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not serial"
+OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not serial"
 .venv/bin/python -m pytest -q -m serial
 bash scripts/test_lowest_transformers.sh

@@ -27,6 +27,6 @@ echo "transformers tests on the lowest tested release, transformers $lowest:"
 # the hybrids' training step (their mixers' signatures change between releases) and generate() on a
 # ShardedCache (the Cache API), and the generate example as a user runs it (generate()'s cache keyword: `cache`
 # from 5.24 on, `past_key_values` on this release).
-exec .venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests/test_hf_zoo.py tests/test_hf_hybrid.py \
+OMP_NUM_THREADS=1 exec .venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests/test_hf_zoo.py tests/test_hf_hybrid.py \
   "tests/test_transformers_generate.py::test_greedy_and_sampled_tokens_equal_one_process_generate[2]" \
   tests/test_transformers_generate.py::test_torchrun_example_generates_like_one_process
