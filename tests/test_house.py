@@ -81,3 +81,13 @@ def test_the_script_finds_circles_through_relative_and_deferred_imports(tmp_path
 
 def test_burst_has_no_import_circle_and_no_long_file_outside_the_allow_list():
     assert house_problems() == []
+
+
+def test_the_suites_longest_first_names_modules_that_exist():
+    """tests/conftest.py's LONGEST_FIRST orders the two-worker run (scripts/test.sh): a module renamed
+    or removed must leave it too, or the order it claims goes stale without a word."""
+    from conftest import LONGEST_FIRST
+
+    tests = Path(__file__).parent
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
+    assert [name for name in LONGEST_FIRST if not (tests / f"{name}.py").is_file()] == []
