@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainerCallback, TrainingArguments
@@ -122,8 +123,10 @@ def main() -> None:
         config = tiny_config(args.family)
     torch.manual_seed(0)  # the same weights on every rank and in the reference
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    # the Trainer makes its output_dir even with save_strategy="no": without --out, a folder that goes at exit
+    scratch = None if args.out else tempfile.TemporaryDirectory(prefix="burst-trainer-")
     training = TrainingArguments(
-        output_dir=args.out or "trainer-out",
+        output_dir=args.out or scratch.name,
         per_device_train_batch_size=args.batch,
         per_device_eval_batch_size=2,
         gradient_accumulation_steps=args.accumulate,

@@ -190,7 +190,7 @@ def test_titan_recipe_two_replicas_of_two_ranks_equal_one_process(results):
     _assert_same_steps(*results("titan dp2sp2"))
 
 
-def test_refusals_before_training():
+def test_refusals_before_training(tmp_path):
     """What the Trainer would compute inexactly raises at construction, naming it."""
     from transformers import AutoModelForCausalLM, LlamaConfig, TrainingArguments
 
@@ -205,7 +205,7 @@ def test_refusals_before_training():
         num_key_value_heads=1,
     )
     model = AutoModelForCausalLM.from_config(config)
-    args = dict(output_dir="unused", use_cpu=True, report_to=[])
+    args = dict(output_dir=str(tmp_path), use_cpu=True, report_to=[])
     with pytest.raises(ValueError, match="label_smoothing_factor"):
         SequenceParallelTrainer(model=model, args=TrainingArguments(**args, label_smoothing_factor=0.1))
     with pytest.raises(ValueError, match="average_tokens_across_devices"):

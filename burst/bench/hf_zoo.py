@@ -97,22 +97,25 @@ def build(model_type: str, attn_implementation: str, ids: torch.Tensor, position
         except ValueError as err:
             raise _RefusedByBurst(_first_line(err)) from err
         try:
-            model = _switched(twin, attn_implementation)
-            if model is None:  # the family cannot switch: built anew, eager's weights loaded
-                model = causal_lm(model_type, copy.deepcopy(config), attn_implementation=attn_implementation)
-                model.load_state_dict(eager.state_dict())
+            model = _twin_on(model_type, twin, config, attn_implementation)
         except Exception as err:  # noqa: BLE001 - transformers' own refusal of a custom attention name
             raise _NotBuilt(_first_line(err)) from err
         return expected, model.eval(), eager
     raise first
 
 
-def _switched(twin, attn_implementation: str):
-    """`twin` (a copy of the eager model: its weights, buffers and config) switched to attn_implementation
-    by transformers' set_attn_implementation, or None where the switch does not take (a third of the
-    zoo's build time was building each family's twin and loading eager's weights into it)."""
-    twin.set_attn_implementation(attn_implementation)
-    return twin if twin.config._attn_implementation == attn_implementation else None
+def _twin_on(model_type: str, twin, config, attn_implementation: str, switch: bool = True):
+    """`twin` (a copy of the eager model taken before any forward: a module may keep state from one)
+    on attn_implementation: switched by transformers' set_attn_implementation (a third of the zoo's build
+    time was building each twin anew), or where the family cannot switch (or switch=False), a model
+    built anew from `config` with twin's weights loaded."""
+    if switch:
+        twin.set_attn_implementation(attn_implementation)
+        if twin.config._attn_implementation == attn_implementation:
+            return twin
+    model = causal_lm(model_type, copy.deepcopy(config), attn_implementation=attn_implementation)
+    model.load_state_dict(twin.state_dict())
+    return model
 
 
 def _forward(model, ids, positions):
@@ -212,9 +215,9 @@ def twin_models(model_type: str, attn_implementation: str, config=None, referenc
     torch.manual_seed(0)
     eager = causal_lm(model_type, copy.deepcopy(reference_config or config), attn_implementation="eager")
     draw(model_type, eager)
-    model = causal_lm(model_type, copy.deepcopy(config), attn_implementation=attn_implementation)
-    model.load_state_dict(eager.state_dict())
-    return eager, model
+    if reference_config is not None:  # a twin with a config of its own: built from it, eager's weights loaded
+        return eager, _twin_on(model_type, eager, config, attn_implementation, switch=False)
+    return eager, _twin_on(model_type, copy.deepcopy(eager), config, attn_implementation)
 
 
 def train_step_errors(
@@ -311,28 +314,33 @@ def run_zoo(
     from ..integrations import transformers as bt
 
     world = dist.get_world_size(group) if dist.is_initialized() else 1
-    if world > 1:  # every rank creates every one-rank group, in the same order
-        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
-        alone = [dist.new_group([r]) for r in ranks][dist.get_rank(group)]
-        names = {"1 rank": bt.register(f"zoo_{strategy}_alone", strategy=strategy, group=alone)}
-        for layout in layouts:
-            names[f"{world} ranks {layout}"] = bt.register(
-                f"zoo_{strategy}_{layout}", strategy=strategy, layout=layout, group=group
-            )
-    else:
-        names = {"1 rank": bt.register(f"zoo_{strategy}_alone", strategy=strategy, group=group)}
+    rank = dist.get_rank(group) if world > 1 else 0
+    names = {"1 rank": bt.register(f"zoo_{strategy}_alone", strategy=strategy, group=_own_group(group, world))}
+    for layout in layouts if world > 1 else ():
+        names[f"{world} ranks {layout}"] = bt.register(
+            f"zoo_{strategy}_{layout}", strategy=strategy, layout=layout, group=group
+        )
     groups = {setting: bt.BACKENDS[name].group for setting, name in names.items()}
-    if world == 1:
-        return {family: _family_in_every_setting(family, names, groups) for family in model_types}
     # The 1-rank setting is the same work on every rank: each rank runs it for its share of the families.
-    rank, rows = dist.get_rank(group), {}
+    rows = {}
     for i, family in enumerate(model_types):
         mine = {setting: name for setting, name in names.items() if setting != "1 rank" or i % world == rank}
         rows[family] = _family_in_every_setting(family, mine, groups)
-    shares = [None] * world
-    dist.all_gather_object(shares, {f: by["1 rank"] for f, by in rows.items() if "1 rank" in by}, group=group)
+    mine_alone = {family: by["1 rank"] for family, by in rows.items() if "1 rank" in by}
+    shares = [mine_alone] * world  # every rank's share: gathered where there are several
+    if world > 1:
+        dist.all_gather_object(shares, mine_alone, group=group)
     alone = {family: outcome for share in shares for family, outcome in share.items()}
     return {family: {"1 rank": alone[family], **rows[family]} for family in model_types}
+
+
+def _own_group(group, world: int):
+    """This rank's group of one rank (`group` itself when it has one rank). Every rank creates every
+    one-rank group, in the same order, as new_group requires."""
+    if world == 1:
+        return group
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
+    return [dist.new_group([r]) for r in ranks][dist.get_rank(group)]
 
 
 def _family_in_every_setting(model_type: str, names: dict, groups: dict) -> dict[str, Outcome]:
