@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .comm.topology import Topology
+from .kernels.attend import attend_backward, attend_forward
 from .layout import Segment, segments
 from .masks import Cover, MaskSpec, Tile, TileSizes, may_attend, plan_tiles
 from .schedules.chunk_stream import BoundedCache
@@ -120,6 +121,20 @@ class AttentionCall:
         sizes = TileSizes.for_kernel(self.kernel, max_rows, join_runs=self.indices is None)
         key = (spec.key, tuple(q_segs), tuple(k_segs), sizes)
         return _TILES.get(key, lambda: tuple(plan_tiles(q_segs, k_segs, spec, sizes=sizes)))  # shared: read only
+
+    def attend_forward(self, q, k, v, tiles: list[Tile], out_acc, lse_acc, indices=...) -> None:
+        """kernels.attend.attend_forward with this call's kernel, scale and index selection. indices: the
+        selection of these query rows when they are not this rank's (a visiting block's), else the call's."""
+        attend_forward(self.kernel, q, k, v, tiles, out_acc, lse_acc, self.scale, *self._selection(indices))
+
+    def attend_backward(self, dout, q, k, v, out, lse, tiles: list[Tile], dq, dk, dv, delta=None, indices=...) -> None:
+        """kernels.attend.attend_backward with this call's kernel, scale and index selection (out None
+        and delta: BurstAttention's smaller backward side; indices: as attend_forward's)."""
+        selection = self._selection(indices)
+        attend_backward(self.kernel, dout, q, k, v, out, lse, tiles, dq, dk, dv, self.scale, delta, *selection)
+
+    def _selection(self, indices) -> tuple:
+        return (self.indices if indices is ... else indices), self.index_block
 
     @cached_property
     def mask_key(self) -> tuple:

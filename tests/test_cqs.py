@@ -94,8 +94,9 @@ def _cases(rank, world):
 def _compute_watch(stats):
     """Snapshot CommStats (bytes, messages) at entry and exit of every block computation of the cqs
     strategy; yields {phase: set of snapshots}. One snapshot per phase means nothing moved between
-    the first block pair and the last: no communication during compute."""
-    import burst.strategies.cqs as mod
+    the first block pair and the last: no communication during compute (the cqs strategy computes
+    through AttentionCall's attend_forward and attend_backward)."""
+    from burst.call import AttentionCall as mod
 
     seen = {"forward": set(), "backward": set()}
     originals = {name: getattr(mod, name) for name in ("attend_forward", "attend_backward")}

@@ -16,7 +16,6 @@ from ..call import AttentionCall
 from ..comm import tensor_bytes
 from ..comm.collectives import all_gather_flat, record_to_peers, reduce_scatter_flat
 from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward
-from ..kernels.attend import attend_backward, attend_forward
 from .base import Strategy
 
 
@@ -36,18 +35,7 @@ def allgather_forward(call: AttentionCall, q, keys):
     kv_all = _gather_kv(call, keys.k, keys.v, "forward")
     out_acc, lse_acc = empty_accumulators(q)
     for src in range(call.world):
-        attend_forward(
-            call.kernel,
-            q,
-            kv_all[2 * src],
-            kv_all[2 * src + 1],
-            call.tiles(call.rank, src),
-            out_acc,
-            lse_acc,
-            call.scale,
-            indices=call.indices,
-            index_block=call.index_block,
-        )
+        call.attend_forward(q, kv_all[2 * src], kv_all[2 * src + 1], call.tiles(call.rank, src), out_acc, lse_acc)
     return out_acc.to(q.dtype), lse_acc
 
 
@@ -58,8 +46,7 @@ def allgather_backward(call: AttentionCall, dout, q, keys, out, lse):
     dq = accumulator_zeros_like(q)
     dkv_all = accumulator_zeros_like(kv_all)
     for src in range(call.world):
-        attend_backward(
-            call.kernel,
+        call.attend_backward(
             dout,
             q,
             kv_all[2 * src],
@@ -70,9 +57,6 @@ def allgather_backward(call: AttentionCall, dout, q, keys, out, lse):
             dq,
             dkv_all[2 * src],
             dkv_all[2 * src + 1],
-            call.scale,
-            indices=call.indices,
-            index_block=call.index_block,
         )
     if call.world == 1:
         dkv = dkv_all

@@ -26,7 +26,6 @@ import torch.distributed as dist
 from ..call import AttentionCall
 from ..comm.stats import record_choice
 from ..kernels.accumulators import accumulator_zeros_like, lse_for_backward, row_delta
-from ..kernels.attend import attend_backward
 from ..keys import KeyBlocks, kv_gradients
 from .base import Options, Strategy, int_at_least
 from .burst_stream import chunk_rows, keys_partly_needed, served_forward, served_key_backward, served_query_backward
@@ -148,8 +147,7 @@ def _ring_backward(call: AttentionCall, travelling, out, k, v, dk, dv):
         q_j, dout_j, delta_j, lse_j, *indices_j = held
         # Our own queries come with their real output; others' are rebuilt from D tile by tile.
         out_j = out if src == call.rank else None
-        attend_backward(
-            call.kernel,
+        call.attend_backward(
             dout_j,
             q_j,
             k,
@@ -160,10 +158,8 @@ def _ring_backward(call: AttentionCall, travelling, out, k, v, dk, dv):
             dq_acc.part(0),
             dk,
             dv,
-            call.scale,
             delta=delta_j,
             indices=indices_j[0] if indices_j else None,
-            index_block=call.index_block,
         )
 
     (dq,) = visit_blocks(call, call.q_schedule, "backward", travelling, attend, acc_likes=travelling[:1])

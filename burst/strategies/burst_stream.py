@@ -41,7 +41,6 @@ from ..call import AttentionCall
 from ..comm import tags
 from ..comm.p2p import Transfer, exchange, tagged
 from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators
-from ..kernels.attend import attend_backward, attend_forward
 from ..masks import may_attend
 from ..schedules.chunk_stream import CACHE_LIMIT, BoundedCache, cached_plan, default_chunk_rows, plan_stream, row_chunks
 from ..schedules.ring import RingSchedule
@@ -97,18 +96,7 @@ def served_forward(call: AttentionCall, rows: int, q, keys: KeyBlocks):
     def attend(src, chunk, held, _accs):
         tiles = call.plan(mine, call.chunk_segments(src, *chunk))
         k_src, v_src = keys.expand(held)
-        attend_forward(
-            call.kernel,
-            q,
-            k_src,
-            v_src,
-            tiles,
-            out_acc,
-            lse_acc,
-            call.scale,
-            indices=call.indices,
-            index_block=call.index_block,
-        )
+        call.attend_forward(q, k_src, v_src, tiles, out_acc, lse_acc)
 
     blocks = keys.travelling
     stream_chunks(
@@ -137,8 +125,7 @@ def served_query_backward(call: AttentionCall, rows: int, travelling, out, k, v,
         # Kernel calls sized to the chunk bound their fresh dQ, dK, dV; our own block (one chunk, nothing
         # in flight beside it) takes the kernel's full call size, which adds fewer dK, dV partials.
         tiles = call.plan(call.chunk_segments(src, *chunk), mine, max_rows=None if src == call.rank else rows)
-        attend_backward(
-            call.kernel,
+        call.attend_backward(
             dout_c,
             q_c,
             k,
@@ -149,10 +136,8 @@ def served_query_backward(call: AttentionCall, rows: int, travelling, out, k, v,
             accs[0],
             dk,
             dv,
-            call.scale,
             delta=delta_c,
             indices=indices_c[0] if indices_c else None,
-            index_block=call.index_block,
         )
 
     row_dims = (1, 1, 2, 2, 1)[: len(travelling)]
@@ -183,22 +168,7 @@ def served_key_backward(call: AttentionCall, rows: int, dout, q, keys: KeyBlocks
         # Kernel calls sized to the chunk bound their fresh dQ, dK, dV (our own block: the full call size).
         tiles = call.plan(mine, call.chunk_segments(src, *chunk), max_rows=None if src == call.rank else rows)
         k_src, v_src, dk, dv, finish = keys.for_backward(held, accs[0], accs[-1])
-        attend_backward(
-            call.kernel,
-            dout,
-            q,
-            k_src,
-            v_src,
-            out,
-            lse,
-            tiles,
-            dq,
-            dk,
-            dv,
-            call.scale,
-            indices=call.indices,
-            index_block=call.index_block,
-        )
+        call.attend_backward(dout, q, k_src, v_src, out, lse, tiles, dq, dk, dv)
         finish()
 
     blocks = keys.travelling

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from ..call import AttentionCall
 from ..comm import exchange, tagged, tags
 from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward, row_delta
-from ..kernels.attend import attend_backward, attend_forward
 from ..masks import may_attend
 from ..merge import merge_partial
 from ..schedules.cqs import Schedule, schedule
@@ -125,7 +124,7 @@ def worker_forward(call: AttentionCall, tasks, q_groups: dict, kv_groups: dict) 
     for x, y in tasks:
         if x not in partial:
             partial[x] = empty_accumulators(q_groups[x][0])
-        attend_forward(call.kernel, q_groups[x][0], *kv_groups[y], call.tiles(x, y), *partial[x], call.scale)
+        call.attend_forward(q_groups[x][0], *kv_groups[y], call.tiles(x, y), *partial[x])
     return partial
 
 
@@ -155,18 +154,8 @@ def cqs_backward(call: AttentionCall, dout, q, keys, out, lse):
         if y not in dkv_parts:
             dkv_parts[y] = [accumulator_zeros_like(k), accumulator_zeros_like(v)]
         q_x, dout_x, delta_x, lse_x = q_groups[x]
-        attend_backward(
-            call.kernel,
-            dout_x,
-            q_x,
-            *kv_groups[y],
-            None,
-            lse_x,
-            call.tiles(x, y),
-            dq_parts[x][0],
-            *dkv_parts[y],
-            call.scale,
-            delta=delta_x,
+        call.attend_backward(
+            dout_x, q_x, *kv_groups[y], None, lse_x, call.tiles(x, y), dq_parts[x][0], *dkv_parts[y], delta=delta_x
         )
     (dq,) = dq_parts.pop(call.rank, None) or [accumulator_zeros_like(q)]
     dk, dv = dkv_parts.pop(call.rank, None) or [accumulator_zeros_like(k), accumulator_zeros_like(v)]

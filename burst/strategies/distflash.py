@@ -23,7 +23,6 @@ from __future__ import annotations
 from ..call import AttentionCall
 from ..comm import Transfer, exchange, tagged, tags
 from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward, row_delta
-from ..kernels.attend import attend_backward, attend_forward
 from ..layout import Segment
 from ..merge import merge_partial
 from ..schedules.distflash import Step, schedule
@@ -74,7 +73,7 @@ def distflash_forward(call: AttentionCall, q, keys):
     """Balanced forward. Returns out in q's dtype and lse (batch, nheads, seqlen) float32."""
     k, v = keys.k, keys.v
     out_acc, lse_acc = empty_accumulators(q)
-    attend_forward(call.kernel, q, k, v, call.tiles(call.rank, call.rank), out_acc, lse_acc, call.scale)
+    call.attend_forward(q, k, v, call.tiles(call.rank, call.rank), out_acc, lse_acc)
     steps = schedule(call.rank, call.world, call.local_len)
     pending = _post_inputs(call, steps[0], "forward", [k, v], [q]) if steps else None
     results = None  # the previous step's helper result, merged after this step's compute
@@ -84,12 +83,12 @@ def distflash_forward(call: AttentionCall, q, keys):
             pending = _post_inputs(call, steps[i + 1], "forward", [k, v], [q])
         if kv is not None:
             tiles = _query_tiles(call, call.rank, step.own_rows, step.kv_from, rebase=False)
-            attend_forward(call.kernel, q, kv[0], kv[1], tiles, out_acc, lse_acc, call.scale)
+            call.attend_forward(q, kv[0], kv[1], tiles, out_acc, lse_acc)
         sends, recvs = [], []
         if helped_q is not None:
             o_h, lse_h = empty_accumulators(helped_q[0])
             tiles = _query_tiles(call, step.help_for, step.help_rows, call.rank, rebase=True)
-            attend_forward(call.kernel, helped_q[0], k, v, tiles, o_h, lse_h, call.scale)
+            call.attend_forward(helped_q[0], k, v, tiles, o_h, lse_h)
             sends = [(o_h, step.help_for, tags.DISTFLASH_RESULTS), (lse_h, step.help_for, tags.DISTFLASH_RESULTS + 1)]
         if step.helped_by is not None:
             rows = _rows([out_acc, lse_acc], step.help_rows)
@@ -121,7 +120,7 @@ def distflash_backward(call: AttentionCall, dout, q, keys, out, lse):
     lse = lse_for_backward(lse)
     delta = row_delta(dout, out)
     dq, dk, dv = accumulator_zeros_like(q), accumulator_zeros_like(k), accumulator_zeros_like(v)
-    attend_backward(call.kernel, dout, q, k, v, out, lse, call.tiles(call.rank, call.rank), dq, dk, dv, call.scale)
+    call.attend_backward(dout, q, k, v, out, lse, call.tiles(call.rank, call.rank), dq, dk, dv)
     steps = schedule(call.rank, call.world, call.local_len)
     mine_q = [q, dout, delta, lse]
     pending = _post_inputs(call, steps[0], "backward", [k, v], mine_q) if steps else None
@@ -134,13 +133,13 @@ def distflash_backward(call: AttentionCall, dout, q, keys, out, lse):
         if kv is not None:  # owner work: our dQ here, their dK, dV go back
             dk_r, dv_r = accumulator_zeros_like(k), accumulator_zeros_like(v)
             tiles = _query_tiles(call, call.rank, step.own_rows, step.kv_from, rebase=False)
-            attend_backward(call.kernel, dout, q, kv[0], kv[1], out, lse, tiles, dq, dk_r, dv_r, call.scale)
+            call.attend_backward(dout, q, kv[0], kv[1], out, lse, tiles, dq, dk_r, dv_r)
             sends += [(dk_r, step.kv_from, tags.DISTFLASH_RESULTS), (dv_r, step.kv_from, tags.DISTFLASH_RESULTS + 1)]
         if helped is not None:  # helper work: our dK, dV here, their dQ goes back
             q_r, dout_r, delta_r, lse_r = helped
             dq_r = accumulator_zeros_like(q_r)
             tiles = _query_tiles(call, step.help_for, step.help_rows, call.rank, rebase=True)
-            attend_backward(call.kernel, dout_r, q_r, k, v, None, lse_r, tiles, dq_r, dk, dv, call.scale, delta=delta_r)
+            call.attend_backward(dout_r, q_r, k, v, None, lse_r, tiles, dq_r, dk, dv, delta=delta_r)
             sends += [(dq_r, step.help_for, tags.DISTFLASH_RESULTS + 2)]
         if step.kv_to is not None:
             recvs += [(dk, step.kv_to, tags.DISTFLASH_RESULTS), (dv, step.kv_to, tags.DISTFLASH_RESULTS + 1)]

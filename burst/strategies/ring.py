@@ -32,7 +32,6 @@ from ..kernels.accumulators import (
     empty_accumulators,
     lse_for_backward,
 )
-from ..kernels.attend import attend_backward, attend_forward
 from ..masks import Tile
 from ..schedules.ring import RingSchedule
 from ..keys import KeyBlocks
@@ -55,18 +54,7 @@ def ring_forward(call: AttentionCall, q, keys: KeyBlocks):
 
     def attend(src, held, _):  # our queries against the K, V of rank src (one block when v is k)
         k_src, v_src = keys.expand(held)
-        attend_forward(
-            call.kernel,
-            q,
-            k_src,
-            v_src,
-            call.tiles(call.rank, src),
-            out_acc,
-            lse_acc,
-            call.scale,
-            indices=call.indices,
-            index_block=call.index_block,
-        )
+        call.attend_forward(q, k_src, v_src, call.tiles(call.rank, src), out_acc, lse_acc)
 
     visit_blocks(call, call.kv_schedule, "forward", keys.travelling, attend)
     return out_acc.to(q.dtype), lse_acc
@@ -104,22 +92,7 @@ def ring_key_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
 
     def attend(src, held, grads):  # the visiting block's dK, dV add onto what the ranks before us added
         k_src, v_src, dk, dv, finish = keys.for_backward(held, grads.part(0), grads.part(-1))
-        attend_backward(
-            call.kernel,
-            dout,
-            q,
-            k_src,
-            v_src,
-            out,
-            lse,
-            call.tiles(call.rank, src),
-            dq,
-            dk,
-            dv,
-            call.scale,
-            indices=call.indices,
-            index_block=call.index_block,
-        )
+        call.attend_backward(dout, q, k_src, v_src, out, lse, call.tiles(call.rank, src), dq, dk, dv)
         finish()
 
     # with v is k one block and one accumulator, dK and dV added into it
