@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
+from unittest import mock
 
 import pytest
 import torch
@@ -212,6 +213,15 @@ def test_refusals_before_training(tmp_path):
         SequenceParallelTrainer(model=model, args=TrainingArguments(**args, average_tokens_across_devices=False))
     with pytest.raises(ValueError, match="sp_size=3"):
         SequenceParallelTrainer(model=model, args=TrainingArguments(**args), sp_size=3)
+    # transformers 5.17's Trainer left the token count sp_size times too large (losses and gradients 1/2 at 2 ranks)
+    from burst.integrations.transformers import trainer
+
+    with (
+        mock.patch.object(trainer, "sequence_parallel_groups", lambda sp_size: (None, 2, 0, 1)),
+        mock.patch.object(trainer.transformers, "__version__", "5.18.0"),
+        pytest.raises(ValueError, match="transformers 5.18.0 .*get_cp_size"),
+    ):
+        SequenceParallelTrainer(model=model, args=TrainingArguments(**args))
 
 
 def test_whole_sequences_padding_rules():

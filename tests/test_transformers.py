@@ -312,6 +312,28 @@ def test_tested_range_is_the_hf_extras():
     assert re.search(r'"transformers(.*?)"', pyproject).group(1) == TESTED_TRANSFORMERS
 
 
+def test_a_release_outside_the_tested_range_warns_once(monkeypatch):
+    import warnings
+
+    import transformers
+
+    import burst.integrations.transformers as bt
+    from burst.integrations.transformers.backend import attention
+
+    attention._warn_if_untested.cache_clear()
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    with pytest.warns(UserWarning, match="tested on transformers>=.*not on 5.17.0"):
+        bt.register("burst_untested")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bt.register("burst_untested")  # once a process
+    attention._warn_if_untested.cache_clear()
+    monkeypatch.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bt.register("burst_untested")  # this release is in the range
+
+
 def test_shard_batch_without_the_model_is_a_type_error_naming_why():
     """The README's line without model= (each rank would run Mamba or GPT-1 on its shard alone)."""
     import burst.integrations.transformers as bt

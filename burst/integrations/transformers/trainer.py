@@ -28,13 +28,21 @@ extension point Trainer documents:
 from __future__ import annotations
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import Trainer
 
 from burst import layout as layout_mod
 
+from .backend.attention import TESTED_TRANSFORMERS
 from .backend.batches import reduce_loss
 from .fused_loss import check_fusable, fused_causal_lm_loss
 from .sequence_parallel import over_replicas, prepare_model, sequence_parallel_groups, shard_whole_sequences
+
+
+# Trainer divides its token count by get_cp_size() from transformers 5.19 on (by accelerate's parallelism config
+# alone before): on an older release every loss and gradient at sp_size > 1 would be 1/sp_size of one process's.
+DIVIDES_BY_CP_SIZE = Version("5.19.0")
 
 
 class SequenceParallelTrainer(Trainer):
@@ -88,6 +96,12 @@ class SequenceParallelTrainer(Trainer):
             )
         if not self.args.average_tokens_across_devices:
             problems.append("average_tokens_across_devices=False (each rank would average its own tokens)")
+        if self.sp_size > 1 and Version(transformers.__version__) < DIVIDES_BY_CP_SIZE:
+            problems.append(
+                f"transformers {transformers.__version__} (its Trainer does not divide the token count by "
+                f"get_cp_size(): every loss and gradient would be 1/sp_size of one process's; pip install "
+                f"'transformers{TESTED_TRANSFORMERS}')"
+            )
         if problems:
             raise ValueError("SequenceParallelTrainer cannot train exactly with: " + "; ".join(problems))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import warnings
 
 import torch
 
@@ -65,7 +66,24 @@ def _transformers_interfaces():
             f"burst.integrations.transformers needs transformers and accelerate: pip install "
             f"'transformers{TESTED_TRANSFORMERS}' 'accelerate>=1.1' (or, from a clone of burst, pip install '.[hf]')"
         ) from err
+    _warn_if_untested()
     return AttentionInterface, AttentionMaskInterface
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_if_untested() -> None:
+    """Once a process: transformers outside TESTED_TRANSFORMERS. What the backend relies on in transformers
+    (its interfaces, keywords, configs, the Trainer's loss arithmetic) changes between releases; 5.17's
+    Trainer, for one, left sequence-parallel losses 1/sp_size of one process's (trainer.py refuses it)."""
+    import transformers
+    from packaging.specifiers import SpecifierSet
+
+    if transformers.__version__ not in SpecifierSet(TESTED_TRANSFORMERS, prereleases=True):
+        warnings.warn(
+            f"burst's transformers backend is tested on transformers{TESTED_TRANSFORMERS}, not on "
+            f"{transformers.__version__}: pip install 'transformers{TESTED_TRANSFORMERS}'",
+            stacklevel=3,
+        )
 
 
 def burst_attention_forward(module, query, key, value, attention_mask, **kwargs):
