@@ -33,4 +33,4 @@ __all__ = [
     "CompressedKV",
     "LatentKV",
 ]
-__version__ = "0.3.2"
+__version__ = "0.3.3"
