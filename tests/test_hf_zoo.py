@@ -163,3 +163,30 @@ def test_a_window_no_mask_applies_is_left_out_but_refused_when_decoding(monkeypa
     )
     with pytest.raises(ValueError, match="does not pass as sliding_window="):
         check_model_features("burst", attention, None)
+
+
+def test_a_silent_family_carries_its_control(monkeypatch):
+    """A silent outcome says whose difference it is: the family's own sdpa on eager's weights is run against
+    its eager. Planted: burst's output scaled (sdpa agrees: burst's), then sdpa's scaled too (the family's own
+    paths disagree, as moshi's eager and sdpa did on transformers 5.17)."""
+    from transformers import AttentionInterface
+
+    import burst.integrations.transformers as bt
+    from burst.bench.hf_zoo import run_family
+    from burst.integrations.transformers.backend.attention import burst_attention_forward
+
+    def scaled(attention):
+        def forward(*args, **kwargs):
+            out, weights = attention(*args, **kwargs)
+            return out * 1.5, weights
+
+        return forward
+
+    name = bt.register("zoo_planted")
+    monkeypatch.setitem(AttentionInterface._global_mapping, name, scaled(burst_attention_forward))
+    outcome, _ = run_family("llama", name, "contiguous")
+    assert outcome.outcome == "silent" and "its own sdpa agrees with its eager" in outcome.detail, outcome
+    sdpa = AttentionInterface._global_mapping["sdpa"]
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", scaled(sdpa))
+    outcome, _ = run_family("llama", name, "contiguous")
+    assert outcome.outcome == "silent" and "transformers' paths disagree" in outcome.detail, outcome

@@ -6,7 +6,8 @@ Each family ends in one of:
            every parameter gradient (gradient_error <= GRADIENT_TOLERANCE) where the loss runs
   refused  burst raised a clear error (ValueError / NotImplementedError raised inside burst), or
            transformers itself would not build the model with a custom attention implementation
-  silent   ran and differs, with no error: the outcome burst must never have
+  silent   ran and differs, with no error: the outcome burst must never have (a forward's says whether
+           the family's own sdpa differs from its eager too: _control)
   crash    any other exception (a traceback from the model or transformers)
   skip     the family could not be built tiny, or its eager model does not run on token ids alone
 
@@ -150,6 +151,8 @@ def run_family(model_type: str, name: str, layout: str, group=None, built=None) 
         return Outcome(model_type, "skip", f"eager model does not run tiny on token ids: {_first_line(err)}"), None
     expected, model, eager = built
     outcome, loss = _compare(model_type, expected, model, ids, positions, layout, group)
+    if outcome.outcome == "silent":
+        outcome.detail += _control(model_type, eager, expected, ids, positions)
     if outcome.outcome == "exact" and loss is not None:  # one backward: every parameter's gradient
         outcome = _compare_gradients(outcome, eager, expected, model, loss, group)
     return outcome, built
@@ -182,6 +185,24 @@ def _compare(model_type, expected, model, ids, positions, layout, group) -> tupl
         note = "" if train else "logits only (its loss needs more than token ids)"
         return Outcome(model_type, "exact", note, difference), got.loss if train else None
     return Outcome(model_type, "silent", f"max abs difference {difference:.2e}", difference), None
+
+
+def _control(model_type: str, eager, expected, ids, positions) -> str:
+    """A silent outcome's control, in this process: the family's own sdpa attention on eager's weights
+    against its eager logits. Where they differ too, the family's two paths disagree in this
+    transformers release (moshi's eager on 5.17 attends every key without a mask, its sdpa causally);
+    where sdpa agrees, the difference is burst's."""
+    try:
+        sdpa = causal_lm(model_type, copy.deepcopy(eager.config), attn_implementation="sdpa").eval()
+        sdpa.load_state_dict(eager.state_dict())
+        with torch.no_grad():
+            logits = sdpa(input_ids=ids, position_ids=positions, use_cache=False).logits
+    except Exception as err:  # noqa: BLE001 - a family without sdpa: no control
+        return f"; no control (its sdpa: {_first_line(err)})"
+    difference = (logits.double() - expected.logits.detach().double()).abs().max().item()
+    if difference > TOLERANCE:
+        return f"; its own sdpa differs from its eager too, by {difference:.2e} (transformers' paths disagree)"
+    return f"; its own sdpa agrees with its eager ({difference:.1e}): burst's difference"
 
 
 def _compare_gradients(outcome: Outcome, eager, expected, model, loss, group) -> Outcome:
