@@ -118,7 +118,7 @@ def report(cases, references, rows, seq_len, worlds, seconds, command) -> str:
             "same weights with transformers' eager attention in one process, forward + loss + backward. Each "
             "setting: `bt.register(layout=...)`, `bt.shard_batch(..., model=model)`, forward, backward, "
             "`bt.reduce_gradients`, `bt.reduce_loss`, the logits unsharded. Cells: outcome, then max |logits "
-            "error| / |loss error| / gradient error (burst.bench.hf_zoo.gradient_error: over every parameter, "
+            "error| / |loss error| / gradient error (burst.bench.hf_steps.gradient_error: over every parameter, "
             "the max abs difference relative to that gradient's max, floored at 1/100 of the largest). exact: "
             f"within {BOUND['logits']:g} / {BOUND['loss']:g} / {BOUND['gradients']:g} (tests/test_hf_flagships.py's "
             "bounds); refused: burst raised its clear error (quoted); silent: ran and differs; crash: any other "

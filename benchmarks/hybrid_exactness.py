@@ -4,7 +4,7 @@
 
 The zoo's tiny config of each family (hf_zoo.tiny_config), batch 2 x 64 tokens, split contiguous and
 zigzag over local gloo processes, against the same model in one process with eager attention
-(hf_zoo.train_step_errors): logits, loss and every parameter gradient. The suite runs all families
+(hf_steps.train_step_errors): logits, loss and every parameter gradient. The suite runs all families
 at 2 ranks and one family per mixer at 4 (tests/test_hf_hybrid.py); this table is every family at
 every world size.
 """
@@ -28,13 +28,13 @@ def world_rows(rank, world):
     import transformers
 
     import burst.integrations.transformers as bt
-    from burst.bench import hf_zoo
+    from burst.bench import hf_steps, hf_zoo
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
     shipped = [f for f in sorted(bt.FAMILIES) if f in hf_zoo.families()]
     return {
-        (family, layout): hf_zoo.train_step_errors(
+        (family, layout): hf_steps.train_step_errors(
             family, bt.register(f"exact_{layout}", layout=layout), layout, seq_len=64 if world < 3 else 96
         )
         for family in shipped
@@ -66,7 +66,7 @@ def write(path, by_world, seconds, args) -> None:
         "",
         "Each cell: max abs difference of the logits / of the loss / largest parameter gradient's max abs "
         "difference relative to that gradient's max, or to 1/100 of the largest gradient where that is more "
-        "(hf_zoo.train_step_errors; fp32, batch 2, 64 tokens at 2 ranks, 96 at 3-4). The suite's bounds "
+        "(hf_steps.train_step_errors; fp32, batch 2, 64 tokens at 2 ranks, 96 at 3-4). The suite's bounds "
         "(tests/test_hf_hybrid.py): 2e-5 / 2e-5 / 1e-4.",
         "",
         "| family | layout | " + " | ".join(f"{w} ranks" for w in worlds) + " |",

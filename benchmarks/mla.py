@@ -53,7 +53,7 @@ def measure(rank, world, tokens_list, timed):
 
     import burst
     import burst.integrations.transformers as bt
-    from burst.bench.hf_zoo import sharded_step
+    from burst.bench.hf_steps import sharded_step
     from transformers import AutoModelForCausalLM
 
     names = {

@@ -60,7 +60,8 @@ def _chosen_sets(indices: torch.Tensor) -> list:
 
 def _errors(family, name, layout, group=None, seq=SEQ, config=None) -> dict:
     from burst import layout as layout_mod
-    from burst.bench.hf_zoo import VOCAB, step_errors, twin_models
+    from burst.bench.hf_zoo import VOCAB
+    from burst.bench.hf_steps import step_errors, twin_models
 
     eager, model = twin_models(family, name, config or _config(family))
     expected_sel, got_sel = _selections(eager), _selections(model)
@@ -175,7 +176,8 @@ def test_a_prepared_v4_refuses_another_attention_backend():
     import transformers
 
     import burst.integrations.transformers as bt
-    from burst.bench.hf_zoo import VOCAB, families, twin_models
+    from burst.bench.hf_zoo import VOCAB, families
+    from burst.bench.hf_steps import twin_models
 
     if "deepseek_v4" not in families():
         pytest.skip("this transformers release has no DeepSeek-V4")
@@ -195,7 +197,8 @@ def test_v4_with_packed_documents_is_refused():
     import transformers
 
     import burst.integrations.transformers as bt
-    from burst.bench.hf_zoo import VOCAB, families, twin_models
+    from burst.bench.hf_zoo import VOCAB, families
+    from burst.bench.hf_steps import twin_models
 
     if "deepseek_v4" not in families():
         pytest.skip("this transformers release has no DeepSeek-V4")
@@ -215,7 +218,8 @@ def test_the_first_forward_on_a_cache_runs_and_decoding_on_it_is_refused(family)
     import transformers
 
     import burst.integrations.transformers as bt
-    from burst.bench.hf_zoo import VOCAB, families, twin_models
+    from burst.bench.hf_zoo import VOCAB, families
+    from burst.bench.hf_steps import twin_models
 
     if family not in families():
         pytest.skip(f"this transformers release has no {family}")

@@ -19,7 +19,7 @@ def _planted(rank, world):
     import torch
 
     import burst.integrations.transformers as bt
-    from burst.bench.hf_zoo import twin_models
+    from burst.bench.hf_steps import twin_models
     from burst.integrations.transformers.backend import features
 
     seen = {"prepare": 0, "hooks": []}

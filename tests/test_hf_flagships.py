@@ -13,7 +13,7 @@
   runs it with a published config's sizes past its keep_window_size of 2048).
 
 Each at 2 ranks, contiguous and zigzag, and at 4 ranks, zigzag: logits, loss and every parameter gradient against the
-same model with eager attention in one process (burst.bench.hf_zoo.gradient_error). Planted (at 2 ranks): the
+same model with eager attention in one process (burst.bench.hf_steps.gradient_error). Planted (at 2 ranks): the
 global temperature left out, and the features switched off in the reference, must each be caught.
 """
 
@@ -79,7 +79,8 @@ def _doge_decays(eager):
 
 def _errors(family, config, name, layout, reference_config=None) -> dict:
     """One forward + backward split over the world against eager attention in one process."""
-    from burst.bench.hf_zoo import VOCAB, step_errors, twin_models
+    from burst.bench.hf_zoo import VOCAB
+    from burst.bench.hf_steps import step_errors, twin_models
 
     eager, model = twin_models(family, name, config, reference_config)
     if family == "doge":

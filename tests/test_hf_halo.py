@@ -2,7 +2,7 @@
 compress rates (HCA reads 128 tokens per entry, CSA 4 with the window before) and short convolutions,
 at lengths where a zigzag chunk is shorter than what an entry or a kernel reads before it. The halo
 comes from as many chunks before as it spans; every length one process runs is exact at any world
-size. One training step against the same model's eager attention in one process (hf_zoo.step_errors).
+size. One training step against the same model's eager attention in one process (hf_steps.step_errors).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def _v4_published():
 
 def _step(family, layout, tokens, config=None):
     import burst.integrations.transformers as bt
-    from burst.bench.hf_zoo import VOCAB, step_errors, twin_models
+    from burst.bench.hf_zoo import VOCAB
+    from burst.bench.hf_steps import step_errors, twin_models
 
     eager, model = twin_models(family, bt.register(f"halo_{layout}", layout=layout), config)
     ids = torch.randint(3, VOCAB, (2, tokens), generator=torch.Generator().manual_seed(1))

@@ -28,20 +28,20 @@ FOUR_RANKS = ("qwen3_next", "mamba", "bamba", "lfm2", "kimi_linear", "rwkv", "mi
 
 def _models(family, name):
     """(eager model in one process, the same weights on burst's `name`), or None when not shipped."""
-    from burst.bench import hf_zoo
+    from burst.bench import hf_steps, hf_zoo
 
-    return hf_zoo.twin_models(family, name) if family in hf_zoo.families() else None
+    return hf_steps.twin_models(family, name) if family in hf_zoo.families() else None
 
 
 def _one_step(family, layout, group, checkpointing=False):
-    """hf_zoo.train_step_errors on burst's backend; None when this release does not ship the family."""
+    """hf_steps.train_step_errors on burst's backend; None when this release does not ship the family."""
     import burst.integrations.transformers as bt
-    from burst.bench import hf_zoo
+    from burst.bench import hf_steps, hf_zoo
 
     if family not in hf_zoo.families():
         return None
     name = bt.register(f"hybrid_{layout}", layout=layout, group=group)
-    return hf_zoo.train_step_errors(family, name, layout, group, seq_len=SEQ, checkpointing=checkpointing)
+    return hf_steps.train_step_errors(family, name, layout, group, seq_len=SEQ, checkpointing=checkpointing)
 
 
 def _scan_against_float64(layout, group):

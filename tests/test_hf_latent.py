@@ -1,7 +1,7 @@
 """The MLA families through the transformers backend at 4 ranks: each layer hands burst its latent
 (layers/latent.py), which rides the ring while each rank expands it with the layer's kv_b_proj; one
 training step's logits, loss and every parameter's gradient (kv_b_proj, kv_a_proj_with_mqa and the
-norms included) against the same model's eager attention in one process (hf_zoo.train_step_errors:
+norms included) against the same model's eager attention in one process (hf_steps.train_step_errors:
 shard_batch(model=), reduce_gradients, as the README's lines run them). DeepSeek sparse attention's
 families (deepseek_v32, glm_moe_dsa, hy_v4, axk2) pick their keys with the indexer on top.
 """
@@ -42,7 +42,7 @@ BOUND = {"logits": 2e-5, "loss": 2e-5, "gradients": 2e-5}  # float32 tiny models
 def _families(rank, world):
     import burst
     import burst.integrations.transformers as bt
-    from burst.bench.hf_zoo import twin_models, step_errors
+    from burst.bench.hf_steps import step_errors, twin_models
     from burst.integrations.transformers.layers.latent import is_latent_attention
 
     import torch

@@ -70,7 +70,7 @@ def rope_parameters(head_dim: int = 16) -> dict:
 def _twins(rope: dict, name: str):
     from transformers import LlamaConfig
 
-    from burst.bench.hf_zoo import twin_models
+    from burst.bench.hf_steps import twin_models
 
     config = LlamaConfig(
         vocab_size=VOCAB,
@@ -86,7 +86,7 @@ def _twins(rope: dict, name: str):
 
 
 def _errors(eager, model, ids, layout) -> dict:
-    from burst.bench.hf_zoo import step_errors
+    from burst.bench.hf_steps import step_errors
 
     return step_errors(eager, model, ids, layout)
 

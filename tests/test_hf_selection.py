@@ -58,7 +58,8 @@ _EAGER = {}  # Doge's eager step at 2112 tokens (seconds), run once and shared b
 def _errors(family, config, name, layout, tokens) -> dict:
     import torch
 
-    from burst.bench.hf_zoo import VOCAB, eager_reference, step_errors, twin_models
+    from burst.bench.hf_zoo import VOCAB
+    from burst.bench.hf_steps import eager_reference, step_errors, twin_models
 
     eager, model = twin_models(family, name, config)  # Doge's A drawn (hf_zoo_configs.DRAWN)
     ids = torch.randint(3, VOCAB, (1, tokens), generator=torch.Generator().manual_seed(1))
@@ -73,7 +74,8 @@ def _unprepared_minimax(name, layout):
     import torch
 
     import burst
-    from burst.bench.hf_zoo import VOCAB, tiny_config, twin_models
+    from burst.bench.hf_zoo import VOCAB, tiny_config
+    from burst.bench.hf_steps import twin_models
 
     _, model = twin_models("minimax_m3_vl_text", name, tiny_config("minimax_m3_vl_text"))
     ids = torch.randint(3, VOCAB, (1, 128), generator=torch.Generator().manual_seed(1))

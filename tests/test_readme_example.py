@@ -50,7 +50,7 @@ def _run_readme(rank, world):
     from transformers import AutoModelForCausalLM
 
     from burst import layout as layout_mod
-    from burst.bench import hf_zoo
+    from burst.bench import hf_steps, hf_zoo
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
@@ -85,7 +85,7 @@ def _run_readme(rank, world):
             {
                 "logits": (logits - expected.logits).abs().max().item(),
                 "loss": abs(namespace["loss"].item() - expected.loss.item()),
-                "gradients": hf_zoo.gradient_error(pairs),
+                "gradients": hf_steps.gradient_error(pairs),
             },
         )
     return outcomes

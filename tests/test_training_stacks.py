@@ -123,8 +123,8 @@ def _unwrapped(named: dict) -> dict:
 
 
 def _assert_same_steps(got: dict, ref: dict, bound: float = 1e-4) -> None:
-    """Each step's loss and every gradient (hf_zoo.gradient_error, the zoo's rule), and the final weights."""
-    from burst.bench.hf_zoo import gradient_error
+    """Each step's loss and every gradient (hf_steps.gradient_error, the zoo's rule), and the final weights."""
+    from burst.bench.hf_steps import gradient_error
 
     assert len(got["losses"]) == len(ref["losses"]) == STEPS
     assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5)

@@ -10,7 +10,7 @@ ratio with fewer (the eager reference materialises heads x n x n scores in one p
 
 Each case is compared at n tokens (4096 in the benchmark), split over 2 and 4 ranks in the contiguous
 and the zigzag layout, against the same weights with eager attention in one process: the max abs
-difference of the logits and of the loss, and burst.bench.hf_zoo.gradient_error over every parameter's
+difference of the logits and of the loss, and burst.bench.hf_steps.gradient_error over every parameter's
 gradient. Where a published window, chunk, temperature floor or LongRoPE original length is n or
 longer (so it changes nothing at n tokens), a variant runs it shrunk to a fraction of n so it bites.
 
@@ -192,7 +192,8 @@ def sharded(case: Case, seq_len: int, saved: dict, name: str, layout: str, group
     saved eager reference."""
     from transformers import AutoModelForCausalLM
 
-    from .hf_zoo import _first_line, _raised_by_burst, gradient_error, sharded_step
+    from .hf_zoo import _first_line, _raised_by_burst
+    from .hf_steps import gradient_error, sharded_step
 
     start = time.time()
     model = AutoModelForCausalLM.from_config(build_config(case), attn_implementation=name)

@@ -13,7 +13,7 @@ drop-in `burst.context_parallel` routes to burst.attention. This runs each famil
         loss.backward()                                                 # then all-reduce the gradients
 
 against the same weights with eager attention in one process: logits, loss and every parameter's gradient
-(hf_zoo.gradient_error). Outcomes: exact (within hf_zoo's tolerances); refused by the door (an explicit
+(hf_steps.gradient_error). Outcomes: exact (within hf_zoo's tolerances); refused by the door (an explicit
 attn_mask, which covers one rank's tokens only, or positions numbered from the shard's own length:
 burst.context_parallel raises on every rank); not built (transformers does not build the family with
 "sdpa"); silent (ran and differs: something the model does outside SDPA that the door cannot see).
@@ -26,7 +26,8 @@ import copy
 
 import torch
 
-from .hf_zoo import GRADIENT_TOLERANCE, RETRIES, TOLERANCE, VOCAB, causal_lm, draw, gradient_error, tiny_config
+from .hf_zoo import GRADIENT_TOLERANCE, RETRIES, TOLERANCE, VOCAB, causal_lm, draw, tiny_config
+from .hf_steps import gradient_error
 
 SEQ = 128
 BY_NAME = ("falcon", "gpt_neo", "git")  # attention classes picked by implementation name

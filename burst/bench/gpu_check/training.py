@@ -130,7 +130,7 @@ def _trainer(sec: Section, outdir: str, name: str, *options: str, ranks: int = 0
 
 def _step_errors(got: dict, ref: dict) -> tuple[float, float]:
     """(worst relative loss difference, worst gradient_error) over the steps."""
-    from burst.bench.hf_zoo import gradient_error
+    from burst.bench.hf_steps import gradient_error
 
     loss = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref["losses"]))
     grads = max(
