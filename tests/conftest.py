@@ -71,5 +71,9 @@ def pytest_sessionfinish(session, exitstatus):
     left = sorted(_root_entries() - session.config.stash[_ROOT_BEFORE])
     if left:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        message = f"FAILED: the run left {left} in {ROOT} (write under tmp_path instead)"
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        reporter.write_line(f"FAILED: the run left {left} in {ROOT} (write under tmp_path instead)", red=True)
+        if reporter is None:  # -p no:terminal
+            print(message)
+        else:
+            reporter.write_line(message, red=True)

@@ -82,7 +82,7 @@ def _warn_if_untested() -> None:
         warnings.warn(
             f"burst's transformers backend is tested on transformers{TESTED_TRANSFORMERS}, not on "
             f"{transformers.__version__}: pip install 'transformers{TESTED_TRANSFORMERS}'",
-            stacklevel=3,
+            stacklevel=4,  # the caller of register
         )
 
 
