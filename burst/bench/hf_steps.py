@@ -12,7 +12,7 @@ import torch
 from .hf_zoo_configs import VOCAB, causal_lm, draw, tiny_config
 
 
-def _twin_on(model_type: str, twin, config, attn_implementation: str, switch: bool = True):
+def twin_on(model_type: str, twin, config, attn_implementation: str, switch: bool = True):
     """`twin` (a copy of the eager model taken before any forward: a module may keep state from one)
     on attn_implementation: switched by transformers' set_attn_implementation (a third of the zoo's build
     time was building each twin anew), or where the family cannot switch (or switch=False), a model
@@ -35,8 +35,8 @@ def twin_models(model_type: str, attn_implementation: str, config=None, referenc
     eager = causal_lm(model_type, copy.deepcopy(reference_config or config), attn_implementation="eager")
     draw(model_type, eager)
     if reference_config is not None:  # a twin with a config of its own: built from it, eager's weights loaded
-        return eager, _twin_on(model_type, eager, config, attn_implementation, switch=False)
-    return eager, _twin_on(model_type, copy.deepcopy(eager), config, attn_implementation)
+        return eager, twin_on(model_type, eager, config, attn_implementation, switch=False)
+    return eager, twin_on(model_type, copy.deepcopy(eager), config, attn_implementation)
 
 
 def train_step_errors(

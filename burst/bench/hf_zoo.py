@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from .hf_zoo_configs import OVERRIDES, RETRIES, SEQ_LEN, SIZES, VOCAB, causal_lm, draw, tiny_config  # noqa: F401
-from .hf_steps import _twin_on, gradient_error
+from .hf_steps import gradient_error, twin_on
 
 TOLERANCE = 2e-4
 GRADIENT_TOLERANCE = 1e-4  # gradient_error's relative measure, as the flagship and rope tests hold it
@@ -99,7 +99,7 @@ def build(model_type: str, attn_implementation: str, ids: torch.Tensor, position
         except ValueError as err:
             raise _RefusedByBurst(_first_line(err)) from err
         try:
-            model = _twin_on(model_type, twin, config, attn_implementation)
+            model = twin_on(model_type, twin, config, attn_implementation)
         except Exception as err:  # noqa: BLE001 - transformers' own refusal of a custom attention name
             raise _NotBuilt(_first_line(err)) from err
         return expected, model.eval(), eager
@@ -178,7 +178,7 @@ def _control(model_type: str, eager, expected, ids, positions) -> str:
     """A silent outcome's control: the family's own sdpa on eager's weights against its eager logits. Where
     they differ too, the family's two paths disagree in this transformers release (moshi's on 5.17)."""
     try:
-        sdpa = _twin_on(model_type, eager, eager.config, "sdpa", switch=False).eval()
+        sdpa = twin_on(model_type, eager, eager.config, "sdpa", switch=False).eval()
         with torch.no_grad():
             logits = sdpa(input_ids=ids, position_ids=positions, use_cache=False).logits
     except Exception as err:  # noqa: BLE001 - a family without sdpa: no control
