@@ -211,3 +211,16 @@ def test_an_unknown_side_is_refused_before_any_communication():
         burst.attention(q, q, q, strategy="burst", backward_side="values")
     with pytest.raises(ValueError, match="takes no option 'backward_side'"):
         burst.attention(q, q, q, strategy="ring", backward_side="keys")
+
+
+def test_a_misspelt_keyword_is_refused_with_the_name_it_resembles():
+    """burst.attention hands the keywords it does not name to the strategy as options: a misspelt one is
+    refused there, naming the keyword it is close to (burst.attention's own or the strategy's)."""
+    q = torch.randn(1, 8, 4, 8)
+    with pytest.raises(ValueError, match=r"takes no option 'casual' .*did you mean 'causal' for 'casual'\?"):
+        burst.attention(q, q, q, casual=True)
+    with pytest.raises(ValueError, match=r"did you mean 'chunk_rows' for 'chunk_row'\?"):
+        burst.attention(q, q, q, strategy="burst", chunk_row=4)
+    with pytest.raises(ValueError) as refused:
+        burst.attention(q, q, q, zzz=1)
+    assert "did you mean" not in str(refused.value)

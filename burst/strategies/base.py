@@ -18,13 +18,14 @@ does (and the sinks, when the call has them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import difflib
+from dataclasses import dataclass, fields, replace
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from ..call import AttentionCall, Options
+from ..call import AttentionCall, AttentionRequest, Options
 from ..compressed import compressed_backward, fold_compressed
 from ..keys import KeyBlocks
 from ..kernels import select_kernel
@@ -37,6 +38,16 @@ def int_at_least(name: str, value, low: int, meaning: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         kind = "non-negative" if low == 0 else "positive"
         raise ValueError(f"{name} must be a {kind} int{meaning}, got {value!r}")
+
+
+def _did_you_mean(unknown: list[str], options) -> str:
+    """A hint for misspelt keywords: burst.attention hands every keyword it does not name to the
+    strategy as an option, so `casual=True` arrives here; its close matches among the strategy's
+    options and burst.attention's own keywords."""
+    known = [*options, *(f.name for f in fields(AttentionRequest) if f.name != "options"), "sinks", "latent"]
+    matches = {name: difflib.get_close_matches(name, known, n=1, cutoff=0.7) for name in unknown}
+    hints = [f"{close[0]!r} for {name!r}" for name, close in matches.items() if close]
+    return f"; did you mean {', '.join(hints)}?" if hints else ""
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,7 @@ class Strategy:
             accepted = ", ".join(self.options.names()) or "none"
             raise ValueError(
                 f"strategy {self.name!r} takes no option {', '.join(map(repr, unknown))} (its options: {accepted})"
+                + _did_you_mean(unknown, self.options.names())
             )
         return self.options(**given)
 
