@@ -5,6 +5,12 @@ Topology (see DESIGN.md); also set_agreement_timeout, context_parallel, Document
 and LatentKV.
 """
 
+import torch as _torch
+
+from .torch_floor import check_torch as _check_torch
+
+_check_torch(_torch.__version__)
+
 from . import cqs  # noqa: F401 - burst.cqs.interest_set (the CQS paper's interest set) is public
 from .agreement import set_agreement_check, set_agreement_timeout
 from .api import attention

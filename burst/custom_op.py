@@ -16,9 +16,9 @@ anything the schema cannot carry (a DocumentLayout, a BlockSparseMask, a Topolog
 tensor, non-integer options) keeps the eager path behind a graph break (`takes` says which).
 """
 
-from __future__ import annotations
-
-from typing import NamedTuple, Optional
+# No `from __future__ import annotations` here: torch.library.custom_op reads the ops' annotations as
+# types, and torch 2.4 does not resolve them from strings; typing's List and Tuple for the same reason.
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -57,13 +57,13 @@ class Settings(NamedTuple):
     strategy: str
     layout: str
     causal: bool
-    window: Optional[list[int]]
+    window: Optional[List[int]]
     softmax_scale: Optional[float]
-    cu_seqlens: Optional[list[int]]
+    cu_seqlens: Optional[List[int]]
     softcap: float
     chunk_size: Optional[int]
     option_names: str
-    option_values: list[int]
+    option_values: List[int]
     return_lse: bool
 
     @classmethod
@@ -138,15 +138,15 @@ def _attention_op(
     strategy: str,
     layout: str,
     causal: bool,
-    window: Optional[list[int]],
+    window: Optional[List[int]],
     softmax_scale: Optional[float],
-    cu_seqlens: Optional[list[int]],
+    cu_seqlens: Optional[List[int]],
     softcap: float,
     chunk_size: Optional[int],
     option_names: str,
-    option_values: list[int],
+    option_values: List[int],
     return_lse: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Tuple[torch.Tensor, torch.Tensor]:
     settings = Settings(
         group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, softcap, chunk_size,
         option_names, option_values, return_lse,
@@ -177,15 +177,15 @@ def _attention_backward_op(
     strategy: str,
     layout: str,
     causal: bool,
-    window: Optional[list[int]],
+    window: Optional[List[int]],
     softmax_scale: Optional[float],
-    cu_seqlens: Optional[list[int]],
+    cu_seqlens: Optional[List[int]],
     softcap: float,
     chunk_size: Optional[int],
     option_names: str,
-    option_values: list[int],
+    option_values: List[int],
     return_lse: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv and dsinks (empty when there are no sinks: an op returns tensors only). dlse: lse's
     gradient, None when the caller did not ask for lse."""
     settings = Settings(

@@ -612,3 +612,31 @@ def test_a_one_rank_call_that_fits_one_tile_is_one_kernel_call(monkeypatch):
         assert rel_err(out, ref_out) < 1e-5 and lse_error(lse, ref_lse) < 1e-5
         for got, want in zip((qq.grad, kk.grad, vv.grad), (q64.grad, k64.grad, v64.grad)):
             assert rel_err(got, want) < 1e-5, strategy
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["gqa_native", "kv_heads_repeated"])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_cpu_flash_grouped_heads_match_float64(monkeypatch, native, kv_heads):
+    """cpu_flash on grouped heads, through the op's own GQA (torch from cpu_flash.GQA_FROM) and through
+    the KV heads repeated for an older op (which would read past fewer heads' storage): out, lse and
+    dq, dk, dv against float64 attention, causal and under a dense mask, the gradients from the rows'
+    global out and lse as a ring step hands them."""
+    from burst.kernels import cpu_flash
+
+    monkeypatch.setattr(cpu_flash, "GQA_NATIVE", native and cpu_flash.GQA_NATIVE)
+    g = torch.Generator().manual_seed(kv_heads)
+    q = torch.randn(2, 24, 4, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 20, kv_heads, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    dout = torch.randn(2, 24, 4, 8, generator=g, dtype=torch.float64)
+    mask = torch.rand(24, 20, generator=g) < 0.7
+    for causal, tile_mask in ((True, None), (False, mask)):
+        allowed = torch.ones(24, 20, dtype=torch.bool).tril() if causal else tile_mask
+        ref_out, ref_lse = reference_attention(q, k, v, 0.3, mask=allowed)
+        want = torch.autograd.grad(ref_out, (q, k, v), dout)
+        out, lse = cpu_flash.forward(q.detach(), k.detach(), v.detach(), 0.3, causal, tile_mask)
+        got = cpu_flash.backward(
+            dout, q.detach(), k.detach(), v.detach(), ref_out.detach(), ref_lse.detach(), 0.3, causal, tile_mask
+        )
+        assert rel_err(out, ref_out) < 1e-10 and lse_error(lse, ref_lse) < 1e-10
+        for grad, ref in zip(got, want):
+            assert grad.shape == ref.shape and rel_err(grad, ref) < 1e-10

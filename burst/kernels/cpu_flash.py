@@ -1,8 +1,12 @@
-"""CPU backend: aten's flash attention for CPU (forward and backward), GQA native.
+"""CPU backend: aten's flash attention for CPU (forward and backward), GQA native from torch 2.GQA.
 
 It runs near the machine's matmul speed and returns logsumexp. Its `attn_mask` must be a float
 additive mask of the query's dtype; a fully masked row comes back as out 0 with lse 0, which we
 correct to lse -inf so merges ignore it (masking.clear_empty_rows).
+
+Before GQA_FROM the op reads K and V as if they had the query's heads: handed fewer, it reads past
+their storage and corrupts the heap (a crash or wrong numbers; seen on torch 2.4 and 2.6). There the
+KV heads are repeated to the query's count, and their gradients summed back.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ LEAF_ROWS = 64
 SPLITS_TRIANGLES = True
 SOFTCAP = False
 SPEC = KernelSpec("cpu_flash", "cpu", FLOATS)
+GQA_FROM = "2.10"  # the first torch whose op takes fewer KV heads than query heads
+GQA_NATIVE = torch.torch_version.TorchVersion(torch.__version__) >= GQA_FROM
 _forward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
@@ -30,6 +36,7 @@ _backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backwa
 def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | None = None):
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
     mask = dense_mask(mask, q.device)
+    k, v = _as_many_heads(q, k, v)
     out, lse = _forward_op(
         q.transpose(1, 2),
         k.transpose(1, 2),
@@ -46,6 +53,8 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Te
     """Gradients of one block given the rows' global out and lse (see kernels/__init__.py)."""
     mask = dense_mask(mask, q.device)
     lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)  # what the op expects
+    kv_heads = k.shape[2]
+    k, v = _as_many_heads(q, k, v)
     dq, dk, dv = _backward_op(
         dout.transpose(1, 2),
         q.transpose(1, 2),
@@ -58,4 +67,21 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Te
         attn_mask=additive_mask(mask, q.dtype),
         scale=scale,
     )
-    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+    return dq.transpose(1, 2), _summed_heads(dk.transpose(1, 2), kv_heads), _summed_heads(dv.transpose(1, 2), kv_heads)
+
+
+def _as_many_heads(q, k, v):
+    """k, v as the op reads them: as they are where it takes grouped heads, else each KV head repeated
+    for its group of query heads ((b, s, hk, d) -> (b, s, h, d))."""
+    if GQA_NATIVE or k.shape[2] == q.shape[2]:
+        return k, v
+    group = q.shape[2] // k.shape[2]
+    return k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+
+
+def _summed_heads(grad, kv_heads: int):
+    """A repeated KV head's gradient: the sum over its group of query heads ((b, s, h, d) -> (b, s, hk, d))."""
+    if grad.shape[2] == kv_heads:
+        return grad
+    total = torch.float64 if grad.dtype == torch.float64 else torch.float32  # summed as the native op does
+    return grad.unflatten(2, (kv_heads, grad.shape[2] // kv_heads)).sum(3, dtype=total).to(grad.dtype)
