@@ -1,12 +1,13 @@
-"""CPU backend: aten's flash attention for CPU (forward and backward), GQA native from torch 2.GQA.
+"""CPU backend: aten's flash attention for CPU (forward and backward), GQA native from torch 2.10.
 
 It runs near the machine's matmul speed and returns logsumexp. Its `attn_mask` must be a float
 additive mask of the query's dtype; a fully masked row comes back as out 0 with lse 0, which we
 correct to lse -inf so merges ignore it (masking.clear_empty_rows).
 
 Before GQA_FROM the op reads K and V as if they had the query's heads: handed fewer, it reads past
-their storage and corrupts the heap (a crash or wrong numbers; seen on torch 2.4 and 2.6). There the
-KV heads are repeated to the query's count, and their gradients summed back.
+their storage and corrupts the heap (a crash or wrong numbers; seen on torch 2.4, 2.6 and 2.8). There the KV
+heads are repeated to the query's count, and their gradients summed back. burst refuses those releases
+at import (torch_floor.py) unless BURST_ALLOW_OLD_TORCH=1; this keeps them exact then.
 """
 
 from __future__ import annotations
@@ -83,5 +84,5 @@ def _summed_heads(grad, kv_heads: int):
     """A repeated KV head's gradient: the sum over its group of query heads ((b, s, h, d) -> (b, s, hk, d))."""
     if grad.shape[2] == kv_heads:
         return grad
-    total = torch.float64 if grad.dtype == torch.float64 else torch.float32  # summed as the native op does
+    total = torch.float64 if grad.dtype == torch.float64 else torch.float32  # one rounding to the gradient dtype
     return grad.unflatten(2, (kv_heads, grad.shape[2] // kv_heads)).sum(3, dtype=total).to(grad.dtype)
