@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .heads import repeated_kv, summed_kv
 from .masking import additive_mask, clear_empty_rows, dense_mask
 from .spec import FLOATS, KernelSpec
 
@@ -37,7 +38,7 @@ _backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backwa
 def forward(q, k, v, scale: float, causal: bool, mask: torch.Tensor | None = None):
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
     mask = dense_mask(mask, q.device)
-    k, v = _as_many_heads(q, k, v)
+    k, v = (k, v) if GQA_NATIVE else repeated_kv(k, v, q.shape[2])
     out, lse = _forward_op(
         q.transpose(1, 2),
         k.transpose(1, 2),
@@ -55,7 +56,7 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Te
     mask = dense_mask(mask, q.device)
     lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)  # what the op expects
     kv_heads = k.shape[2]
-    k, v = _as_many_heads(q, k, v)
+    k, v = (k, v) if GQA_NATIVE else repeated_kv(k, v, q.shape[2])
     dq, dk, dv = _backward_op(
         dout.transpose(1, 2),
         q.transpose(1, 2),
@@ -68,21 +69,4 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask: torch.Te
         attn_mask=additive_mask(mask, q.dtype),
         scale=scale,
     )
-    return dq.transpose(1, 2), _summed_heads(dk.transpose(1, 2), kv_heads), _summed_heads(dv.transpose(1, 2), kv_heads)
-
-
-def _as_many_heads(q, k, v):
-    """k, v as the op reads them: as they are where it takes grouped heads, else each KV head repeated
-    for its group of query heads ((b, s, hk, d) -> (b, s, h, d))."""
-    if GQA_NATIVE or k.shape[2] == q.shape[2]:
-        return k, v
-    group = q.shape[2] // k.shape[2]
-    return k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-
-
-def _summed_heads(grad, kv_heads: int):
-    """A repeated KV head's gradient: the sum over its group of query heads ((b, s, h, d) -> (b, s, hk, d))."""
-    if grad.shape[2] == kv_heads:
-        return grad
-    total = torch.float64 if grad.dtype == torch.float64 else torch.float32  # one rounding to the gradient dtype
-    return grad.unflatten(2, (kv_heads, grad.shape[2] // kv_heads)).sum(3, dtype=total).to(grad.dtype)
+    return dq.transpose(1, 2), summed_kv(dk.transpose(1, 2), kv_heads), summed_kv(dv.transpose(1, 2), kv_heads)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .heads import repeated_kv, summed_kv
 from .masking import additive_mask, clear_empty_rows, dense_mask
 from .spec import HALF, KernelSpec
 
@@ -47,17 +48,10 @@ def _padded_lse(lse):
     return buf
 
 
-def _expand_heads(k, v, nheads):
-    group = nheads // k.shape[2]
-    if group == 1:
-        return k, v
-    return k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-
-
 def forward(q, k, v, scale: float, causal: bool, mask=None):
     """(b, sq, h, d) x (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) float32."""
     mask = dense_mask(mask, q.device)
-    kk, vv = _expand_heads(k, v, q.shape[2])
+    kk, vv = repeated_kv(k, v, q.shape[2])
     out, lse, _, _ = _forward_op(
         q.transpose(1, 2),
         kk.transpose(1, 2),
@@ -75,7 +69,7 @@ def forward(q, k, v, scale: float, causal: bool, mask=None):
 def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask=None):
     """Gradients of one block given the rows' global out and lse (see kernels/__init__.py)."""
     mask = dense_mask(mask, q.device)
-    kk, vv = _expand_heads(k, v, q.shape[2])
+    kk, vv = repeated_kv(k, v, q.shape[2])
     zero = torch.zeros((), dtype=torch.int64, device=q.device)
     dq, dk, dv, _ = _backward_op(
         dout.transpose(1, 2),
@@ -92,10 +86,5 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask=None):
         causal,
         scale=scale,
     )
-    dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
-    group = q.shape[2] // k.shape[2]
-    if group > 1:
-        b, sk, hk, d = k.shape
-        dk = dk.reshape(b, sk, hk, group, d).sum(3)
-        dv = dv.reshape(b, sk, hk, group, d).sum(3)
-    return dq, dk, dv
+    kv_heads = k.shape[2]
+    return dq.transpose(1, 2), summed_kv(dk.transpose(1, 2), kv_heads), summed_kv(dv.transpose(1, 2), kv_heads)
