@@ -343,7 +343,7 @@ def _mask_cases():
     ]
 
 
-def _float64_case(q_segs, k_segs, spec, scale, batch=2, heads=4, kv_heads=2, dim=16):
+def _float64_case(q_segs, k_segs, spec, scale, batch=2, heads=4, kv_heads=2, dim=16, softcap=0.0):
     """q, k, v, dout of a tile case in float64 and float64 attention on the dense mask of their positions:
     (q, k, v, dout, ref_out, ref_lse), with the reference gradients in q.grad, k.grad, v.grad."""
     sq, sk = sum(s.length for s in q_segs), sum(s.length for s in k_segs)
@@ -351,7 +351,7 @@ def _float64_case(q_segs, k_segs, spec, scale, batch=2, heads=4, kv_heads=2, dim
     k, v = (torch.randn(batch, sk, kv_heads, dim, dtype=torch.float64, requires_grad=True) for _ in range(2))
     dout = torch.randn(batch, sq, heads, dim, dtype=torch.float64)
     allowed = spec.allowed(torch.cat([s.positions() for s in q_segs]), torch.cat([s.positions() for s in k_segs]))
-    ref_out, ref_lse = reference_attention(q, k, v, scale, mask=allowed)
+    ref_out, ref_lse = reference_attention(q, k, v, scale, mask=allowed, softcap=softcap)
     ref_out.backward(dout)
     return q, k, v, dout, ref_out.detach(), ref_lse.detach()
 
@@ -585,6 +585,46 @@ def test_flex_forward_matches_float64_with_torchs_own_flex_attention():
         out, lse = empty_accumulators(q)
         attend_forward(call.kernel, q, k, v, tiles, out, lse, 0.25)
         assert rel_err(out, ref_out) < 1e-5 and lse_error(lse, ref_lse) < 1e-5, name
+
+
+def test_compiled_flex_traces_one_graph_a_grad_mode_for_every_tile_kind(monkeypatch):
+    """torch.compile'd flex_attention as kernels/flex.py compiles it on CUDA, here with dynamo's eager
+    backend (the CPU has no compiled FlexAttention with lse) and FlexAttention's CPU backward unlocked.
+    Dynamo's guards, which decide when it traces again, are the backend's choice of none of it. Every
+    mask kind's tiles (rules, bands, causal triangles, whole tiles), with and without softcap, forward
+    and backward: exact against float64, and at most two graphs each for the forward (no grad) and the
+    backward's recompute (grad): the first shape, then one for all shapes (dynamo's automatic dynamic
+    shapes). On an H200 a mask_mod per tile kind, with Python ints for its windows, retraced until
+    dynamo's recompile limit (8) sent flex_attention to its unfused path, 30-50x slower."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from torch.nn.attention import flex_attention as flex_module
+
+    from burst.kernels.softcap import Softcapped
+
+    compiled = flex._compile(backend="eager")
+    monkeypatch.setattr(flex, "_compiled", lambda device_type: compiled)
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *args, **kwargs: None)
+    flex._BLOCK_MASKS.clear()
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(4)
+    for softcap in (0.0, 3.0):
+        for (name, q_segs, k_segs, spec), with_bands in itertools.product(_mask_cases(), (False, True)):
+            call = _flex_call(spec, max_rows=32, bands=with_bands)
+            kernel = call.kernel
+            if softcap:
+                kernel = Softcapped(type("Capped", (kernel,), {"SOFTCAP": True}), softcap)
+            q, k, v, dout, ref_out, ref_lse = _float64_case(q_segs, k_segs, spec, 0.25, softcap=softcap)
+            out, lse, grads = _through_tiles(
+                kernel, call.plan(q_segs, k_segs), *(t.detach() for t in (q, k, v)), dout, ref_out, ref_lse, 0.25
+            )
+            assert rel_err(out, ref_out) < 1e-10 and lse_error(lse, ref_lse) < 1e-10, (name, softcap)
+            for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+                assert rel_err(got, want) < 1e-10, (name, softcap)
+    graphs = counters["stats"]["unique_graphs"]
+    assert 2 <= graphs <= 2 * 2 * 2, graphs  # (forward, backward) x (first shape, dynamic) x (softcap or not): 6 here
+    flex._BLOCK_MASKS.clear()
 
 
 def test_a_one_rank_call_that_fits_one_tile_is_one_kernel_call(monkeypatch):

@@ -1,12 +1,13 @@
 """FlexAttention backend (torch.nn.attention.flex_attention): any mask as a rule, never as a bias.
 
-For CUDA tiles that flash_attn cannot take (block-sparse masks, runs of unequal strides, fp32), for
-softcap, and wherever BURST_KERNEL=flex asks. Without flash_attn the default CUDA kernel is aten's
-efficient op (cuda_sdpa.py), not this one: on an H200 the compiled flex_attention recompiled per tile
-shape, dtype and grad mode until dynamo's recompile limit sent it to the unfused path
-(benchmarks/gpu.md). The tile's mask reaches it as a rule over global positions (masks.PositionRule),
-as bands (masks.Bands) or as a dense bool tensor; each becomes a `mask_mod`, and the `BlockMask` built
-from it (once per plan and device, cached) lets the kernel skip the blocks the mask leaves out.
+On CUDA, auto takes it for softcap (no other CUDA kernel here takes one) and BURST_KERNEL=flex asks
+for it. The tile's mask reaches it as a rule over global positions (masks.PositionRule), as bands
+(masks.Bands), as a causal triangle or as a dense bool tensor. All but the dense one become tensors
+that one `mask_mod` reads (`_rule_tensors`); the `BlockMask` built from it (once per plan and device,
+cached) lets the kernel skip the blocks the mask leaves out. One mask_mod, and tiles as contiguous
+copies, keep compiled flex_attention at a graph or two per grad mode (tests/test_kernels.py counts
+them): on an H200 a mask_mod per tile kind recompiled per tile shape, dtype and grad mode until
+dynamo's recompile limit sent it to its unfused path, 30-50x slower (benchmarks/gpu.md).
 
 Forward: `flex_attention(..., return_aux=AuxRequest(lse=True))` (natural-log lse, -inf and out 0 for a
 row with no key, as burst's merge wants).
@@ -18,9 +19,9 @@ D = rowsum(dout * out_global):
     grad of out_tile = w * dout,    grad of lse_tile = w * (rowsum(dout * out_tile) - D).
 Then dS = P_tile * w * (dout . v_j - D) = P_global * (dP - D): the global softmax's gradient, exactly
 what flash_attn's backward computes from the global out and lse. The suite checks this algebra
-against float64 with a differentiable stand-in of flex_attention (torch on the CPU has no
-FlexAttention backward) and the forward against the real one on the CPU; scripts/gpu_check.sh ran
-it on an H200, exact (benchmarks/gpu.md).
+against float64 with a differentiable stand-in of flex_attention, and with the real one compiled by
+dynamo on the CPU (its CPU backward unlocked in the test: torch refuses it there);
+scripts/gpu_check.sh ran it on an H200, exact (benchmarks/gpu.md).
 
 On CUDA, flex_attention is compiled (torch.compile) as its documentation asks; eager it runs a slow
 reference implementation.
@@ -34,6 +35,7 @@ import importlib
 import torch
 
 from ..masks import Bands, PositionRule
+from ..masks.rules import UNBOUNDED, attends_within, window_bounds
 from .masking import dense_mask
 from .spec import HALF, KernelSpec
 
@@ -52,7 +54,7 @@ def available() -> bool:
     return all(hasattr(module, name) for name in ("AuxRequest", "create_block_mask", "flex_attention"))
 
 
-# auto: softcap only (compiled, it recompiled per tile shape on an H200 until dynamo's limit: benchmarks/gpu.md)
+# auto: softcap only (its speed since the one mask_mod is not measured on a GPU)
 SPEC = KernelSpec(
     "flex",
     "cuda",
@@ -63,50 +65,62 @@ SPEC = KernelSpec(
 )
 
 
+def _compile(backend: str = "inductor"):
+    """flex_attention compiled: dynamic=None, so that after a second tile shape dynamo traces for
+    dynamic shapes instead of one graph a shape (a test counts the graphs with backend="eager")."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, backend=backend)
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled(device_type: str):
     from torch.nn.attention.flex_attention import flex_attention
 
-    # dynamic=None: after a second tile shape dynamo compiles for dynamic shapes instead of one graph per shape
-    return torch.compile(flex_attention) if device_type == "cuda" else flex_attention
+    return _compile() if device_type == "cuda" else flex_attention
 
 
-def _position_mod(rule: PositionRule, device):
-    """mask_mod(b, h, q_idx, kv_idx) of a tile's rule: each row's global position (and document)
-    looked up, then MaskSpec.attends, the one statement of what the mask allows."""
-    q_pos, k_pos = rule.q.positions(device), rule.k.positions(device)
-    q_doc, k_doc = rule.spec.documents(q_pos, k_pos)
+def _rule_tensors(mask, causal: bool, sq: int, sk: int, device) -> tuple[torch.Tensor, ...]:
+    """Any tile's mask but a dense one as the operands of `attends_within`, all tensors: each query
+    row's and key row's position and document, the window's bounds, the block layout and its block
+    size. One mask_mod then serves every tile (rule, bands, causal triangle, whole tile), so compiled
+    flex_attention traces one graph for all of them: a Python int or another function in the mask_mod
+    would be a guard, and a new graph per tile kind, shape and window, up to dynamo's recompile limit."""
+    blocks = None
+    if isinstance(mask, PositionRule):
+        q_pos, k_pos = mask.q.positions(device), mask.k.positions(device)
+        q_doc, k_doc = mask.spec.documents(q_pos, k_pos)
+        left, right = window_bounds(mask.spec.causal, mask.spec.window)
+        if mask.spec.block_sparse is not None:
+            blocks = (mask.spec.block_sparse.layout.to(device), mask.spec.block_sparse.block_size)
+    elif isinstance(mask, Bands):
+        q_pos, k_pos, q_doc, k_doc = mask.rows(device)
+        left, right = window_bounds(False, (mask.left, mask.right))
+    else:  # the whole tile, or its causal triangle (top-left: query row i sees key rows 0..i)
+        q_pos, k_pos = torch.arange(sq, device=device), torch.arange(sk, device=device)
+        q_doc = k_doc = None
+        left, right = window_bounds(causal, None)
+    if q_doc is None:
+        q_doc, k_doc = q_pos.new_zeros(sq), k_pos.new_zeros(sk)
+    layout, block = blocks or (torch.ones(1, 1, dtype=torch.bool, device=device), UNBOUNDED)
+    left, right, block = (torch.tensor(n, device=device) for n in (left, right, block))
+    return q_pos, k_pos, left, right, q_doc, k_doc, layout, block
 
+
+def _rule_mod(q_pos, k_pos, left, right, q_doc, k_doc, layout, block):
     def mask_mod(b, h, q_idx, kv_idx):
-        return rule.spec.attends(
-            q_pos[q_idx],
-            k_pos[kv_idx],
-            q_doc[q_idx] if q_doc is not None else None,
-            k_doc[kv_idx] if k_doc is not None else None,
-        )
+        return attends_within(q_pos[q_idx], k_pos[kv_idx], left, right, q_doc[q_idx], k_doc[kv_idx], (layout, block))
 
     return mask_mod
 
 
-def _bands_mod(bands: Bands, device):
-    """mask_mod of a tile's bands: Bands.attends on per-row lookups built once."""
-    rows = bands.rows(device)
-    return lambda b, h, q_idx, kv_idx: bands.attends(q_idx, kv_idx, rows)
-
-
-def _mask_mod(mask, causal: bool, device):
-    if isinstance(mask, PositionRule):
-        return _position_mod(mask, device)
-    if isinstance(mask, Bands):
-        return _bands_mod(mask, device)
-    if mask is not None:  # a dense mask: looked up, still never widened to a bias
+def _mask_mod(mask, causal: bool, sq: int, sk: int, device):
+    if isinstance(mask, torch.Tensor):  # a dense mask: looked up, still never widened to a bias
         allowed = dense_mask(mask, device)
         if allowed.dim() == 4:  # an index selection: one mask per batch row, (batch, 1, sq, sk)
             return lambda b, h, q_idx, kv_idx: allowed[b, 0, q_idx, kv_idx]
         return lambda b, h, q_idx, kv_idx: allowed[q_idx, kv_idx]
-    if causal:
-        return lambda b, h, q_idx, kv_idx: kv_idx <= q_idx
-    return None
+    return _rule_mod(*_rule_tensors(mask, causal, sq, sk, device))
 
 
 _BLOCK_MASKS: dict = {}  # (mask, causal, sq, sk, device) -> BlockMask; masks are the plan's, cached with it
@@ -118,9 +132,7 @@ def _block_mask(mask, causal: bool, sq: int, sk: int, device):
     hit = _BLOCK_MASKS.get(key)
     if hit is not None and hit[0] is mask:
         return hit[1]
-    mod = _mask_mod(mask, causal, device)
-    if mod is None:
-        return None
+    mod = _mask_mod(mask, causal, sq, sk, device)
     from torch.nn.attention.flex_attention import create_block_mask
 
     batch = mask.shape[0] if isinstance(mask, torch.Tensor) and mask.dim() == 4 else None
@@ -141,10 +153,12 @@ def _attend(q, k, v, scale: float, block_mask, softcap: float = 0.0):
     """(b, s, h, d) in, FlexAttention's (b, h, s, d) layout inside; out (b, sq, h, d), lse (b, h, sq)."""
     from torch.nn.attention.flex_attention import AuxRequest
 
+    # Contiguous copies: a tile is a row slice of the shard, and compiled flex_attention guards on its
+    # strides and storage offset, so slices would trace new graphs where copies share one.
     out, aux = _compiled(q.device.type)(
-        q.transpose(1, 2),
-        k.transpose(1, 2),
-        v.transpose(1, 2),
+        q.transpose(1, 2).contiguous(),
+        k.transpose(1, 2).contiguous(),
+        v.transpose(1, 2).contiguous(),
         block_mask=block_mask,
         scale=scale,
         score_mod=_softcap_mod(softcap) if softcap else None,

@@ -7,7 +7,7 @@
     planner.py  plan_tiles: a block pair cut into tiles
     selection.py  index selections (each query's chosen keys), applied on top of the planned tiles
 
-Imports run one way: planner -> tiles -> rules, bands. This module only re-exports their names.
+Imports run one way: planner -> tiles -> bands -> rules. This module only re-exports their names.
 The planner's tuning constant TILE lives in planner.py: set `burst.masks.planner.TILE` to change it.
 """
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .rules import attends_within, window_bounds
+
 
 @dataclass(frozen=True)
 class Bands:
@@ -128,26 +130,21 @@ class Bands:
         return self.attends(q[:, None], k[None, :], rows)
 
     def rows(self, device=None) -> tuple[torch.Tensor, ...]:
-        """Per-row lookups for `attends`: each query row's sequence and offset in it, each key row's,
-        and each sequence's corner (keys minus queries)."""
+        """Per-row lookups for `attends`: each query row's and key row's position, counted from its
+        sequence's first key with the sequence's bottom-right corner on the diagonal (query i of sq at
+        i + sk - sq), then each query row's and key row's sequence (as its document)."""
         cu_q, cu_k = (torch.tensor(cu, device=device) for cu in (self.cu_q, self.cu_k))
-        q_seq = torch.bucketize(torch.arange(self.cu_q[-1], device=device), cu_q, right=True) - 1
-        k_seq = torch.bucketize(torch.arange(self.cu_k[-1], device=device), cu_k, right=True) - 1
-        q_off = torch.arange(self.cu_q[-1], device=device) - cu_q[q_seq]
-        k_off = torch.arange(self.cu_k[-1], device=device) - cu_k[k_seq]
-        return q_seq, q_off, k_seq, k_off, (cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1])
+        q_row, k_row = torch.arange(self.cu_q[-1], device=device), torch.arange(self.cu_k[-1], device=device)
+        q_seq = torch.bucketize(q_row, cu_q, right=True) - 1
+        k_seq = torch.bucketize(k_row, cu_k, right=True) - 1
+        corner = (cu_k[1:] - cu_k[:-1]) - (cu_q[1:] - cu_q[:-1])  # keys minus queries, per sequence
+        return q_row - cu_q[q_seq] + corner[q_seq], k_row - cu_k[k_seq], q_seq, k_seq
 
     def attends(self, q_row: torch.Tensor, k_row: torch.Tensor, rows: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """Elementwise, broadcasting: does query row q_row see key row k_row (rows: `rows()`). The dense
-        mask (`allowed`) and FlexAttention's mask_mod (kernels/flex.py) both use it."""
-        q_seq, q_off, k_seq, k_off, corner = rows
-        ok = q_seq[q_row] == k_seq[k_row]
-        d = k_off[k_row] - q_off[q_row] - corner[q_seq[q_row]]  # 0 on the sequence's bottom-right diagonal
-        if self.left >= 0:
-            ok = ok & (d >= -self.left)
-        if self.right >= 0:
-            ok = ok & (d <= self.right)
-        return ok
+        """Elementwise, broadcasting: does query row q_row see key row k_row (rows: `rows()`)."""
+        q_pos, k_pos, q_seq, k_seq = rows
+        bounds = window_bounds(False, (self.left, self.right))
+        return attends_within(q_pos[q_row], k_pos[k_row], *bounds, q_seq[q_row], k_seq[k_row])
 
 
 def _reach(window: tuple[int, int], sq: int, sk: int) -> tuple[int, int]:

@@ -40,6 +40,30 @@ class Cover(enum.Enum):
     RULE = 6  # a partial tile passed whole as its rule (PositionRule) to a kernel that skips blocks itself
 
 
+UNBOUNDED = 1 << 40  # a window side without a bound: beyond any distance between two positions
+
+
+def window_bounds(causal: bool, window: tuple[int, int] | None) -> tuple[int, int]:
+    """(left, right) for `attends_within`: a window's sides (-1, unbounded, as UNBOUNDED), the right one
+    at most 0 when causal."""
+    left, right = (UNBOUNDED if side < 0 else side for side in (window or (-1, -1)))
+    return left, min(right, 0) if causal else right
+
+
+def attends_within(q, k, left, right, q_doc=None, k_doc=None, blocks=None) -> torch.Tensor:
+    """Elementwise, broadcasting: does query position q see key position k. Keys q - left .. q + right
+    (`window_bounds`), of q's own document (q_doc, k_doc), in a block pair the layout allows (blocks:
+    (layout, block size)). The one statement of what every mask kind allows: MaskSpec, Bands and
+    FlexAttention's mask_mod (kernels/flex.py, where the bounds are 0-d tensors) all call it."""
+    ok = (k >= q - left) & (k <= q + right)
+    if q_doc is not None:
+        ok = ok & (q_doc == k_doc)
+    if blocks is not None:
+        layout, size = blocks
+        ok = ok & layout[q // size, k // size]
+    return ok
+
+
 @dataclass(frozen=True, eq=False)
 class PositionRule:
     """A tile's mask as a rule over its global positions, for a kernel that evaluates it per block
@@ -114,23 +138,11 @@ class MaskSpec:
 
     def attends(self, q: torch.Tensor, k: torch.Tensor, q_doc=None, k_doc=None) -> torch.Tensor:
         """Elementwise, broadcasting: does query position q attend key position k. q_doc / k_doc: their
-        documents (`documents`), when the spec has any. The one statement of what each mask kind
-        allows: the dense masks (`allowed`) and FlexAttention's mask_mod (kernels/flex.py) both use it."""
-        ok = (q >= 0) & (k >= 0)  # all True, in the broadcast shape
-        if self.causal:
-            ok = ok & (k <= q)
-        if self.window:
-            left, right = self.window
-            if left >= 0:
-                ok = ok & (k >= q - left)
-            if right >= 0:
-                ok = ok & (k <= q + right)
-        if self.cu_seqlens:
-            ok = ok & (q_doc == k_doc)
-        if self.block_sparse:
-            bs, layout = self.block_sparse.block_size, self.block_sparse.layout.to(q.device)
-            ok = ok & layout[q // bs, k // bs]
-        return ok
+        documents (`documents`), when the spec has any (`attends_within` says what each kind allows)."""
+        sparse = self.block_sparse
+        blocks = (sparse.layout.to(q.device), sparse.block_size) if sparse else None
+        docs = (q_doc, k_doc) if self.cu_seqlens else (None, None)
+        return attends_within(q, k, *window_bounds(self.causal, self.window), *docs, blocks)
 
     def cover(self, qs: Segment, ks: Segment) -> Cover:
         """How the mask covers queries `qs` x keys `ks`, from the segments' bounds alone."""
