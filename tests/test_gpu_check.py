@@ -296,7 +296,8 @@ def test_section_7_times_burst_beside_torchs_kernels(tmp_path):
     assert all(isinstance(r["burst ms"], float) and r["burst x best"] > 0 for r in rows)
     assert all(r["SDPA cuDNN ms"] == "RuntimeError" for r in rows)  # a CUDA backend, refused on the CPU
     masks = _table(section, "masks at")["rows"]
-    assert [r["work"] for r in masks] == ["window, causal", "16 documents, causal"]
+    assert [r["work"] for r in masks] == ["window, causal", "16 documents, causal", "softcap 50, causal"]
+    assert isinstance(masks[-1]["burst ms"], float)  # softcap on the CPU: burst's reference kernel
     ring = _table(section, "the block steps of a G-rank ring")["rows"]
     assert [(r["work"], r["G"]) for r in ring] == [(w, g) for w in ("full", "causal") for g in (2, 4, 8)]
 

@@ -3,7 +3,7 @@
 One rank, forward + backward, in the speed dtype, head dim 128: burst.attention (its automatic kernel
 and each CUDA kernel it can be told to run) beside SDPA's flash and cuDNN backends and compiled
 FlexAttention, for full and causal attention with grouped (32/8) and multi-head (32/32) heads; a
-sliding window and packed documents against FlexAttention (and SDPA on the documents as a batch);
+sliding window, packed documents and softcap against FlexAttention (and SDPA on the documents as a batch);
 the block steps of a G-rank ring summed against one call on the whole sequence (what a ring of G
 GPUs can reach at most); on CUDA, each run's peak memory above the inputs. 'x best' is the fastest reference's seconds
 over this row's (>= 1: as fast as the best reference).
@@ -51,22 +51,23 @@ def _leaves(q, k, v):
     return [t.detach().requires_grad_() for t in (q, k, v)]
 
 
-def burst_runner(q, k, v, dout, spec: MaskSpec, kernel: str | None = None):
+def burst_runner(q, k, v, dout, spec: MaskSpec, kernel: str | None = None, softcap: float = 0.0):
     qq, kk, vv = _leaves(q, k, v)
+    mask = dict(causal=spec.causal, window=spec.window, cu_seqlens=spec.cu_seqlens)
 
     def forward():
         with forced_kernel(kernel):
-            return burst.attention(qq, kk, vv, causal=spec.causal, window=spec.window, cu_seqlens=spec.cu_seqlens)
+            return burst.attention(qq, kk, vv, **mask, softcap=softcap)
 
     return forward, lambda out: out.backward(dout), lambda: None
 
 
-def sdpa_runner(q, k, v, dout, spec: MaskSpec, backend: str):
+def sdpa_runner(q, k, v, dout, spec: MaskSpec, backend: str, softcap: float = 0.0):
     """SDPA pinned to one backend on (b, h, s, d) views; documents as a batch of equal documents."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if spec.window is not None:
-        raise RuntimeError("SDPA has no window argument")
+    if spec.window is not None or softcap:
+        raise RuntimeError("SDPA has no window or softcap argument")
     docs = len(spec.cu_seqlens) - 1 if spec.cu_seqlens is not None else 1
     pinned = [getattr(SDPBackend, backend)]
     gqa = q.shape[2] != k.shape[2] and _takes_gqa(pinned, q, k)
@@ -96,8 +97,9 @@ def _takes_gqa(pinned, q, k) -> bool:
         return False
 
 
-def flex_runner(q, k, v, dout, spec: MaskSpec):
-    """Compiled flex_attention with the mask as a BlockMask (built once, outside the timing)."""
+def flex_runner(q, k, v, dout, spec: MaskSpec, softcap: float = 0.0):
+    """Compiled flex_attention with the mask as a BlockMask (built once, outside the timing), and
+    softcap as a score_mod (Gemma 2's: c * tanh(s / c))."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     n = q.shape[1]
@@ -106,9 +108,10 @@ def flex_runner(q, k, v, dout, spec: MaskSpec):
     flex = torch.compile(flex_attention)
     qq, kk, vv = _leaves(*(t.transpose(1, 2) for t in (q, k, v)))
     dt = dout.transpose(1, 2)
+    capped = (lambda score, b, h, qi, ki: softcap * torch.tanh(score / softcap)) if softcap else None
 
     def forward():
-        return flex(qq, kk, vv, block_mask=block_mask, enable_gqa=q.shape[2] != k.shape[2])
+        return flex(qq, kk, vv, score_mod=capped, block_mask=block_mask, enable_gqa=q.shape[2] != k.shape[2])
 
     return forward, lambda out: out.backward(dt), lambda: None
 
@@ -201,26 +204,26 @@ def ring_tiles_runner(q, k, v, dout, spec: MaskSpec, ranks: int):
 SHORT_ROW = 32768  # tokens up to which a runner is timed best of 3 (one pass of 16K causal stalled 2x on the H200)
 
 
-def _time(runner, *args) -> float:
-    forward, backward, reset = runner(*args)
+def _time(runner, *args, **options) -> float:
+    forward, backward, reset = runner(*args, **options)
     repeats = 3 if args[0].shape[1] <= SHORT_ROW else 1
     fwd, bwd = time_fwd_bwd(args[0].device, repeats, forward, backward, reset)
     return fwd + bwd
 
 
-def _time_and_peak(runner, *args) -> tuple[float, int]:
+def _time_and_peak(runner, *args, **options) -> tuple[float, int]:
     """Seconds of a forward + backward and the peak bytes it held above what was held before (the
     inputs): the runner's own copies, outputs, gradients and work memory."""
     device = args[0].device
     floor = held_bytes(device)
     reset_peak(device)
-    seconds = _time(runner, *args)
+    seconds = _time(runner, *args, **options)
     return seconds, peak_bytes(device) - floor
 
 
-def _references(spec: MaskSpec, device) -> dict:
+def _references(spec: MaskSpec, device, softcap: float = 0.0) -> dict:
     refs = {"FlexAttention": (flex_runner,)} if device.type == "cuda" else {}  # compiled for the CPU: minutes
-    if spec.window is None:
+    if spec.window is None and not softcap:  # SDPA takes neither
         refs = {"SDPA flash": (sdpa_runner, "FLASH_ATTENTION"), "SDPA cuDNN": (sdpa_runner, "CUDNN_ATTENTION"), **refs}
     return refs
 
@@ -236,14 +239,14 @@ def _burst_kernels(device, automatic: str) -> dict:
     return named
 
 
-def _row(sec, label: str, spec: MaskSpec, inputs, burst_kernels: dict) -> dict:
+def _row(sec, label: str, spec: MaskSpec, inputs, burst_kernels: dict, softcap: float = 0.0) -> dict:
     q, k = inputs[0], inputs[1]
     row = {"work": label, "tokens": q.shape[1], "heads": f"{q.shape[2]}/{k.shape[2]}"}
     times = {}
-    runners = {**_references(spec, q.device), **{n: (burst_runner, kn) for n, kn in burst_kernels.items()}}
+    runners = {**_references(spec, q.device, softcap), **{n: (burst_runner, kn) for n, kn in burst_kernels.items()}}
     for name, (runner, *extra) in runners.items():
         try:
-            seconds, peak = _time_and_peak(runner, *inputs, spec, *extra)
+            seconds, peak = _time_and_peak(runner, *inputs, spec, *extra, softcap=softcap)
             times[name] = row[f"{name} ms"] = 1e3 * seconds
             if q.device.type == "cuda":  # the CPU's resident set does not drop between runners: not comparable
                 row[f"{name} MiB"] = peak / 2**20
@@ -282,8 +285,9 @@ def section_references(rep: Report) -> None:
         )
         first, *others = sizes.ref_lens
         rows = _plain_rows(sec, first, heads, dim, dtype, device, kernels)
-        masks = _mask_rows(sec, first, heads, dim, dtype, device, kernels)
+        masks = _mask_rows(sec, first, heads, dim, dtype, device, _masks(first, kernels))
         ring = _ring_rows(sec, first, heads, dim, dtype, device)
+        masks += _mask_rows(sec, first, heads, dim, dtype, device, _softcapped(device))
         for n in others:
             rows += _plain_rows(sec, n, heads, dim, dtype, device, kernels)
         rows.sort(key=lambda r: (r["tokens"], r["heads"] != f"{heads}/{heads // 4}", r["work"] != "full"))
@@ -338,18 +342,30 @@ def _plain_rows(sec, n, heads, dim, dtype, device, kernels) -> list:
     return rows
 
 
-def _mask_rows(sec, n, heads, dim, dtype, device, kernels) -> list:
-    """A causal window of n / 16 and 16 causal documents of n / 16, grouped heads."""
+def _masks(n: int, kernels: dict) -> tuple:
+    """A causal window of n / 16 and 16 causal documents of n / 16: (label, spec, burst's kernels,
+    softcap, seconds to expect)."""
     part = n // 16
-    masked = (
-        ("window, causal", MaskSpec(causal=True, window=(part, 0))),
-        ("16 documents, causal", MaskSpec(causal=True, cu_seqlens=tuple(range(0, n + 1, part)))),
+    return (
+        ("window, causal", MaskSpec(causal=True, window=(part, 0)), kernels, 0.0, 8),
+        ("16 documents, causal", MaskSpec(causal=True, cu_seqlens=tuple(range(0, n + 1, part))), kernels, 0.0, 8),
     )
+
+
+def _softcapped(device) -> tuple:
+    """Causal with Gemma 2's softcap (50), which burst runs on FlexAttention on CUDA: its automatic
+    kernel only (the others take no softcap). Two compiles (FlexAttention's and burst's) there: last."""
+    seconds = 90 if device.type == "cuda" else 8
+    return (("softcap 50, causal", MaskSpec(causal=True), {"burst": None}, 50.0, seconds),)
+
+
+def _mask_rows(sec, n, heads, dim, dtype, device, masked) -> list:
+    """One row a mask of `masked` (`_masks`, `_softcapped`) at n tokens, grouped heads."""
     rows = []
-    for label, spec in masked:
-        if not sec.skip_for_time(f"{label} at {n}", 8):
+    for label, spec, named, softcap, seconds in masked:
+        if not sec.skip_for_time(f"{label} at {n}", seconds):
             inputs = random_inputs(1, n, heads, heads // 4, dim, dtype, device, on_device=True)
-            rows.append(_row(sec, label, spec, inputs, kernels))
+            rows.append(_row(sec, label, spec, inputs, named, softcap))
             release_memory(device)
     return rows
 
