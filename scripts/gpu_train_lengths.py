@@ -123,6 +123,7 @@ def burst_step(m, n, device, spec):
         ffn_chunk=fields.get("ffn_chunk", 0),
         fused_loss=fields.get("fused_loss", True),
         offload_activations=fields.get("offload_activations", False),
+        offload_layers=fields.get("offload_layers", 0),
         offload_optimizer=fields.get("offload_optimizer", False),
     )
     model = engine.build(cfg, None, device)
@@ -251,37 +252,32 @@ class Search:
     def left(self) -> float:
         return self.args.budget - (time.monotonic() - self.start)
 
-    def predicted(self, option: str, n: int) -> dict:
+    def training(self, option: str, n: int):
+        """The planner's Training of `option` at n tokens, host activations on its best split."""
         from burst.plan import Training
-        from burst.plan.lengths import MEMORY_OPTIONS, speed_at
+        from burst.plan.lengths import MEMORY_OPTIONS, best_split
 
         fields = MEMORY_OPTIONS[option][0]
-        return speed_at(
-            "burst",
-            self.cluster,
-            Training(self.m, n, fsdp=False, host_memory_bytes=self.host, dtype_bytes=4 if self.cpu else 2, **fields),
-        )
+        t = Training(self.m, n, fsdp=False, host_memory_bytes=self.host, dtype_bytes=4 if self.cpu else 2, **fields)
+        return best_split("burst", self.cluster, t)
+
+    def fields(self, option: str) -> dict:
+        """What a trial of `option` runs: MEMORY_OPTIONS' fields, with the split best_split chose."""
+        from burst.plan.lengths import MEMORY_OPTIONS
+
+        return {**MEMORY_OPTIONS[option][0], "offload_layers": self.training(option, K).offload_layers}
+
+    def predicted(self, option: str, n: int) -> dict:
+        from burst.plan.lengths import speed_at
+
+        return speed_at("burst", self.cluster, self.training(option, n))
 
     def longest(self, option: str) -> int:
-        from burst.plan import Training
-        from burst.plan.lengths import MEMORY_OPTIONS, longest_length
+        from burst.plan.lengths import longest_length
 
-        return longest_length(
-            "burst",
-            self.cluster,
-            Training(
-                self.m,
-                K,
-                fsdp=False,
-                host_memory_bytes=self.host,
-                dtype_bytes=4 if self.cpu else 2,
-                **MEMORY_OPTIONS[option][0],
-            ),
-            granule=64 if self.cpu else 8 * K,
-        )
+        return longest_length("burst", self.cluster, self.training(option, K), granule=64 if self.cpu else 8 * K)
 
     def trial(self, engine: str, option: str, n: int, steps: int, purpose: str) -> dict | None:
-        from burst.plan.lengths import MEMORY_OPTIONS
 
         guess = self.predicted(option if engine == "burst" else "full", n)
         expected = self.setup_s + steps * guess["step_s"] * self.factor * (1 if engine == "burst" else 1.5)
@@ -293,6 +289,7 @@ class Search:
             "purpose": purpose,
             "predicted": guess if engine == "burst" else None,
             "expected_s": expected,
+            "offload_layers": self.fields(option)["offload_layers"] if engine == "burst" else 0,
         }
         if expected > self.left() - 5 or self.args.dry_run:
             self.skipped.append(
@@ -310,7 +307,7 @@ class Search:
             "steps": steps,
             "cpu": self.cpu,
             "gpu_mem_gib": self.args.gpu_mem_gib,
-            "fields": MEMORY_OPTIONS[option][0] if engine == "burst" else {},
+            "fields": self.fields(option) if engine == "burst" else {},
         }
         began = time.monotonic()
         log = os.path.join(self.args.out, f"trial-{len(self.results):02d}.log")
@@ -371,8 +368,9 @@ class Search:
                 n *= 2
         if self.args.speed and len(speed) > 1:
             self.trial("burst", best, speed[1], 1, "speed")
-        for mode in self.args.modes:  # 0.9 x the planner's longest, 0.7 x after a failure
-            option = f"{mode} + host optimizer"
+        searched = [f"{mode} + host optimizer" for mode in self.args.modes]
+        searched += [f"{mode} + host optimizer + host activations" for mode in self.args.host_activations]
+        for option in searched:  # 0.9 x the planner's longest, 0.7 x after a failure
             longest = self.longest(option)
             for share in (0.9, 0.7):
                 grain = 64 if self.cpu else 8 * K
@@ -480,6 +478,12 @@ class Search:
             f.write(report(meta, self.results, self.skipped, self))
 
 
+def _option(r: dict, layers: int) -> str:
+    """A trial's option, with the layers whose checkpoints its host activations moved when not all."""
+    n = r.get("offload_layers") or 0
+    return f"{r['option']} (first {n} of {layers} layers)" if 0 < n < layers else r["option"]
+
+
 def _gib(n) -> str:
     return "" if n is None else f"{n / 2**30:.1f}"
 
@@ -500,7 +504,8 @@ def report(meta: dict, results: list, skipped: list, search: Search) -> str:
         plan = r.get("predicted") or {}
         planned = f"{plan['step_s']:.3g}, {_gib(plan['mem_bytes'])}" if plan else ""
         if not r.get("ok"):
-            lines.append(f"| {r['engine']} | {r['option']} | {r['seq_len']} | {r['why']} | | | | | | | | {planned} |")
+            label = _option(r, search.m.layers)
+            lines.append(f"| {r['engine']} | {label} | {r['seq_len']} | {r['why']} | | | | | | | | {planned} |")
             continue
         mfu = "" if r.get("mfu") is None else f"{r['mfu']:.1%}"
         if plan:  # measured over planned: the planner is within 25% when this lies in 0.8-1.25
@@ -510,7 +515,7 @@ def report(meta: dict, results: list, skipped: list, search: Search) -> str:
                 else f" (measured {r['step_s'] / plan['step_s']:.2f}x)"
             )
         lines.append(
-            f"| {r['engine']} | {r['option']} | {r['seq_len']} | ok | {r['step_s']:.3g} | "
+            f"| {r['engine']} | {_option(r, search.m.layers)} | {r['seq_len']} | ok | {r['step_s']:.3g} | "
             f"{r['compute_s']:.3g} | {r['optimizer_s']:.3g} | {r['tokens_per_s']:.4g} | {mfu} | "
             f"{_gib(r.get('peak_gpu_bytes'))} | {_gib(r.get('peak_host_bytes'))} | {planned} |"
         )
@@ -557,10 +562,9 @@ def report(meta: dict, results: list, skipped: list, search: Search) -> str:
         ]
     if skipped:
         lines += ["", "## Not run (the budget)", ""]
-        lines += [
-            f"- {s['engine']} {s['option']} at {s['seq_len']} (expected {s['expected_s']:.0f} s): {s['why']}"
-            for s in skipped
-        ]
+        for s in skipped:
+            label = _option(s, search.m.layers)
+            lines.append(f"- {s['engine']} {label} at {s['seq_len']} (expected {s['expected_s']:.0f} s): {s['why']}")
     return "\n".join(lines) + "\n"
 
 
@@ -570,6 +574,12 @@ def main(argv=None) -> int:
     p.add_argument("--trial", help=argparse.SUPPRESS)
     p.add_argument("--budget", type=float, default=530, help="seconds for the whole search (default 530)")
     p.add_argument("--modes", default="full,selective,remat,none", help="checkpointing modes to find the longest of")
+    p.add_argument(
+        "--host-activations",
+        default="full",
+        help="then the modes to find the longest of with host activations too, on the planner's split "
+        "(the first N layers' checkpoints on the host; '' for none)",
+    )
     p.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers")
     p.add_argument("--no-hf-burst", dest="hf_burst", action="store_false", help="skip transformers on burst's backend")
     p.add_argument("--no-speed", dest="speed", action="store_false", help="skip the 32K and 128K speed trials")
@@ -597,6 +607,7 @@ def main(argv=None) -> int:
     if not args.out:
         p.error("OUT: the folder for report.md and results.json")
     args.modes = [m for m in args.modes.split(",") if m]
+    args.host_activations = [m for m in args.host_activations.split(",") if m]
     os.makedirs(args.out, exist_ok=True)
     search = Search(args)
     search.run()

@@ -445,3 +445,26 @@ def test_mla_latent_is_what_burst_moves():
     extra = 8.0 * 32768 * 512 * 128 * 256 / 16 / profile("H100").flops  # 2 forward + 6 backward FLOPs a pair
     assert burst_latent.compute_s - burst_expanded.compute_s == pytest.approx(extra, rel=1e-9)
     assert "the latent" in burst_latent.note
+
+
+@pytest.mark.parametrize("name", ["H100", "H200"])
+def test_host_activations_on_the_first_layers_that_fit_the_longest_step(name):
+    """`burst plan --longest` for llama3-8b on one GPU beside 128 GiB of host memory (the lent machine):
+    AdamW's state on the host takes ~100 GiB, so every layer's checkpoints there fill it before the device
+    is full. The planner moves the first N layers' only (best_split) and keeps the rest on the device:
+    a longer step than with every layer's on the host or none, and both memories within bounds."""
+    from burst.plan.lengths import MEMORY_OPTIONS, longest_length, option_rows
+
+    cluster, model, host = Cluster(1, 1, profile(name)), PRESETS["llama3-8b"], 128 * 2**30
+    rows = {r["option"]: r for r in option_rows(model, cluster, host_memory_bytes=host, dtype_bytes=2)}
+    split = rows["full + host optimizer + host activations"]
+    n = int(split["flags"].split("--offload-layers ")[1])
+    assert 0 < n < model.layers, split["flags"]
+    fields = MEMORY_OPTIONS["full + host optimizer + host activations"][0]
+    every = longest_length(
+        "burst", cluster, Training(model, 1024, fsdp=False, host_memory_bytes=host, dtype_bytes=2, **fields)
+    )
+    assert split["longest"] > max(every, rows["full + host optimizer"]["longest"]), (split, every)
+    assert split["host_mem_bytes"] <= host and split["mem_bytes"] <= cluster.profile.memory_bytes
+    with pytest.raises(ValueError, match="offload_layers=3: 0 or more, with offload_activations"):
+        Training(model, 1024, offload_layers=3).check(1)

@@ -69,6 +69,35 @@ def test_host_offloads_leave_every_loss_and_gradient_unchanged(mode):
             assert (a[name] - b[name]).abs().max() <= 1e-5 * a[name].abs().max(), (mode, step, name)
 
 
+def test_host_activations_on_the_first_layers_only(monkeypatch):
+    """--offload-layers 1 of the tiny model's 2: the first layer's checkpoint goes to the host (one copy a
+    step), the second's stays; every loss and gradient bit for bit those of the run without offload."""
+    from burst.engine import offload
+
+    copies = []
+    monkeypatch.setattr(offload, "to_host", lambda t, real=offload.to_host: copies.append(t.shape) or real(t))
+    kept = _run(_config(checkpointing="full"))
+    assert not copies
+    moved = _run(_config(checkpointing="full", offload_activations=True, offload_layers=1))
+    assert len(copies) == STEPS, copies  # one layer's input a step (every layer's would be 2 a step)
+    assert kept[0] == moved[0]
+    for a, b in zip(kept[1], moved[1]):
+        assert all(torch.equal(a[name], b[name]) for name in a)
+    copies.clear()
+    _run(_config(checkpointing="full", offload_activations=True))
+    assert len(copies) == 2 * STEPS
+    for options, message in (
+        (dict(offload_layers=1), "--offload-layers: how many layers --offload-activations moves"),
+        (
+            dict(checkpointing="full", offload_activations=True, offload_layers=3),
+            "exceeds the 2 layers of model 'tiny'",
+        ),
+        (dict(checkpointing="full", offload_activations=True, offload_layers=-1), "--offload-layers: must be 0"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            _config(**options).check(1)
+
+
 def _sequence_parallel_offload(rank, world):
     """On 2 sp ranks (burst, zigzag): offloaded activations against kept ones, per mode (this rank's
     gradients before the all-reduce of train_step's reduce_gradients are what the hooks see)."""
@@ -121,6 +150,7 @@ def test_memory_options_are_checked_and_recorded(tmp_path):
             "ffn_chunk": 16,
             "fused_loss": True,
             "offload_activations": True,
+            "offload_layers": 0,
             "offload_optimizer": True,
             "fsdp": "none",
             "fsdp_cpu_offload": False,

@@ -105,6 +105,14 @@ def add_parser(sub) -> None:
         "host memory between forward and backward",
     )
     p.add_argument(
+        "--offload-layers",
+        type=int,
+        default=d.offload_layers,
+        metavar="N",
+        help="with --offload-activations: the first N layers' only, the rest on the device (0: every "
+        "layer; `burst plan --longest` names the N that fits the longest step)",
+    )
+    p.add_argument(
         "--checkpointing",
         type=any_case(("none", "full", "remat", "selective")),
         default=d.checkpointing,

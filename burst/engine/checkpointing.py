@@ -51,7 +51,7 @@ def local_attention(q, k, v):
     return out.transpose(1, 2)
 
 
-def check_settings(mode: str, split: float, ffn_chunk: int, offload: bool = False) -> None:
+def check_settings(mode: str, split: float, ffn_chunk: int, offload: bool = False, offload_layers: int = 0) -> None:
     """Raise ValueError for a checkpointing mode, selective split, blockwise-feedforward chunk or
     activation offload that does not exist (Transformer.set_checkpointing and `burst train` before it starts)."""
     if offload and mode == "none":
@@ -59,6 +59,10 @@ def check_settings(mode: str, split: float, ffn_chunk: int, offload: bool = Fals
             "offloading activations moves what checkpointing keeps: needs a checkpointing mode "
             "(full, remat or selective), not none"
         )
+    if isinstance(offload_layers, bool) or not isinstance(offload_layers, int) or offload_layers < 0:
+        raise ValueError(f"offload layers must be an int >= 0 (0: every layer), got {offload_layers!r}")
+    if offload_layers and not offload:
+        raise ValueError("offload layers says how many layers' checkpoints go to the host: turn offloading on")
     if mode not in MODES:
         raise ValueError(f"checkpointing {mode!r}: one of {MODES}")
     if not 0.0 <= split <= 1.0:

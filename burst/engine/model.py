@@ -188,6 +188,7 @@ class Transformer(nn.Module):
             self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.checkpointing, self.checkpoint_split = "none", 0.5  # see engine/checkpointing.py
         self.offload_activations = False  # what checkpointing keeps, held in host memory (engine/offload.py)
+        self.offload_layers = 0  # with it: the first N layers' only (0: every layer's)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -215,10 +216,9 @@ class Transformer(nn.Module):
         is taken inside forward so that FSDP2 has the LM head's weight unsharded."""
         cos, sin = rotary(positions, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
         x = self.embed(tokens)
-        for block in self.blocks:
-            x = run_layer(
-                block, x, cos, sin, positions, self.checkpointing, self.checkpoint_split, self.offload_activations
-            )
+        offloaded = (self.offload_layers or len(self.blocks)) if self.offload_activations else 0
+        for i, block in enumerate(self.blocks):
+            x = run_layer(block, x, cos, sin, positions, self.checkpointing, self.checkpoint_split, i < offloaded)
         hidden = self.norm(x)
         if targets is None:
             return hidden
@@ -227,14 +227,16 @@ class Transformer(nn.Module):
         return unfused_cross_entropy(self.lm_head(hidden), targets, group=loss_group)
 
     def set_checkpointing(
-        self, mode: str = "none", split: float = 0.5, ffn_chunk: int = 0, offload: bool = False
+        self, mode: str = "none", split: float = 0.5, ffn_chunk: int = 0, offload: bool = False, offload_layers: int = 0
     ) -> "Transformer":
         """Activation checkpointing (engine/checkpointing.py: none | full | remat | selective; `split`
         is the fraction of the sequence `selective` recomputes), the blockwise feedforward
         (`ffn_chunk` tokens at a time; 0 = whole), and `offload`: what checkpointing keeps per layer
-        held in host memory between forward and backward (engine/offload.py)."""
-        check_settings(mode, split, ffn_chunk, offload)
+        held in host memory between forward and backward (engine/offload.py), for the first
+        `offload_layers` layers only when that is not 0 (the rest keep theirs on the device)."""
+        check_settings(mode, split, ffn_chunk, offload, offload_layers)
         self.checkpointing, self.checkpoint_split, self.offload_activations = mode, split, offload
+        self.offload_layers = offload_layers
         for block in self.blocks:
             block.feed_forward.chunk = ffn_chunk
         return self

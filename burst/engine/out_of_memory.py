@@ -81,6 +81,7 @@ def _planner(cfg, profile_name: str, capacity: float):
         offload_optimizer=cfg.offload_optimizer,
         optimizer_in_backward=cfg.offload_optimizer,
         offload_activations=cfg.offload_activations,
+        offload_layers=cfg.offload_layers,
         ffn_chunk=cfg.ffn_chunk,
         dtype_bytes=b,
     )

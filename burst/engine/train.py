@@ -87,7 +87,9 @@ def build(cfg: TrainConfig, par: Parallel | None = None, device: torch.device | 
     else:  # an 8B model: shapes without memory, then weights drawn on the device itself (the same
         model = Transformer(preset, device="meta").to_empty(device=device)  # seed gives every rank the same)
         model.reset_parameters()
-    model.set_checkpointing(cfg.checkpointing, cfg.checkpoint_split, cfg.ffn_chunk, cfg.offload_activations)
+    model.set_checkpointing(
+        cfg.checkpointing, cfg.checkpoint_split, cfg.ffn_chunk, cfg.offload_activations, cfg.offload_layers
+    )
     if par.sp > 1:
         parallelize(model, group=par.sp_group, strategy=cfg.strategy, layout=cfg.layout)
     return shard_parameters(model, par, cfg.cpu_offload)

@@ -39,6 +39,7 @@ class TrainConfig:
     fsdp: str = "none"  # none | dp | mesh (engine/parallel.py)
     cpu_offload: bool = False
     offload_activations: bool = False  # what checkpointing keeps, in host memory (engine/offload.py)
+    offload_layers: int = 0  # with offload_activations: the first N layers' only (0: every layer's)
     offload_optimizer: bool = False  # AdamW's master weights and moments in host memory, stepped there
     checkpointing: str = "none"  # none | full | remat | selective (engine/checkpointing.py)
     checkpoint_split: float = 0.5  # the fraction of the sequence `selective` recomputes
@@ -98,6 +99,7 @@ class TrainConfig:
             ("--peak-flops", self.peak_flops),
             ("--checkpoint-every", self.checkpoint_every),
             ("--ffn-chunk", self.ffn_chunk),
+            ("--offload-layers", self.offload_layers),
             ("--keep", self.keep),
             ("weight_decay", self.weight_decay),
         ):
@@ -121,6 +123,13 @@ class TrainConfig:
             )
         if self.offload_activations and self.fsdp != "none":
             raise ValueError("--offload-activations: runs without FSDP (--fsdp none)")
+        if self.offload_layers and not self.offload_activations:
+            raise ValueError("--offload-layers: how many layers --offload-activations moves: give it too")
+        if self.offload_layers > PRESETS[self.model].layers:
+            raise ValueError(
+                f"--offload-layers: {self.offload_layers} exceeds the {PRESETS[self.model].layers} layers of "
+                f"model {self.model!r}"
+            )
         if self.offload_optimizer and (world > 1 or self.fsdp != "none"):
             raise ValueError(
                 "--offload-optimizer: one rank without FSDP; on several ranks use --fsdp dp|mesh "
@@ -136,6 +145,7 @@ class TrainConfig:
             "ffn_chunk": self.ffn_chunk,
             "fused_loss": self.fused_loss,
             "offload_activations": self.offload_activations,
+            "offload_layers": self.offload_layers,
             "offload_optimizer": self.offload_optimizer,
             "fsdp": self.fsdp,
             "fsdp_cpu_offload": self.cpu_offload,

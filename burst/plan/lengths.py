@@ -4,7 +4,8 @@
 model_cost.whole_model says t's step fits in device (and, when t says how much, host) memory; the
 step's memory grows with the length, so a bisection finds it. `option_rows(...)`: that length and
 the modelled speed there for each entry of MEMORY_OPTIONS (`burst plan --longest`, the OOM line of
-`burst train`, scripts/gpu_train_lengths.py's choice of lengths to try).
+`burst train`, scripts/gpu_train_lengths.py's choice of lengths to try), host activations on as many
+layers as make the longest step fit (`best_split`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,27 @@ def longest_length(strategy: str, cluster, t: Training, granule: int = 1024, lim
     return low * granule
 
 
+def best_split(strategy: str, cluster, t: Training) -> Training:
+    """t with host activations on the first `offload_layers` layers only, as many as make the longest
+    step fit (ties: the fewest, each one's copies cost time); t itself without host activations.
+    Every layer's checkpoints on the host can fill a host that holds AdamW's state too (8B: ~100 GiB
+    of 128) while the device has room left: the split keeps the rest on the device."""
+    if not t.offload_activations:
+        return t
+    best, longest = t.model.layers, -1
+    for n in range(1, t.model.layers + 1):
+        fits = longest_length(strategy, cluster, replace(t, offload_layers=n))
+        if fits > longest:
+            best, longest = n, fits
+    return replace(t, offload_layers=best)
+
+
+def split_flags(t: Training) -> str:
+    """`burst train`'s flag for t's split (best_split), or nothing when every layer's checkpoints go."""
+    n = t.offloaded_layers
+    return f" --offload-layers {n}" if t.offload_activations and n < t.model.layers else ""
+
+
 def speed_at(strategy: str, cluster, t: Training) -> dict:
     """Modelled step time, optimizer time, tokens/s per device and MFU (torchtitan's FLOPs over the
     forward + backward time, the dense bf16 peak) of t, with device and host memory."""
@@ -90,8 +112,9 @@ def option_rows(
         t = Training(
             model, 1024, fsdp=cluster.gpus > 1, host_memory_bytes=host_memory_bytes, dtype_bytes=dtype_bytes, **fields
         )
+        t = best_split(strategy, cluster, t)
         longest = longest_length(strategy, cluster, t)
-        row = {"option": name, "flags": flags, "longest": longest}
+        row = {"option": name, "flags": flags + split_flags(t), "longest": longest}
         if longest:
             row.update(speed_at(strategy, cluster, replace(t, seq_len=longest)))
         rows.append(row)

@@ -84,6 +84,7 @@ class Training:
     optimizer_in_backward: bool = False  # with offload_optimizer: each parameter stepped on the host as its
     #                                      gradient completes (HostAdamW): one layer's gradients on the device
     offload_activations: bool = False  # what checkpointing keeps per layer, in host memory (copied each way)
+    offload_layers: int = 0  # with offload_activations: the first N layers' only (0: every layer's)
     ffn_chunk: int = 0  # the SwiGLU a chunk of tokens at a time (0: whole)
     host_memory_bytes: float | None = None  # host memory that decides fits (None: not checked)
 
@@ -95,6 +96,15 @@ class Training:
         check_dp(self.dp, gpus)
         if self.offload_activations and self.checkpointing == "none":
             raise ValueError("offload_activations moves what checkpointing keeps: needs a checkpointing mode")
+        if self.offload_layers < 0 or (self.offload_layers and not self.offload_activations):
+            raise ValueError(f"offload_layers={self.offload_layers}: 0 or more, with offload_activations")
+
+    @property
+    def offloaded_layers(self) -> int:
+        """How many layers keep their checkpoints in host memory (the first ones)."""
+        if self.mode != "train" or not self.offload_activations:
+            return 0
+        return min(self.offload_layers, self.model.layers) if self.offload_layers else self.model.layers
 
 
 def layer_weights(m) -> int:
@@ -162,7 +172,7 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     matmul = (3 if train else 1) * (layer_fwd + head_fwd) + recompute_layers
     kept_per_layer = activation_bytes_per_token(m, t.checkpointing, b, t.split) * tokens if train else 0.0
     # offloaded checkpoints: down in the forward, up in the backward, on the compute stream (not hidden)
-    offload_s = 2 * kept_per_layer * m.layers / HOST_LINK_BYTES_PER_S if train and t.offload_activations else 0.0
+    offload_s = 2 * kept_per_layer * t.offloaded_layers / HOST_LINK_BYTES_PER_S
 
     # FSDP: each layer's weights gathered for the forward and again for the backward, gradients
     # reduce-scattered; prefill gathers once. Ring collectives over all devices.
@@ -213,7 +223,7 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     gathered = (2 * layer_weights(m) + m.vocab_size * m.dim) * b if t.fsdp else 0.0
     # a prefill keeps nothing between layers
     # offloaded: the layer being copied and the next (its copy waits on the stream) stay on the device
-    kept = kept_per_layer * (min(2, m.layers) if t.offload_activations else m.layers)
+    kept = kept_per_layer * (m.layers - t.offloaded_layers + min(2, t.offloaded_layers))
     working = activation_bytes_per_token(m, "none", b) * tokens
     if t.ffn_chunk and tokens > t.ffn_chunk:  # the SwiGLU's four ffn-wide tensors of one chunk, not of every token
         working -= 4 * m.ffn_dim * b * (tokens - t.ffn_chunk)
@@ -245,7 +255,7 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     if mem + FRAMEWORK_RESERVE_BYTES > capacity:
         est.fits = False
         est.note = (est.note + "; " if est.note else "") + "does not fit in device memory"
-    host = host_bytes(t, weights / shard, kept_per_layer * m.layers)
+    host = host_bytes(t, weights / shard, kept_per_layer * t.offloaded_layers)
     if t.host_memory_bytes is not None and host > t.host_memory_bytes:
         est.fits = False
         est.note = (est.note + "; " if est.note else "") + "does not fit in host memory"
@@ -280,15 +290,13 @@ def whole_model(strategy: str, cluster: Cluster, t: Training, memory_bytes: floa
     return est
 
 
-def host_bytes(t: Training, local_weights: float, kept: float) -> float:
+def host_bytes(t: Training, local_weights: float, offloaded: float) -> float:
     """Host memory one device's process needs: HOST_RESERVE_BYTES, AdamW's fp32 masters and moments
-    (and one fp32 gradient) when offloaded, the offloaded checkpoints."""
+    (and one fp32 gradient) when offloaded, and the `offloaded` bytes of checkpoints."""
     host = HOST_RESERVE_BYTES
     if t.mode == "train" and t.offload_optimizer:
         host += local_weights * ADAM_STATE_BYTES + max(layer_weights(t.model), t.model.vocab_size * t.model.dim) * 4
-    if t.mode == "train" and t.offload_activations:
-        host += kept
-    return host
+    return host + offloaded
 
 
 def attention_step(strategy: str, cluster: Cluster, w: Workload) -> Estimate:
