@@ -81,12 +81,13 @@ def _compiled(device_type: str):
 
 
 def _rule_tensors(mask, causal: bool, sq: int, sk: int, device) -> tuple:
-    """Any tile's mask but a dense one as the operands of `attends_within`, all tensors: each query
-    row's and key row's position and document, the window's bounds, and a block-sparse mask's layout
-    and block size (None without one). One mask_mod then serves every tile (rule, bands, causal
-    triangle, whole tile), so compiled flex_attention traces one graph for all of them: a Python int
-    or another function in the mask_mod would be a guard, and a new graph per tile kind, shape and
-    window, up to dynamo's recompile limit."""
+    """Any tile's mask but a dense one as the operands of `attends_within`, as per-row tensors: each
+    query row's and key row's position and document, each query row's window bounds, and a
+    block-sparse mask's layout and block size (None without one). One mask_mod then serves every tile
+    (rule, bands, causal triangle, whole tile), so compiled flex_attention traces one graph for all of
+    them: a Python int or another function in the mask_mod would be a guard, and a new graph per tile
+    kind, shape and window, up to dynamo's recompile limit. The bounds are rows, not 0-d tensors, so
+    the kernel reads every operand as the same kind of lookup. The block size stays an int: one per run."""
     blocks = None
     if isinstance(mask, PositionRule):
         q_pos, k_pos = mask.q.positions(device), mask.k.positions(device)
@@ -103,15 +104,14 @@ def _rule_tensors(mask, causal: bool, sq: int, sk: int, device) -> tuple:
         left, right = window_bounds(causal, None)
     if q_doc is None:
         q_doc, k_doc = q_pos.new_zeros(sq), k_pos.new_zeros(sk)
-    if blocks is not None:  # a block layout only where there is one: its lookup is a (sq, sk) gather
-        blocks = (blocks[0], torch.tensor(blocks[1], device=device))
-    left, right = (torch.tensor(n, device=device) for n in (left, right))
+    left, right = (q_pos.new_full((sq,), n) for n in (left, right))
     return q_pos, k_pos, left, right, q_doc, k_doc, blocks
 
 
 def _rule_mod(q_pos, k_pos, left, right, q_doc, k_doc, blocks):
     def mask_mod(b, h, q_idx, kv_idx):
-        return attends_within(q_pos[q_idx], k_pos[kv_idx], left, right, q_doc[q_idx], k_doc[kv_idx], blocks)
+        q = q_pos[q_idx]
+        return attends_within(q, k_pos[kv_idx], left[q_idx], right[q_idx], q_doc[q_idx], k_doc[kv_idx], blocks)
 
     return mask_mod
 
