@@ -154,7 +154,8 @@ def _attention_op(
     chosen, call = _prepared(q, k, v, sinks, settings, fresh=True)
     with torch.autocast(q.device.type, enabled=False):
         out, lse = sharded_forward(call, chosen, unit_stride_last(q), KeyBlocks(k, v).ready(q), sinks)
-    return out.contiguous(), lse.contiguous()  # the strides the fake promises (a strategy may follow q's)
+    # the strides the fake promises (a strategy may follow q's)
+    return _unaliased((out.contiguous(), lse.contiguous()), (q, k, v, sinks))
 
 
 @_attention_op.register_fake
@@ -198,7 +199,24 @@ def _attention_backward_op(
         if dv is None:  # v is k: dk holds both roles' sums (keys.kv_gradients); an op returns tensors
             dv = torch.zeros_like(v)
         dsinks = dsinks if sinks is not None else q.new_empty(0)
-    return dq.contiguous(), dk.contiguous(), dv.contiguous(), dsinks
+    return _unaliased(
+        (dq.contiguous(), dk.contiguous(), dv.contiguous(), dsinks), (dout, dlse, q, k, v, out, lse, sinks)
+    )
+
+
+def _unaliased(outputs: tuple, inputs: tuple) -> tuple:
+    """The op's outputs, each in storage of its own: torch.library refuses an output that shares
+    storage with an input or another output, and a strategy may return views of one accumulator
+    (allgather's dk and dv, when the inputs' dtype is the accumulators' and .to() copies nothing)."""
+    taken = {t.untyped_storage().data_ptr() for t in inputs if t is not None and t.numel()}
+    owned = []
+    for t in outputs:
+        if t.numel() and t.untyped_storage().data_ptr() in taken:
+            t = t.clone()
+        if t.numel():
+            taken.add(t.untyped_storage().data_ptr())
+        owned.append(t)
+    return tuple(owned)
 
 
 def _contiguous_like(t):

@@ -49,6 +49,8 @@ def _cases(rank, world):
         "causal zigzag": (dict(causal=True, layout="zigzag"), "zigzag"),
         "window, sinks, chunk_rows": (dict(causal=True, window=(20, 0), sinks=sinks, chunk_rows=8), "contiguous"),
         "documents (cu_seqlens ints)": (dict(causal=True, cu_seqlens=[0, 20, 48, 64]), "contiguous"),
+        # float32: its dk and dv come from one accumulator, views that the op's outputs must not share
+        "allgather": (dict(causal=True, strategy="allgather"), "contiguous"),
     }
     results = {}
     for name, (kwargs, layout) in settings.items():
