@@ -233,11 +233,31 @@ def shard(x: torch.Tensor, group=None, layout="contiguous", dim: int = 1, cu_seq
     return x.index_select(dim, idx)
 
 
+class _Gathered(torch.autograd.Function):
+    """Every rank's shard along `dim`, in rank order (an all-gather). The backward keeps this rank's
+    rows of the gradient, with no communication: every rank is taken to compute the same from the
+    full tensor, as one process would (DTensor's full_tensor() assumes as much), so its gradient of
+    its own rows is the whole of theirs; a sum over ranks would count it world times."""
+
+    @staticmethod
+    def forward(ctx, x, dim: int, rank: int, world: int, group):
+        ctx.dim, ctx.rows = dim, (rank * x.shape[dim], x.shape[dim])
+        parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(world)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.narrow(ctx.dim, *ctx.rows), None, None, None, None
+
+
 def unshard(x_local: torch.Tensor, group=None, layout="contiguous", dim: int = 1, cu_seqlens=None) -> torch.Tensor:
     """The full tensor from every rank's shard along `dim` (an all-gather; every rank gets it all).
 
     layout and cu_seqlens as in shard (cu_seqlens global, or local). Every rank must pass the same
-    layout and shards of one shape and dtype (checked first).
+    layout and shards of one shape and dtype (checked first). Differentiable: the backward gives
+    each rank the gradient of its own rows, as one process computing the same loss from the full
+    tensor would (every rank must compute that same loss; nothing is summed over ranks).
     """
     if isinstance(x_local, torch.Tensor) and -x_local.dim() <= dim < x_local.dim():
         layout = resolve_layout(layout, cu_seqlens, _world_and_rank(group)[0], x_local.shape[dim])
@@ -251,9 +271,7 @@ def unshard(x_local: torch.Tensor, group=None, layout="contiguous", dim: int = 1
     )
     if world == 1:
         return x_local
-    parts = [torch.empty_like(x_local, memory_format=torch.contiguous_format) for _ in range(world)]
-    dist.all_gather(parts, x_local.contiguous(), group=group)
-    gathered = torch.cat(parts, dim=dim)
+    gathered = _Gathered.apply(x_local, dim, rank, world, group)
     seq_len = gathered.shape[dim]
     order = torch.cat([shard_indices(layout, r, world, seq_len, device=x_local.device) for r in range(world)])
     inverse = torch.empty_like(order)

@@ -150,6 +150,13 @@ def _shard_roundtrip(rank, world):
         back = burst.unshard(local, layout=layout)
         back2 = burst.unshard(burst.shard(x.transpose(1, 2), layout=layout, dim=2), layout=layout, dim=2)
         ok[layout] = torch.equal(local, expect) and torch.equal(back, x) and torch.equal(back2, x.transpose(1, 2))
+        # differentiable: each rank gets the gradient of its own rows of the same loss on every rank
+        leaf = x.double().requires_grad_()
+        weight = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+        (burst.unshard(burst.shard(leaf, layout=layout), layout=layout) * weight).sum().backward()
+        own = torch.zeros_like(weight)
+        own[:, burst.layout.shard_indices(layout, rank, world, 12 * world)] = 1
+        ok[f"{layout}: gradient of its own rows"] = torch.equal(leaf.grad, weight * own)
     return ok
 
 
