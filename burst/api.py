@@ -181,8 +181,8 @@ def autocast_inputs(q, k, v):
     autocast the tensors are returned unchanged; so is what is not a tensor (k, v None with latent=:
     its tensors take q's dtype; anything else check_tensors names).
     """
-    if not isinstance(q, torch.Tensor) or not torch.is_autocast_enabled(q.device.type):
-        return q, k, v
+    if not isinstance(q, torch.Tensor) or q.device.type == "meta" or not torch.is_autocast_enabled(q.device.type):
+        return q, k, v  # meta: no autocast there; check_tensors says why it is refused
     dtype = torch.get_autocast_dtype(q.device.type)
 
     def cast(t):

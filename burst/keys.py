@@ -41,6 +41,10 @@ def check_query(q) -> None:
         raise ValueError(f"q must be 4-D (batch, seqlen, heads, headdim), got shape {tuple(q.shape)}")
     if q.dtype not in DTYPES:
         raise TypeError(f"q has dtype {q.dtype}; supported: float32, bfloat16, float16, float64")
+    if q.device.type == "meta":
+        raise ValueError("q is on the meta device (a shape without data): burst.attention computes on real tensors")
+    if q.shape[2] == 0 or q.shape[3] == 0:
+        raise ValueError(f"q has shape {tuple(q.shape)}: heads and headdim must be at least 1")
 
 
 def check_tensors(q, k, v) -> None:

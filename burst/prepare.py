@@ -28,6 +28,8 @@ def prepare_attention(q, keys, request: AttentionRequest, sinks=None):
     Same errors as burst.attention (which is `strategy(call, q, keys.ready(q))` on the result).
     """
     group = request.group
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None (the default group), got {group!r}")
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
     problem, call, name = None, None, None

@@ -8,6 +8,7 @@ every rank before any collective; api.py then makes every rank agree on the outc
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import replace
 
 import torch
@@ -36,7 +37,7 @@ def checked_key_call(q, keys, request: AttentionRequest, rank: int, world: int, 
     one, "auto" raises."""
     r = request
     keys.check(q)
-    layout, cu_seqlens = _document_layout(r.layout, r.cu_seqlens, world, q.shape[1])
+    layout, cu_seqlens = _document_layout(r.layout, _listed_documents(r.cu_seqlens), world, q.shape[1])
     _check_options(r.strategy, layout, r.causal, r.window, r.softmax_scale)
     _check_softcap_and_chunks(r.softcap, r.chunk_size)
     _check_local_length(q.shape[1], layout)
@@ -130,7 +131,9 @@ def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if window is not None and not (
-        isinstance(window, (tuple, list)) and len(window) == 2 and all(isinstance(w, int) and w >= -1 for w in window)
+        isinstance(window, (tuple, list))
+        and len(window) == 2
+        and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)
     ):
         raise ValueError(f"window must be None or (left, right) ints >= -1 (-1 = unbounded), got {window!r}")
     if softmax_scale is not None and not (
@@ -179,16 +182,27 @@ def _check_local_length(local_len: int, layout: str) -> None:
         )
 
 
-def _check_documents(cu_seqlens, global_len: int) -> None:
-    if cu_seqlens is None:
-        return
+def _listed_documents(cu_seqlens) -> list[int] | None:
+    """cu_seqlens as a list of ints: from a 1-D integer tensor, or a sequence of ints (numpy's too)."""
+    if cu_seqlens is None or isinstance(cu_seqlens, DocumentLayout):
+        return cu_seqlens
     if isinstance(cu_seqlens, torch.Tensor):
         if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
             raise ValueError("cu_seqlens must be a 1-D integer tensor or a sequence of ints")
-        cu_seqlens = cu_seqlens.tolist()
-    values = list(cu_seqlens)
-    if not values or not all(isinstance(x, int) for x in values):
-        raise ValueError("cu_seqlens must be a non-empty 1-D sequence of ints")
+        return cu_seqlens.tolist()
+    try:
+        values = list(cu_seqlens)
+    except TypeError:
+        values = []
+    if not values or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in values):
+        raise ValueError(f"cu_seqlens must be a non-empty 1-D sequence of ints, got {cu_seqlens!r}")
+    return [int(x) for x in values]
+
+
+def _check_documents(cu_seqlens, global_len: int) -> None:
+    if cu_seqlens is None:
+        return
+    values = _listed_documents(cu_seqlens)
     if values[0] != 0 or values[-1] != global_len or any(b < a for a, b in zip(values, values[1:])):
         raise ValueError(
             f"cu_seqlens must rise from 0 to the global sequence length {global_len} "

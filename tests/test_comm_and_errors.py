@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
 import pytest
 import torch
 
@@ -100,6 +101,11 @@ def _bad_inputs(rank, world):
         "scale": lambda: {**good(), "softmax_scale": -1.0},
         "causal_type": lambda: {**good(), "causal": "yes"},
         "chunk_rows": lambda: {**good(), "chunk_rows": -1} if last else good(),
+        "window_bools": lambda: {**good(), "window": (True, False)},
+        "head_dim_zero": lambda: good(d=0),
+        "meta": lambda: {name: t.to("meta") for name, t in good().items()} if last else good(),
+        "group_name": lambda: {**good(), "group": "world"},
+        "cu_seqlens_numpy": lambda: {**good(), "causal": True, "cu_seqlens": np.array([0, 5, N * world])},  # runs
     }
     results = {}
     for name, build in cases.items():
@@ -137,6 +143,10 @@ EXPECTED = {  # case: (error type on the rank with bad input, words the message 
     "block_sparse_shape": ("ValueError", "block_sparse.layout has shape"),
     "block_sparse_type": ("TypeError", "BlockSparseMask"),
     "chunk_rows": ("ValueError", "chunk_rows must be a non-negative int"),
+    "window_bools": ("ValueError", "window must be None or (left, right) ints"),
+    "head_dim_zero": ("ValueError", "heads and headdim must be at least 1"),
+    "meta": ("ValueError", "meta device"),
+    "group_name": ("TypeError", "group must be a torch.distributed ProcessGroup"),
 }
 
 
@@ -269,6 +279,12 @@ def test_bad_input_raises_on_every_rank(world):
                 assert kind == bad_type and words in message, (case, kind, message)
             else:
                 assert kind in (bad_type, "ValueError"), (case, rank, kind, message)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_numpy_cu_seqlens_are_ints_too(world):
+    for rank, (_, errors, _) in enumerate(_results(world)):
+        assert errors["cu_seqlens_numpy"] is None, (rank, errors["cu_seqlens_numpy"])
 
 
 @pytest.mark.parametrize("world", [2, 3])
