@@ -187,8 +187,9 @@ def end_rank() -> None:
 def leave(code: int) -> None:
     """End a spawned rank whose result is saved, skipping interpreter finalization: there gloo's
     worker threads can still drop tensors that need the GIL and abort the process (SIGABRT,
-    "terminate called without an active exception", seen about once in 40 worlds), which would
-    fail a world that succeeded. A failed rank leaves at once (code 1) without waiting for peers."""
+    "terminate called without an active exception", seen about once in 40 worlds; burst's own
+    per-group caches no longer hold a group into it: comm/group_cache.py), which would fail a world
+    that succeeded. A failed rank leaves at once (code 1) without waiting for peers."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

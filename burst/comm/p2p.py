@@ -22,11 +22,12 @@ import torch
 import torch.distributed as dist
 
 from . import emulation
+from .group_cache import GroupCache
 from .shm_p2p import HostChannels
 from .stats import record_sent, tensor_bytes
 from .topology import link_between
 
-_CHANNELS: dict = {}  # process group -> its HostChannels, or None where they cannot be had
+_CHANNELS = GroupCache()  # process group -> its HostChannels, or None where they cannot be had
 _OP_LOGS: list["OpLog"] = []
 
 
@@ -64,16 +65,15 @@ def open_host_channels(group: dist.ProcessGroup | None) -> None:
     """Collective over `group`, the first time for each group (later calls return at once): set up
     shared-memory channels for `exchange` between its ranks when they are all on this host and the
     group is gloo's. Every rank of the group must call it at the same point of its program."""
-    key = group or dist.group.WORLD
-    if key in _CHANNELS:
+    if _CHANNELS.holds(group):
         return
     usable = dist.get_world_size(group) > 1 and dist.get_backend(group) == "gloo"
-    _CHANNELS[key] = HostChannels.create(group) if usable else None
+    _CHANNELS.put(group, HostChannels.create(group) if usable else None)
 
 
 def host_channels(group: dist.ProcessGroup | None) -> HostChannels | None:
     """The group's shared-memory channels, if open_host_channels set them up."""
-    return _CHANNELS.get(group or dist.group.WORLD) if _CHANNELS else None
+    return _CHANNELS.of(group)
 
 
 def global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:

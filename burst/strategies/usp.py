@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import torch.distributed as dist
 
 from ..call import AttentionCall
+from ..comm.group_cache import GroupCache
 from ..layout import Segment
 from ..keys import KeyBlocks
 from .base import Options, Strategy, int_at_least
@@ -26,7 +27,7 @@ from .burst import BurstOptions, burst_backward
 from .ring import ring_forward
 from .ulysses import HeadExchange, head_groups, kv_grads_home, valid_degrees
 
-_SUBGROUPS: dict = {}
+_SUBGROUPS = GroupCache()  # group -> {ulysses degree: (Ulysses groups, ring groups)}
 
 
 def ulysses_degree(call: AttentionCall, heads: int, kv_heads: int) -> int:
@@ -72,13 +73,13 @@ def _subgroups(call: AttentionCall, u: int):
     same order (all Ulysses groups, then all ring groups), so the first USP call on a group must be
     made by all its ranks (as every burst call is).
     """
-    key = (id(call.group), u)
-    if key not in _SUBGROUPS:
+    made = _SUBGROUPS.of(call.group, {})
+    if u not in made:
         ranks = dist.get_process_group_ranks(call.group or dist.group.WORLD)
         ulysses = [dist.new_group(ranks[g * u : (g + 1) * u]) for g in range(call.world // u)]
         rings = [dist.new_group(ranks[p::u]) for p in range(u)]
-        _SUBGROUPS[key] = (ulysses, rings)
-    ulysses, rings = _SUBGROUPS[key]
+        _SUBGROUPS.put(call.group, {**made, u: (ulysses, rings)})
+    ulysses, rings = _SUBGROUPS.of(call.group)[u]
     return ulysses[call.rank // u], rings[call.rank % u]
 
 
