@@ -220,6 +220,7 @@ def test_the_first_forward_on_a_cache_runs_and_decoding_on_it_is_refused(family)
     import burst.integrations.transformers as bt
     from burst.bench.hf_zoo import VOCAB, families
     from burst.bench.hf_steps import twin_models
+    from burst.integrations.transformers.keywords import generate_cache_keyword
 
     if family not in families():
         pytest.skip(f"this transformers release has no {family}")
@@ -231,4 +232,4 @@ def test_the_first_forward_on_a_cache_runs_and_decoding_on_it_is_refused(family)
     assert cache is not None
     assert (out.logits - eager(input_ids=ids, use_cache=False).logits).abs().max() < BOUND["logits"]
     with pytest.raises(ValueError, match="decoding on a cache"):
-        model(input_ids=ids[:, -1:], past_key_values=cache, position_ids=torch.tensor([[64]]))
+        model(input_ids=ids[:, -1:], **{generate_cache_keyword(): cache}, position_ids=torch.tensor([[64]]))

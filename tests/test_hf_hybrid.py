@@ -147,7 +147,7 @@ def _refusals(group):
 
         def decoding():  # prepared as shard_batch prepares it: its attention's positions captured too
             prepare_features(gemma, group, "zigzag")
-            return gemma.generate(ids, max_new_tokens=2, past_key_values=bt.ShardedCache(gemma))
+            return gemma.generate(ids, max_new_tokens=2, **bt.sharded_cache(gemma))
 
         cases["decoding"] = decoding
     out.update(value_errors(cases))

@@ -122,9 +122,7 @@ def _one_model(eager, model, vocab):
     prompt = torch.randint(3, vocab, (1, 13), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want = eager.generate(prompt, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
-        got = model.generate(
-            prompt, past_key_values=bt.ShardedCache(model), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False
-        )
+        got = model.generate(prompt, **bt.sharded_cache(model), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
     result["tokens equal"] = torch.equal(want, got)
     return result
 
