@@ -224,6 +224,8 @@ def _errors(rank, world):
         results[case] = value_error_text(fn)
     model.eval()
     results["works after"] = model(**batch).logits.shape == (1, 8, VOCAB)
+    typed = bt.shard_batch({"input_ids": ids, "token_type_ids": ids % 2}, model=model)  # per token: cut alike
+    results["token_type_ids cut"] = torch.equal(typed["token_type_ids"], typed["input_ids"] % 2)
     return results
 
 
@@ -274,7 +276,24 @@ def test_unsupported_raises_on_every_rank():
         errors = results["errors"]
         for case, words in expected.items():
             assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
-        assert errors["works after"]
+        assert errors["works after"] and errors["token_type_ids cut"]
+
+
+def test_register_refuses_what_the_layers_set_and_options_no_strategy_takes():
+    """register(**options) is checked when called, not at the first forward: the layers' own keywords
+    (causal, window...) and options the strategy does not take raise, naming what it takes."""
+    import burst.integrations.transformers as bt
+
+    for options, words in (
+        ({"causal": True}, "causal: set by each layer"),
+        ({"window": (4, 0)}, "window: set by each layer"),
+        ({"scale": 0.1}, "takes no option 'scale'"),
+        ({"chunk_rowz": 4}, "did you mean 'chunk_rows'"),
+        ({"strategy": "auto", "chunk_rowz": 4}, "no strategy takes"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            bt.register("burst_options", **options)
+    assert bt.register("burst_options", chunk_rows=4, topology=None) == "burst_options"
 
 
 def _torchrun_losses(nproc: int, *flags: str) -> list[float]:

@@ -37,8 +37,12 @@ TESTED_TRANSFORMERS = ">=5.23.0,<6"  # the `hf` extra of pyproject.toml: the rel
 def register(name: str = "burst", *, strategy: str = "burst", layout: str = "contiguous", group=None, **options) -> str:
     """Register burst as attention implementation `name`; returns the name for `attn_implementation`.
 
-    strategy, layout, group and **options are those of `burst.attention`; the batch must be sharded
-    with the same layout and group (`shard_batch`). Registering a name again replaces its settings.
+    strategy, layout and group are those of `burst.attention`; **options are the strategy's own
+    options (chunk_rows, backward_side...) and burst.attention's `topology` and `block_sparse`. The
+    rest of burst.attention's keywords (causal, window, softmax_scale, sinks, softcap...) come from
+    each layer's config and call, so passing one here raises, as does an option the strategy does not
+    take. The batch must be sharded with the same layout and group (`shard_batch`). Registering a name
+    again replaces its settings.
     """
     interfaces = _transformers_interfaces()
     if layout not in layout_mod.DOCUMENT_LAYOUTS:  # doc_*: the documents come with each batch's position_ids
@@ -50,11 +54,35 @@ def register(name: str = "burst", *, strategy: str = "burst", layout: str = "con
         )
     if strategy not in api.STRATEGY_NAMES:
         raise ValueError(f"strategy must be one of {api.STRATEGY_NAMES}, got {strategy!r}")
+    _check_options(strategy, options)
     BACKENDS[name] = Backend(strategy, layout, group, dict(options))
     attention_interface, mask_interface = interfaces
     attention_interface.register(name, burst_attention_forward)
     mask_interface.register(name, burst_attention_mask)
     return name
+
+
+# burst.attention's keywords a registered backend may set; the others come from each layer's call
+REGISTERED_KEYWORDS = ("topology", "block_sparse")
+
+
+def _check_options(strategy: str, options: dict) -> None:
+    """ValueError for a burst.attention keyword the layers set themselves, or an option the strategy
+    (for "auto": every strategy) does not take, before any model runs."""
+    from burst.strategies import STRATEGIES
+
+    per_layer = sorted(set(options) & set(inspect.signature(api.attention).parameters) - set(REGISTERED_KEYWORDS))
+    if per_layer:
+        raise ValueError(
+            f"register(): {', '.join(per_layer)}: set by each layer from its config and call (causal, window, "
+            f"scale, sinks, softcap...), not by the backend, which takes the strategy's options and "
+            f"{', '.join(REGISTERED_KEYWORDS)}"
+        )
+    own = {k: v for k, v in options.items() if k not in REGISTERED_KEYWORDS}
+    if strategy != "auto":
+        STRATEGIES[strategy].parse_options(own)
+    elif own and not any(s.takes(own) for s in STRATEGIES.values()):
+        raise ValueError(f"register(): no strategy takes the options {sorted(own)}")
 
 
 def _transformers_interfaces():

@@ -40,7 +40,8 @@ def shard_batch(
     labels shifted on the *global* sequence (each token's next token; shifting a shard would pair
     tokens across shard boundaries) and `num_items_in_batch` is the global count of labelled
     tokens, so the model's loss is this rank's share of the global mean (see reduce_loss). Other
-    entries are passed through unchanged.
+    entries of shape (batch, seq_len, ...) (token_type_ids...) are cut as the tokens are; the rest
+    are passed through unchanged.
 
     model (required): the model the batch is for. Each model feature prepares the layers it takes over
     (features.prepare_features: recurrent layers pass their state across the ranks, rotary embeddings
@@ -72,6 +73,9 @@ def shard_batch(
         cu = documents_from_positions(positions.expand_as(ids), 1, "contiguous") or [0, ids.shape[1]]
         layout = layout_mod.DocumentLayout(tuple(cu), layout.removeprefix("doc_"))
     out = {k: v for k, v in batch.items() if k not in ("input_ids", "labels", "position_ids", "attention_mask")}
+    for key, value in out.items():  # per-token entries (token_type_ids...): cut as the tokens are
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] == ids.shape:
+            out[key] = layout_mod.shard(value, group=group, layout=layout, dim=1)
     out["input_ids"] = layout_mod.shard(ids, group=group, layout=layout, dim=1)
     out["position_ids"] = layout_mod.shard(positions.expand_as(ids), group=group, layout=layout, dim=1)
     labels = batch.get("labels")
