@@ -58,6 +58,8 @@ def test_train_refuses_bad_values(capsys, no_world, tmp_path):
     short.write_bytes(b"only a few bytes")
     folder_as_file = tmp_path / "a-folder"
     folder_as_file.mkdir()
+    beyond = tmp_path / "beyond.bin"  # uint16 ids up to 1999: the tiny model's vocabulary is 256
+    beyond.write_bytes(bytes(range(256)) * 16)
     _refusals(
         capsys,
         "train",
@@ -78,12 +80,18 @@ def test_train_refuses_bad_values(capsys, no_world, tmp_path):
             f"--json {UNWRITABLE}",
             "--data /nonexistent-dir/data.txt",
             (["--data", str(short)], "--data"),  # shorter than one sample
+            (["--data", str(beyond)], "--data"),  # ids beyond the vocabulary
             "--seq-len 63",
             (["--seq-len", str(1 << 21)], "--seq-len"),  # beyond the model's positions
             "--dp 3",
             "--model huge",
             "--checkpointing some",
             "--checkpoint-split 1.5",
+            "--checkpoint-split 0.2",  # without --checkpointing selective it would do nothing
+            "--keep 2",  # without --checkpoint-dir
+            (["--checkpoint-dir", "/proc/burst-ckpt"], "--checkpoint-dir"),  # refused by the kernel, even to root
+            (["--metrics", "/proc/burst-m.jsonl"], "--metrics"),
+            (["--metrics", str(short / "m.jsonl")], "--metrics"),  # under a file
             "--checkpoint-every 2",
             "--resume-step 2",
             (["--resume-step", "2", "--checkpoint-dir", str(tmp_path / "none")], "--checkpoint-dir"),
@@ -110,6 +118,7 @@ def test_generate_refuses_bad_values(capsys, no_world, tmp_path):
             "--nproc 0",
             "--top-p 1.5",
             "--top-p 0",
+            "--top-p 0.5",  # greedy (--temperature 0): it would do nothing
             "--temperature -1",
             f"--prompt-file {PROMPT_MISSING}",
             (["--prompt-file", str(empty)], "--prompt-file"),
@@ -203,8 +212,30 @@ def test_plan_refuses_bad_values(capsys, no_world):
             "--layout diagonal",
             "--dtype-bytes 3",
             f"--json {UNWRITABLE}",
+            # a whole model's step options, where nothing would read them: attention alone, a prefill, --longest
+            "--checkpointing full",
+            "--host-mem-gib 64",
+            "--no-backward-overlap",
         ],
     )
+    _refusals(
+        capsys,
+        "plan",
+        ["--gpus", "2", "--model", "tiny"],
+        [
+            (["--seq-len", "1024", "--mode", "prefill", "--offload-optimizer"], "--offload-optimizer"),
+            (["--longest", "--no-fsdp"], "--no-fsdp"),
+            (["--longest", "--mode", "prefill"], "--mode"),
+        ],
+    )
+
+
+def test_a_negative_pair_is_an_options_value():
+    """`--window -1,0` (-1: unbounded, as the help says): argparse would read -1,0 as an option."""
+    from burst.cli import _glued_pairs
+
+    assert _glued_pairs(["bench", "--window", "-1,0", "--causal"]) == ["bench", "--window=-1,0", "--causal"]
+    assert _glued_pairs(["plan", "--window", "4,0"]) == ["plan", "--window", "4,0"]
 
 
 def test_plan_reads_like_it_should(capsys, tmp_path):
@@ -337,9 +368,12 @@ def test_a_failing_rank_ends_the_world_with_its_message():
     assert elapsed < 60, elapsed  # the start of 2 processes, not the 120 s timeout
 
 
-def test_a_failure_inside_a_train_world_is_one_line(capsys, tmp_path):
-    """Token ids beyond the vocabulary are found by the ranks (reading the whole file is theirs):
-    exit 1, one line naming the rank and the option, no traceback."""
+def test_a_failure_inside_a_train_world_is_one_line(capsys, tmp_path, monkeypatch):
+    """Token ids beyond the vocabulary, past the check before start (skipped here), are found by the
+    ranks: exit 1, one line naming the rank and the option, no traceback."""
+    from burst.cli import train as train_cli
+
+    monkeypatch.setattr(train_cli, "validate", lambda args: None)
     data = tmp_path / "tokens.bin"
     np.full(200, 300, dtype=np.uint16).tofile(data)  # the tiny model's vocabulary is 256
     assert main(["train", "--seq-len", "64", "--steps", "1", "--nproc", "2", "--data", str(data)]) == 1
@@ -386,10 +420,10 @@ def test_train_says_when_nothing_is_left(capsys, tmp_path, no_world):
 
     cfg = TrainConfig(seq_len=64, steps=2, checkpoint_dir=str(tmp_path), resume_step=2)
     (step / "burst.json").write_text(json.dumps({"step": 2, "identity": _identity(cfg), "config": {}}))
-    assert (
-        main(["train", "--seq-len", "64", "--steps", "2", "--checkpoint-dir", str(tmp_path), "--resume-step", "2"]) == 0
-    )
-    assert "nothing left to train" in capsys.readouterr().err
+    again = ["train", "--seq-len", "64", "--steps", "2", "--checkpoint-dir", str(tmp_path), "--resume-step", "2"]
+    assert main([*again, "--json", "-"]) == 0
+    said = capsys.readouterr()
+    assert "nothing left to train" in said.err and json.loads(said.out) == []  # --json still gets a document
 
 
 def test_bench_runs_one_small_world(capsys, tmp_path):

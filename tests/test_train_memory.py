@@ -317,3 +317,24 @@ def test_a_failed_host_step_is_raised_by_step_and_the_next_backward_runs():
     (w * 2).sum().backward()
     opt.step()
     assert torch.all(w < 1)  # stepped against the gradient 2
+
+
+def test_a_full_disk_at_a_checkpoint_names_the_cause(monkeypatch, tmp_path):
+    """A checkpoint save that fails (a full disk: every write raises ENOSPC) raises one error naming the
+    step, the path and the rank's own error, not DCP's "CheckpointException ranks:dict_keys([0])", and
+    leaves no checkpoint marked complete (no burst.json) to resume from."""
+    import errno
+
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from burst.engine.resume import META, resume_point
+    from burst.engine.train import train
+
+    def full_disk(self, plan, planner):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", full_disk)
+    cfg = _config(checkpoint_dir=str(tmp_path), checkpoint_every=1, progress=False)
+    with pytest.raises(RuntimeError, match=r"saving step 1's checkpoint to .*step-1.* failed: rank 0: .*No space left"):
+        train(0, 1, cfg)
+    assert resume_point(str(tmp_path)) is None and not list(tmp_path.rglob(META))

@@ -364,3 +364,23 @@ def test_shard_batch_without_the_model_is_a_type_error_naming_why():
     ):
         with pytest.raises(TypeError, match="model=model.*never calls attention"):
             call()
+
+
+def test_packed_rows_with_a_cache_on_warn_once_that_transformers_attends_across_them():
+    """transformers' eager / sdpa attention separates packed documents only without a cache; burst always
+    does. shard_batch says so once, when a batch is packed and the model would build a cache."""
+    import warnings
+
+    import burst.integrations.transformers as bt
+    from burst.integrations.transformers.backend import batches
+
+    batches._packed_with_a_cache_warning.cache_clear()
+    _, model = _models(_llama_config, bt.register("burst-packed-cache"))
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
+    packed = torch.cat([torch.arange(5), torch.arange(7)])[None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bt.shard_batch({"input_ids": ids, "position_ids": packed, "use_cache": False}, model=model)
+        bt.shard_batch({"input_ids": ids}, model=model)  # one document
+    with pytest.warns(UserWarning, match="use_cache=False"):
+        bt.shard_batch({"input_ids": ids, "position_ids": packed}, model=model)

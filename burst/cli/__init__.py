@@ -9,6 +9,7 @@ BURST_DEBUG=1), 2 a bad argument (one line `burst VERB: error: --option: ...`, n
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from . import bench, check, generate, plan, train
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not (sys.argv[1:] if argv is None else argv):
             raise UsageError(f"burst: error: VERB: missing (one of {', '.join(VERBS)}; see burst --help)")
-        args, unknown = parser.parse_known_args(argv)
+        args, unknown = parser.parse_known_args(_glued_pairs(sys.argv[1:] if argv is None else argv))
         if unknown:
             raise UsageError(
                 f"burst {args.command}: error: {unknown[0]}: unknown option (see burst {args.command} --help)"
@@ -51,6 +52,18 @@ def main(argv: list[str] | None = None) -> int:
             print(usage.line, file=sys.stderr, flush=True)
         raise
     return _run(verb, args)
+
+
+def _glued_pairs(argv: list[str]) -> list[str]:
+    """`--window -1,0` as `--window=-1,0`: argparse reads a value that starts with '-' and is not one
+    number as an option of its own ("expected one argument"), though -1 is the documented "unbounded"."""
+    out = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.fullmatch(r"-\d+(,-?\d+)+", arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def _run(verb, args) -> int:

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 
 # the argument types, where the verbs import them from
 from .arg_types import any_case, dtype_name, dtype_names, int_list, int_pair, name_list  # noqa: F401
@@ -67,7 +68,7 @@ class HelpFormatter(argparse.HelpFormatter):
         if (
             not action.help
             or default is None
-            or default is False
+            or isinstance(default, bool)  # a flag: its name says it (store_false defaults to True)
             or default is argparse.SUPPRESS
             or "--help" in action.option_strings
         ):
@@ -215,9 +216,11 @@ def check_writable_file(option: str, path: str | None) -> None:
     if os.path.isdir(path):
         raise BadOption(option, f"{path!r} is a directory (expected a file path)")
     folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise BadOption(option, f"{folder!r} is a file, not a directory")
     if not os.path.isdir(folder):
         raise BadOption(option, f"the directory {folder!r} does not exist (create it first)")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+    if not _can_write_in(folder) or (os.path.exists(path) and not _can_append(path)):
         raise BadOption(option, f"{path!r} is not writable")
 
 
@@ -231,8 +234,26 @@ def check_writable_dir(option: str, path: str) -> None:
         here = os.path.dirname(here)
     if not os.path.isdir(here):
         raise BadOption(option, f"{here!r} is a file, so {path!r} cannot be created")
-    if not os.access(here, os.W_OK):
+    if not _can_write_in(here):
         raise BadOption(option, f"{here!r} is not writable")
+
+
+def _can_write_in(folder: str) -> bool:
+    """Whether a file can be made in `folder`, tried (os.access says yes to root everywhere, and to
+    /proc or a read-only mount): a temporary file, made and removed."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".burst-probe-"):
+            return True
+    except OSError:
+        return False
+
+
+def _can_append(path: str) -> bool:
+    try:
+        with open(path, "a"):
+            return True
+    except OSError:
+        return False
 
 
 def write_json(path: str, value) -> None:

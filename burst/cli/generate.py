@@ -85,6 +85,8 @@ def validate(args) -> None:
     from ..plan.takes import check_call
 
     check_writable_file("--json", args.json)
+    if args.top_p != 1.0 and args.temperature == 0:
+        raise BadOption("--top-p", "samples among the likeliest tokens: give --temperature above 0 (0 is greedy)")
     args.device = resolve_checked_device(args)
     args.model_name = _model_name(args)
     args.prompts = _prompts(args)

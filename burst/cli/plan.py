@@ -43,6 +43,7 @@ def run(args) -> int:
             layout=args.layout,
             dtype_bytes=args.dtype_bytes,
             backward_overlap=not args.no_backward_overlap,
+            host_memory_bytes=args.host_mem_gib * 2**30 if args.host_mem_gib else None,
         )
     else:
         workload = Workload(

@@ -194,10 +194,20 @@ def validate(args) -> None:
         raise BadOption("--window", "plans attention alone: give --attention-only with --model, or no --model")
     if args.dp > 1 and (not whole or args.attention_only):
         raise BadOption("--dp", "needs --model or --hidden (attention alone runs on all --gpus)")
+    _check_step_options(args, whole and not args.attention_only)
     with blame("--dp"):
         from ..plan.models import check_dp
 
         check_dp(args.dp, args.gpus)
+    from ..layout import local_multiple
+
+    need = args.gpus // args.dp * local_multiple(args.layout)
+    if not args.longest and args.seq_len % need:
+        raise BadOption(
+            "--seq-len",
+            f"{args.seq_len} does not split over {args.gpus // args.dp} sequence ranks with layout "
+            f"{args.layout!r} (use a multiple of {need})",
+        )
     per_node = min(args.gpus, args.gpus_per_node)
     if args.gpus % per_node:
         raise BadOption(
@@ -211,6 +221,33 @@ def validate(args) -> None:
 
         profile(args.profile)  # `local` reads a saved calibration
     check_writable_file("--json", args.json)
+
+
+def _check_step_options(args, whole: bool) -> None:
+    """A whole model's step options where nothing reads them raise, never pass unused: attention alone
+    has no checkpointing, loss, FSDP or optimizer; a prefill no backward or optimizer; --longest picks
+    them itself, per memory option."""
+    given = {
+        "--checkpointing": args.checkpointing != "none",
+        "--unfused-loss": args.unfused_loss,
+        "--no-fsdp": args.no_fsdp,
+        "--offload-optimizer": args.offload_optimizer,
+        "--no-backward-overlap": args.no_backward_overlap,
+        "--host-mem-gib": args.host_mem_gib is not None,
+    }
+    named = [option for option, on in given.items() if on]
+    if named and not whole:
+        raise BadOption(named[0], "plans a whole model's step: give --model or --hidden (attention alone has none)")
+    chosen = [o for o in named if o != "--host-mem-gib"] + (["--dp"] if args.dp > 1 else [])
+    if args.longest and chosen:
+        raise BadOption(chosen[0], "--longest tries each of `burst train`'s memory options itself: give it alone")
+    if args.longest and args.mode != "train":
+        raise BadOption("--mode", "--longest plans training steps")
+    training = [
+        o for o in named if o in ("--checkpointing", "--unfused-loss", "--offload-optimizer", "--no-backward-overlap")
+    ]
+    if args.mode == "prefill" and training:
+        raise BadOption(training[0], "applies to training: a prefill has no backward, loss or optimizer step")
 
 
 def _apply_hf_config(args) -> None:

@@ -200,8 +200,13 @@ def validate(args) -> None:
         if args.resume_step is not None and not os.path.isdir(args.checkpoint_dir):
             raise BadOption("--checkpoint-dir", f"{args.checkpoint_dir!r} is not a directory (nothing to resume)")
         check_writable_dir("--checkpoint-dir", args.checkpoint_dir)
-    with blame("--nproc"):  # each of TrainConfig's errors names its own option
-        config(args).check(world_size(args))
+    try:
+        with blame("--nproc"):  # each of TrainConfig's errors names its own option
+            config(args).check(world_size(args))
+    except BadOption as bad:  # --resume picks the step itself: its checks are --resume's
+        if args.resume and bad.option == "--resume-step":
+            raise BadOption("--resume", bad.problem) from bad
+        raise
     args.device = resolve_checked_device(args)  # cpu or cuda from here on; --kernel checked and set for the ranks
 
 
@@ -218,6 +223,7 @@ def run(args) -> int:
             f"{cfg.checkpoint_dir} is the last of --steps {cfg.steps}",
             file=sys.stderr,
         )
+        publish(args, [])  # --json still gets its document: no step ran
         return 0
     rows = run_world(_train_on_rank, asdict(cfg), nproc=args.nproc, backend=backend_for(cfg.device))
     publish(args, rows)

@@ -21,6 +21,7 @@ schedule) is refused before training starts, naming the field.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import asdict
@@ -129,7 +130,10 @@ def save_checkpoint(cfg, step: int, model, optimizer) -> str:
 
     path = step_dir(cfg.checkpoint_dir, step)
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=path, no_dist=not dist.is_initialized())
+    with named_failure(f"saving step {step}'s checkpoint to {path!r}"):
+        dcp.save(
+            {"model": model_state, "optimizer": optim_state}, checkpoint_id=path, no_dist=not dist.is_initialized()
+        )
     rank = dist.get_rank() if dist.is_initialized() else 0
     torch.save(torch.get_rng_state(), os.path.join(path, f"rng-{rank}.pt"))
     if dist.is_initialized():
@@ -147,6 +151,30 @@ def save_checkpoint(cfg, step: int, model, optimizer) -> str:
     return path
 
 
+@contextlib.contextmanager
+def named_failure(what: str):
+    """DCP's failures as one RuntimeError that names `what` and the first rank's own error: DCP raises a
+    CheckpointException (a BaseException, which `except Exception` misses) that says only "ranks:
+    dict_keys([0, 1])"."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - any failure, named
+        raise RuntimeError(f"{what} failed: {_first_failure(err)}") from err
+
+
+def _first_failure(err: BaseException) -> str:
+    """The first rank's own error inside DCP's CheckpointException ("CheckpointException ranks:dict_keys(
+    [0, 1])" says nothing of it), else the error itself."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, failure = min(failures.items())
+        inner = getattr(failure, "exc", failure)
+        return f"rank {rank}: {type(inner).__name__}: {inner}"
+    return f"{type(err).__name__}: {err}"
+
+
 def load_checkpoint(cfg, model, optimizer) -> int:
     """Load cfg.resume_step's checkpoint into model and optimizer (in place); returns that step."""
     import torch.distributed.checkpoint as dcp
@@ -155,7 +183,8 @@ def load_checkpoint(cfg, model, optimizer) -> int:
     path = step_dir(cfg.checkpoint_dir, cfg.resume_step)
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+    with named_failure(f"loading the checkpoint {path!r}"):
+        dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     rank = dist.get_rank() if dist.is_initialized() else 0
     rng = os.path.join(path, f"rng-{rank}.pt")
@@ -172,7 +201,8 @@ def load_model_weights(checkpoint_dir: str, step: int | None, model) -> int:
 
     step = latest_step(checkpoint_dir) if step is None else step
     state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=step_dir(checkpoint_dir, step), no_dist=not dist.is_initialized())
+    with named_failure(f"loading the checkpoint {step_dir(checkpoint_dir, step)!r}"):
+        dcp.load(state, checkpoint_id=step_dir(checkpoint_dir, step), no_dist=not dist.is_initialized())
     set_model_state_dict(model, state["model"])
     return step
 

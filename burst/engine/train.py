@@ -32,7 +32,7 @@ from ..plan.flops import train_flops_per_token
 from .model import PRESETS, Transformer, parallelize
 from .out_of_memory import out_of_memory
 from .parallel import Parallel, reduce_gradients, setup, shard_parameters
-from .train_config import TRAIN_DTYPES, TrainConfig, token_count, token_dtype  # noqa: F401 (the engine's names)
+from .train_config import TRAIN_DTYPES, TrainConfig, check_token_ids, token_count, token_dtype  # noqa: F401
 
 BUILT_ON_HOST_BYTES = 2**31  # models up to this many fp32 bytes are drawn on the CPU, larger ones on the device
 
@@ -48,11 +48,8 @@ class TokenSource:
             self.tokens = torch.from_numpy(np.fromfile(cfg.data, dtype=token_dtype(cfg.data)).astype(np.int64))
         if self.tokens is not None and self.tokens.numel() < cfg.seq_len + 1:
             raise ValueError(f"--data: {cfg.data!r} holds {self.tokens.numel()} tokens, fewer than --seq-len + 1")
-        if self.tokens is not None and int(self.tokens.max()) >= vocab:
-            raise ValueError(
-                f"--data: {cfg.data!r} has token ids up to {int(self.tokens.max())}, "
-                f"beyond the model's vocabulary of {vocab}"
-            )
+        if self.tokens is not None:
+            check_token_ids(cfg.data, int(self.tokens.max()), vocab)
 
     def batch(self, step: int, replica: int = 0) -> torch.Tensor:
         """Replica `replica`'s rows (batch, seq_len + 1) of step `step`'s global batch (batch x dp

@@ -115,6 +115,10 @@ class TrainConfig:
                 raise ValueError(f"{option}: {err}") from None
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("--checkpoint-every: needs --checkpoint-dir (where to write them)")
+        if self.keep and not self.checkpoint_dir:
+            raise ValueError("--keep: needs --checkpoint-dir (whose checkpoints it keeps)")
+        if self.checkpoint_split != 0.5 and self.checkpointing != "selective":
+            raise ValueError("--checkpoint-split: the share `--checkpointing selective` recomputes: give that too")
 
     def _check_offload(self, world: int) -> None:
         if self.offload_activations and self.checkpointing == "none":
@@ -193,6 +197,13 @@ class TrainConfig:
                 f"--data: {self.data!r} holds {count} tokens, fewer than --seq-len + 1 = "
                 f"{self.seq_len + 1} (a longer file, or a shorter --seq-len)"
             )
+        # one read of the file here, before any rank starts (each rank reads it whole anyway)
+        check_token_ids(self.data, int(np.memmap(self.data, dtype=token_dtype(self.data), mode="r").max()), vocab)
+
+
+def check_token_ids(path: str, largest: int, vocab: int) -> None:
+    if largest >= vocab:
+        raise ValueError(f"--data: {path!r} has token ids up to {largest}, beyond the model's vocabulary of {vocab}")
 
 
 def token_dtype(path: str):

@@ -8,12 +8,16 @@ RWKV) passes through.
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 import torch.distributed as dist
 
 from burst import layout as layout_mod
 from burst.agreement import agree
 
+from ..layers.configs import text_config
 from .checks import check_model
 from .documents import documents_from_positions
 from .features import prepare_features
@@ -69,6 +73,7 @@ def shard_batch(
     positions = batch.get("position_ids")
     if positions is None:
         positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    _warn_if_packed_with_a_cache(batch, positions, model)
     if layout in layout_mod.DOCUMENT_LAYOUTS:  # each packed document cut on its own
         cu = documents_from_positions(positions.expand_as(ids), 1, "contiguous") or [0, ids.shape[1]]
         layout = layout_mod.DocumentLayout(tuple(cu), layout.removeprefix("doc_"))
@@ -87,6 +92,25 @@ def shard_batch(
         out["shift_labels"] = local
         out["num_items_in_batch"] = int((shifted != ignore_index).sum())
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _packed_with_a_cache_warning() -> None:
+    warnings.warn(
+        "shard_batch: packed documents (position_ids restarting at 0): burst attends within each one, as "
+        "transformers' attention does without a cache; with a cache (use_cache, on by default) its eager and "
+        "sdpa paths attend across them, so the same model in one process differs unless it runs with "
+        "use_cache=False (pass it in the batch to silence this)",
+        stacklevel=4,
+    )
+
+
+def _warn_if_packed_with_a_cache(batch: dict, positions: torch.Tensor, model) -> None:
+    """Once a process: packed rows while the model would build a cache, where burst and transformers'
+    eager / sdpa attention differ (see _packed_with_a_cache_warning)."""
+    use_cache = batch.get("use_cache", getattr(text_config(model.config), "use_cache", False))
+    if use_cache and positions.shape[-1] > 1 and bool((positions[..., 1:] == 0).any()):
+        _packed_with_a_cache_warning()
 
 
 def _the_model(model) -> torch.nn.Module:
