@@ -54,7 +54,7 @@ def attends_within(q, k, left, right, q_doc=None, k_doc=None, blocks=None) -> to
     """Elementwise, broadcasting: does query position q see key position k. Keys q - left .. q + right
     (`window_bounds`), of q's own document (q_doc, k_doc), in a block pair the layout allows (blocks:
     (layout, block size)). The one statement of what every mask kind allows: MaskSpec, Bands and
-    FlexAttention's mask_mod (kernels/flex.py, where the bounds are 0-d tensors) all call it."""
+    FlexAttention's mask_mod (kernels/flex.py, where the bounds are per-row tensors) all call it."""
     ok = (k >= q - left) & (k <= q + right)
     if q_doc is not None:
         ok = ok & (q_doc == k_doc)
