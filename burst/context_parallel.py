@@ -52,9 +52,11 @@ def context_parallel(
 ):
     """Shard `buffers` along `buffer_seq_dims` and run every SDPA call inside through burst.attention.
 
-    buffers: tensors holding the whole sequence (token ids, labels, position tables), the same on
-        every rank, cut in place (their `.data` becomes this rank's shard); all share one sequence
-        length along their seq dim. buffer_seq_dims: one dim per buffer.
+    buffers: tensors holding the whole sequence (token ids, labels, fixed position tables), the same
+        on every rank, cut in place (their `.data` becomes this rank's shard; one listed twice is cut
+        once); all share one sequence length along their seq dim. Not a tensor that requires grad (a
+        learned table would get a gradient of its shard's shape): refused. buffer_seq_dims: one dim
+        per buffer.
     no_restore_buffers: those buffers left as shards on exit (inputs you do not need whole again).
     group / mesh: the process group, or a 1-D DeviceMesh as torch's context_parallel takes it.
     layout, strategy, **options: as burst.attention (window=, cu_seqlens=, block_sparse=, chunk_rows=...);
@@ -69,6 +71,10 @@ def context_parallel(
     layout = resolve_layout(layout, options.get("cu_seqlens"))  # "doc_zigzag" + the documents' cu_seqlens
     buffers, seq_dims = list(buffers), list(buffer_seq_dims)
     local_len = _shard_buffers_check(buffers, seq_dims, group, layout, strategy)
+    once: dict = {}  # a tensor listed twice (`labels = tokens`) is cut once
+    for t, dim in zip(buffers, seq_dims):
+        once.setdefault(id(t), (t, dim))
+    buffers, seq_dims = [t for t, _ in once.values()], [dim for _, dim in once.values()]
     originals = [t.data for t in buffers]
     for t, dim in zip(buffers, seq_dims):
         t.data = shard(t.data, group=group, layout=layout, dim=dim)
@@ -89,7 +95,7 @@ def context_parallel(
 def _shard_buffers_check(buffers, seq_dims, group, layout, strategy) -> int | None:
     """Validate the buffers and options on every rank before anything is cut; the local length."""
     world = dist.get_world_size(group) if dist.is_initialized() else 1
-    problem, lengths = None, set()
+    problem, lengths, seen = None, set(), {}
     try:
         check_layout(layout)
         if strategy not in api.STRATEGY_NAMES:
@@ -101,6 +107,17 @@ def _shard_buffers_check(buffers, seq_dims, group, layout, strategy) -> int | No
                 raise TypeError(f"buffers[{i}] must be a torch.Tensor, got {type(t).__name__}")
             if not -t.dim() <= dim < t.dim():
                 raise ValueError(f"buffer_seq_dims[{i}]={dim} is out of range for a {t.dim()}-D buffer")
+            if t.requires_grad:
+                raise ValueError(
+                    f"buffers[{i}] requires grad (a Parameter?): cut in place, it would get a gradient of its "
+                    "shard's shape; leave it out and cut what it feeds (a position table: the rows the "
+                    "sequence uses, taken inside the block), or pass it detached"
+                )
+            first, first_dim = seen.setdefault(id(t), (i, dim % t.dim()))
+            if first_dim != dim % t.dim():
+                raise ValueError(
+                    f"buffers[{i}] is buffers[{first}] again, with another seq dim ({dim} and {first_dim})"
+                )
             lengths.add(t.shape[dim])
         if len(lengths) > 1:
             raise ValueError(

@@ -201,12 +201,20 @@ def _errors(rank, world):
             results[name] = str(err)
     results["sdpa restored"] = F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
     results["buffers restored"] = q.shape[2] == N_PER_RANK * world
-    try:
-        with burst.context_parallel(buffers=[torch.randn(1, 5)], buffer_seq_dims=[1]):
-            pass
-        results["indivisible"] = None
-    except ValueError as err:
-        results["indivisible"] = str(err)
+    for name, buffers, dims in (
+        ("indivisible", [torch.randn(1, 5)], [1]),
+        ("a learned table", [nn.Parameter(torch.randn(N_PER_RANK * world, 8))], [0]),
+    ):
+        try:
+            with burst.context_parallel(buffers=buffers, buffer_seq_dims=dims):
+                pass
+            results[name] = None
+        except ValueError as err:
+            results[name] = str(err)
+    tokens = torch.arange(N_PER_RANK * world)[None]
+    labels = tokens  # one tensor under two names, listed twice: cut once
+    with burst.context_parallel(buffers=[tokens, labels], buffer_seq_dims=[1, 1]):
+        results["listed twice, cut once"] = labels.shape[1] == N_PER_RANK
     return results
 
 
@@ -263,6 +271,7 @@ def test_what_cannot_be_honoured_raises_on_every_rank():
         "need_weights": "need_weights",
         "gqa without enable_gqa": "enable_gqa",
         "indivisible": "divisible",
+        "a learned table": "requires grad",
         "positions from the shard, zigzag": "its own length",
         "positions from the shard, contiguous": "its own length",
     }
@@ -272,4 +281,4 @@ def test_what_cannot_be_honoured_raises_on_every_rank():
             assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
         for layout in ("zigzag", "contiguous"):  # the rank's own positions looked up: no refusal
             assert errors[f"positions held, {layout}"] is None, (rank, layout, errors[f"positions held, {layout}"])
-        assert errors["sdpa restored"] and errors["buffers restored"]
+        assert errors["sdpa restored"] and errors["buffers restored"] and errors["listed twice, cut once"]

@@ -218,3 +218,25 @@ def test_what_a_hybrid_model_cannot_do_is_refused():
         ), refusals["unsupported family"]
     if "decoding" in refusals:
         assert "decoding (one token)" in (refusals["decoding"] or ""), refusals["decoding"]
+
+
+def test_a_named_document_layout_reaches_the_hybrids_mixers():
+    """shard_batch(layout="doc_zigzag") with packed position_ids: the documents are read before the
+    recurrent layers are prepared, so a hybrid (Mamba) takes the named layout as a Transformer does (it
+    had been refused, "pass burst.DocumentLayout(...)"), the same loss as that DocumentLayout given."""
+    import transformers
+
+    import burst
+    import burst.integrations.transformers as bt
+
+    config = transformers.MambaConfig(
+        vocab_size=64, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4, time_step_rank=4
+    )
+    ids = torch.randint(0, 64, (1, 32), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "labels": ids, "position_ids": torch.cat([torch.arange(8), torch.arange(24)])[None]}
+    losses = []
+    for layout in ("doc_zigzag", burst.DocumentLayout((0, 8, 32), "zigzag")):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=bt.register("doc_named"))
+        losses.append(float(model(**bt.shard_batch(batch, layout=layout, model=model), use_cache=False).loss))
+    assert losses[0] == losses[1], losses

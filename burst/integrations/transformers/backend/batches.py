@@ -55,13 +55,19 @@ def shard_batch(
     there is no way around it.
     """
     model = _the_model(model)
-    prepare_features(model, group, layout)
-    check_model(model)
     if layout not in layout_mod.DOCUMENT_LAYOUTS:
         layout_mod.check_layout(layout)
     ids = batch["input_ids"]
     if ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(ids.shape)}")
+    positions = batch.get("position_ids")
+    if positions is None:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    if layout in layout_mod.DOCUMENT_LAYOUTS:  # each packed document cut on its own: the features see the cut
+        cu = documents_from_positions(positions.expand_as(ids), 1, "contiguous") or [0, ids.shape[1]]
+        layout = layout_mod.DocumentLayout(tuple(cu), layout.removeprefix("doc_"))
+    prepare_features(model, group, layout)
+    check_model(model)
     check_same_batch(batch, group)
     mask = batch.get("attention_mask")
     if mask is not None and not bool(mask.bool().all()):
@@ -70,13 +76,7 @@ def shard_batch(
             "into one row (position_ids restarting at 0 per document) or pad at the end with labels "
             f"{ignore_index} and drop the attention_mask"
         )
-    positions = batch.get("position_ids")
-    if positions is None:
-        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
     _warn_if_packed_with_a_cache(batch, positions, model)
-    if layout in layout_mod.DOCUMENT_LAYOUTS:  # each packed document cut on its own
-        cu = documents_from_positions(positions.expand_as(ids), 1, "contiguous") or [0, ids.shape[1]]
-        layout = layout_mod.DocumentLayout(tuple(cu), layout.removeprefix("doc_"))
     out = {k: v for k, v in batch.items() if k not in ("input_ids", "labels", "position_ids", "attention_mask")}
     for key, value in out.items():  # per-token entries (token_type_ids...): cut as the tokens are
         if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] == ids.shape:
