@@ -100,7 +100,7 @@ def _packed_with_a_cache_warning() -> None:
         "shard_batch: packed documents (position_ids restarting at 0): burst attends within each one, as "
         "transformers' attention does without a cache; with a cache (use_cache, on by default) its eager and "
         "sdpa paths attend across them, so the same model in one process differs unless it runs with "
-        "use_cache=False (pass it in the batch to silence this)",
+        "use_cache=False (in the batch or the model's config, which silences this)",
         stacklevel=4,
     )
 
@@ -109,6 +109,8 @@ def _warn_if_packed_with_a_cache(batch: dict, positions: torch.Tensor, model) ->
     """Once a process: packed rows while the model would build a cache, where burst and transformers'
     eager / sdpa attention differ (see _packed_with_a_cache_warning)."""
     use_cache = batch.get("use_cache", getattr(text_config(model.config), "use_cache", False))
+    if model.training and getattr(model, "is_gradient_checkpointing", False):
+        use_cache = False  # transformers turns the cache off there itself
     if use_cache and positions.shape[-1] > 1 and bool((positions[..., 1:] == 0).any()):
         _packed_with_a_cache_warning()
 
