@@ -382,5 +382,14 @@ def test_packed_rows_with_a_cache_on_warn_once_that_transformers_attends_across_
         warnings.simplefilter("error")
         bt.shard_batch({"input_ids": ids, "position_ids": packed, "use_cache": False}, model=model)
         bt.shard_batch({"input_ids": ids}, model=model)  # one document
+        checkpointing = (
+            "activation_checkpointing"
+            if hasattr(model, "activation_checkpointing_enable")
+            else "gradient_checkpointing"
+        )
+        getattr(model, f"{checkpointing}_enable")()
+        model.train()  # transformers turns the cache off there itself
+        bt.shard_batch({"input_ids": ids, "position_ids": packed}, model=model)
+        getattr(model, f"{checkpointing}_disable")()
     with pytest.warns(UserWarning, match="use_cache=False"):
         bt.shard_batch({"input_ids": ids, "position_ids": packed}, model=model)

@@ -109,7 +109,10 @@ def _warn_if_packed_with_a_cache(batch: dict, positions: torch.Tensor, model) ->
     """Once a process: packed rows while the model would build a cache, where burst and transformers'
     eager / sdpa attention differ (see _packed_with_a_cache_warning)."""
     use_cache = batch.get("use_cache", getattr(text_config(model.config), "use_cache", False))
-    if model.training and getattr(model, "is_gradient_checkpointing", False):
+    checkpointing = getattr(model, "is_activation_checkpointing", None)  # its name from 5.24 on
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    if model.training and checkpointing:
         use_cache = False  # transformers turns the cache off there itself
     if use_cache and positions.shape[-1] > 1 and bool((positions[..., 1:] == 0).any()):
         _packed_with_a_cache_warning()
