@@ -199,10 +199,10 @@ def _listed_documents(cu_seqlens) -> list[int] | None:
     return [int(x) for x in values]
 
 
-def _check_documents(cu_seqlens, global_len: int) -> None:
-    if cu_seqlens is None:
+def _check_documents(values: list[int] | None, global_len: int) -> None:
+    """values: cu_seqlens as _listed_documents (or the DocumentLayout) left them."""
+    if values is None:
         return
-    values = _listed_documents(cu_seqlens)
     if values[0] != 0 or values[-1] != global_len or any(b < a for a, b in zip(values, values[1:])):
         raise ValueError(
             f"cu_seqlens must rise from 0 to the global sequence length {global_len} "
