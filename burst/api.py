@@ -67,7 +67,8 @@ def attention(
         layout: "contiguous" | "zigzag" | "striped": which global tokens this rank holds
             (see burst.layout; use burst.shard to cut a full tensor). Packed documents cut one by
             one (the peers' varlen / THD convention): "doc_contiguous" | "doc_zigzag" with
-            cu_seqlens (global, or each rank's local offsets), or a burst.DocumentLayout.
+            cu_seqlens (global, or each rank's local offsets), or a burst.DocumentLayout. Either
+            way the documents are also the mask: a token attends inside its own document only.
         causal: each query attends keys at global positions <= its own.
         window: (left, right) sliding window in tokens: query i attends keys i-left .. i+right;
             -1 = unbounded on that side (flash_attn's window_size). None = no window.

@@ -47,6 +47,9 @@ def takes(request: AttentionRequest) -> bool:
         isinstance(r.cu_seqlens, (list, tuple)) and all(type(c) is int for c in r.cu_seqlens)
     ):
         return False
+    ints = list(r.window or ()) + ([r.chunk_size] if r.chunk_size is not None else [])
+    if not all(type(x) is int for x in ints):  # numpy's: validated and taken eagerly
+        return False
     return all(type(value) is int for value in r.options.values())  # not bool: validation names it eagerly
 
 

@@ -68,7 +68,8 @@ class DocumentLayout:
     """Packed documents, each cut across the ranks on its own (see the module docstring).
 
     cu_seqlens: (ndocs + 1,) global offsets from 0 to the packed length. split: "contiguous" (each
-    document in G equal parts) or "zigzag" (2G parts, rank r holding parts r and 2G-1-r).
+    document in G equal parts) or "zigzag" (2G parts, rank r holding parts r and 2G-1-r). As
+    burst.attention's layout, its documents are the call's document mask too (cu_seqlens= may be left out).
     """
 
     cu_seqlens: tuple[int, ...]

@@ -124,6 +124,16 @@ def _auto_strategy(call: AttentionCall, q, k, options: dict, auto) -> str:
     return auto(takes, call, q, k)
 
 
+def _is_int(x) -> bool:
+    """An int, numpy's included; not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    """A real number, numpy's included; not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
 def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
     if strategy not in STRATEGY_NAMES:
         raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}")
@@ -131,21 +141,19 @@ def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if window is not None and not (
-        isinstance(window, (tuple, list))
-        and len(window) == 2
-        and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)
+        isinstance(window, (tuple, list)) and len(window) == 2 and all(_is_int(w) and w >= -1 for w in window)
     ):
         raise ValueError(f"window must be None or (left, right) ints >= -1 (-1 = unbounded), got {window!r}")
     if softmax_scale is not None and not (
-        isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale) and softmax_scale > 0
+        _is_number(softmax_scale) and math.isfinite(softmax_scale) and softmax_scale > 0
     ):
         raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
 
 
 def _check_softcap_and_chunks(softcap, chunk_size) -> None:
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap < 0:
+    if not _is_number(softcap) or not math.isfinite(softcap) or softcap < 0:
         raise ValueError(f"softcap must be a finite number >= 0 (0 = none), got {softcap!r}")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+    if chunk_size is not None and (not _is_int(chunk_size) or chunk_size < 1):
         raise ValueError(f"chunk_size must be None or a positive int (tokens per chunk), got {chunk_size!r}")
 
 
@@ -194,7 +202,7 @@ def _listed_documents(cu_seqlens) -> list[int] | None:
         values = list(cu_seqlens)
     except TypeError:
         values = []
-    if not values or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in values):
+    if not values or not all(_is_int(x) for x in values):
         raise ValueError(f"cu_seqlens must be a non-empty 1-D sequence of ints, got {cu_seqlens!r}")
     return [int(x) for x in values]
 

@@ -116,6 +116,17 @@ def _bad_inputs(rank, world):
             results[name] = None
         except Exception as err:  # noqa: BLE001 - the test inspects it
             results[name] = (type(err).__name__, str(err))
+    # numpy's scalars are the Python numbers they stand for: the same output bit for bit
+    inputs = good()
+    as_numpy = dict(softmax_scale=np.float32(0.5), window=(np.int64(3), np.int64(0)), softcap=np.float64(2.0))
+    as_python = {
+        key: value.item() if hasattr(value, "item") else tuple(w.item() for w in value)
+        for key, value in as_numpy.items()
+    }
+    results["numpy_scalars_match"] = torch.equal(
+        burst.attention(**inputs, causal=True, chunk_size=np.int64(N), **as_numpy),
+        burst.attention(**inputs, causal=True, chunk_size=N, **as_python),
+    )
     # The world must still work after all of that.
     x = torch.randn(B, N, H, D)
     burst.attention(x, x, x, causal=True)
@@ -284,9 +295,10 @@ def test_bad_input_raises_on_every_rank(world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_numpy_cu_seqlens_are_ints_too(world):
+def test_numpy_ints_and_floats_are_taken_as_python_numbers(world):
     for rank, (_, errors, _) in enumerate(_results(world)):
         assert errors["cu_seqlens_numpy"] is None, (rank, errors["cu_seqlens_numpy"])
+        assert errors["numpy_scalars_match"] is True, rank
 
 
 @pytest.mark.parametrize("world", [2, 3])

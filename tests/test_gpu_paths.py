@@ -196,7 +196,8 @@ def _results(world):
 
 
 DISTFLASH_REFUSAL = (
-    "strategy='distflash' supports layout='contiguous' with causal=True and no window, cu_seqlens or block_sparse"
+    "strategy='distflash' supports layout='contiguous' with causal=True "
+    "and no window, cu_seqlens, chunk_size or block_sparse"
 )
 
 

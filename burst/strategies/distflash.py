@@ -170,7 +170,7 @@ def check_distflash(call: AttentionCall, q, k) -> None:
     if call.layout != "contiguous" or not spec.causal or spec.window or spec.cu_seqlens or spec.block_sparse:
         raise ValueError(
             "strategy='distflash' supports layout='contiguous' with causal=True and no window, "
-            "cu_seqlens or block_sparse; use 'burst' or 'ring' (any layout and mask) otherwise"
+            "cu_seqlens, chunk_size or block_sparse; use 'burst' or 'ring' (any layout and mask) otherwise"
         )
 
 
