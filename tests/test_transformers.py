@@ -393,3 +393,39 @@ def test_packed_rows_with_a_cache_on_warn_once_that_transformers_attends_across_
         getattr(model, f"{checkpointing}_disable")()
     with pytest.warns(UserWarning, match="use_cache=False"):
         bt.shard_batch({"input_ids": ids, "position_ids": packed}, model=model)
+
+
+def test_packed_rows_on_a_family_whose_masks_ignore_positions_warn_and_stay_each_document_alone():
+    """GPT-OSS builds its masks without position_ids, so its eager attention runs packed documents into
+    each other with or without a cache. burst keeps them apart (each document as if run alone: checked
+    here) and shard_batch says the two differ; Llama's masks read position_ids (no such warning)."""
+
+    import burst.integrations.transformers as bt
+    from burst.bench.hf_zoo_configs import tiny_config
+    from burst.integrations.transformers.backend import batches, documents
+    from transformers import AutoModelForCausalLM
+
+    assert documents.masks_read_positions(_models(_llama_config, "sdpa")[0])
+    batches._packed_across_documents_warning.cache_clear()
+
+    def config():  # one each: from_config sets the attention implementation on the config it is given
+        c = tiny_config("gpt_oss")
+        c.initializer_range = 0.3  # weights large enough that a document attending to another shows
+        return c
+
+    torch.manual_seed(0)
+    reference = AutoModelForCausalLM.from_config(config(), attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_config(config(), attn_implementation=bt.register("burst-packed-gpt-oss")).eval()
+    model.load_state_dict(reference.state_dict())
+    assert not documents.masks_read_positions(model)
+    lengths = (5, 7)
+    ids = torch.randint(0, model.config.vocab_size, (1, sum(lengths)), generator=torch.Generator().manual_seed(5))
+    packed = torch.cat([torch.arange(n) for n in lengths])[None]
+    with pytest.warns(UserWarning, match="builds its masks without position_ids"):
+        batch = bt.shard_batch({"input_ids": ids, "position_ids": packed, "use_cache": False}, model=model)
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in batch.items() if k != "shift_labels"}).logits
+        alone = torch.cat([reference(input_ids=doc, use_cache=False).logits for doc in ids.split(lengths, dim=1)], 1)
+        across = reference(input_ids=ids, position_ids=packed, use_cache=False).logits
+    assert _rel(logits, alone) < 1e-5, _rel(logits, alone)
+    assert _rel(across, alone) > 1e-3  # what the warning is about: eager runs the second document into the first

@@ -19,7 +19,7 @@ from burst.agreement import agree
 
 from ..layers.configs import text_config
 from .checks import check_model
-from .documents import documents_from_positions
+from .documents import documents_from_positions, masks_read_positions
 from .features import prepare_features
 from .registry import world_size
 
@@ -76,7 +76,7 @@ def shard_batch(
             "into one row (position_ids restarting at 0 per document) or pad at the end with labels "
             f"{ignore_index} and drop the attention_mask"
         )
-    _warn_if_packed_with_a_cache(batch, positions, model)
+    _warn_if_packed_rows_differ(batch, positions, model)
     out = {k: v for k, v in batch.items() if k not in ("input_ids", "labels", "position_ids", "attention_mask")}
     for key, value in out.items():  # per-token entries (token_type_ids...): cut as the tokens are
         if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] == ids.shape:
@@ -105,16 +105,33 @@ def _packed_with_a_cache_warning() -> None:
     )
 
 
-def _warn_if_packed_with_a_cache(batch: dict, positions: torch.Tensor, model) -> None:
-    """Once a process: packed rows while the model would build a cache, where burst and transformers'
-    eager / sdpa attention differ (see _packed_with_a_cache_warning)."""
+@functools.lru_cache(maxsize=None)
+def _packed_across_documents_warning(decoder: str) -> None:
+    warnings.warn(
+        f"shard_batch: packed documents (position_ids restarting at 0): burst attends within each one, but "
+        f"{decoder} builds its masks without position_ids, so its eager and sdpa attention in one process "
+        "attend across the documents of a row, cache or not: the two differ (burst's is each document run "
+        "alone, as transformers' flash-attention path packs them). Pass one document per row to compare",
+        stacklevel=4,
+    )
+
+
+def _warn_if_packed_rows_differ(batch: dict, positions: torch.Tensor, model) -> None:
+    """Once a process: packed rows where burst and the same model's eager / sdpa attention in one process
+    differ: a decoder whose masks ignore position_ids, or a cache on (see the two warnings)."""
+    if positions.shape[-1] < 2 or not bool((positions[..., 1:] == 0).any()):
+        return
+    if not masks_read_positions(model):
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+        _packed_across_documents_warning(type(decoder).__name__)
+        return
     use_cache = batch.get("use_cache", getattr(text_config(model.config), "use_cache", False))
     checkpointing = getattr(model, "is_activation_checkpointing", None)  # its name from 5.24 on
     if checkpointing is None:
         checkpointing = getattr(model, "is_gradient_checkpointing", False)
     if model.training and checkpointing:
         use_cache = False  # transformers turns the cache off there itself
-    if use_cache and positions.shape[-1] > 1 and bool((positions[..., 1:] == 0).any()):
+    if use_cache:
         _packed_with_a_cache_warning()
 
 

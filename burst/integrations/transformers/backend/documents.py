@@ -8,6 +8,10 @@ global positions in the registered layout's order), shard_batch from the whole b
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import textwrap
 import weakref
 
 import torch
@@ -140,3 +144,55 @@ def _rank_local_aranges(world: int, layout: str, seq_len: int) -> torch.Tensor:
     for r in range(world):
         full[layout_mod.shard_indices(layout, r, world, seq_len)] = torch.arange(local)
     return full
+
+
+# transformers' mask builders, which find packed documents in the position_ids they are given
+_MASK_BUILDERS = frozenset(
+    {
+        "create_causal_mask",
+        "create_sliding_window_causal_mask",
+        "create_chunked_causal_mask",
+        "create_masks_for_generate",
+    }
+)
+
+
+def masks_read_positions(model) -> bool:
+    """Whether the model's decoder hands position_ids to transformers' mask builders, so that its eager
+    and sdpa attention keep packed documents apart (without a cache). Some families build their masks
+    without them (GPT-OSS, AFMoE, OPT, BioGPT, GraniteMoeHybrid in transformers 5.24): there every
+    document of a packed row attends to the ones before it. True when the source cannot be read."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    return _forward_reads_positions(type(decoder))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_reads_positions(decoder_class) -> bool:
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(decoder_class.forward)))
+    except (OSError, TypeError, SyntaxError):
+        return True
+    dicts = {  # name = {"key": ...}: the mask keywords some families gather first (mask_kwargs)
+        node.targets[0].id: {key.value for key in node.value.keys if isinstance(key, ast.Constant)}
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Dict)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+    }
+    builds = False
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and _called_name(node.func) in _MASK_BUILDERS):
+            continue
+        builds = True
+        keywords = {k.arg for k in node.keywords if k.arg is not None}
+        for k in node.keywords:
+            if k.arg is None and isinstance(k.value, ast.Name):
+                keywords |= dicts.get(k.value.id, set())
+        if "position_ids" in keywords:
+            return True
+    return not builds
+
+
+def _called_name(func) -> str | None:
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
