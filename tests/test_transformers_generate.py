@@ -3,8 +3,9 @@
 Models are built from configs with random weights (no download). One world per size (2 and 3: an
 even and an odd size, 3 the more-than-two path), the cases looped inside it: greedy tokens and every
 step's logits for each layout, prompt lengths that are not multiples of the world (and shorter than
-it), a batch of two; seeded top-p sampling; the cache's bytes per rank; a sliding-window Mistral and
-a Qwen2; bfloat16; inputs_embeds; what is refused.
+it), a batch of two; seeded top-p sampling; the cache's bytes per rank; a sliding-window Mistral, a
+Qwen2, DeepSeek-V3's latent attention, a dynamic-NTK Llama and Phi-3's LongRoPE across its switch;
+bfloat16; inputs_embeds; what is refused.
 One more test runs examples/transformers_generate.py under torchrun at 1 and 2 ranks.
 """
 
@@ -31,7 +32,7 @@ LAYOUTS = ("contiguous", "zigzag", "striped")
 def _llama(**extra):
     from transformers import LlamaConfig
 
-    return LlamaConfig(
+    sizes = dict(
         vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=64,
@@ -40,8 +41,8 @@ def _llama(**extra):
         num_key_value_heads=2,
         max_position_embeddings=512,
         pad_token_id=0,
-        **extra,
     )
+    return LlamaConfig(**{**sizes, **extra})
 
 
 def _mistral(sliding_window=4):
@@ -71,6 +72,58 @@ def _qwen2():
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
+        pad_token_id=0,
+    )
+
+
+def _deepseek_v3():
+    """MLA: the layers cache their latent and rotary key, expanded after the cache."""
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        max_position_embeddings=512,
+        pad_token_id=0,
+    )
+
+
+def _phi3_longrope(switch):
+    """Phi-3's LongRoPE: short factors up to `switch` tokens, long ones past it (generate runs the whole
+    sequence again there). Weights drawn large enough that the factors show in the logits."""
+    from transformers import Phi3Config
+
+    half = 32 // 4 // 2  # head_dim / 2 factors
+    return Phi3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        original_max_position_embeddings=switch,
+        rope_scaling={
+            "rope_type": "longrope",
+            "short_factor": [1.0] * half,
+            "long_factor": [1.0 + 2 * i for i in range(half)],
+        },
+        initializer_range=0.3,
         pad_token_id=0,
     )
 
@@ -116,7 +169,8 @@ def _compare(reference, model, ids, seed=None, **options):
     tokens, logits = _generate(model, ids, cache, seed, **options)
     whole = DynamicCache(config=reference.config)
     ref_tokens, ref_logits = _generate(reference, ids, whole, seed, **options)
-    whole_bytes = sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in whole.layers)
+    layers = [layer for layer in whole.layers if layer.keys is not None]  # Phi-3 may drop it and start anew
+    whole_bytes = sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in layers)
     return {
         "tokens": tokens,
         "same tokens": torch.equal(tokens, ref_tokens),
@@ -161,7 +215,24 @@ def _other_models(rank, world):
     unwindowed, _ = _models(_mistral(sliding_window=None), name)
     results["window effect"] = _rel(_generate(unwindowed, ids, do_sample=False)[1], results["mistral window"]["logits"])
     results["qwen2"] = _compare(*_models(_qwen2(), name), ids, do_sample=False)
+    results["mla"] = _compare(*_models(_deepseek_v3(), name), ids, do_sample=False)
     name = bt.register("burst-generate-zigzag", layout="zigzag")
+    # a length-dependent rope (dynamic NTK past 8 tokens): each rank's rotary module sees the whole length
+    results["dynamic rope"] = _compare(
+        *_models(_llama(rope_scaling={"rope_type": "dynamic", "factor": 4.0}, max_position_embeddings=8), name),
+        _prompt(1, 2 * world + 5, seed=13),
+        do_sample=False,
+    )
+    switch = 2 * world + 6  # crossed on the third new token
+    reference, model = _models(_phi3_longrope(switch), name)
+    results["longrope switch"] = _compare(reference, model, _prompt(1, switch - 2, seed=14), do_sample=False)
+    results["longrope past the switch"] = _compare(reference, model, _prompt(1, switch + 3, seed=14), do_sample=False)
+    kept = bt.ShardedCache(model)
+    kept.rope_switch = None  # the keys before the switch kept with the short factors: what transformers does not do
+    results["switch effect"] = _rel(
+        _generate(model, _prompt(1, switch - 2, seed=14), kept, do_sample=False)[1],
+        results["longrope switch"]["logits"],
+    )
     results["bfloat16"] = _compare(
         *_models(_llama(), name, torch.bfloat16), _prompt(2, 3 * world, seed=12), do_sample=False
     )
@@ -250,7 +321,15 @@ def test_cache_holds_its_share_of_the_tokens(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_sliding_window_qwen2_and_bfloat16(world):
     per_rank = [r["models"] for r in _results(world)]
-    for key in ("mistral window", "qwen2", "bfloat16"):
+    for key in (
+        "mistral window",
+        "qwen2",
+        "mla",
+        "dynamic rope",
+        "longrope switch",
+        "longrope past the switch",
+        "bfloat16",
+    ):
         runs = [r[key] for r in per_rank]
         _same_on_every_rank(runs, key)
         bound = 3e-2 if key == "bfloat16" else 1e-4
@@ -258,6 +337,7 @@ def test_sliding_window_qwen2_and_bfloat16(world):
         if key != "bfloat16":  # bfloat16 rounding may flip a near tie; the logits bound above still holds
             assert runs[0]["same tokens"], key
     assert per_rank[0]["window effect"] > 1e-3  # the window matters in these runs
+    assert per_rank[0]["switch effect"] > 1e-3  # and so does running the sequence again at the rope switch
 
 
 def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_work():

@@ -28,11 +28,15 @@ from ..sinks import check_sinks, fold_sinks
 def partial_attention(q, k, v, valid, scale: float):
     """This rank's partial result for the new queries against its cache entries.
 
-    q: (batch, t, heads, head_dim); k, v: (batch, entries, kv_heads, head_dim); valid: (batch,
-    entries) bool. Returns out (batch, t, heads, head_dim) float32 and lse (batch, heads, t) float32
-    (-inf and 0 for a row with no valid entry here). Rows are computed one at a time when their
-    valid entries differ (prompts of different lengths).
+    q: (batch, t, heads, head_dim); k: (batch, entries, kv_heads, head_dim); v: (batch, entries,
+    kv_heads, value_dim); valid: (batch, entries) bool. Returns out (batch, t, heads, value_dim) float32
+    and lse (batch, heads, t) float32 (-inf and 0 for a row with no valid entry here). Rows are
+    computed one at a time when their valid entries differ (prompts of different lengths).
     """
+    if v.shape[-1] != q.shape[-1]:  # MLA's values are narrower than its keys: the kernels take one width
+        width = max(v.shape[-1], q.shape[-1])
+        out, lse = partial_attention(*(_widened(t, width) for t in (q, k, v)), valid, scale)
+        return out[..., : v.shape[-1]], lse
     acc = accumulator_dtype(q.dtype)
     b, t, h, d = q.shape
     out = torch.zeros(b, t, h, d, dtype=acc, device=q.device)
@@ -53,6 +57,11 @@ def partial_attention(q, k, v, valid, scale: float):
         out[row : row + 1].copy_(o)
         lse[row : row + 1].copy_(l)
     return out, lse
+
+
+def _widened(t: torch.Tensor, width: int) -> torch.Tensor:
+    """t with zero channels appended to `width` (zeros add nothing to a score, and come out as zeros)."""
+    return torch.nn.functional.pad(t, (0, width - t.shape[-1]))
 
 
 def merge_across_ranks(
@@ -104,11 +113,19 @@ def decode_attention(
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     problem = None
-    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[2] % k.shape[2] or valid.shape != k.shape[:2]:
+    if (
+        q.dim() != 4
+        or k.dim() != 4
+        or v.dim() != 4
+        or k.shape[:3] != v.shape[:3]
+        or q.shape[-1] != k.shape[-1]
+        or q.shape[2] % k.shape[2]
+        or valid.shape != k.shape[:2]
+    ):
         problem = ValueError(
             f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, valid "
-            f"{tuple(valid.shape)}: want q (batch, t, heads, d), k = v (batch, entries, kv_heads, d) "
-            "with heads a multiple of kv_heads, valid (batch, entries)"
+            f"{tuple(valid.shape)}: want q (batch, t, heads, d), k (batch, entries, kv_heads, d), v (batch, "
+            "entries, kv_heads, value_dim) with heads a multiple of kv_heads, valid (batch, entries)"
         )
     try:
         check_sinks(sinks, q)
@@ -132,12 +149,15 @@ def agree_on_decoding(q_shape, dtype, kv_heads: int, scale: float, group=None, p
     agree("burst decode_attention", facts if problem is None else None, problem, group, world)
 
 
-def decode_exchange(q_shape, dtype: torch.dtype, device: torch.device, group=None) -> HostAllGather | None:
+def decode_exchange(
+    q_shape, dtype: torch.dtype, device: torch.device, group=None, value_dim: int | None = None
+) -> HostAllGather | None:
     """Collective, once per generation after agree_on_decoding: the shared-memory all-gather for the
-    merges of queries of shape q_shape (batch, t, heads, head_dim) when the world has several ranks,
-    all on this host and decoding on CPU; None otherwise (then the process group's all-gather)."""
+    merges of queries of shape q_shape (batch, t, heads, head_dim) and values of value_dim channels
+    (default head_dim) when the world has several ranks, all on this host and decoding on CPU; None
+    otherwise (then the process group's all-gather)."""
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     if world == 1 or device.type != "cpu":  # the same on every rank: the shapes and dtype were agreed
         return None
     b, t, h, d = q_shape
-    return HostAllGather.create(b * t * h * (d + 1), accumulator_dtype(dtype), group)
+    return HostAllGather.create(b * t * h * ((value_dim or d) + 1), accumulator_dtype(dtype), group)

@@ -42,6 +42,8 @@ The decoder hooks are torch's forward hooks (public API); nothing in transformer
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.distributed as dist
 from transformers.cache_utils import Cache
@@ -52,8 +54,11 @@ from burst.inference.generate import last_hidden
 from burst.layout import LAYOUTS, local_multiple, shard
 
 from .backend.checks import check_model
+from .backend.features import prepare_features
 from .keywords import generate_cache_keyword
 from .backend.registry import backend_of, set_running_cache
+from .layers import rope
+from .layers.configs import text_config
 
 
 class ShardedCache(Cache):
@@ -67,7 +72,6 @@ class ShardedCache(Cache):
     """
 
     def __init__(self, model: torch.nn.Module, chunk: int = 256):
-        check_model(model)
         name, backend = backend_of(model)
         if backend.layout not in LAYOUTS:  # a DocumentLayout cuts packed documents: no prompt is one
             raise ValueError(
@@ -78,6 +82,10 @@ class ShardedCache(Cache):
         layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self.name, self.group, self.layout = name, backend.group, backend.layout
         self.world = dist.get_world_size(self.group) if dist.is_initialized() else 1
+        prepare_features(model, self.group, self.layout)  # then checked, as shard_batch does (rope's length...)
+        check_model(model)
+        self.rope_switch = _rope_switch(model)
+        self._tokens = None  # the tokens so far, kept only where the rope switch may need them again
         self.kv = ShardedKVCache(layers, group=self.group, layout=self.layout, chunk=chunk)
         self._agreed: dict[tuple, object] = {}  # decode signature every rank agreed on -> its decode_exchange
         self.seen = 0  # tokens of each row seen so far (prompt + decoded), on all ranks together
@@ -125,6 +133,7 @@ class ShardedCache(Cache):
     def reset(self) -> None:
         self.kv = ShardedKVCache(self.kv.layers, group=self.group, layout=self.layout, chunk=self.kv.chunk)
         self.seen = self.prompt_length = 0
+        self._tokens = None
 
     def reorder_cache(self, beam_idx):
         self._refuse("beam search (num_beams > 1)")
@@ -168,14 +177,14 @@ class ShardedCache(Cache):
                     "generate() with a ShardedCache runs whole prompts at positions 0..n-1 "
                     "(packed prompts or custom position_ids are not supported)"
                 )
-            multiple = self.world * local_multiple(self.layout)
-            padded = -(-length // multiple) * multiple
-            full = torch.cat([tokens, tokens.new_zeros(batch, padded - length, *tokens.shape[2:])], dim=1)
-            self._prefill_positions = self.kv.prefill_positions([length] * batch, padded, device=tokens.device)
-            kwargs[key] = shard(full, group=self.group, layout=self.layout, dim=1)
-            kwargs["position_ids"] = self._prefill_positions
-            self.prompt_length, self._batch, self.phase = length, batch, "prefill"
+            switches = self.rope_switch is not None and length <= self.rope_switch
+            self._tokens = tokens if switches and key == "input_ids" else None
+            self._prefill(kwargs, key, tokens)
             return
+        if self.rope_switch is not None and self.prompt_length <= self.rope_switch and length == 1:
+            self._run_again_at_the_switch(kwargs, key, tokens)
+            if self.phase == "prefill":
+                return
         if length != 1 or batch != self._batch:
             raise ValueError(
                 f"a ShardedCache that has seen {self.seen} tokens got a forward of {batch} x {length} tokens; it "
@@ -187,6 +196,36 @@ class ShardedCache(Cache):
         self._step = torch.full((batch,), self.seen, dtype=torch.long, device=tokens.device)
         kwargs["position_ids"] = self._step[:, None]
         self.phase = "decode"
+
+    def _run_again_at_the_switch(self, kwargs: dict, key: str, tokens: torch.Tensor) -> None:
+        """Keep the decoded tokens until the sequence reaches the rope switch (_rope_switch); there, run
+        the whole sequence again as a prompt, its keys with the long factors, as transformers does."""
+        if self._tokens is not None and key == "input_ids":
+            self._tokens = torch.cat([self._tokens, tokens], dim=1)
+        if self.seen != self.rope_switch:
+            return
+        if self._tokens is None or key != "input_ids":
+            raise ValueError(
+                f"generate() with a ShardedCache: this model runs its whole sequence again once it passes "
+                f"{self.rope_switch} tokens (LongRoPE's long factors), and a prompt given as inputs_embeds "
+                "cannot be run again; pass input_ids, or a prompt longer than that"
+            )
+        self.kv = ShardedKVCache(self.kv.layers, group=self.group, layout=self.layout, chunk=self.kv.chunk)
+        self._prefill(kwargs, key, self._tokens)
+        self._tokens = None
+
+    def _prefill(self, kwargs: dict, key: str, tokens: torch.Tensor) -> None:
+        """Run `tokens` (batch, length[, dim]), the whole sequence so far, as a prompt: padded at the end
+        to the layout's multiple and cut to this rank's shard at its global positions."""
+        batch, length = tokens.shape[:2]
+        multiple = self.world * local_multiple(self.layout)
+        padded = -(-length // multiple) * multiple
+        full = torch.cat([tokens, tokens.new_zeros(batch, padded - length, *tokens.shape[2:])], dim=1)
+        self._prefill_positions = self.kv.prefill_positions([length] * batch, padded, device=tokens.device)
+        kwargs[key] = shard(full, group=self.group, layout=self.layout, dim=1)
+        kwargs["position_ids"] = self._prefill_positions
+        rope.set_longest_position(length - 1)  # not the padding's (a length-dependent rope reads it)
+        self.prompt_length, self._batch, self.phase = length, batch, "prefill"
 
     def _end(self, output, phase: str):
         """After the decoder: the prompt's last hidden state on every rank (prefill), or close the step."""
@@ -204,29 +243,71 @@ class ShardedCache(Cache):
 
     def attend(
         self,
-        layer: int,
+        module: torch.nn.Module,
         query: torch.Tensor,
+        key: torch.Tensor,
         scaling: float | None,
         sliding_window: int | None,
         sinks: torch.Tensor | None = None,
     ):
         """Decode attention of the new token over the sharded cache: (batch, 1, heads, head_dim).
 
-        query: (batch, heads, 1, head_dim), the same on every rank; sinks: (heads,) or None.
+        module: the attention layer; query: (batch, heads, 1, head_dim), the same on every rank; key:
+        (batch, kv_heads, 1, head_dim), the new token's K as the layer hands it to attention; sinks:
+        (heads,) or None.
         """
         since = None
         if sliding_window is not None:  # transformers: key j attends query i when j > i - sliding_window
             since = self._step - sliding_window + 1
-        k, v, valid = self.kv.keys_values(layer, since=since)
+        stored_k, stored_v, valid = self.kv.keys_values(module.layer_idx, since=since)
+        k, v = _as_attended(module, stored_k, stored_v, key)
         q = query.transpose(1, 2)
         scale = q.shape[-1] ** -0.5 if scaling is None else scaling
-        signature = (tuple(q.shape), q.dtype, k.shape[2], float(scale))
+        signature = (tuple(q.shape), q.dtype, k.shape[2], v.shape[-1], float(scale))
         if signature not in self._agreed:  # once per generation (and per shape): then one collective per layer
             agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, self.group)
-            self._agreed[signature] = decode_exchange(q.shape, q.dtype, q.device, self.group)
+            self._agreed[signature] = decode_exchange(q.shape, q.dtype, q.device, self.group, v.shape[-1])
         return decode_attention(
             q, k, v, valid, scale=scale, group=self.group, agreed=True, exchange=self._agreed[signature], sinks=sinks
         )
+
+
+def _rope_switch(model) -> int | None:
+    """The length at which the model's generate() drops its cache and runs the whole sequence again, or
+    None. Phi-3's LongRoPE (Phi-3, PhiMoE, Phi-4-multimodal) switches from its short factors to its long
+    ones past original_max_position_embeddings; once the sequence crosses it, their
+    prepare_inputs_for_generation drops the cache so that every key is recomputed with the long factors.
+    A ShardedCache does the same there (ShardedCache._begin)."""
+    text = text_config(model.config)
+    switch = getattr(text, "original_max_position_embeddings", None)
+    if switch is None or "longrope" not in rope.rope_types(text):
+        return None
+    try:
+        source = inspect.getsource(type(model).prepare_inputs_for_generation)
+    except (OSError, TypeError):
+        return None
+    return int(switch) if "original_max_position_embeddings" in source else None
+
+
+def _as_attended(module, k: torch.Tensor, v: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's cached entries as the layer attends them: (batch, entries, kv_heads, head_dim) each.
+
+    MLA layers (DeepSeek-V2/V3, MiniCPM3, GLM-4-MoE-Lite, Mistral 4...) cache their latent and shared
+    rotary key, (batch, entries, 1, rank) and (batch, entries, 1, rope_dim), and expand them after the
+    cache with their own `expand_kv`, as their forward does on every step: so does this, on this rank's
+    entries only. key: the new token's K as the layer handed it to attention, which tells the two apart.
+    """
+    if (k.shape[2], k.shape[-1]) == (key.shape[1], key.shape[-1]):
+        return k, v
+    expand = getattr(type(module), "expand_kv", None)  # the family's own (burst's training path takes it over)
+    if expand is None:
+        raise ValueError(
+            f"{type(module).__name__} caches entries of shape {tuple(k.shape[2:])} and attends keys of "
+            f"{(key.shape[1], key.shape[-1])}: it changes its cached entries after the cache in a way burst "
+            "does not know; decoding on a ShardedCache is refused for it"
+        )
+    keys, values = expand(module, k.transpose(1, 2), v.transpose(1, 2))
+    return keys.transpose(1, 2), values.transpose(1, 2)
 
 
 def _drop_all_ones_mask(kwargs: dict, name: str) -> None:
@@ -278,6 +359,7 @@ def _after_decoder(module, args, kwargs, output):
         return None
     phase, cache.phase = cache.phase, None
     set_running_cache(None)
+    rope.set_longest_position(None)
     if output is None:  # the forward raised (this hook runs anyway, always_call): leave no forward active
         return None
     return cache._end(output, phase)

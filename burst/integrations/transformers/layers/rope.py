@@ -97,14 +97,27 @@ def _frequency_update(forward):
     return None
 
 
+_longest_position: list[int | None] = [None]  # set while a generation's prefill runs a padded prompt
+
+
+def set_longest_position(position: int | None) -> None:
+    """The sequence's longest real position for the forwards that follow, or None to find it from the
+    positions. A ShardedCache pads its prompt to the layout's multiple; the padding's positions must not
+    count (transformers' own generate runs the prompt unpadded)."""
+    _longest_position[0] = position
+
+
 def _global_length_forward(module, update, rotate, group):
     """module's forward: the frequency update on the group's longest position, then the rotation of
     this rank's positions. x: the hidden states (for device and dtype); position_ids: (batch, seq_local)."""
 
     def forward(x, position_ids, *args, **kwargs):
-        longest = position_ids.detach().max().reshape(1, 1).to(torch.long)
-        if dist.is_initialized() and dist.get_world_size(group) > 1:
-            dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
+        if _longest_position[0] is not None:  # the same on every rank
+            longest = torch.full((1, 1), _longest_position[0], dtype=torch.long)
+        else:
+            longest = position_ids.detach().max().reshape(1, 1).to(torch.long)
+            if dist.is_initialized() and dist.get_world_size(group) > 1:
+                dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
         update(module, x, longest.to(position_ids.device), *args, **kwargs)  # its cos/sin of one position: unused
         return rotate(module, x, position_ids, *args, **kwargs)
 
