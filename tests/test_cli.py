@@ -224,8 +224,19 @@ def test_plan_refuses_bad_values(capsys, no_world):
         ["--gpus", "2", "--model", "tiny"],
         [
             (["--seq-len", "1024", "--mode", "prefill", "--offload-optimizer"], "--offload-optimizer"),
-            (["--longest", "--no-fsdp"], "--no-fsdp"),
-            (["--longest", "--mode", "prefill"], "--mode"),
+            # --longest plans one GPU's `burst train --nproc 1` flags, one bf16 sequence a step
+            (["--longest"], "--gpus"),
+        ],
+    )
+    _refusals(
+        capsys,
+        "plan",
+        ["--gpus", "1", "--model", "tiny", "--longest"],
+        [
+            (["--no-fsdp"], "--no-fsdp"),
+            (["--mode", "prefill"], "--mode"),
+            (["--batch", "2"], "--batch"),
+            (["--dtype-bytes", "4"], "--dtype-bytes"),
         ],
     )
 

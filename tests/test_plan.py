@@ -468,3 +468,13 @@ def test_host_activations_on_the_first_layers_that_fit_the_longest_step(name):
     assert split["host_mem_bytes"] <= host and split["mem_bytes"] <= cluster.profile.memory_bytes
     with pytest.raises(ValueError, match="offload_layers=3: 0 or more, with offload_activations"):
         Training(model, 1024, offload_layers=3).check(1)
+
+
+def test_the_longest_step_stops_at_the_models_limit():
+    """`burst train` refuses a --seq-len past the model's max_seq_len, so --longest never offers one: the
+    tiny model fits any length on an A100 and every row stops at its limit, marked so."""
+    from burst.plan.lengths import option_rows
+
+    model = PRESETS["tiny"]
+    rows = option_rows(model, Cluster(1, 1, profile("A100")), dtype_bytes=2)
+    assert all(r["longest"] == model.max_seq_len and r["at_model_limit"] for r in rows), rows

@@ -78,7 +78,8 @@ def _longest(args, cluster) -> int:
     lines = [
         f"{args.gpus} x {args.profile}, whole model {args.model}, one sequence per step, modelled (predictions, "
         f"not measurements; each run also takes --nproc 1 --dtype bfloat16); "
-        f"host memory {'%g GiB' % args.host_mem_gib if host else 'not limited'}",
+        f"host memory {'%g GiB' % args.host_mem_gib if host else 'not limited'}; MFU counts attention as "
+        "torchtitan does (the whole square, also when causal), so it can pass 100% where attention dominates",
         "| memory option | longest seq | step (s) | optimizer (s) | tokens/s/device | MFU | GPU GiB | host GiB "
         "| burst train flags |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -88,8 +89,10 @@ def _longest(args, cluster) -> int:
             lines.append(f"| {r['option']} | does not fit | | | | | | | {r['flags']} |")
             continue
         mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.0%}"
+        limit = " (the model's limit)" if r["at_model_limit"] else ""
         lines.append(
-            f"| {r['option']} | {r['longest']} | {r['step_s']:.3g} | {r['optimizer_s']:.3g} | "
+            f"| {r['option']} | {r['longest']}{limit} | "
+            f"{r['step_s']:.3g} | {r['optimizer_s']:.3g} | "
             f"{r['tokens_per_s_per_device']:.4g} | {mfu} | {r['mem_bytes'] / 2**30:.1f} | "
             f"{r['host_mem_bytes'] / 2**30:.1f} | {r['flags']} |"
         )

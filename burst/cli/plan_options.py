@@ -163,6 +163,7 @@ def validate(args) -> None:
     if args.seq_len is None and not args.longest:
         raise BadOption("--seq-len", "required (or --longest with --model)")
     if args.longest:
+        _check_longest(args)
         args.seq_len = 1024  # the shape checks below read one
     if args.hf_config is not None:
         _apply_hf_config(args)
@@ -221,6 +222,21 @@ def validate(args) -> None:
 
         profile(args.profile)  # `local` reads a saved calibration
     check_writable_file("--json", args.json)
+
+
+def _check_longest(args) -> None:
+    """--longest plans the flags of one `burst train --nproc 1` run, one bf16 sequence a step: the
+    options that would plan anything else raise rather than pass unused."""
+    if args.gpus > 1:
+        raise BadOption(
+            "--gpus",
+            "--longest plans one GPU's longest step (`burst train --nproc 1`): give --gpus 1, or plan a "
+            "length on several GPUs with --seq-len",
+        )
+    if args.batch != 1:
+        raise BadOption("--batch", "--longest plans one sequence a step: give it without --batch")
+    if args.dtype_bytes not in (None, 2):
+        raise BadOption("--dtype-bytes", "--longest plans `burst train --dtype bfloat16` (2 bytes): leave it out")
 
 
 def _check_step_options(args, whole: bool) -> None:

@@ -41,8 +41,10 @@ for _mode in ("none", "full", "remat", "selective"):
         )
 
 
-def longest_length(strategy: str, cluster, t: Training, granule: int = 1024, limit: int = 1 << 23) -> int:
-    """The longest multiple of `granule` (<= limit) whose step fits; 0 when not even `granule` does."""
+def longest_length(strategy: str, cluster, t: Training, granule: int = 1024, limit: int | None = None) -> int:
+    """The longest multiple of `granule` (<= limit: the model's max_seq_len by default, which `burst
+    train` refuses to pass) whose step fits; 0 when not even `granule` does."""
+    limit = limit or model_limit(t.model)
     fits = lambda n: whole_model(strategy, cluster, replace(t, seq_len=n)).fits  # noqa: E731
     if not fits(granule):
         return 0
@@ -53,6 +55,11 @@ def longest_length(strategy: str, cluster, t: Training, granule: int = 1024, lim
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid * granule) else (low, mid)
     return low * granule
+
+
+def model_limit(model) -> int:
+    """The longest sequence the search goes to: the model's max_seq_len, else 2**23 tokens."""
+    return int(getattr(model, "max_seq_len", None) or 1 << 23)
 
 
 def best_split(strategy: str, cluster, t: Training) -> Training:
@@ -115,6 +122,7 @@ def option_rows(
         t = best_split(strategy, cluster, t)
         longest = longest_length(strategy, cluster, t)
         row = {"option": name, "flags": flags + split_flags(t), "longest": longest}
+        row["at_model_limit"] = longest >= model_limit(model) - 1023
         if longest:
             row.update(speed_at(strategy, cluster, replace(t, seq_len=longest)))
         rows.append(row)
