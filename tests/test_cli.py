@@ -132,6 +132,14 @@ def test_generate_refuses_bad_values(capsys, no_world, tmp_path):
             "--model huge",
         ],
     )
+    text = tmp_path / "prompt.txt"
+    text.write_bytes(b"a prompt")
+    _refusals(  # the random prompts' shape, with a file as the prompt: it would be dropped
+        capsys,
+        "generate",
+        ["--prompt-file", str(text)],
+        [(["--prompt-len", "10"], "--prompt-len"), (["--batch", "2"], "--batch")],
+    )
 
 
 def test_check_refuses_bad_values(capsys, no_world):

@@ -43,7 +43,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--checkpoint-step", type=positive_int, default=None, help="which step's checkpoint; default: the latest"
     )
-    p.add_argument("--prompt-len", type=positive_int, default=256, help="tokens of the random prompt (seeded)")
+    p.add_argument(
+        "--prompt-len", type=positive_int, default=None, help="tokens of the random prompt (seeded); default 256"
+    )
     p.add_argument(
         "--prompt-file",
         default=None,
@@ -51,7 +53,10 @@ def add_parser(sub) -> None:
         help="a text file as the prompt (byte-level tokens) instead of a random one",
     )
     p.add_argument(
-        "--batch", type=positive_int, default=1, help="random prompts, of lengths prompt-len, prompt-len - 1, ..."
+        "--batch",
+        type=positive_int,
+        default=None,
+        help="random prompts, of lengths prompt-len, prompt-len - 1, ...; default 1",
     )
     p.add_argument("--new-tokens", type=positive_int, default=16, help="tokens to generate after each prompt")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the prompt, the weights and sampling")
@@ -151,11 +156,17 @@ def _prompts(args) -> list[list[int]]:
             prompt = list(f.read())
         if not prompt:
             raise BadOption("--prompt-file", f"{args.prompt_file!r} is empty (a prompt needs at least one token)")
+        for option, value in (("--prompt-len", args.prompt_len), ("--batch", args.batch)):
+            if value is not None:
+                raise BadOption(
+                    option, "shapes the random prompts: give it without --prompt-file (one prompt, the file)"
+                )
         return [prompt]
     import torch
 
     g = torch.Generator().manual_seed(args.seed)
-    return [torch.randint(0, 256, (max(1, args.prompt_len - i),), generator=g).tolist() for i in range(args.batch)]
+    length, batch = args.prompt_len or 256, args.batch or 1
+    return [torch.randint(0, 256, (max(1, length - i),), generator=g).tolist() for i in range(batch)]
 
 
 def run(args) -> int:
