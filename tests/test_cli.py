@@ -60,6 +60,13 @@ def test_train_refuses_bad_values(capsys, no_world, tmp_path):
     folder_as_file.mkdir()
     beyond = tmp_path / "beyond.bin"  # uint16 ids up to 1999: the tiny model's vocabulary is 256
     beyond.write_bytes(bytes(range(256)) * 16)
+    odd = tmp_path / "odd.bin"  # uint16 ids in an odd number of bytes
+    odd.write_bytes(bytes(1001))
+    records = {}  # a step's burst.json that `burst train` did not write
+    for name, text in (("junk", "garbage"), ("empty", "{}")):
+        (tmp_path / name / "step-2").mkdir(parents=True)
+        (tmp_path / name / "step-2" / "burst.json").write_text(text)
+        records[name] = str(tmp_path / name)
     _refusals(
         capsys,
         "train",
@@ -81,6 +88,10 @@ def test_train_refuses_bad_values(capsys, no_world, tmp_path):
             "--data /nonexistent-dir/data.txt",
             (["--data", str(short)], "--data"),  # shorter than one sample
             (["--data", str(beyond)], "--data"),  # ids beyond the vocabulary
+            (["--data", str(odd)], "--data"),  # not whole ids
+            (["--resume-step", "2", "--checkpoint-dir", records["junk"]], "--resume-step"),
+            (["--resume-step", "2", "--checkpoint-dir", records["empty"]], "--resume-step"),
+            (["--resume", "--checkpoint-dir", records["empty"]], "--resume"),
             "--seq-len 63",
             (["--seq-len", str(1 << 21)], "--seq-len"),  # beyond the model's positions
             "--dp 3",

@@ -282,7 +282,7 @@ def test_burst_train_checkpoints_and_resumes_exactly(tmp_path):
             ["--seq-len", "128", "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume-step", "3"],
             "another config: seq_len was 64",
         ),
-        ([*common, "--checkpoint-dir", str(ckpt), "--resume-step", "2"], "no checkpoint for step 2"),
+        ([*common, "--checkpoint-dir", str(ckpt), "--resume-step", "2"], "no complete checkpoint for step 2"),
         ([*common, "--checkpoint-dir", str(ckpt), "--resume", "--resume-step", "3"], "not both"),
         (["--seq-len", "63"], "--seq-len: 63"),
         (["--seq-len", "64", "--dp", "3"], "--dp: 3 does not divide"),

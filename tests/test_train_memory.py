@@ -338,3 +338,21 @@ def test_a_full_disk_at_a_checkpoint_names_the_cause(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match=r"saving step 1's checkpoint to .*step-1.* failed: rank 0: .*No space left"):
         train(0, 1, cfg)
     assert resume_point(str(tmp_path)) is None and not list(tmp_path.rglob(META))
+
+
+def test_a_failed_save_names_the_ranks_own_error_not_its_frames():
+    """DCP wraps a writer thread's error with its traceback's frames, (error, frames): the line names the
+    error alone (a file-size limit, here), never the frames' dump."""
+    import errno
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from burst.engine.resume import named_failure
+
+    wrapped = (OSError(errno.EFBIG, "File too large"), ["<a FrameSummary>"])
+    with pytest.raises(RuntimeError) as failed:
+        with named_failure("saving step 2's checkpoint to 'ckpt/step-2'"):
+            raise CheckpointException("ranks: dict_keys([0])", {0: wrapped})
+    assert str(failed.value) == (
+        "saving step 2's checkpoint to 'ckpt/step-2' failed: rank 0: OSError: [Errno 27] File too large"
+    )

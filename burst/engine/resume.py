@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from dataclasses import asdict
 
@@ -86,9 +87,19 @@ def prune(root: str, newest: int, keep: int) -> list[str]:
 
 
 def read_meta(root: str, step: int) -> dict:
-    """burst.json of the checkpoint after `step` steps: step, identity, config."""
-    with open(os.path.join(step_dir(root, step), META)) as f:
-        return json.load(f)
+    """burst.json of the checkpoint after `step` steps: step, identity, config. ValueError naming the file
+    when it is missing or not one `burst train` wrote."""
+    path = os.path.join(step_dir(root, step), META)
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"no checkpoint for step {step} in {root!r} ({path} is missing)") from None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path} cannot be read as a burst checkpoint's record: {err}") from None
+    if not (isinstance(meta, dict) and isinstance(meta.get("identity"), dict) and isinstance(meta.get("config"), dict)):
+        raise ValueError(f"{path} is not a burst checkpoint's record (no identity and config in it)")
+    return meta
 
 
 def _identity(cfg) -> dict:
@@ -104,16 +115,18 @@ def check_resumable(cfg) -> None:
     if not 0 < cfg.resume_step <= cfg.steps:
         raise ValueError(f"--resume-step: {cfg.resume_step} must lie in 1..--steps ({cfg.steps})")
     if not os.path.exists(os.path.join(step_dir(cfg.checkpoint_dir, cfg.resume_step), META)):
-        have = (
-            sorted(d for d in os.listdir(cfg.checkpoint_dir) if d.startswith("step-"))
-            if os.path.isdir(cfg.checkpoint_dir)
-            else []
-        )
+        have = [
+            f"step-{step}" + ("" if complete else " (incomplete: a save that did not finish)")
+            for step, complete in sorted(_step_dirs(cfg.checkpoint_dir))
+        ]
         raise ValueError(
-            f"--resume-step: no checkpoint for step {cfg.resume_step} in {cfg.checkpoint_dir!r} "
+            f"--resume-step: no complete checkpoint for step {cfg.resume_step} in {cfg.checkpoint_dir!r} "
             f"(found: {', '.join(have) or 'none'})"
         )
-    saved = read_meta(cfg.checkpoint_dir, cfg.resume_step)["identity"]
+    try:
+        saved = read_meta(cfg.checkpoint_dir, cfg.resume_step)["identity"]
+    except ValueError as err:
+        raise ValueError(f"--resume-step: {err}") from None
     mine = _identity(cfg)
     for key in MUST_MATCH:
         if saved.get(key) != mine[key]:
@@ -164,6 +177,19 @@ def named_failure(what: str):
         raise RuntimeError(f"{what} failed: {_first_failure(err)}") from err
 
 
+@contextlib.contextmanager
+def _quiet_loader():
+    """DCP's loader logs each fallback it tries (no .metadata: the ranks' own) with a traceback, on the
+    root logger: off while it runs, since named_failure says in one line what failed."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
 def _first_failure(err: BaseException) -> str:
     """The first rank's own error inside DCP's CheckpointException ("CheckpointException ranks:dict_keys(
     [0, 1])" says nothing of it), else the error itself."""
@@ -171,6 +197,8 @@ def _first_failure(err: BaseException) -> str:
     if isinstance(failures, dict) and failures:
         rank, failure = min(failures.items())
         inner = getattr(failure, "exc", failure)
+        if isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
+            inner = inner[0]  # DCP's (exception, its traceback's frames)
         return f"rank {rank}: {type(inner).__name__}: {inner}"
     return f"{type(err).__name__}: {err}"
 
@@ -183,13 +211,14 @@ def load_checkpoint(cfg, model, optimizer) -> int:
     path = step_dir(cfg.checkpoint_dir, cfg.resume_step)
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    with named_failure(f"loading the checkpoint {path!r}"):
+    with named_failure(f"loading the checkpoint {path!r}"), _quiet_loader():
         dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     rank = dist.get_rank() if dist.is_initialized() else 0
     rng = os.path.join(path, f"rng-{rank}.pt")
     if os.path.exists(rng):  # a world larger than the saving one: new ranks keep their seeded state
-        torch.set_rng_state(torch.load(rng, weights_only=True))
+        with named_failure(f"loading the random state {rng!r}"):
+            torch.set_rng_state(torch.load(rng, weights_only=True))
     return cfg.resume_step
 
 
@@ -201,7 +230,7 @@ def load_model_weights(checkpoint_dir: str, step: int | None, model) -> int:
 
     step = latest_step(checkpoint_dir) if step is None else step
     state = {"model": get_model_state_dict(model)}
-    with named_failure(f"loading the checkpoint {step_dir(checkpoint_dir, step)!r}"):
+    with named_failure(f"loading the checkpoint {step_dir(checkpoint_dir, step)!r}"), _quiet_loader():
         dcp.load(state, checkpoint_id=step_dir(checkpoint_dir, step), no_dist=not dist.is_initialized())
     set_model_state_dict(model, state["model"])
     return step
@@ -209,4 +238,8 @@ def load_model_weights(checkpoint_dir: str, step: int | None, model) -> int:
 
 def checkpoint_model_name(checkpoint_dir: str, step: int | None = None) -> str:
     """The model preset a checkpoint was trained with (so `burst generate` builds the right one)."""
-    return read_meta(checkpoint_dir, latest_step(checkpoint_dir) if step is None else step)["config"]["model"]
+    step = latest_step(checkpoint_dir) if step is None else step
+    model = read_meta(checkpoint_dir, step)["config"].get("model")
+    if not isinstance(model, str):
+        raise ValueError(f"the checkpoint of step {step} in {checkpoint_dir!r} names no model")
+    return model

@@ -191,14 +191,20 @@ class TrainConfig:
             return
         if not os.path.isfile(self.data):
             raise ValueError(f"--data: {self.data!r} is not a file (a token file, a text file, or 'synthetic')")
-        count = token_count(self.data)
+        try:
+            count = token_count(self.data)
+            largest = int(np.memmap(self.data, dtype=token_dtype(self.data), mode="r").max())
+        except ValueError as err:  # numpy's words: a .bin whose size is not whole ids
+            raise ValueError(
+                f"--data: {self.data!r} cannot be read as token ids ({err}); a .bin file holds uint16 ids "
+                "(2 bytes each), a .u32.bin uint32 (4), any other file bytes"
+            ) from None
         if count < self.seq_len + 1:
             raise ValueError(
                 f"--data: {self.data!r} holds {count} tokens, fewer than --seq-len + 1 = "
                 f"{self.seq_len + 1} (a longer file, or a shorter --seq-len)"
             )
-        # one read of the file here, before any rank starts (each rank reads it whole anyway)
-        check_token_ids(self.data, int(np.memmap(self.data, dtype=token_dtype(self.data), mode="r").max()), vocab)
+        check_token_ids(self.data, largest, vocab)  # one read of the file before any rank starts
 
 
 def check_token_ids(path: str, largest: int, vocab: int) -> None:
