@@ -55,6 +55,11 @@ def set_agreement_check(mode: str) -> str:
     return previous
 
 
+def agreement_timeout() -> float:
+    """The seconds a rank waits on its peers before it names the one that does not come (0: no limit)."""
+    return _timeout_s
+
+
 def set_agreement_timeout(seconds: float) -> float:
     """Wait at most `seconds` for every rank to reach a call's check (0 = no limit of ours: the
     process group's own timeout applies). Returns the previous value."""

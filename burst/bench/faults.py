@@ -4,8 +4,9 @@
 
 Each faulty world runs burst.attention (zigzag, causal; on a CPU host its shared-memory channels open)
 and one rank fails: it raises after the forward ("raise"), is killed with SIGKILL between the forward
-and the backward while its peers wait in the ring ("kill"), or never makes the call its peers are in
-("stall": they wait in the agreement check, whose timeout is set to STALL_S). Every faulty world is
+and the backward while its peers wait in the ring ("kill"), never makes the call its peers are in
+("stall": they wait in the agreement check, whose timeout is set to STALL_S), or stops itself with
+SIGSTOP there ("freeze": alive, so only the wait's check of its state names it, after STALL_S). Every faulty world is
 followed by a clean one. Each world must end within BOUND_S with the right error (WorldError naming
 the failed rank, or the rank whose wait timed out), leave no process and no /dev/shm/burst-* file, and
 the clean worlds must succeed. tests/test_faults.py runs a short form; `--worlds 30` the long one.
@@ -23,7 +24,7 @@ import time
 
 import torch
 
-FAULTS = ("raise", "kill", "stall")
+FAULTS = ("raise", "kill", "stall", "freeze")
 STALL_S = 3.0  # the agreement timeout the stalled world's waiting ranks run with
 BOUND_S = 45.0  # a world, from start to its error, start-up included (2 cores)
 
@@ -40,6 +41,8 @@ def faulty_rank(rank: int, world: int, fault: str, victim: int) -> float:
         raise RuntimeError(f"planted fault on rank {rank}")
     if rank == victim and fault == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if rank == victim and fault == "freeze":
+        os.kill(os.getpid(), signal.SIGSTOP)  # alive but frozen, inside the call's ring: its peers must name it
     out.sum().backward()
     return float(q.grad.abs().sum())
 
@@ -70,8 +73,10 @@ def run_one(fault: str | None, victim: int, world: int) -> dict:
         right = failed_rank == victim and "planted fault" in (error or "")
     elif fault == "kill":  # the killed rank named, as killed (its peers' broken connections come after)
         right = failed_rank == victim and f"killed by signal {int(signal.SIGKILL)}" in (error or "")
-    else:  # stall: a waiting rank's agreement timeout, naming the call
+    elif fault == "stall":  # a waiting rank's agreement timeout, naming the call
         right = failed_rank is not None and failed_rank != victim and "TimeoutError" in (error or "")
+    else:  # freeze: a waiting rank names the stopped one after the agreement timeout
+        right = failed_rank not in (None, victim) and f"rank {victim}" in (error or "") and "stopped" in (error or "")
     ok = right and elapsed < BOUND_S and not left_files and not left_processes
     return {
         "fault": fault or "none",

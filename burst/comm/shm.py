@@ -88,13 +88,19 @@ def _creator(name: str) -> int | None:
 
 def _running(pid: int) -> bool:
     """Whether process `pid` exists (a zombie, exited but not reaped, counts as dead)."""
+    return process_state(pid) not in ("Z", "X", None)
+
+
+def process_state(pid: int) -> str | None:
+    """Process `pid`'s state letter from /proc (R, S, D, T stopped, t traced, Z, X...), None when it is
+    gone; "?" where /proc cannot be read (then it is taken to run)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+            return f.read().rpartition(")")[2].split()[0]
     except FileNotFoundError:
-        return False
+        return None
     except OSError:
-        return True
+        return "?"
 
 
 def create_private(path: str, size: int, reserve: bool = False) -> bool:

@@ -42,7 +42,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .shm import SPINS_BEFORE_YIELD, HostAllGather, _running, create_private, map_private, private_name, remove_dead
+from .shm import (
+    SPINS_BEFORE_YIELD,
+    HostAllGather,
+    _running,
+    create_private,
+    map_private,
+    private_name,
+    process_state,
+    remove_dead,
+)
 
 HEADER = 64  # bytes: (tag, payload bytes, kind) as int64, padded to a cache line
 COUNTERS = 128  # written count, then read count, on separate cache lines
@@ -126,6 +135,7 @@ class HostChannels:
         self.sleeps = world * torch.get_num_threads() > len(os.sched_getaffinity(0))
         self._pids = pids  # by group rank: a peer that exits fails our wait at once, as gloo's socket would
         self._checked = 0.0  # when a long wait last looked at its peer's process
+        self._stopped_since: dict[int, float] = {}  # peer -> when its process was first seen stopped
         self._out = outgoing  # peer -> _Ring we write
         self._in = {peer: _Inbox(ring) for peer, ring in incoming.items()}  # peer -> what it sent us
 
@@ -284,16 +294,36 @@ class HostChannels:
             raise RuntimeError(f"HostChannels (rank {self.rank}): rank {peer}: {what} ({self.timeout_s:.0f} s)")
         if now - self._checked > LIVENESS_S:
             self._checked = now
-            if not _alive(self._pids[peer]):
-                raise RuntimeError(
-                    f"HostChannels (rank {self.rank}): rank {peer} (pid {self._pids[peer]}) has exited "
-                    f"while this rank waited on it ({what})"
-                )
+            self._check_peer(peer, now, what)
         if self.sleeps and waited > SLEEP_AFTER_S:
             time.sleep(SLEEP_S)
         else:
             os.sched_yield()
         return spins, started
+
+    def _check_peer(self, peer: int, now: float, what: str) -> None:
+        """Raise when the peer's process has exited, or has been stopped (SIGSTOP, SIGTSTP, a debugger)
+        for longer than the agreement timeout (burst.set_agreement_timeout): a computing peer is waited
+        for up to timeout_s, a frozen one is named."""
+        pid = self._pids[peer]
+        if not _alive(pid):
+            raise RuntimeError(
+                f"HostChannels (rank {self.rank}): rank {peer} (pid {pid}) has exited "
+                f"while this rank waited on it ({what})"
+            )
+        from ..agreement import agreement_timeout
+
+        if process_state(pid) not in ("T", "t"):
+            self._stopped_since.pop(peer, None)
+            return
+        since = self._stopped_since.setdefault(peer, now)
+        limit = agreement_timeout()
+        if limit and now - since > limit:
+            raise TimeoutError(
+                f"HostChannels (rank {self.rank}): rank {peer} (pid {pid}) has been stopped (SIGSTOP, SIGTSTP or a "
+                f"debugger) for {now - since:.0f} s while this rank waited on it ({what}); the limit is the "
+                "agreement timeout, burst.set_agreement_timeout(s) or BURST_AGREEMENT_TIMEOUT"
+            )
 
 
 _alive = _running  # whether process `pid` runs (an exited one not yet reaped counts as gone)
