@@ -330,6 +330,8 @@ def _raise_first_error(ranks, results: dict, left: dict[int, int]) -> None:
 
 def _died(rank: int, code: int | None) -> WorldError:
     how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+    if code == -9:  # SIGKILL: nothing of the rank's own said why
+        how += ": SIGKILL, sent by `kill -9` or by the kernel's out-of-memory killer (`dmesg` names it)"
     return WorldError(rank, f"rank {rank} died without a result ({how})", "")
 
 

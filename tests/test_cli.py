@@ -164,6 +164,7 @@ def test_check_refuses_bad_values(capsys, no_world):
             "--heads -1",
             "--nproc 0",
             "--strategies nope",
+            "--strategies burst,,ring",  # an empty name: a typo, not a strategy to skip
             (["--strategies", "distflash", "--layouts", "zigzag"], "--strategies"),  # nothing would run
             "--layouts diagonal",
             "--dtype float8",

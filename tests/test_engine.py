@@ -303,3 +303,17 @@ def test_fsdp_on_one_rank_equals_single_process():
     _assert_equal_training(run_world(1, _one_rank_fsdp, timeout=200)[0], "fsdp dp on 1 rank")
     with pytest.raises(ValueError, match="initialized process group"):
         setup(1, "dp")
+
+
+def test_a_resumed_run_writes_each_step_once_in_its_metrics(tmp_path):
+    """--metrics on --resume from the checkpoint after step 2: the interrupted run's lines of steps 2 and
+    later are dropped (this run writes them again), those before kept; a fresh run starts the file anew."""
+    from burst.engine.train import _metrics_file
+
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(6)) + "not json\n")
+    with _metrics_file(str(path), 2) as out:
+        out.write(json.dumps({"step": 2, "loss": 0.5}) + "\n")
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2]
+    _metrics_file(str(path), 0).close()
+    assert path.read_text() == ""

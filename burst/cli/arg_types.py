@@ -66,9 +66,11 @@ def name_list(choices) -> callable:
     by_lower = {c.lower(): c for c in choices}
 
     def parse(text: str) -> tuple[str, ...]:
-        names = [p.strip() for p in text.split(",") if p.strip()]
-        if not names:
+        names = [p.strip() for p in text.split(",")]
+        if not any(names):
             raise argparse.ArgumentTypeError(f"expected comma-separated names of {', '.join(choices)}, got nothing")
+        if not all(names):
+            raise argparse.ArgumentTypeError(f"an empty name in {text!r} (names are separated by single commas)")
         for name in names:
             if name.lower() not in by_lower:
                 raise argparse.ArgumentTypeError(f"unknown name {name!r} (choose from {', '.join(choices)})")

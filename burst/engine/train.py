@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 
@@ -164,7 +165,7 @@ def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
     tokens_per_device = cfg.batch * cfg.seq_len / par.sp
     flops_per_token = train_flops_per_token(model.cfg, cfg.seq_len)  # torchtitan's count (plan/flops.py)
     rows = []
-    out = open(cfg.metrics, "a" if first else "w") if cfg.metrics and rank == 0 else None
+    out = _metrics_file(cfg.metrics, first) if cfg.metrics and rank == 0 else None
     bar = _progress(cfg, first) if rank == 0 else None
     for step in range(first, cfg.steps):
         for group_ in optimizer.param_groups:
@@ -224,6 +225,26 @@ def peak_memory_bytes() -> int:
 
     on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
     return int(peak_bytes(torch.device("cuda" if on_gpu else "cpu")))
+
+
+def _metrics_file(path: str, first: int):
+    """--metrics opened for steps `first` on: a resumed run keeps the lines of the steps before its
+    checkpoint and drops those after it (an interrupted run wrote them, and this run writes them again)."""
+    if not first or not os.path.exists(path):
+        return open(path, "w")
+    with open(path) as f:
+        kept = [line for line in f if _step_of(line) is not None and _step_of(line) < first]
+    out = open(path, "w")
+    out.writelines(kept)
+    return out
+
+
+def _step_of(line: str) -> int | None:
+    """The step of a --metrics line (0 the first), None for a line that is not one."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _progress(cfg: TrainConfig, first: int):
