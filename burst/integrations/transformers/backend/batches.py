@@ -19,6 +19,7 @@ from burst.agreement import agree
 
 from ..layers.configs import text_config
 from .checks import check_model
+from ..keywords import ATTENTION_LAYER_KINDS, layer_kinds
 from .documents import documents_from_positions, masks_read_positions
 from .features import prepare_features
 from .registry import world_size
@@ -108,12 +109,19 @@ def _packed_with_a_cache_warning() -> None:
 @functools.lru_cache(maxsize=None)
 def _packed_across_documents_warning(decoder: str) -> None:
     warnings.warn(
-        f"shard_batch: packed documents (position_ids restarting at 0): burst attends within each one, but "
-        f"{decoder} builds its masks without position_ids, so its eager and sdpa attention in one process "
-        "attend across the documents of a row, cache or not: the two differ (burst's is each document run "
-        "alone, as transformers' flash-attention path packs them). Pass one document per row to compare",
+        f"shard_batch: packed documents (position_ids restarting at 0): burst's attention keeps them apart, as "
+        f"transformers' flash-attention path does, but {decoder} builds its masks without position_ids, so its "
+        "eager and sdpa attention in one process attend across the documents of a row, cache or not: the two "
+        "differ. Pass one document per row to compare",
         stacklevel=4,
     )
+
+
+def _has_attention_layers(model) -> bool:
+    """Whether the model mixes tokens through attention in any layer: its config lists no layer kinds, or
+    lists an attention kind (not MLP or MoE layers alone, nor recurrent ones)."""
+    kinds = layer_kinds(text_config(model.config))
+    return not kinds or bool(kinds & (ATTENTION_LAYER_KINDS - {"mlp", "moe"}))
 
 
 def _warn_if_packed_rows_differ(batch: dict, positions: torch.Tensor, model) -> None:
@@ -122,8 +130,9 @@ def _warn_if_packed_rows_differ(batch: dict, positions: torch.Tensor, model) -> 
     if positions.shape[-1] < 2 or not bool((positions[..., 1:] == 0).any()):
         return
     if not masks_read_positions(model):
-        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
-        _packed_across_documents_warning(type(decoder).__name__)
+        if _has_attention_layers(model):  # a model of recurrent layers alone runs documents together in both
+            decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+            _packed_across_documents_warning(type(decoder).__name__)
         return
     use_cache = batch.get("use_cache", getattr(text_config(model.config), "use_cache", False))
     checkpointing = getattr(model, "is_activation_checkpointing", None)  # its name from 5.24 on
