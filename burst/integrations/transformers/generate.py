@@ -25,6 +25,11 @@ ShardedCache:
   rank in turn. Attention is burst.inference.decode_attention over the ranks' shards: exact, and
   the same bits on every rank, so greedy search and seeded sampling pick the same token everywhere.
 
+Building one prepares the model as shard_batch does (a length-dependent rope sees the prompt's real
+length, not its padding). MLA layers cache their latent: decode expands this rank's entries with the
+layer's own expand_kv (`_as_attended`). Where the model's generate() would drop its cache and run the
+whole sequence again (Phi-3's LongRoPE past its original length: `_rope_switch`), so does this.
+
 `get_seq_length()` is the global number of tokens seen (prompt + decoded), so positions made by
 generate or by the model are global positions. A ShardedCache serves one generate() call; beam
 search, assisted decoding and padded batches (an attention_mask with zeros) are refused.
