@@ -39,4 +39,4 @@ __all__ = [
     "CompressedKV",
     "LatentKV",
 ]
-__version__ = "0.3.5"
+__version__ = "0.3.6"
