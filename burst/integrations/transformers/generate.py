@@ -27,8 +27,8 @@ ShardedCache:
 
 Building one prepares the model as shard_batch does (a length-dependent rope sees the prompt's real
 length, not its padding). MLA layers cache their latent: decode expands this rank's entries with the
-layer's own expand_kv (`_as_attended`). Where the model's generate() would drop its cache and run the
-whole sequence again (Phi-3's LongRoPE past its original length: `_rope_switch`), so does this.
+layer's own expand_kv (`decoding.as_attended`). Where the model's generate() would drop its cache and run the
+whole sequence again (Phi-3's LongRoPE past its original length: `decoding.rope_switch`), so does this.
 
 `get_seq_length()` is the global number of tokens seen (prompt + decoded), so positions made by
 generate or by the model are global positions. A ShardedCache serves one generate() call; beam
@@ -47,8 +47,6 @@ The decoder hooks are torch's forward hooks (public API); nothing in transformer
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.distributed as dist
 from transformers.cache_utils import Cache
@@ -62,8 +60,9 @@ from .backend.checks import check_model
 from .backend.features import prepare_features
 from .keywords import generate_cache_keyword
 from .backend.registry import backend_of, set_running_cache
+from .decoding import as_attended, by_name, refuse_recurrent_layers, rope_switch
 from .layers import rope
-from .layers.configs import text_config
+from .layers.configs import decoder_of
 
 
 class ShardedCache(Cache):
@@ -87,9 +86,11 @@ class ShardedCache(Cache):
         layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self.name, self.group, self.layout = name, backend.group, backend.layout
         self.world = dist.get_world_size(self.group) if dist.is_initialized() else 1
+        refuse_recurrent_layers(model)  # before anything of the model is prepared
+        self._install_hooks(model)  # first: a positions hook of prepare_features must see the shard
         prepare_features(model, self.group, self.layout)  # then checked, as shard_batch does (rope's length...)
         check_model(model)
-        self.rope_switch = _rope_switch(model)
+        self.rope_switch = rope_switch(model)
         self._tokens = None  # the tokens so far, kept only where the rope switch may need them again
         self.kv = ShardedKVCache(layers, group=self.group, layout=self.layout, chunk=chunk)
         self._agreed: dict[tuple, object] = {}  # decode signature every rank agreed on -> its decode_exchange
@@ -99,7 +100,7 @@ class ShardedCache(Cache):
         self._batch = 0
         self._prefill_positions = None  # (batch, padded / G) global positions of this rank's prompt shard
         self._step = None  # decode: (batch,) global position of the token being run
-        self._install_hooks(model)
+        self._updated = None  # decode: (slot, key_states, value_states) of the update the next attend reads
 
     # -- what transformers asks of a Cache -----------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -114,6 +115,7 @@ class ShardedCache(Cache):
             self.kv.store_prefill(layer_idx, k, v)
         elif self.phase == "decode":
             self.kv.append(layer_idx, k, v, self._step)
+            self._updated = (layer_idx, key_states, value_states)
         else:
             raise ValueError(
                 "this ShardedCache was built for another model: pass ShardedCache(model) of the model "
@@ -161,10 +163,10 @@ class ShardedCache(Cache):
     # -- the decoder hooks ---------------------------------------------------------------------
     @staticmethod
     def _install_hooks(model: torch.nn.Module) -> None:
-        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
-        if getattr(decoder, "_burst_sharded_cache_hooks", None) is None:
+        decoder = decoder_of(model)
+        if getattr(decoder, "_burst_sharded_cache_hooks", None) is None:  # before any other pre-hook
             decoder._burst_sharded_cache_hooks = (
-                decoder.register_forward_pre_hook(_before_decoder, with_kwargs=True),
+                decoder.register_forward_pre_hook(_before_decoder, with_kwargs=True, prepend=True),
                 decoder.register_forward_hook(_after_decoder, with_kwargs=True, always_call=True),
             )
 
@@ -203,7 +205,7 @@ class ShardedCache(Cache):
         self.phase = "decode"
 
     def _run_again_at_the_switch(self, kwargs: dict, key: str, tokens: torch.Tensor) -> None:
-        """Keep the decoded tokens until the sequence reaches the rope switch (_rope_switch); there, run
+        """Keep the decoded tokens until the sequence reaches the rope switch (decoding.rope_switch); there, run
         the whole sequence again as a prompt, its keys with the long factors, as transformers does."""
         if self._tokens is not None and key == "input_ids":
             self._tokens = torch.cat([self._tokens, tokens], dim=1)
@@ -239,6 +241,11 @@ class ShardedCache(Cache):
             self.seen += 1
             return output
         hidden = output[0]  # last_hidden_state: (batch, padded / G, dim) of this rank's shard
+        if hidden.dim() != 3 or tuple(hidden.shape[:2]) != tuple(self._prefill_positions.shape):
+            raise ValueError(  # the same shapes on every rank: every rank raises, before the collective below
+                f"ShardedCache hooked a module whose first output has shape {tuple(hidden.shape)}, not the "
+                f"hidden states of this rank's {self._prefill_positions.shape[1]} prompt tokens (not the decoder)"
+            )
         last = last_hidden(hidden, self._prefill_positions, [self.prompt_length] * self._batch, self.group)[:, None]
         self.seen = self.prompt_length
         if isinstance(output, tuple):
@@ -251,21 +258,30 @@ class ShardedCache(Cache):
         module: torch.nn.Module,
         query: torch.Tensor,
         key: torch.Tensor,
+        value: torch.Tensor,
         scaling: float | None,
         sliding_window: int | None,
         sinks: torch.Tensor | None = None,
     ):
         """Decode attention of the new token over the sharded cache: (batch, 1, heads, head_dim).
 
-        module: the attention layer; query: (batch, heads, 1, head_dim), the same on every rank; key:
-        (batch, kv_heads, 1, head_dim), the new token's K as the layer hands it to attention; sinks:
-        (heads,) or None.
+        module: the attention layer; query: (batch, heads, 1, head_dim), the same on every rank; key,
+        value: (batch, kv_heads, 1, head_dim), the new token's K, V as the layer hands them to attention;
+        sinks: (heads,) or None. The entries read are those of the layer's update just before (its
+        slot: HRM stores each of its cycles under a slot of its own).
         """
+        if self._updated is None:
+            raise ValueError(
+                f"{type(module).__name__} attends in decode without storing its keys first (keys shared from "
+                "another layer's cache): decoding on a ShardedCache is refused for it"
+            )
+        slot, key_in, value_in = self._updated
+        self._updated = None
         since = None
         if sliding_window is not None:  # transformers: key j attends query i when j > i - sliding_window
             since = self._step - sliding_window + 1
-        stored_k, stored_v, valid = self.kv.keys_values(module.layer_idx, since=since)
-        k, v = _as_attended(module, stored_k, stored_v, key)
+        stored_k, stored_v, valid = self.kv.keys_values(slot, since=since)
+        k, v = as_attended(module, stored_k, stored_v, (key_in, value_in), (key, value))
         q = query.transpose(1, 2)
         scale = q.shape[-1] ** -0.5 if scaling is None else scaling
         signature = (tuple(q.shape), q.dtype, k.shape[2], v.shape[-1], float(scale))
@@ -277,48 +293,16 @@ class ShardedCache(Cache):
         )
 
 
-def _rope_switch(model) -> int | None:
-    """The length at which the model's generate() drops its cache and runs the whole sequence again, or
-    None. Phi-3's LongRoPE (Phi-3, PhiMoE, Phi-4-multimodal) switches from its short factors to its long
-    ones past original_max_position_embeddings; once the sequence crosses it, their
-    prepare_inputs_for_generation drops the cache so that every key is recomputed with the long factors.
-    A ShardedCache does the same there (ShardedCache._begin)."""
-    text = text_config(model.config)
-    switch = getattr(text, "original_max_position_embeddings", None)
-    if switch is None or "longrope" not in rope.rope_types(text):
-        return None
-    try:
-        source = inspect.getsource(type(model).prepare_inputs_for_generation)
-    except (OSError, TypeError):
-        return None
-    return int(switch) if "original_max_position_embeddings" in source else None
-
-
-def _as_attended(module, k: torch.Tensor, v: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's cached entries as the layer attends them: (batch, entries, kv_heads, head_dim) each.
-
-    MLA layers (DeepSeek-V2/V3, MiniCPM3, GLM-4-MoE-Lite, Mistral 4...) cache their latent and shared
-    rotary key, (batch, entries, 1, rank) and (batch, entries, 1, rope_dim), and expand them after the
-    cache with their own `expand_kv`, as their forward does on every step: so does this, on this rank's
-    entries only. key: the new token's K as the layer handed it to attention, which tells the two apart.
-    """
-    if (k.shape[2], k.shape[-1]) == (key.shape[1], key.shape[-1]):
-        return k, v
-    expand = getattr(type(module), "expand_kv", None)  # the family's own (burst's training path takes it over)
-    if expand is None:
-        raise ValueError(
-            f"{type(module).__name__} caches entries of shape {tuple(k.shape[2:])} and attends keys of "
-            f"{(key.shape[1], key.shape[-1])}: it changes its cached entries after the cache in a way burst "
-            "does not know; decoding on a ShardedCache is refused for it"
-        )
-    keys, values = expand(module, k.transpose(1, 2), v.transpose(1, 2))
-    return keys.transpose(1, 2), values.transpose(1, 2)
-
-
 def _drop_all_ones_mask(kwargs: dict, name: str) -> None:
     mask = kwargs.pop("attention_mask", None)
     if mask is None:
         return
+    if isinstance(mask, dict):  # Gemma 3's and 4's multimodal wrappers build one mask per layer kind
+        raise ValueError(
+            f"attn_implementation={name!r}: generate() with a ShardedCache got the decoder a mask per layer kind "
+            "(a dict), which a multimodal wrapper builds; whether it pads cannot be told: generate with the text "
+            "model alone (AutoModelForCausalLM from the text config)"
+        )
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or not bool(mask.bool().all()):
         raise ValueError(
             f"attn_implementation={name!r}: generate() with a ShardedCache runs unpadded prompts; "
@@ -347,19 +331,20 @@ def _sharded_cache_of(kwargs: dict) -> ShardedCache | None:
 
 
 def _before_decoder(module, args, kwargs):
-    cache = _sharded_cache_of(kwargs)
+    named = by_name(module, args, kwargs)
+    cache = _sharded_cache_of(named)
     if cache is None:
         return None
-    if args:
-        raise ValueError("with a ShardedCache, pass the decoder's inputs by keyword (input_ids=...)")
-    kwargs = dict(kwargs)
-    cache._begin(kwargs)
+    if named is kwargs and args:
+        raise ValueError("with a ShardedCache, the decoder's inputs must be nameable (its forward takes *args)")
+    named = dict(named)
+    cache._begin(named)
     set_running_cache(cache)  # the attention function runs its decode steps (backend/attention.py)
-    return args, kwargs
+    return (), named
 
 
 def _after_decoder(module, args, kwargs, output):
-    cache = _sharded_cache_of(kwargs)
+    cache = _sharded_cache_of(by_name(module, args, kwargs))
     if cache is None:
         return None
     phase, cache.phase = cache.phase, None

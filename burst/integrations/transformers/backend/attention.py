@@ -142,13 +142,19 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     features.run("check", call)
     sinks = kwargs.get("s_aux", kwargs.get("sinks"))
     if call.decoding:
-        return cache.attend(module, query, key, call.scaling, call.sliding_window, sinks), None
+        return cache.attend(module, query, key, value, call.scaling, call.sliding_window, sinks), None
     if cache is None:  # a ShardedCache's prefill runs below
         _refuse_generate_without_cache(name)
     features.run("take", call)
     _refuse_unsupported(call)
     is_causal = kwargs.get("is_causal")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    if cache is not None and not causal:  # a ShardedCache's prefill: the same layer on every rank
+        raise ValueError(
+            f"attn_implementation={name!r}: generate() on a ShardedCache needs causal attention, and "
+            f"{type(module).__name__} attends both ways (an encoder run as a language model, such as BERT without "
+            "is_decoder=True): transformers runs its whole sequence again at every step, which no cache can"
+        )
     window = None
     if call.sliding_window is not None:  # transformers: key j attends when j > i - sliding_window
         window = (call.sliding_window - 1, 0 if causal else call.sliding_window - 1)

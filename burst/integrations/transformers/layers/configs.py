@@ -16,6 +16,20 @@ def text_config(config):
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
+def decoder_of(model):
+    """The module that runs a causal LM's layers and takes its cache: model.get_decoder(), unless that is
+    the model itself or not a model (Llama 4's and Mllama's get_decoder returns the causal LM, as their
+    base_model_prefix names no attribute of theirs; ModernBERT-decoder's returns its LM head), then the
+    model's `model`."""
+    from transformers import PreTrainedModel
+
+    found = model.get_decoder() if hasattr(model, "get_decoder") else model
+    inner = getattr(model, "model", None)
+    if (found is model or not isinstance(found, PreTrainedModel)) and isinstance(inner, PreTrainedModel):
+        return inner
+    return found
+
+
 class PreparedConfigs:
     """The configs of the models one layer module prepared."""
 

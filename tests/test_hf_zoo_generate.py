@@ -1,0 +1,55 @@
+"""The generation zoo (burst/bench/hf_zoo_generate.py; the table: benchmarks/hf_zoo_generate.md, `python
+benchmarks/hf_zoo_generate.py`): for every causal-LM family transformers ships, generate() on burst's sharded KV
+cache at 2 ranks against the same model's eager attention generating in one process (a 2-rank world, about
+20 s). Each is exact (the same tokens, logits within 1e-4) or refused with a clear error, never silently
+different, never a traceback or a hang; the families whose decoding went wrong before are named below.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from requires import transformers_or_skip
+
+transformers_or_skip()
+
+EXACT = (
+    "llama",  # the plain case
+    "deepseek_v3",  # MLA: the cached latent expanded by the layer's own expand_kv
+    "minicpm3",
+    "gpt_oss",  # sinks, a window
+    "phi3",
+    "gpt2",  # the LM head hands the decoder its input_ids by position
+    "gpt_neox",
+    "codegen",
+    "mllama",  # get_decoder() returns the causal LM itself: the decoder is its `model`
+    "modernbert-decoder",  # get_decoder() returns the LM head
+    "cohere_compass_text",  # its positions hook must see the shard: burst's decoder hook runs first
+    "hrm_text",  # its cycles store under slots of their own: the update's slot is attended
+)
+REFUSED = {
+    "diffllama": "changes its keys or values between the cache and attention",  # it splits V after the cache
+    "gemma3n_text": "without storing its keys first",  # KV shared from another layer
+    "rwkv": "mixes tokens outside attention",  # its LM head passes no cache down: refused before it is touched
+    "bert": "needs causal attention",  # an encoder without is_decoder: transformers re-runs every step
+    "minimax": "mixes tokens outside attention",
+    "jamba": "mixes tokens outside attention",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _zoo():
+    from burst.bench.hf_zoo_generate import run_zoo
+
+    return run_zoo(nproc=2, log=lambda *_: None)
+
+
+def test_generate_on_the_sharded_cache_is_exact_or_refused_for_each_family():
+    rows = _zoo()
+    wrong = {f: (o.outcome, o.detail) for f, o in rows.items() if o.outcome in ("silent", "crash")}
+    assert not wrong, wrong
+    for family in EXACT:
+        assert rows[family].outcome == "exact", (family, rows[family].detail)
+    assert sum(o.outcome == "exact" for o in rows.values()) >= 97  # benchmarks/hf_zoo_generate.md's count
+    for family, words in REFUSED.items():
+        assert rows[family].outcome == "refused" and words in rows[family].detail, (family, rows[family].detail)
