@@ -72,6 +72,13 @@ def build(model_type: str, attn_implementation: str, ids: torch.Tensor, position
     """(eager model's output on ids, the same weights on attn_implementation, the eager model) for
     the first of RETRIES whose tiny config builds and runs eagerly; raises the first retry's error
     otherwise (or, where no retry failed, that the model is not tiny)."""
+    return build_with(model_type, attn_implementation, lambda eager: _forward(eager, ids, positions))
+
+
+def build_with(model_type: str, attn_implementation: str, reference):
+    """build's rules with `reference(eager model)` as what the eager model is run for (its forward, or
+    its generate(): hf_zoo_generate.py): (that result, the same weights on attn_implementation, the
+    eager model)."""
     first = None
     for keep_default in RETRIES:
         try:
@@ -86,7 +93,7 @@ def build(model_type: str, attn_implementation: str, ids: torch.Tensor, position
             eager = causal_lm(model_type, copy.deepcopy(config), attn_implementation="eager").eval()
             draw(model_type, eager)
             twin = copy.deepcopy(eager)  # before the forward: a module may keep state from one
-            expected = _forward(eager, ids, positions)
+            expected = reference(eager)
         except _Skip:
             raise
         except Exception as err:  # noqa: BLE001 - the family's own limits; the next retry keeps more defaults

@@ -26,7 +26,6 @@ benchmarks/hf_zoo_generate.py writes the table. A tool for the benchmarks, not p
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import tempfile
@@ -37,9 +36,17 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from .hf_steps import twin_on
-from .hf_zoo import MAX_PARAMETERS, Outcome, _first_line, _raised_by_burst, families  # noqa: F401 (families)
-from .hf_zoo_configs import RETRIES, VOCAB, causal_lm, draw, tiny_config
+from .hf_zoo import (  # noqa: F401 (families)
+    Outcome,
+    _first_line,
+    _NotBuilt,
+    _raised_by_burst,
+    _RefusedByBurst,
+    _Skip,
+    build_with,
+    families,
+)
+from .hf_zoo_configs import VOCAB
 
 PROMPT, NEW = 13, 6  # 13: not a multiple of 2 ranks x zigzag's 2 chunks (padded to 16)
 TOLERANCE = 1e-4  # relative, as tests/test_transformers_generate.py holds generate()
@@ -47,18 +54,6 @@ LAYOUT = "zigzag"
 FAMILY_SECONDS = 150  # a family still running after this (a hang) ends its world: crash
 AGREEMENT_SECONDS = 60  # burst's agreement timeout in the ranks: a rank left waiting raises before the watchdog
 SEVERITY = ("exact", "skip", "refused", "silent", "crash")
-
-
-class _Skip(Exception):
-    """The family cannot be built tiny."""
-
-
-class _RefusedByBurst(Exception):
-    """burst's check_buildable refuses the family's class before it is built."""
-
-
-class _NotBuilt(Exception):
-    """transformers raises when the family is built on a custom attention implementation."""
 
 
 def prompt(length: int = PROMPT) -> torch.Tensor:
@@ -90,42 +85,14 @@ def generate(model, ids: torch.Tensor, cache=None, new: int = NEW) -> tuple[torc
 
 
 def build(model_type: str, name: str, ids: torch.Tensor, new: int = NEW):
-    """(the eager model's (tokens, logits), the same weights on `name`, the eager model) for the first of
-    RETRIES whose tiny config builds and generates eagerly (hf_zoo.build's rules); raises the first retry's
-    error otherwise."""
-    first = None
-    for keep_default in RETRIES:
-        try:
-            config = tiny_config(model_type, keep_default)
-            with torch.device("meta"):
-                parameters = sum(p.numel() for p in causal_lm(model_type, copy.deepcopy(config)).parameters())
-            if parameters > MAX_PARAMETERS and first is not None:
-                raise first
-            if parameters > MAX_PARAMETERS:
-                raise _Skip(f"not tiny: {parameters / 1e6:.0f}M parameters (sub-models SIZES does not reach)")
-            torch.manual_seed(0)
-            eager = causal_lm(model_type, copy.deepcopy(config), attn_implementation="eager").eval()
-            draw(model_type, eager)
-            twin = copy.deepcopy(eager)  # before generate: a module may keep state from a forward
-            with torch.no_grad():
-                expected = generate(eager, ids, new=new)
-        except _Skip:
-            raise
-        except Exception as err:  # noqa: BLE001 - the family's own limits; the next retry keeps more defaults
-            first = first or err
-            continue
-        from ..integrations.transformers.backend.checks import check_buildable
+    """(the eager model's (tokens, logits), the same weights on `name`, the eager model): hf_zoo's rules
+    (hf_zoo.build_with), the eager model run for its generate()."""
 
-        try:
-            check_buildable(name, config)
-        except ValueError as err:
-            raise _RefusedByBurst(_first_line(err)) from err
-        try:
-            model = twin_on(model_type, twin, config, name)
-        except Exception as err:  # noqa: BLE001 - transformers' own refusal of a custom attention name
-            raise _NotBuilt(_first_line(err)) from err
-        return expected, model.eval(), eager
-    raise first
+    def reference(eager):
+        with torch.no_grad():
+            return generate(eager, ids, new=new)
+
+    return build_with(model_type, name, reference)
 
 
 def run_family(model_type: str, name: str, length: int = PROMPT, new: int = NEW) -> dict:
