@@ -42,10 +42,10 @@ def as_attended(module, k: torch.Tensor, v: torch.Tensor, updated: tuple, handed
     other change between the cache and attention (DiffLlama splits its values there) is refused: the
     same answer on every rank, each holding the same new token.
     """
-    if _same(updated, handed):
+    if same(updated, handed):
         return k, v
     expand = getattr(type(module), "expand_kv", None)  # the family's own (burst's training path takes it over)
-    if expand is None or not _same(expand(module, *updated), handed):
+    if expand is None or not same(expand(module, *updated), handed):
         raise ValueError(
             f"{type(module).__name__} changes its keys or values between the cache and attention in a way "
             "burst does not follow: decoding on a ShardedCache is refused for it"
@@ -54,7 +54,8 @@ def as_attended(module, k: torch.Tensor, v: torch.Tensor, updated: tuple, handed
     return keys.transpose(1, 2), values.transpose(1, 2)
 
 
-def _same(a: tuple, b: tuple) -> bool:
+def same(a: tuple, b: tuple) -> bool:
+    """Whether two tuples of tensors are equal, shapes and values."""
     return all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))
 
 

@@ -60,7 +60,7 @@ from .backend.checks import check_model
 from .backend.features import prepare_features
 from .keywords import generate_cache_keyword
 from .backend.registry import backend_of, set_running_cache
-from .decoding import as_attended, by_name, refuse_recurrent_layers, rope_switch
+from .decoding import as_attended, by_name, refuse_recurrent_layers, rope_switch, same
 from .layers import rope
 from .layers.configs import decoder_of
 
@@ -101,6 +101,7 @@ class ShardedCache(Cache):
         self._prefill_positions = None  # (batch, padded / G) global positions of this rank's prompt shard
         self._step = None  # decode: (batch,) global position of the token being run
         self._updated = None  # decode: (slot, key_states, value_states) of the update the next attend reads
+        self._step_updates: dict[int, tuple] = {}  # decode: slot -> (key_states, value_states) of this step
 
     # -- what transformers asks of a Cache -----------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -116,6 +117,7 @@ class ShardedCache(Cache):
         elif self.phase == "decode":
             self.kv.append(layer_idx, k, v, self._step)
             self._updated = (layer_idx, key_states, value_states)
+            self._step_updates[layer_idx] = (key_states, value_states)
         else:
             raise ValueError(
                 "this ShardedCache was built for another model: pass ShardedCache(model) of the model "
@@ -237,6 +239,7 @@ class ShardedCache(Cache):
     def _end(self, output, phase: str):
         """After the decoder: the prompt's last hidden state on every rank (prefill), or close the step."""
         if phase == "decode":
+            self._step_updates.clear()
             self.kv.advance()
             self.seen += 1
             return output
@@ -268,15 +271,14 @@ class ShardedCache(Cache):
         module: the attention layer; query: (batch, heads, 1, head_dim), the same on every rank; key,
         value: (batch, kv_heads, 1, head_dim), the new token's K, V as the layer hands them to attention;
         sinks: (heads,) or None. The entries read are those of the layer's update just before (its
-        slot: HRM stores each of its cycles under a slot of its own).
+        slot: HRM stores each of its cycles under a slot of its own), or, for a layer that stores none
+        and attends another's keys (Gemma 3n's KV sharing), those of the layer whose new K, V it hands.
         """
-        if self._updated is None:
-            raise ValueError(
-                f"{type(module).__name__} attends in decode without storing its keys first (keys shared from "
-                "another layer's cache): decoding on a ShardedCache is refused for it"
-            )
-        slot, key_in, value_in = self._updated
-        self._updated = None
+        if self._updated is not None:
+            slot, key_in, value_in = self._updated
+            self._updated = None
+        else:
+            slot, key_in, value_in = self._shared_slot(module, key, value)
         since = None
         if sliding_window is not None:  # transformers: key j attends query i when j > i - sliding_window
             since = self._step - sliding_window + 1
@@ -290,6 +292,17 @@ class ShardedCache(Cache):
             self._agreed[signature] = decode_exchange(q.shape, q.dtype, q.device, self.group, v.shape[-1])
         return decode_attention(
             q, k, v, valid, scale=scale, group=self.group, agreed=True, exchange=self._agreed[signature], sinks=sinks
+        )
+
+    def _shared_slot(self, module, key: torch.Tensor, value: torch.Tensor) -> tuple:
+        """(slot, K, V) of this step's update whose new K, V the layer hands to attention: the layer it
+        shares its keys with. The same answer on every rank, each running the same token."""
+        for slot, updated in reversed(self._step_updates.items()):
+            if same(updated, (key, value)):
+                return (slot, *updated)
+        raise ValueError(
+            f"{type(module).__name__} attends in decode without storing its keys first, and no layer stored "
+            "the keys it attends in this step: decoding on a ShardedCache is refused for it"
         )
 
 
