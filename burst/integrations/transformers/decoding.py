@@ -1,6 +1,6 @@
 """What generate() on a ShardedCache (generate.py) reads of a model: its decoder's arguments by name,
 whether it can decode on a split cache at all, where its own generate() runs the whole sequence again
-(LongRoPE's switch), and how a layer's cached entries become what it attends (MLA's expansion).
+(LongRoPE's switch), and how a layer's cached entries become what it attends (attend_rule).
 """
 
 from __future__ import annotations
@@ -31,27 +31,43 @@ def rope_switch(model) -> int | None:
     return int(switch) if "original_max_position_embeddings" in source else None
 
 
-def as_attended(module, k: torch.Tensor, v: torch.Tensor, updated: tuple, handed: tuple) -> tuple:
-    """This rank's cached entries as the layer attends them: (batch, entries, kv_heads, head_dim) each.
+def attend_rule(module, updated: tuple, handed: tuple):
+    """How a layer's cached entries become what it attends, or None when no rule burst knows fits: a
+    function (k, v) -> (k, v) of this rank's entries, (batch, entries, kv_heads, dim) each.
 
     updated: the new token's (K, V) as the layer stored them (update); handed: as it handed them to
-    attention, (batch, kv_heads, 1, dim) each. Equal: the entries are attended as stored. MLA layers
-    (DeepSeek-V2/V3, MiniCPM3, GLM-4-MoE-Lite, Mistral 4...) cache their latent and rotary key and expand
-    them after the cache with their own `expand_kv`, as their forward does on every step: so does this,
-    on this rank's entries, once the expansion of the new token's is seen to give what was handed. Any
-    other change between the cache and attention (DiffLlama splits its values there) is refused: the
-    same answer on every rank, each holding the same new token.
+    attention, (batch, kv_heads, 1, dim) each. A rule is taken only once it turns `updated` into `handed`
+    exactly (the same answer on every rank, each holding the same new token):
+    - equal: the entries as stored;
+    - heads picked or repeated (DiffLlama splits its values into two halves of heads, each repeated, and
+      attends twice): the same heads of every entry;
+    - MLA layers (DeepSeek-V2/V3, MiniCPM3, GLM-4-MoE-Lite, Mistral 4...) cache their latent and rotary
+      key and expand them after the cache with their own `expand_kv`, as their forward does on every
+      step: so does this, on this rank's entries.
     """
     if same(updated, handed):
-        return k, v
+        return lambda k, v: (k, v)
+    heads = [_head_map(a, b) for a, b in zip(updated, handed)]
+    if None not in heads:
+        return lambda k, v: (k[:, :, heads[0]], v[:, :, heads[1]])
     expand = getattr(type(module), "expand_kv", None)  # the family's own (burst's training path takes it over)
-    if expand is None or not same(expand(module, *updated), handed):
-        raise ValueError(
-            f"{type(module).__name__} changes its keys or values between the cache and attention in a way "
-            "burst does not follow: decoding on a ShardedCache is refused for it"
-        )
-    keys, values = expand(module, k.transpose(1, 2), v.transpose(1, 2))
-    return keys.transpose(1, 2), values.transpose(1, 2)
+    if expand is not None and same(expand(module, *updated), handed):
+        return lambda k, v: tuple(t.transpose(1, 2) for t in expand(module, k.transpose(1, 2), v.transpose(1, 2)))
+    return None
+
+
+def _head_map(updated: torch.Tensor, handed: torch.Tensor) -> list[int] | None:
+    """For each head of `handed` (batch, heads, 1, dim), the one head of `updated` equal to it, or None
+    where a head has no equal or more than one (then the heads cannot be told apart)."""
+    if updated.shape[0] != handed.shape[0] or updated.shape[2:] != handed.shape[2:]:
+        return None
+    picks = []
+    for j in range(handed.shape[1]):
+        equal = [i for i in range(updated.shape[1]) if torch.equal(updated[:, i], handed[:, j])]
+        if len(equal) != 1:
+            return None
+        picks.append(equal[0])
+    return picks
 
 
 def same(a: tuple, b: tuple) -> bool:

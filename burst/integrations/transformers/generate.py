@@ -27,7 +27,7 @@ ShardedCache:
 
 Building one prepares the model as shard_batch does (a length-dependent rope sees the prompt's real
 length, not its padding). MLA layers cache their latent: decode expands this rank's entries with the
-layer's own expand_kv (`decoding.as_attended`). Where the model's generate() would drop its cache and run the
+layer's own expand_kv (`decoding.attend_rule`). Where the model's generate() would drop its cache and run the
 whole sequence again (Phi-3's LongRoPE past its original length: `decoding.rope_switch`), so does this.
 
 `get_seq_length()` is the global number of tokens seen (prompt + decoded), so positions made by
@@ -60,7 +60,7 @@ from .backend.checks import check_model
 from .backend.features import prepare_features
 from .keywords import generate_cache_keyword
 from .backend.registry import backend_of, set_running_cache
-from .decoding import as_attended, by_name, refuse_recurrent_layers, rope_switch, same
+from .decoding import attend_rule, by_name, refuse_recurrent_layers, rope_switch
 from .layers import rope
 from .layers.configs import decoder_of
 
@@ -100,7 +100,6 @@ class ShardedCache(Cache):
         self._batch = 0
         self._prefill_positions = None  # (batch, padded / G) global positions of this rank's prompt shard
         self._step = None  # decode: (batch,) global position of the token being run
-        self._updated = None  # decode: (slot, key_states, value_states) of the update the next attend reads
         self._step_updates: dict[int, tuple] = {}  # decode: slot -> (key_states, value_states) of this step
 
     # -- what transformers asks of a Cache -----------------------------------------------------
@@ -116,7 +115,7 @@ class ShardedCache(Cache):
             self.kv.store_prefill(layer_idx, k, v)
         elif self.phase == "decode":
             self.kv.append(layer_idx, k, v, self._step)
-            self._updated = (layer_idx, key_states, value_states)
+            self._step_updates.pop(layer_idx, None)  # the latest update last
             self._step_updates[layer_idx] = (key_states, value_states)
         else:
             raise ValueError(
@@ -270,20 +269,14 @@ class ShardedCache(Cache):
 
         module: the attention layer; query: (batch, heads, 1, head_dim), the same on every rank; key,
         value: (batch, kv_heads, 1, head_dim), the new token's K, V as the layer hands them to attention;
-        sinks: (heads,) or None. The entries read are those of the layer's update just before (its
-        slot: HRM stores each of its cycles under a slot of its own), or, for a layer that stores none
-        and attends another's keys (Gemma 3n's KV sharing), those of the layer whose new K, V it hands.
+        sinks: (heads,) or None. The entries read are those of this step's latest update whose new K, V
+        become what the layer hands (decoding.attend_rule): the layer's own, just before (in its slot: HRM
+        stores each of its cycles under a slot of its own), or the layer it shares its keys with (Gemma 3n).
         """
-        if self._updated is not None:
-            slot, key_in, value_in = self._updated
-            self._updated = None
-        else:
-            slot, key_in, value_in = self._shared_slot(module, key, value)
         since = None
         if sliding_window is not None:  # transformers: key j attends query i when j > i - sliding_window
             since = self._step - sliding_window + 1
-        stored_k, stored_v, valid = self.kv.keys_values(slot, since=since)
-        k, v = as_attended(module, stored_k, stored_v, (key_in, value_in), (key, value))
+        k, v, valid = self._entries(module, key, value, since)
         q = query.transpose(1, 2)
         scale = q.shape[-1] ** -0.5 if scaling is None else scaling
         signature = (tuple(q.shape), q.dtype, k.shape[2], v.shape[-1], float(scale))
@@ -294,15 +287,16 @@ class ShardedCache(Cache):
             q, k, v, valid, scale=scale, group=self.group, agreed=True, exchange=self._agreed[signature], sinks=sinks
         )
 
-    def _shared_slot(self, module, key: torch.Tensor, value: torch.Tensor) -> tuple:
-        """(slot, K, V) of this step's update whose new K, V the layer hands to attention: the layer it
-        shares its keys with. The same answer on every rank, each running the same token."""
+    def _entries(self, module, key: torch.Tensor, value: torch.Tensor, since) -> tuple:
+        """(k, v, valid) this rank attends for the layer: see attend. The same choice on every rank."""
         for slot, updated in reversed(self._step_updates.items()):
-            if same(updated, (key, value)):
-                return (slot, *updated)
+            rule = attend_rule(module, updated, (key, value))
+            if rule is not None:
+                stored_k, stored_v, valid = self.kv.keys_values(slot, since=since)
+                return (*rule(stored_k, stored_v), valid)
         raise ValueError(
-            f"{type(module).__name__} attends in decode without storing its keys first, and no layer stored "
-            "the keys it attends in this step: decoding on a ShardedCache is refused for it"
+            f"{type(module).__name__} attends keys or values in decode that no layer stored in this step, nor "
+            "any change of them burst follows: decoding on a ShardedCache is refused for it"
         )
 
 
