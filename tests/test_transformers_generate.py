@@ -4,7 +4,7 @@ Models are built from configs with random weights (no download). One world per s
 even and an odd size, 3 the more-than-two path), the cases looped inside it: greedy tokens and every
 step's logits for each layout, prompt lengths that are not multiples of the world (and shorter than
 it), a batch of two; seeded top-p sampling; the cache's bytes per rank; a sliding-window Mistral, a
-Qwen2, DeepSeek-V3's latent attention, a dynamic-NTK Llama and Phi-3's LongRoPE across its switch;
+Qwen2, DeepSeek-V3's latent attention, Gemma 2's softcap, a dynamic-NTK Llama and Phi-3's LongRoPE across its switch;
 bfloat16; inputs_embeds; what is refused.
 One more test runs examples/transformers_generate.py under torchrun at 1 and 2 ranks.
 """
@@ -128,12 +128,23 @@ def _phi3_longrope(switch):
     )
 
 
-def _models(config, name, dtype=torch.float32):
-    """(one-process model on SDPA, the same weights on burst's backend `name`)."""
+def _gemma2(softcap):
+    """Gemma 2 with its logits capped low (1.0) and weights large enough that the cap bites."""
+    from burst.bench.hf_zoo import tiny_config
+
+    config = tiny_config("gemma2")
+    config.vocab_size, config.pad_token_id = VOCAB, 0
+    config.attn_logit_softcapping, config.initializer_range = softcap, 0.3
+    return config
+
+
+def _models(config, name, dtype=torch.float32, reference="sdpa"):
+    """(one-process model on `reference` attention (SDPA; eager where a family takes no SDPA), the same
+    weights on burst's backend `name`)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)  # each model gets its own copy of the config: from_config records the attention there
-    reference = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa").to(dtype).eval()
+    reference = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=reference).to(dtype).eval()
     model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=name).to(dtype).eval()
     model.load_state_dict(reference.state_dict())
     return reference, model
@@ -216,6 +227,9 @@ def _other_models(rank, world):
     results["window effect"] = _rel(_generate(unwindowed, ids, do_sample=False)[1], results["mistral window"]["logits"])
     results["qwen2"] = _compare(*_models(_qwen2(), name), ids, do_sample=False)
     results["mla"] = _compare(*_models(_deepseek_v3(), name), ids, do_sample=False)
+    results["softcap"] = _compare(*_models(_gemma2(1.0), name, reference="eager"), ids, do_sample=False)
+    uncapped, _ = _models(_gemma2(None), name, reference="eager")
+    results["softcap effect"] = _rel(_generate(uncapped, ids, do_sample=False)[1], results["softcap"]["logits"])
     name = bt.register("burst-generate-zigzag", layout="zigzag")
     # a length-dependent rope (dynamic NTK past 8 tokens): each rank's rotary module sees the whole length
     results["dynamic rope"] = _compare(
@@ -325,6 +339,7 @@ def test_sliding_window_qwen2_and_bfloat16(world):
         "mistral window",
         "qwen2",
         "mla",
+        "softcap",
         "dynamic rope",
         "longrope switch",
         "longrope past the switch",
@@ -338,6 +353,7 @@ def test_sliding_window_qwen2_and_bfloat16(world):
             assert runs[0]["same tokens"], key
     assert per_rank[0]["window effect"] > 1e-3  # the window matters in these runs
     assert per_rank[0]["switch effect"] > 1e-3  # and so does running the sequence again at the rope switch
+    assert per_rank[0]["softcap effect"] > 1e-3  # and the cap
 
 
 def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_work():

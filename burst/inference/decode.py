@@ -25,17 +25,18 @@ from ..merge import merge_partial
 from ..sinks import check_sinks, fold_sinks
 
 
-def partial_attention(q, k, v, valid, scale: float):
+def partial_attention(q, k, v, valid, scale: float, softcap: float = 0.0):
     """This rank's partial result for the new queries against its cache entries.
 
     q: (batch, t, heads, head_dim); k: (batch, entries, kv_heads, head_dim); v: (batch, entries,
     kv_heads, value_dim); valid: (batch, entries) bool. Returns out (batch, t, heads, value_dim) float32
     and lse (batch, heads, t) float32 (-inf and 0 for a row with no valid entry here). Rows are
-    computed one at a time when their valid entries differ (prompts of different lengths).
+    computed one at a time when their valid entries differ (prompts of different lengths). softcap > 0:
+    scores capped as softcap * tanh(score / softcap) (Gemma 2).
     """
     if v.shape[-1] != q.shape[-1]:  # MLA's values are narrower than its keys: the kernels take one width
         width = max(v.shape[-1], q.shape[-1])
-        out, lse = partial_attention(*(_widened(t, width) for t in (q, k, v)), valid, scale)
+        out, lse = partial_attention(*(_widened(t, width) for t in (q, k, v)), valid, scale, softcap)
         return out[..., : v.shape[-1]], lse
     acc = accumulator_dtype(q.dtype)
     b, t, h, d = q.shape
@@ -43,7 +44,7 @@ def partial_attention(q, k, v, valid, scale: float):
     lse = torch.full((b, h, t), float("-inf"), dtype=acc, device=q.device)
     if k.shape[1] == 0:
         return out, lse
-    kernel = select_kernel(q.device, q.dtype)
+    kernel = select_kernel(q.device, q.dtype, softcap)
     if bool(valid.all()):
         o, l = kernel.forward(q, k, v, scale, False, None)
         out.copy_(o)
@@ -101,6 +102,7 @@ def decode_attention(
     agreed: bool = False,
     exchange: HostAllGather | None = None,
     sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Exact attention of new queries over a KV cache sharded across `group`; q's dtype out.
 
@@ -109,7 +111,8 @@ def decode_attention(
     agreed: the caller already checked, once for a whole generation (`agree_on_decoding`), that every
     rank decodes the same shapes; then this call is one collective (the merge's all-gather), not two.
     exchange: the generation's decode_exchange (after the agreement), or None. sinks: (heads,)
-    attention sinks (burst/sinks.py), folded into the merged rows; the same on every rank.
+    attention sinks (burst/sinks.py), folded into the merged rows; the same on every rank. softcap: as
+    burst.attention's (0: none).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     problem = None
@@ -135,7 +138,7 @@ def decode_attention(
         raise problem  # the shapes were agreed for the whole generation: a bad one here is a bug of the caller's
     if not agreed:
         agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, group, problem)
-    out, lse = merge_across_ranks(*partial_attention(q, k, v, valid, scale), group, exchange)
+    out, lse = merge_across_ranks(*partial_attention(q, k, v, valid, scale, softcap), group, exchange)
     if sinks is not None:
         out, _ = fold_sinks(out, lse, sinks)
     return out.to(q.dtype)

@@ -264,14 +264,16 @@ class ShardedCache(Cache):
         scaling: float | None,
         sliding_window: int | None,
         sinks: torch.Tensor | None = None,
+        softcap: float = 0.0,
     ):
         """Decode attention of the new token over the sharded cache: (batch, 1, heads, head_dim).
 
         module: the attention layer; query: (batch, heads, 1, head_dim), the same on every rank; key,
         value: (batch, kv_heads, 1, head_dim), the new token's K, V as the layer hands them to attention;
-        sinks: (heads,) or None. The entries read are those of this step's latest update whose new K, V
-        become what the layer hands (decoding.attend_rule): the layer's own, just before (in its slot: HRM
-        stores each of its cycles under a slot of its own), or the layer it shares its keys with (Gemma 3n).
+        sinks: (heads,) or None; softcap: the layer's (0: none). The entries read are those of this step's
+        latest update whose new K, V become what the layer hands (decoding.attend_rule): the layer's own,
+        just before (in its slot: HRM stores each of its cycles under a slot of its own), or the layer it
+        shares its keys with (Gemma 3n).
         """
         since = None
         if sliding_window is not None:  # transformers: key j attends query i when j > i - sliding_window
@@ -284,8 +286,9 @@ class ShardedCache(Cache):
             agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, self.group)
             self._agreed[signature] = decode_exchange(q.shape, q.dtype, q.device, self.group, v.shape[-1])
         return decode_attention(
-            q, k, v, valid, scale=scale, group=self.group, agreed=True, exchange=self._agreed[signature], sinks=sinks
-        )
+            q, k, v, valid, scale=scale, group=self.group, agreed=True, exchange=self._agreed[signature], sinks=sinks,
+            softcap=softcap,
+        )  # fmt: skip
 
     def _entries(self, module, key: torch.Tensor, value: torch.Tensor, since) -> tuple:
         """(k, v, valid) this rank attends for the layer: see attend. The same choice on every rank."""

@@ -248,9 +248,7 @@ def _check_windows_and_chunks(call: LayerCall) -> None:
 
 
 def _check_softcap(call: LayerCall) -> None:
-    call.softcap = float(call.kwargs.get("softcap") or 0.0)
-    if call.decoding and call.softcap:
-        _refuse_decoding(call, "softcap")
+    call.softcap = float(call.kwargs.get("softcap") or 0.0)  # decoding too: decode_attention caps alike
 
 
 # ---- Llama 4: attention temperature at global indices -----------------------------------------------------------
