@@ -4,8 +4,8 @@ Models are built from configs with random weights (no download). One world per s
 even and an odd size, 3 the more-than-two path), the cases looped inside it: greedy tokens and every
 step's logits for each layout, prompt lengths that are not multiples of the world (and shorter than
 it), a batch of two; seeded top-p sampling; the cache's bytes per rank; a sliding-window Mistral, a
-Qwen2, DeepSeek-V3's latent attention, Gemma 2's softcap, a dynamic-NTK Llama and Phi-3's LongRoPE across its switch;
-bfloat16; inputs_embeds; what is refused.
+Qwen2, DeepSeek-V3's latent attention, Gemma 2's softcap, Llama 4's chunks, a dynamic-NTK Llama and
+Phi-3's LongRoPE across its switch; bfloat16; inputs_embeds; what is refused.
 One more test runs examples/transformers_generate.py under torchrun at 1 and 2 ranks.
 """
 
@@ -138,6 +138,17 @@ def _gemma2(softcap):
     return config
 
 
+def _llama4(chunk):
+    """Llama 4's chunked attention (a token attends inside its chunk of `chunk` tokens), weights drawn
+    large enough that the chunk shows."""
+    from burst.bench.hf_zoo import tiny_config
+
+    config = tiny_config("llama4_text")
+    config.vocab_size, config.pad_token_id = VOCAB, 0
+    config.attention_chunk_size, config.initializer_range = chunk, 0.3
+    return config
+
+
 def _models(config, name, dtype=torch.float32, reference="sdpa"):
     """(one-process model on `reference` attention (SDPA; eager where a family takes no SDPA), the same
     weights on burst's backend `name`)."""
@@ -230,6 +241,10 @@ def _other_models(rank, world):
     results["softcap"] = _compare(*_models(_gemma2(1.0), name, reference="eager"), ids, do_sample=False)
     uncapped, _ = _models(_gemma2(None), name, reference="eager")
     results["softcap effect"] = _rel(_generate(uncapped, ids, do_sample=False)[1], results["softcap"]["logits"])
+    chunk = 2 * world + 4  # the prompt (2G + 3 tokens) ends inside the first chunk; decoding crosses into the second
+    results["chunks"] = _compare(*_models(_llama4(chunk), name, reference="eager"), ids, do_sample=False)
+    unchunked, _ = _models(_llama4(4096), name, reference="eager")  # one chunk holds the whole sequence
+    results["chunk effect"] = _rel(_generate(unchunked, ids, do_sample=False)[1], results["chunks"]["logits"])
     name = bt.register("burst-generate-zigzag", layout="zigzag")
     # a length-dependent rope (dynamic NTK past 8 tokens): each rank's rotary module sees the whole length
     results["dynamic rope"] = _compare(
@@ -340,6 +355,7 @@ def test_sliding_window_qwen2_and_bfloat16(world):
         "qwen2",
         "mla",
         "softcap",
+        "chunks",
         "dynamic rope",
         "longrope switch",
         "longrope past the switch",
@@ -354,6 +370,7 @@ def test_sliding_window_qwen2_and_bfloat16(world):
     assert per_rank[0]["window effect"] > 1e-3  # the window matters in these runs
     assert per_rank[0]["switch effect"] > 1e-3  # and so does running the sequence again at the rope switch
     assert per_rank[0]["softcap effect"] > 1e-3  # and the cap
+    assert per_rank[0]["chunk effect"] > 1e-3  # and the chunks
 
 
 def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_work():

@@ -261,33 +261,35 @@ class ShardedCache(Cache):
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        scaling: float | None,
-        sliding_window: int | None,
+        call,
         sinks: torch.Tensor | None = None,
-        softcap: float = 0.0,
     ):
         """Decode attention of the new token over the sharded cache: (batch, 1, heads, head_dim).
 
         module: the attention layer; query: (batch, heads, 1, head_dim), the same on every rank; key,
         value: (batch, kv_heads, 1, head_dim), the new token's K, V as the layer hands them to attention;
-        sinks: (heads,) or None; softcap: the layer's (0: none). The entries read are those of this step's
+        call: the layer's call (backend/features.LayerCall: scaling, sliding_window, chunk_size, softcap);
+        sinks: (heads,) or None. The entries read are those of this step's
         latest update whose new K, V become what the layer hands (decoding.attend_rule): the layer's own,
         just before (in its slot: HRM stores each of its cycles under a slot of its own), or the layer it
         shares its keys with (Gemma 3n).
         """
         since = None
-        if sliding_window is not None:  # transformers: key j attends query i when j > i - sliding_window
-            since = self._step - sliding_window + 1
+        if call.sliding_window is not None:  # transformers: key j attends query i when j > i - sliding_window
+            since = self._step - call.sliding_window + 1
+        if call.chunk_size:  # Llama 4's chunked attention: the keys of the query's own chunk
+            start = self._step - self._step % call.chunk_size
+            since = start if since is None else torch.maximum(since, start)
         k, v, valid = self._entries(module, key, value, since)
         q = query.transpose(1, 2)
-        scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+        scale = q.shape[-1] ** -0.5 if call.scaling is None else call.scaling
         signature = (tuple(q.shape), q.dtype, k.shape[2], v.shape[-1], float(scale))
         if signature not in self._agreed:  # once per generation (and per shape): then one collective per layer
             agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, self.group)
             self._agreed[signature] = decode_exchange(q.shape, q.dtype, q.device, self.group, v.shape[-1])
         return decode_attention(
             q, k, v, valid, scale=scale, group=self.group, agreed=True, exchange=self._agreed[signature], sinks=sinks,
-            softcap=softcap,
+            softcap=call.softcap,
         )  # fmt: skip
 
     def _entries(self, module, key: torch.Tensor, value: torch.Tensor, since) -> tuple:

@@ -142,7 +142,7 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     features.run("check", call)
     sinks = kwargs.get("s_aux", kwargs.get("sinks"))
     if call.decoding:
-        return cache.attend(module, query, key, value, call.scaling, call.sliding_window, sinks, call.softcap), None
+        return cache.attend(module, query, key, value, call, sinks), None
     if cache is None:  # a ShardedCache's prefill runs below
         _refuse_generate_without_cache(name)
     features.run("take", call)

@@ -243,8 +243,6 @@ def _refuse_decoding(call: LayerCall, what: str) -> None:
 
 def _check_windows_and_chunks(call: LayerCall) -> None:
     call.chunk_size = check_model_features(call.name, call.module, call.sliding_window, decoding=call.decoding)
-    if call.decoding and call.chunk_size:
-        _refuse_decoding(call, "chunked attention")
 
 
 def _check_softcap(call: LayerCall) -> None:
