@@ -269,10 +269,9 @@ class ShardedCache(Cache):
         module: the attention layer; query: (batch, heads, 1, head_dim), the same on every rank; key,
         value: (batch, kv_heads, 1, head_dim), the new token's K, V as the layer hands them to attention;
         call: the layer's call (backend/features.LayerCall: scaling, sliding_window, chunk_size, softcap);
-        sinks: (heads,) or None. The entries read are those of this step's
-        latest update whose new K, V become what the layer hands (decoding.attend_rule): the layer's own,
-        just before (in its slot: HRM stores each of its cycles under a slot of its own), or the layer it
-        shares its keys with (Gemma 3n).
+        sinks: (heads,) or None. The entries read are those of this step's latest update whose new K, V
+        become what the layer hands (decoding.attend_rule): the layer's own, just before (in its slot: HRM
+        stores each of its cycles under a slot of its own), or the layer it shares its keys with (Gemma 3n).
         """
         since = None
         if call.sliding_window is not None:  # transformers: key j attends query i when j > i - sliding_window
@@ -287,10 +286,10 @@ class ShardedCache(Cache):
         if signature not in self._agreed:  # once per generation (and per shape): then one collective per layer
             agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, self.group)
             self._agreed[signature] = decode_exchange(q.shape, q.dtype, q.device, self.group, v.shape[-1])
+        exchange = self._agreed[signature]
         return decode_attention(
-            q, k, v, valid, scale=scale, group=self.group, agreed=True, exchange=self._agreed[signature], sinks=sinks,
-            softcap=call.softcap,
-        )  # fmt: skip
+            q, k, v, valid, scale, self.group, agreed=True, exchange=exchange, sinks=sinks, softcap=call.softcap
+        )
 
     def _entries(self, module, key: torch.Tensor, value: torch.Tensor, since) -> tuple:
         """(k, v, valid) this rank attends for the layer: see attend. The same choice on every rank."""
