@@ -17,7 +17,7 @@ import torch.distributed as dist
 from burst import layout as layout_mod
 from burst.agreement import agree
 
-from ..layers.configs import text_config
+from ..layers.configs import decoder_of, text_config
 from .checks import check_model
 from ..keywords import ATTENTION_LAYER_KINDS, layer_kinds
 from .documents import documents_from_positions, masks_read_positions
@@ -131,8 +131,7 @@ def _warn_if_packed_rows_differ(batch: dict, positions: torch.Tensor, model) -> 
         return
     if not masks_read_positions(model):
         if _has_attention_layers(model):  # a model of recurrent layers alone runs documents together in both
-            decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
-            _packed_across_documents_warning(type(decoder).__name__)
+            _packed_across_documents_warning(type(decoder_of(model)).__name__)
         return
     use_cache = batch.get("use_cache", getattr(text_config(model.config), "use_cache", False))
     checkpointing = getattr(model, "is_activation_checkpointing", None)  # its name from 5.24 on

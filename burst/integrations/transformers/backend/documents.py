@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from burst import layout as layout_mod
 
+from ..layers.configs import decoder_of
 from .registry import Backend
 
 
@@ -162,8 +163,7 @@ def masks_read_positions(model) -> bool:
     and sdpa attention keep packed documents apart (without a cache). Some families build their masks
     without them (GPT-OSS, AFMoE, OPT, BioGPT, GraniteMoeHybrid in transformers 5.24): there every
     document of a packed row attends to the ones before it. True when the source cannot be read."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
-    return _forward_reads_positions(type(decoder))
+    return _forward_reads_positions(type(decoder_of(model)))
 
 
 @functools.lru_cache(maxsize=None)
