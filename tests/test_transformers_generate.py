@@ -29,64 +29,42 @@ VOCAB, NEW = 64, 6
 LAYOUTS = ("contiguous", "zigzag", "striped")
 
 
-def _llama(**extra):
-    from transformers import LlamaConfig
+# every model's sizes: 2 layers of 4 heads of 8 (key-value heads as each family's function says)
+SIZES = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    pad_token_id=0,
+)
 
-    sizes = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=0,
-    )
-    return LlamaConfig(**{**sizes, **extra})
+
+def _config(class_name: str, **extra):
+    import transformers
+
+    return getattr(transformers, class_name)(**{**SIZES, **extra})
+
+
+def _llama(**extra):
+    return _config("LlamaConfig", **extra)
 
 
 def _mistral(sliding_window=4):
-    from transformers import MistralConfig
-
-    return MistralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        sliding_window=sliding_window,
-        max_position_embeddings=512,
-        pad_token_id=0,
-    )
+    return _config("MistralConfig", num_key_value_heads=1, sliding_window=sliding_window)
 
 
 def _qwen2():
-    from transformers import Qwen2Config
-
-    return Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=0,
-    )
+    return _config("Qwen2Config")
 
 
 def _deepseek_v3():
     """MLA: the layers cache their latent and rotary key, expanded after the cache."""
-    from transformers import DeepseekV3Config
-
-    return DeepseekV3Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
+    return _config(
+        "DeepseekV3Config",
         moe_intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
         num_key_value_heads=4,
         kv_lora_rank=16,
         q_lora_rank=24,
@@ -98,25 +76,15 @@ def _deepseek_v3():
         n_group=1,
         topk_group=1,
         first_k_dense_replace=1,
-        max_position_embeddings=512,
-        pad_token_id=0,
     )
 
 
 def _phi3_longrope(switch):
     """Phi-3's LongRoPE: short factors up to `switch` tokens, long ones past it (generate runs the whole
     sequence again there). Weights drawn large enough that the factors show in the logits."""
-    from transformers import Phi3Config
-
     half = 32 // 4 // 2  # head_dim / 2 factors
-    return Phi3Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+    return _config(
+        "Phi3Config",
         original_max_position_embeddings=switch,
         rope_scaling={
             "rope_type": "longrope",
@@ -124,7 +92,6 @@ def _phi3_longrope(switch):
             "long_factor": [1.0 + 2 * i for i in range(half)],
         },
         initializer_range=0.3,
-        pad_token_id=0,
     )
 
 
