@@ -36,6 +36,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from ..kernels.reference import relative_error
 from .hf_zoo import (  # noqa: F401 (families)
     Outcome,
     _first_line,
@@ -142,15 +143,14 @@ def run_family(model_type: str, name: str, length: int = PROMPT, new: int = NEW)
 
 
 def _relative(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |x - ref| / max |ref| (tests/cases.rel_err); inf where either is not finite where the other is."""
-    x, ref = x.double(), ref.double()
-    if not torch.equal(torch.isfinite(x), torch.isfinite(ref)):
-        return float("inf")
+    """relative_error over the finite logits (a family may mask some to -inf); inf where either is not
+    finite where the other is."""
     finite = torch.isfinite(ref)
+    if not torch.equal(torch.isfinite(x), finite):
+        return float("inf")
     if not finite.any():
         return 0.0
-    scale = ref[finite].abs().max().item()
-    return (x[finite] - ref[finite]).abs().max().item() / (scale if scale > 0 else 1.0)
+    return relative_error(x[finite], ref[finite].double())
 
 
 def _control(eager, ids, ref_tokens, ref_logits) -> str:

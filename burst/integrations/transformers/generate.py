@@ -341,7 +341,14 @@ def _sharded_cache_of(kwargs: dict) -> ShardedCache | None:
     return None
 
 
+def _carries_a_sharded_cache(args: tuple, kwargs: dict) -> bool:
+    """A cheap look first: the decoder's every other forward (training, a plain call) is left as it came."""
+    return any(isinstance(value, ShardedCache) for value in (*args, *kwargs.values()))
+
+
 def _before_decoder(module, args, kwargs):
+    if not _carries_a_sharded_cache(args, kwargs):
+        return None
     named = by_name(module, args, kwargs)
     cache = _sharded_cache_of(named)
     if cache is None:
@@ -355,6 +362,8 @@ def _before_decoder(module, args, kwargs):
 
 
 def _after_decoder(module, args, kwargs, output):
+    if not _carries_a_sharded_cache(args, kwargs):
+        return None
     cache = _sharded_cache_of(by_name(module, args, kwargs))
     if cache is None:
         return None
