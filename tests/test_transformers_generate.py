@@ -116,6 +116,16 @@ def _llama4(chunk):
     return config
 
 
+def _gemma3_wrapper():
+    """Gemma 3's multimodal wrapper (Gemma3ForConditionalGeneration), which builds one mask per layer kind
+    (a dict) before its decoder; a window of 4, so the sliding layers differ from the full ones."""
+    from burst.bench.hf_zoo import tiny_config
+
+    config = tiny_config("gemma3")
+    config.text_config.sliding_window = 4
+    return config
+
+
 def _models(config, name, dtype=torch.float32, reference="sdpa"):
     """(one-process model on `reference` attention (SDPA; eager where a family takes no SDPA), the same
     weights on burst's backend `name`)."""
@@ -208,6 +218,7 @@ def _other_models(rank, world):
     results["softcap"] = _compare(*_models(_gemma2(1.0), name, reference="eager"), ids, do_sample=False)
     uncapped, _ = _models(_gemma2(None), name, reference="eager")
     results["softcap effect"] = _rel(_generate(uncapped, ids, do_sample=False)[1], results["softcap"]["logits"])
+    results["gemma3 wrapper"] = _compare(*_models(_gemma3_wrapper(), name, reference="eager"), ids, do_sample=False)
     chunk = 2 * world + 4  # the prompt (2G + 3 tokens) ends inside the first chunk; decoding crosses into the second
     results["chunks"] = _compare(*_models(_llama4(chunk), name, reference="eager"), ids, do_sample=False)
     unchunked, _ = _models(_llama4(4096), name, reference="eager")  # one chunk holds the whole sequence
@@ -254,6 +265,16 @@ def _errors(rank, world):
         ),
         "beam search": lambda: model.generate(ids, num_beams=2, max_new_tokens=2, **bt.sharded_cache(model)),
     }
+    # Gemma 3's wrapper turns its inputs into a mask dict before the decoder: they are read where it takes them
+    _, gemma3 = _models(_gemma3_wrapper(), name, reference="eager")
+    image_tokens = torch.zeros_like(ids)
+    image_tokens[0, :2] = 1  # two tokens marked as an image's: they would attend both ways
+    cases["gemma3 padding"] = lambda: gemma3.generate(
+        torch.cat([ids, ids]), attention_mask=left_padded, max_new_tokens=2, **bt.sharded_cache(gemma3)
+    )
+    cases["gemma3 image tokens"] = lambda: gemma3.generate(
+        ids, token_type_ids=image_tokens, max_new_tokens=2, **bt.sharded_cache(gemma3)
+    )
     results = value_errors(cases)
     tokens = _generate(model, ids, bt.ShardedCache(model), do_sample=False)[0]
     results["works after"] = tokens.shape == (1, NEW)
@@ -322,6 +343,7 @@ def test_sliding_window_qwen2_and_bfloat16(world):
         "qwen2",
         "mla",
         "softcap",
+        "gemma3 wrapper",
         "chunks",
         "dynamic rope",
         "longrope switch",
@@ -346,6 +368,8 @@ def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_w
         "use_cache=False": "ShardedCache",
         "padding mask": "padding",
         "beam search": "beam search",
+        "gemma3 padding": "padding",
+        "gemma3 image tokens": "token_type_ids marking tokens that are not text",
     }
     for rank, results in enumerate(_results(2)):
         errors = results["errors"]
@@ -384,3 +408,21 @@ def test_torchrun_example_generates_like_one_process():
     """The README's generate() recipe as a user runs it: torchrun, 2 ranks vs 1."""
     one, two = _torchrun_tokens(1), _torchrun_tokens(2)
     assert len(one) == 2 and one == two, (one, two)
+
+
+def test_a_prompt_is_plain_text_only_without_padding_images_or_non_text_token_types():
+    """decoding.beyond_a_text_prompt: what lets a ShardedCache drop a multimodal wrapper's mask dict."""
+    from burst.integrations.transformers.decoding import beyond_a_text_prompt
+
+    ids = torch.ones(1, 5, dtype=torch.long)
+    plain = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+    assert beyond_a_text_prompt(plain) == ""
+    assert beyond_a_text_prompt({**plain, "mm_encoder_outputs": {}, "pixel_values": None}) == ""  # as generate() passes
+    padded = torch.ones_like(ids)
+    padded[0, 0] = 0
+    assert "padding" in beyond_a_text_prompt({**plain, "attention_mask": padded})
+    assert "padding" in beyond_a_text_prompt({**plain, "attention_mask": {"full_attention": None}})
+    assert "pixel_values" in beyond_a_text_prompt({**plain, "pixel_values": torch.zeros(1, 3, 8, 8)})
+    assert "input_features" in beyond_a_text_prompt({**plain, "input_features": torch.zeros(1, 4, 8)})
+    assert "mm_encoder_outputs" in beyond_a_text_prompt({**plain, "mm_encoder_outputs": {"image": torch.zeros(1)}})
+    assert "mm_token_type_ids" in beyond_a_text_prompt({**plain, "mm_token_type_ids": torch.tensor([[0, 2, 0]])})

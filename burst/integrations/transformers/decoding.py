@@ -1,6 +1,7 @@
 """What generate() on a ShardedCache (generate.py) reads of a model: its decoder's arguments by name,
 whether it can decode on a split cache at all, where its own generate() runs the whole sequence again
-(LongRoPE's switch), and how a layer's cached entries become what it attends (attend_rule).
+(LongRoPE's switch), how a layer's cached entries become what it attends (attend_rule), and which masks
+it may drop (a plain text prompt's causal ones: drop_causal_mask).
 """
 
 from __future__ import annotations
@@ -108,3 +109,59 @@ def by_name(module, args: tuple, kwargs: dict) -> dict:
         elif parameter.kind is inspect.Parameter.VAR_POSITIONAL:
             named.pop(parameter.name, None)
     return named
+
+
+# Inputs of a multimodal model's forward that put images, audio or video into the prompt (pixel_values,
+# image_grid_thw, input_features, mm_encoder_outputs...): matched by part of the name, across families.
+_NON_TEXT_INPUTS = ("pixel", "image", "video", "audio", "input_features", "mm_encoder")
+
+
+def beyond_a_text_prompt(named: dict) -> str:
+    """What in the inputs of generate()'s model, by name, makes its masks more than causal ones: padding,
+    images, audio or video (Gemma 3's and 4's images attend both ways within themselves); '' for a plain
+    text prompt. A multimodal wrapper turns these into one mask per layer kind (a dict) before its decoder,
+    where they can no longer be told apart (ShardedCache drops that dict only when this is '')."""
+    mask = named.get("attention_mask")
+    if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool(mask.bool().all())):
+        return "an attention_mask with padding (zeros), or not 2-D"
+    for name, value in named.items():
+        if _empty(value):
+            continue
+        if any(part in name for part in _NON_TEXT_INPUTS):
+            return f"{name} (images, audio or video in the prompt)"
+        if name.endswith("token_type_ids") and isinstance(value, torch.Tensor) and bool(value.any()):
+            return f"{name} marking tokens that are not text"
+    return ""
+
+
+def _empty(value) -> bool:
+    """None, or a dict, list or tuple of nothing but empties (generate() hands on an mm_encoder_outputs of {})."""
+    if isinstance(value, dict):
+        return all(_empty(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_empty(v) for v in value)
+    return value is None
+
+
+def drop_causal_mask(kwargs: dict, name: str, model_inputs: str | None) -> None:
+    """Drop the decoder's attention_mask where it holds nothing but causal masks; refuse any other.
+
+    model_inputs: what the model's own forward took beyond a plain text prompt (decoding.beyond_a_text_prompt),
+    None where that forward was not seen (the decoder called alone)."""
+    mask = kwargs.pop("attention_mask", None)
+    if mask is None:
+        return
+    if isinstance(mask, dict):  # Gemma 3's and 4's multimodal wrappers build one mask per layer kind
+        if model_inputs == "":
+            return  # made from a text prompt without padding: causal (and sliding) masks, burst's own
+        raise ValueError(
+            f"attn_implementation={name!r}: generate() with a ShardedCache runs text prompts without padding, and "
+            f"this model got {model_inputs or 'a mask per layer kind (a dict) from outside its forward'}: "
+            "generate with text prompts of one length per batch, or without burst"
+        )
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or not bool(mask.bool().all()):
+        raise ValueError(
+            f"attn_implementation={name!r}: generate() with a ShardedCache runs unpadded prompts; "
+            "the attention_mask has padding (zeros) or is not 2-D. Generate each length's prompts "
+            "as their own batch"
+        )

@@ -60,7 +60,7 @@ from .backend.checks import check_model
 from .backend.features import prepare_features
 from .keywords import generate_cache_keyword
 from .backend.registry import backend_of, set_running_cache
-from .decoding import attend_rule, by_name, refuse_recurrent_layers, rope_switch
+from .decoding import attend_rule, beyond_a_text_prompt, by_name, drop_causal_mask, refuse_recurrent_layers, rope_switch
 from .layers import rope
 from .layers.configs import decoder_of
 
@@ -101,6 +101,7 @@ class ShardedCache(Cache):
         self._prefill_positions = None  # (batch, padded / G) global positions of this rank's prompt shard
         self._step = None  # decode: (batch,) global position of the token being run
         self._step_updates: dict[int, tuple] = {}  # decode: slot -> (key_states, value_states) of this step
+        self._model_inputs: str | None = None  # this forward's model inputs: decoding.beyond_a_text_prompt
 
     # -- what transformers asks of a Cache -----------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -170,13 +171,15 @@ class ShardedCache(Cache):
                 decoder.register_forward_pre_hook(_before_decoder, with_kwargs=True, prepend=True),
                 decoder.register_forward_hook(_after_decoder, with_kwargs=True, always_call=True),
             )
+        if decoder is not model and getattr(model, "_burst_sharded_cache_hooks", None) is None:
+            model._burst_sharded_cache_hooks = (model.register_forward_pre_hook(_before_model, with_kwargs=True),)
 
     def _begin(self, kwargs: dict) -> None:
         """Rewrite the decoder's inputs for this rank (kwargs, in place) and enter prefill or decode."""
         key = "input_ids" if kwargs.get("input_ids") is not None else "inputs_embeds"
         tokens = kwargs[key]
         batch, length = tokens.shape[:2]
-        _drop_all_ones_mask(kwargs, self.name)
+        drop_causal_mask(kwargs, self.name, self._model_inputs)
         positions = kwargs.get("position_ids")
         if self.seen == 0:
             expected = torch.arange(length, device=tokens.device)
@@ -228,9 +231,15 @@ class ShardedCache(Cache):
         batch, length = tokens.shape[:2]
         multiple = self.world * local_multiple(self.layout)
         padded = -(-length // multiple) * multiple
-        full = torch.cat([tokens, tokens.new_zeros(batch, padded - length, *tokens.shape[2:])], dim=1)
         self._prefill_positions = self.kv.prefill_positions([length] * batch, padded, device=tokens.device)
-        kwargs[key] = shard(full, group=self.group, layout=self.layout, dim=1)
+        for name in (key, *PER_TOKEN_INPUTS):
+            value = tokens if name == key else kwargs.get(name)
+            if value is None:
+                continue
+            if tuple(value.shape[:2]) != (batch, length):
+                raise ValueError(f"the decoder's {name} has shape {tuple(value.shape)}, not ({batch}, {length}, ...)")
+            full = torch.cat([value, value.new_zeros(batch, padded - length, *value.shape[2:])], dim=1)
+            kwargs[name] = shard(full, group=self.group, layout=self.layout, dim=1)
         kwargs["position_ids"] = self._prefill_positions
         rope.set_longest_position(length - 1)  # not the padding's (a length-dependent rope reads it)
         self.prompt_length, self._batch, self.phase = length, batch, "prefill"
@@ -304,24 +313,6 @@ class ShardedCache(Cache):
         )
 
 
-def _drop_all_ones_mask(kwargs: dict, name: str) -> None:
-    mask = kwargs.pop("attention_mask", None)
-    if mask is None:
-        return
-    if isinstance(mask, dict):  # Gemma 3's and 4's multimodal wrappers build one mask per layer kind
-        raise ValueError(
-            f"attn_implementation={name!r}: generate() with a ShardedCache got the decoder a mask per layer kind "
-            "(a dict), which a multimodal wrapper builds; whether it pads cannot be told: generate with the text "
-            "model alone (AutoModelForCausalLM from the text config)"
-        )
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or not bool(mask.bool().all()):
-        raise ValueError(
-            f"attn_implementation={name!r}: generate() with a ShardedCache runs unpadded prompts; "
-            "the attention_mask has padding (zeros) or is not 2-D. Generate each length's prompts "
-            "as their own batch"
-        )
-
-
 def sharded_cache(model: torch.nn.Module, chunk: int = 256) -> dict:
     """{keyword: ShardedCache(model, chunk)} for `model.generate(ids, **sharded_cache(model), ...)`, in the
     keyword the installed transformers' generate() takes (`cache`, or `past_key_values` before 5.24)."""
@@ -331,6 +322,10 @@ def sharded_cache(model: torch.nn.Module, chunk: int = 256) -> dict:
 # The keyword a decoder's forward takes its cache by: `cache` from transformers 5.24 on (generate passes it
 # so), `past_key_values` before (and still accepted, deprecated, by 5.24's forwards).
 CACHE_KEYWORDS = ("cache", "past_key_values")
+
+# The decoder's inputs with one entry per token beside input_ids or inputs_embeds, cut to the rank's shard
+# with them in the prefill: Gemma 4's per-layer embeddings, which its multimodal wrapper makes.
+PER_TOKEN_INPUTS = ("per_layer_inputs",)
 
 
 def _sharded_cache_of(kwargs: dict) -> ShardedCache | None:
@@ -344,6 +339,16 @@ def _sharded_cache_of(kwargs: dict) -> ShardedCache | None:
 def _carries_a_sharded_cache(args: tuple, kwargs: dict) -> bool:
     """A cheap look first: the decoder's every other forward (training, a plain call) is left as it came."""
     return any(isinstance(value, ShardedCache) for value in (*args, *kwargs.values()))
+
+
+def _before_model(module, args, kwargs):
+    """The inputs of generate()'s model itself, which a multimodal wrapper turns into a mask dict before its
+    decoder: whether they are a plain text prompt (decoding.beyond_a_text_prompt)."""
+    if _carries_a_sharded_cache(args, kwargs):
+        named = by_name(module, args, kwargs)
+        cache = _sharded_cache_of(named)
+        if cache is not None:
+            cache._model_inputs = beyond_a_text_prompt(named)
 
 
 def _before_decoder(module, args, kwargs):
@@ -367,7 +372,7 @@ def _after_decoder(module, args, kwargs, output):
     cache = _sharded_cache_of(by_name(module, args, kwargs))
     if cache is None:
         return None
-    phase, cache.phase = cache.phase, None
+    phase, cache.phase, cache._model_inputs = cache.phase, None, None
     set_running_cache(None)
     rope.set_longest_position(None)
     if output is None:  # the forward raised (this hook runs anyway, always_call): leave no forward active
