@@ -42,13 +42,14 @@ def strategy_kwargs(name: str) -> dict:
     return {"strategy": strategy, key: int(value) if value.lstrip("-").isdigit() else value}
 
 
-def sharded_errors(full, ref, dtype, layout="contiguous", **kwargs):
-    """Run burst.attention on this rank's shard of `full`; relative errors of out, lse, dq, dk, dv."""
-    q, k, v, dout = (burst.shard(t, layout=layout) for t in full)
+def sharded_errors(full, ref, dtype, layout="contiguous", group=None, **kwargs):
+    """Run burst.attention on this rank's shard of `full` (over `group`); relative errors of out, lse, dq,
+    dk, dv."""
+    q, k, v, dout = (burst.shard(t, layout=layout, group=group) for t in full)
     q, k, v = (t.to(dtype).requires_grad_() for t in (q, k, v))
-    out, lse = burst.attention(q, k, v, layout=layout, return_lse=True, **kwargs)
+    out, lse = burst.attention(q, k, v, layout=layout, return_lse=True, group=group, **kwargs)
     out.backward(dout.to(dtype))
-    theirs = [burst.shard(t, layout=layout, dim=2 if t.dim() == 3 else 1) for t in ref]
+    theirs = [burst.shard(t, layout=layout, dim=2 if t.dim() == 3 else 1, group=group) for t in ref]
     errors = errors_against((out, lse, q.grad, k.grad, v.grad), theirs)
     errors["nan"] = any(bool(torch.isnan(t).any()) for t in (out, q.grad, k.grad, v.grad))
     return errors

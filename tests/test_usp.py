@@ -50,7 +50,29 @@ def _cases(rank, world):
                         results.append(((str(options), name, kv_heads, str(dtype), layout), errs))
     x = torch.randn(1, N_LOCAL, H, D)
     bad = value_error_text(lambda: burst.attention(x, x, x, strategy="usp", ulysses_degree=3 if world == 4 else 4))
-    return results, bad
+    return results, bad, _on_half_of_the_world(rank, world)
+
+
+def _on_half_of_the_world(rank, world):
+    """USP on the first half of the world alone (a dp x sp mesh's sp group, Ulysses degree 1 and 2),
+    against float64; then a group over the whole world still forms on every rank (USP's subgroups are
+    made by the half's ranks alone, without taking a number from torch's count of groups on them)."""
+    import torch.distributed as dist
+
+    half = world // 2
+    groups = [dist.new_group(list(range(half))), dist.new_group(list(range(half, world)))]
+    results = []
+    if rank < half:
+        full = full_inputs(41, 1, N_LOCAL * half, H, 2, D, torch.float32)
+        ref = reference_grads(*full, causal=True)
+        for u in (1, 2):
+            errs = sharded_errors(
+                full, ref, torch.float32, "zigzag", groups[0], causal=True, strategy="usp", ulysses_degree=u
+            )
+            results.append((("half of the world", u, str(torch.float32)), errs))
+    whole = torch.ones(1)
+    dist.all_reduce(whole, group=dist.new_group(list(range(world))))
+    return results, whole.item()
 
 
 _results = results_by_world(_cases, timeout=400)
@@ -62,6 +84,14 @@ def test_usp_matches_float64(world):
 
 
 @pytest.mark.parametrize("world", [4])
+def test_usp_on_half_of_the_world_matches_float64_and_leaves_group_creation_in_step(world):
+    halves = [r[2] for r in _results(world)]
+    assert all(len(cases) == 2 for cases, _ in halves[: world // 2])
+    assert_within_bounds([cases for cases, _ in halves], lambda key: key[2])
+    assert [whole for _, whole in halves] == [float(world)] * world
+
+
+@pytest.mark.parametrize("world", [4])
 def test_bad_degree_raises_on_every_rank(world):
-    for rank, (_, bad) in enumerate(_results(world)):
+    for rank, (_, bad, _) in enumerate(_results(world)):
         assert bad is not None and "ulysses_degree" in bad, (rank, bad)

@@ -69,15 +69,22 @@ def check_usp(call: AttentionCall, q, k) -> None:
 def _subgroups(call: AttentionCall, u: int):
     """(Ulysses group, ring group) of this rank, created once per (group, degree) on every member.
 
-    Creating a group is collective: every rank of the call's group creates the same groups in the
-    same order (all Ulysses groups, then all ring groups), so the first USP call on a group must be
-    made by all its ranks (as every burst call is).
+    Every rank of the call's group creates the same groups in the same order (all Ulysses groups, then
+    all ring groups), so the first USP call on a group must be made by all its ranks (as every burst call
+    is). On a group smaller than the world (a dp x sp mesh's sp group), the groups are created with local
+    synchronization: torch's plain new_group must be entered by every rank of the world, and its count of
+    groups would go apart on the ranks that did not, hanging their next new_group.
     """
     made = _SUBGROUPS.of(call.group, {})
     if u not in made:
         ranks = dist.get_process_group_ranks(call.group or dist.group.WORLD)
-        ulysses = [dist.new_group(ranks[g * u : (g + 1) * u]) for g in range(call.world // u)]
-        rings = [dist.new_group(ranks[p::u]) for p in range(u)]
+        local = len(ranks) < dist.get_world_size()
+
+        def new_group(members):
+            return dist.new_group(members, use_local_synchronization=local) if local else dist.new_group(members)
+
+        ulysses = [new_group(ranks[g * u : (g + 1) * u]) for g in range(call.world // u)]
+        rings = [new_group(ranks[p::u]) for p in range(u)]
         _SUBGROUPS.put(call.group, {**made, u: (ulysses, rings)})
     ulysses, rings = _SUBGROUPS.of(call.group)[u]
     return ulysses[call.rank // u], rings[call.rank % u]
