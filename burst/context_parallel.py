@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 
 import torch
 import torch.distributed as dist
@@ -35,6 +36,7 @@ from . import api, custom_op
 from .agreement import agree
 from .call import AttentionRequest
 from .layout import DocumentLayout, _check_divisible, check_layout, resolve_layout, shard, shard_indices
+from .strategies import check_options
 
 ENTRY = "burst.context_parallel"
 
@@ -70,7 +72,7 @@ def context_parallel(
         group = mesh.get_group()
     layout = resolve_layout(layout, options.get("cu_seqlens"))  # "doc_zigzag" + the documents' cu_seqlens
     buffers, seq_dims = list(buffers), list(buffer_seq_dims)
-    local_len = _shard_buffers_check(buffers, seq_dims, group, layout, strategy)
+    local_len = _shard_buffers_check(buffers, seq_dims, group, layout, strategy, options)
     once: dict = {}  # a tensor listed twice (`labels = tokens`) is cut once
     for t, dim in zip(buffers, seq_dims):
         once.setdefault(id(t), (t, dim))
@@ -92,14 +94,27 @@ def context_parallel(
                 t.data = whole
 
 
-def _shard_buffers_check(buffers, seq_dims, group, layout, strategy) -> int | None:
-    """Validate the buffers and options on every rank before anything is cut; the local length."""
+# burst.attention's keywords each SDPA call sets (from is_causal, scale) or that would change what it returns
+_PER_CALL_KEYWORDS = ("q", "k", "v", "causal", "softmax_scale", "return_lse")
+
+
+def _shard_buffers_check(buffers, seq_dims, group, layout, strategy, options) -> int | None:
+    """Validate the buffers and options on every rank before anything is cut; the local length. Options
+    of burst.attention (window=, cu_seqlens=...) are checked by its first call, as every call's."""
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     problem, lengths, seen = None, set(), {}
     try:
         check_layout(layout)
         if strategy not in api.STRATEGY_NAMES:
             raise ValueError(f"strategy must be one of {api.STRATEGY_NAMES}, got {strategy!r}")
+        per_call = [name for name in _PER_CALL_KEYWORDS if name in options]
+        if per_call:
+            raise ValueError(
+                f"{ENTRY}: {', '.join(per_call)}: set by each scaled_dot_product_attention call (is_causal=, "
+                "scale=), not by the context"
+            )
+        keywords = inspect.signature(api.attention).parameters
+        check_options(ENTRY, strategy, {k: v for k, v in options.items() if k not in keywords})
         if len(buffers) != len(seq_dims):
             raise ValueError(f"{len(buffers)} buffers but {len(seq_dims)} buffer_seq_dims: give one dim per buffer")
         for i, (t, dim) in enumerate(zip(buffers, seq_dims)):

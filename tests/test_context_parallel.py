@@ -201,12 +201,17 @@ def _errors(rank, world):
             results[name] = str(err)
     results["sdpa restored"] = F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
     results["buffers restored"] = q.shape[2] == N_PER_RANK * world
-    for name, buffers, dims in (
-        ("indivisible", [torch.randn(1, 5)], [1]),
-        ("a learned table", [nn.Parameter(torch.randn(N_PER_RANK * world, 8))], [0]),
+    whole = [torch.randn(1, N_PER_RANK * world)]
+    for name, buffers, dims, options in (
+        ("indivisible", [torch.randn(1, 5)], [1], {}),
+        ("a learned table", [nn.Parameter(torch.randn(N_PER_RANK * world, 8))], [0], {}),
+        ("causal given to the context", whole, [1], dict(causal=True)),  # each SDPA call's is_causal sets it
+        ("return_lse", whole, [1], dict(return_lse=True)),
+        ("a misspelt option", whole, [1], dict(chunk_rowz=64)),
+        ("a refused value", whole, [1], dict(chunk_rows=-1)),
     ):
         try:
-            with burst.context_parallel(buffers=buffers, buffer_seq_dims=dims):
+            with burst.context_parallel(buffers=buffers, buffer_seq_dims=dims, **options):
                 pass
             results[name] = None
         except ValueError as err:
@@ -272,6 +277,10 @@ def test_what_cannot_be_honoured_raises_on_every_rank():
         "gqa without enable_gqa": "enable_gqa",
         "indivisible": "divisible",
         "a learned table": "requires grad",
+        "causal given to the context": "set by each scaled_dot_product_attention call",
+        "return_lse": "set by each scaled_dot_product_attention call",
+        "a misspelt option": "did you mean 'chunk_rows'",
+        "a refused value": "chunk_rows must be a non-negative int",
         "positions from the shard, zigzag": "its own length",
         "positions from the shard, contiguous": "its own length",
     }

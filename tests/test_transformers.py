@@ -290,6 +290,7 @@ def test_register_refuses_what_the_layers_set_and_options_no_strategy_takes():
         ({"scale": 0.1}, "takes no option 'scale'"),
         ({"chunk_rowz": 4}, "did you mean 'chunk_rows'"),
         ({"strategy": "auto", "chunk_rowz": 4}, "no strategy takes"),
+        ({"strategy": "auto", "chunk_rows": -1}, "chunk_rows must be a non-negative int"),  # a value, for auto too
     ):
         with pytest.raises(ValueError, match=words):
             bt.register("burst_options", **options)

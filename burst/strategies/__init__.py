@@ -28,4 +28,21 @@ def split_variant(name: str) -> tuple[str, str]:
     return base, variant
 
 
-__all__ = ["STRATEGIES", "Strategy", "RING_VARIANTS", "split_variant"]
+def check_options(entry: str, strategy: str, options: dict) -> None:
+    """ValueError naming `entry`, before any collective, for strategy options (chunk_rows=, ulysses_degree=...)
+    that `strategy` does not take or whose values it refuses; for "auto", options that no strategy takes, or
+    whose values every strategy taking them refuses."""
+    candidates = [STRATEGIES[strategy]] if strategy != "auto" else [s for s in STRATEGIES.values() if s.takes(options)]
+    if not candidates:
+        raise ValueError(f"{entry}: no strategy takes the options {sorted(options)}")
+    refusals = []
+    for candidate in candidates:
+        try:
+            candidate.parse_options(options)
+            return
+        except ValueError as err:
+            refusals.append(err)
+    raise ValueError(f"{entry}: {refusals[0]}")
+
+
+__all__ = ["STRATEGIES", "Strategy", "RING_VARIANTS", "check_options", "split_variant"]

@@ -69,7 +69,7 @@ REGISTERED_KEYWORDS = ("topology", "block_sparse")
 def _check_options(strategy: str, options: dict) -> None:
     """ValueError for a burst.attention keyword the layers set themselves, or an option the strategy
     (for "auto": every strategy) does not take, before any model runs."""
-    from burst.strategies import STRATEGIES
+    from burst.strategies import check_options
 
     per_layer = sorted(set(options) & set(inspect.signature(api.attention).parameters) - set(REGISTERED_KEYWORDS))
     if per_layer:
@@ -78,11 +78,7 @@ def _check_options(strategy: str, options: dict) -> None:
             f"scale, sinks, softcap...), not by the backend, which takes the strategy's options and "
             f"{', '.join(REGISTERED_KEYWORDS)}"
         )
-    own = {k: v for k, v in options.items() if k not in REGISTERED_KEYWORDS}
-    if strategy != "auto":
-        STRATEGIES[strategy].parse_options(own)
-    elif own and not any(s.takes(own) for s in STRATEGIES.values()):
-        raise ValueError(f"register(): no strategy takes the options {sorted(own)}")
+    check_options("register()", strategy, {k: v for k, v in options.items() if k not in REGISTERED_KEYWORDS})
 
 
 def _transformers_interfaces():
