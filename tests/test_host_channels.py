@@ -118,7 +118,7 @@ def _both_rings_full(rank, world):
 
 
 def _raises(error: Exception):
-    def fail(*args):
+    def fail(*args, **kwargs):
         raise error
 
     return fail
@@ -154,6 +154,9 @@ def _channels_cases(rank, world):
     out["fallback_none"] = _opens_none_when(rank, world - 1, HostAllGather, "supported", staticmethod(lambda: False))
     out["no_room_none"] = _opens_none_when(rank, 1, os, "posix_fallocate", _raises(OSError(errno.ENOSPC, "full")))
     out["unmappable_none"] = _opens_none_when(rank, 2, shm_p2p, "_map", _raises(FileNotFoundError("elsewhere")))
+    # rank 0 cannot create its rings at all (/dev/shm read-only, a name taken): raised there, it would hang the rest
+    read_only = _raises(PermissionError(errno.EACCES, "read-only"))
+    out["uncreatable_none"] = _opens_none_when(rank, 0, shm_p2p, "create_private", read_only)
     return out
 
 
@@ -204,6 +207,10 @@ def test_no_rank_opens_channels_when_shared_memory_lacks_room_on_one():
 
 def test_no_rank_opens_channels_when_one_cannot_map_its_peers_rings():
     assert all(r["unmappable_none"] for r in results(3))
+
+
+def test_no_rank_opens_channels_or_waits_when_one_cannot_create_its_rings():
+    assert all(r["uncreatable_none"] for r in results(3))
 
 
 def test_shared_memory_files_are_private_exclusive_and_checked(tmp_path):

@@ -68,10 +68,23 @@ def _host_all_gather(rank, world):
     real = HostAllGather.supported
     HostAllGather.supported = staticmethod(lambda: rank != world - 1)
     try:
-        fallback = HostAllGather.create(7)
+        fallback = [HostAllGather.create(7) is None]
     finally:
         HostAllGather.supported = real
-    return got, fallback is None
+    import burst.comm.shm as shm
+
+    def refused(*args):
+        raise PermissionError("/dev/shm read-only")
+
+    for name, failing_rank in (("create_private", 0), ("map_private", world - 1)):  # raised alone, either would hang
+        real = getattr(shm, name)
+        if rank == failing_rank:
+            setattr(shm, name, refused)
+        try:
+            fallback.append(HostAllGather.create(7) is None)
+        finally:
+            setattr(shm, name, real)
+    return got, all(fallback)
 
 
 def _all(rank, world):

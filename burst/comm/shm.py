@@ -165,22 +165,28 @@ class HostAllGather:
         if len({host for host, _ in facts}) != 1 or not all(ok for _, ok in facts):
             return None
         size = 2 * world * (8 + _numpy_dtype(dtype).itemsize * capacity)
-        name = [private_name("gather") if rank == 0 else None]
+        name = [None]
         if rank == 0:
             remove_dead()
-            create_private(name[0], size)
+            name[0] = private_name("gather")
+            try:
+                create_private(name[0], size)
+            except OSError:  # /dev/shm read-only or full: every rank keeps the group's all-gather, none waits
+                name[0] = None
+        dist.broadcast_object_list(name, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+        if name[0] is None:
+            return None
         try:
-            dist.broadcast_object_list(
-                name, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group
-            )
             gather = cls(map_private(name[0], size), rank, world, capacity, dtype, timeout_s)
             if rank == 0:
                 gather._published[:] = -1
-            dist.barrier(group=group)
-        finally:
-            if rank == 0:  # every rank has it mapped (or failed): the memory lives until the last unmaps it
-                os.unlink(name[0])
-        return gather
+        except OSError:  # not mapped here: raised on one rank, it would leave the others in the collective below
+            gather = None
+        mapped = [None] * world
+        dist.all_gather_object(mapped, gather is not None, group=group)  # also: rank 0's reset comes before any use
+        if rank == 0:  # every rank has it mapped (or failed): the memory lives until the last unmaps it
+            os.unlink(name[0])
+        return gather if all(mapped) else None
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every rank's `tensor` (this gather's dtype, CPU, the same numel on each), stacked in rank

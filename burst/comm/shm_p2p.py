@@ -115,6 +115,23 @@ class _Inbox:
         self.early: dict[int, collections.deque] = collections.defaultdict(collections.deque)
 
 
+def _create_rings(paths, size: int) -> tuple[list[str], bool]:
+    """Create each of `paths` as this user's ring file of `size` bytes, reserved, until one cannot be:
+    (the paths created, for the caller to remove; whether every one was, with its memory). Errors are not
+    raised: raised on one rank alone (a name taken by someone else, /dev/shm full or read-only), one would
+    leave the other ranks waiting in the collective that follows; every rank keeps gloo instead."""
+    created = []
+    for path in paths:
+        try:
+            reserved = create_private(path, size, reserve=True)
+        except OSError:
+            return created, False  # not made (a name that exists is not ours to remove)
+        created.append(path)
+        if not reserved:
+            return created, False
+    return created, True
+
+
 class HostChannels:
     """Shared-memory point-to-point channels between the ranks of `group` (all on this host)."""
 
@@ -154,7 +171,7 @@ class HostChannels:
         # Our incoming rings, made (this user's alone, their memory reserved) before anyone looks for them.
         # False where /dev/shm lacks the room (a container's 64 MiB): a write to a mapped page it cannot
         # back would kill the process (SIGBUS), so every rank then keeps the process group's transport.
-        ok = all([create_private(path, COUNTERS + capacity, reserve=True) for path in paths.values()]) if ok else False
+        created, ok = _create_rings(paths.values(), COUNTERS + capacity) if ok else ([], False)
         facts = [None] * world
         dist.all_gather_object(facts, (_host(), ok, prefix, os.getpid()), group=group)
         usable = len({host for host, _, _, _ in facts}) == 1 and all(fine for _, fine, _, _ in facts)
@@ -172,7 +189,7 @@ class HostChannels:
                 channels = None
         mapped = [None] * world
         dist.all_gather_object(mapped, channels is not None, group=group)  # every rank has mapped its rings
-        for path in paths.values():
+        for path in created:
             _remove(path)  # mapped where needed: the memory lives until the last unmaps it
         return channels if all(mapped) else None
 
