@@ -18,6 +18,7 @@ mask planning (masks.py) can reason about whole runs instead of token by token.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -78,7 +79,7 @@ class DocumentLayout:
     def __post_init__(self):
         if self.split not in DOCUMENT_SPLITS:
             raise ValueError(f"DocumentLayout split must be one of {DOCUMENT_SPLITS}, got {self.split!r}")
-        cu = tuple(int(x) for x in self.cu_seqlens)
+        cu = tuple(listed_documents(self.cu_seqlens))
         if len(cu) < 2 or cu[0] != 0 or any(b <= a for a, b in zip(cu, cu[1:])):
             raise ValueError(
                 f"DocumentLayout cu_seqlens must rise strictly from 0 (one entry per document "
@@ -119,6 +120,32 @@ class DocumentLayout:
         return out
 
 
+def is_int(x) -> bool:
+    """An int, numpy's included; not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def listed_documents(cu_seqlens) -> list[int] | None:
+    """cu_seqlens as a list of ints, from a 1-D integer tensor or a sequence of ints (numpy's too): how
+    every entry point reads it (burst.attention, shard, unshard, DocumentLayout). Floats and bools are
+    refused, not rounded."""
+    if cu_seqlens is None:
+        return None
+    if isinstance(cu_seqlens, DocumentLayout):
+        raise ValueError("cu_seqlens got a DocumentLayout: pass it as layout= (its documents are the mask too)")
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.dtype == torch.bool:
+            raise ValueError("cu_seqlens must be a 1-D integer tensor or a sequence of ints")
+        return cu_seqlens.tolist()
+    try:
+        values = list(cu_seqlens)
+    except TypeError:
+        values = []
+    if not values or not all(is_int(x) for x in values):
+        raise ValueError(f"cu_seqlens must be a non-empty 1-D sequence of ints, got {cu_seqlens!r}")
+    return [int(x) for x in values]
+
+
 def resolve_layout(layout, cu_seqlens=None, world: int = 1, local_len: int | None = None):
     """`layout` as the layouts below take it: a name of LAYOUTS, or a DocumentLayout; "doc_contiguous"
     and "doc_zigzag" become one from cu_seqlens, given over the global sequence or in the peers'
@@ -128,7 +155,7 @@ def resolve_layout(layout, cu_seqlens=None, world: int = 1, local_len: int | Non
         return layout
     if cu_seqlens is None:
         raise ValueError(f"layout={layout!r} cuts each packed document on its own: pass the documents' cu_seqlens")
-    cu = [int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+    cu = listed_documents(cu_seqlens)
     if world > 1 and local_len is not None and cu and cu[-1] == local_len:
         cu = [x * world for x in cu]  # the local form
     return DocumentLayout(tuple(cu), layout.removeprefix("doc_"))

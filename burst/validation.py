@@ -11,13 +11,20 @@ import math
 import numbers
 from dataclasses import replace
 
-import torch
 
 from .call import AttentionCall, AttentionRequest
 from .comm.topology import Topology, default_world_size
 from .kernels import select_kernel
 from .keys import DTYPES, KeyBlocks, check_tensors  # noqa: F401  (DTYPES, check_tensors: api.py's names too)
-from .layout import DOCUMENT_LAYOUTS, DocumentLayout, check_layout, local_multiple, resolve_layout
+from .layout import (
+    DOCUMENT_LAYOUTS,
+    DocumentLayout,
+    check_layout,
+    is_int,
+    listed_documents,
+    local_multiple,
+    resolve_layout,
+)
 from .masks import BlockSparseMask, MaskSpec, checked_selection
 from .strategies import STRATEGIES
 
@@ -37,7 +44,7 @@ def checked_key_call(q, keys, request: AttentionRequest, rank: int, world: int, 
     one, "auto" raises."""
     r = request
     keys.check(q)
-    layout, cu_seqlens = _document_layout(r.layout, _listed_documents(r.cu_seqlens), world, q.shape[1])
+    layout, cu_seqlens = _document_layout(r.layout, listed_documents(r.cu_seqlens), world, q.shape[1])
     _check_options(r.strategy, layout, r.causal, r.window, r.softmax_scale)
     _check_softcap_and_chunks(r.softcap, r.chunk_size)
     _check_local_length(q.shape[1], layout)
@@ -124,11 +131,6 @@ def _auto_strategy(call: AttentionCall, q, k, options: dict, auto) -> str:
     return auto(takes, call, q, k)
 
 
-def _is_int(x) -> bool:
-    """An int, numpy's included; not a bool."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
 def _is_number(x) -> bool:
     """A real number, numpy's included; not a bool."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
@@ -141,7 +143,7 @@ def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if window is not None and not (
-        isinstance(window, (tuple, list)) and len(window) == 2 and all(_is_int(w) and w >= -1 for w in window)
+        isinstance(window, (tuple, list)) and len(window) == 2 and all(is_int(w) and w >= -1 for w in window)
     ):
         raise ValueError(f"window must be None or (left, right) ints >= -1 (-1 = unbounded), got {window!r}")
     if softmax_scale is not None and not (
@@ -153,7 +155,7 @@ def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
 def _check_softcap_and_chunks(softcap, chunk_size) -> None:
     if not _is_number(softcap) or not math.isfinite(softcap) or softcap < 0:
         raise ValueError(f"softcap must be a finite number >= 0 (0 = none), got {softcap!r}")
-    if chunk_size is not None and (not _is_int(chunk_size) or chunk_size < 1):
+    if chunk_size is not None and (not is_int(chunk_size) or chunk_size < 1):
         raise ValueError(f"chunk_size must be None or a positive int (tokens per chunk), got {chunk_size!r}")
 
 
@@ -190,25 +192,8 @@ def _check_local_length(local_len: int, layout: str) -> None:
         )
 
 
-def _listed_documents(cu_seqlens) -> list[int] | None:
-    """cu_seqlens as a list of ints: from a 1-D integer tensor, or a sequence of ints (numpy's too)."""
-    if cu_seqlens is None or isinstance(cu_seqlens, DocumentLayout):
-        return cu_seqlens
-    if isinstance(cu_seqlens, torch.Tensor):
-        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
-            raise ValueError("cu_seqlens must be a 1-D integer tensor or a sequence of ints")
-        return cu_seqlens.tolist()
-    try:
-        values = list(cu_seqlens)
-    except TypeError:
-        values = []
-    if not values or not all(_is_int(x) for x in values):
-        raise ValueError(f"cu_seqlens must be a non-empty 1-D sequence of ints, got {cu_seqlens!r}")
-    return [int(x) for x in values]
-
-
 def _check_documents(values: list[int] | None, global_len: int) -> None:
-    """values: cu_seqlens as _listed_documents (or the DocumentLayout) left them."""
+    """values: cu_seqlens as layout.listed_documents read them."""
     if values is None:
         return
     if values[0] != 0 or values[-1] != global_len or any(b < a for a, b in zip(values, values[1:])):

@@ -209,3 +209,14 @@ def _large_cases(rank, world):
 
 def test_cqs_matches_float64_at_7_ranks():
     assert_within_bounds(run_world(7, _large_cases, timeout=300), lambda key: key[2])
+
+
+def test_lost_workers_must_be_a_sequence_of_ranks_rank_0_included():
+    """A bare rank is refused, 0 as much as 1 (0 had been read as no lost worker); None is none."""
+    from burst.strategies.cqs import CQSOptions
+
+    for bare in (0, 1, True, "0"):
+        with pytest.raises(ValueError, match="must be a sequence of ranks"):
+            CQSOptions(lost_workers=bare)
+    assert CQSOptions(lost_workers=None).lost_workers == ()
+    assert CQSOptions(lost_workers=[2, 0, 2]).lost_workers == (0, 2)

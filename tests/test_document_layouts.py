@@ -182,3 +182,13 @@ def test_bad_document_layouts_are_refused():
         DocumentLayout((0, 5, 5, 8))
     with pytest.raises(ValueError, match="split"):
         DocumentLayout((0, 8), "striped")
+    # cu_seqlens is read by one rule everywhere: floats are refused, not rounded down (0, 4.9, 8 had become 0, 4, 8)
+    for floats in (torch.tensor([0.0, 4.9, 8.0]), (0, 4.0, 8)):
+        with pytest.raises(ValueError, match="cu_seqlens must be"):
+            burst.shard(torch.zeros(1, 8), layout="doc_zigzag", cu_seqlens=floats)
+        with pytest.raises(ValueError, match="cu_seqlens must be"):
+            DocumentLayout(floats)
+    x = torch.zeros(1, 8, 2, 4)
+    with pytest.raises(ValueError, match="pass it as layout="):  # had been a TypeError naming nothing
+        burst.attention(x, x, x, cu_seqlens=DocumentLayout((0, 4, 8)))
+    assert DocumentLayout(torch.tensor([0, 4, 8])).cu_seqlens == (0, 4, 8)

@@ -42,7 +42,7 @@ class CQSOptions(Options):
     lost_workers: tuple[int, ...] = ()
 
     def __post_init__(self):
-        lost = self.lost_workers or ()
+        lost = () if self.lost_workers is None else self.lost_workers
         if isinstance(lost, int) or not all(isinstance(r, int) and not isinstance(r, bool) for r in lost):
             raise ValueError(f"lost_workers={lost!r} must be a sequence of ranks")
         object.__setattr__(self, "lost_workers", tuple(sorted(set(lost))))

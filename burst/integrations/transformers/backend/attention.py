@@ -136,7 +136,7 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
         sliding_window=kwargs.get("sliding_window"),
     )
     features.run("check", call)
-    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")  # GPT-OSS's name, others'
     if call.decoding:
         return cache.attend(module, query, key, value, call, sinks), None
     if cache is None:  # a ShardedCache's prefill runs below
