@@ -34,6 +34,8 @@ from .comm.collectives import all_gather_flat
 
 MODES = ("always", "first", "off")
 _mode = os.environ.get("BURST_AGREEMENT_CHECK", "always")
+if _mode not in MODES:  # read at import: a typo must not mean "always" silently
+    raise ValueError(f"BURST_AGREEMENT_CHECK must be one of {MODES}, got {_mode!r}")
 _checked: set[tuple] = set()  # (group key, digests) already agreed on, for mode "first"
 _MAX_REMEMBERED = 4096
 _timeout_s = float(os.environ.get("BURST_AGREEMENT_TIMEOUT", "120"))

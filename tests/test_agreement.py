@@ -189,3 +189,16 @@ def test_a_call_made_by_only_some_ranks_raises_after_the_timeout():
             assert WAIT_S <= seconds < 10, seconds
         else:  # not burst's wait: the barrier this rank chose, bounded by the test
             assert kind == "RuntimeError", (kind, message)
+
+
+def test_a_mistyped_agreement_mode_in_the_environment_is_refused():
+    """BURST_AGREEMENT_CHECK=Off had meant "always" silently; set_agreement_check refuses the same value."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "BURST_AGREEMENT_CHECK": "Off"}
+    done = subprocess.run([sys.executable, "-c", "import burst"], env=env, capture_output=True, text=True)
+    assert done.returncode != 0 and "BURST_AGREEMENT_CHECK must be one of" in done.stderr, done.stderr[-500:]
+    env["BURST_AGREEMENT_CHECK"] = "first"
+    assert subprocess.run([sys.executable, "-c", "import burst"], env=env).returncode == 0

@@ -65,7 +65,12 @@ def _shard(rank, world):
     h, w = hidden[:, rows].clone().requires_grad_(), weight.clone().requires_grad_()
     loss = fused_linear_cross_entropy(h, w, targets[:, rows], group=torch.distributed.group.WORLD)
     loss.backward()
-    return loss.detach(), w.grad
+    try:  # rank 1's targets one short: a ValueError on every rank, none left in the label count's all-reduce
+        fused_linear_cross_entropy(h, w, targets[:, rows][:, : h.shape[1] - rank], group=torch.distributed.group.WORLD)
+        refused = None
+    except ValueError as err:
+        refused = str(err)
+    return loss.detach(), w.grad, refused
 
 
 def test_sequence_shards_add_up_to_the_full_loss():
@@ -74,3 +79,5 @@ def test_sequence_shards_add_up_to_the_full_loss():
     parts = run_world(2, _shard)
     assert abs(sum(p[0].item() for p in parts) - ref_loss.item()) < 1e-12
     assert (sum(p[1] for p in parts) - ref_w).abs().max() < 1e-12
+    assert "must share the leading dimensions" in parts[1][2]
+    assert parts[0][2] is not None and "rank 1" in parts[0][2], parts[0][2]

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from burst.agreement import agree
+
 ROWS, VOCAB = 1024, 8192  # tile of the logits computed at once: rows x vocabulary entries
 
 
@@ -83,16 +85,26 @@ def fused_linear_cross_entropy(
     rank of the group (this rank's share of the global mean). Returns a 0-dim tensor, float32
     (float64 for float64 input).
     """
-    if hidden.shape[:-1] != targets.shape:
-        raise ValueError(
-            f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} must share the leading dimensions"
-        )
-    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(f"weight must be (vocab, {hidden.shape[-1]}), got {tuple(weight.shape)}")
+    problem = _shape_problem(hidden, weight, targets)
+    if group is not None:  # raised on every rank, before the label count's all-reduce, or on none
+        facts = {"weight": tuple(weight.shape), "dtype": str(hidden.dtype), "ignore_index": ignore_index}
+        agree("fused_linear_cross_entropy", None if problem else facts, problem, group, dist.get_world_size(group))
+    elif problem is not None:
+        raise problem
     flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     return _FusedLinearCrossEntropy.apply(
         flat_h, weight, flat_t, ignore_index, _label_count(flat_t, ignore_index, group)
     )
+
+
+def _shape_problem(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> ValueError | None:
+    if hidden.shape[:-1] != targets.shape:
+        return ValueError(
+            f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} must share the leading dimensions"
+        )
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        return ValueError(f"weight must be (vocab, {hidden.shape[-1]}), got {tuple(weight.shape)}")
+    return None
 
 
 def unfused_cross_entropy(
