@@ -110,7 +110,7 @@ def attend_backward(
         dq, dk, dv = kernel.backward(
             dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out_rows, lse[:, :, qr], scale, causal, mask
         )
-        if callable(dq_acc) or callable(dk_acc) or callable(dv_acc):  # deferred until a tile is computed (ArrivingAccumulators)
+        if any(callable(a) for a in (dq_acc, dk_acc, dv_acc)):  # deferred until a tile is computed (ArrivingAccumulators)
             dq_acc, dk_acc, dv_acc = (a() if callable(a) else a for a in (dq_acc, dk_acc, dv_acc))
         dq_acc[:, qr] += dq
         dk_acc[:, kr] += dk
