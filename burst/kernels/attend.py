@@ -110,7 +110,7 @@ def attend_backward(
         dq, dk, dv = kernel.backward(
             dout[:, qr], q[:, qr], k[:, kr], v[:, kr], out_rows, lse[:, :, qr], scale, causal, mask
         )
-        if any(callable(a) for a in (dq_acc, dk_acc, dv_acc)):  # deferred until a tile is computed (ArrivingAccumulators)
+        if any(callable(a) for a in (dq_acc, dk_acc, dv_acc)):  # deferred until a tile is computed
             dq_acc, dk_acc, dv_acc = (a() if callable(a) else a for a in (dq_acc, dk_acc, dv_acc))
         dq_acc[:, qr] += dq
         dk_acc[:, kr] += dk
