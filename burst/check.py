@@ -37,6 +37,7 @@ from .kernels.reference import (
     relative_error,
     within_bounds,
 )
+from .comm.membership import group_size
 
 
 @dataclass
@@ -120,7 +121,7 @@ def check(
     when CUDA is available and the group is not gloo, else on the CPU. sinks: also pass attention
     sinks (random, one per head) and compare their gradient ("dsinks", summed over the ranks).
     """
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    world = group_size(group)
     strategies = tuple(strategies) if strategies is not None else tuple(api.STRATEGIES)
     layouts = tuple(layouts) if layouts is not None else layout_mod.LAYOUTS
     causals = (causal,) if isinstance(causal, bool) else tuple(causal)

@@ -28,7 +28,6 @@ import functools
 import inspect
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
@@ -37,6 +36,7 @@ from .agreement import agree
 from .call import AttentionRequest
 from .layout import DocumentLayout, _check_divisible, check_layout, resolve_layout, shard, shard_indices
 from .strategies import check_options
+from .comm.membership import group_rank, group_size
 
 ENTRY = "burst.context_parallel"
 
@@ -101,7 +101,7 @@ _PER_CALL_KEYWORDS = ("q", "k", "v", "causal", "softmax_scale", "return_lse")
 def _shard_buffers_check(buffers, seq_dims, group, layout, strategy, options) -> int | None:
     """Validate the buffers and options on every rank before anything is cut; the local length. Options
     of burst.attention (window=, cu_seqlens=...) are checked by its first call, as every call's."""
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    world = group_size(group)
     problem, lengths, seen = None, set(), {}
     try:
         check_layout(layout)
@@ -153,8 +153,8 @@ def _held_positions(layout, group, local_len) -> torch.Tensor | None:
     across the whole sequence (packed documents restart them) or no buffer was given."""
     if local_len is None or isinstance(layout, DocumentLayout):
         return None
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
-    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    world = group_size(group)
+    rank = group_rank(group)
     return shard_indices(layout, rank, world, local_len * world)
 
 
@@ -207,7 +207,7 @@ class _SDPARouter(TorchFunctionMode):
         self.held_positions = held_positions
         self.shard_counted_positions = False  # set by an embedding; refused at the next SDPA call, on every rank
         self.attending = False
-        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.world = group_size(group)
         # Eagerly, behind a graph break under torch.compile when burst's custom op cannot carry the call:
         # the agreement collective and the ring's messages are not for dynamo to trace.
         self.eager_attention = custom_op.run_eagerly(functools.partial(self.attention))  # a bound method takes no marks

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .agreement import agree
+from .comm.membership import group_rank, group_size
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
 DOCUMENT_SPLITS = ("contiguous", "zigzag")
@@ -213,9 +214,7 @@ def _check_divisible(layout, world: int, seq_len: int) -> None:
 
 
 def _world_and_rank(group):
-    if not dist.is_initialized():
-        return 1, 0
-    return dist.get_world_size(group), dist.get_rank(group)
+    return group_size(group), group_rank(group)
 
 
 def _agree_on_layout(entry: str, x, group, layout: str, dim: int, facts) -> tuple[int, int, int]:

@@ -16,6 +16,7 @@ from .plan.auto import auto_choice
 from .sinks import check_sinks
 from .strategies import STRATEGIES
 from .validation import check_tensors, checked_call, checked_key_call
+from .comm.membership import group_rank, group_size
 
 
 def prepare_attention(q, keys, request: AttentionRequest, sinks=None):
@@ -30,8 +31,8 @@ def prepare_attention(q, keys, request: AttentionRequest, sinks=None):
     group = request.group
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"group must be a torch.distributed ProcessGroup or None (the default group), got {group!r}")
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
-    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    world = group_size(group)
+    rank = group_rank(group)
     problem, call, name = None, None, None
     try:
         name, call = checked_key_call(q, keys, request, rank, world, auto=auto_choice)

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from .hf_zoo_configs import OVERRIDES, RETRIES, SEQ_LEN, SIZES, VOCAB, causal_lm, draw, tiny_config  # noqa: F401
 from .hf_steps import gradient_error, twin_on
+from ..comm.membership import group_size
 
 TOLERANCE = 2e-4
 GRADIENT_TOLERANCE = 1e-4  # gradient_error's relative measure, as the flagship and rope tests hold it
@@ -222,7 +223,7 @@ def _compare_gradients(outcome: Outcome, eager, expected, model, loss, group) ->
 def _unshard(local: torch.Tensor, group, layout: str) -> torch.Tensor:
     from .. import layout as layout_mod
 
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    world = group_size(group)
     return local if world == 1 else layout_mod.unshard(local.contiguous(), group=group, layout=layout, dim=1)
 
 
@@ -251,7 +252,7 @@ def run_zoo(
     1-rank setting runs on a group of one rank, each rank for every G-th family)."""
     from ..integrations import transformers as bt
 
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    world = group_size(group)
     rank = dist.get_rank(group) if world > 1 else 0
     names = {"1 rank": bt.register(f"zoo_{strategy}_alone", strategy=strategy, group=_own_group(group, world))}
     for layout in layouts if world > 1 else ():

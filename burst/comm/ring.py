@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .p2p import Transfer, exchange, tagged
+from .membership import group_rank, group_size
 
 
 class RingComm:
@@ -35,8 +36,8 @@ class RingComm:
         self.topology = topology
         self.phase = phase
         self.tag = tag
-        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
-        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.world = group_size(group)
+        self.rank = group_rank(group)
         self._transfer: Transfer | None = None
         # The last two buffer sets this ring received into, held weakly: an accumulator the caller has
         # dropped must be freed, not kept alive by this bookkeeping.

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 
 import torch.distributed as dist
+from .membership import group_size
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Topology:
 
 
 def default_world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+    return group_size()
 
 
 def link_between(topology: Topology | None, group, peer: int) -> str | None:

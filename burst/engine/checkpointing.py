@@ -39,6 +39,7 @@ from ..masks import BlockSparseMask
 from ..prepare import prepare_attention, prepare_single_device
 from ..strategies.base import Strategy
 from .offload import offloaded_checkpoint, to_host
+from ..comm.membership import group_size
 
 MODES = ("none", "full", "remat", "selective")
 
@@ -87,7 +88,7 @@ class SequenceAttention:
 
         self.group, self.strategy, self.layout, self.options = group, strategy, layout, options
         if world is None:
-            world = dist.get_world_size(group) if dist.is_initialized() else 1
+            world = group_size(group)
         self.world = world
         self.rank = dist.get_rank(group) if world > 1 else 0
 

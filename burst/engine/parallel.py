@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ..comm.collectives import all_reduce_in_place
 from ..plan.models import check_dp
+from ..comm.membership import group_size
 
 FSDP_MODES = ("none", "dp", "mesh")
 
@@ -49,7 +50,7 @@ class Parallel:
 
 def setup(dp: int, fsdp: str = "none", device: str = "cpu") -> Parallel:
     """This rank's Parallel for the initialized world split into dp replicas of world / dp ranks."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    world = group_size()
     check_dp(dp, world)
     sp = world // dp
     if dp == 1 and fsdp == "none":  # (dp > 1 needs the mesh's groups even without FSDP)

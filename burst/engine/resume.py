@@ -29,6 +29,7 @@ from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
+from ..comm.membership import group_rank
 
 # Fields that change what the resumed steps compute; the rest (world, strategy, layout, dp/FSDP,
 # checkpointing, metrics) may differ between the two runs.
@@ -147,7 +148,7 @@ def save_checkpoint(cfg, step: int, model, optimizer) -> str:
         dcp.save(
             {"model": model_state, "optimizer": optim_state}, checkpoint_id=path, no_dist=not dist.is_initialized()
         )
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = group_rank()
     torch.save(torch.get_rng_state(), os.path.join(path, f"rng-{rank}.pt"))
     if dist.is_initialized():
         dist.barrier()  # every rank's files are written before META marks the step complete
@@ -214,7 +215,7 @@ def load_checkpoint(cfg, model, optimizer) -> int:
     with named_failure(f"loading the checkpoint {path!r}"), _quiet_loader():
         dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = group_rank()
     rng = os.path.join(path, f"rng-{rank}.pt")
     if os.path.exists(rng):  # a world larger than the saving one: new ranks keep their seeded state
         with named_failure(f"loading the random state {rng!r}"):

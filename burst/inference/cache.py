@@ -9,9 +9,9 @@ the cache grows; every rank attends its shard and decode_attention merges the pa
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ..layout import shard_indices
+from ..comm.membership import group_rank, group_size
 
 
 class ShardedKVCache:
@@ -24,8 +24,8 @@ class ShardedKVCache:
 
     def __init__(self, layers: int, group=None, layout: str = "contiguous", chunk: int = 256):
         self.layers, self.group, self.layout, self.chunk = layers, group, layout, chunk
-        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
-        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.world = group_size(group)
+        self.rank = group_rank(group)
         self._k: list[torch.Tensor | None] = [None] * layers
         self._v: list[torch.Tensor | None] = [None] * layers
         self._positions: torch.Tensor | None = None

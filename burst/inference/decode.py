@@ -14,7 +14,6 @@ CPUs, takes its all-gathers through shared memory (decode_exchange: comm/shm.py,
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ..agreement import agree
 from ..comm import tensor_bytes
@@ -23,6 +22,7 @@ from ..comm.shm import HostAllGather
 from ..kernels import accumulator_dtype, select_kernel
 from ..merge import merge_partial
 from ..sinks import check_sinks, fold_sinks
+from ..comm.membership import group_size
 
 
 def partial_attention(q, k, v, valid, scale: float, softcap: float = 0.0):
@@ -73,7 +73,7 @@ def merge_across_ranks(
     out: (batch, t, heads, head_dim) float32; lse: (batch, heads, t) float32. exchange: the
     generation's shared-memory all-gather (decode_exchange), or None for the process group's.
     """
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    world = group_size(group)
     if world == 1:
         return out, lse
     packed = torch.cat([out.flatten(), lse.flatten()])
@@ -147,7 +147,7 @@ def decode_attention(
 def agree_on_decoding(q_shape, dtype, kv_heads: int, scale: float, group=None, problem=None) -> None:
     """Check once that every rank decodes the same query shape, dtype, KV heads and scale (raises on
     every rank otherwise); each decode_attention(..., agreed=True) of the generation then skips it."""
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    world = group_size(group)
     facts = {"q shape": tuple(q_shape), "dtype": str(dtype), "kv_heads": int(kv_heads), "scale": float(scale)}
     agree("burst decode_attention", facts if problem is None else None, problem, group, world)
 
@@ -159,7 +159,7 @@ def decode_exchange(
     merges of queries of shape q_shape (batch, t, heads, head_dim) and values of value_dim channels
     (default head_dim) when the world has several ranks, all on this host and decoding on CPU; None
     otherwise (then the process group's all-gather)."""
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    world = group_size(group)
     if world == 1 or device.type != "cpu":  # the same on every rank: the shapes and dtype were agreed
         return None
     b, t, h, d = q_shape

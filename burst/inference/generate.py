@@ -22,6 +22,7 @@ from ..layout import local_multiple, shard
 from ..engine.model import Transformer, rotary
 from .cache import ShardedKVCache
 from .decode import agree_on_decoding, decode_attention, decode_exchange
+from ..comm.membership import group_size
 
 
 @dataclass
@@ -72,7 +73,7 @@ def generate(
 ) -> Generated:
     """Generate `new_tokens` tokens after each prompt, with the KV cache sharded over `group`."""
     check_request(prompts, new_tokens, model.cfg.max_seq_len)
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    world = group_size(group)
     lengths = [len(p) for p in prompts]
     multiple = world * local_multiple(layout)
     padded_len = -(-max(lengths) // multiple) * multiple

@@ -48,7 +48,6 @@ The decoder hooks are torch's forward hooks (public API); nothing in transformer
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from transformers.cache_utils import Cache
 
 from burst.inference import ShardedKVCache, decode_attention
@@ -63,6 +62,7 @@ from .backend.registry import backend_of, set_running_cache
 from .decoding import attend_rule, beyond_a_text_prompt, by_name, drop_causal_mask, refuse_recurrent_layers, rope_switch
 from .layers import rope
 from .layers.configs import decoder_of
+from burst.comm.membership import group_size
 
 
 class ShardedCache(Cache):
@@ -85,7 +85,7 @@ class ShardedCache(Cache):
         super().__init__(layers=[])  # per-layer storage is burst's ShardedKVCache, not transformers' layers
         layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self.name, self.group, self.layout = name, backend.group, backend.layout
-        self.world = dist.get_world_size(self.group) if dist.is_initialized() else 1
+        self.world = group_size(self.group)
         refuse_recurrent_layers(model)  # before anything of the model is prepared
         self._install_hooks(model)  # first: a positions hook of prepare_features must see the shard
         prepare_features(model, self.group, self.layout)  # then checked, as shard_batch does (rope's length...)

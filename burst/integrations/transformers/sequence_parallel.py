@@ -30,6 +30,7 @@ from .backend.batches import shard_batch
 from .backend.checks import check_model
 from .backend.features import prepare_features
 from .fused_loss import check_fusable, fused_causal_lm_loss
+from burst.comm.membership import group_size
 
 
 class SequenceParallel:
@@ -55,7 +56,7 @@ class SequenceParallel:
     ):
         self.group, self.sp_size, self.replica, self.replicas = sequence_parallel_groups(sp_size)
         self.layout = layout
-        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.world = group_size()
         self.model = getattr(model, "module", model)  # under DDP's wrapper
         self.fused_loss = fused_loss
         if fused_loss:
@@ -135,7 +136,7 @@ def over_replicas(dataloader, replica: int, replicas: int, sp_size: int):
 def sequence_parallel_groups(sp_size: int | None):
     """(this rank's group, sp_size, replica index, replica count); groups of consecutive ranks,
     made on every rank (new_group is collective)."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    world = group_size()
     sp_size = world if sp_size is None else sp_size
     if sp_size < 1 or world % sp_size:
         raise ValueError(f"sp_size={sp_size} must divide the world size {world}")

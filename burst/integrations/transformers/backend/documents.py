@@ -15,12 +15,12 @@ import textwrap
 import weakref
 
 import torch
-import torch.distributed as dist
 
 from burst import layout as layout_mod
 
 from ..layers.configs import decoder_of
 from .registry import Backend
+from burst.comm.membership import group_size
 
 
 class _DocumentCache:
@@ -55,7 +55,7 @@ def documents(position_ids, batch: int, local_len: int, backend: Backend):
     hit, value = _document_cache.get(position_ids)
     if hit:
         return value
-    world = dist.get_world_size(backend.group) if dist.is_initialized() else 1
+    world = group_size(backend.group)
     local = position_ids.expand(batch, local_len).to(torch.long)
     if backend.layout in layout_mod.DOCUMENT_LAYOUTS:
         value = _documents_cut_per_document(local, world, backend)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
+from burst.comm.membership import group_size
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ def backend_of(module) -> tuple[str, Backend]:
 
 def world_size(group) -> int:
     """The size of `group`, 1 when torch.distributed is not initialised."""
-    return dist.get_world_size(group) if dist.is_initialized() else 1
+    return group_size(group)
 
 
 # The ShardedCache whose model forward is running (its decoder hooks set and clear it), else None. The
