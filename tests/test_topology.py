@@ -116,8 +116,31 @@ def _emulated(rank, world):
     return times
 
 
+def _spanned(rank, world):
+    """Nodes each subgroup of this rank spans on nodes of 2 ranks: [r, r ^ 1] one, [r, r ^ 2] two (USP's ring
+    groups across nodes: the ring runs there, not the one-node chunk stream)."""
+    import torch.distributed as dist
+
+    from burst.comm.topology import nodes_spanned
+
+    topology = burst.Topology(2).resolved(world)
+    pairs = {
+        name: [sorted((r, r ^ bit)) for r in range(world) if r < r ^ bit] for name, bit in (("in", 1), ("across", 2))
+    }
+    groups = {name: [dist.new_group(p) for p in ps] for name, ps in pairs.items()}  # every rank makes every group
+    mine = {name: groups[name][[rank in p for p in ps].index(True)] for name, ps in pairs.items()}
+    return {name: nodes_spanned(topology, g) for name, g in mine.items()} | {"no topology": nodes_spanned(None, None)}
+
+
 def _everything(rank, world):
-    return _exact(rank, world), _links(rank, world), _bad(rank, world), _emulated(rank, world) if world == 4 else None
+    four = world == 4
+    return (
+        _exact(rank, world),
+        _links(rank, world),
+        _bad(rank, world),
+        _emulated(rank, world) if four else None,
+        (_spanned(rank, world) if four else None),
+    )
 
 
 _results = results_by_world(_everything, timeout=400)
@@ -136,7 +159,7 @@ def test_bytes_by_link_match_the_formulas(world):
     kv = 2 * N_LOCAL * H * D * 4  # K and V, fp32
     q = N_LOCAL * H * D * 4  # one of Q, dO, dQ
     stat = N_LOCAL * H * 4  # one of D, lse
-    for rank, (_, links, _, _) in enumerate(_results(world)):
+    for rank, (_, links, _, _, _) in enumerate(_results(world)):
         for (per_node, double, strategy), got in links.items():
             L = per_node if double and per_node < world else world
             M = world // L
@@ -170,7 +193,7 @@ def test_bytes_by_link_match_the_formulas(world):
 
 
 def test_double_ring_crosses_nodes_less_than_the_flat_boundary_rank():
-    links = [lk for _, lk, _, _ in _results(4)]
+    links = [lk for _, lk, _, _, _ in _results(4)]
     double_inter = max(r[(2, True, "burst")][("forward", "inter")] for r in links)
     flat_inter = max(r[(2, False, "burst")][("forward", "inter")] for r in links)
     assert double_inter < flat_inter
@@ -178,11 +201,16 @@ def test_double_ring_crosses_nodes_less_than_the_flat_boundary_rank():
 
 @pytest.mark.parametrize("world", [4, 6])
 def test_topology_that_does_not_divide_the_world_raises_on_every_rank(world):
-    for rank, (_, _, message, _) in enumerate(_results(world)):
+    for rank, (_, _, message, _, _) in enumerate(_results(world)):
         assert message is not None and "local_world_size" in message, (rank, message)
 
 
 def test_emulated_inter_node_link_takes_bytes_over_bandwidth():
-    for rank, (_, _, _, times) in enumerate(_results(4)):
+    for rank, (_, _, _, times, _) in enumerate(_results(4)):
         assert times["inter"] >= 2 * 2**20 / 0.02e9, (rank, times)  # 105 ms at least
         assert times["intra"] < times["inter"], (rank, times)
+
+
+def test_a_subgroup_spans_the_nodes_its_global_ranks_sit_on():
+    for rank, result in enumerate(_results(4)):
+        assert result[4] == {"in": 1, "across": 2, "no topology": 1}, (rank, result[4])

@@ -52,6 +52,14 @@ class Topology:
         return "intra" if self.node_of(global_a) == self.node_of(global_b) else "inter"
 
 
+def nodes_spanned(topology: Topology | None, group) -> int:
+    """The nodes the ranks of `group` (None: the default group) sit on under `topology`: 1 without a
+    topology. A subgroup's ranks are looked up by their global numbers, as links are (link_between)."""
+    if topology is None or not dist.is_initialized():
+        return 1
+    return len({topology.node_of(r) for r in dist.get_process_group_ranks(group or dist.group.WORLD)})
+
+
 def default_world_size() -> int:
     return group_size()
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch.distributed as dist
 
 from ..call import AttentionCall
 from ..comm.stats import record_choice
+from ..comm.topology import nodes_spanned
 from ..kernels.accumulators import accumulator_zeros_like, lse_for_backward, row_delta
 from ..keys import KeyBlocks, kv_gradients
 from .base import Options, Strategy, int_at_least
@@ -133,11 +133,9 @@ def _query_side_backward(call: AttentionCall, dout, q, k, v, out, lse):
 
 def _on_one_node(call: AttentionCall) -> bool:
     """The chunk stream's shifts suit one node's switch; across nodes the (double) ring runs, also when
-    the topology asks for the flat ring (double_ring=False), which then stays neighbour to neighbour."""
-    if call.q_schedule.nodes != 1:
-        return False
-    topo = call.topology
-    return topo is None or call.group not in (None, dist.group.WORLD) or topo.local_world_size >= call.world
+    the topology asks for the flat ring (double_ring=False), which then stays neighbour to neighbour, and
+    for a subgroup whose ranks sit on several nodes (USP's ring groups across nodes)."""
+    return call.q_schedule.nodes == 1 and nodes_spanned(call.topology, call.group) == 1
 
 
 def _ring_backward(call: AttentionCall, travelling, out, k, v, dk, dv):
