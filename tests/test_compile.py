@@ -169,3 +169,34 @@ def test_compiled_checkpointed_block_equals_eager():
             assert checkpointed < 1e-5, (rank, name, checkpointed)
         # the check can fail: torch's SDPA on one rank's tokens is far from the whole sequence's attention
         assert -results["context_parallel differs from local SDPA"][2] > 1e-2
+
+
+def test_every_keyword_is_carried_by_the_op_or_sends_the_call_eagerly():
+    """The op's schema lists burst.attention's keywords a second time (custom_op.Settings, and the two ops'
+    parameters): a keyword added to AttentionRequest and to neither would be dropped under compile. Each
+    field is carried (by name; group by its name, options as names and values) or, when set, makes
+    `takes` refuse the op (the call then runs eagerly behind a graph break)."""
+    import dataclasses
+    import inspect
+
+    from burst import custom_op
+    from burst.call import AttentionRequest
+    from burst.masks import BlockSparseMask
+
+    carried = set(custom_op.Settings._fields) - {"group_name", "option_names", "option_values"}
+    carried |= {"group", "options"}
+    eager_only = {
+        "block_sparse": BlockSparseMask(4, torch.ones(2, 2, dtype=torch.bool)),
+        "topology": burst.Topology(1),
+        "indices": torch.zeros(1, 1, 1, 1, dtype=torch.long),
+        "compressed": object(),
+        "layout": burst.DocumentLayout((0, 8)),  # a name is carried; a DocumentLayout is not
+    }
+    for f in dataclasses.fields(AttentionRequest):
+        assert f.name in carried or f.name in eager_only, f"AttentionRequest.{f.name} is neither carried nor refused"
+    for name, value in eager_only.items():
+        assert not custom_op.takes(AttentionRequest(**{name: value})), name
+    assert custom_op.takes(AttentionRequest())
+    for op in (custom_op._attention_op, custom_op._attention_backward_op):
+        parameters = list(inspect.signature(op._init_fn if hasattr(op, "_init_fn") else op).parameters)
+        assert parameters[-len(custom_op.Settings._fields) :] == list(custom_op.Settings._fields), op
