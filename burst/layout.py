@@ -209,7 +209,9 @@ def _check_divisible(layout, world: int, seq_len: int) -> None:
     need = world * local_multiple(layout)
     if seq_len % need:
         raise ValueError(
-            f"sequence length {seq_len} must be divisible by {need} for layout={layout!r} on {world} ranks"
+            f"sequence length {seq_len} must be divisible by {need} for layout={layout!r} on {world} ranks: pad "
+            f"the batch at the end to {-(-seq_len // need) * need} tokens (labels -100 there, so no loss is "
+            "taken on the padding; SequenceParallelTrainer and generate() on a ShardedCache pad themselves)"
         )
 
 
