@@ -126,6 +126,17 @@ def _gemma3_wrapper():
     return config
 
 
+def _deepseek_v32(topk):
+    """DeepSeek sparse attention: each query attends the `topk` keys its indexer scores highest (4, fewer
+    than the prompt: the choice shows)."""
+    from burst.bench.hf_zoo import tiny_config
+
+    config = tiny_config("deepseek_v32")
+    config.vocab_size, config.pad_token_id = VOCAB, 0
+    config.index_topk, config.initializer_range = topk, 0.3
+    return config
+
+
 def _models(config, name, dtype=torch.float32, reference="sdpa"):
     """(one-process model on `reference` attention (SDPA; eager where a family takes no SDPA), the same
     weights on burst's backend `name`)."""
@@ -218,6 +229,9 @@ def _other_models(rank, world):
     results["softcap"] = _compare(*_models(_gemma2(1.0), name, reference="eager"), ids, do_sample=False)
     uncapped, _ = _models(_gemma2(None), name, reference="eager")
     results["softcap effect"] = _rel(_generate(uncapped, ids, do_sample=False)[1], results["softcap"]["logits"])
+    results["dsa"] = _compare(*_models(_deepseek_v32(4), name, reference="eager"), ids, do_sample=False)
+    unselected, _ = _models(_deepseek_v32(4096), name, reference="eager")  # every key chosen
+    results["dsa effect"] = _rel(_generate(unselected, ids, do_sample=False)[1], results["dsa"]["logits"])
     results["gemma3 wrapper"] = _compare(*_models(_gemma3_wrapper(), name, reference="eager"), ids, do_sample=False)
     chunk = 2 * world + 4  # the prompt (2G + 3 tokens) ends inside the first chunk; decoding crosses into the second
     results["chunks"] = _compare(*_models(_llama4(chunk), name, reference="eager"), ids, do_sample=False)
@@ -344,6 +358,7 @@ def test_sliding_window_qwen2_and_bfloat16(world):
         "mla",
         "softcap",
         "gemma3 wrapper",
+        "dsa",
         "chunks",
         "dynamic rope",
         "longrope switch",
@@ -360,6 +375,7 @@ def test_sliding_window_qwen2_and_bfloat16(world):
     assert per_rank[0]["switch effect"] > 1e-3  # and so does running the sequence again at the rope switch
     assert per_rank[0]["softcap effect"] > 1e-3  # and the cap
     assert per_rank[0]["chunk effect"] > 1e-3  # and the chunks
+    assert per_rank[0]["dsa effect"] > 1e-3  # and the indexer's choice of keys
 
 
 def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_work():

@@ -85,17 +85,24 @@ class ShardedKVCache:
 
     # -- reading -------------------------------------------------------------------------------
     def keys_values(
-        self, layer: int, since: torch.Tensor | None = None
+        self, layer: int, since: torch.Tensor | None = None, chosen: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(k, v, valid) of the entries this rank holds for `layer` (k, v views, no copy).
 
         since: (batch,) the oldest global position each row may attend (a sliding window), or None:
-        older entries stay stored but are marked invalid.
+        older entries stay stored but are marked invalid. chosen: (batch, picks) the global positions
+        each row attends (an indexer's top-k, DeepSeek sparse attention), or None: the others are invalid.
         """
         n = self.length + (1 if layer in self._pending else 0)
         valid = self._valid[:, :n]
+        positions = self._positions[:, :n]
         if since is not None:
-            valid = valid & (self._positions[:, :n] >= since.to(self._positions.device)[:, None])
+            valid = valid & (positions >= since.to(positions.device)[:, None])
+        if chosen is not None:
+            chosen = chosen.to(positions.device, torch.long)
+            picked = torch.zeros(chosen.shape[0], int(chosen.max()) + 1 if chosen.numel() else 1, dtype=torch.bool)
+            picked = picked.to(positions.device).scatter_(1, chosen, True)
+            valid = valid & picked.gather(1, positions.clamp(max=picked.shape[1] - 1)) & (positions < picked.shape[1])
         return self._k[layer][:, :n], self._v[layer][:, :n], valid
 
     def bytes(self) -> int:

@@ -102,6 +102,7 @@ class ShardedCache(Cache):
         self._step = None  # decode: (batch,) global position of the token being run
         self._step_updates: dict[int, tuple] = {}  # decode: slot -> (key_states, value_states) of this step
         self._model_inputs: str | None = None  # this forward's model inputs: decoding.beyond_a_text_prompt
+        self.indexer_keys: dict[int, torch.Tensor] = {}  # layer -> a DSA indexer's keys, whole (layers/indexer.py)
 
     # -- what transformers asks of a Cache -----------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -141,6 +142,7 @@ class ShardedCache(Cache):
 
     def reset(self) -> None:
         self.kv = ShardedKVCache(self.kv.layers, group=self.group, layout=self.layout, chunk=self.kv.chunk)
+        self.indexer_keys = {}
         self.seen = self.prompt_length = 0
         self._tokens = None
 
@@ -222,6 +224,7 @@ class ShardedCache(Cache):
                 "cannot be run again; pass input_ids, or a prompt longer than that"
             )
         self.kv = ShardedKVCache(self.kv.layers, group=self.group, layout=self.layout, chunk=self.kv.chunk)
+        self.indexer_keys = {}
         self._prefill(kwargs, key, self._tokens)
         self._tokens = None
 
@@ -272,15 +275,18 @@ class ShardedCache(Cache):
         value: torch.Tensor,
         call,
         sinks: torch.Tensor | None = None,
+        indices: torch.Tensor | None = None,
     ):
         """Decode attention of the new token over the sharded cache: (batch, 1, heads, head_dim).
 
         module: the attention layer; query: (batch, heads, 1, head_dim), the same on every rank; key,
         value: (batch, kv_heads, 1, head_dim), the new token's K, V as the layer hands them to attention;
         call: the layer's call (backend/features.LayerCall: scaling, sliding_window, chunk_size, softcap);
-        sinks: (heads,) or None. The entries read are those of this step's latest update whose new K, V
-        become what the layer hands (decoding.attend_rule): the layer's own, just before (in its slot: HRM
-        stores each of its cycles under a slot of its own), or the layer it shares its keys with (Gemma 3n).
+        sinks: (heads,) or None; indices: (batch, 1, picks) the global positions the layer's indexer chose
+        (DeepSeek sparse attention: layers/indexer.py), or None. The entries read are those of this step's
+        latest update whose new K, V become what the layer hands (decoding.attend_rule): the layer's own, just
+        before (in its slot: HRM stores each of its cycles under a slot of its own), or the layer it shares its
+        keys with (Gemma 3n).
         """
         since = None
         if call.sliding_window is not None:  # transformers: key j attends query i when j > i - sliding_window
@@ -288,7 +294,9 @@ class ShardedCache(Cache):
         if call.chunk_size:  # Llama 4's chunked attention: the keys of the query's own chunk
             start = self._step - self._step % call.chunk_size
             since = start if since is None else torch.maximum(since, start)
-        k, v, valid = self._entries(module, key, value, since)
+        if indices is not None and (indices.dim() != 3 or indices.shape[1] != 1):
+            raise ValueError(f"{type(module).__name__}: decoding takes one token's indices, got {tuple(indices.shape)}")
+        k, v, valid = self._entries(module, key, value, since, None if indices is None else indices[:, 0])
         q = query.transpose(1, 2)
         scale = q.shape[-1] ** -0.5 if call.scaling is None else call.scaling
         signature = (tuple(q.shape), q.dtype, k.shape[2], v.shape[-1], float(scale))
@@ -300,12 +308,12 @@ class ShardedCache(Cache):
             q, k, v, valid, scale, self.group, agreed=True, exchange=exchange, sinks=sinks, softcap=call.softcap
         )
 
-    def _entries(self, module, key: torch.Tensor, value: torch.Tensor, since) -> tuple:
+    def _entries(self, module, key: torch.Tensor, value: torch.Tensor, since, chosen) -> tuple:
         """(k, v, valid) this rank attends for the layer: see attend. The same choice on every rank."""
         for slot, updated in reversed(self._step_updates.items()):
             rule = attend_rule(module, updated, (key, value))
             if rule is not None:
-                stored_k, stored_v, valid = self.kv.keys_values(slot, since=since)
+                stored_k, stored_v, valid = self.kv.keys_values(slot, since=since, chosen=chosen)
                 return (*rule(stored_k, stored_v), valid)
         raise ValueError(
             f"{type(module).__name__} attends keys or values in decode that no layer stored in this step, nor "

@@ -138,7 +138,7 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     features.run("check", call)
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")  # GPT-OSS's name, others'
     if call.decoding:
-        return cache.attend(module, query, key, value, call, sinks), None
+        return cache.attend(module, query, key, value, call, sinks, kwargs.get("indices")), None
     if cache is None:  # a ShardedCache's prefill runs below
         _refuse_generate_without_cache(name)
     features.run("take", call)

@@ -20,7 +20,9 @@ process. Where a row's top-k is not unique (fewer than index_topk positive score
 ReLU leaves exact zeros), torch.topk breaks the exact ties in an order that depends on the last
 bits of the row's other scores, which a shard's matmul need not reproduce, so such a row may attend
 an equally-scored other key (benchmarks/dsa_bytes.md: 1 row of 4096 in one run).
-Packed documents and sharded decoding are refused.
+Packed documents are refused. Decoding on burst's ShardedCache keeps the indexer's keys whole on every
+rank (one index_head_dim vector a token, beside each rank's share of the latent), so each step's top-k is
+the one process's; the attention then reads only the chosen entries of each rank's shard.
 """
 
 from __future__ import annotations
@@ -83,21 +85,39 @@ def take_over_indexers(
 
 
 class _GatheredKeys:
-    """The indexer's cache hook, standing in for a cache: this rank's keys in, every rank's out."""
+    """The indexer's cache hook, standing in for a cache: this rank's keys in, every rank's out.
 
-    def __init__(self, group, layout: str):
-        self.group, self.layout = group, layout
+    kept: a ShardedCache's indexer_keys, where a prompt's keys (the first `length`, not the padding) stay
+    for its decoding, or None."""
+
+    def __init__(self, group, layout: str, kept: dict | None = None, length: int = 0):
+        self.group, self.layout, self.kept, self.length = group, layout, kept, length
 
     def update_indexer(self, keys: torch.Tensor, layer_idx: int) -> torch.Tensor:
         """keys: (batch, seq_local, index_head_dim) -> (batch, seq, index_head_dim) in global order.
         Counted in CommStats under the phase "indexer" (bytes this rank sent)."""
         world, _ = layout_mod._world_and_rank(self.group)
-        if world == 1:
-            return keys
-        posted = time.perf_counter()
-        whole = layout_mod.unshard(keys.contiguous(), group=self.group, layout=self.layout, dim=1)
-        record_to_peers("indexer", tensor_bytes(keys), self.group, posted=posted)
+        whole = keys
+        if world > 1:
+            posted = time.perf_counter()
+            whole = layout_mod.unshard(keys.contiguous(), group=self.group, layout=self.layout, dim=1)
+            record_to_peers("indexer", tensor_bytes(keys), self.group, posted=posted)
+        if self.kept is not None:
+            self.kept[layer_idx] = whole[:, : self.length]
         return whole
+
+
+class _KeptKeys:
+    """The indexer's cache hook in a decode step on a ShardedCache: the new token's key joins the kept
+    ones, and the indexer scores them all (each rank holds them whole, one index_head_dim vector a token:
+    the same top-k on every rank, the choice one process makes)."""
+
+    def __init__(self, kept: dict):
+        self.kept = kept
+
+    def update_indexer(self, keys: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        self.kept[layer_idx] = torch.cat([self.kept[layer_idx], keys], dim=1)
+        return self.kept[layer_idx]
 
 
 def refuse_decoding(what: str, cache, layer_idx) -> None:
@@ -142,23 +162,39 @@ def _whole_sequence_indexer(
     past_key_values=None,
 ):
     """The indexer's own forward over this rank's queries and every key: (batch, seq_local, topk)
-    global key positions. (Its cache comes as `cache`, or `past_key_values` before transformers 5.24.)"""
-    refuse_decoding(
-        f"{type(module).__name__}: decoding on a cache with DeepSeek sparse attention under burst",
-        cache if cache is not None else past_key_values,
-        module.layer_idx,
-    )
+    global key positions. (Its cache comes as `cache`, or `past_key_values` before transformers 5.24.)
+    On burst's ShardedCache (generate.py) the prompt's keys are kept, whole, and each decode step's new
+    token scores them all."""
+    cache = cache if cache is not None else past_key_values
+    sharded = getattr(cache, "indexer_keys", None) is not None  # a ShardedCache
+    if sharded and cache.phase == "decode":
+        everything = torch.ones(*hidden_states.shape[:2], cache.seen + 1, dtype=torch.bool, device=hidden_states.device)
+        kept = _KeptKeys(cache.indexer_keys)
+        return forward(
+            module,
+            hidden_states,
+            q_resid,
+            position_embeddings,
+            everything,
+            position_ids,
+            **{cache_keyword(forward): kept},
+        )
+    if not sharded:
+        refuse_decoding(
+            f"{type(module).__name__}: decoding on a cache with DeepSeek sparse attention under burst",
+            cache,
+            module.layer_idx,
+        )
     rows = one_sequence_per_row(
         f"{type(module).__name__}: DeepSeek sparse attention", position_ids, group, layout, hidden_states
     )
     keys = torch.arange(rows.numel() * layout_mod._world_and_rank(group)[0], device=hidden_states.device)
     causal = (keys[None, :] <= rows[:, None]).expand(hidden_states.shape[0], -1, -1)  # (batch, seq_local, seq)
+    gathered = (
+        _GatheredKeys(group, layout, cache.indexer_keys, cache.prompt_length)
+        if sharded
+        else _GatheredKeys(group, layout)
+    )
     return forward(
-        module,
-        hidden_states,
-        q_resid,
-        position_embeddings,
-        causal,
-        position_ids,
-        **{cache_keyword(forward): _GatheredKeys(group, layout)},
+        module, hidden_states, q_resid, position_embeddings, causal, position_ids, **{cache_keyword(forward): gathered}
     )
