@@ -81,3 +81,22 @@ def test_sequence_shards_add_up_to_the_full_loss():
     assert (sum(p[1] for p in parts) - ref_w).abs().max() < 1e-12
     assert "must share the leading dimensions" in parts[1][2]
     assert parts[0][2] is not None and "rank 1" in parts[0][2], parts[0][2]
+
+
+def test_targets_outside_the_vocabulary_are_refused_as_cross_entropy_refuses_them():
+    """-1 padding with the default ignore_index, or an id past the vocabulary: F.cross_entropy raises; the
+    fused loss had counted the row's target logit as 0, a finite wrong loss and gradient."""
+    import pytest
+
+    hidden, weight, targets = _problem()
+    vocab = weight.shape[0]
+    for bad in (-1, vocab, vocab + 7):
+        wrong = targets.clone()
+        wrong.view(-1)[3] = bad
+        with pytest.raises(IndexError):
+            torch.nn.functional.cross_entropy((hidden @ weight.T).flatten(0, -2), wrong.flatten())
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            fused_linear_cross_entropy(hidden, weight, wrong)
+    ignored = targets.masked_fill(targets == -100, -1)
+    ignored.view(-1)[3] = -1
+    fused_linear_cross_entropy(hidden, weight, ignored, ignore_index=-1)  # -1 as the ignore_index: taken

@@ -85,7 +85,7 @@ def fused_linear_cross_entropy(
     rank of the group (this rank's share of the global mean). Returns a 0-dim tensor, float32
     (float64 for float64 input).
     """
-    problem = _shape_problem(hidden, weight, targets)
+    problem = _input_problem(hidden, weight, targets, ignore_index)
     if group is not None:  # raised on every rank, before the label count's all-reduce, or on none
         facts = {"weight": tuple(weight.shape), "dtype": str(hidden.dtype), "ignore_index": ignore_index}
         agree("fused_linear_cross_entropy", None if problem else facts, problem, group, dist.get_world_size(group))
@@ -97,13 +97,24 @@ def fused_linear_cross_entropy(
     )
 
 
-def _shape_problem(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> ValueError | None:
+def _input_problem(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int):
+    """The ValueError these inputs call for, or None: shapes that do not match, or a target outside the
+    vocabulary that is not ignore_index (-1 padding with the default ignore_index=-100, say), which
+    F.cross_entropy refuses and the vocabulary tiles would silently count as a logit of 0."""
     if hidden.shape[:-1] != targets.shape:
         return ValueError(
             f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} must share the leading dimensions"
         )
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
         return ValueError(f"weight must be (vocab, {hidden.shape[-1]}), got {tuple(weight.shape)}")
+    if targets.is_floating_point() or targets.dtype == torch.bool:
+        return ValueError(f"targets must be integer class ids, got {targets.dtype}")
+    outside = (targets != ignore_index) & ((targets < 0) | (targets >= weight.shape[0]))
+    if bool(outside.any()):
+        return ValueError(
+            f"targets hold {targets[outside].flatten()[0].item()}, outside the vocabulary 0..{weight.shape[0] - 1} "
+            f"and not ignore_index={ignore_index}"
+        )
     return None
 
 
