@@ -109,7 +109,7 @@ def _selection(rank, world):
     with mock.patch.object(block_indexer, "block_selection", lambda module, chosen: None):
         out["planted: minimax's blocks dropped"] = _errors("minimax_m3_vl_text", minimax, name, "zigzag", 128)
     gathered = block_indexer._GatheredKeys  # the keys gathered in the contiguous order under zigzag: misplaced
-    with mock.patch.object(block_indexer, "_GatheredKeys", lambda group, layout: gathered(group, "contiguous")):
+    with mock.patch.object(block_indexer, "_GatheredKeys", lambda group, layout, *kept: gathered(group, "contiguous")):
         out["planted: minimax's indexer keys out of order"] = _errors(
             "minimax_m3_vl_text", minimax, name, "zigzag", 128
         )

@@ -127,3 +127,27 @@ def test_host_all_gather_in_rank_order_and_falls_back_together(world):
             want = torch.stack([torch.arange(n, dtype=dtype) + 100 * r + call for r in range(world)])
             assert every.dtype == dtype and torch.equal(every, want), (rank, dtype, call)
         assert fell_back, rank  # one rank unsupported: None on every rank, none waits on shared memory
+
+
+def test_partial_attention_with_entries_per_kv_head_matches_float64():
+    """valid (batch, entries, kv_heads): each KV head and the query heads of its group attend their own
+    entries (an indexer's blocks per KV head), one row with no entry at all for one head."""
+    from burst.inference.decode import partial_attention
+
+    g = torch.Generator().manual_seed(5)
+    b, n, h, kv, d = 2, 9, 4, 2, 8
+    q = torch.randn(b, 1, h, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(b, n, kv, d, generator=g, dtype=torch.float64) for _ in range(2))
+    valid = torch.rand(b, n, kv, generator=g) < 0.5
+    valid[1, :, 1] = False
+    out, lse = partial_attention(q, k, v, valid, 0.3)
+    for row in range(b):
+        for head in range(h):
+            keep = valid[row, :, head // (h // kv)]
+            if not keep.any():
+                assert lse[row, head, 0] == float("-inf") and out[row, 0, head].abs().max() == 0
+                continue
+            scores = (k[row, keep, head // (h // kv)] @ q[row, 0, head]) * 0.3
+            want = torch.softmax(scores, 0) @ v[row, keep, head // (h // kv)]
+            assert torch.allclose(out[row, 0, head], want, atol=1e-12), (row, head)
+            assert torch.allclose(lse[row, head, 0], torch.logsumexp(scores, 0), atol=1e-12)

@@ -137,6 +137,18 @@ def _deepseek_v32(topk):
     return config
 
 
+def _minimax_m3(topk_blocks):
+    """MiniMax-M3's block-sparse layer: per KV head (2), `topk_blocks` blocks of 2 keys, one of them the
+    query's own (2 of the prompt's blocks: the choice, different for each KV head, shows)."""
+    from burst.bench.hf_zoo import tiny_config
+
+    config = tiny_config("minimax_m3_vl_text")
+    config.vocab_size, config.pad_token_id = VOCAB, 0
+    config.index_block_size, config.index_topk_blocks, config.index_local_blocks = 2, topk_blocks, 1
+    config.initializer_range = 0.3
+    return config
+
+
 def _models(config, name, dtype=torch.float32, reference="sdpa"):
     """(one-process model on `reference` attention (SDPA; eager where a family takes no SDPA), the same
     weights on burst's backend `name`)."""
@@ -232,6 +244,11 @@ def _other_models(rank, world):
     results["dsa"] = _compare(*_models(_deepseek_v32(4), name, reference="eager"), ids, do_sample=False)
     unselected, _ = _models(_deepseek_v32(4096), name, reference="eager")  # every key chosen
     results["dsa effect"] = _rel(_generate(unselected, ids, do_sample=False)[1], results["dsa"]["logits"])
+    results["blocks per kv head"] = _compare(*_models(_minimax_m3(2), name, reference="eager"), ids, do_sample=False)
+    every_block, _ = _models(_minimax_m3(64), name, reference="eager")
+    results["blocks effect"] = _rel(
+        _generate(every_block, ids, do_sample=False)[1], results["blocks per kv head"]["logits"]
+    )
     results["gemma3 wrapper"] = _compare(*_models(_gemma3_wrapper(), name, reference="eager"), ids, do_sample=False)
     chunk = 2 * world + 4  # the prompt (2G + 3 tokens) ends inside the first chunk; decoding crosses into the second
     results["chunks"] = _compare(*_models(_llama4(chunk), name, reference="eager"), ids, do_sample=False)
@@ -359,6 +376,7 @@ def test_sliding_window_qwen2_and_bfloat16(world):
         "softcap",
         "gemma3 wrapper",
         "dsa",
+        "blocks per kv head",
         "chunks",
         "dynamic rope",
         "longrope switch",
@@ -376,6 +394,7 @@ def test_sliding_window_qwen2_and_bfloat16(world):
     assert per_rank[0]["softcap effect"] > 1e-3  # and the cap
     assert per_rank[0]["chunk effect"] > 1e-3  # and the chunks
     assert per_rank[0]["dsa effect"] > 1e-3  # and the indexer's choice of keys
+    assert per_rank[0]["blocks effect"] > 1e-3  # and of blocks, per KV head
 
 
 def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_work():

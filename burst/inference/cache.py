@@ -90,8 +90,10 @@ class ShardedKVCache:
         """(k, v, valid) of the entries this rank holds for `layer` (k, v views, no copy).
 
         since: (batch,) the oldest global position each row may attend (a sliding window), or None:
-        older entries stay stored but are marked invalid. chosen: (batch, picks) the global positions
-        each row attends (an indexer's top-k, DeepSeek sparse attention), or None: the others are invalid.
+        older entries stay stored but are marked invalid. chosen: bool (batch, positions), or (batch,
+        kv_heads, positions) for a choice per KV head, True at the global positions a row attends (an
+        indexer's top-k: DeepSeek sparse attention, MiniMax-M3's blocks), or None. valid: (batch, entries),
+        or (batch, entries, kv_heads) with a choice per KV head.
         """
         n = self.length + (1 if layer in self._pending else 0)
         valid = self._valid[:, :n]
@@ -99,10 +101,14 @@ class ShardedKVCache:
         if since is not None:
             valid = valid & (positions >= since.to(positions.device)[:, None])
         if chosen is not None:
-            chosen = chosen.to(positions.device, torch.long)
-            picked = torch.zeros(chosen.shape[0], int(chosen.max()) + 1 if chosen.numel() else 1, dtype=torch.bool)
-            picked = picked.to(positions.device).scatter_(1, chosen, True)
-            valid = valid & picked.gather(1, positions.clamp(max=picked.shape[1] - 1)) & (positions < picked.shape[1])
+            chosen = chosen.to(positions.device)
+            inside = positions < chosen.shape[-1]  # the cache's padding: no position of a token yet
+            at = positions.clamp(max=chosen.shape[-1] - 1)
+            if chosen.dim() == 3:
+                picked = chosen.gather(2, at[:, None].expand(-1, chosen.shape[1], -1)).transpose(1, 2)
+                valid = (valid & inside)[:, :, None] & picked
+            else:
+                valid = valid & inside & chosen.gather(1, at)
         return self._k[layer][:, :n], self._v[layer][:, :n], valid
 
     def bytes(self) -> int:

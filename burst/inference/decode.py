@@ -29,10 +29,11 @@ def partial_attention(q, k, v, valid, scale: float, softcap: float = 0.0):
     """This rank's partial result for the new queries against its cache entries.
 
     q: (batch, t, heads, head_dim); k: (batch, entries, kv_heads, head_dim); v: (batch, entries,
-    kv_heads, value_dim); valid: (batch, entries) bool. Returns out (batch, t, heads, value_dim) float32
-    and lse (batch, heads, t) float32 (-inf and 0 for a row with no valid entry here). Rows are
-    computed one at a time when their valid entries differ (prompts of different lengths). softcap > 0:
-    scores capped as softcap * tanh(score / softcap) (Gemma 2).
+    kv_heads, value_dim); valid: (batch, entries) bool, or (batch, entries, kv_heads) where each KV head
+    (and the query heads of its group) attends its own entries. Returns out (batch, t, heads, value_dim)
+    float32 and lse (batch, heads, t) float32 (-inf and 0 for a row with no valid entry here). Rows (and
+    KV heads) are computed one at a time when their valid entries differ (prompts of different lengths,
+    an indexer's choice). softcap > 0: scores capped as softcap * tanh(score / softcap) (Gemma 2).
     """
     if v.shape[-1] != q.shape[-1]:  # MLA's values are narrower than its keys: the kernels take one width
         width = max(v.shape[-1], q.shape[-1])
@@ -50,13 +51,24 @@ def partial_attention(q, k, v, valid, scale: float, softcap: float = 0.0):
         out.copy_(o)
         lse.copy_(l)
         return out, lse
+    groups = [slice(None)] if valid.dim() == 2 else [slice(g, g + 1) for g in range(k.shape[2])]
+    per_group = h // k.shape[2] if valid.dim() == 3 else h
     for row in range(b):
-        keep = valid[row]
-        if not bool(keep.any()):
-            continue
-        o, l = kernel.forward(q[row : row + 1], k[row : row + 1, keep], v[row : row + 1, keep], scale, False, None)
-        out[row : row + 1].copy_(o)
-        lse[row : row + 1].copy_(l)
+        for g, heads in enumerate(groups):
+            keep = valid[row] if valid.dim() == 2 else valid[row, :, g]
+            if not bool(keep.any()):
+                continue
+            rows_heads = slice(None) if valid.dim() == 2 else slice(g * per_group, (g + 1) * per_group)
+            o, l = kernel.forward(
+                q[row : row + 1, :, rows_heads],
+                k[row : row + 1, keep, heads],
+                v[row : row + 1, keep, heads],
+                scale,
+                False,
+                None,
+            )
+            out[row : row + 1, :, rows_heads].copy_(o)
+            lse[row : row + 1, rows_heads].copy_(l)
     return out, lse
 
 
@@ -123,12 +135,12 @@ def decode_attention(
         or k.shape[:3] != v.shape[:3]
         or q.shape[-1] != k.shape[-1]
         or q.shape[2] % k.shape[2]
-        or valid.shape != k.shape[:2]
+        or valid.shape not in (k.shape[:2], k.shape[:3])
     ):
         problem = ValueError(
             f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, valid "
             f"{tuple(valid.shape)}: want q (batch, t, heads, d), k (batch, entries, kv_heads, d), v (batch, "
-            "entries, kv_heads, value_dim) with heads a multiple of kv_heads, valid (batch, entries)"
+            "entries, kv_heads, value_dim) with heads a multiple of kv_heads, valid (batch, entries[, kv_heads])"
         )
     try:
         check_sinks(sinks, q)

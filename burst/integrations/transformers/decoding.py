@@ -165,3 +165,28 @@ def drop_causal_mask(kwargs: dict, name: str, model_inputs: str | None) -> None:
             "the attention_mask has padding (zeros) or is not 2-D. Generate each length's prompts "
             "as their own batch"
         )
+
+
+def chosen_positions(kwargs: dict, block_size: int | None, length: int) -> torch.Tensor | None:
+    """What a decode step's new token attends by its layer's indexer, as bool over the `length` global
+    positions so far: (batch, length) for one choice (DeepSeek sparse attention's `indices`, (batch, 1,
+    picks) positions), (batch, kv_heads, length) for one per KV head (MiniMax-M3's `block_indices`, (batch,
+    kv_heads, 1, picks) blocks of `block_size` keys, -1 for none); None without an indexer's choice."""
+    indices, blocks = kwargs.get("indices"), kwargs.get("block_indices")
+    if indices is not None:
+        if not isinstance(indices, torch.Tensor) or indices.dim() != 3 or indices.shape[1] != 1:
+            raise ValueError(f"decoding takes one new token's indices (batch, 1, picks), got {_shape_of(indices)}")
+        chosen = torch.zeros(indices.shape[0], length, dtype=torch.bool, device=indices.device)
+        return chosen.scatter_(1, indices[:, 0].long().clamp(0, length - 1), True)
+    if blocks is not None:
+        if not isinstance(blocks, torch.Tensor) or blocks.dim() != 4 or blocks.shape[2] != 1 or not block_size:
+            raise ValueError(
+                f"decoding takes one new token's block_indices (batch, kv_heads, 1, picks), got {_shape_of(blocks)}"
+            )
+        of_position = torch.arange(length, device=blocks.device) // block_size  # each position's block
+        return (of_position[None, None, :, None] == blocks[:, :, 0, None, :]).any(-1)  # -1 matches no block
+    return None
+
+
+def _shape_of(value) -> str:
+    return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__

@@ -275,15 +275,15 @@ class ShardedCache(Cache):
         value: torch.Tensor,
         call,
         sinks: torch.Tensor | None = None,
-        indices: torch.Tensor | None = None,
+        chosen: torch.Tensor | None = None,
     ):
         """Decode attention of the new token over the sharded cache: (batch, 1, heads, head_dim).
 
         module: the attention layer; query: (batch, heads, 1, head_dim), the same on every rank; key,
         value: (batch, kv_heads, 1, head_dim), the new token's K, V as the layer hands them to attention;
         call: the layer's call (backend/features.LayerCall: scaling, sliding_window, chunk_size, softcap);
-        sinks: (heads,) or None; indices: (batch, 1, picks) the global positions the layer's indexer chose
-        (DeepSeek sparse attention: layers/indexer.py), or None. The entries read are those of this step's
+        sinks: (heads,) or None; chosen: bool (batch, [kv_heads,] positions), what the layer's indexer chose
+        (decoding.chosen_positions), or None. The entries read are those of this step's
         latest update whose new K, V become what the layer hands (decoding.attend_rule): the layer's own, just
         before (in its slot: HRM stores each of its cycles under a slot of its own), or the layer it shares its
         keys with (Gemma 3n).
@@ -294,9 +294,7 @@ class ShardedCache(Cache):
         if call.chunk_size:  # Llama 4's chunked attention: the keys of the query's own chunk
             start = self._step - self._step % call.chunk_size
             since = start if since is None else torch.maximum(since, start)
-        if indices is not None and (indices.dim() != 3 or indices.shape[1] != 1):
-            raise ValueError(f"{type(module).__name__}: decoding takes one token's indices, got {tuple(indices.shape)}")
-        k, v, valid = self._entries(module, key, value, since, None if indices is None else indices[:, 0])
+        k, v, valid = self._entries(module, key, value, since, chosen)
         q = query.transpose(1, 2)
         scale = q.shape[-1] ** -0.5 if call.scaling is None else call.scaling
         signature = (tuple(q.shape), q.dtype, k.shape[2], v.shape[-1], float(scale))

@@ -23,6 +23,7 @@ import torch
 from burst import api, layout as layout_mod
 from burst.agreement import agree
 
+from ..decoding import chosen_positions
 from ..keywords import check_keywords, generate_cache_keyword
 from ..layers import compressed
 from ..layers.configs import text_config
@@ -138,7 +139,9 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     features.run("check", call)
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")  # GPT-OSS's name, others'
     if call.decoding:
-        return cache.attend(module, query, key, value, call, sinks, kwargs.get("indices")), None
+        block_size = getattr(getattr(module, "indexer", None), "block_size", None)
+        chosen = chosen_positions(kwargs, block_size, cache.seen + 1)
+        return cache.attend(module, query, key, value, call, sinks, chosen), None
     if cache is None:  # a ShardedCache's prefill runs below
         _refuse_generate_without_cache(name)
     features.run("take", call)

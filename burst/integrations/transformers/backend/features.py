@@ -152,11 +152,6 @@ def _hand_entries(call: LayerCall) -> None:
 # ---- MiniMax-M3: key blocks chosen per KV head by an indexer that sees the whole sequence ---------------------
 
 
-def _check_block_selection(call: LayerCall) -> None:
-    if call.decoding:
-        _refuse_decoding(call, "key blocks picked by an indexer")
-
-
 def _take_block_selection(call: LayerCall) -> None:
     chosen = call.kwargs.get("block_indices")
     if chosen is None:
@@ -311,7 +306,6 @@ FEATURES: tuple[Feature, ...] = (
         "block selection per KV head",
         detect=block_indexer.has_block_indexer,
         prepare=show_blocks_whole_sequence,
-        check=_check_block_selection,
         take=_take_block_selection,
         hand=_hand_block_selection,
     ),

@@ -15,8 +15,9 @@ a selection per KV head, which the heads of its group share, as eager's build_bl
 
 Ties: a row's scores come from the same code on the same projections as in one process; blocks
 whose pooled scores tie exactly (none with continuous weights) may be picked in another order.
-Packed documents and decoding on a cache are refused (indexer.py's one_sequence_per_row and
-refuse_decoding).
+Packed documents are refused (indexer.py's one_sequence_per_row). Decoding on burst's ShardedCache keeps
+the indexer's keys whole on every rank, as indexer.py does DeepSeek's; each KV head then attends the
+entries of its chosen blocks (decoding.chosen_positions).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 
 from .configs import PreparedConfigs
-from .indexer import _GatheredKeys, one_sequence_per_row, refuse_decoding, take_over_indexers
+from .indexer import _GatheredKeys, _KeptKeys, one_sequence_per_row, refuse_decoding, take_over_indexers
 
 _prepared = PreparedConfigs()  # the configs of models whose block indexers see the whole sequence
 
@@ -56,11 +57,12 @@ def show_blocks_whole_sequence(model: torch.nn.Module, group=None, layout="conti
     )
 
 
-class _GatheredIndexKeys:
-    """The cache the indexer reads its keys through (cache.layers[i].update_index), gathering them."""
+class _IndexKeys:
+    """The cache the indexer reads its keys through (cache.layers[i].update_index): `keys`, indexer.py's
+    _GatheredKeys (a forward over shards) or _KeptKeys (a decode step on a ShardedCache), under the layer."""
 
-    def __init__(self, group, layout: str):
-        self._keys = _GatheredKeys(group, layout)
+    def __init__(self, keys, layer_idx: int):
+        self._keys, self._layer = keys, layer_idx
 
     @property
     def layers(self):
@@ -70,24 +72,45 @@ class _GatheredIndexKeys:
         return self
 
     def update_index(self, keys: torch.Tensor) -> torch.Tensor:
-        """keys: (batch, 1, seq_local, index_head_dim) -> (batch, 1, seq, index_head_dim) in global order."""
-        return self._keys.update_indexer(keys.squeeze(1), 0)[:, None]
+        """keys: (batch, 1, tokens, index_head_dim) -> (batch, 1, seq, index_head_dim) in global order."""
+        return self._keys.update_indexer(keys.squeeze(1), self._layer)[:, None]
 
 
 def _whole_sequence_block_indexer(
     module, forward, group, layout, hidden_states, position_embeddings, cache=None, position_ids=None, **kwargs
 ):
     """The indexer's forward over this rank's queries and every key: (batch, kv_heads, seq_local, topk)
-    global block numbers (-1: none)."""
+    global block numbers (-1: none). On burst's ShardedCache the prompt's keys are kept, whole, and each
+    decode step's new token scores them all (as indexer.py's DeepSeek indexer)."""
     cache = cache if cache is not None else kwargs.pop("past_key_values", None)
-    refuse_decoding(
-        f"{type(module).__name__}: decoding on a cache with block-sparse attention under burst", cache, module.layer_idx
-    )
+    sharded = getattr(cache, "indexer_keys", None) is not None  # a ShardedCache
+    if sharded and cache.phase == "decode":
+        step = torch.full((hidden_states.shape[0], 1), cache.seen, device=hidden_states.device)
+        return forward(
+            module,
+            hidden_states,
+            position_embeddings,
+            _IndexKeys(_KeptKeys(cache.indexer_keys), module.layer_idx),
+            step,
+        )
+    if not sharded:
+        refuse_decoding(
+            f"{type(module).__name__}: decoding on a cache with block-sparse attention under burst",
+            cache,
+            module.layer_idx,
+        )
     rows = one_sequence_per_row(
         f"{type(module).__name__}: block-sparse attention", position_ids, group, layout, hidden_states
     )
     positions = rows[None].expand(hidden_states.shape[0], -1)
-    return forward(module, hidden_states, position_embeddings, _GatheredIndexKeys(group, layout), positions)
+    kept = (cache.indexer_keys, cache.prompt_length) if sharded else (None, 0)
+    return forward(
+        module,
+        hidden_states,
+        position_embeddings,
+        _IndexKeys(_GatheredKeys(group, layout, *kept), module.layer_idx),
+        positions,
+    )
 
 
 def block_selection(module: torch.nn.Module, block_indices: torch.Tensor):
