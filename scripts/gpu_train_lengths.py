@@ -388,7 +388,9 @@ class Search:
         first layers, so the check costs little more than the start-up; it must end with one line, exit 1."""
         option = "none + host optimizer"
         n = 4 * self.longest(option)
-        expected = self.setup_s + 0.1 * self.predicted(option, n)["step_s"] * self.factor
+        # a fresh CLI process: imports, the 8B model built and the host optimizer's state made, about twice a
+        # trial's start-up (the H200 run of 2026-11 was killed at 83 s with setup_s's estimate)
+        expected = 2 * self.setup_s + 0.1 * self.predicted(option, n)["step_s"] * self.factor
         entry = {
             "engine": "burst train (CLI)",
             "option": option,

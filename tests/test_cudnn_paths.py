@@ -84,3 +84,14 @@ def test_windows_and_documents_run_on_cudnns_triangles():
         assert all(layout == "striped" for _, layout, _ in without), (rank, without)
         assert by_key[("window", "contiguous", "ring")]["flash_calls"] == 0, rank
         assert all(by_key[("two-sided window", layout, "ring")]["flash_calls"] for layout in ("contiguous", "zigzag"))
+
+
+def test_the_cudnn_ops_take_the_arguments_the_adapter_passes_by_position():
+    """available() keeps FlashAttention-2 on a torch whose cuDNN ops' schemas differ from these (the adapter
+    passes them by position): this torch's match, so an H100/H200 with it runs cuDNN."""
+    from burst.kernels import cudnn
+
+    if cudnn._forward_op is None:
+        return  # a torch without the ops: available() says False before any schema
+    assert cudnn._arguments(cudnn._forward_op) == cudnn._FORWARD_ARGUMENTS
+    assert cudnn._arguments(cudnn._backward_op) == cudnn._BACKWARD_ARGUMENTS

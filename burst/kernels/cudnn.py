@@ -50,12 +50,30 @@ _forward_op = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", Non
 _backward_op = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention_backward", None)
 
 
+# The ops' arguments as forward and backward below pass them by position (torch 2.5 to 2.13); a torch whose
+# schema differs keeps FlashAttention-2 rather than fail at its first tile, inside a ring.
+_FORWARD_ARGUMENTS = (
+    "query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal", "return_debug_mask", "scale"
+)  # fmt: skip
+_BACKWARD_ARGUMENTS = (
+    "grad_out", "query", "key", "value", "out", "logsumexp", "philox_seed", "philox_offset", "attn_bias",
+    "cum_seq_q", "cum_seq_k", "max_q", "max_k", "dropout_p", "is_causal", "scale",
+)  # fmt: skip
+
+
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
-    """True on an NVIDIA GPU whose torch has cuDNN's attention ops and cuDNN 9 or newer."""
+    """True on an NVIDIA GPU whose torch has cuDNN's attention ops, with the arguments passed here, and
+    cuDNN 9 or newer."""
     if _forward_op is None or _backward_op is None or torch.version.hip or not torch.cuda.is_available():
         return False
+    if _arguments(_forward_op) != _FORWARD_ARGUMENTS or _arguments(_backward_op) != _BACKWARD_ARGUMENTS:
+        return False
     return torch.backends.cudnn.is_available() and (torch.backends.cudnn.version() or 0) >= 90000
+
+
+def _arguments(op) -> tuple[str, ...]:
+    return tuple(a.name for a in op.default._schema.arguments)
 
 
 SPEC = KernelSpec(
@@ -73,12 +91,13 @@ SPEC = KernelSpec(
 
 def handles(q, k, v, causal: bool, mask) -> bool:
     """True when cuDNN runs this tile itself: fp16/bf16, no mask (causal is its own top-left
-    triangle, any shape but one query by one key: its frontend refuses s_q = s_kv = 1) or a reversed
-    triangle (its causal path on both runs reversed), equal q and v head dims that are multiples of 8
+    triangle) or a reversed triangle (its causal path on both runs reversed), more than one query (its
+    frontend refuses s_q = s_kv = 1, and newer torch refuses one-query "decode" tiles with some cuDNN
+    releases on sm100: tiny tiles, FlashAttention-2's), equal q and v head dims that are multiples of 8
     up to MAX_HEAD_DIM."""
     return (
         (mask is None or _reversed(mask))
-        and (q.shape[1], k.shape[1]) != (1, 1)
+        and q.shape[1] > 1
         and q.dtype in HALF
         and k.shape[-1] == q.shape[-1]
         and SPEC.takes_head_dims(q.shape[-1], v.shape[-1])
@@ -115,7 +134,7 @@ def forward(q, k, v, scale: float, causal: bool, mask=None):
     out, lse, *_ = _forward_op(
         _heads_first(q), _heads_first(k), _heads_first(v), None, True, 0.0, causal, False, scale=scale
     )
-    return out.transpose(1, 2), lse.squeeze(-1)
+    return out.transpose(1, 2), lse.reshape(*lse.shape[:2], q.shape[1])  # (b, h, sq, 1), or (b, h, sq) before
 
 
 def backward(dout, q, k, v, out, lse, scale: float, causal: bool, mask=None):

@@ -47,7 +47,7 @@ def run(
         torch.cuda.set_device(0)
     if sizes.threads:
         torch.set_num_threads(sizes.threads)
-    rep = Report(outdir, device, budget, sizes)
+    rep = Report(outdir, device, budget, sizes, last=max(sections, key=SECTIONS.index))
     rep.write()
     several = None  # the backend that ran several ranks on this device (section 2)
     if "1" in sections:

@@ -57,8 +57,10 @@ class Section:
 
 
 class Report:
-    def __init__(self, outdir: str, device: torch.device, budget: float, sizes: Sizes):
-        self.outdir, self.device, self.sizes = outdir, device, sizes
+    def __init__(self, outdir: str, device: torch.device, budget: float, sizes: Sizes, last: str | None = None):
+        """last: the id of the last section this run selects, whose deadline is the budget's end (what the
+        sections before it left unused, and what a --budget above the planned sum adds, goes to it)."""
+        self.outdir, self.device, self.sizes, self.last = outdir, device, sizes, last
         self.start = time.monotonic()
         self.end = self.start + budget
         self.sections: list[Section] = []
@@ -70,9 +72,10 @@ class Report:
     @contextlib.contextmanager
     def section(self, sid: str, title: str):
         """A guarded section: an exception is recorded (status error) and the next section runs.
-        Its deadline is the planned schedule's (unused time rolls forward), never past the end."""
+        Its deadline is the planned schedule's (unused time rolls forward), never past the end; the last
+        section's is the end."""
         self._planned += self.sizes.budgets[sid]
-        sec = Section(sid, title, min(self._planned, self.end))
+        sec = Section(sid, title, self.end if sid == self.last else min(self._planned, self.end))
         self.sections.append(sec)
         began = time.monotonic()
         print(f"[gpu_check {sid}] {title} ({sec.left():.0f} s)", flush=True)
