@@ -170,20 +170,3 @@ def test_doge_keeping_part_of_each_row_is_exact():
     for rank_results in _results(2):
         errors = rank_results[("doge keeping part of each row", "zigzag")]
         assert all(errors[k] <= BOUND[k] for k in BOUND), errors
-
-
-def test_doge_decoding_on_the_sharded_cache_is_refused():
-    """A ShardedCache decode step would attend without Doge's bias per key: refused by its entry's check
-    (backend/features.py), which runs before a decode step, as softcap's and chunked attention's do."""
-    import pytest
-    import torch
-
-    from burst.bench.hf_zoo_configs import causal_lm
-    from burst.integrations.transformers.backend import features
-
-    layer = causal_lm("doge", doge_config()).model.layers[0].self_attn
-    q = torch.zeros(1, 2, 1, 8)
-    call = features.LayerCall("burst", layer, None, q, q, q, decoding=True)
-    assert "dynamic mask" in [f.name for f in call.features]
-    with pytest.raises(ValueError, match="dynamic mask .* generate on one rank"):
-        features.run("check", call)

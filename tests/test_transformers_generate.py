@@ -149,6 +149,24 @@ def _minimax_m3(topk_blocks):
     return config
 
 
+def _doge(name, keep):
+    """Doge's dynamic mask: a bias per key and KV head from the cached values, past `keep` keys only the
+    `keep` of largest bias attended (4, fewer than the prompt), a window of 8; the decay A drawn (it starts
+    at 0, a bias of 1 on every key, which the softmax cancels)."""
+    from burst.bench.hf_zoo import tiny_config
+
+    config = tiny_config("doge")
+    config.vocab_size, config.pad_token_id = VOCAB, 0
+    config.keep_window_size, config.sliding_window, config.initializer_range = keep, 8, 0.3
+    reference, model = _models(config, name, reference="eager")
+    with torch.no_grad():
+        for parameter_name, parameter in reference.named_parameters():
+            if parameter_name.endswith("self_attn.A"):
+                parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(2)))
+    model.load_state_dict(reference.state_dict())
+    return reference, model
+
+
 def _models(config, name, dtype=torch.float32, reference="sdpa"):
     """(one-process model on `reference` attention (SDPA; eager where a family takes no SDPA), the same
     weights on burst's backend `name`)."""
@@ -248,6 +266,10 @@ def _other_models(rank, world):
     every_block, _ = _models(_minimax_m3(64), name, reference="eager")
     results["blocks effect"] = _rel(
         _generate(every_block, ids, do_sample=False)[1], results["blocks per kv head"]["logits"]
+    )
+    results["dynamic mask"] = _compare(*_doge(name, 4), ids, do_sample=False)
+    results["dynamic mask effect"] = _rel(
+        _generate(_doge(name, 4096)[0], ids, do_sample=False)[1], results["dynamic mask"]["logits"]
     )
     results["gemma3 wrapper"] = _compare(*_models(_gemma3_wrapper(), name, reference="eager"), ids, do_sample=False)
     chunk = 2 * world + 4  # the prompt (2G + 3 tokens) ends inside the first chunk; decoding crosses into the second
@@ -377,6 +399,7 @@ def test_sliding_window_qwen2_and_bfloat16(world):
         "gemma3 wrapper",
         "dsa",
         "blocks per kv head",
+        "dynamic mask",
         "chunks",
         "dynamic rope",
         "longrope switch",
@@ -395,6 +418,7 @@ def test_sliding_window_qwen2_and_bfloat16(world):
     assert per_rank[0]["chunk effect"] > 1e-3  # and the chunks
     assert per_rank[0]["dsa effect"] > 1e-3  # and the indexer's choice of keys
     assert per_rank[0]["blocks effect"] > 1e-3  # and of blocks, per KV head
+    assert per_rank[0]["dynamic mask effect"] > 1e-3  # and the keys kept by their bias
 
 
 def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_work():

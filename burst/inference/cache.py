@@ -111,6 +111,10 @@ class ShardedKVCache:
                 valid = valid & inside & chosen.gather(1, at)
         return self._k[layer][:, :n], self._v[layer][:, :n], valid
 
+    def entry_positions(self, entries: int) -> torch.Tensor:
+        """(batch, entries) global positions of this rank's first `entries` entries (keys_values' order)."""
+        return self._positions[:, :entries]
+
     def bytes(self) -> int:
         """Bytes of K, V this rank holds (entries in use)."""
         return sum(2 * k[:, : self.length].numel() * k.element_size() for k in self._k if k is not None)

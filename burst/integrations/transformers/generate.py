@@ -60,7 +60,7 @@ from .backend.features import prepare_features
 from .keywords import generate_cache_keyword
 from .backend.registry import backend_of, set_running_cache
 from .decoding import attend_rule, beyond_a_text_prompt, by_name, drop_causal_mask, refuse_recurrent_layers, rope_switch
-from .layers import rope
+from .layers import dynamic_mask, rope
 from .layers.configs import decoder_of
 from burst.comm.membership import group_size
 
@@ -297,6 +297,10 @@ class ShardedCache(Cache):
         k, v, valid = self._entries(module, key, value, since, chosen)
         q = query.transpose(1, 2)
         scale = q.shape[-1] ** -0.5 if call.scaling is None else call.scaling
+        if dynamic_mask.is_dynamic_mask_attention(module):  # Doge: a bias per cached key, one more key channel
+            positions = self.kv.entry_positions(valid.shape[1])
+            bias, valid = dynamic_mask.decoded_bias(module, v, valid, positions, self.seen + 1, self.group)
+            q, k = dynamic_mask.fold(q, k, bias, scale)
         signature = (tuple(q.shape), q.dtype, k.shape[2], v.shape[-1], float(scale))
         if signature not in self._agreed:  # once per generation (and per shape): then one collective per layer
             agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, self.group)

@@ -175,8 +175,9 @@ def _hand_block_selection(call: LayerCall) -> None:
 
 
 def _check_dynamic_mask(call: LayerCall) -> None:
-    if call.decoding:
-        _refuse_decoding(call, "a dynamic mask (a bias per key)")
+    if call.decoding:  # the ShardedCache reckons every cached key's bias itself (dynamic_mask.decoded_bias)
+        dynamic_mask.handed_over(call.module)
+        call.attention_mask = None
 
 
 def _take_bias(call: LayerCall) -> None:
@@ -184,7 +185,7 @@ def _take_bias(call: LayerCall) -> None:
     if bias is None:  # the layer built its dense mask: refused with the mask
         return
     call.held["dynamic mask"] = bias
-    call.held["dynamic mask kept"] = kept  # past keep_window_size: each row's keys per KV head
+    call.held["dynamic mask kept"] = kept()  # past keep_window_size: each row's keys per KV head (collective)
     call.attention_mask = None  # the (batch, heads, 1, keys) mask the layer made of it is consumed
 
 
@@ -227,13 +228,6 @@ def _hand_latent(call: LayerCall) -> None:
 
 def _take_window_from_config(call: LayerCall) -> None:
     call.sliding_window = window_from_config(call.module, call.sliding_window)  # its model's, on every layer
-
-
-def _refuse_decoding(call: LayerCall, what: str) -> None:
-    raise ValueError(
-        f"attn_implementation={call.name!r}: {call.model} decodes with {what}, which the sharded KV "
-        "cache does not run yet; generate on one rank (prefill and training are exact across ranks)"
-    )
 
 
 def _check_windows_and_chunks(call: LayerCall) -> None:

@@ -22,6 +22,10 @@ gets them as indices= per KV head, (batch, seq_local, kv_heads, keep_window_size
 positions (-1 where a row allows fewer keys). Cost: the scoring is (batch, kv_heads, seq_local, seq)
 per rank, as eager's is per process over the whole sequence; the indices are keep_window_size
 entries per row and KV head.
+
+Decoding on burst's ShardedCache (`decoded_bias`): each rank reckons its cached keys' biases from their
+values, as the layer's forward does for its whole cache each step, folds them into the keys the same
+way, and past keep_window_size keys each KV head keeps the largest among every rank's.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import functools
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from burst import layout as layout_mod
 
@@ -62,8 +67,9 @@ def _bias_or_mask(
 ):
     if not hands_over(layer):
         return prepare(layer, hidden_states, dt_states, keep_window_size, attention_mask)
-    setattr(layer, _BIAS, dt_states)
-    setattr(layer, _KEPT, kept_keys(dt_states, keep_window_size, window_from_config(layer, None), group, layout))
+    setattr(layer, _BIAS, dt_states)  # the keys kept: reckoned by the attention function, not in a decode step
+    window = window_from_config(layer, None)
+    setattr(layer, _KEPT, functools.partial(kept_keys, dt_states, keep_window_size, window, group, layout))
     return dt_states[:, :, None, :]
 
 
@@ -97,10 +103,10 @@ def kept_keys(bias: torch.Tensor, keep: int, window: int | None, group=None, lay
     return chosen.transpose(1, 2).to(torch.int32).contiguous()
 
 
-def handed_over(layer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(the bias (batch, kv_heads, seq_local) this layer's prepare_dynamic_mask handed burst, the keys
-    each row keeps (kept_keys) or None), or (None, None) (a layer that built its dense mask, or none
-    at all); the marks are cleared."""
+def handed_over(layer) -> tuple[torch.Tensor | None, Callable | None]:
+    """(the bias (batch, kv_heads, seq_local) this layer's prepare_dynamic_mask handed burst, a call that
+    returns the keys each row keeps (kept_keys: collective)), or (None, None) (a layer that built its dense
+    mask, or none at all); the marks are cleared."""
     bias, kept = getattr(layer, _BIAS, None), getattr(layer, _KEPT, None)
     if bias is not None:
         setattr(layer, _BIAS, None)
@@ -114,3 +120,35 @@ def fold(query: torch.Tensor, key: torch.Tensor, bias: torch.Tensor, scaling: fl
     bias: (batch, kv_heads, seq_local)."""
     ones = query.new_ones(*query.shape[:-1], 1)
     return torch.cat([query, ones], dim=-1), torch.cat([key, (bias / scaling).to(key.dtype)[..., None]], dim=-1)
+
+
+def decoded_bias(layer, values: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, keys: int, group=None):
+    """A decode step's dynamic mask over this rank's cache entries (burst's ShardedCache): (bias (batch,
+    entries, kv_heads), valid (batch, entries), or (batch, entries, kv_heads) past keep_window_size keys).
+
+    values: (batch, entries, kv_heads, head_dim) as cached, whose dt_proj gives each entry's bias as the
+    layer's forward gives every cached key's; valid: (batch, entries) the entries the step may attend;
+    positions: (batch, entries) their global positions; keys: the sequence's keys with the new one. Past
+    keep_window_size keys each KV head keeps those of largest bias among every rank's valid entries, as
+    eager's torch.topk over its whole cache: each rank's best keep_window_size, gathered (one collective,
+    on every rank alike), then the best of those."""
+    b, n, kv_heads, d = values.shape
+    bias = torch.exp(layer.A * F.softplus(layer.dt_proj(values.reshape(b, n, kv_heads * d))))  # (b, n, kv_heads)
+    keep = layer.keep_window_size
+    if keys <= keep:
+        return bias, valid
+    scores = bias.float().masked_fill(~valid[..., None], float("-inf")).transpose(1, 2)  # (b, kv_heads, n)
+    top = torch.topk(scores, min(keep, n), dim=-1)
+    where = positions[:, None, :].expand(-1, kv_heads, -1).gather(2, top.indices)
+    candidates = torch.stack([top.values.double(), where.double()], dim=-1)  # positions exact in float64
+    candidates = F.pad(candidates, (0, 0, 0, keep - top.values.shape[-1]), value=float("-inf"))
+    world, _ = layout_mod._world_and_rank(group)
+    if world > 1:
+        gathered = [torch.empty_like(candidates) for _ in range(world)]
+        torch.distributed.all_gather(gathered, candidates.contiguous(), group=group)
+        candidates = torch.cat(gathered, dim=2)  # (b, kv_heads, world * keep, 2)
+    best = torch.topk(candidates[..., 0], keep, dim=-1)
+    chosen = candidates[..., 1].gather(2, best.indices).long().masked_fill(best.values == float("-inf"), keys)
+    picked = torch.zeros(b, kv_heads, keys + 1, dtype=torch.bool, device=values.device).scatter_(2, chosen, True)
+    kept = picked.gather(2, positions[:, None, :].expand(-1, kv_heads, -1)).transpose(1, 2)  # (b, n, kv_heads)
+    return bias, valid[..., None] & kept
