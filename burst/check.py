@@ -26,7 +26,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
-from . import api, layout as layout_mod
+from . import api
+from . import layout as layout_mod
+from .comm.membership import group_size
 from .kernels.reference import (
     BOUNDS,
     DTYPES,
@@ -37,7 +39,6 @@ from .kernels.reference import (
     relative_error,
     within_bounds,
 )
-from .comm.membership import group_size
 
 
 @dataclass

@@ -34,9 +34,9 @@ from torch.overrides import TorchFunctionMode
 from . import api, custom_op
 from .agreement import agree
 from .call import AttentionRequest
+from .comm.membership import group_rank, group_size
 from .layout import DocumentLayout, _check_divisible, check_layout, resolve_layout, shard, shard_indices
 from .strategies import check_options
-from .comm.membership import group_rank, group_size
 
 ENTRY = "burst.context_parallel"
 

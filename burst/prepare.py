@@ -11,12 +11,12 @@ import torch.distributed as dist
 
 from .agreement import agree
 from .call import AttentionCall, AttentionRequest
+from .comm.membership import group_rank, group_size
 from .comm.p2p import open_host_channels
 from .plan.auto import auto_choice
 from .sinks import check_sinks
 from .strategies import STRATEGIES
 from .validation import check_tensors, checked_call, checked_key_call
-from .comm.membership import group_rank, group_size
 
 
 def prepare_attention(q, keys, request: AttentionRequest, sinks=None):

@@ -11,7 +11,6 @@ import math
 import numbers
 from dataclasses import replace
 
-
 from .call import AttentionCall, AttentionRequest
 from .comm.topology import Topology, default_world_size
 from .kernels import select_kernel

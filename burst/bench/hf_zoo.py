@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .hf_zoo_configs import OVERRIDES, RETRIES, SEQ_LEN, SIZES, VOCAB, causal_lm, draw, tiny_config  # noqa: F401
-from .hf_steps import gradient_error, twin_on
 from ..comm.membership import group_size
+from .hf_steps import gradient_error, twin_on
+from .hf_zoo_configs import OVERRIDES, RETRIES, SEQ_LEN, SIZES, VOCAB, causal_lm, draw, tiny_config  # noqa: F401
 
 TOLERANCE = 2e-4
 GRADIENT_TOLERANCE = 1e-4  # gradient_error's relative measure, as the flagship and rope tests hold it

@@ -20,8 +20,8 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .p2p import Transfer, exchange, tagged
 from .membership import group_rank, group_size
+from .p2p import Transfer, exchange, tagged
 
 
 class RingComm:

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 
 import torch.distributed as dist
+
 from .membership import group_size
 
 

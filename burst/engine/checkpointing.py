@@ -33,13 +33,13 @@ from torch.utils.checkpoint import checkpoint
 
 from ..api import attention
 from ..call import AttentionRequest
+from ..comm.membership import group_size
 from ..keys import KeyBlocks
 from ..layout import LAYOUTS, local_multiple, shard_indices
 from ..masks import BlockSparseMask
 from ..prepare import prepare_attention, prepare_single_device
 from ..strategies.base import Strategy
 from .offload import offloaded_checkpoint, to_host
-from ..comm.membership import group_size
 
 MODES = ("none", "full", "remat", "selective")
 

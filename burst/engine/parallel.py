@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from ..comm.collectives import all_reduce_in_place
-from ..plan.models import check_dp
 from ..comm.membership import group_size
+from ..plan.models import check_dp
 
 FSDP_MODES = ("none", "dp", "mesh")
 

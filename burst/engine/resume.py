@@ -29,6 +29,7 @@ from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
+
 from ..comm.membership import group_rank
 
 # Fields that change what the resumed steps compute; the rest (world, strategy, layout, dp/FSDP,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..layout import shard_indices
 from ..comm.membership import group_rank, group_size
+from ..layout import shard_indices
 
 
 class ShardedKVCache:

@@ -18,11 +18,11 @@ import torch
 from ..agreement import agree
 from ..comm import tensor_bytes
 from ..comm.collectives import all_gather_flat, record_to_peers
+from ..comm.membership import group_size
 from ..comm.shm import HostAllGather
 from ..kernels import accumulator_dtype, select_kernel
 from ..merge import merge_partial
 from ..sinks import check_sinks, fold_sinks
-from ..comm.membership import group_size
 
 
 def partial_attention(q, k, v, valid, scale: float, softcap: float = 0.0):

@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 
 from .. import api
-from ..layout import local_multiple, shard
+from ..comm.membership import group_size
 from ..engine.model import Transformer, rotary
+from ..layout import local_multiple, shard
 from .cache import ShardedKVCache
 from .decode import agree_on_decoding, decode_attention, decode_exchange
-from ..comm.membership import group_size
 
 
 @dataclass

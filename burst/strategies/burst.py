@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 from ..call import AttentionCall
 from ..comm.stats import record_choice
 from ..comm.topology import nodes_spanned

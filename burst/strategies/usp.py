@@ -20,8 +20,8 @@ import torch.distributed as dist
 
 from ..call import AttentionCall
 from ..comm.group_cache import GroupCache
-from ..layout import Segment
 from ..keys import KeyBlocks
+from ..layout import Segment
 from .base import Options, Strategy, int_at_least
 from .burst import BurstOptions, burst_backward
 from .ring import ring_forward

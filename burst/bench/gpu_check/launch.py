@@ -18,7 +18,6 @@ from .speed import section_speed
 from .training import section_training
 from .worlds import section_worlds
 
-
 SECTIONS = ("1", "2", "3", "4", "5", "6", "7")
 DEFAULT_SECTIONS = SECTIONS[:6]  # 7 (the references' speed, issue 66) needs most of a command's 10 minutes alone
 

@@ -10,13 +10,14 @@ import torch
 import torch.distributed as dist
 
 import burst
-from burst import api, layout as layout_mod
+from burst import api
+from burst import layout as layout_mod
 from burst.bench.harness import _sync as sync
 from burst.check import max_over_ranks
 from burst.kernels import reference
 from burst.launch import spawn_world
 
-from .cases import QUANTITIES, Sizes, rank_device, api_mask_kwargs, compare, float64_reference, mask_spec, random_inputs
+from .cases import QUANTITIES, Sizes, api_mask_kwargs, compare, float64_reference, mask_spec, random_inputs, rank_device
 from .report import Report, Section, first_line
 
 

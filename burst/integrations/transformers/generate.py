@@ -50,6 +50,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
+from burst.comm.membership import group_size
 from burst.inference import ShardedKVCache, decode_attention
 from burst.inference.decode import agree_on_decoding, decode_exchange
 from burst.inference.generate import last_hidden
@@ -57,12 +58,11 @@ from burst.layout import LAYOUTS, local_multiple, shard
 
 from .backend.checks import check_model
 from .backend.features import prepare_features
-from .keywords import generate_cache_keyword
 from .backend.registry import backend_of, set_running_cache
 from .decoding import attend_rule, beyond_a_text_prompt, by_name, drop_causal_mask, refuse_recurrent_layers, rope_switch
+from .keywords import generate_cache_keyword
 from .layers import dynamic_mask, rope
 from .layers.configs import decoder_of
-from burst.comm.membership import group_size
 
 
 class ShardedCache(Cache):

@@ -24,13 +24,13 @@ import torch
 import torch.distributed as dist
 
 from burst import layout as layout_mod
+from burst.comm.membership import group_size
 
 from .backend.attention import register
 from .backend.batches import shard_batch
 from .backend.checks import check_model
 from .backend.features import prepare_features
 from .fused_loss import check_fusable, fused_causal_lm_loss
-from burst.comm.membership import group_size
 
 
 class SequenceParallel:

@@ -20,7 +20,8 @@ import warnings
 
 import torch
 
-from burst import api, layout as layout_mod
+from burst import api
+from burst import layout as layout_mod
 from burst.agreement import agree
 
 from ..decoding import chosen_positions

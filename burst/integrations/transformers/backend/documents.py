@@ -17,10 +17,10 @@ import weakref
 import torch
 
 from burst import layout as layout_mod
+from burst.comm.membership import group_size
 
 from ..layers.configs import decoder_of
 from .registry import Backend
-from burst.comm.membership import group_size
 
 
 class _DocumentCache:

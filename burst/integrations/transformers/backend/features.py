@@ -16,7 +16,8 @@ from typing import Callable
 
 import torch
 
-from burst import api, layout as layout_mod
+from burst import api
+from burst import layout as layout_mod
 
 from ..keywords import check_model_features, model_name, window_from_config
 from ..layers import block_indexer, compressed, dynamic_mask, latent, positions

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
+
 from burst.comm.membership import group_size
 
 

@@ -22,9 +22,7 @@ entries of its chosen blocks (decoding.chosen_positions).
 
 from __future__ import annotations
 
-
 import torch
-
 
 from .configs import PreparedConfigs
 from .indexer import _GatheredKeys, _KeptKeys, one_sequence_per_row, refuse_decoding, take_over_indexers
