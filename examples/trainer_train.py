@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument(
         "--fsdp",
         action="store_true",
-        help="FSDP2 through the Trainer's own accelerate plugin (fsdp='full_shard', version 2)",
+        help="FSDP2 through the Trainer's own accelerate plugin (fsdp=True, fsdp_config version 2)",
     )
     parser.add_argument(
         "--fused-loss", action="store_true", help="the training loss from the hidden states, never the logits"
@@ -142,7 +142,7 @@ def main() -> None:
         seed=3,
         gradient_checkpointing=args.checkpointing,
         bf16=args.bf16,
-        **(dict(fsdp="full_shard", fsdp_config={"version": 2}) if args.fsdp else {}),
+        **(dict(fsdp=True, fsdp_config={"version": 2}) if args.fsdp else {}),
         dataloader_drop_last=False,
         disable_tqdm=True,
     )
