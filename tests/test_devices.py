@@ -175,3 +175,10 @@ def test_kernel_by_name_or_a_clear_error(monkeypatch, capsys, no_world):
     monkeypatch.delenv("BURST_KERNEL")
     err = _refusal(capsys, "check", "--kernel", "flash_attn", "--nproc", "2")
     assert "--kernel: BURST_KERNEL=flash_attn: needs CUDA tensors" in err, err
+
+
+def test_a_bad_burst_kernel_in_the_environment_is_named_as_such(monkeypatch, capsys, no_world):
+    """BURST_KERNEL=bogus with --kernel auto had been reported as every case refused under --strategies."""
+    monkeypatch.setenv("BURST_KERNEL", "bogus")
+    err = _refusal(capsys, "check", "--nproc", "2", "--seq-len", "64")
+    assert "environment: BURST_KERNEL='bogus' is not one of" in err and "--strategies" not in err, err

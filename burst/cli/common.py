@@ -161,15 +161,16 @@ def resolve_checked_device(args) -> str:
         names = (args.dtype,) if isinstance(args.dtype, str) else args.dtype
         for name in names:
             check_dtype(DTYPES[name], device)
-    if args.kernel != "auto":
-        import torch
+    import torch
 
-        from ..kernels import KERNEL_ENV, named_kernel
+    from ..kernels import KERNEL_ENV, named_kernel
 
-        with blame("--kernel"):
+    chosen = args.kernel if args.kernel != "auto" else os.environ.get(KERNEL_ENV, "auto")
+    if chosen != "auto":  # --kernel, else the environment's BURST_KERNEL: named as what was set
+        with blame("--kernel" if args.kernel != "auto" else "environment"):
             for name in names:
-                named_kernel(args.kernel, torch.device(device), DTYPES[name])
-        os.environ[KERNEL_ENV] = args.kernel  # every rank inherits it (spawned ones and torchrun's alike)
+                named_kernel(chosen, torch.device(device), DTYPES[name])
+        os.environ[KERNEL_ENV] = chosen  # every rank inherits it (spawned ones and torchrun's alike)
     return device
 
 
