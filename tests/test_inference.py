@@ -151,3 +151,24 @@ def test_partial_attention_with_entries_per_kv_head_matches_float64():
             want = torch.softmax(scores, 0) @ v[row, keep, head // (h // kv)]
             assert torch.allclose(out[row, 0, head], want, atol=1e-12), (row, head)
             assert torch.allclose(lse[row, head, 0], torch.logsumexp(scores, 0), atol=1e-12)
+
+
+def test_the_cache_refuses_misuse_before_anything_is_stored_and_counts_narrow_values():
+    """chunk 0 had failed on one rank alone, at its first decoded token (the others waiting in the merge);
+    a prompt longer than the padding was taken; keys_values / append before a prefill raised TypeError or
+    AttributeError; bytes() counted the keys twice where values are narrower (MLA)."""
+    for chunk in (0, -3, 2.0, True):
+        with pytest.raises(ValueError, match="positive int"):
+            ShardedKVCache(2, chunk=chunk)
+    cache = ShardedKVCache(2, chunk=4)
+    with pytest.raises(ValueError, match="do not fit the padded length"):
+        cache.prefill_positions([9], 4)
+    with pytest.raises(ValueError, match="has no prompt stored"):
+        cache.keys_values(0)
+    with pytest.raises(ValueError, match="has no prompt stored"):
+        cache.append(1, torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 8), torch.tensor([3]))
+    cache.prefill_positions([3], 3)
+    k, v = torch.zeros(1, 3, 2, 12), torch.zeros(1, 3, 2, 8)  # keys of 12, values of 8
+    for layer in range(2):
+        cache.store_prefill(layer, k, v)
+    assert cache.bytes() == 2 * (k.numel() + v.numel()) * 4

@@ -306,7 +306,7 @@ def _errors(rank, world):
     import burst.integrations.transformers as bt
 
     name = bt.register("burst-generate-errors")
-    _, model = _models(_llama(), name)
+    reference, model = _models(_llama(), name)
     ids = _prompt(1, 2 * world, seed=3)
     left_padded = torch.ones(2, ids.shape[1], dtype=torch.long)
     left_padded[1, 0] = 0
@@ -337,6 +337,13 @@ def _errors(rank, world):
         inputs_embeds=embeds, **bt.sharded_cache(model), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False
     )
     results["inputs_embeds"] = torch.equal(out, tokens)
+    # output_hidden_states: every layer's hidden states of the whole prompt (not this rank's shard), as one process's
+    hidden = dict(max_new_tokens=2, do_sample=False, return_dict_in_generate=True, output_hidden_states=True)
+    longer = _prompt(1, 2 * world + 3, seed=5)  # not a multiple of the layout's: the padding cut off too
+    ours = model.generate(longer, **bt.sharded_cache(model), **hidden).hidden_states[0]
+    theirs = reference.generate(longer, **hidden).hidden_states[0]
+    results["hidden states"] = max(_rel(a, b) for a, b in zip(ours, theirs)) if len(ours) == len(theirs) else 1.0
+    results["hidden shapes"] = [tuple(a.shape) == tuple(b.shape) for a, b in zip(ours, theirs)]
     return results
 
 
@@ -435,6 +442,7 @@ def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_w
         for case, words in expected.items():
             assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
         assert errors["works after"] and errors["inputs_embeds"], rank
+        assert all(errors["hidden shapes"]) and errors["hidden states"] < 1e-5, (rank, errors["hidden states"])
 
 
 def _torchrun_tokens(nproc: int) -> list[str]:

@@ -23,6 +23,10 @@ class ShardedKVCache:
     """
 
     def __init__(self, layers: int, group=None, layout: str = "contiguous", chunk: int = 256):
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(
+                f"ShardedKVCache chunk (entries the storage grows by) must be a positive int, got {chunk!r}"
+            )
         self.layers, self.group, self.layout, self.chunk = layers, group, layout, chunk
         self.world = group_size(group)
         self.rank = group_rank(group)
@@ -38,6 +42,8 @@ class ShardedKVCache:
     def prefill_positions(self, prompt_lengths: list[int], padded_len: int, device=None) -> torch.Tensor:
         """Global positions of this rank's prompt shard, (batch, padded_len / G), and remembers which
         are real tokens (position < the row's prompt length)."""
+        if max(prompt_lengths, default=0) > padded_len:
+            raise ValueError(f"prompt lengths {prompt_lengths} do not fit the padded length {padded_len}")
         idx = shard_indices(self.layout, self.rank, self.world, padded_len, device=device)
         positions = idx.expand(len(prompt_lengths), -1)
         lengths = torch.tensor(prompt_lengths, device=device)[:, None]
@@ -60,6 +66,7 @@ class ShardedKVCache:
         Call for every layer of the step, then `advance()` once; keys_values(layer) includes the new
         token from its append on (a token attends itself). positions: (batch,) global positions.
         """
+        self._check_prefilled(layer)
         if self.owner_of_next() != self.rank:
             return
         at = self.length
@@ -95,6 +102,7 @@ class ShardedKVCache:
         indexer's top-k: DeepSeek sparse attention, MiniMax-M3's blocks), or None. valid: (batch, entries),
         or (batch, entries, kv_heads) with a choice per KV head.
         """
+        self._check_prefilled(layer)
         n = self.length + (1 if layer in self._pending else 0)
         valid = self._valid[:, :n]
         positions = self._positions[:, :n]
@@ -116,8 +124,16 @@ class ShardedKVCache:
         return self._positions[:, :entries]
 
     def bytes(self) -> int:
-        """Bytes of K, V this rank holds (entries in use)."""
-        return sum(2 * k[:, : self.length].numel() * k.element_size() for k in self._k if k is not None)
+        """Bytes of K, V this rank holds (entries in use; values may be narrower than keys)."""
+        stored = [t for t in (*self._k, *self._v) if t is not None]
+        return sum(t[:, : self.length].numel() * t.element_size() for t in stored)
+
+    def _check_prefilled(self, layer: int) -> None:
+        if not 0 <= layer < self.layers or self._k[layer] is None:
+            raise ValueError(
+                f"ShardedKVCache: layer {layer} has no prompt stored (store_prefill each of the {self.layers} "
+                "layers first)"
+            )
 
     def _grow(self, t: torch.Tensor, extra: int | None = None) -> torch.Tensor:
         extra = self.chunk if extra is None else extra

@@ -55,7 +55,8 @@ def _next_token(logits: torch.Tensor, temperature: float, top_p: float, gen: tor
     sorted_p, order = probs.sort(dim=-1, descending=True)
     keep = sorted_p.cumsum(-1) - sorted_p < top_p  # the smallest set whose mass reaches top_p
     sorted_p = sorted_p * keep
-    choice = torch.multinomial(sorted_p / sorted_p.sum(-1, keepdim=True), 1, generator=gen).squeeze(-1)
+    weights = (sorted_p / sorted_p.sum(-1, keepdim=True)).cpu()  # the seeded generator is a CPU one, on any device
+    choice = torch.multinomial(weights, 1, generator=gen).squeeze(-1).to(logits.device)
     return order.gather(-1, choice[:, None]).squeeze(-1)
 
 

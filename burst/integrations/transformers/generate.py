@@ -54,7 +54,7 @@ from burst.comm.membership import group_size
 from burst.inference import ShardedKVCache, decode_attention
 from burst.inference.decode import agree_on_decoding, decode_exchange
 from burst.inference.generate import last_hidden
-from burst.layout import LAYOUTS, local_multiple, shard
+from burst.layout import LAYOUTS, local_multiple, shard, unshard
 
 from .backend.checks import check_model
 from .backend.features import prepare_features
@@ -265,7 +265,14 @@ class ShardedCache(Cache):
         if isinstance(output, tuple):
             return (last, *output[1:])
         output["last_hidden_state"] = last
+        if output.get("hidden_states") is not None:  # output_hidden_states: every layer's, of the whole prompt
+            output["hidden_states"] = tuple(self._whole_prompt(h) for h in output["hidden_states"])
         return output
+
+    def _whole_prompt(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(batch, padded / G, dim) of this rank's prompt shard -> (batch, prompt length, dim) on every rank."""
+        whole = unshard(hidden.contiguous(), group=self.group, layout=self.layout, dim=1)
+        return whole[:, : self.prompt_length]
 
     def attend(
         self,
