@@ -56,6 +56,8 @@ LABELS = {
     "_served_forward": " (burst's forward on served key chunks)",
     "_host_channels": " (CPU messages through shared memory, 128-row chunks at least)",
     "_schedules": " (after the issue-25 layout: schedules/, typed options, validation.py)",
+    "_session13_before": " (2026-11-29, a slower machine: the code before that session, a2d0b24)",
+    "_session13": " (2026-11-29, the same machine: that session's code)",
 }
 for name in (
     "recheck_full_16384.json",
@@ -79,6 +81,9 @@ for name in (
     "recheck_zigzag_16384_served_forward.json",
     "recheck_full_16384_host_channels.json",
     "recheck_zigzag_16384_host_channels.json",
+    "recheck_full_16384_session13_before.json",
+    "recheck_full_16384_session13.json",
+    "recheck_zigzag_16384_session13.json",
 ):
     if os.path.exists(os.path.join(here, "core", name)):
         r = load(name)
