@@ -493,3 +493,17 @@ def test_a_prompt_is_plain_text_only_without_padding_images_or_non_text_token_ty
     assert "input_features" in beyond_a_text_prompt({**plain, "input_features": torch.zeros(1, 4, 8)})
     assert "mm_encoder_outputs" in beyond_a_text_prompt({**plain, "mm_encoder_outputs": {"image": torch.zeros(1)}})
     assert "mm_token_type_ids" in beyond_a_text_prompt({**plain, "mm_token_type_ids": torch.tensor([[0, 2, 0]])})
+
+
+def test_an_indexers_choice_becomes_the_positions_a_decode_step_attends():
+    """decoding.chosen_positions: DeepSeek's indices (-1: none, never position 0) and MiniMax-M3's blocks per
+    KV head (-1: none) as bool over the positions so far."""
+    from burst.integrations.transformers.decoding import chosen_positions
+
+    got = chosen_positions({"indices": torch.tensor([[[2, -1, 3]]])}, None, 4)
+    assert got.tolist() == [[False, False, True, True]]
+    got = chosen_positions({"block_indices": torch.tensor([[[[1, -1]], [[0, -1]]]])}, 2, 5)
+    assert got.tolist() == [[[False, False, True, True, False], [True, True, False, False, False]]]
+    assert chosen_positions({}, None, 4) is None
+    with pytest.raises(ValueError, match="one new token's indices"):
+        chosen_positions({"indices": torch.zeros(1, 2, 3, dtype=torch.long)}, None, 4)

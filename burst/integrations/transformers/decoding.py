@@ -176,8 +176,10 @@ def chosen_positions(kwargs: dict, block_size: int | None, length: int) -> torch
     if indices is not None:
         if not isinstance(indices, torch.Tensor) or indices.dim() != 3 or indices.shape[1] != 1:
             raise ValueError(f"decoding takes one new token's indices (batch, 1, picks), got {_shape_of(indices)}")
-        chosen = torch.zeros(indices.shape[0], length, dtype=torch.bool, device=indices.device)
-        return chosen.scatter_(1, indices[:, 0].long().clamp(0, length - 1), True)
+        picked = indices[:, 0].long()
+        picked = picked.masked_fill((picked < 0) | (picked >= length), length)  # -1 (none): the spare column
+        chosen = torch.zeros(indices.shape[0], length + 1, dtype=torch.bool, device=indices.device)
+        return chosen.scatter_(1, picked, True)[:, :length]
     if blocks is not None:
         if not isinstance(blocks, torch.Tensor) or blocks.dim() != 4 or blocks.shape[2] != 1 or not block_size:
             raise ValueError(
