@@ -114,14 +114,15 @@ def head_groups(heads: int, kv_heads: int, world: int) -> tuple[list[list[int]],
 
 def kv_grads_home(exchange: HeadExchange, grad_h: torch.Tensor, kv_groups, kv_heads: int) -> torch.Tensor:
     """dK (or dV) from head layout back to sequence shards, in grad_h's dtype; ranks that shared a KV head
-    add theirs in float32 (USP's partials come in the input dtype), rounded once after."""
+    add theirs in float32 at least (USP's partials come in the input dtype), rounded once after."""
     got = exchange.to_sequence(grad_h, "backward")  # (b, n, G * per, d): rank r's part is for kv_groups[r]
     if kv_heads >= exchange.world:
         return got
     b, n, _, d = got.shape
-    summed = torch.zeros(b, n, kv_heads, d, dtype=torch.float32, device=got.device)
+    wide = torch.promote_types(got.dtype, torch.float32)  # float64 stays float64
+    summed = torch.zeros(b, n, kv_heads, d, dtype=wide, device=got.device)
     index = torch.tensor([grp[0] for grp in kv_groups], device=got.device)
-    return summed.index_add_(2, index, got.float()).to(got.dtype)
+    return summed.index_add_(2, index, got.to(wide)).to(got.dtype)
 
 
 def _exchange(call: AttentionCall, device) -> HeadExchange:
