@@ -12,8 +12,8 @@ generate() takes: `cache=` from 5.24 on, `past_key_values=` before (keywords.gen
 
 Every rank calls generate() with the same full prompt, as on one device. `ShardedCache` is a
 transformers `Cache` around burst's ShardedKVCache. Building one installs two hooks on the model's
-decoder (once per model). They do something only when a forward's `past_key_values` is a
-ShardedCache:
+decoder, and one on the model that reads its own inputs (a multimodal wrapper's text prompt), once per
+model. They do something only when a forward's cache is a ShardedCache:
 
 - Prefill (the first forward): the prompt is padded at the end to a length the layout can split.
   Each rank keeps its shard of input_ids (or inputs_embeds) at global position_ids, and the layers
