@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +71,8 @@ def context_parallel(
         if mesh.ndim != 1:
             raise ValueError(f"{ENTRY}: mesh must be 1-D (the sequence dimension), got {mesh.ndim}-D")
         group = mesh.get_group()
+    if F.scaled_dot_product_attention is not _TORCH_SDPA:  # the name is routed: a context is open (every rank's)
+        raise ValueError(f"{ENTRY}: a context is already open; nested, it would cut the buffers' shards again")
     layout = resolve_layout(layout, options.get("cu_seqlens"))  # "doc_zigzag" + the documents' cu_seqlens
     buffers, seq_dims = list(buffers), list(buffer_seq_dims)
     local_len = _shard_buffers_check(buffers, seq_dims, group, layout, strategy, options)
@@ -189,6 +192,22 @@ def _counts_from_shard_start(indices: torch.Tensor, held: torch.Tensor) -> bool:
     return not consecutive or int(rows[0, 0]) < int(held[0])
 
 
+# torch's SDPA itself, taken before any context replaces the name F.scaled_dot_product_attention: code that
+# holds it under another name (`from torch.nn.functional import scaled_dot_product_attention as sdpa`,
+# torch._C._nn's) reaches the mode with this function.
+_TORCH_SDPA = F.scaled_dot_product_attention
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_unchecked_positions() -> None:
+    warnings.warn(
+        f"{ENTRY} under torch.compile: whether an embedding numbers this shard's tokens from 0 (learned absolute "
+        "positions looked up with arange(seq_len), which burst refuses eagerly) cannot be checked while "
+        "tracing; run the model once eagerly in the context to check it",
+        stacklevel=3,
+    )
+
+
 class _SDPARouter(TorchFunctionMode):
     """Routes F.scaled_dot_product_attention to burst.attention while the context is open.
 
@@ -226,15 +245,25 @@ class _SDPARouter(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
+        if func is _TORCH_SDPA or func is F.scaled_dot_product_attention:  # under any name: torch's function itself
             return self.route(*args, **kwargs)
         if func is F.multi_head_attention_forward:
             return self._multi_head_attention(func, args, kwargs)
-        if self.held_positions is not None and not self.attending and not torch.compiler.is_compiling():
-            indices = _position_lookup(func, args, kwargs)
-            if indices is not None:
-                self.shard_counted_positions |= _counts_from_shard_start(indices, self.held_positions)
+        if func is F.embedding or func is torch.index_select or func is torch.Tensor.index_select:
+            self._note_position_lookup(func, args, kwargs)  # only these: anything more, dynamo mistraces MHA
         return func(*args, **kwargs)
+
+    def _note_position_lookup(self, func, args, kwargs) -> None:
+        """Mark a table lookup that numbered this shard's tokens from 0 (refused at the next SDPA call, on every
+        rank). Under torch.compile the indices have no values to read: a warning says the check did not run."""
+        if self.held_positions is None or self.attending:
+            return
+        if torch.compiler.is_compiling():
+            _warn_unchecked_positions()
+            return
+        indices = _position_lookup(func, args, kwargs)
+        if indices is not None:
+            self.shard_counted_positions |= _counts_from_shard_start(indices, self.held_positions)
 
     @contextlib.contextmanager
     def sdpa_name_routed(self):

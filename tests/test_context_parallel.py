@@ -216,6 +216,21 @@ def _errors(rank, world):
             results[name] = None
         except ValueError as err:
             results[name] = str(err)
+    whole = [torch.randn(1, N_PER_RANK * world)]
+    with burst.context_parallel(buffers=whole, buffer_seq_dims=[1]):
+        try:
+            with burst.context_parallel(buffers=whole, buffer_seq_dims=[1]):
+                pass
+            results["nested"] = None
+        except ValueError as err:
+            results["nested"] = str(err)
+        # torch's SDPA under another name (imported before the context, or torch._C's) is routed too
+        q, k, v = (burst.shard(t, layout="zigzag", dim=2) for t in (x.clone(), x.clone() * 0.5, x.clone() + 1))
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        named = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        results["sdpa by another name"] = torch.equal(
+            named, torch._C._nn.scaled_dot_product_attention(q, k, v, is_causal=True)
+        )
     tokens = torch.arange(N_PER_RANK * world)[None]
     labels = tokens  # one tensor under two names, listed twice: cut once
     with burst.context_parallel(buffers=[tokens, labels], buffer_seq_dims=[1, 1]):
@@ -291,3 +306,5 @@ def test_what_cannot_be_honoured_raises_on_every_rank():
         for layout in ("zigzag", "contiguous"):  # the rank's own positions looked up: no refusal
             assert errors[f"positions held, {layout}"] is None, (rank, layout, errors[f"positions held, {layout}"])
         assert errors["sdpa restored"] and errors["buffers restored"] and errors["listed twice, cut once"]
+        assert errors["nested"] is not None and "already open" in errors["nested"], errors["nested"]
+        assert errors["sdpa by another name"], rank
