@@ -216,7 +216,9 @@ class _SDPARouter(TorchFunctionMode):
     (nn.MultiheadAttention's functional path; backward, where activation checkpointing re-runs the
     forward) pass it by, and torch.compile's tracing of a checkpointed block does not apply it
     (torch's SDPA on the local tokens: silently wrong). For those, the name most code calls SDPA by,
-    torch.nn.functional.scaled_dot_product_attention, is burst.attention while the context is open.
+    torch.nn.functional.scaled_dot_product_attention, is burst.attention while the context is open. So under
+    compile or in a checkpoint's recomputation, SDPA held under another name is not routed
+    (docs/context-parallel.md says so).
     """
 
     def __init__(self, group, layout, strategy, options, local_len, held_positions=None):
