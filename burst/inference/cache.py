@@ -14,6 +14,19 @@ from ..comm.membership import group_rank, group_size
 from ..layout import shard_indices
 
 
+def attended(valid: torch.Tensor, positions: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """The entries still valid once only `chosen` positions are attended: valid, positions (batch, entries);
+    chosen: bool (batch, positions) -> (batch, entries), or (batch, kv_heads, positions), a choice per KV
+    head -> (batch, entries, kv_heads). An entry past chosen's last position (the storage's padding) is not."""
+    chosen = chosen.to(positions.device)
+    valid = valid & (positions < chosen.shape[-1])
+    at = positions.clamp(max=chosen.shape[-1] - 1)
+    if chosen.dim() == 2:
+        return valid & chosen.gather(1, at)
+    picked = chosen.gather(2, at[:, None].expand(-1, chosen.shape[1], -1)).transpose(1, 2)
+    return valid[:, :, None] & picked
+
+
 class ShardedKVCache:
     """This rank's shard of every layer's keys and values.
 
@@ -109,14 +122,7 @@ class ShardedKVCache:
         if since is not None:
             valid = valid & (positions >= since.to(positions.device)[:, None])
         if chosen is not None:
-            chosen = chosen.to(positions.device)
-            inside = positions < chosen.shape[-1]  # the cache's padding: no position of a token yet
-            at = positions.clamp(max=chosen.shape[-1] - 1)
-            if chosen.dim() == 3:
-                picked = chosen.gather(2, at[:, None].expand(-1, chosen.shape[1], -1)).transpose(1, 2)
-                valid = (valid & inside)[:, :, None] & picked
-            else:
-                valid = valid & inside & chosen.gather(1, at)
+            valid = attended(valid, positions, chosen)
         return self._k[layer][:, :n], self._v[layer][:, :n], valid
 
     def entry_positions(self, entries: int) -> torch.Tensor:

@@ -51,24 +51,20 @@ def partial_attention(q, k, v, valid, scale: float, softcap: float = 0.0):
         out.copy_(o)
         lse.copy_(l)
         return out, lse
-    groups = [slice(None)] if valid.dim() == 2 else [slice(g, g + 1) for g in range(k.shape[2])]
-    per_group = h // k.shape[2] if valid.dim() == 3 else h
+    per_kv_head = valid.dim() == 3  # each KV head (and its group of query heads) attends its own entries
+    groups = k.shape[2] if per_kv_head else 1
     for row in range(b):
-        for g, heads in enumerate(groups):
-            keep = valid[row] if valid.dim() == 2 else valid[row, :, g]
+        for g in range(groups):
+            keep = valid[row, :, g] if per_kv_head else valid[row]
             if not bool(keep.any()):
                 continue
-            rows_heads = slice(None) if valid.dim() == 2 else slice(g * per_group, (g + 1) * per_group)
+            kv = slice(g, g + 1) if per_kv_head else slice(None)
+            queries = slice(g * h // groups, (g + 1) * h // groups)  # the heads of KV head g (all: one group)
             o, l = kernel.forward(
-                q[row : row + 1, :, rows_heads],
-                k[row : row + 1, keep, heads],
-                v[row : row + 1, keep, heads],
-                scale,
-                False,
-                None,
+                q[row : row + 1, :, queries], k[row : row + 1, keep, kv], v[row : row + 1, keep, kv], scale, False, None
             )
-            out[row : row + 1, :, rows_heads].copy_(o)
-            lse[row : row + 1, rows_heads].copy_(l)
+            out[row : row + 1, :, queries].copy_(o)
+            lse[row : row + 1, queries].copy_(l)
     return out, lse
 
 

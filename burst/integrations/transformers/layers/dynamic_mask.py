@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from burst import layout as layout_mod
+from burst.comm.membership import group_size
+from burst.inference.cache import attended
 
 from ..keywords import window_from_config
 
@@ -142,7 +144,7 @@ def decoded_bias(layer, values: torch.Tensor, valid: torch.Tensor, positions: to
     where = positions[:, None, :].expand(-1, kv_heads, -1).gather(2, top.indices)
     candidates = torch.stack([top.values.double(), where.double()], dim=-1)  # positions exact in float64
     candidates = F.pad(candidates, (0, 0, 0, keep - top.values.shape[-1]), value=float("-inf"))
-    world, _ = layout_mod._world_and_rank(group)
+    world = group_size(group)
     if world > 1:
         gathered = [torch.empty_like(candidates) for _ in range(world)]
         torch.distributed.all_gather(gathered, candidates.contiguous(), group=group)
@@ -150,5 +152,4 @@ def decoded_bias(layer, values: torch.Tensor, valid: torch.Tensor, positions: to
     best = torch.topk(candidates[..., 0], keep, dim=-1)
     chosen = candidates[..., 1].gather(2, best.indices).long().masked_fill(best.values == float("-inf"), keys)
     picked = torch.zeros(b, kv_heads, keys + 1, dtype=torch.bool, device=values.device).scatter_(2, chosen, True)
-    kept = picked.gather(2, positions[:, None, :].expand(-1, kv_heads, -1)).transpose(1, 2)  # (b, n, kv_heads)
-    return bias, valid[..., None] & kept
+    return bias, attended(valid, positions, picked[..., :keys])  # (b, n, kv_heads)
