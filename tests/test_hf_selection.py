@@ -94,7 +94,7 @@ def _selection(rank, world):
     from burst.bench.hf_zoo import tiny_config
     from burst.integrations.transformers import keywords
     from burst.integrations.transformers.backend import features
-    from burst.integrations.transformers.layers import block_indexer, dynamic_mask
+    from burst.integrations.transformers.layers import block_indexer, dynamic_mask, indexer
 
     transformers.logging.set_verbosity_error()
     out = {}
@@ -108,8 +108,8 @@ def _selection(rank, world):
     minimax = tiny_config("minimax_m3_vl_text")
     with mock.patch.object(block_indexer, "block_selection", lambda module, chosen: None):
         out["planted: minimax's blocks dropped"] = _errors("minimax_m3_vl_text", minimax, name, "zigzag", 128)
-    gathered = block_indexer._GatheredKeys  # the keys gathered in the contiguous order under zigzag: misplaced
-    with mock.patch.object(block_indexer, "_GatheredKeys", lambda group, layout, *kept: gathered(group, "contiguous")):
+    gathered = indexer._GatheredKeys  # the keys gathered in the contiguous order under zigzag: misplaced
+    with mock.patch.object(indexer, "_GatheredKeys", lambda group, layout, *kept: gathered(group, "contiguous")):
         out["planted: minimax's indexer keys out of order"] = _errors(
             "minimax_m3_vl_text", minimax, name, "zigzag", 128
         )

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .configs import PreparedConfigs
-from .indexer import _GatheredKeys, _KeptKeys, one_sequence_per_row, refuse_decoding, take_over_indexers
+from .indexer import indexer_keys, one_sequence_per_row, take_over_indexers
 
 _prepared = PreparedConfigs()  # the configs of models whose block indexers see the whole sequence
 
@@ -81,34 +81,16 @@ def _whole_sequence_block_indexer(
     global block numbers (-1: none). On burst's ShardedCache the prompt's keys are kept, whole, and each
     decode step's new token scores them all (as indexer.py's DeepSeek indexer)."""
     cache = cache if cache is not None else kwargs.pop("past_key_values", None)
-    sharded = getattr(cache, "indexer_keys", None) is not None  # a ShardedCache
-    if sharded and cache.phase == "decode":
-        step = torch.full((hidden_states.shape[0], 1), cache.seen, device=hidden_states.device)
-        return forward(
-            module,
-            hidden_states,
-            position_embeddings,
-            _IndexKeys(_KeptKeys(cache.indexer_keys), module.layer_idx),
-            step,
+    what = f"{type(module).__name__}: decoding on a cache with block-sparse attention under burst"
+    keys, decoding = indexer_keys(cache, group, layout, what, module.layer_idx)
+    if decoding:  # the new token, at its global position, scores every key so far
+        positions = torch.full((hidden_states.shape[0], 1), cache.seen, device=hidden_states.device)
+    else:
+        rows = one_sequence_per_row(
+            f"{type(module).__name__}: block-sparse attention", position_ids, group, layout, hidden_states
         )
-    if not sharded:
-        refuse_decoding(
-            f"{type(module).__name__}: decoding on a cache with block-sparse attention under burst",
-            cache,
-            module.layer_idx,
-        )
-    rows = one_sequence_per_row(
-        f"{type(module).__name__}: block-sparse attention", position_ids, group, layout, hidden_states
-    )
-    positions = rows[None].expand(hidden_states.shape[0], -1)
-    kept = (cache.indexer_keys, cache.prompt_length) if sharded else (None, 0)
-    return forward(
-        module,
-        hidden_states,
-        position_embeddings,
-        _IndexKeys(_GatheredKeys(group, layout, *kept), module.layer_idx),
-        positions,
-    )
+        positions = rows[None].expand(hidden_states.shape[0], -1)
+    return forward(module, hidden_states, position_embeddings, _IndexKeys(keys, module.layer_idx), positions)
 
 
 def block_selection(module: torch.nn.Module, block_indices: torch.Tensor):

@@ -133,6 +133,20 @@ def refuse_decoding(what: str, cache, layer_idx) -> None:
     seen.add(layer_idx)
 
 
+def indexer_keys(cache, group, layout: str, what: str, layer_idx: int) -> tuple[object, bool]:
+    """(the stand-in cache an indexer reads its keys through, whether this forward is a decode step on burst's
+    ShardedCache): there _KeptKeys (the new token's key joins the prompt's, kept whole); else _GatheredKeys,
+    which keeps the prompt's keys for decoding when the cache is a ShardedCache, and on any other cache
+    refuses decoding (refuse_decoding, naming `what`). Both indexers (this one and block_indexer.py) take it."""
+    sharded = getattr(cache, "indexer_keys", None) is not None  # a ShardedCache (generate.py)
+    if sharded and cache.phase == "decode":
+        return _KeptKeys(cache.indexer_keys), True
+    if not sharded:
+        refuse_decoding(what, cache, layer_idx)
+        return _GatheredKeys(group, layout), False
+    return _GatheredKeys(group, layout, cache.indexer_keys, cache.prompt_length), False
+
+
 def one_sequence_per_row(what: str, position_ids, group, layout, hidden_states) -> torch.Tensor:
     """This rank's rows' global positions (seq_local,); ValueError naming `what` when the position ids
     restart inside a row (packed documents), which the layers that see the whole sequence (this
@@ -166,35 +180,16 @@ def _whole_sequence_indexer(
     On burst's ShardedCache (generate.py) the prompt's keys are kept, whole, and each decode step's new
     token scores them all."""
     cache = cache if cache is not None else past_key_values
-    sharded = getattr(cache, "indexer_keys", None) is not None  # a ShardedCache
-    if sharded and cache.phase == "decode":
-        everything = torch.ones(*hidden_states.shape[:2], cache.seen + 1, dtype=torch.bool, device=hidden_states.device)
-        kept = _KeptKeys(cache.indexer_keys)
-        return forward(
-            module,
-            hidden_states,
-            q_resid,
-            position_embeddings,
-            everything,
-            position_ids,
-            **{cache_keyword(forward): kept},
+    what = f"{type(module).__name__}: decoding on a cache with DeepSeek sparse attention under burst"
+    keys, decoding = indexer_keys(cache, group, layout, what, module.layer_idx)
+    if decoding:  # the new token scores every key so far
+        allowed = torch.ones(*hidden_states.shape[:2], cache.seen + 1, dtype=torch.bool, device=hidden_states.device)
+    else:
+        rows = one_sequence_per_row(
+            f"{type(module).__name__}: DeepSeek sparse attention", position_ids, group, layout, hidden_states
         )
-    if not sharded:
-        refuse_decoding(
-            f"{type(module).__name__}: decoding on a cache with DeepSeek sparse attention under burst",
-            cache,
-            module.layer_idx,
-        )
-    rows = one_sequence_per_row(
-        f"{type(module).__name__}: DeepSeek sparse attention", position_ids, group, layout, hidden_states
-    )
-    keys = torch.arange(rows.numel() * layout_mod._world_and_rank(group)[0], device=hidden_states.device)
-    causal = (keys[None, :] <= rows[:, None]).expand(hidden_states.shape[0], -1, -1)  # (batch, seq_local, seq)
-    gathered = (
-        _GatheredKeys(group, layout, cache.indexer_keys, cache.prompt_length)
-        if sharded
-        else _GatheredKeys(group, layout)
-    )
+        every = torch.arange(rows.numel() * layout_mod._world_and_rank(group)[0], device=hidden_states.device)
+        allowed = (every[None, :] <= rows[:, None]).expand(hidden_states.shape[0], -1, -1)  # (batch, seq_local, seq)
     return forward(
-        module, hidden_states, q_resid, position_embeddings, causal, position_ids, **{cache_keyword(forward): gathered}
+        module, hidden_states, q_resid, position_embeddings, allowed, position_ids, **{cache_keyword(forward): keys}
     )
