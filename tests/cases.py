@@ -30,6 +30,25 @@ __all__ = [
 ]
 
 
+# transformers' tiny decoder of the integration tests: 2 layers of 4 heads of 8, 2 KV heads (any family's config
+# class takes these names)
+TINY_DECODER = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+
+def tiny_decoder_config(class_name: str, vocab_size: int, **extra):
+    """transformers' `class_name` config (LlamaConfig, Qwen2Config...) at TINY_DECODER's sizes."""
+    import transformers
+
+    return getattr(transformers, class_name)(**{**TINY_DECODER, "vocab_size": vocab_size, **extra})
+
+
 def strategy_kwargs(name: str) -> dict:
     """burst.attention's strategy arguments for a case name: "burst:chunk_rows=5" is burst with
     chunk_rows=5 (its backward's queries served in chunks of 5 rows, so short test shards use several

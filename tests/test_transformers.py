@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from requires import transformers_or_skip
-from cases import rel_err as _rel
+from cases import rel_err as _rel, tiny_decoder_config
 from world import results_by_world, run_torchrun, value_error_text
 
 transformers_or_skip()
@@ -32,18 +32,7 @@ COMBOS = (
 
 
 def _llama_config(**extra):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        **extra,
-    )
+    return tiny_decoder_config("LlamaConfig", VOCAB, **extra)
 
 
 def _models(config_fn, name):

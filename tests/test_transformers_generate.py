@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from requires import transformers_or_skip
-from cases import rel_err as _rel
+from cases import rel_err as _rel, tiny_decoder_config
 from world import results_by_world, value_errors
 
 transformers_or_skip()
@@ -29,23 +29,9 @@ VOCAB, NEW = 64, 6
 LAYOUTS = ("contiguous", "zigzag", "striped")
 
 
-# every model's sizes: 2 layers of 4 heads of 8 (key-value heads as each family's function says)
-SIZES = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    pad_token_id=0,
-)
-
-
 def _config(class_name: str, **extra):
-    import transformers
-
-    return getattr(transformers, class_name)(**{**SIZES, **extra})
+    """cases.TINY_DECODER's sizes (key-value heads as each family's function says), pad id 0."""
+    return tiny_decoder_config(class_name, VOCAB, **{"pad_token_id": 0, **extra})
 
 
 def _llama(**extra):

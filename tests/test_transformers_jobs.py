@@ -14,7 +14,7 @@ import functools
 import torch
 
 from requires import transformers_or_skip
-from cases import rel_err as _rel
+from cases import rel_err as _rel, tiny_decoder_config
 from world import results_by_world
 
 transformers_or_skip()
@@ -24,17 +24,7 @@ STEPS = 2
 
 
 def _config():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
+    return tiny_decoder_config("LlamaConfig", VOCAB)
 
 
 def _model(name, dtype=torch.float32):
