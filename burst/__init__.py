@@ -14,14 +14,14 @@ _check_torch(_torch.__version__)
 from . import cqs  # noqa: F401 - burst.cqs.interest_set (the CQS paper's interest set) is public
 from .agreement import set_agreement_check, set_agreement_timeout
 from .api import attention
+from .check import check
 from .comm.stats import CommStats
-from .compressed import CompressedKV
-from .latent import LatentKV
 from .comm.topology import Topology
+from .compressed import CompressedKV
 from .context_parallel import context_parallel
+from .latent import LatentKV
 from .layout import DocumentLayout, shard, unshard
 from .masks import BlockIndices, BlockSparseMask
-from .check import check
 
 __all__ = [
     "attention",

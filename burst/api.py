@@ -11,9 +11,9 @@ import torch.distributed as dist
 from . import custom_op
 from .call import AttentionRequest
 from .compressed import CompressedKV
-from .masks import BlockIndices, BlockSparseMask
 from .keys import KeyBlocks, unit_stride_last
 from .latent import LatentKeys, LatentKV
+from .masks import BlockIndices, BlockSparseMask
 from .prepare import prepare_attention
 from .strategies import STRATEGIES  # noqa: F401 - the names, here too for callers
 from .validation import DTYPES, STRATEGY_NAMES, check_tensors, checked_call  # noqa: F401 - here too for callers

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable
 from functools import cached_property
+from typing import Callable
 
 import torch
 import torch.distributed as dist

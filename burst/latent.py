@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from .comm.stats import record_choice
-from .keys import check_query, unit_stride_last
 from .kernels.accumulators import accumulator_zeros_like
+from .keys import check_query, unit_stride_last
 from .lse_channel import ones_after, zeros_after
 
 

@@ -26,7 +26,8 @@ import torch.distributed as dist
 
 from . import layout as layout_mod
 from .comm.collectives import all_gather_flat
-from .comm.stats import active as stats_active, record_sent
+from .comm.stats import active as stats_active
+from .comm.stats import record_sent
 
 
 def chunks(layout, group, local_len: int) -> tuple[list[layout_mod.Segment], list[list[layout_mod.Segment]]]:
@@ -104,6 +105,20 @@ def initial_states(
     finals[c]: the state after local chunk c when it starts from zero; transitions[c]: its transition,
     in whatever form `apply_transition(transition, state) -> state` takes (both with one shape on
     every rank). Returns one state per local chunk (zeros for the sequence's first chunk)."""
+    return scan_states(finals, transitions, apply_transition, layout, group, local_len, phase)[0]
+
+
+def scan_states(
+    finals: Sequence[torch.Tensor],
+    transitions: Sequence[torch.Tensor],
+    apply_transition: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    layout,
+    group,
+    local_len: int,
+    phase: str = "state_passing",
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(initial_states's starts, the state after the sequence's last chunk): the same on every rank, the
+    state a cache keeps for decoding after a prompt split across ranks."""
     mine, every = chunks(layout, group, local_len)
     count = len(mine)
     gathered, anchor = all_gather_tensors(list(finals) + list(transitions), group, phase)
@@ -115,7 +130,7 @@ def initial_states(
         if r == rank:
             starts[c] = state
         state = apply_transition(gathered[r][count + c], state) + gathered[r][c]
-    return [starts[c] + anchor for c in range(count)]
+    return [starts[c] + anchor for c in range(count)], state + anchor
 
 
 def halo(

@@ -8,9 +8,8 @@ burst.masks.
 
 from __future__ import annotations
 
-import torch
-
 import burst
+import torch
 from burst.kernels.reference import BOUNDS, DTYPES, errors_against, full_inputs, within_bounds
 from burst.kernels.reference import full_reference as reference_grads  # (q, k, v, dout, causal, mask=None)
 from burst.kernels.reference import relative_error as rel_err

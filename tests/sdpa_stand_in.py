@@ -8,7 +8,6 @@ stride is a multiple of cuda_sdpa.BIAS_ALIGN, lse padded to 32 rows as the forwa
 from __future__ import annotations
 
 import torch
-
 from burst.kernels import cuda_sdpa, reference
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import datetime
 import time
 
+import burst
 import pytest
 import torch
 import torch.distributed as dist
 
-import burst
 from cases import TOL, full_inputs, reference_grads, sharded_errors
 from world import results_by_world
 

@@ -7,10 +7,9 @@ differently (float32 and bfloat16; float16 and float64 take their paths at 1 and
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
-
-import burst
 
 from cases import assert_within_bounds, full_inputs, reference_grads, sharded_errors
 from world import results_by_world

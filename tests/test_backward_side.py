@@ -7,10 +7,9 @@ keys reused as values (`v is k`: one block and one gradient travel).
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
-
-import burst
 from burst.strategies.burst import side_bytes_per_row
 
 from cases import TOL, full_inputs, reference_grads, reference_mask, rel_err

@@ -13,9 +13,9 @@ import pathlib
 import subprocess
 import sys
 
+import burst
 import pytest
 
-import burst
 from world import results_by_world
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

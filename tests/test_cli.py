@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import time
 
-import numpy as np
-import pytest
-
 import burst.bench.harness
 import burst.launch
+import numpy as np
+import pytest
 from burst.cli import VERBS, build_parser, main
 from burst.devices import DTYPE_ALIASES, DTYPES
 from burst.launch import WorldError, spawn_world

@@ -6,16 +6,15 @@ volumes and pairs count differently from the first and the last); the volume and
 
 from __future__ import annotations
 
+import os
 import weakref
 
-import os
-
+import burst
+import burst.layout
 import numpy as np
 import pytest
 import torch
 
-import burst
-import burst.layout
 from world import results_by_world
 
 B, N, H, D = 2, 8, 4, 8  # batch, local tokens, q heads, head dim

@@ -11,11 +11,11 @@ break.
 
 from __future__ import annotations
 
+import burst
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-import burst
 from world import results_by_world
 
 SEQ, HEADS, KV_HEADS, DIM = 64, 4, 2, 8

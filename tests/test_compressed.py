@@ -14,11 +14,10 @@ did.
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
 import torch.distributed as dist
-
-import burst
 
 from cases import TOL, full_inputs, rel_err, strategy_kwargs
 from world import results_by_world

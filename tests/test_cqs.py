@@ -11,11 +11,11 @@ from __future__ import annotations
 import contextlib
 import time
 
+import burst
 import pytest
 import torch
-
-import burst
 from burst.cqs import interest_set, is_difference_cover, lower_bound, schedule, sequence_length_ratio
+
 from cases import assert_within_bounds, full_inputs, reference_grads, sharded_errors
 from world import results_by_world, run_world
 

@@ -11,9 +11,9 @@ at 1 and 2 ranks (benchmarks/gpu.md); 4 ranks and the triangles have not run on 
 
 from __future__ import annotations
 
+import burst
 import torch
 
-import burst
 from cases import full_inputs, reference_grads, reference_mask, sharded_errors
 from test_gpu_paths import FLASH_BOUND, dispatch_bf16_to
 from world import results_by_world
@@ -30,10 +30,10 @@ MASKS = {
 
 def _use_cudnn_stand_in():
     """In this rank: cuDNN's and aten's flash ops are the stand-ins, and bf16 dispatches to cudnn."""
+    from burst.kernels import aten_flash, cudnn
+
     import cudnn_stand_in
     import flash_stand_in
-
-    from burst.kernels import aten_flash, cudnn
 
     ops = flash_stand_in.AtenOps(False)
     aten_flash._forward_op, aten_flash._backward_op = ops.forward, ops.backward

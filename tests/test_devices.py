@@ -15,7 +15,6 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-
 from burst import devices, launch
 
 

@@ -172,6 +172,7 @@ def test_docs_gpu_figures_are_in_benchmarks_gpu():
 
 def test_version_license_and_changelog_agree():
     import burst
+
     from test_install_lines import pyproject
 
     project = pyproject()["project"]

@@ -9,11 +9,11 @@ float64 attention on the whole packed sequence. Also the planner's balance and b
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
-
-import burst
 from burst.layout import DocumentLayout, segments
+
 from cases import full_inputs, reference_grads, reference_mask, sharded_errors, within_bounds
 from world import results_by_world
 

@@ -12,13 +12,13 @@ import pathlib
 import subprocess
 import sys
 
+import burst
 import pytest
 import torch
-
-import burst
 from burst.engine.model import PRESETS, Transformer, parallelize
 from burst.engine.parallel import setup
 from burst.engine.train import TokenSource, TrainConfig, build, train_step
+
 from world import run_process_group, run_world
 
 COMBOS = (("burst", "zigzag"), ("ring", "striped"), ("distflash", "contiguous"))

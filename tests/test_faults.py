@@ -11,7 +11,6 @@ burst.bench.faults --worlds 30` is the long form (benchmarks/faults.md).
 from __future__ import annotations
 
 import pytest
-
 from burst.bench import faults
 
 pytestmark = pytest.mark.serial  # times each faulty world's end and reads /dev/shm: no other test beside it

@@ -4,12 +4,12 @@ local world (the ranks' losses and gradients add up to the full sequence's)."""
 
 from __future__ import annotations
 
+import burst.engine.loss as fused
 import pytest
 import torch
 import torch.nn.functional as F
-
-import burst.engine.loss as fused
 from burst.engine import fused_linear_cross_entropy
+
 from world import run_world
 
 

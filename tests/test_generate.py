@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from burst.engine.model import PRESETS, Transformer
 from burst.inference.generate import generate
+
 from world import results_by_world, value_error_text
 
 NEW = 6

@@ -15,13 +15,13 @@ import sys
 import time
 import types
 
+import burst
 import pytest
 import torch
-
-import burst
 from burst.bench import gpu_check
 from burst.kernels import cpu_flash, cuda_sdpa
 from burst.kernels.reference import BOUNDS
+
 import sdpa_stand_in
 from world import run_world
 

@@ -12,11 +12,11 @@ compressed entries (tests/test_compressed.py's cases). One world of 4 ranks.
 
 from __future__ import annotations
 
-import torch
-
 import burst
+import torch
 from burst.layout import DocumentLayout
 from burst.masks import BlockSparseMask
+
 from cases import TOL, full_inputs, reference_grads, reference_mask, sharded_errors
 from world import results_by_world
 
@@ -55,11 +55,11 @@ def _reference(full, mask):
 def _use_flash_stand_in():
     """In this rank: flash_attn and FlexAttention are the stand-ins (torch has no FlexAttention backward
     on the CPU), and bf16 dispatches to the flash_attn adapter."""
-    import flash_stand_in
-    import flex_stand_in
+    from burst.kernels import cuda_flash_attn
     from torch.nn.attention import flex_attention
 
-    from burst.kernels import cuda_flash_attn
+    import flash_stand_in
+    import flex_stand_in
 
     flash_stand_in.install()
     flex_stand_in.CALLS = flash_stand_in.CALLS  # one log of kernel calls

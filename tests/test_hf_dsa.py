@@ -60,8 +60,8 @@ def _chosen_sets(indices: torch.Tensor) -> list:
 
 def _errors(family, name, layout, group=None, seq=SEQ, config=None) -> dict:
     from burst import layout as layout_mod
-    from burst.bench.hf_zoo import VOCAB
     from burst.bench.hf_steps import step_errors, twin_models
+    from burst.bench.hf_zoo import VOCAB
 
     eager, model = twin_models(family, name, config or _config(family))
     expected_sel, got_sel = _selections(eager), _selections(model)
@@ -90,9 +90,8 @@ def _pruned_share(indices: torch.Tensor, rate: int | None) -> float:
 
 
 def _dsa(rank, world):
-    import transformers
-
     import burst.integrations.transformers as bt
+    import transformers
     from burst.bench.hf_zoo import families
     from burst.integrations.transformers.layers import compressed, indexer
 
@@ -173,11 +172,10 @@ def test_an_indexer_or_compressor_seeing_only_its_shard_is_caught(planted):
 def test_a_prepared_v4_refuses_another_attention_backend():
     """Prepared compressors return entries without transformers' block bias; on another backend every
     query would see every entry, so the compressor refuses it."""
-    import transformers
-
     import burst.integrations.transformers as bt
-    from burst.bench.hf_zoo import VOCAB, families
+    import transformers
     from burst.bench.hf_steps import twin_models
+    from burst.bench.hf_zoo import VOCAB, families
 
     if "deepseek_v4" not in families():
         pytest.skip("this transformers release has no DeepSeek-V4")
@@ -194,11 +192,10 @@ def test_a_prepared_v4_refuses_another_attention_backend():
 
 def test_v4_with_packed_documents_is_refused():
     """Packed rows (position ids restarting) would give entries spanning documents: refused, not silent."""
-    import transformers
-
     import burst.integrations.transformers as bt
-    from burst.bench.hf_zoo import VOCAB, families
+    import transformers
     from burst.bench.hf_steps import twin_models
+    from burst.bench.hf_zoo import VOCAB, families
 
     if "deepseek_v4" not in families():
         pytest.skip("this transformers release has no DeepSeek-V4")
@@ -215,11 +212,10 @@ def test_v4_with_packed_documents_is_refused():
 def test_the_first_forward_on_a_cache_runs_and_decoding_on_it_is_refused(family):
     """transformers makes a cache unless use_cache=False (the README's line passes none): that forward
     runs exactly; a later one on the same cache would see only the new tokens, and raises."""
-    import transformers
-
     import burst.integrations.transformers as bt
-    from burst.bench.hf_zoo import VOCAB, families
+    import transformers
     from burst.bench.hf_steps import twin_models
+    from burst.bench.hf_zoo import VOCAB, families
     from burst.integrations.transformers.keywords import generate_cache_keyword
 
     if family not in families():

@@ -16,9 +16,8 @@ transformers_or_skip()
 def _planted(rank, world):
     from unittest import mock
 
-    import torch
-
     import burst.integrations.transformers as bt
+    import torch
     from burst.bench.hf_steps import twin_models
     from burst.integrations.transformers.backend import features
 

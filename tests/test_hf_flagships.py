@@ -79,8 +79,8 @@ def _doge_decays(eager):
 
 def _errors(family, config, name, layout, reference_config=None) -> dict:
     """One forward + backward split over the world against eager attention in one process."""
-    from burst.bench.hf_zoo import VOCAB
     from burst.bench.hf_steps import step_errors, twin_models
+    from burst.bench.hf_zoo import VOCAB
 
     eager, model = twin_models(family, name, config, reference_config)
     if family == "doge":
@@ -91,9 +91,8 @@ def _errors(family, config, name, layout, reference_config=None) -> dict:
 
 
 def _flagships(rank, world):
-    import transformers
-
     import burst.integrations.transformers as bt
+    import transformers
     from burst.integrations.transformers.backend import features
     from burst.integrations.transformers.layers import dynamic_mask
 

@@ -34,8 +34,8 @@ def _v4_published():
 
 def _step(family, layout, tokens, config=None):
     import burst.integrations.transformers as bt
-    from burst.bench.hf_zoo import VOCAB
     from burst.bench.hf_steps import step_errors, twin_models
+    from burst.bench.hf_zoo import VOCAB
 
     eager, model = twin_models(family, bt.register(f"halo_{layout}", layout=layout), config)
     ids = torch.randint(3, VOCAB, (2, tokens), generator=torch.Generator().manual_seed(1))

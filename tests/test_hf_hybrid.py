@@ -48,7 +48,6 @@ def _scan_against_float64(layout, group):
     """h_t = a_t h_{t-1} + u_t (diagonal decays) on each rank's chunks with state_passing, against a
     float64 scan of the whole sequence: states and the gradients of a loss through them."""
     import torch.distributed as dist
-
     from burst import layout as layout_mod
     from burst.state_passing import initial_states
 
@@ -154,11 +153,64 @@ def _refusals(group):
     return out
 
 
+GENERATE_FOUR_RANKS = ("qwen3_next", "kimi_linear", "mamba", "bamba", "nemotron_h", "lfm2")
+# gated delta rule, Kimi delta attention, Mamba, Mamba2, Mamba2 with its steps clamped above 0, convolutions alone
+
+
+def _generation(family, layout, group, length):
+    """generate() on a ShardedCache (a prompt of `length` tokens, padded by the layout) against the eager
+    model's own generate() in one process, and the recurrent layers' states the cache keeps after the
+    prompt against those of the eager model's own cache: {tokens, logits, states, layers}; None when not
+    shipped or refused."""
+    import inspect
+
+    import burst.integrations.transformers as bt
+    import transformers
+    from burst.bench import hf_zoo
+    from burst.bench import hf_zoo_generate as zoo
+    from burst.integrations.transformers.layers import mixers
+    from burst.kernels.reference import relative_error
+
+    if family not in hf_zoo.families() or family not in mixers.GENERATE:
+        return None
+    ids = zoo.prompt(length)
+    name = bt.register(f"hybrid_generate_{layout}", layout=layout, group=group)
+    try:  # the eager model's own generate() and cache (Granite-MoE-hybrid's tiny one cannot: the zoo's skip)
+        (ref_tokens, ref_logits), model, eager = zoo.build(family, name, ids, new=4)
+        reference = transformers.DynamicCache(config=eager.config)
+        takes = inspect.signature(eager.forward).parameters  # Mamba's LM: cache_params on 5.23
+        keyword = next(k for k in ("cache", "cache_params", "past_key_values") if k in takes)
+        with torch.no_grad():
+            eager(input_ids=ids, use_cache=True, **{keyword: reference})
+    except ValueError as err:
+        if "get_seq_length" in str(err):
+            return None
+        raise
+    with torch.no_grad():
+        tokens, logits = zoo.generate(model, ids, bt.ShardedCache(model), new=4)
+        cache = bt.ShardedCache(model)
+        zoo.generate(model, ids, cache, new=1)  # the prefill alone: the states after the prompt
+    states = [
+        relative_error(got, want.double())
+        for layer in sorted(cache._recurrent)
+        for got, want in (
+            (cache.get_conv_state(layer), reference.get_conv_state(layer)),
+            (cache.get_recurrent_state(layer), reference.get_recurrent_state(layer)),
+        )
+        if want is not None
+    ]
+    return {
+        "tokens": torch.equal(tokens, ref_tokens),
+        "logits": relative_error(logits, ref_logits.double()),
+        "states": max(states),
+        "layers": len(cache._recurrent),
+    }
+
+
 def _world_cases(rank, world):
     import warnings
 
     import transformers
-
     from burst.integrations.transformers.layers import mixers
 
     transformers.logging.set_verbosity_error()
@@ -173,6 +225,13 @@ def _world_cases(rank, world):
         "scan": {layout: _scan_against_float64(layout, None) for layout in ("contiguous", "zigzag")},
     }
     out["steps"][("qwen3_next", "zigzag, checkpointing")] = _one_step("qwen3_next", "zigzag", None, True)
+    if (
+        world == 2
+    ):  # every family at 2 ranks in zigzag (prompts of 13: padded to 16), a family of each mixer in contiguous
+        cases = [(f, "zigzag", 13) for f in families] + [(f, "contiguous", 13) for f in GENERATE_FOUR_RANKS]
+    else:  # prompts of 3 (each rank a token or padding, fewer than the convolutions' width) and of 29
+        cases = [(f, "zigzag", n) for f in GENERATE_FOUR_RANKS for n in (3, 29)]
+    out["generate"] = {case: _generation(*case[:2], None, case[2]) for case in cases}
     if world == 2:
         out["bytes"] = _state_bytes(None)
         out["refusals"] = _refusals(None)
@@ -206,6 +265,18 @@ def test_state_exchange_does_not_grow_with_the_sequence():
     assert long == short, by_length
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_hybrid_families_generate_on_a_sharded_cache_exactly(world):
+    """The prompt runs split (each scan hands the state after its last real token, the convolution the
+    prompt's last inputs), each new token whole on every rank: the same tokens and logits as the eager
+    model's own generate(), and the states kept after the prompt those of its own cache."""
+    generated = {case: got for case, got in results(world)[0]["generate"].items() if got is not None}
+    assert len(generated) >= (20 if world == 2 else 10), sorted(generated)
+    for case, got in generated.items():
+        assert got["tokens"] and got["logits"] < 1e-4, (case, got)
+        assert got["layers"] > 0 and got["states"] < 1e-4, (case, got)
+
+
 def test_what_a_hybrid_model_cannot_do_is_refused():
     refusals = results(2)[0]["refusals"]
     assert "every 2-th token" in refusals["striped"]
@@ -216,7 +287,7 @@ def test_what_a_hybrid_model_cannot_do_is_refused():
             "outside attention" in refusals["unsupported family"]
             or "not among the families" in refusals["unsupported family"]
         ), refusals["unsupported family"]
-    if "decoding" in refusals:
+    if "decoding" in refusals:  # RG-LRU keeps its state on the module, not in transformers' Cache
         assert "generate() on a sharded cache is refused" in (refusals["decoding"] or ""), refusals["decoding"]
 
 
@@ -224,10 +295,9 @@ def test_a_named_document_layout_reaches_the_hybrids_mixers():
     """shard_batch(layout="doc_zigzag") with packed position_ids: the documents are read before the
     recurrent layers are prepared, so a hybrid (Mamba) takes the named layout as a Transformer does (it
     had been refused, "pass burst.DocumentLayout(...)"), the same loss as that DocumentLayout given."""
-    import transformers
-
     import burst
     import burst.integrations.transformers as bt
+    import transformers
 
     config = transformers.MambaConfig(
         vocab_size=64, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4, time_step_rank=4

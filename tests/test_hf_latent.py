@@ -42,10 +42,9 @@ BOUND = {"logits": 2e-5, "loss": 2e-5, "gradients": 2e-5}  # float32 tiny models
 def _families(rank, world):
     import burst
     import burst.integrations.transformers as bt
+    import torch
     from burst.bench.hf_steps import step_errors, twin_models
     from burst.integrations.transformers.layers.latent import is_latent_attention
-
-    import torch
 
     out = {}
     for layout in ("zigzag", "contiguous"):

@@ -68,9 +68,8 @@ def rope_parameters(head_dim: int = 16) -> dict:
 
 
 def _twins(rope: dict, name: str):
-    from transformers import LlamaConfig
-
     from burst.bench.hf_steps import twin_models
+    from transformers import LlamaConfig
 
     config = LlamaConfig(
         vocab_size=VOCAB,
@@ -92,9 +91,8 @@ def _errors(eager, model, ids, layout) -> dict:
 
 
 def _rope_world(rank, world):
-    import transformers
-
     import burst.integrations.transformers as bt
+    import transformers
     from burst import layout as layout_mod
     from burst.integrations.transformers.layers import rope as rope_layer
 

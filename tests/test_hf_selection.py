@@ -57,9 +57,8 @@ _EAGER = {}  # Doge's eager step at 2112 tokens (seconds), run once and shared b
 
 def _errors(family, config, name, layout, tokens) -> dict:
     import torch
-
-    from burst.bench.hf_zoo import VOCAB
     from burst.bench.hf_steps import eager_reference, step_errors, twin_models
+    from burst.bench.hf_zoo import VOCAB
 
     eager, model = twin_models(family, name, config)  # Doge's A drawn (hf_zoo_configs.DRAWN)
     ids = torch.randint(3, VOCAB, (1, tokens), generator=torch.Generator().manual_seed(1))
@@ -71,11 +70,10 @@ def _errors(family, config, name, layout, tokens) -> dict:
 
 
 def _unprepared_minimax(name, layout):
-    import torch
-
     import burst
-    from burst.bench.hf_zoo import VOCAB, tiny_config
+    import torch
     from burst.bench.hf_steps import twin_models
+    from burst.bench.hf_zoo import VOCAB, tiny_config
 
     _, model = twin_models("minimax_m3_vl_text", name, tiny_config("minimax_m3_vl_text"))
     ids = torch.randint(3, VOCAB, (1, 128), generator=torch.Generator().manual_seed(1))
@@ -88,9 +86,8 @@ def _unprepared_minimax(name, layout):
 
 
 def _selection(rank, world):
-    import transformers
-
     import burst.integrations.transformers as bt
+    import transformers
     from burst.bench.hf_zoo import tiny_config
     from burst.integrations.transformers import keywords
     from burst.integrations.transformers.backend import features

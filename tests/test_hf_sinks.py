@@ -11,12 +11,11 @@ tests/test_hf_flagships.py).
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
-from requires import transformers_or_skip
 from cases import rel_err as _rel
+from requires import transformers_or_skip
 from world import results_by_world
 
 transformers_or_skip()

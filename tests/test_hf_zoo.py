@@ -148,7 +148,6 @@ def test_a_window_no_mask_applies_is_left_out_but_refused_when_decoding(monkeypa
     import sys
 
     import pytest
-
     from burst.bench.hf_zoo_configs import causal_lm, tiny_config
     from burst.integrations.transformers import check_model_features
 
@@ -169,11 +168,10 @@ def test_a_silent_family_carries_its_control(monkeypatch):
     """A silent outcome says whose difference it is: the family's own sdpa on eager's weights is run against
     its eager. Planted: burst's output scaled (sdpa agrees: burst's), then sdpa's scaled too (the family's own
     paths disagree, as moshi's eager and sdpa did on transformers 5.17)."""
-    from transformers import AttentionInterface
-
     import burst.integrations.transformers as bt
     from burst.bench.hf_zoo import run_family
     from burst.integrations.transformers.backend.attention import burst_attention_forward
+    from transformers import AttentionInterface
 
     def scaled(attention):
         def forward(*args, **kwargs):

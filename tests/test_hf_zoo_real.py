@@ -38,7 +38,6 @@ def _results():
     import warnings
 
     import transformers
-
     from burst.bench.hf_zoo_real import run
 
     transformers.logging.set_verbosity_error()

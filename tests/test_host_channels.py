@@ -17,11 +17,11 @@ import time
 
 import torch
 import torch.distributed as dist
-
 from burst.comm import shm_p2p
 from burst.comm.p2p import exchange, host_channels, open_host_channels
 from burst.comm.shm import HostAllGather
 from burst.comm.shm_p2p import HostChannels
+
 from world import results_by_world
 
 DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.float64)
@@ -217,7 +217,6 @@ def test_shared_memory_files_are_private_exclusive_and_checked(tmp_path):
     """Rings are created mode 0600 with O_EXCL (a file or link already at the name is refused), and a
     file others could read, or a link, is not mapped."""
     import pytest
-
     from burst.comm.shm import create_private, map_private
 
     path = str(tmp_path / "ring")

@@ -11,10 +11,9 @@ Strategies that move queries elsewhere refuse with a clear error, on every rank.
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
-
-import burst
 
 from cases import TOL, full_inputs, reference_grads, reference_mask, rel_err, strategy_kwargs
 from world import results_by_world, value_error_text

@@ -12,10 +12,9 @@ choice travels in burst's query-side backward as fewer bytes than the same choic
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
-
-import burst
 from burst.kernels.reference import full_reference
 
 from cases import TOL, full_inputs, reference_mask, rel_err, strategy_kwargs

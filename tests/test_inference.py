@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from burst.comm.shm import HostAllGather
 from burst.inference import ShardedKVCache, decode_attention
 from burst.inference.decode import decode_exchange
 from burst.kernels.reference import attention as reference_attention
+
 from world import results_by_world
 
 H, KVH, D, STEPS = 4, 2, 16, 5

@@ -16,7 +16,6 @@ import sys
 
 import pytest
 import torch
-
 from burst import kernels
 from burst.kernels import aten_flash, cuda_flash_attn, cuda_sdpa, cudnn, flex
 from burst.kernels import spec as kernel_spec
@@ -116,8 +115,9 @@ def test_flash_attn_hands_what_it_cannot_do_to_sdpa(stand_in, aten_stand_in, mon
 @pytest.fixture
 def flex_stand_in(monkeypatch):
     """FlexAttention played by tests/flex_stand_in.py (differentiable on the CPU)."""
-    import flex_stand_in as module
     from torch.nn.attention import flex_attention as real
+
+    import flex_stand_in as module
 
     monkeypatch.setattr(real, "flex_attention", module.flex_attention)
     monkeypatch.setattr(real, "create_block_mask", module.create_block_mask)
@@ -600,10 +600,9 @@ def test_compiled_flex_traces_one_graph_a_grad_mode_for_every_tile_kind(monkeypa
     shapes). On an H200 a mask_mod per tile kind, with Python ints for its windows, retraced until
     dynamo's recompile limit (8) sent flex_attention to its unfused path, 30-50x slower."""
     import torch._dynamo
+    from burst.kernels.softcap import Softcapped
     from torch._dynamo.utils import counters
     from torch.nn.attention import flex_attention as flex_module
-
-    from burst.kernels.softcap import Softcapped
 
     compiled = flex._compile(backend="eager")
     monkeypatch.setattr(flex, "_compiled", lambda device_type: compiled)

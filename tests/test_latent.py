@@ -7,10 +7,9 @@ One world per size; in it every mask x layout x chunking. The bytes: only latent
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
-
-import burst
 
 from cases import TOL, reference_mask, rel_err
 from world import results_by_world

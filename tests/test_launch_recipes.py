@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import signal
+import subprocess
 import sys
 import time
 import uuid

@@ -11,15 +11,17 @@ without sinks, one tensor as keys and values, compressed entries, and MLA's late
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
 import torch.distributed as dist
-
-import burst
 from burst.kernels.reference import attention as reference_attention
 
 from cases import TOL, full_inputs, reference_mask, rel_err, strategy_kwargs
-from test_latent import B as LB, H as LH, NOPE, ROPE, VD, expand, full as latent_inputs
+from test_latent import NOPE, ROPE, VD, expand
+from test_latent import B as LB
+from test_latent import H as LH
+from test_latent import full as latent_inputs
 from world import results_by_world
 
 N_LOCAL, H, D, EXTRA = 8, 4, 8, 3

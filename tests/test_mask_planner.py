@@ -11,13 +11,13 @@ import dataclasses
 import functools
 import itertools
 
-import pytest
-import torch
-
 import burst
 import burst.masks
+import pytest
+import torch
 from burst.layout import segments, shard_indices
 from burst.masks import MaskSpec, TileSizes, plan_tiles
+
 from cases import reference_mask
 
 
@@ -132,8 +132,8 @@ def test_a_zigzag_step_off_the_diagonal_is_one_call():
     half, and against a later rank's keys its second half against both halves: with join_runs one full
     call each (its joined side Rows: no positions to misread), within max_rows; AttentionCall joins
     only without an index selection, which reads positions."""
-    from burst.masks import Cover
     from burst.layout import Rows
+    from burst.masks import Cover
 
     world, n, spec = 4, 32, MaskSpec(causal=True)
     segs = [segments("zigzag", r, world, n) for r in range(world)]

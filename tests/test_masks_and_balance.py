@@ -11,12 +11,12 @@ from __future__ import annotations
 import functools
 import zlib
 
-import pytest
-import torch
-
 import burst
 import burst.kernels.cpu_flash
 import burst.masks
+import pytest
+import torch
+
 from cases import assert_within_bounds, full_inputs, reference_grads, reference_mask, sharded_errors, strategy_kwargs
 from world import run_world
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import functools
 
+import burst
 import torch
 import torch.nn.functional as F
-
-import burst
 from burst.kernels.reference import attention as reference_attention
 
 from cases import full_inputs, reference_grads, rel_err, sharded_errors, strategy_kwargs, within_bounds

@@ -12,11 +12,11 @@ ring's intra- and inter-node rings).
 
 from __future__ import annotations
 
+import burst
 import torch
 import torch.distributed as dist
-
-import burst
 from burst.comm import OpLog
+
 from world import results_by_world
 
 WORLD = 4

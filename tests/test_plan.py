@@ -12,13 +12,11 @@ from dataclasses import replace
 
 import pytest
 import torch
-
-from burst.plan.auto import auto_choice
 from burst.call import AttentionRequest
-from burst.validation import checked_call
-from burst.plan import Cluster, Workload, choose, estimate, plan, profile
-from burst.plan import papers
+from burst.plan import Cluster, Workload, choose, estimate, papers, plan, profile
+from burst.plan.auto import auto_choice
 from burst.plan.cost import STRATEGIES, _ring_pass
+from burst.validation import checked_call
 
 H100 = profile("H100")
 

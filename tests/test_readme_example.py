@@ -47,10 +47,9 @@ def _run_readme(rank, world):
     import warnings
 
     import transformers
-    from transformers import AutoModelForCausalLM
-
     from burst import layout as layout_mod
     from burst.bench import hf_steps, hf_zoo
+    from transformers import AutoModelForCausalLM
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")

@@ -92,7 +92,6 @@ def test_heap_peak_sees_a_tensor_held_in_each_phase_and_keeps_a_timeline():
     and a 32 MiB one made in the backward show in each phase's peak; the timeline and progress calls
     come as the region goes."""
     import torch
-
     from burst.bench.memory import HeapPeak
 
     mib = 2**20

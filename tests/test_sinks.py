@@ -11,11 +11,10 @@ sharded cache with invalid entries; bad sinks refused; burst.check with sinks.
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
 import torch.distributed as dist
-
-import burst
 from burst.inference import decode_attention
 from burst.kernels.reference import attention as reference_attention
 

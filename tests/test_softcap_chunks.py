@@ -12,10 +12,9 @@ block pairs (fewer pairs and bytes than causal).
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
-
-import burst
 
 from cases import TOL, full_inputs, reference_grads, reference_mask, sharded_errors, strategy_kwargs
 from world import results_by_world

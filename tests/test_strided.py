@@ -5,10 +5,10 @@ against float64 attention on the full sequence. One world per size.
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
 
-import burst
 from cases import full_inputs, reference_grads, rel_err, strategy_kwargs, within_bounds
 from world import results_by_world
 

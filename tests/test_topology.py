@@ -8,10 +8,10 @@ ranks; at 6 each topology in one layout).
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
 
-import burst
 from cases import assert_within_bounds, full_inputs, reference_grads, reference_mask, sharded_errors
 from world import results_by_world, value_error_text
 
@@ -120,7 +120,6 @@ def _spanned(rank, world):
     """Nodes each subgroup of this rank spans on nodes of 2 ranks: [r, r ^ 1] one, [r, r ^ 2] two (USP's ring
     groups across nodes: the ring runs there, not the one-node chunk stream)."""
     import torch.distributed as dist
-
     from burst.comm.topology import nodes_spanned
 
     topology = burst.Topology(2).resolved(world)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from burst.torch_floor import ALLOW_ENV, MIN_TORCH, check_torch
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,10 +18,8 @@ import sys
 
 import pytest
 import torch
-
 from burst.engine.model import PRESETS, Transformer
 from burst.engine.train import TokenSource, TrainConfig, build, make_optimizer, train_step
-
 
 STEPS = 3
 
@@ -180,9 +178,8 @@ def test_llama3_8b_preset_shapes_without_allocating_them():
 
 def test_llama3_rotary_frequencies_are_transformers_llama3():
     transformers = pytest.importorskip("transformers")
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
     from burst.engine.model import llama3_frequencies
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     m = PRESETS["llama3-8b"]
     config = transformers.LlamaConfig(
@@ -325,10 +322,9 @@ def test_a_full_disk_at_a_checkpoint_names_the_cause(monkeypatch, tmp_path):
     leaves no checkpoint marked complete (no burst.json) to resume from."""
     import errno
 
-    from torch.distributed.checkpoint import FileSystemWriter
-
     from burst.engine.resume import META, resume_point
     from burst.engine.train import train
+    from torch.distributed.checkpoint import FileSystemWriter
 
     def full_disk(self, plan, planner):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -345,9 +341,8 @@ def test_a_failed_save_names_the_ranks_own_error_not_its_frames():
     error alone (a file-size limit, here), never the frames' dump."""
     import errno
 
-    from torch.distributed.checkpoint.api import CheckpointException
-
     from burst.engine.resume import named_failure
+    from torch.distributed.checkpoint.api import CheckpointException
 
     wrapped = (OSError(errno.EFBIG, "File too large"), ["<a FrameSummary>"])
     with pytest.raises(RuntimeError) as failed:

@@ -66,10 +66,9 @@ def _run_recipes(out: str, *jobs: str) -> None:
     import runpy
     import sys
 
+    import burst.launch
     import torch.distributed as dist
     from accelerate.state import AcceleratorState, GradientState
-
-    import burst.launch
 
     sys.path.insert(0, str(EXAMPLES))  # accelerate_train imports trainer_train
     end_rank = burst.launch.end_rank
@@ -193,9 +192,8 @@ def test_titan_recipe_two_replicas_of_two_ranks_equal_one_process(results):
 
 def test_refusals_before_training(tmp_path):
     """What the Trainer would compute inexactly raises at construction, naming it."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, TrainingArguments
-
     from burst.integrations.transformers import SequenceParallelTrainer
+    from transformers import AutoModelForCausalLM, LlamaConfig, TrainingArguments
 
     config = LlamaConfig(
         vocab_size=32,

@@ -13,8 +13,9 @@ import itertools
 import pytest
 import torch
 
+from cases import rel_err as _rel
+from cases import tiny_decoder_config
 from requires import transformers_or_skip
-from cases import rel_err as _rel, tiny_decoder_config
 from world import results_by_world, run_torchrun, value_error_text
 
 transformers_or_skip()
@@ -324,9 +325,8 @@ def test_tested_range_is_the_hf_extras():
 def test_a_release_outside_the_tested_range_warns_once(monkeypatch):
     import warnings
 
-    import transformers
-
     import burst.integrations.transformers as bt
+    import transformers
     from burst.integrations.transformers.backend import attention
 
     attention._warn_if_untested.cache_clear()

@@ -17,8 +17,9 @@ import os
 import pytest
 import torch
 
+from cases import rel_err as _rel
+from cases import tiny_decoder_config
 from requires import transformers_or_skip
-from cases import rel_err as _rel, tiny_decoder_config
 from world import results_by_world, value_errors
 
 transformers_or_skip()
@@ -173,7 +174,7 @@ def _generate(model, ids, cache=None, seed=None, **options):
     """(tokens, logits of each step (steps, batch, vocab)) of model.generate."""
     if seed is not None:
         torch.manual_seed(seed)  # the same seed on every rank
-    extra = {generate_cache_keyword(): cache} if cache is not None else {}
+    extra = {generate_cache_keyword(model): cache} if cache is not None else {}
     out = model.generate(
         ids,
         max_new_tokens=NEW,

@@ -13,8 +13,9 @@ import functools
 
 import torch
 
+from cases import rel_err as _rel
+from cases import tiny_decoder_config
 from requires import transformers_or_skip
-from cases import rel_err as _rel, tiny_decoder_config
 from world import results_by_world
 
 transformers_or_skip()
@@ -72,9 +73,8 @@ def _sharded_job(model, batches, layout, group=None, autocast=False, rows=None, 
     """The same job through shard_batch / reduce_gradients / reduce_loss: per step (loss, gradients).
     rows: which rows of each batch this rank's sequence-parallel group trains (data parallel over
     dp_group: the reported loss is the replicas' mean)."""
-    import torch.distributed as dist
-
     import burst.integrations.transformers as bt
+    import torch.distributed as dist
 
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -137,9 +137,8 @@ def _autocast_checkpointing(rank, world):
 def _fsdp_jobs(rank, world):
     """FSDP2 on the sequence-parallel ranks: torch's fully_shard as its docs show (per layer, then the
     root) with reduce_gradients, and burst's fully_shard; both equal the one-process job."""
-    from torch.distributed.fsdp import fully_shard as torch_fully_shard
-
     import burst.integrations.transformers as bt
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
     batches = _batches(1, 8 * world)
     reference = _reference_job(1, 8 * world)
@@ -159,10 +158,9 @@ def _dp_sp_mesh(rank, world):
     """world 4 as dp 2 x sp 2: each dp row trains its own sequence on its sp pair; FSDP2 over every
     rank (bt.fully_shard), or over the dp ranks only (torch's fully_shard on mesh['dp']); equal to one
     process training both sequences as a batch of 2."""
+    import burst.integrations.transformers as bt
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
-
-    import burst.integrations.transformers as bt
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "sp"))
     sp_group, dp_group, dp_rank = mesh.get_group("sp"), mesh.get_group("dp"), mesh.get_local_rank("dp")

@@ -7,10 +7,10 @@ layout per mask (the three in turn), with every head shape and dtype.
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
 
-import burst
 from cases import assert_within_bounds, full_inputs, reference_grads, reference_mask, sharded_errors
 from world import results_by_world, value_error_text
 

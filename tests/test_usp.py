@@ -10,10 +10,10 @@ per mask, the three in turn.
 
 from __future__ import annotations
 
+import burst
 import pytest
 import torch
 
-import burst
 from cases import assert_within_bounds, full_inputs, reference_grads, reference_mask, sharded_errors
 from world import results_by_world, value_error_text
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from ..call import AttentionCall
-from ..schedules.cqs import sequence_length_ratio
 from ..kernels import select_kernel
 from ..masks import MaskSpec
 from ..merge import merge_partial
+from ..schedules.cqs import sequence_length_ratio
 from ..strategies.cqs import CQSOptions, call_schedule, worker_forward
 
 

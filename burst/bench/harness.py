@@ -21,9 +21,9 @@ import torch.nn.functional as F
 import burst
 from burst.bench.config import BenchConfig
 from burst.bench.memory import held_bytes, peak_bytes, reset_peak
+from burst.devices import backend_for, bind
 from burst.kernels.reference import DTYPES, absolute_error
 from burst.kernels.reference import attention as reference_attention
-from burst.devices import backend_for, bind
 from burst.launch import run_world, spawn_world, under_torchrun
 from burst.layout import shard_indices
 from burst.masks import MaskSpec

@@ -67,7 +67,7 @@ def generate(model, ids: torch.Tensor, cache=None, new: int = NEW) -> tuple[torc
     on `cache` where given (a ShardedCache), else on the model's own default cache."""
     from ..integrations.transformers.keywords import generate_cache_keyword
 
-    extra = {generate_cache_keyword(): cache} if cache is not None else {}
+    extra = {generate_cache_keyword(model): cache} if cache is not None else {}
     out = model.generate(
         ids,
         do_sample=False,

@@ -192,8 +192,8 @@ def sharded(case: Case, seq_len: int, saved: dict, name: str, layout: str, group
     saved eager reference."""
     from transformers import AutoModelForCausalLM
 
-    from .hf_zoo import _first_line, _raised_by_burst
     from .hf_steps import gradient_error, sharded_step
+    from .hf_zoo import _first_line, _raised_by_burst
 
     start = time.time()
     model = AutoModelForCausalLM.from_config(build_config(case), attn_implementation=name)

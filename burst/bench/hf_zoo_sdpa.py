@@ -26,8 +26,8 @@ import copy
 
 import torch
 
-from .hf_zoo import GRADIENT_TOLERANCE, RETRIES, TOLERANCE, VOCAB, causal_lm, draw, tiny_config
 from .hf_steps import gradient_error, twin_on
+from .hf_zoo import GRADIENT_TOLERANCE, RETRIES, TOLERANCE, VOCAB, causal_lm, draw, tiny_config
 
 SEQ = 128
 BY_NAME = ("falcon", "gpt_neo", "git")  # attention classes picked by implementation name
@@ -40,10 +40,10 @@ def refused_families() -> list[str]:
     import importlib
 
     from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from ..integrations.transformers import FAMILIES
     from ..integrations.transformers.backend.checks import CALLS_THE_INTERFACE
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     out = set(BY_NAME)
     for model_type, class_name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():

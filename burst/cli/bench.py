@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 from ..devices import DTYPES, dtype_listing
-from ..layout import DOCUMENT_LAYOUTS, LAYOUTS as WHOLE_SEQUENCE_LAYOUTS
+from ..layout import DOCUMENT_LAYOUTS
+from ..layout import LAYOUTS as WHOLE_SEQUENCE_LAYOUTS
 from .common import (
     BadOption,
     add_common,

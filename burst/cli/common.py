@@ -20,8 +20,19 @@ import sys
 import tempfile
 
 # the argument types, where the verbs import them from
-from .arg_types import any_case, dtype_name, dtype_names, int_list, int_pair, name_list  # noqa: F401
-from .arg_types import nonnegative_float, nonnegative_int, positive_float, positive_int, probability  # noqa: F401
+from .arg_types import (  # noqa: F401  # noqa: F401
+    any_case,
+    dtype_name,
+    dtype_names,
+    int_list,
+    int_pair,
+    name_list,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    probability,
+)
 
 DEBUG_ENV = "BURST_DEBUG"
 

@@ -219,10 +219,9 @@ def summary(result: dict) -> str:
 def _generate_on_rank(rank, world, kwargs):
     import torch
 
+    from ..devices import bind, parse_dtype
     from ..engine.model import PRESETS, Transformer
     from ..inference.generate import generate
-
-    from ..devices import bind, parse_dtype
 
     torch.manual_seed(kwargs["seed"])  # the same (random) weights on every rank unless a checkpoint is loaded
     model = Transformer(PRESETS[kwargs["model"]]).eval()

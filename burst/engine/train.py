@@ -147,9 +147,8 @@ def _synchronize(device: torch.device) -> None:
 
 def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
     """The training loop on this rank; returns (and on rank 0 writes) the per-step metrics."""
-    from .resume import load_checkpoint, save_checkpoint, step_dir
-
     from ..devices import bind, local_ranks, resolve_device
+    from .resume import load_checkpoint, save_checkpoint, step_dir
 
     cfg.check(world)
     device = bind(resolve_device(cfg.device, local_ranks(world)))  # the launcher bound it already: the same

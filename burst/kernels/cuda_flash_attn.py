@@ -40,8 +40,8 @@ import importlib
 
 import torch
 
-from . import cuda_sdpa, flex, reference
 from ..masks import Bands
+from . import cuda_sdpa, flex, reference
 from .spec import HALF, KernelSpec
 
 MAX_ROWS = 8192  # rows per call at most (fresh outputs per call); a call this size fills a GPU

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..strategies import split_variant
+from .auto import auto_choice, choose, device_profile
 from .cost import STRATEGIES, Cluster, Estimate, Workload, estimate
 from .model_cost import Training, attention_step, model_config, model_presets, whole_model
-from .auto import auto_choice, choose, device_profile
 from .profiles import PROFILES, Profile, profile
 from .takes import check_call, check_split, refusal
-from ..strategies import split_variant
 
 
 def plan(cluster: Cluster, workload, strategies=None, memory_bytes=None) -> list[Estimate]:

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 from ..call import AttentionCall, AttentionRequest, Options
 from ..compressed import compressed_backward, fold_compressed
-from ..keys import KeyBlocks
 from ..kernels import select_kernel
+from ..keys import KeyBlocks
 from ..lse_channel import CHANNELS, dlse_after, narrowed, ones_after, zeros_after
 from ..sinks import fold_sinks, sink_gradient
 

@@ -41,10 +41,10 @@ from ..call import AttentionCall
 from ..comm import tags
 from ..comm.p2p import Transfer, exchange, tagged
 from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators
+from ..keys import KeyBlocks
 from ..masks import may_attend
 from ..schedules.chunk_stream import CACHE_LIMIT, BoundedCache, cached_plan, default_chunk_rows, plan_stream, row_chunks
 from ..schedules.ring import RingSchedule
-from ..keys import KeyBlocks
 
 
 def chunk_rows(call: AttentionCall) -> int:

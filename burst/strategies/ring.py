@@ -32,9 +32,9 @@ from ..kernels.accumulators import (
     empty_accumulators,
     lse_for_backward,
 )
+from ..keys import KeyBlocks
 from ..masks import Tile
 from ..schedules.ring import RingSchedule
-from ..keys import KeyBlocks
 from .base import Strategy
 
 

@@ -16,7 +16,6 @@ from burst.kernels.attend import attend_backward, attend_forward
 from burst.layout import Segment
 from burst.masks import Bands, BlockSparseMask, MaskSpec, PositionRule, TileSizes, plan_tiles
 
-
 MASK_KINDS = ("full", "causal", "window", "documents", "documents_window", "block_sparse")
 
 

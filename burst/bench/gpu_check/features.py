@@ -14,7 +14,7 @@ from burst.kernels import reference
 from burst.launch import spawn_world
 from burst.masks import MaskSpec
 
-from .cases import Sizes, rank_device, compare, float64_reference, random_inputs
+from .cases import Sizes, compare, float64_reference, random_inputs, rank_device
 from .memory import train_steps
 from .report import Report, Section, first_line, repo_root
 

@@ -10,7 +10,8 @@ import time
 
 import torch
 
-from burst.bench.harness import BenchConfig, _sync as sync, run_strategy
+from burst.bench.harness import BenchConfig, run_strategy
+from burst.bench.harness import _sync as sync
 from burst.launch import spawn_world
 
 from .cases import Sizes, is_oom, random_inputs, release_memory

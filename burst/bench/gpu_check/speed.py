@@ -17,7 +17,7 @@ from burst.launch import spawn_world
 from burst.layout import Segment
 from burst.masks import MaskSpec, TileSizes, plan_tiles
 
-from .cases import rank_device, is_oom, random_inputs, release_memory
+from .cases import is_oom, random_inputs, rank_device, release_memory
 from .report import Report, first_line
 
 

@@ -77,17 +77,20 @@ def same(a: tuple, b: tuple) -> bool:
 
 
 def refuse_recurrent_layers(model) -> None:
-    """ValueError for a model with layers that mix tokens outside attention (Mamba, RWKV, linear
-    attention, hybrids): their cached decoding runs on one whole sequence's state, not on a split one."""
+    """ValueError for a model with layers that mix tokens outside attention whose states a ShardedCache
+    cannot carry (RWKV, MiniMax, xLSTM, RecurrentGemma, ZAYA, families burst does not split): the
+    hybrids of mixers.GENERATE decode (recurrent_states.py)."""
     text = text_config(model.config)
     model_type = getattr(text, "model_type", None)
     others = sorted(layer_kinds(text) - ATTENTION_LAYER_KINDS)
+    if mixers.generates(model_type) or mixers.generates(getattr(model.config, "model_type", None)):
+        return
     if others or mixers.supported(model_type) or mixers.supported(getattr(model.config, "model_type", None)):
         kinds = ", ".join(others) or "recurrent layers"
         raise ValueError(
-            f"ShardedCache: model_type {model_type!r} mixes tokens outside attention ({kinds}), "
-            "whose cached decoding runs on one whole sequence's state: generate() on a sharded cache is refused "
-            "for it (its training and forward split exactly: docs/hybrid.md)"
+            f"ShardedCache: model_type {model_type!r} mixes tokens outside attention ({kinds}) with a state "
+            "burst's ShardedCache does not carry: generate() on a sharded cache is refused for it (its training "
+            f"and forward split exactly: docs/hybrid.md; the families that decode: {', '.join(mixers.GENERATE)})"
         )
 
 

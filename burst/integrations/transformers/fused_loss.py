@@ -15,7 +15,6 @@ import torch
 
 from burst.engine.loss import fused_linear_cross_entropy
 
-
 # Config fields of families that transform their logits after the head. A softcap is near the identity
 # on small logits, where the check of each call's last row could not see it: refused by name.
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_softcapping")

@@ -60,12 +60,13 @@ from .backend.checks import check_model
 from .backend.features import prepare_features
 from .backend.registry import backend_of, set_running_cache
 from .decoding import attend_rule, beyond_a_text_prompt, by_name, drop_causal_mask, refuse_recurrent_layers, rope_switch
-from .keywords import generate_cache_keyword
+from .keywords import CACHE_KEYWORDS, generate_cache_keyword
 from .layers import dynamic_mask, rope
 from .layers.configs import decoder_of
+from .recurrent_states import RecurrentStates
 
 
-class ShardedCache(Cache):
+class ShardedCache(RecurrentStates, Cache):
     """transformers' KV cache for `model.generate()` on burst: each rank keeps the K, V of its prompt
     shard (the registered layout) and of every G-th decoded token.
 
@@ -143,6 +144,7 @@ class ShardedCache(Cache):
     def reset(self) -> None:
         self.kv = ShardedKVCache(self.kv.layers, group=self.group, layout=self.layout, chunk=self.kv.chunk)
         self.indexer_keys = {}
+        self.__dict__.pop("_recurrent", None)
         self.seen = self.prompt_length = 0
         self._tokens = None
 
@@ -333,12 +335,8 @@ class ShardedCache(Cache):
 def sharded_cache(model: torch.nn.Module, chunk: int = 256) -> dict:
     """{keyword: ShardedCache(model, chunk)} for `model.generate(ids, **sharded_cache(model), ...)`, in the
     keyword the installed transformers' generate() takes (`cache`, or `past_key_values` before 5.24)."""
-    return {generate_cache_keyword(): ShardedCache(model, chunk)}
+    return {generate_cache_keyword(model): ShardedCache(model, chunk)}
 
-
-# The keyword a decoder's forward takes its cache by: `cache` from transformers 5.24 on (generate passes it
-# so), `past_key_values` before (and still accepted, deprecated, by 5.24's forwards).
-CACHE_KEYWORDS = ("cache", "past_key_values")
 
 # The decoder's inputs with one entry per token beside input_ids or inputs_embeds, cut to the rank's shard
 # with them in the prefill: Gemma 4's per-layer embeddings, which its multimodal wrapper makes.

@@ -205,14 +205,25 @@ def layer_kinds(config) -> set:
     return kinds
 
 
-def generate_cache_keyword() -> str:
+# The keywords a decoder or a layer takes its cache by: `cache` from transformers 5.24 on, `past_key_values`
+# before (still accepted, deprecated, by 5.24's forwards), `cache_params` for Mamba-like models before 5.24.
+CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")
+
+
+def generate_cache_keyword(model=None) -> str:
     """The keyword the installed transformers' generate() takes its cache by: `cache` from 5.24 on
-    (where `past_key_values` warns, deprecated, and goes in 6.0), `past_key_values` before. By release:
-    generate() takes both through **kwargs, renamed by a decorator its signature does not show."""
+    (where `past_key_values` warns, deprecated, and goes in 6.0), `past_key_values` before, or, given a
+    `model` whose forward takes `cache_params` instead (Mamba, Falcon-Mamba before 5.24), that. By release:
+    generate() takes them through **kwargs, renamed by a decorator its signature does not show."""
     import transformers
     from packaging.version import Version
 
-    return "cache" if Version(transformers.__version__) >= Version("5.24.0.dev0") else "past_key_values"
+    if Version(transformers.__version__) >= Version("5.24.0.dev0"):
+        return "cache"
+    if model is not None and "past_key_values" not in inspect.signature(model.forward).parameters:
+        if "cache_params" in inspect.signature(model.forward).parameters:
+            return "cache_params"
+    return "past_key_values"
 
 
 def cache_keyword(forward) -> str:

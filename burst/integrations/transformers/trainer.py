@@ -39,7 +39,6 @@ from .backend.batches import reduce_loss
 from .fused_loss import check_fusable, fused_causal_lm_loss
 from .sequence_parallel import over_replicas, prepare_model, sequence_parallel_groups, shard_whole_sequences
 
-
 # Trainer divides its token count by get_cp_size() from transformers 5.19 on (by accelerate's parallelism config
 # alone before): on an older release every loss and gradient at sp_size > 1 would be 1/sp_size of one process's.
 DIVIDES_BY_CP_SIZE = Version("5.19.0")

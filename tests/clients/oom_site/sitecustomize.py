@@ -2,9 +2,8 @@
 with a train_step that runs out of device memory (CUDA's torch.OutOfMemoryError, raised on any device):
 what a too-long --seq-len does on a GPU, for tests/test_train_memory.py."""
 
-import torch
-
 import burst.engine.train as train_module
+import torch
 
 
 def train_step(*args, **kwargs):

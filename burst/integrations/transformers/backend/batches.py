@@ -17,13 +17,12 @@ import torch.distributed as dist
 from burst import layout as layout_mod
 from burst.agreement import agree
 
+from ..keywords import ATTENTION_LAYER_KINDS, layer_kinds
 from ..layers.configs import decoder_of, text_config
 from .checks import check_model
-from ..keywords import ATTENTION_LAYER_KINDS, layer_kinds
 from .documents import documents_from_positions, masks_read_positions
 from .features import prepare_features
 from .registry import world_size
-
 
 _MODEL_NOT_GIVEN = object()
 

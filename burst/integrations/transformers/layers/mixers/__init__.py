@@ -26,7 +26,9 @@ Supported families are listed in FAMILIES (each one tested exact at 2-4 ranks ag
 process); any other family whose config has non-attention layers stays refused at more than one
 rank (backend/checks.py: check_config). Inside a sharded mixer, the paths this cannot split raise:
 cached decoding (`causal_conv1d_update`, the recurrent and single-step updates) and the fused CUDA
-kernels that do the convolution and scan in one call.
+kernels that do the convolution and scan in one call. generate() on a ShardedCache runs its prompt split
+(each scan hands the state after the prompt's last real token, the same on every rank) and each decoded
+token whole on every rank (the families of GENERATE; ../../recurrent_states.py keeps their states).
 
 One module per kind, each built on state.py (Shards, the running mixer, the wrapping, the
 run-twice scheme) and none on another:
@@ -42,7 +44,18 @@ run-twice scheme) and none on another:
 from __future__ import annotations
 
 from .convolution import TokenShift
-from .families import FAMILIES, FUSED, UNSPLIT, prepared, shard_mixers, supported
+from .families import FAMILIES, FUSED, GENERATE, UNSPLIT, generates, prepared, shard_mixers, supported
 from .state import Shards
 
-__all__ = ["FAMILIES", "FUSED", "Shards", "TokenShift", "UNSPLIT", "prepared", "shard_mixers", "supported"]
+__all__ = [
+    "FAMILIES",
+    "FUSED",
+    "GENERATE",
+    "Shards",
+    "TokenShift",
+    "UNSPLIT",
+    "generates",
+    "prepared",
+    "shard_mixers",
+    "supported",
+]

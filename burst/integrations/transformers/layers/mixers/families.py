@@ -21,7 +21,6 @@ from ..configs import PreparedConfigs, text_config
 from . import convolution, linear_attention, normalised, rg_lru, ssm
 from .state import Shards, calls_any, hook, wrap
 
-
 # model_type -> the mixers its layers use (documentation and the README's list; the functions
 # themselves are found by name in the family's modeling module).
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -53,6 +52,11 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "recurrent_gemma": ("temporal convolution", "RG-LRU"),
     "zaya": ("CCA's query/key convolutions and value delay",),
 }
+
+# The families whose layers keep their states in transformers' Cache (conv and recurrent states), through the
+# functions of _SHARDED alone: generate() on a ShardedCache decodes them (recurrent_states.py). The others
+# keep a state of their own shape (RWKV), or run their recurrence inline in a module burst takes over.
+GENERATE = tuple(f for f in FAMILIES if f not in ("rwkv", "minimax", "xlstm", "recurrent_gemma", "zaya"))
 
 # Cached decoding, which cannot run on a shard (the pre-hook refuses a cache first; these are the backstop).
 UNSPLIT = (
@@ -91,6 +95,11 @@ _prepared = PreparedConfigs()  # the configs of models shard_mixers prepared
 
 def supported(model_type: str | None) -> bool:
     return model_type in FAMILIES
+
+
+def generates(model_type: str | None) -> bool:
+    """Whether generate() on a ShardedCache carries this family's recurrent states (GENERATE)."""
+    return model_type in GENERATE
 
 
 def prepared(config) -> bool:

@@ -16,7 +16,7 @@ import torch
 from burst import state_passing
 
 from ...keywords import cache_keyword
-from .state import Shards, cache_refused, from_true_starts, local_chunks, refuse_state_arguments
+from .state import Shards, cache_refused, from_true_starts, local_chunks, quiet_padding, refuse_state_arguments
 
 
 def gated_delta_rule(
@@ -35,8 +35,9 @@ def gated_delta_rule(
 ):
     """Gated delta rule; query/key (B, T, Hk, dk), value (B, T, Hv, dv), g (B, T, Hv) or, Kimi's,
     (B, T, Hv, dk), beta (B, T, Hv); state (B, Hv, dk, dv), transition (B, Hv, dk, dk) acting on the
-    state's dk side."""
-    refuse_state_arguments("the gated delta rule", initial_state, output_final_state, cu_seqlens)
+    state's dk side. In a ShardedCache's prompt the final state is the whole prompt's (the padding
+    quiet: g = 0 keeps the state, beta = 0 writes nothing), the same on every rank."""
+    refuse_state_arguments("the gated delta rule", initial_state, output_final_state, cu_seqlens, shards.length)
     batch, local_len, heads, dv = value.shape
     dk = key.shape[-1]
     identity = torch.eye(dk, dtype=torch.float32, device=value.device).expand(batch, heads, dk, dk)
@@ -49,8 +50,8 @@ def gated_delta_rule(
             query[:, rows],
             key[:, rows],
             value_ext,
-            g[:, rows],
-            beta[:, rows],
+            quiet_padding(shards, seg, g[:, rows]),
+            quiet_padding(shards, seg, beta[:, rows]),
             *args,
             initial_state=start,
             output_final_state=True,
@@ -60,11 +61,11 @@ def gated_delta_rule(
         coefficients.append(out[..., dv:])
         finals.append(final[..., :dv].float())
         transitions.append(final[..., dv:].float())
-    starts = state_passing.initial_states(
+    starts, whole = state_passing.scan_states(
         finals, transitions, torch.matmul, shards.layout, shards.group, local_len, phase="gated_delta_rule_state"
     )
     out = [o + torch.einsum("bthk,bhkv->bthv", c.float(), s).to(o.dtype) for o, c, s in zip(outs, coefficients, starts)]
-    return torch.cat(out, dim=1), None
+    return torch.cat(out, dim=1), whole.to(final.dtype) if output_final_state else None
 
 
 class _StartState:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from burst import state_passing
 
-from .state import Shards, local_chunks, refuse_state_arguments
+from .state import Shards, local_chunks, quiet_padding, refuse_state_arguments
 
 
 def mamba2_scan(
@@ -29,8 +29,11 @@ def mamba2_scan(
     **kwargs,
 ):
     """Mamba2's chunked scan (scalar decay per head); hidden_states (B, T, H, P), B/C (B, T, G, N);
-    state (B, H, P, N), transition (B, H, N, N) acting on the state's N side (a multiple of I)."""
-    refuse_state_arguments("the Mamba2 scan", initial_states, return_final_states, kwargs.get("seq_idx"))
+    state (B, H, P, N), transition (B, H, N, N) acting on the state's N side (a multiple of I). In a
+    ShardedCache's prompt the final state is the whole prompt's, the same on every rank: the padding has
+    no input and the least step the scan takes (0, or the floor of its clamp, whose decay is undone)."""
+    refuse_state_arguments("the Mamba2 scan", initial_states, return_final_states, kwargs.get("seq_idx"), shards.length)
+    quiet, floor = _no_step(kwargs.get("dt_softplus", False)), kwargs.get("dt_limit", (0.0, float("inf")))[0]
     batch, local_len, heads, head_dim = hidden_states.shape
     n = B.shape[-1]
     identity = torch.eye(n, dtype=torch.float32, device=hidden_states.device).expand(batch, heads, n, n)
@@ -38,10 +41,11 @@ def mamba2_scan(
     outs, coefficients, finals, transitions = [], [], [], []
     for seg in local_chunks(shards, local_len):
         rows = seg.rows
-        x_ext = torch.cat([hidden_states[:, rows], hidden_states.new_zeros(batch, seg.length, heads, n)], dim=-1)
+        x = quiet_padding(shards, seg, hidden_states[:, rows])
+        x_ext = torch.cat([x, hidden_states.new_zeros(batch, seg.length, heads, n)], dim=-1)
         out, final = original(
             x_ext,
-            dt[:, rows],
+            quiet_padding(shards, seg, dt[:, rows], quiet),
             A,
             B[:, rows],
             C[:, rows],
@@ -55,11 +59,15 @@ def mamba2_scan(
         coefficients.append(out[..., head_dim:])
         finals.append(final[:, :, :head_dim].float())
         transitions.append(final[:, :, head_dim:].float())
-    starts = state_passing.initial_states(
+    starts, whole = state_passing.scan_states(
         finals, transitions, lambda m, h: h @ m, shards.layout, shards.group, local_len, phase="mamba2_state"
     )
     out = [o + torch.einsum("bthj,bhpj->bthp", c.float(), s).to(o.dtype) for o, c, s in zip(outs, coefficients, starts)]
-    return torch.cat(out, dim=1)
+    out = torch.cat(out, dim=1)
+    if shards.length is not None and floor > 0:  # each padding token still decayed the state by exp(A floor)
+        padding = shards.world * local_len - shards.length
+        whole = whole * torch.exp(-A.float() * floor * padding)[None, :, None, None]
+    return (out, whole.to(final.dtype)) if return_final_states else out
 
 
 def mamba_scan(
@@ -81,12 +89,16 @@ def mamba_scan(
     """Mamba's selective scan (a decay per channel and state entry); hidden_states/dt/z (B, D, T),
     A (D, N), B/C (B, N, T); state (B, D, N), transition (B, D, N) elementwise. It takes no starting
     state, so each chunk's decays are computed here: exp(A * cumsum(dt)) after the scan's own bias
-    and softplus."""
-    refuse_state_arguments("the Mamba scan", None, return_last_state, None)
+    and softplus. In a ShardedCache's prompt the final state is the whole prompt's (the padding's step
+    quiet: 0 after the softplus), the same on every rank."""
+    refuse_state_arguments("the Mamba scan", None, return_last_state, None, shards.length)
     local_len = hidden_states.shape[-1]
+    mine = local_chunks(shards, local_len)
+    if shards.length is not None:
+        quiet = _no_step(delta_softplus)
+        dt = torch.cat([quiet_padding(shards, seg, dt[..., seg.rows], quiet, dim=-1) for seg in mine], dim=-1)
     steps = dt if delta_bias is None else dt + delta_bias.to(dt.dtype)[..., None]
     steps = F.softplus(steps) if delta_softplus else steps
-    mine = local_chunks(shards, local_len)
     outs, decays, finals, transitions = [], [], [], []
     for seg in mine:
         rows = seg.rows
@@ -110,7 +122,7 @@ def mamba_scan(
         decays.append(decay)
         finals.append(final.float())
         transitions.append(decay[:, :, -1])
-    starts = state_passing.initial_states(
+    starts, whole = state_passing.scan_states(
         finals, transitions, torch.mul, shards.layout, shards.group, local_len, phase="mamba_state"
     )
     result = []
@@ -120,4 +132,10 @@ def mamba_scan(
         if z is not None:
             correction = correction * F.silu(z[..., rows].float())
         result.append(out + correction.to(out.dtype))
-    return torch.cat(result, dim=-1)
+    result = torch.cat(result, dim=-1)
+    return (result, whole.to(final.dtype)) if return_last_state else result
+
+
+def _no_step(softplus: bool) -> float:
+    """The step (dt, before the scan's own softplus) of a padding token: 0, no decay and no input."""
+    return float("-inf") if softplus else 0.0

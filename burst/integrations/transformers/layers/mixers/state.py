@@ -3,14 +3,15 @@ on the model's mixer modules, read by the wrapped functions), the wrapping of a 
 functions, and the scheme of the mixers whose output is not affine in their state (from_true_starts).
 
 A wrapped function (wrap) calls the original unchanged unless a hooked mixer module is running on
-more than one rank; inside one, the function's sharded version (one per kind, in the modules beside
-this one) runs the original on this rank's chunks with the state they would have had in one process
-(burst/state_passing.py: one all-gather of O(state) bytes per layer).
+more than one rank, or on a ShardedCache's padded prompt; inside one, the function's sharded version
+(one per kind, in the modules beside this one) runs the original on this rank's chunks with the state
+they would have had in one process (burst/state_passing.py: one all-gather of O(state) bytes per layer).
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
@@ -19,28 +20,41 @@ import torch
 
 from burst import state_passing
 
+from ...keywords import CACHE_KEYWORDS
+
 
 @dataclass(frozen=True)
 class Shards:
-    """Where the running mixer's shard sits: the group and layout of the model's sequence split."""
+    """Where the running mixer's shard sits: the group and layout of the model's sequence split.
+    length: the sequence's real tokens when it was padded at the end to split (a ShardedCache's prompt),
+    else None; a scan then leaves its state as it is across the padding and hands back the state after
+    the last real token, for the cache (quiet_padding)."""
 
     group: object
     layout: object
     world: int
+    length: int | None = None
 
 
 _running: contextvars.ContextVar[Shards | None] = contextvars.ContextVar("burst_sharded_mixer", default=None)
 
 
 def hook(mixer: torch.nn.Module, shards: Shards):
-    """Forward hooks that mark `mixer` as running on `shards` while its forward runs (a cache refused)."""
+    """Forward hooks that mark `mixer` as running on `shards` while its forward runs. A cache is
+    refused at more than one rank unless it splits the prompt itself (a ShardedCache: split_prompt):
+    its prompt runs split, with the prompt's length, and each decoded token whole on every rank."""
     tokens: list = []
 
     def enter(module, args, kwargs):
-        if kwargs.get("cache") is not None or kwargs.get("cache_params") is not None:
-            if shards.world > 1:
-                raise cache_refused(module, shards.world)
-        tokens.append(_running.set(shards))
+        running = shards
+        cache = next((kwargs[k] for k in CACHE_KEYWORDS if kwargs.get(k) is not None), None)
+        split = getattr(cache, "split_prompt", None)
+        if split is not None:  # a ShardedCache (even at one rank: its prompt is padded at the end)
+            length = split()  # None: a decoded token, run whole on every rank
+            running = None if length is None else dataclasses.replace(shards, length=length)
+        elif cache is not None and shards.world > 1:
+            raise cache_refused(module, shards.world)
+        tokens.append(_running.set(running))
 
     def leave(module, args, kwargs, output):
         if tokens:
@@ -77,7 +91,7 @@ def wrap(module, name: str, sharded, fused: bool) -> None:
 
     def dispatch(*args, **kwargs):
         shards = _running.get()
-        if shards is None or shards.world == 1:
+        if shards is None or (shards.world == 1 and shards.length is None):
             return original(*args, **kwargs)
         if fused:
             return None
@@ -121,14 +135,29 @@ def cache_refused(module, world: int) -> ValueError:
     )
 
 
-def refuse_state_arguments(what: str, initial, final, varlen) -> None:
-    if initial is not None or final:
+def refuse_state_arguments(what: str, initial, final, varlen, prompt: int | None = None) -> None:
+    """ValueError for what a split scan cannot take: a starting state, a final state asked for outside a
+    ShardedCache's prompt (prompt: its length, shards.length, where the scan hands the whole prompt's
+    state), or packed sequences."""
+    if initial is not None or (final and prompt is None):
         raise ValueError(
             f"{what} was called with a starting or final state (a cache) while its sequence is split "
-            "across ranks; burst passes the state itself and supports no cache here"
+            "across ranks; burst passes the state itself and supports no cache here but its own "
+            "(ShardedCache, for the families that decode on it)"
         )
     if varlen is not None:
         raise ValueError(
             f"{what} was called with variable-length sequences (cu_seqlens / seq_idx) while its "
             "sequence is split across ranks; burst does not split packed sequences for recurrent layers"
         )
+
+
+def quiet_padding(shards: Shards, seg, rows: torch.Tensor, value: float = 0.0, dim: int = 1) -> torch.Tensor:
+    """`rows`, a scan input's rows of chunk `seg` along `dim`, with those past the sequence's real tokens
+    (shards.length) set to `value`: the value that leaves the scan's state as it is (no decay, no input),
+    so its final state is the state after the last real token. Unchanged outside a ShardedCache's prompt."""
+    real = seg.length if shards.length is None else min(max(shards.length - seg.first, 0), seg.length)
+    if real == seg.length:
+        return rows
+    quiet = torch.full_like(rows.narrow(dim, real, seg.length - real), value)
+    return torch.cat([rows.narrow(dim, 0, real), quiet], dim=dim)
