@@ -94,6 +94,7 @@ class ShardedCache(RecurrentStates, Cache):
         self.rope_switch = rope_switch(model)
         self._tokens = None  # the tokens so far, kept only where the rope switch may need them again
         self.kv = ShardedKVCache(layers, group=self.group, layout=self.layout, chunk=chunk)
+        self.forget_states()
         self._agreed: dict[tuple, object] = {}  # decode signature every rank agreed on -> its decode_exchange
         self.seen = 0  # tokens of each row seen so far (prompt + decoded), on all ranks together
         self.prompt_length = 0
@@ -142,11 +143,15 @@ class ShardedCache(RecurrentStates, Cache):
         return self.kv.bytes()
 
     def reset(self) -> None:
-        self.kv = ShardedKVCache(self.kv.layers, group=self.group, layout=self.layout, chunk=self.kv.chunk)
-        self.indexer_keys = {}
-        self.__dict__.pop("_recurrent", None)
+        self._forget_entries()
         self.seen = self.prompt_length = 0
         self._tokens = None
+
+    def _forget_entries(self) -> None:
+        """Every token's K, V, indexer keys and recurrent states dropped (the prompt runs again)."""
+        self.kv = ShardedKVCache(self.kv.layers, group=self.group, layout=self.layout, chunk=self.kv.chunk)
+        self.indexer_keys = {}
+        self.forget_states()
 
     def reorder_cache(self, beam_idx):
         self._refuse("beam search (num_beams > 1)")
@@ -225,8 +230,7 @@ class ShardedCache(RecurrentStates, Cache):
                 f"{self.rope_switch} tokens (LongRoPE's long factors), and a prompt given as inputs_embeds "
                 "cannot be run again; pass input_ids, or a prompt longer than that"
             )
-        self.kv = ShardedKVCache(self.kv.layers, group=self.group, layout=self.layout, chunk=self.kv.chunk)
-        self.indexer_keys = {}
+        self._forget_entries()
         self._prefill(kwargs, key, self._tokens)
         self._tokens = None
 

@@ -26,9 +26,11 @@ class RecurrentStates:
     """Mixed into ShardedCache, which provides `phase` ("prefill", "decode" or None), `prompt_length`,
     `group` and `_prefill_positions` ((batch, tokens) global positions of this rank's prompt shard)."""
 
+    def forget_states(self) -> None:
+        self._recurrent: dict[int, LinearAttentionLayer] = {}  # layer -> its states, the same on every rank
+
     def _recurrent_layer(self, layer_idx: int) -> LinearAttentionLayer:
-        layers = self.__dict__.setdefault("_recurrent", {})  # layer -> its states, the same on every rank
-        return layers.setdefault(layer_idx, LinearAttentionLayer())
+        return self._recurrent.setdefault(layer_idx, LinearAttentionLayer())
 
     def split_prompt(self) -> int | None:
         """The prompt's real length while it runs split across ranks, None while a decoded token runs
@@ -46,10 +48,9 @@ class RecurrentStates:
         return layer.recurrent_states[state_idx] if layer.has_previous_state[state_idx] else None
 
     def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
-        layers = self.__dict__.get("_recurrent", {})
         if layer_idx is None:  # transformers asks of the last recurrent layer
-            layer_idx = max(layers, default=None)
-        layer = layers.get(layer_idx)
+            layer_idx = max(self._recurrent, default=None)
+        layer = self._recurrent.get(layer_idx)
         return layer is not None and layer.has_previous_state[state_idx or 0]
 
     def is_recording_past(self, layer_idx: int) -> bool:
