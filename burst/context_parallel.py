@@ -208,6 +208,17 @@ def _warn_unchecked_positions() -> None:
     )
 
 
+@functools.lru_cache(maxsize=1)
+def _warn_another_name() -> None:
+    warnings.warn(
+        f"{ENTRY}: scaled_dot_product_attention called under another name than "
+        "torch.nn.functional.scaled_dot_product_attention: routed here, but not where torch runs code with the "
+        "context's mode off (an activation checkpoint's recomputation, a reentrant checkpoint's forward), where "
+        "torch's SDPA would attend this rank's tokens only; call it by that name",
+        stacklevel=3,
+    )
+
+
 class _SDPARouter(TorchFunctionMode):
     """Routes F.scaled_dot_product_attention to burst.attention while the context is open.
 
@@ -216,9 +227,9 @@ class _SDPARouter(TorchFunctionMode):
     (nn.MultiheadAttention's functional path; backward, where activation checkpointing re-runs the
     forward) pass it by, and torch.compile's tracing of a checkpointed block does not apply it
     (torch's SDPA on the local tokens: silently wrong). For those, the name most code calls SDPA by,
-    torch.nn.functional.scaled_dot_product_attention, is burst.attention while the context is open. So under
-    compile or in a checkpoint's recomputation, SDPA held under another name is not routed
-    (docs/context-parallel.md says so).
+    torch.nn.functional.scaled_dot_product_attention, is burst.attention while the context is open. So in a
+    checkpoint's recomputation SDPA held under another name is not routed: routing a call made so warns
+    once (docs/context-parallel.md says so).
     """
 
     def __init__(self, group, layout, strategy, options, local_len, held_positions=None):
@@ -248,6 +259,8 @@ class _SDPARouter(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is _TORCH_SDPA or func is F.scaled_dot_product_attention:  # under any name: torch's function itself
+            if not torch.compiler.is_compiling():
+                _warn_another_name()
             return self.route(*args, **kwargs)
         if func is F.multi_head_attention_forward:
             return self._multi_head_attention(func, args, kwargs)
@@ -270,6 +283,10 @@ class _SDPARouter(TorchFunctionMode):
     @contextlib.contextmanager
     def sdpa_name_routed(self):
         """F.scaled_dot_product_attention is burst.attention while open (see the class docstring)."""
+        # torch.compile applies a TorchFunctionMode only to the functions torch lists as overridable, a list
+        # made once by reading the names of torch's namespaces: made while the name is burst's, it would
+        # lack torch's SDPA, and SDPA held under another name would reach the graph unrouted. Made first.
+        torch.overrides.get_overridable_functions()
         original = F.scaled_dot_product_attention
         F.scaled_dot_product_attention = self.route
         try:
