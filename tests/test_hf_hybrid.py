@@ -153,8 +153,9 @@ def _refusals(group):
     return out
 
 
-GENERATE_FOUR_RANKS = ("qwen3_next", "kimi_linear", "mamba", "bamba", "nemotron_h", "lfm2")
-# gated delta rule, Kimi delta attention, Mamba, Mamba2, Mamba2 with its steps clamped above 0, convolutions alone
+GENERATE_FOUR_RANKS = ("qwen3_next", "kimi_linear", "mamba", "bamba", "nemotron_h", "lfm2", "minimax")
+# gated delta rule, Kimi delta attention, Mamba, Mamba2, Mamba2 with its steps clamped above 0, convolutions
+# alone, lightning attention (its state in the family's own cache class)
 
 
 def _generation(family, layout, group, length):
@@ -168,6 +169,7 @@ def _generation(family, layout, group, length):
     import transformers
     from burst.bench import hf_zoo
     from burst.bench import hf_zoo_generate as zoo
+    from burst.integrations.transformers import decoding
     from burst.integrations.transformers.layers import mixers
     from burst.kernels.reference import relative_error
 
@@ -177,7 +179,8 @@ def _generation(family, layout, group, length):
     name = bt.register(f"hybrid_generate_{layout}", layout=layout, group=group)
     try:  # the eager model's own generate() and cache (Granite-MoE-hybrid's tiny one cannot: the zoo's skip)
         (ref_tokens, ref_logits), model, eager = zoo.build(family, name, ids, new=4)
-        reference = transformers.DynamicCache(config=eager.config)
+        own = decoding.own_cache_class(eager)  # MiniMax's decoder takes its own class only
+        reference = own() if own is not None else transformers.DynamicCache(config=eager.config)
         takes = inspect.signature(eager.forward).parameters  # Mamba's LM: cache_params on 5.23
         keyword = next(k for k in ("cache", "cache_params", "past_key_values") if k in takes)
         with torch.no_grad():
@@ -190,20 +193,20 @@ def _generation(family, layout, group, length):
         tokens, logits = zoo.generate(model, ids, bt.ShardedCache(model), new=4)
         cache = bt.ShardedCache(model)
         zoo.generate(model, ids, cache, new=1)  # the prefill alone: the states after the prompt
-    states = [
-        relative_error(got, want.double())
+    pairs = [  # (burst's, the eager cache's) conv, scan and lightning-attention states, layer by layer
+        pair
         for layer in sorted(cache._recurrent)
-        for got, want in (
+        for pair in (
             (cache.get_conv_state(layer), reference.get_conv_state(layer)),
             (cache.get_recurrent_state(layer), reference.get_recurrent_state(layer)),
         )
-        if want is not None
-    ]
+    ] + [(cache.get_linear_cache(layer), reference.get_linear_cache(layer)) for layer in sorted(cache._linear)]
+    states = [relative_error(got, want.double()) for got, want in pairs if want is not None]
     return {
         "tokens": torch.equal(tokens, ref_tokens),
         "logits": relative_error(logits, ref_logits.double()),
         "states": max(states),
-        "layers": len(cache._recurrent),
+        "layers": len(cache._recurrent) + len(cache._linear),
     }
 
 

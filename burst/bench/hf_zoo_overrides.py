@@ -84,6 +84,10 @@ OVERRIDES = {
         "index_topk_blocks": 4,
         "index_local_blocks": 1,
     },
+    # MiniMax: its lightning attention's decay per token shrinks with the layer's depth, to ~1e-5 at the last layer,
+    # where the default puts it (after a full-attention layer): first here, decaying by up to e^-0.25 a token, so a
+    # state passed or kept without its decay shows
+    "minimax": {"layer_types": ["linear_attention", "full_attention"]},
     # the assistant shares every layer's KV with its backbone and has no per-layer inputs (its validator)
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},
 }

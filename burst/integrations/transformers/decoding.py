@@ -6,13 +6,16 @@ it may drop (a plain text prompt's causal ones: drop_causal_mask).
 
 from __future__ import annotations
 
+import functools
 import inspect
+import typing
 
 import torch
+from transformers.cache_utils import Cache
 
-from .keywords import ATTENTION_LAYER_KINDS, layer_kinds
+from .keywords import ATTENTION_LAYER_KINDS, CACHE_KEYWORDS, layer_kinds
 from .layers import mixers, rope
-from .layers.configs import text_config
+from .layers.configs import decoder_of, text_config
 
 
 def rope_switch(model) -> int | None:
@@ -92,6 +95,28 @@ def refuse_recurrent_layers(model) -> None:
             "burst's ShardedCache does not carry: generate() on a sharded cache is refused for it (its training "
             f"and forward split exactly: docs/hybrid.md; the families that decode: {', '.join(mixers.GENERATE)})"
         )
+
+
+def own_cache_class(model) -> type | None:
+    """The Cache subclass of its own a family's decoder insists on (MiniMax's raises for any cache that is
+    not a MiniMaxCache), read off the annotation of its forward's cache argument; None for any Cache."""
+    decoder = decoder_of(model)
+    parameters = inspect.signature(inspect.unwrap(type(decoder).forward)).parameters
+    for name in CACHE_KEYWORDS:
+        if name in parameters:
+            annotation = parameters[name].annotation
+            for kind in typing.get_args(annotation) or (annotation,):
+                if isinstance(kind, type) and issubclass(kind, Cache) and kind.__module__ == type(decoder).__module__:
+                    return kind
+            return None
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def sharded_as(cls: type, own: type) -> type:
+    """`cls` (ShardedCache) that is also an `own` (the family's Cache subclass its decoder checks for):
+    cls's methods come first, own's __init__ never runs (so own's length would read state it lacks)."""
+    return type(f"{cls.__name__}As{own.__name__}", (cls, own), {"__len__": Cache.__len__})
 
 
 def by_name(module, args: tuple, kwargs: dict) -> dict:

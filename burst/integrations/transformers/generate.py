@@ -1,48 +1,22 @@
 """transformers' `model.generate()` on burst: the prompt's prefill runs sequence-parallel and decoding
-runs on a sharded KV cache.
-
-    import burst.integrations.transformers as bt
+runs on a sharded KV cache (docs/transformers.md, generate()).
 
     name = bt.register(layout="zigzag")
     model = AutoModelForCausalLM.from_config(config, attn_implementation=name)
-    out = model.generate(ids, **bt.sharded_cache(model), max_new_tokens=32)
+    out = model.generate(ids, **bt.sharded_cache(model), max_new_tokens=32)  # every rank, the same prompt
 
-`bt.sharded_cache(model)` is {keyword: ShardedCache(model)} in the keyword the installed transformers'
-generate() takes: `cache=` from 5.24 on, `past_key_values=` before (keywords.generate_cache_keyword).
-
-Every rank calls generate() with the same full prompt, as on one device. `ShardedCache` is a
-transformers `Cache` around burst's ShardedKVCache. Building one installs two hooks on the model's
-decoder, and one on the model that reads its own inputs (a multimodal wrapper's text prompt), once per
-model. They do something only when a forward's cache is a ShardedCache:
-
-- Prefill (the first forward): the prompt is padded at the end to a length the layout can split.
-  Each rank keeps its shard of input_ids (or inputs_embeds) at global position_ids, and the layers
-  run burst.attention as in training. `update` stores this rank's K, V, with the padding marked
-  invalid. After the decoder, last_hidden_state becomes the hidden state of the prompt's last real
-  token, (batch, 1, dim), the same on every rank (one all-reduce). So the LM head and generate's
-  `logits[:, -1]` match one process.
-- Decode (each later forward, one token): every rank runs the token, and its K, V are stored on one
-  rank in turn. Attention is burst.inference.decode_attention over the ranks' shards: exact, and
-  the same bits on every rank, so greedy search and seeded sampling pick the same token everywhere.
-
-Building one prepares the model as shard_batch does (a length-dependent rope sees the prompt's real
-length, not its padding). MLA layers cache their latent: decode expands this rank's entries with the
-layer's own expand_kv (`decoding.attend_rule`). Where the model's generate() would drop its cache and run the
-whole sequence again (Phi-3's LongRoPE past its original length: `decoding.rope_switch`), so does this.
-
-`get_seq_length()` is the global number of tokens seen (prompt + decoded), so positions made by
-generate or by the model are global positions. A ShardedCache serves one generate() call; beam
-search, assisted decoding and padded batches (an attention_mask with zeros) are refused.
-
-What this relies on in transformers (tested on the lowest and the newest release of the `hf` range,
-scripts/test.sh), all of it public interface rather than private call paths:
-- generate() hands the cache it was given to the model's forward, which hands it on to the decoder
-  (`model.get_decoder()`) as a keyword: `cache` from 5.24 on, `past_key_values` before
-  (CACHE_KEYWORDS; the decoder's other inputs come by keyword too, as generate passes them).
-- Each attention layer calls `Cache.update(key, value, layer_idx)` once per forward, before its
-  attention function (the AttentionInterface function registered by bt.register).
-- Positions come from `position_ids` when given, else from `Cache.get_seq_length()`.
-The decoder hooks are torch's forward hooks (public API); nothing in transformers is patched.
+`ShardedCache` is a transformers `Cache` around burst's ShardedKVCache (and recurrent_states.py). Building
+one hooks the model's decoder and the model (a multimodal wrapper's text prompt), once; the hooks act only
+on a ShardedCache's forwards:
+- Prefill: the prompt is padded at the end to a length the layout splits; each rank runs its shard at
+  global position_ids, the layers run burst.attention as in training and `update` stores this rank's K, V
+  (the padding invalid). last_hidden_state becomes the prompt's last real token's, the same on every rank.
+- Decode: every rank runs the new token; its K, V are stored on one rank in turn, and attention is
+  decode_attention over the ranks' shards: the same bits on every rank, so every rank picks the same token.
+`get_seq_length()` is the tokens seen by the whole sequence, so positions are global. It relies on public
+interface only: generate() hands its cache to the decoder as a keyword (CACHE_KEYWORDS), each attention
+layer calls `Cache.update` once before its attention function, positions come from `position_ids` or
+`get_seq_length()`; the hooks are torch's forward hooks, nothing in transformers is patched.
 """
 
 from __future__ import annotations
@@ -59,7 +33,7 @@ from burst.layout import LAYOUTS, local_multiple, shard, unshard
 from .backend.checks import check_model
 from .backend.features import prepare_features
 from .backend.registry import backend_of, set_running_cache
-from .decoding import attend_rule, beyond_a_text_prompt, by_name, drop_causal_mask, refuse_recurrent_layers, rope_switch
+from . import decoding
 from .keywords import CACHE_KEYWORDS, generate_cache_keyword
 from .layers import dynamic_mask, rope
 from .layers.configs import decoder_of
@@ -76,6 +50,10 @@ class ShardedCache(RecurrentStates, Cache):
     transformers 5.24 and later, `past_key_values=` before).
     """
 
+    def __new__(cls, model: torch.nn.Module, chunk: int = 256):
+        own = decoding.own_cache_class(model)  # MiniMax's decoder takes its own cache class only
+        return super().__new__(cls if own is None or issubclass(cls, own) else decoding.sharded_as(cls, own))
+
     def __init__(self, model: torch.nn.Module, chunk: int = 256):
         name, backend = backend_of(model)
         if backend.layout not in LAYOUTS:  # a DocumentLayout cuts packed documents: no prompt is one
@@ -83,15 +61,15 @@ class ShardedCache(RecurrentStates, Cache):
                 f"ShardedCache needs attn_implementation={name!r} registered with a layout of {LAYOUTS}, "
                 f"got {backend.layout!r}"
             )
-        super().__init__(layers=[])  # per-layer storage is burst's ShardedKVCache, not transformers' layers
+        Cache.__init__(self, layers=[])  # storage is burst's ShardedKVCache (and a family's own class: not its)
         layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self.name, self.group, self.layout = name, backend.group, backend.layout
         self.world = group_size(self.group)
-        refuse_recurrent_layers(model)  # before anything of the model is prepared
+        decoding.refuse_recurrent_layers(model)  # before anything of the model is prepared
         self._install_hooks(model)  # first: a positions hook of prepare_features must see the shard
         prepare_features(model, self.group, self.layout)  # then checked, as shard_batch does (rope's length...)
         check_model(model)
-        self.rope_switch = rope_switch(model)
+        self.rope_switch = decoding.rope_switch(model)
         self._tokens = None  # the tokens so far, kept only where the rope switch may need them again
         self.kv = ShardedKVCache(layers, group=self.group, layout=self.layout, chunk=chunk)
         self.forget_states()
@@ -188,7 +166,7 @@ class ShardedCache(RecurrentStates, Cache):
         key = "input_ids" if kwargs.get("input_ids") is not None else "inputs_embeds"
         tokens = kwargs[key]
         batch, length = tokens.shape[:2]
-        drop_causal_mask(kwargs, self.name, self._model_inputs)
+        decoding.drop_causal_mask(kwargs, self.name, self._model_inputs)
         positions = kwargs.get("position_ids")
         if self.seen == 0:
             expected = torch.arange(length, device=tokens.device)
@@ -326,7 +304,7 @@ class ShardedCache(RecurrentStates, Cache):
     def _entries(self, module, key: torch.Tensor, value: torch.Tensor, since, chosen) -> tuple:
         """(k, v, valid) this rank attends for the layer: see attend. The same choice on every rank."""
         for slot, updated in reversed(self._step_updates.items()):
-            rule = attend_rule(module, updated, (key, value))
+            rule = decoding.attend_rule(module, updated, (key, value))
             if rule is not None:
                 stored_k, stored_v, valid = self.kv.keys_values(slot, since=since, chosen=chosen)
                 return (*rule(stored_k, stored_v), valid)
@@ -364,16 +342,16 @@ def _before_model(module, args, kwargs):
     """The inputs of generate()'s model itself, which a multimodal wrapper turns into a mask dict before its
     decoder: whether they are a plain text prompt (decoding.beyond_a_text_prompt)."""
     if _carries_a_sharded_cache(args, kwargs):
-        named = by_name(module, args, kwargs)
+        named = decoding.by_name(module, args, kwargs)
         cache = _sharded_cache_of(named)
         if cache is not None:
-            cache._model_inputs = beyond_a_text_prompt(named)
+            cache._model_inputs = decoding.beyond_a_text_prompt(named)
 
 
 def _before_decoder(module, args, kwargs):
     if not _carries_a_sharded_cache(args, kwargs):
         return None
-    named = by_name(module, args, kwargs)
+    named = decoding.by_name(module, args, kwargs)
     cache = _sharded_cache_of(named)
     if cache is None:
         return None
@@ -388,7 +366,7 @@ def _before_decoder(module, args, kwargs):
 def _after_decoder(module, args, kwargs, output):
     if not _carries_a_sharded_cache(args, kwargs):
         return None
-    cache = _sharded_cache_of(by_name(module, args, kwargs))
+    cache = _sharded_cache_of(decoding.by_name(module, args, kwargs))
     if cache is None:
         return None
     phase, cache.phase, cache._model_inputs = cache.phase, None, None

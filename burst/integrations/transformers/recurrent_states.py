@@ -28,6 +28,7 @@ class RecurrentStates:
 
     def forget_states(self) -> None:
         self._recurrent: dict[int, LinearAttentionLayer] = {}  # layer -> its states, the same on every rank
+        self._linear: dict[int, torch.Tensor] = {}  # MiniMax's lightning attention: layer -> its K^T V state
 
     def _recurrent_layer(self, layer_idx: int) -> LinearAttentionLayer:
         return self._recurrent.setdefault(layer_idx, LinearAttentionLayer())
@@ -73,6 +74,14 @@ class RecurrentStates:
 
     def update_recurrent_state(self, recurrent_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs):
         return self._recurrent_layer(layer_idx).update_recurrent_state(recurrent_states, state_idx, **kwargs)
+
+    def get_linear_cache(self, layer_idx: int) -> torch.Tensor | None:
+        """MiniMax's lightning attention: its state (batch, heads, d, d), set after the prompt by the split
+        layer (mixers/linear_attention.py: the state after the prompt's last real token) and at each token."""
+        return self._linear.get(layer_idx)
+
+    def set_linear_cache(self, layer_idx: int, state: torch.Tensor) -> None:
+        self._linear[layer_idx] = state
 
     def _prompt_tail(self, shard: torch.Tensor, width: int) -> torch.Tensor:
         """(batch, channels, width): the prompt's last `width` tokens of `shard` (batch, channels, tokens),

@@ -53,10 +53,10 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "zaya": ("CCA's query/key convolutions and value delay",),
 }
 
-# The families whose layers keep their states in transformers' Cache (conv and recurrent states), through the
-# functions of _SHARDED alone: generate() on a ShardedCache decodes them (recurrent_states.py). The others
-# keep a state of their own shape (RWKV), or run their recurrence inline in a module burst takes over.
-GENERATE = tuple(f for f in FAMILIES if f not in ("rwkv", "minimax", "xlstm", "recurrent_gemma", "zaya"))
+# The families whose layers keep their states in transformers' Cache (conv and recurrent states, MiniMax's
+# linear cache): generate() on a ShardedCache decodes them (recurrent_states.py). The others keep a state
+# of their own (RWKV's, RecurrentGemma's on its modules) or in a form burst does not carry (xLSTM, ZAYA).
+GENERATE = tuple(f for f in FAMILIES if f not in ("rwkv", "xlstm", "recurrent_gemma", "zaya"))
 
 # Cached decoding, which cannot run on a shard (the pre-hook refuses a cache first; these are the backstop).
 UNSPLIT = (

@@ -16,7 +16,15 @@ import torch
 from burst import state_passing
 
 from ...keywords import cache_keyword
-from .state import Shards, cache_refused, from_true_starts, local_chunks, quiet_padding, refuse_state_arguments
+from .state import (
+    Shards,
+    from_true_starts,
+    local_chunks,
+    quiet_padding,
+    refuse_state_arguments,
+    running_on,
+    runs_whole,
+)
 
 
 def gated_delta_rule(
@@ -87,22 +95,27 @@ def lightning_attention(module, forward, shards: Shards, hidden_states, *args, *
     """MiniMax's lightning attention (linear attention with a decay per head, its loop inline in the
     forward); hidden_states (B, T, D); state (B, H, d, d), decaying by exp(-slope) per token. Each
     chunk runs the layer twice: from zero (its final state: the forward returns it), then from the
-    state it truly starts from (handed in as the cache the layer reads)."""
-    if shards.world == 1:
-        return forward(hidden_states, *args, **kwargs)
+    state it truly starts from (handed in as the cache the layer reads). In a ShardedCache's prompt the
+    padding's inputs are zeros (no key, no value: the state only decays there, undone) and the cache
+    keeps the state after the prompt's last real token; a decoded token runs the layer whole."""
     keyword = cache_keyword(forward)
-    if any(kwargs.pop(name, None) is not None for name in ("cache", "past_key_values")):
-        raise cache_refused(module, shards.world)
+    caches = [kwargs.pop(name, None) for name in ("cache", "past_key_values")]
+    cache = next((c for c in caches if c is not None), None)
+    running = running_on(shards, module, cache)
+    if runs_whole(running):
+        return forward(hidden_states, *args, **({keyword: cache} if cache is not None else {}), **kwargs)
+    if running.length is not None:
+        _check_zero_is_quiet(module)
     state_dtype = {}  # the layer's own state dtype (its value projection's, under autocast too)
 
     def final_and_transition(seg):
-        _, final = forward(hidden_states[:, seg.rows], *args, **kwargs)
+        _, final = forward(quiet_padding(running, seg, hidden_states[:, seg.rows]), *args, **kwargs)
         state_dtype["value"] = final.dtype
         return final.float(), torch.exp(-module.slope_rate.float() * seg.length).expand_as(final)
 
     def run_from(seg, start):
         given = _StartState(start.to(state_dtype["value"]))
-        out = forward(hidden_states[:, seg.rows], *args, **{keyword: given}, **kwargs)[0]
+        out = forward(quiet_padding(running, seg, hidden_states[:, seg.rows]), *args, **{keyword: given}, **kwargs)[0]
         if not given.read:  # the layer ran from zero: wrong, so loud
             raise RuntimeError(
                 f"{type(module).__name__} did not read the starting state burst handed it; this "
@@ -110,5 +123,22 @@ def lightning_attention(module, forward, shards: Shards, hidden_states, *args, *
             )
         return out
 
-    outs = from_true_starts(shards, hidden_states.shape[1], "lightning_state", final_and_transition, run_from)
+    local_len = hidden_states.shape[1]
+    outs, whole = from_true_starts(running, local_len, "lightning_state", final_and_transition, run_from)
+    if cache is not None:  # the padding's decay undone
+        padding = running.world * local_len - running.length
+        cache.set_linear_cache(
+            module.layer_idx, (whole * torch.exp(module.slope_rate.float() * padding)).to(state_dtype["value"])
+        )
     return torch.cat(outs, dim=1), None
+
+
+def _check_zero_is_quiet(module) -> None:
+    """ValueError unless a zero input gives no key and no value (a projection without bias, an activation
+    with act(0) = 0), which quiets a ShardedCache's padding."""
+    zero = torch.zeros(1, device=module.slope_rate.device)
+    if module.qkv_proj.bias is not None or bool(module.act_fn(zero).abs().max() > 0):
+        raise ValueError(
+            f"{type(module).__name__}: its keys and values of a zero input are not zero, so the padding of a "
+            "prompt split across ranks would change its state: generate() on a ShardedCache is refused for it"
+        )

@@ -39,7 +39,7 @@ def rwkv_wkv(original, shards: Shards, time_decay, time_first, key, value, state
         ]
         return original(time_decay, time_first, key[:, seg.rows], value[:, seg.rows], state=stabilised)[0]
 
-    outs = from_true_starts(shards, key.shape[1], "rwkv_state", final_and_transition, run_from)
+    outs, _ = from_true_starts(shards, key.shape[1], "rwkv_state", final_and_transition, run_from)
     return torch.cat(outs, dim=1), None
 
 
@@ -94,5 +94,5 @@ def mlstm(
             mode=mode,
         )[0]
 
-    outs = from_true_starts(shards, query.shape[2], "mlstm_state", final_and_transition, run_from)
+    outs, _ = from_true_starts(shards, query.shape[2], "mlstm_state", final_and_transition, run_from)
     return torch.cat(outs, dim=2), None

@@ -39,5 +39,5 @@ def rg_lru(module, forward, shards: Shards, activations, position_ids):
         # the activations' dtype, and in bf16 that difference would lose the decays' precision.
         return from_state(seg, start)[0]
 
-    outs = from_true_starts(shards, activations.shape[1], "rg_lru_state", final_and_transition, run_from)
+    outs, _ = from_true_starts(shards, activations.shape[1], "rg_lru_state", final_and_transition, run_from)
     return torch.cat(outs, dim=1)

@@ -46,15 +46,8 @@ def hook(mixer: torch.nn.Module, shards: Shards):
     tokens: list = []
 
     def enter(module, args, kwargs):
-        running = shards
         cache = next((kwargs[k] for k in CACHE_KEYWORDS if kwargs.get(k) is not None), None)
-        split = getattr(cache, "split_prompt", None)
-        if split is not None:  # a ShardedCache (even at one rank: its prompt is padded at the end)
-            length = split()  # None: a decoded token, run whole on every rank
-            running = None if length is None else dataclasses.replace(shards, length=length)
-        elif cache is not None and shards.world > 1:
-            raise cache_refused(module, shards.world)
-        tokens.append(_running.set(running))
+        tokens.append(_running.set(running_on(shards, module, cache)))
 
     def leave(module, args, kwargs, output):
         if tokens:
@@ -64,6 +57,24 @@ def hook(mixer: torch.nn.Module, shards: Shards):
         mixer.register_forward_pre_hook(enter, with_kwargs=True),
         mixer.register_forward_hook(leave, with_kwargs=True, always_call=True),
     )
+
+
+def running_on(shards: Shards, module, cache) -> Shards | None:
+    """How a mixer module runs given the cache its forward got (or None): on `shards`; on them with the
+    prompt's length (a ShardedCache's prompt, padded at the end, even at one rank); or None: whole on every
+    rank (a token a ShardedCache decodes). ValueError for any other cache at more than one rank."""
+    split = getattr(cache, "split_prompt", None)
+    if split is not None:
+        length = split()
+        return None if length is None else dataclasses.replace(shards, length=length)
+    if cache is not None and shards.world > 1:
+        raise cache_refused(module, shards.world)
+    return shards
+
+
+def runs_whole(shards: Shards | None) -> bool:
+    """Whether a mixer running on `shards` (running_on) runs as in one process: nothing to pass."""
+    return shards is None or (shards.world == 1 and shards.length is None)
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,7 +102,7 @@ def wrap(module, name: str, sharded, fused: bool) -> None:
 
     def dispatch(*args, **kwargs):
         shards = _running.get()
-        if shards is None or (shards.world == 1 and shards.length is None):
+        if runs_whole(shards):
             return original(*args, **kwargs)
         if fused:
             return None
@@ -114,17 +125,18 @@ def local_chunks(shards: Shards, local_len: int):
     return mine
 
 
-def from_true_starts(shards: Shards, local_len: int, phase: str, final_and_transition, run_from) -> list:
+def from_true_starts(shards: Shards, local_len: int, phase: str, final_and_transition, run_from) -> tuple:
     """The scheme of the mixers whose output is not affine in their state: each chunk runs from zero
     for `final_and_transition(seg)` -> (its final state as true sums, its transition: a factor, same
     shape), the states are passed in one all-gather, and `run_from(seg, start)` runs the chunk again
-    from the state it truly starts from. Returns run_from's results, one per local chunk."""
+    from the state it truly starts from. Returns (run_from's results, one per local chunk, the state after
+    the sequence's last chunk, the same on every rank)."""
     mine = local_chunks(shards, local_len)
     finals, transitions = zip(*(final_and_transition(seg) for seg in mine))
-    starts = state_passing.initial_states(
+    starts, whole = state_passing.scan_states(
         finals, transitions, torch.mul, shards.layout, shards.group, local_len, phase=phase
     )
-    return [run_from(seg, start) for seg, start in zip(mine, starts)]
+    return [run_from(seg, start) for seg, start in zip(mine, starts)], whole
 
 
 def cache_refused(module, world: int) -> ValueError:
