@@ -24,6 +24,7 @@ from .state import (
     refuse_state_arguments,
     running_on,
     runs_whole,
+    undo_padding_decay,
 )
 
 
@@ -126,10 +127,8 @@ def lightning_attention(module, forward, shards: Shards, hidden_states, *args, *
     local_len = hidden_states.shape[1]
     outs, whole = from_true_starts(running, local_len, "lightning_state", final_and_transition, run_from)
     if cache is not None:  # the padding's decay undone
-        padding = running.world * local_len - running.length
-        cache.set_linear_cache(
-            module.layer_idx, (whole * torch.exp(module.slope_rate.float() * padding)).to(state_dtype["value"])
-        )
+        whole = undo_padding_decay(whole, module.slope_rate, running.world * local_len - running.length)
+        cache.set_linear_cache(module.layer_idx, whole.to(state_dtype["value"]))
     return torch.cat(outs, dim=1), None
 
 

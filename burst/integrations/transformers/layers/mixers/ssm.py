@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from burst import state_passing
 
-from .state import Shards, local_chunks, quiet_padding, refuse_state_arguments
+from .state import Shards, local_chunks, quiet_padding, refuse_state_arguments, undo_padding_decay
 
 
 def mamba2_scan(
@@ -65,8 +65,7 @@ def mamba2_scan(
     out = [o + torch.einsum("bthj,bhpj->bthp", c.float(), s).to(o.dtype) for o, c, s in zip(outs, coefficients, starts)]
     out = torch.cat(out, dim=1)
     if shards.length is not None and floor > 0:  # each padding token still decayed the state by exp(A floor)
-        padding = shards.world * local_len - shards.length
-        whole = whole * torch.exp(-A.float() * floor * padding)[None, :, None, None]
+        whole = undo_padding_decay(whole, -A[None, :, None, None] * floor, shards.world * local_len - shards.length)
     return (out, whole.to(final.dtype)) if return_final_states else out
 
 

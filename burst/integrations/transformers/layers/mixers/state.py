@@ -164,6 +164,20 @@ def refuse_state_arguments(what: str, initial, final, varlen, prompt: int | None
         )
 
 
+def undo_padding_decay(state: torch.Tensor, decay: torch.Tensor, padding: int) -> torch.Tensor:
+    """`state` (float32) with the decay of `padding` quiet tokens undone: each multiplied the state by
+    exp(-decay) (decay >= 0, broadcastable to state). ValueError where that decay is past what float32 keeps
+    of the state (e^-60), before any rank decodes from a state lost to it."""
+    exponent = decay.float() * padding
+    if padding and float(exponent.max()) > 60:
+        raise ValueError(
+            f"the {padding} padding tokens of this prompt decay a recurrent layer's state by "
+            f"e^-{float(exponent.max()):.0f}, past what float32 keeps of it: give a prompt whose length is "
+            "a multiple of the layout's split (ranks x 2 for zigzag, ranks for contiguous)"
+        )
+    return state * torch.exp(exponent)
+
+
 def quiet_padding(shards: Shards, seg, rows: torch.Tensor, value: float = 0.0, dim: int = 1) -> torch.Tensor:
     """`rows`, a scan input's rows of chunk `seg` along `dim`, with those past the sequence's real tokens
     (shards.length) set to `value`: the value that leaves the scan's state as it is (no decay, no input),
