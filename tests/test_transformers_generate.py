@@ -283,6 +283,10 @@ def _other_models(rank, world):
     results["bfloat16"] = _compare(
         *_models(_llama(), name, torch.bfloat16), _prompt(2, 3 * world, seed=12), do_sample=False
     )
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # RoPE's q, k in float32 beside bf16 values, decoding too
+        results["autocast"] = _compare(*_models(_llama(), name), _prompt(2, 3 * world, seed=12), do_sample=False)
+    with torch.inference_mode():  # a serving idiom: its tensors keep no version counter
+        results["inference mode"] = _compare(*_models(_llama(), name), _prompt(1, 3 * world, seed=15), do_sample=False)
     return results
 
 
@@ -398,13 +402,16 @@ def test_sliding_window_qwen2_and_bfloat16(world):
         "dynamic rope",
         "longrope switch",
         "longrope past the switch",
+        "inference mode",
         "bfloat16",
+        "autocast",
     ):
         runs = [r[key] for r in per_rank]
         _same_on_every_rank(runs, key)
-        bound = 3e-2 if key == "bfloat16" else 1e-4
+        bf16 = key in ("bfloat16", "autocast")
+        bound = 3e-2 if bf16 else 1e-4
         assert runs[0]["logits error"] < bound, (key, runs[0]["logits error"])
-        if key != "bfloat16":  # bfloat16 rounding may flip a near tie; the logits bound above still holds
+        if not bf16:  # bfloat16 rounding may flip a near tie; the logits bound above still holds
             assert runs[0]["same tokens"], key
     assert per_rank[0]["window effect"] > 1e-3  # the window matters in these runs
     assert per_rank[0]["switch effect"] > 1e-3  # and so does running the sequence again at the rope switch

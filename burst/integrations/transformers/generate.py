@@ -24,16 +24,17 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
+from burst.api import autocast_inputs
 from burst.comm.membership import group_size
 from burst.inference import ShardedKVCache, decode_attention
 from burst.inference.decode import agree_on_decoding, decode_exchange
 from burst.inference.generate import last_hidden
 from burst.layout import LAYOUTS, local_multiple, shard, unshard
 
+from . import decoding
 from .backend.checks import check_model
 from .backend.features import prepare_features
 from .backend.registry import backend_of, set_running_cache
-from . import decoding
 from .keywords import CACHE_KEYWORDS, generate_cache_keyword
 from .layers import dynamic_mask, rope
 from .layers.configs import decoder_of
@@ -286,7 +287,7 @@ class ShardedCache(RecurrentStates, Cache):
             start = self._step - self._step % call.chunk_size
             since = start if since is None else torch.maximum(since, start)
         k, v, valid = self._entries(module, key, value, since, chosen)
-        q = query.transpose(1, 2)
+        q, k, v = autocast_inputs(query.transpose(1, 2), k, v)  # as SDPA under autocast: RoPE's q, k in float32
         scale = q.shape[-1] ** -0.5 if call.scaling is None else call.scaling
         if dynamic_mask.is_dynamic_mask_attention(module):  # Doge: a bias per cached key, one more key channel
             positions = self.kv.entry_positions(valid.shape[1])

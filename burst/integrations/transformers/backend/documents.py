@@ -31,12 +31,19 @@ class _DocumentCache:
         self.ref, self.version, self.value = None, None, None
 
     def get(self, position_ids):
-        if self.ref is not None and self.ref() is position_ids and self.version == position_ids._version:
+        version = _version(position_ids)
+        if version is not None and self.ref is not None and self.ref() is position_ids and self.version == version:
             return True, self.value
         return False, None
 
     def put(self, position_ids, value):
-        self.ref, self.version, self.value = weakref.ref(position_ids), position_ids._version, value
+        self.ref, self.version, self.value = weakref.ref(position_ids), _version(position_ids), value
+
+
+def _version(tensor) -> int | None:
+    """The tensor's version counter, None for an inference tensor (torch.inference_mode), which keeps none:
+    never cached then, since inside inference_mode it may still change in place."""
+    return None if tensor.is_inference() else tensor._version
 
 
 _document_cache = _DocumentCache()
