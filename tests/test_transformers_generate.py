@@ -308,6 +308,11 @@ def _errors(rank, world):
             torch.cat([ids, ids]), attention_mask=left_padded, max_new_tokens=2, **bt.sharded_cache(model)
         ),
         "beam search": lambda: model.generate(ids, num_beams=2, max_new_tokens=2, **bt.sharded_cache(model)),
+        # each rank a prompt of its own (a user's mistake): each would hold a shard of a different sequence
+        "prompts differ": lambda: model.generate(ids + rank, max_new_tokens=2, **bt.sharded_cache(model)),
+        "embeddings differ": lambda: model.generate(
+            inputs_embeds=model.get_input_embeddings()(ids) * (1 + rank), max_new_tokens=2, **bt.sharded_cache(model)
+        ),
     }
     # Gemma 3's wrapper turns its inputs into a mask dict before the decoder: they are read where it takes them
     _, gemma3 = _models(_gemma3_wrapper(), name, reference="eager")
@@ -428,6 +433,8 @@ def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_w
         "use_cache=False": "ShardedCache",
         "padding mask": "padding",
         "beam search": "beam search",
+        "prompts differ": "prompt ids differs across ranks",
+        "embeddings differ": "prompt sums differs across ranks",
         "gemma3 padding": "padding",
         "gemma3 image tokens": "token_type_ids marking tokens that are not text",
     }

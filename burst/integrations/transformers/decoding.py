@@ -7,6 +7,7 @@ it may drop (a plain text prompt's causal ones: drop_causal_mask).
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import typing
 
@@ -117,6 +118,18 @@ def sharded_as(cls: type, own: type) -> type:
     """`cls` (ShardedCache) that is also an `own` (the family's Cache subclass its decoder checks for):
     cls's methods come first, own's __init__ never runs (so own's length would read state it lacks)."""
     return type(f"{cls.__name__}As{own.__name__}", (cls, own), {"__len__": Cache.__len__})
+
+
+def prompt_facts(tokens: torch.Tensor) -> dict:
+    """What every rank's prompt must agree on (burst.agreement): its shape and dtype, and a digest of its token
+    ids (hashed whole) or, for inputs_embeds (too large to hash on the host), their sum and sum of squares."""
+    facts = {"prompt shape": tuple(tokens.shape), "prompt dtype": str(tokens.dtype)}
+    if tokens.is_floating_point():
+        wide = tokens.double()
+        facts["prompt sums"] = (float(wide.sum()), float(wide.square().sum()))
+    else:
+        facts["prompt ids"] = hashlib.blake2b(tokens.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+    return facts
 
 
 def by_name(module, args: tuple, kwargs: dict) -> dict:

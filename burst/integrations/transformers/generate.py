@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
+from burst.agreement import agree
 from burst.api import autocast_inputs
 from burst.comm.membership import group_size
 from burst.inference import ShardedKVCache, decode_attention
@@ -215,7 +216,9 @@ class ShardedCache(RecurrentStates, Cache):
 
     def _prefill(self, kwargs: dict, key: str, tokens: torch.Tensor) -> None:
         """Run `tokens` (batch, length[, dim]), the whole sequence so far, as a prompt: padded at the end
-        to the layout's multiple and cut to this rank's shard at its global positions."""
+        to the layout's multiple and cut to this rank's shard at its global positions. Every rank must pass the
+        same prompt: checked (a digest of it, one small collective), else each rank's shard is of its own."""
+        agree("generate() on a ShardedCache", decoding.prompt_facts(tokens), None, self.group, self.world)
         batch, length = tokens.shape[:2]
         multiple = self.world * local_multiple(self.layout)
         padded = -(-length // multiple) * multiple
