@@ -186,10 +186,14 @@ class ShardedCache(RecurrentStates, Cache):
             if self.phase == "prefill":
                 return
         if length != 1 or batch != self._batch:
+            cause = (
+                "use_cache=False reruns the whole sequence at each step; " if kwargs.get("use_cache") is False else ""
+            )
             raise ValueError(
                 f"a ShardedCache that has seen {self.seen} tokens got a forward of {batch} x {length} tokens; it "
-                f"decodes one token per row of the prompt's batch ({self._batch}) per step. Use a new "
-                "ShardedCache for each generate() call, and keep use_cache on"
+                f"decodes one token per row of the prompt's batch ({self._batch}) per step. {cause}Keep use_cache on "
+                "(the model's config and generate()'s), leave generate()'s prefill_chunk_size unset (it runs the "
+                "prompt in pieces), and pass a new ShardedCache to each generate() call"
             )
         if positions is not None and not bool((positions == self.seen).all()):
             raise ValueError(f"position_ids {positions.flatten().tolist()} in decode: the next position is {self.seen}")
