@@ -12,7 +12,6 @@ import inspect
 import typing
 
 import torch
-from transformers.cache_utils import Cache
 
 from .keywords import ATTENTION_LAYER_KINDS, CACHE_KEYWORDS, layer_kinds
 from .layers import mixers, rope
@@ -101,6 +100,8 @@ def refuse_recurrent_layers(model) -> None:
 def own_cache_class(model) -> type | None:
     """The Cache subclass of its own a family's decoder insists on (MiniMax's raises for any cache that is
     not a MiniMaxCache), read off the annotation of its forward's cache argument; None for any Cache."""
+    from transformers.cache_utils import Cache  # not at import: burst.integrations.transformers imports without it
+
     decoder = decoder_of(model)
     parameters = inspect.signature(inspect.unwrap(type(decoder).forward)).parameters
     for name in CACHE_KEYWORDS:
@@ -117,6 +118,8 @@ def own_cache_class(model) -> type | None:
 def sharded_as(cls: type, own: type) -> type:
     """`cls` (ShardedCache) that is also an `own` (the family's Cache subclass its decoder checks for):
     cls's methods come first, own's __init__ never runs (so own's length would read state it lacks)."""
+    from transformers.cache_utils import Cache
+
     return type(f"{cls.__name__}As{own.__name__}", (cls, own), {"__len__": Cache.__len__})
 
 
