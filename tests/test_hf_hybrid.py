@@ -213,6 +213,8 @@ def _generation(family, layout, group, length):
 def _world_cases(rank, world):
     import warnings
 
+    import torch.distributed as dist
+
     import transformers
     from burst.integrations.transformers.layers import mixers
 
@@ -228,13 +230,19 @@ def _world_cases(rank, world):
         "scan": {layout: _scan_against_float64(layout, None) for layout in ("contiguous", "zigzag")},
     }
     out["steps"][("qwen3_next", "zigzag, checkpointing")] = _one_step("qwen3_next", "zigzag", None, True)
-    if (
-        world == 2
-    ):  # every family at 2 ranks in zigzag (prompts of 13: padded to 16), a family of each mixer in contiguous
-        cases = [(f, "zigzag", 13) for f in families] + [(f, "contiguous", 13) for f in GENERATE_FOUR_RANKS]
-    else:  # prompts of 3 (each rank a token or padding, fewer than the convolutions' width) and of 29
-        cases = [(f, "zigzag", n) for f in GENERATE_FOUR_RANKS for n in (3, 29)]
-    out["generate"] = {case: _generation(*case[:2], None, case[2]) for case in cases}
+    # generate(): every family at 2 ranks in zigzag (prompts of 13: padded to 16), a family of each mixer in
+    # contiguous and on one rank (a group of its own: the padded prompt's scans run whole, quiet past its end);
+    # at 4 ranks prompts of 3 (each rank a token or padding, fewer than the convolutions' width) and of 29
+    if world == 2:
+        cases = [(f, "zigzag", 13, None) for f in families] + [(f, "contiguous", 13, None) for f in GENERATE_FOUR_RANKS]
+        alone = [dist.new_group([r]) for r in range(world)][rank]
+        cases += [(f, "zigzag", 13, alone) for f in GENERATE_FOUR_RANKS]
+    else:
+        cases = [(f, "zigzag", n, None) for f in GENERATE_FOUR_RANKS for n in (3, 29)]
+    out["generate"] = {
+        (f, layout + (", one rank" if group else ""), n): _generation(f, layout, group, n)
+        for f, layout, n, group in cases
+    }
     if world == 2:
         out["bytes"] = _state_bytes(None)
         out["refusals"] = _refusals(None)

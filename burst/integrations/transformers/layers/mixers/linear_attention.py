@@ -20,6 +20,7 @@ from .state import (
     Shards,
     from_true_starts,
     local_chunks,
+    one_rank_prompt,
     quiet_padding,
     refuse_state_arguments,
     running_on,
@@ -48,6 +49,10 @@ def gated_delta_rule(
     quiet: g = 0 keeps the state, beta = 0 writes nothing), the same on every rank."""
     refuse_state_arguments("the gated delta rule", initial_state, output_final_state, cu_seqlens, shards.length)
     batch, local_len, heads, dv = value.shape
+    prompt = one_rank_prompt(shards, local_len)
+    if prompt is not None:  # the identity columns are not needed
+        g, beta = quiet_padding(shards, prompt, g), quiet_padding(shards, prompt, beta)
+        return original(query, key, value, g, beta, *args, output_final_state=output_final_state, **kwargs)
     dk = key.shape[-1]
     identity = torch.eye(dk, dtype=torch.float32, device=value.device).expand(batch, heads, dk, dk)
     start = torch.cat([identity.new_zeros(batch, heads, dk, dv), identity], dim=-1)

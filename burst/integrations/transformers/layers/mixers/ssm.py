@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from burst import state_passing
 
-from .state import Shards, local_chunks, quiet_padding, refuse_state_arguments, undo_padding_decay
+from .state import Shards, local_chunks, one_rank_prompt, quiet_padding, refuse_state_arguments, undo_padding_decay
 
 
 def mamba2_scan(
@@ -35,6 +35,14 @@ def mamba2_scan(
     refuse_state_arguments("the Mamba2 scan", initial_states, return_final_states, kwargs.get("seq_idx"), shards.length)
     quiet, floor = _no_step(kwargs.get("dt_softplus", False)), kwargs.get("dt_limit", (0.0, float("inf")))[0]
     batch, local_len, heads, head_dim = hidden_states.shape
+    prompt = one_rank_prompt(shards, local_len)
+    if prompt is not None:  # the identity columns are not needed
+        x, dt = quiet_padding(shards, prompt, hidden_states), quiet_padding(shards, prompt, dt, quiet)
+        out = original(x, dt, A, B, C, chunk_size, *args, return_final_states=return_final_states, **kwargs)
+        if return_final_states and floor > 0:
+            final = undo_padding_decay(out[1].float(), -A[None, :, None, None] * floor, local_len - shards.length)
+            out = (out[0], final.to(out[1].dtype))
+        return out
     n = B.shape[-1]
     identity = torch.eye(n, dtype=torch.float32, device=hidden_states.device).expand(batch, heads, n, n)
     start = torch.cat([identity.new_zeros(batch, heads, head_dim, n), identity], dim=2)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from burst import state_passing
+from burst.layout import Segment
 
 from ...keywords import CACHE_KEYWORDS
 
@@ -176,6 +177,12 @@ def undo_padding_decay(state: torch.Tensor, decay: torch.Tensor, padding: int) -
             "a multiple of the layout's split (ranks x 2 for zigzag, ranks for contiguous)"
         )
     return state * torch.exp(exponent)
+
+
+def one_rank_prompt(shards: Shards, local_len: int):
+    """The segment of a ShardedCache's whole prompt at one rank (no state to pass: one scan from zero, its
+    padding quiet), or None at more than one rank."""
+    return Segment(0, local_len, 0) if shards.world == 1 else None
 
 
 def quiet_padding(shards: Shards, seg, rows: torch.Tensor, value: float = 0.0, dim: int = 1) -> torch.Tensor:
