@@ -133,9 +133,11 @@ def main():
         "Decode ms/token: the mean time between two steps' logits after the first (a logits processor's clock). "
         "The recurrent layers' states (each "
         "layer's convolution window and its d_k x d_v state per head) are whole on every rank and do not grow with "
-        "the prompt; the attention layer's K, V are split. Every decoded token runs the recurrent layers whole on "
-        "every rank, so at these sizes (the model's small ops dominate a step) G = 2 decodes no faster than one "
-        "process; the prompt's prefill, where the scans and the attention run split, is where G ranks pay.",
+        "the prompt; the attention layer's K, V are split. On these 2 cores G = 2 prefills in one process's time: the "
+        "attention splits, but each split scan also carries the identity columns that read off its chunk's "
+        "transition (twice the scan's work, state_passing.py). It decodes slower: each rank runs the recurrent layers "
+        "whole on one thread, and the attention layer gathers the ranks' partials. G = 1 (the padded prompt's scans "
+        "run once, quiet past its end) keeps one process's time.",
         "",
         "Command: `.venv/bin/python benchmarks/hybrid_generate.py`",
     ]
