@@ -153,9 +153,9 @@ def _refusals(group):
     return out
 
 
-GENERATE_FOUR_RANKS = ("qwen3_next", "kimi_linear", "mamba", "bamba", "nemotron_h", "lfm2", "minimax")
+GENERATE_FOUR_RANKS = ("qwen3_next", "kimi_linear", "mamba", "bamba", "nemotron_h", "lfm2", "minimax", "zaya")
 # gated delta rule, Kimi delta attention, Mamba, Mamba2, Mamba2 with its steps clamped above 0, convolutions
-# alone, lightning attention (its state in the family's own cache class)
+# alone, lightning attention (its state in the family's own cache class), ZAYA's CCA (q/k convolved, v delayed)
 
 
 def _generation(family, layout, group, length):

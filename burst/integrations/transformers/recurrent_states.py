@@ -69,7 +69,7 @@ class RecurrentStates:
                 f"layer {layer_idx} updates its convolution state without conv_kernel_size: this transformers "
                 "release arranges the layer differently from what burst's ShardedCache knows"
             )
-        layer.update_conv_state(self._prompt_tail(conv_states, width), state_idx, **kwargs)
+        layer.update_conv_state(self.prompt_tail(conv_states, width), state_idx, **kwargs)
         return conv_states
 
     def update_recurrent_state(self, recurrent_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs):
@@ -83,7 +83,7 @@ class RecurrentStates:
     def set_linear_cache(self, layer_idx: int, state: torch.Tensor) -> None:
         self._linear[layer_idx] = state
 
-    def _prompt_tail(self, shard: torch.Tensor, width: int) -> torch.Tensor:
+    def prompt_tail(self, shard: torch.Tensor, width: int) -> torch.Tensor:
         """(batch, channels, width): the prompt's last `width` tokens of `shard` (batch, channels, tokens),
         each from the rank that holds it (zeros before the prompt's first token), the same on every rank."""
         positions = self._prefill_positions  # (batch, tokens): the same rows in every batch row

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from burst import state_passing
 
-from .state import Shards, cache_refused, local_chunks
+from .state import Shards, local_chunks, running_on, runs_whole
 
 
 def causal_conv(original, shards: Shards, hidden_states, weight, bias=None, *args, **kwargs):
@@ -118,17 +118,17 @@ def cca_projection(module, forward, shards: Shards, hidden_states, cache=None, c
     token's delayed projection: each chunk gets its halo, the q/k projections of the conv_kernel_size
     tokens before it and the delayed value projection of the one before it, in one all-gather, and the
     layer runs on the chunk with the halo handed in as its cache."""
-    if shards.world == 1:
+    cache = cache if cache is not None else kwargs.pop("past_key_values", None)
+    running = running_on(shards, module, cache)
+    if runs_whole(running):
         return forward(hidden_states, cache, conv_mask, **kwargs)
-    if cache is not None or kwargs.pop("past_key_values", None) is not None:
-        raise cache_refused(module, shards.world)
     if conv_mask is not None:  # burst's mask interface refuses padding first; this is the backstop
         raise ValueError(
             f"{type(module).__name__}: a padding mask with the sequence split across {shards.world} "
             "ranks is not supported; pack documents or pad at the end with labels -100"
         )
     width = module.conv_kernel_size
-    mine = local_chunks(shards, hidden_states.shape[1])
+    mine = local_chunks(running, hidden_states.shape[1])
 
     def tail(seg):  # the last max(width, 1) tokens' q/k projections (B, C_qk, t) and delayed values (B, C_v, t)
         last = hidden_states[:, seg.rows][:, -max(width, 1) :]
@@ -138,8 +138,8 @@ def cca_projection(module, forward, shards: Shards, hidden_states, cache=None, c
     halos = state_passing.halo(
         [tail(seg) for seg in mine],
         max(width, 1),
-        shards.layout,
-        shards.group,
+        running.layout,
+        running.group,
         hidden_states.shape[1],
         phase="cca_halo",
     )
@@ -155,4 +155,17 @@ def cca_projection(module, forward, shards: Shards, hidden_states, cache=None, c
                 f"{type(module).__name__} did not read the halo burst handed it; this transformers "
                 "release arranges the layer differently from what burst knows"
             )
+    if cache is not None:  # a ShardedCache's prompt: the last tokens' q/k projections, the last delayed value
+        keep_cca_states(module, cache, hidden_states)
     return tuple(torch.cat(parts, dim=1) for parts in zip(*outs))
+
+
+def keep_cca_states(module, cache, hidden_states) -> None:
+    """What a ZAYA CCA layer keeps for decoding after a prompt split across ranks, as one process's does: the
+    q/k projections of the prompt's last conv_kernel_size tokens (its convolution state) and the delayed value
+    projection of its last one (its recurrent state), each from the rank that holds it (the cache's prompt_tail).
+    hidden_states: (B, T, D), this rank's shard (the projections of it all: a prefill's one more q/k)."""
+    qk = torch.cat([module.q_proj(hidden_states), module.k_proj(hidden_states)], dim=-1).transpose(1, 2)
+    cache.update_conv_state(qk, module.layer_idx, conv_kernel_size=module.conv_kernel_size)
+    delayed = cache.prompt_tail(module.v_proj_delayed(hidden_states).transpose(1, 2), 1)[..., 0]
+    cache.update_recurrent_state(delayed, module.layer_idx)

@@ -55,8 +55,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 
 # The families whose layers keep their states in transformers' Cache (conv and recurrent states, MiniMax's
 # linear cache): generate() on a ShardedCache decodes them (recurrent_states.py). The others keep a state
-# of their own (RWKV's, RecurrentGemma's on its modules) or in a form burst does not carry (xLSTM, ZAYA).
-GENERATE = tuple(f for f in FAMILIES if f not in ("rwkv", "xlstm", "recurrent_gemma", "zaya"))
+# of their own (RWKV's, RecurrentGemma's on its modules) or in a form burst does not carry (xLSTM's).
+GENERATE = tuple(f for f in FAMILIES if f not in ("rwkv", "xlstm", "recurrent_gemma"))
 
 # Cached decoding, which cannot run on a shard (the pre-hook refuses a cache first; these are the backstop).
 UNSPLIT = (
