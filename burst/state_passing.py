@@ -91,23 +91,6 @@ def all_gather_tensors(
     return out, anchor
 
 
-def initial_states(
-    finals: Sequence[torch.Tensor],
-    transitions: Sequence[torch.Tensor],
-    apply_transition: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    layout,
-    group,
-    local_len: int,
-    phase: str = "state_passing",
-) -> list[torch.Tensor]:
-    """The state each of this rank's chunks starts from, in the global token order.
-
-    finals[c]: the state after local chunk c when it starts from zero; transitions[c]: its transition,
-    in whatever form `apply_transition(transition, state) -> state` takes (both with one shape on
-    every rank). Returns one state per local chunk (zeros for the sequence's first chunk)."""
-    return scan_states(finals, transitions, apply_transition, layout, group, local_len, phase)[0]
-
-
 def scan_states(
     finals: Sequence[torch.Tensor],
     transitions: Sequence[torch.Tensor],
@@ -117,8 +100,12 @@ def scan_states(
     local_len: int,
     phase: str = "state_passing",
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """(initial_states's starts, the state after the sequence's last chunk): the same on every rank, the
-    state a cache keeps for decoding after a prompt split across ranks."""
+    """(the state each of this rank's chunks starts from, in the global token order; the state after the
+    sequence's last chunk, the same on every rank: what a cache keeps after a prompt split across ranks).
+
+    finals[c]: the state after local chunk c when it starts from zero; transitions[c]: its transition,
+    in whatever form `apply_transition(transition, state) -> state` takes (both with one shape on
+    every rank). The starts are one state per local chunk (zeros for the sequence's first chunk)."""
     mine, every = chunks(layout, group, local_len)
     count = len(mine)
     gathered, anchor = all_gather_tensors(list(finals) + list(transitions), group, phase)
