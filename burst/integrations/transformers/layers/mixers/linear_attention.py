@@ -110,8 +110,15 @@ def lightning_attention(module, forward, shards: Shards, hidden_states, *args, *
     running = running_on(shards, module, cache)
     if runs_whole(running):
         return forward(hidden_states, *args, **({keyword: cache} if cache is not None else {}), **kwargs)
+    local_len = hidden_states.shape[1]
     if running.length is not None:
         _check_zero_is_quiet(module)
+    prompt = one_rank_prompt(running, local_len)
+    if prompt is not None:  # a ShardedCache's prompt on one rank: one run from zero, its padding quiet
+        out, final = forward(quiet_padding(running, prompt, hidden_states), *args, **kwargs)
+        whole = undo_padding_decay(final.float(), module.slope_rate, local_len - running.length)
+        cache.set_linear_cache(module.layer_idx, whole.to(final.dtype))
+        return out, None
     state_dtype = {}  # the layer's own state dtype (its value projection's, under autocast too)
 
     def final_and_transition(seg):
@@ -129,7 +136,6 @@ def lightning_attention(module, forward, shards: Shards, hidden_states, *args, *
             )
         return out
 
-    local_len = hidden_states.shape[1]
     outs, whole = from_true_starts(running, local_len, "lightning_state", final_and_transition, run_from)
     if cache is not None:  # the padding's decay undone
         whole = undo_padding_decay(whole, module.slope_rate, running.world * local_len - running.length)
