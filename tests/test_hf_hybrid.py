@@ -142,21 +142,24 @@ def _refusals(group):
                 )
 
         cases["unsupported family"] = unknown_family
-    if "recurrent_gemma" in hf_zoo.families():  # its recurrent state lives on the module: no sharded decoding
-        gemma = _models("recurrent_gemma", "hybrid_refusals")[1]
+    if "rwkv" in hf_zoo.families():  # its LM head passes no cache down: no sharded decoding
+        rwkv = _models("rwkv", "hybrid_refusals")[1]
 
-        def decoding():  # prepared as shard_batch prepares it: its attention's positions captured too
-            prepare_features(gemma, group, "zigzag")
-            return gemma.generate(ids, max_new_tokens=2, **bt.sharded_cache(gemma))
+        def decoding():  # prepared as shard_batch prepares it
+            prepare_features(rwkv, group, "zigzag")
+            return rwkv.generate(ids, max_new_tokens=2, **bt.sharded_cache(rwkv))
 
         cases["decoding"] = decoding
     out.update(value_errors(cases))
     return out
 
 
-GENERATE_FOUR_RANKS = ("qwen3_next", "kimi_linear", "mamba", "bamba", "nemotron_h", "lfm2", "minimax", "zaya")
+GENERATE_FOUR_RANKS = (
+    *("qwen3_next", "kimi_linear", "mamba", "bamba", "nemotron_h", "lfm2", "minimax", "zaya", "recurrent_gemma"),
+)
 # gated delta rule, Kimi delta attention, Mamba, Mamba2, Mamba2 with its steps clamped above 0, convolutions
-# alone, lightning attention (its state in the family's own cache class), ZAYA's CCA (q/k convolved, v delayed)
+# alone, lightning attention (its state in the family's own cache class), ZAYA's CCA (q/k convolved, v delayed),
+# RG-LRU and its temporal convolution (their states on the modules)
 
 
 def _generation(family, layout, group, length):
@@ -202,12 +205,17 @@ def _generation(family, layout, group, length):
             (cache.get_recurrent_state(layer), reference.get_recurrent_state(layer)),
         )
     ] + [(cache.get_linear_cache(layer), reference.get_linear_cache(layer)) for layer in sorted(cache._linear)]
+    blocks = [  # RecurrentGemma keeps its states on its recurrent blocks
+        (ours, theirs) for ours, theirs in zip(model.modules(), eager.modules()) if hasattr(ours, "conv1d_state")
+    ]
+    pairs += [(a.conv1d_state, b.conv1d_state) for a, b in blocks]
+    pairs += [(a.rg_lru.recurrent_states, b.rg_lru.recurrent_states) for a, b in blocks]
     states = [relative_error(got, want.double()) for got, want in pairs if want is not None]
     return {
         "tokens": torch.equal(tokens, ref_tokens),
         "logits": relative_error(logits, ref_logits.double()),
         "states": max(states),
-        "layers": len(cache._recurrent) + len(cache._linear),
+        "layers": len(cache._recurrent) + len(cache._linear) + len(blocks),
     }
 
 
@@ -299,7 +307,7 @@ def test_what_a_hybrid_model_cannot_do_is_refused():
             "outside attention" in refusals["unsupported family"]
             or "not among the families" in refusals["unsupported family"]
         ), refusals["unsupported family"]
-    if "decoding" in refusals:  # RG-LRU keeps its state on the module, not in transformers' Cache
+    if "decoding" in refusals:  # RWKV's state is not carried
         assert "generate() on a sharded cache is refused" in (refusals["decoding"] or ""), refusals["decoding"]
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from burst import state_passing
 
+from ...backend.registry import running_cache
 from .state import Shards, local_chunks, running_on, runs_whole
 
 
@@ -45,7 +46,8 @@ def _causal_depthwise(x, weight, bias):
 
 def shard_convolution_modules(model: torch.nn.Module, shards: Shards) -> None:
     """RecurrentGemma's temporal convolution is an nn.Conv1d module (depthwise, padded k - 1 on both
-    sides, the caller keeps the first T outputs): its forward becomes causal_conv's, each chunk with its halo."""
+    sides, the caller keeps the first T outputs): its forward becomes causal_conv's, each chunk with its halo.
+    In a ShardedCache's prompt the block keeps (conv1d_state, on itself) the inputs of its last k - 1 tokens."""
     for block in model.modules():
         conv = getattr(block, "conv_1d", None)
         if type(block).__name__ != "RecurrentGemmaRecurrentBlock" or not isinstance(conv, torch.nn.Conv1d):
@@ -53,8 +55,12 @@ def shard_convolution_modules(model: torch.nn.Module, shards: Shards) -> None:
         if conv.groups != conv.in_channels or conv.padding != (conv.kernel_size[0] - 1,):
             raise ValueError(f"{type(block).__name__}.conv_1d is not the depthwise convolution burst knows")
 
-        def forward(x, conv=conv):
-            return causal_conv(_causal_depthwise, shards, x, conv.weight[:, 0, :], conv.bias)
+        def forward(x, conv=conv, block=block):
+            cache = running_cache()
+            running = running_on(shards, block, cache)
+            if running is not None and running.length is not None:  # a ShardedCache's prompt: its state for decoding
+                block.conv1d_state = cache.prompt_tail(x, conv.kernel_size[0] - 1)
+            return causal_conv(_causal_depthwise, running or shards, x, conv.weight[:, 0, :], conv.bias)
 
         conv.forward = forward
 

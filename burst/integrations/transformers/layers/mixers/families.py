@@ -53,10 +53,10 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "zaya": ("CCA's query/key convolutions and value delay",),
 }
 
-# The families whose layers keep their states in transformers' Cache (conv and recurrent states, MiniMax's
-# linear cache): generate() on a ShardedCache decodes them (recurrent_states.py). The others keep a state
-# of their own (RWKV's, RecurrentGemma's on its modules) or in a form burst does not carry (xLSTM's).
-GENERATE = tuple(f for f in FAMILIES if f not in ("rwkv", "xlstm", "recurrent_gemma"))
+# The families generate() on a ShardedCache decodes: their states in transformers' Cache (conv and recurrent
+# states, MiniMax's linear cache: recurrent_states.py) or on their modules (RecurrentGemma's). Not RWKV's
+# (its LM head passes no cache down) nor xLSTM's (of a form burst does not carry).
+GENERATE = tuple(f for f in FAMILIES if f not in ("rwkv", "xlstm"))
 
 # Cached decoding, which cannot run on a shard (the pre-hook refuses a cache first; these are the backstop).
 UNSPLIT = (

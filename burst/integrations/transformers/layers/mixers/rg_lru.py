@@ -5,25 +5,32 @@ itself (`recurrent_states`), run per chunk from 0, from 1 and from its true star
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from .state import Shards, from_true_starts
+from ...backend.registry import running_cache
+from .state import Shards, from_true_starts, quiet_padding, running_on, runs_whole, undo_padding_decay
 
 
 def rg_lru(module, forward, shards: Shards, activations, position_ids):
     """RecurrentGemma's RG-LRU; activations (B, T, W). A diagonal linear recurrence h_t = a_t h_{t-1} + x_t
     (a_t = 0 where a document starts), run by the module from `module.recurrent_states`: its outputs
     and final state are affine in that start, so each chunk runs from 0 and from 1 (the difference is
-    its transition per channel), then from the state it truly starts from."""
+    its transition per channel), then from the state it truly starts from. In a ShardedCache's prompt
+    the padding's activations are zeros (no input; its decay undone) and the module keeps the state after
+    the prompt's last real token; a decoded token runs whole, from it."""
+    running = running_on(shards, module, running_cache())
+    if runs_whole(running):
+        return forward(activations, position_ids)
     if activations.shape[1] == 1:
         raise ValueError(
             f"{type(module).__name__}: decoding (one token) with the sequence split across "
-            f"{shards.world} ranks is not supported for recurrent layers"
+            f"{shards.world} ranks needs burst's ShardedCache (model.generate(ids, **bt.sharded_cache(model)))"
         )
 
     def from_state(seg, start):
         module.recurrent_states = start
         try:
-            out = forward(activations[:, seg.rows], position_ids[:, seg.rows])
+            out = forward(quiet_padding(running, seg, activations[:, seg.rows]), position_ids[:, seg.rows])
             return out, module.recurrent_states
         finally:
             module.recurrent_states = None
@@ -39,5 +46,13 @@ def rg_lru(module, forward, shards: Shards, activations, position_ids):
         # the activations' dtype, and in bf16 that difference would lose the decays' precision.
         return from_state(seg, start)[0]
 
-    outs, _ = from_true_starts(shards, activations.shape[1], "rg_lru_state", final_and_transition, run_from)
+    local_len = activations.shape[1]
+    outs, whole = from_true_starts(running, local_len, "rg_lru_state", final_and_transition, run_from)
+    if running.length is not None:  # a zero activation still decays the state by a = exp(-8 sigmoid(b) softplus(c))
+        log_a = (
+            -8
+            * torch.sigmoid(module.recurrent_gate_bias.float().reshape(-1))
+            * F.softplus(module.recurrent_param.float())
+        )
+        module.recurrent_states = undo_padding_decay(whole, -log_a, running.world * local_len - running.length)
     return torch.cat(outs, dim=1)
