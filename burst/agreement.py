@@ -89,6 +89,12 @@ def collective_device(group) -> torch.device:
     return torch.device("cpu")
 
 
+# torch.compiler.disable in torch's own lazy form (as custom_op.run_eagerly): the check is host-side collectives,
+# never for dynamo to trace (under torch.compile it runs eagerly behind a graph break)
+_eagerly = getattr(torch, "_disable_dynamo", torch.compiler.disable)
+
+
+@_eagerly
 def agree(
     entry: str,
     facts: dict[str, Any] | None,

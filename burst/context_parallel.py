@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from . import api, custom_op
+from . import api, custom_op, sdpa_names
 from .agreement import agree
 from .call import AttentionRequest
 from .comm.membership import group_rank, group_size
@@ -71,7 +71,7 @@ def context_parallel(
         if mesh.ndim != 1:
             raise ValueError(f"{ENTRY}: mesh must be 1-D (the sequence dimension), got {mesh.ndim}-D")
         group = mesh.get_group()
-    if F.scaled_dot_product_attention is not _TORCH_SDPA:  # the name is routed: a context is open (every rank's)
+    if _open[0] is not None:  # a context is open (every rank's)
         raise ValueError(f"{ENTRY}: a context is already open; nested, it would cut the buffers' shards again")
     layout = resolve_layout(layout, options.get("cu_seqlens"))  # "doc_zigzag" + the documents' cu_seqlens
     buffers, seq_dims = list(buffers), list(buffer_seq_dims)
@@ -87,8 +87,12 @@ def context_parallel(
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)  # the fused MHA kernel would attend local tokens only
     try:
-        with router, router.sdpa_name_routed():
-            yield
+        with router, sdpa_names.routed(router.route):
+            _open[0] = router
+            try:
+                yield
+            finally:
+                _open[0] = None
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         keep = {id(t) for t in no_restore_buffers}
@@ -192,10 +196,9 @@ def _counts_from_shard_start(indices: torch.Tensor, held: torch.Tensor) -> bool:
     return not consecutive or int(rows[0, 0]) < int(held[0])
 
 
-# torch's SDPA itself, taken before any context replaces the name F.scaled_dot_product_attention: code that
-# holds it under another name (`from torch.nn.functional import scaled_dot_product_attention as sdpa`,
-# torch._C._nn's) reaches the mode with this function.
-_TORCH_SDPA = F.scaled_dot_product_attention
+# torch's SDPA itself: code that holds it where burst does not replace it (sdpa_names) reaches the mode with it
+_TORCH_SDPA = sdpa_names.TORCH_SDPA
+_open: list = [None]  # the router of the context open now (contexts do not nest)
 
 
 @functools.lru_cache(maxsize=1)
@@ -226,10 +229,12 @@ class _SDPARouter(TorchFunctionMode):
     handler runs with the mode popped, so calls nested in another overridable function
     (nn.MultiheadAttention's functional path; backward, where activation checkpointing re-runs the
     forward) pass it by, and torch.compile's tracing of a checkpointed block does not apply it
-    (torch's SDPA on the local tokens: silently wrong). For those, the name most code calls SDPA by,
-    torch.nn.functional.scaled_dot_product_attention, is burst.attention while the context is open. So in a
-    checkpoint's recomputation SDPA held under another name is not routed: routing a call made so warns
-    once (docs/context-parallel.md says so).
+    (torch's SDPA on the local tokens: silently wrong). For those, the names SDPA is called by are
+    burst.attention while the context is open: torch.nn.functional's and every module-level alias of it
+    (sdpa_names). So only SDPA held elsewhere (a closure, an attribute, a partial, torch._C._nn's) is not
+    routed in a checkpointed block: routing a call made so warns once (docs/context-parallel.md says so).
+    A route captured while open (the name read inside the context, kept) follows whichever context is
+    open when it is called, and is torch's SDPA outside any.
     """
 
     def __init__(self, group, layout, strategy, options, local_len, held_positions=None):
@@ -248,6 +253,8 @@ class _SDPARouter(TorchFunctionMode):
     def route(self, *args, **kwargs):
         """What SDPA is while the context is open: burst.attention's custom op under torch.compile (no
         graph break, burst/custom_op.py), when it can carry the call; else burst.attention eagerly."""
+        if _open[0] is not self:  # captured in a context now closed: the open one's SDPA, or torch's
+            return _TORCH_SDPA(*args, **kwargs) if _open[0] is None else _open[0].route(*args, **kwargs)
         if torch.compiler.is_compiling() and self.traceable:
             return self.traced_attention(*args, **kwargs)
         self.attending = True  # burst's own lookups inside are not the model's positions
@@ -280,20 +287,6 @@ class _SDPARouter(TorchFunctionMode):
         if indices is not None:
             self.shard_counted_positions |= _counts_from_shard_start(indices, self.held_positions)
 
-    @contextlib.contextmanager
-    def sdpa_name_routed(self):
-        """F.scaled_dot_product_attention is burst.attention while open (see the class docstring)."""
-        # torch.compile applies a TorchFunctionMode only to the functions torch lists as overridable, a list
-        # made once by reading the names of torch's namespaces: made while the name is burst's, it would
-        # lack torch's SDPA, and SDPA held under another name would reach the graph unrouted. Made first.
-        torch.overrides.get_overridable_functions()
-        original = F.scaled_dot_product_attention
-        F.scaled_dot_product_attention = self.route
-        try:
-            yield
-        finally:
-            F.scaled_dot_product_attention = original
-
     def _multi_head_attention(self, func, args, kwargs):
         problem = None
         if kwargs.get("need_weights", True):
@@ -306,7 +299,11 @@ class _SDPARouter(TorchFunctionMode):
                 f"{ENTRY}: nn.MultiheadAttention's key_padding_mask is a mask burst cannot apply; "
                 "pack the sequences and pass cu_seqlens= to context_parallel instead"
             )
-        agree(f"{ENTRY} (nn.MultiheadAttention)", {} if problem is None else None, problem, self.group, self.world)
+        if torch.compiler.is_compiling():  # no agreement to trace: each rank raises the same from its own call
+            if problem is not None:
+                raise problem
+        else:
+            agree(f"{ENTRY} (nn.MultiheadAttention)", {} if problem is None else None, problem, self.group, self.world)
         return func(*args, **kwargs)
 
     def attention(

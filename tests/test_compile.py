@@ -11,6 +11,8 @@ break.
 
 from __future__ import annotations
 
+import functools
+
 import burst
 import torch
 import torch.nn.functional as F
@@ -109,6 +111,18 @@ def _cases(rank, world):
             0.0,
         )
 
+        # ... and in a checkpointed block, whose recomputation (and its tracing under compile) runs without the
+        # context's mode: the module-level name itself is burst's while the context is open (sdpa_names)
+        def recomputed(q, k, v, weight, reentrant=False):
+            return checkpoint(aliased, q, k, v, weight, use_reentrant=reentrant)
+
+        torch._dynamo.reset()
+        results["context_parallel SDPA by another name, checkpointed"] = (
+            None,
+            _max_diff(_grads(torch.compile(recomputed), (q, k, v), weight), eager),
+            _max_diff(_grads(functools.partial(recomputed, reentrant=True), (q, k, v), weight), eager),
+        )
+
     # Under bf16 autocast: the op gets q, k, v in bf16 (as SDPA would) and keeps float32 statistics.
     (q, k, v), weight = _inputs(5, "zigzag")
 
@@ -183,7 +197,23 @@ def _cases(rank, world):
         _max_diff(mha_grads(torch.compile(attend)), mha_grads(attend)),
         0.0,
     )
-    return results, disagreement
+    torch._dynamo.reset()  # whole: the agreement on its call is not traced
+    results["nn.MultiheadAttention in context_parallel, fullgraph"] = (
+        None,
+        _max_diff(mha_grads(torch.compile(attend, fullgraph=True)), mha_grads(attend)),
+        0.0,
+    )
+
+    def with_weights(x):  # need_weights=True, its default: refused
+        return mha(x, x, x)[0]
+
+    torch._dynamo.reset()
+    try:  # burst's refusal on every rank, not dynamo's error from tracing the agreement's collectives
+        mha_grads(torch.compile(with_weights))
+        refusal = None
+    except ValueError as err:
+        refusal = str(err)
+    return results, disagreement, refusal
 
 
 def _forget_overridable_functions() -> None:
@@ -206,19 +236,24 @@ _results = results_by_world(_cases)
 
 
 def test_compiled_attention_has_no_graph_break_and_equals_eager():
-    for rank, (results, _) in enumerate(_results(2)):
+    for rank, (results, _, _) in enumerate(_results(2)):
         for name, (breaks, compiled, _) in results.items():
             assert breaks in (0, None), (rank, name, breaks)
             assert compiled < 1e-5, (rank, name, compiled)
 
 
 def test_ranks_that_disagree_raise_on_every_rank_under_compile():
-    for rank, (_, disagreement) in enumerate(_results(2)):
+    for rank, (_, disagreement, _) in enumerate(_results(2)):
         assert "window" in disagreement, (rank, disagreement)
 
 
+def test_a_refused_multi_head_attention_under_compile_raises_burst_s_error():
+    for rank, (_, _, refusal) in enumerate(_results(2)):
+        assert refusal is not None and "need_weights=False" in refusal, (rank, refusal)
+
+
 def test_compiled_checkpointed_block_equals_eager():
-    for rank, (results, _) in enumerate(_results(2)):
+    for rank, (results, _, _) in enumerate(_results(2)):
         for name, (_, _, checkpointed) in results.items():
             assert checkpointed < 1e-5, (rank, name, checkpointed)
         # the check can fail: torch's SDPA on one rank's tokens is far from the whole sequence's attention

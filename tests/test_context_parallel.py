@@ -235,6 +235,16 @@ def _errors(rank, world):
         results["sdpa by another name"] = torch.equal(named, another)
         # ... and says once where it is not (a checkpoint's recomputation)
         results["another name warned"] = any("another name" in str(w.message) for w in caught)
+    # a route captured inside a context (the name read there and kept) is the open context's SDPA, or torch's
+    with burst.context_parallel(buffers=[], buffer_seq_dims=[]):
+        captured = F.scaled_dot_product_attention
+    results["captured route outside"] = torch.equal(
+        captured(q, k, v, is_causal=True), torch._C._nn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    )
+    with burst.context_parallel(buffers=[], buffer_seq_dims=[], layout="contiguous"):
+        results["captured route in another context"] = torch.equal(
+            captured(q, k, v, is_causal=True), F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        ) and not torch.equal(captured(q, k, v, is_causal=True), named)  # contiguous, not the zigzag context's
     tokens = torch.arange(N_PER_RANK * world)[None]
     labels = tokens  # one tensor under two names, listed twice: cut once
     with burst.context_parallel(buffers=[tokens, labels], buffer_seq_dims=[1, 1]):
@@ -312,3 +322,4 @@ def test_what_cannot_be_honoured_raises_on_every_rank():
         assert errors["sdpa restored"] and errors["buffers restored"] and errors["listed twice, cut once"]
         assert errors["nested"] is not None and "already open" in errors["nested"], errors["nested"]
         assert errors["sdpa by another name"] and errors["another name warned"], rank
+        assert errors["captured route outside"] and errors["captured route in another context"], rank
