@@ -12,7 +12,10 @@ the whole prompt's:
 - the convolution state: the inputs of the prompt's last k tokens (zeros before its first), each taken
   from the rank that holds it, in one all-reduce of (batch, channels, k);
 - the scan state: the split scans hand the state after the prompt's last real token, the same on every
-  rank (mixers/ssm.py, linear_attention.py: the layout's padding left quiet).
+  rank (mixers/ssm.py, linear_attention.py: the layout's padding left quiet); MiniMax's lightning attention
+  keeps its state through get/set_linear_cache.
+ZAYA's CCA and RecurrentGemma's blocks (which keep their states on themselves) take the prompt's last tokens
+through prompt_tail (mixers/convolution.py, rg_lru.py).
 """
 
 from __future__ import annotations
