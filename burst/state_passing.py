@@ -76,8 +76,11 @@ def all_gather_tensors(
     """Every rank's `tensors` (same shapes and dtype on every rank), in one differentiable all-gather:
     (result, anchor), result[r][i] being rank r's tensors[i]. anchor is a zero that depends on the
     gathered tensor: add it to what this rank returns, so that its backward (a collective) runs on
-    every rank even where nothing gathered is used (the first rank's chunks start from zero)."""
+    every rank even where nothing gathered is used (the first rank's chunks start from zero). One rank (a
+    process group of one, or none at all): no collective."""
     world, _ = layout_mod._world_and_rank(group)
+    if world == 1:
+        return [list(tensors)], tensors[0].new_zeros(())
     flat = torch.cat([t.reshape(-1) for t in tensors])
     gathered = _AllGatherWithGrad.apply(flat, group, world, phase).view(world, -1)
     anchor = gathered[:, :0].sum()

@@ -219,11 +219,28 @@ def _generation(family, layout, group, length):
     }
 
 
+def _no_mixer_layers():
+    """(hooked mixers, prepared) of MiniMax with full attention only: (0, True) (it had raised that this
+    transformers release arranges the family differently); None when not shipped."""
+    from transformers import AutoModelForCausalLM
+
+    import burst.integrations.transformers as bt
+    from burst.bench import hf_zoo
+    from burst.bench.hf_zoo_configs import tiny_config
+    from burst.integrations.transformers.layers import mixers
+
+    if "minimax" not in hf_zoo.families():
+        return None
+    config = tiny_config("minimax")
+    config.layer_types = ["full_attention"] * config.num_hidden_layers
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=bt.register("hybrid_none", layout="zigzag"))
+    return bt.shard_mixers(model, None, "zigzag"), mixers.prepared(model.config)
+
+
 def _world_cases(rank, world):
     import warnings
 
     import torch.distributed as dist
-
     import transformers
     from burst.integrations.transformers.layers import mixers
 
@@ -244,6 +261,7 @@ def _world_cases(rank, world):
     # at 4 ranks prompts of 3 (each rank a token or padding, fewer than the convolutions' width) and of 29
     if world == 2:
         cases = [(f, "zigzag", 13, None) for f in families] + [(f, "contiguous", 13, None) for f in GENERATE_FOUR_RANKS]
+        cases += [(f, "contiguous", 2, None) for f in GENERATE_FOUR_RANKS]  # shards of 2 (not of 1: decode-like)
         alone = [dist.new_group([r]) for r in range(world)][rank]
         cases += [(f, "zigzag", 13, alone) for f in GENERATE_FOUR_RANKS]
     else:
@@ -252,6 +270,8 @@ def _world_cases(rank, world):
         (f, layout + (", one rank" if group else ""), n): _generation(f, layout, group, n)
         for f, layout, n, group in cases
     }
+    if world == 2:  # a family burst splits, configured without a layer outside attention: nothing to hook
+        out["no mixer layers"] = _no_mixer_layers()
     if world == 2:
         out["bytes"] = _state_bytes(None)
         out["refusals"] = _refusals(None)
@@ -295,6 +315,21 @@ def test_hybrid_families_generate_on_a_sharded_cache_exactly(world):
     for case, got in generated.items():
         assert got["tokens"] and got["logits"] < 1e-4, (case, got)
         assert got["layers"] > 0 and got["states"] < 1e-4, (case, got)
+
+
+def test_a_family_configured_without_mixers_needs_no_hooks():
+    got = results(2)[0]["no mixer layers"]
+    assert got is None or got == (0, True), got
+
+
+def test_generate_without_a_process_group():
+    """One process that never made a process group (plain `python`): a world of one, no collective."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    for family in ("qwen3_next", "zaya", "recurrent_gemma", "minimax"):
+        got = _generation(family, "zigzag", None, 13)
+        assert got is None or (got["tokens"] and got["logits"] < 1e-4 and got["states"] < 1e-4), (family, got)
 
 
 def test_what_a_hybrid_model_cannot_do_is_refused():

@@ -313,6 +313,10 @@ def _errors(rank, world):
         "embeddings differ": lambda: model.generate(
             inputs_embeds=model.get_input_embeddings()(ids) * (1 + rank), max_new_tokens=2, **bt.sharded_cache(model)
         ),
+        # sampling with a seed of each rank's own: the ranks' first new tokens differ (checked once per call)
+        "seeds differ": lambda: _generate(
+            model, ids, bt.ShardedCache(model), seed=rank, do_sample=True, temperature=5.0
+        ),
     }
     # Gemma 3's wrapper turns its inputs into a mask dict before the decoder: they are read where it takes them
     _, gemma3 = _models(_gemma3_wrapper(), name, reference="eager")
@@ -435,6 +439,7 @@ def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_w
         "beam search": "beam search",
         "prompts differ": "prompt ids differs across ranks",
         "embeddings differ": "prompt sums differs across ranks",
+        "seeds differ": "the same torch.manual_seed on every rank",
         "gemma3 padding": "padding",
         "gemma3 image tokens": "token_type_ids marking tokens that are not text",
     }

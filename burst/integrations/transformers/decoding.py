@@ -123,15 +123,16 @@ def sharded_as(cls: type, own: type) -> type:
     return type(f"{cls.__name__}As{own.__name__}", (cls, own), {"__len__": Cache.__len__})
 
 
-def prompt_facts(tokens: torch.Tensor) -> dict:
-    """What every rank's prompt must agree on (burst.agreement): its shape and dtype, and a digest of its token
-    ids (hashed whole) or, for inputs_embeds (too large to hash on the host), their sum and sum of squares."""
-    facts = {"prompt shape": tuple(tokens.shape), "prompt dtype": str(tokens.dtype)}
+def token_facts(tokens: torch.Tensor, what: str = "prompt") -> dict:
+    """What every rank's `what` (its prompt, a new token) must agree on (burst.agreement): its shape and dtype,
+    and a digest of its token ids (hashed whole) or, for inputs_embeds (too large to hash on the host), their
+    sum and sum of squares."""
+    facts = {f"{what} shape": tuple(tokens.shape), f"{what} dtype": str(tokens.dtype)}
     if tokens.is_floating_point():
         wide = tokens.double()
-        facts["prompt sums"] = (float(wide.sum()), float(wide.square().sum()))
+        facts[f"{what} sums"] = (float(wide.sum()), float(wide.square().sum()))
     else:
-        facts["prompt ids"] = hashlib.blake2b(tokens.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+        facts[f"{what} ids"] = hashlib.blake2b(tokens.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
     return facts
 
 

@@ -197,6 +197,16 @@ class ShardedCache(RecurrentStates, Cache):
             )
         if positions is not None and not bool((positions == self.seen).all()):
             raise ValueError(f"position_ids {positions.flatten().tolist()} in decode: the next position is {self.seen}")
+        if self.seen == self.prompt_length:  # the first new token: ranks that sample apart differ here, once
+            hint = {"new token ids": " (sampling needs the same torch.manual_seed on every rank)"}
+            agree(
+                "generate() on a ShardedCache",
+                decoding.token_facts(tokens, "new token"),
+                None,
+                self.group,
+                self.world,
+                hint,
+            )
         self._step = torch.full((batch,), self.seen, dtype=torch.long, device=tokens.device)
         kwargs["position_ids"] = self._step[:, None]
         self.phase = "decode"
@@ -222,10 +232,11 @@ class ShardedCache(RecurrentStates, Cache):
         """Run `tokens` (batch, length[, dim]), the whole sequence so far, as a prompt: padded at the end
         to the layout's multiple and cut to this rank's shard at its global positions. Every rank must pass the
         same prompt: checked (a digest of it, one small collective), else each rank's shard is of its own."""
-        agree("generate() on a ShardedCache", decoding.prompt_facts(tokens), None, self.group, self.world)
+        agree("generate() on a ShardedCache", decoding.token_facts(tokens), None, self.group, self.world)
         batch, length = tokens.shape[:2]
         multiple = self.world * local_multiple(self.layout)
-        padded = -(-length // multiple) * multiple
+        # at least 2 tokens a rank: a shard of one looks like a decode step to some layers (RecurrentGemma's)
+        padded = -(-max(length, 2 * self.world) // multiple) * multiple
         self._prefill_positions = self.kv.prefill_positions([length] * batch, padded, device=tokens.device)
         for name in (key, *PER_TOKEN_INPUTS):
             value = tokens if name == key else kwargs.get(name)

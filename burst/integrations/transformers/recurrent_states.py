@@ -27,7 +27,7 @@ from transformers.cache_utils import LinearAttentionLayer
 
 class RecurrentStates:
     """Mixed into ShardedCache, which provides `phase` ("prefill", "decode" or None), `prompt_length`,
-    `group` and `_prefill_positions` ((batch, tokens) global positions of this rank's prompt shard)."""
+    `group`, `world` and `_prefill_positions` ((batch, tokens) global positions of this rank's prompt shard)."""
 
     def forget_states(self) -> None:
         self._recurrent: dict[int, LinearAttentionLayer] = {}  # layer -> its states, the same on every rank
@@ -99,5 +99,6 @@ class RecurrentStates:
         mine = (slot >= 0) & (slot < width)
         tail = shard.new_zeros(*shard.shape[:-1], width)
         tail[..., slot[mine]] = shard[..., mine]
-        dist.all_reduce(tail, group=self.group)  # each token held by one rank: a sum of it and zeros
+        if self.world > 1:  # each token held by one rank: a sum of it and zeros
+            dist.all_reduce(tail, group=self.group)
         return tail

@@ -123,6 +123,9 @@ def shard_mixers(model: torch.nn.Module, group=None, layout="contiguous") -> int
     model_type, world = getattr(text, "model_type", None), _world_and_rank(group)[0]
     family = supported(model_type) or supported(getattr(config, "model_type", None))
     if not names and not inline:
+        if family and any(callable(getattr(module, name, None)) for name in _TAKEN_OVER):
+            _prepared.add(config, text)  # its mixer classes are there, none in this model: all its layers attend
+            return 0
         if family and world > 1:  # a supported family whose mixers are not where burst looks would run unhooked
             raise ValueError(
                 f"{type(model).__name__}: neither its modeling module's functions ({sorted(_SHARDED)}) "
