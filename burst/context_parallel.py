@@ -214,10 +214,10 @@ def _warn_unchecked_positions() -> None:
 @functools.lru_cache(maxsize=1)
 def _warn_another_name() -> None:
     warnings.warn(
-        f"{ENTRY}: scaled_dot_product_attention called under another name than "
-        "torch.nn.functional.scaled_dot_product_attention: routed here, but not where torch runs code with the "
-        "context's mode off (an activation checkpoint's recomputation, a reentrant checkpoint's forward), where "
-        "torch's SDPA would attend this rank's tokens only; call it by that name",
+        f"{ENTRY}: scaled_dot_product_attention held where burst does not replace it (a closure, an attribute, "
+        "a functools.partial, torch._C._nn's): routed here, but not inside an activation checkpoint, whose "
+        "recomputation torch runs with the context's mode off (there torch's SDPA would attend this rank's tokens "
+        "only); call it as torch.nn.functional.scaled_dot_product_attention, or by a module-level name",
         stacklevel=3,
     )
 

@@ -81,8 +81,8 @@ def same(a: tuple, b: tuple) -> bool:
 
 def refuse_recurrent_layers(model) -> None:
     """ValueError for a model with layers that mix tokens outside attention whose states a ShardedCache
-    cannot carry (RWKV, MiniMax, xLSTM, RecurrentGemma, ZAYA, families burst does not split): the
-    hybrids of mixers.GENERATE decode (recurrent_states.py)."""
+    cannot carry (RWKV, xLSTM, families burst does not split): the hybrids of mixers.GENERATE decode
+    (recurrent_states.py)."""
     text = text_config(model.config)
     model_type = getattr(text, "model_type", None)
     others = sorted(layer_kinds(text) - ATTENTION_LAYER_KINDS)
