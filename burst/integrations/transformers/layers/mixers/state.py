@@ -174,7 +174,7 @@ def undo_padding_decay(state: torch.Tensor, decay: torch.Tensor, padding: int) -
         raise ValueError(
             f"the {padding} padding tokens of this prompt decay a recurrent layer's state by "
             f"e^-{float(exponent.max()):.0f}, past what float32 keeps of it: give a prompt whose length is "
-            "a multiple of the layout's split (ranks x 2 for zigzag, ranks for contiguous)"
+            "a multiple of the layout's split (ranks x 2 for zigzag, ranks for contiguous), 2 tokens a rank or more"
         )
     return state * torch.exp(exponent)
 
