@@ -116,7 +116,7 @@ def lightning_attention(module, forward, shards: Shards, hidden_states, *args, *
     prompt = one_rank_prompt(running, local_len)
     if prompt is not None:  # a ShardedCache's prompt on one rank: one run from zero, its padding quiet
         out, final = forward(quiet_padding(running, prompt, hidden_states), *args, **kwargs)
-        whole = undo_padding_decay(final.float(), module.slope_rate, local_len - running.length)
+        whole = undo_padding_decay(final.float(), module.slope_rate, running, local_len)
         cache.set_linear_cache(module.layer_idx, whole.to(final.dtype))
         return out, None
     state_dtype = {}  # the layer's own state dtype (its value projection's, under autocast too)
@@ -138,7 +138,7 @@ def lightning_attention(module, forward, shards: Shards, hidden_states, *args, *
 
     outs, whole = from_true_starts(running, local_len, "lightning_state", final_and_transition, run_from)
     if cache is not None:  # the padding's decay undone
-        whole = undo_padding_decay(whole, module.slope_rate, running.world * local_len - running.length)
+        whole = undo_padding_decay(whole, module.slope_rate, running, local_len)
         cache.set_linear_cache(module.layer_idx, whole.to(state_dtype["value"]))
     return torch.cat(outs, dim=1), None
 

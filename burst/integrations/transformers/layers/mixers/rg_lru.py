@@ -54,5 +54,5 @@ def rg_lru(module, forward, shards: Shards, activations, position_ids):
             * torch.sigmoid(module.recurrent_gate_bias.float().reshape(-1))
             * F.softplus(module.recurrent_param.float())
         )
-        module.recurrent_states = undo_padding_decay(whole, -log_a, running.world * local_len - running.length)
+        module.recurrent_states = undo_padding_decay(whole, -log_a, running, local_len)
     return torch.cat(outs, dim=1)

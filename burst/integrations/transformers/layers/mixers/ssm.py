@@ -40,7 +40,7 @@ def mamba2_scan(
         x, dt = quiet_padding(shards, prompt, hidden_states), quiet_padding(shards, prompt, dt, quiet)
         out = original(x, dt, A, B, C, chunk_size, *args, return_final_states=return_final_states, **kwargs)
         if return_final_states and floor > 0:
-            final = undo_padding_decay(out[1].float(), -A[None, :, None, None] * floor, local_len - shards.length)
+            final = undo_padding_decay(out[1].float(), -A[None, :, None, None] * floor, shards, local_len)
             out = (out[0], final.to(out[1].dtype))
         return out
     n = B.shape[-1]
@@ -73,7 +73,7 @@ def mamba2_scan(
     out = [o + torch.einsum("bthj,bhpj->bthp", c.float(), s).to(o.dtype) for o, c, s in zip(outs, coefficients, starts)]
     out = torch.cat(out, dim=1)
     if shards.length is not None and floor > 0:  # each padding token still decayed the state by exp(A floor)
-        whole = undo_padding_decay(whole, -A[None, :, None, None] * floor, shards.world * local_len - shards.length)
+        whole = undo_padding_decay(whole, -A[None, :, None, None] * floor, shards, local_len)
     return (out, whole.to(final.dtype)) if return_final_states else out
 
 

@@ -165,10 +165,12 @@ def refuse_state_arguments(what: str, initial, final, varlen, prompt: int | None
         )
 
 
-def undo_padding_decay(state: torch.Tensor, decay: torch.Tensor, padding: int) -> torch.Tensor:
-    """`state` (float32) with the decay of `padding` quiet tokens undone: each multiplied the state by
-    exp(-decay) (decay >= 0, broadcastable to state). ValueError where that decay is past what float32 keeps
-    of the state (e^-60), before any rank decodes from a state lost to it."""
+def undo_padding_decay(state: torch.Tensor, decay: torch.Tensor, shards: Shards, local_len: int) -> torch.Tensor:
+    """`state` (float32) with the decay of a ShardedCache's prompt padding undone: each of its quiet tokens
+    (the shards' world x local_len past shards.length) multiplied the state by exp(-decay) (decay >= 0,
+    broadcastable to state). ValueError where that decay is past what float32 keeps of the state (e^-60),
+    before any rank decodes from a state lost to it."""
+    padding = shards.world * local_len - shards.length
     exponent = decay.float() * padding
     if padding and float(exponent.max()) > 60:
         raise ValueError(
