@@ -4,8 +4,9 @@ Models are built from configs with random weights (no download). One world per s
 even and an odd size, 3 the more-than-two path), the cases looped inside it: greedy tokens and every
 step's logits for each layout, prompt lengths that are not multiples of the world (and shorter than
 it), a batch of two; seeded top-p sampling; the cache's bytes per rank; a sliding-window Mistral, a
-Qwen2, DeepSeek-V3's latent attention, Gemma 2's softcap, Llama 4's chunks, a dynamic-NTK Llama and
-Phi-3's LongRoPE across its switch; bfloat16; inputs_embeds; what is refused.
+Qwen2, DeepSeek-V3's latent attention, DeepSeek-V3.2's indexer, DeepSeek-V4's compressed attention,
+Gemma 2's softcap, Llama 4's chunks, a dynamic-NTK Llama and Phi-3's LongRoPE across its switch;
+bfloat16; inputs_embeds; what is refused.
 One more test runs examples/transformers_generate.py under torchrun at 1 and 2 ranks.
 """
 
@@ -121,6 +122,17 @@ def _deepseek_v32(topk):
     config = tiny_config("deepseek_v32")
     config.vocab_size, config.pad_token_id = VOCAB, 0
     config.index_topk, config.initializer_range = topk, 0.3
+    return config
+
+
+def _deepseek_v4(topk):
+    """DeepSeek-V4's compressed attention: a CSA layer (entries of 4 tokens, of which the indexer keeps `topk`)
+    and an HCA layer (entries of 8 tokens, burst/bench/hf_zoo_overrides.py) beside a window of 8 and sinks."""
+    from burst.bench.hf_zoo import tiny_config
+
+    config = tiny_config("deepseek_v4")
+    config.vocab_size, config.pad_token_id = VOCAB, 0
+    config.index_topk, config.sliding_window, config.initializer_range = topk, 8, 0.3
     return config
 
 
@@ -249,6 +261,11 @@ def _other_models(rank, world):
     results["dsa"] = _compare(*_models(_deepseek_v32(4), name, reference="eager"), ids, do_sample=False)
     unselected, _ = _models(_deepseek_v32(4096), name, reference="eager")  # every key chosen
     results["dsa effect"] = _rel(_generate(unselected, ids, do_sample=False)[1], results["dsa"]["logits"])
+    # a padded prompt of two rows, whose indexer scores tie at exact zeros: topk breaks them as one process only on
+    # rows of the same length (before: 1.3 off)
+    results["dsa padded"] = _compare(
+        *_models(_deepseek_v32(4), name, reference="eager"), _prompt(2, 5, 16), do_sample=False
+    )
     results["blocks per kv head"] = _compare(*_models(_minimax_m3(2), name, reference="eager"), ids, do_sample=False)
     every_block, _ = _models(_minimax_m3(64), name, reference="eager")
     results["blocks effect"] = _rel(
@@ -269,6 +286,14 @@ def _other_models(rank, world):
         *_models(_llama(rope_scaling={"rope_type": "dynamic", "factor": 4.0}, max_position_embeddings=8), name),
         _prompt(1, 2 * world + 5, seed=13),
         do_sample=False,
+    )
+    # DeepSeek-V4 (zigzag: its compressors need runs of positions): 33 tokens padded to 36, windows ending in the prompt
+    # and in decoding, the CSA indexer keeping 2 of up to 9 entries
+    v4_ids = _prompt(2, 30, seed=16)
+    results["compressed"] = _compare(*_models(_deepseek_v4(3), name, reference="eager"), v4_ids, do_sample=False)
+    every_entry, _ = _models(_deepseek_v4(4096), name, reference="eager")
+    results["compressed effect"] = _rel(
+        _generate(every_entry, v4_ids, do_sample=False)[1], results["compressed"]["logits"]
     )
     switch = 2 * world + 6  # crossed on the third new token
     reference, model = _models(_phi3_longrope(switch), name)
@@ -405,6 +430,8 @@ def test_sliding_window_qwen2_and_bfloat16(world):
         "softcap",
         "gemma3 wrapper",
         "dsa",
+        "dsa padded",
+        "compressed",
         "blocks per kv head",
         "dynamic mask",
         "chunks",
@@ -427,6 +454,7 @@ def test_sliding_window_qwen2_and_bfloat16(world):
     assert per_rank[0]["softcap effect"] > 1e-3  # and the cap
     assert per_rank[0]["chunk effect"] > 1e-3  # and the chunks
     assert per_rank[0]["dsa effect"] > 1e-3  # and the indexer's choice of keys
+    assert per_rank[0]["compressed effect"] > 1e-3  # and V4's of entries
     assert per_rank[0]["blocks effect"] > 1e-3  # and of blocks, per KV head
     assert per_rank[0]["dynamic mask effect"] > 1e-3  # and the keys kept by their bias
 

@@ -37,7 +37,7 @@ from .backend.checks import check_model
 from .backend.features import prepare_features
 from .backend.registry import backend_of, set_running_cache
 from .keywords import CACHE_KEYWORDS, generate_cache_keyword
-from .layers import dynamic_mask, rope
+from .layers import compressed, dynamic_mask, rope
 from .layers.configs import decoder_of
 from .recurrent_states import RecurrentStates
 
@@ -291,7 +291,8 @@ class ShardedCache(RecurrentStates, Cache):
 
         module: the attention layer; query: (batch, heads, 1, head_dim), the same on every rank; key,
         value: (batch, kv_heads, 1, head_dim), the new token's K, V as the layer hands them to attention;
-        call: the layer's call (backend/features.LayerCall: scaling, sliding_window, chunk_size, softcap);
+        call: the layer's call (backend/features.LayerCall: scaling, sliding_window, chunk_size, softcap, and
+        DeepSeek-V4's compressed entries held apart);
         sinks: (heads,) or None; chosen: bool (batch, [kv_heads,] positions), what the layer's indexer chose
         (decoding.chosen_positions), or None. The entries read are those of this step's
         latest update whose new K, V become what the layer hands (decoding.attend_rule): the layer's own, just
@@ -305,6 +306,8 @@ class ShardedCache(RecurrentStates, Cache):
             start = self._step - self._step % call.chunk_size
             since = start if since is None else torch.maximum(since, start)
         k, v, valid = self._entries(module, key, value, since, chosen)
+        if "decoded entries" in call.held:  # DeepSeek-V4's compressed entries, whole on every rank: a share each
+            k, v, valid = compressed.with_share_of_entries(call.held["decoded entries"], k, v, valid, self.group)
         q, k, v = autocast_inputs(query.transpose(1, 2), k, v)  # as SDPA under autocast: RoPE's q, k in float32
         scale = q.shape[-1] ** -0.5 if call.scaling is None else call.scaling
         if dynamic_mask.is_dynamic_mask_attention(module):  # Doge: a bias per cached key, one more key channel

@@ -15,7 +15,8 @@ the whole prompt's:
   rank (mixers/ssm.py, linear_attention.py: the layout's padding left quiet); MiniMax's lightning attention
   keeps its state through get/set_linear_cache.
 ZAYA's CCA and RecurrentGemma's blocks (which keep their states on themselves) take the prompt's last tokens
-through prompt_tail (mixers/convolution.py, rg_lru.py).
+through prompt_tail (mixers/convolution.py, rg_lru.py), as DeepSeek-V4's compressors take the window not yet
+ended (layers/compressed.py: its entries, too, are kept whole on every rank).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class RecurrentStates:
     def forget_states(self) -> None:
         self._recurrent: dict[int, LinearAttentionLayer] = {}  # layer -> its states, the same on every rank
         self._linear: dict[int, torch.Tensor] = {}  # MiniMax's lightning attention: layer -> its K^T V state
+        self.compressed_states: dict[int, object] = {}  # DeepSeek-V4: layer -> its compressor's cache layer
 
     def _recurrent_layer(self, layer_idx: int) -> LinearAttentionLayer:
         return self._recurrent.setdefault(layer_idx, LinearAttentionLayer())

@@ -142,7 +142,7 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if call.decoding:
         block_size = getattr(getattr(module, "indexer", None), "block_size", None)
         chosen = chosen_positions(kwargs, block_size, cache.seen + 1)
-        return cache.attend(module, query, key, value, call, sinks, chosen), None
+        return cache.attend(module, query, call.key, call.value, call, sinks, chosen), None
     if cache is None:  # a ShardedCache's prefill runs below
         _refuse_generate_without_cache(name)
     features.run("take", call)

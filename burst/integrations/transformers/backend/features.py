@@ -86,7 +86,8 @@ class Feature:
 
     detect(attention module) -> bool: whether a layer has it (the hooks below run only there);
     prepare(model, group, layout): what the doors do to the model first (the layers it takes over);
-    check(call): before a decode step too, the settings it reads and ValueError for what burst refuses;
+    check(call): before a decode step too, the settings it reads and ValueError for what burst refuses (in a
+    decode step, also what the layer handed that the ShardedCache reads apart);
     take(call): outside decoding, what the layer handed the attention function (ValueError where it is
     not what burst knows); hand(call): what it hands burst, once q, k, v share a dtype and the scale
     is known. Each hook may be None."""
@@ -142,6 +143,29 @@ def _take_entries(call: LayerCall) -> None:
     )
     call.held["compressed entries"] = entries
     call.key, call.value = call.key[:, :, :local], call.value[:, :, :local]
+
+
+def _take_decoded_entries(call: LayerCall) -> None:
+    """A ShardedCache decode step: the entries the compressor made (layers/compressed.py) leave the keys, held
+    with the indexer's choice, (batch, entries) bool, for ShardedCache.attend, which gives each rank its share
+    of them beside its cached keys."""
+    if not call.decoding:
+        return
+    found = compressed.pending(call.module)
+    if found is None:
+        return
+    _, count, chosen = found
+    if call.key.shape[2] != 1 + count:
+        raise ValueError(
+            f"attn_implementation={call.name!r}: {call.model} handed {call.key.shape[2]} keys in a decode step "
+            f"with {count} compressed entries; this transformers release arranges DeepSeek-V4's attention "
+            "differently from what burst knows"
+        )
+    k, v = call.key[:, :, 1:].transpose(1, 2), call.value[:, :, 1:].transpose(1, 2)  # (batch, entries, kv_heads, d)
+    if chosen is None:  # HCA: every entry made so far has ended
+        chosen = torch.ones(k.shape[:2], dtype=torch.bool, device=k.device)
+    call.held["decoded entries"] = (k, v, chosen)
+    call.key, call.value = call.key[:, :, :1], call.value[:, :, :1]
 
 
 def _hand_entries(call: LayerCall) -> None:
@@ -309,6 +333,7 @@ FEATURES: tuple[Feature, ...] = (
         "compressed entries",
         detect=left_entries,
         prepare=compress_whole_sequence,
+        check=_take_decoded_entries,
         take=_take_entries,
         hand=_hand_entries,
     ),

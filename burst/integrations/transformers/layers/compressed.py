@@ -27,8 +27,14 @@ a model) takes over the forward of each compressor:
   travelling with the ring.
 
 Ties in the indexer's top-k break as on one device wherever a row's scores are equal bit for bit;
-see indexer.py for the exact zeros a ReLU can leave. A forward may carry a cache (its first forward
-runs); decoding on it is refused.
+see indexer.py for the exact zeros a ReLU can leave.
+
+Decoding runs on burst's ShardedCache (generate.py): the prompt's run fills, for each layer, a cache layer of
+the family's own class as one process's would be after the prompt (entries, the tokens of the window not yet
+ended, CSA's last ended window), whole on every rank (a few entries and at most 2 x rate - 1 tokens, gathered
+once); each decoded token then runs the compressor's and indexer's own forward on it, the same on every rank,
+and each rank attends its share of the entries beside its shard of the sliding window's keys. On any other
+cache the first forward runs and decoding is refused.
 """
 
 from __future__ import annotations
@@ -100,24 +106,34 @@ def _whole_sequence_compressor(
 ):
     """(entries (batch, 1, n, head_dim) of the whole sequence, None): the layer concatenates them to its
     keys; their rate and the CSA indexer's choice wait on the attention module for its attention
-    function (PENDING)."""
-    refuse_decoding(
-        f"{type(module).__name__}: decoding on a cache with DeepSeek-V4's compressed attention under burst",
-        cache if cache is not None else past_key_values,
-        layer_idx,
-    )
+    function (PENDING). On burst's ShardedCache the prompt's run also keeps what decoding needs, and a
+    decode step runs the compressor's own forward on it (_decode_step)."""
+    cache = cache if cache is not None else past_key_values
+    kept = getattr(cache, "compressed_states", None)  # a ShardedCache (generate.py)
+    if kept is None:
+        refuse_decoding(
+            f"{type(module).__name__}: decoding on a cache with DeepSeek-V4's compressed attention under burst",
+            cache,
+            layer_idx,
+        )
+    elif cache.phase == "decode":
+        return _decode_step(module, attention(), kept[layer_idx], hidden_states, q_residual, position_ids, layer_idx)
     _check_runs_on_burst(module, attention())
     one_sequence_per_row(
         f"{type(module).__name__}: DeepSeek-V4's compressed attention", position_ids, group, layout, hidden_states
     )  # entries over a packed row would span its documents
     overlap = kind(module) == "csa"
-    entries = whole_sequence_entries(
-        module, module.kv_proj(hidden_states), module.gate_proj(hidden_states), group, layout, overlap
-    )
+    kv, gate = module.kv_proj(hidden_states), module.gate_proj(hidden_states)
+    entries = whole_sequence_entries(module, kv, gate, group, layout, overlap)
+    layer = None
+    if kept is not None:  # the prompt of a generation: the state of one process's cache after it
+        entries = _of_the_prompt(entries, cache, module)
+        layer = kept[layer_idx] = _cache_layer(module, attention())
+        _keep_prompt_state(cache, layer, "compressor", module, kv, gate, entries, overlap)
     chosen = None
     if overlap:
         indexer = module.indexer
-        stand_in = _IndexerEntries(indexer, group, layout, layer_idx)
+        stand_in = _IndexerEntries(indexer, group, layout, layer_idx, cache, layer)
         chosen = indexer(
             hidden_states,
             q_residual,
@@ -149,19 +165,107 @@ class _IndexerEntries:
     projections, it makes the whole sequence's indexer entries from them and returns them as the
     cache's entries, so the indexer's own code scores and picks over every entry."""
 
-    def __init__(self, indexer, group, layout, layer_idx):
+    def __init__(self, indexer, group, layout, layer_idx, cache=None, kept=None):
         self.indexer, self.group, self.layout = indexer, group, layout
         self.layers = {layer_idx: self}
         self.entries = None
+        self.cache, self.kept = cache, kept  # a ShardedCache's prompt: its cache layer, kept for decoding
 
     def store_compression_weights(self, name, kv, gate):
         self.entries = whole_sequence_entries(
             self.indexer, kv, gate, self.group, self.layout, overlap=True, phase="indexer"
         )
+        if self.kept is not None:
+            self.entries = _of_the_prompt(self.entries, self.cache, self.indexer)
+            _keep_prompt_state(self.cache, self.kept, "indexer", self.indexer, kv, gate, self.entries, overlap=True)
         return kv[:, :0], gate[:, :0], 0  # nothing left for the indexer to compress itself
 
     def update_compressor_states(self, name, compressed):
         return self.entries
+
+
+# ---- decoding on burst's ShardedCache ---------------------------------------------------------------------
+
+
+def _cache_layer(compressor, attention):
+    """A fresh cache layer of the family's own (DeepseekV4CSACache or HCACache) for this layer's compressor:
+    it holds, whole on every rank, the entries, the tokens of the window not yet ended and (CSA) the last
+    ended window's first half, for the compressor and the CSA indexer alike."""
+    family = sys.modules[type(compressor).__module__]
+    name = "DeepseekV4CSACache" if kind(compressor) == "csa" else "DeepseekV4HCACache"
+    cls = getattr(family, name, None)
+    if cls is None:
+        raise ValueError(
+            f"{type(compressor).__name__}: decoding on a ShardedCache needs transformers' {name}, which this "
+            "release does not have"
+        )
+    return cls(attention.config)
+
+
+def _of_the_prompt(entries, cache, module):
+    """The entries whose windows end inside the prompt, without the layout's padding: as many as one process
+    makes, so that the indexer's top-k breaks its exact ties (scores a ReLU leaves at zero) as there."""
+    return entries[:, : cache.prompt_length // module.compress_rate]
+
+
+def _keep_prompt_state(cache, layer, name: str, module, kv, gate, entries, overlap: bool) -> None:
+    """Fill `layer`'s state `name` ("compressor" or "indexer") as one process's cache holds it after the
+    prompt, through the layer's own methods: the entries of the windows that end inside the prompt, the
+    projections of the tokens after them (its buffer), and for overlapping windows the last ended window's
+    (the next entry reads its first half).
+
+    kv, gate: (batch, local, C) this rank's projections of its prompt shard (padding past the prompt);
+    entries: (batch, n, head_dim) those of the windows that end inside the prompt, on every rank."""
+    rate, length = module.compress_rate, cache.prompt_length
+    ended = length // rate
+    layer.update_compressor_states(name, entries)
+    start = (ended - 1) * rate if overlap and ended else ended * rate
+    channels = kv.shape[-1]
+    tail = torch.cat([kv, gate.to(kv.dtype)], dim=-1)  # (batch, local, 2C)
+    if length > start:  # the same on every rank: each takes part in the tail's all-reduce or none does
+        tail = cache.prompt_tail(tail.transpose(1, 2), length - start).transpose(1, 2)  # (batch, length - start, 2C)
+    else:
+        tail = tail[:, :0]
+    if overlap and ended:
+        window = tail[:, None, :rate]
+        gates = window[..., channels:].to(gate.dtype) + module.position_bias  # as the compressor adds it
+        layer.update_overlap_state(name, window[..., :channels], gates, module.head_dim)
+        tail = tail[:, rate:]
+    layer.store_compression_weights(name, tail[..., :channels], tail[..., channels:].to(gate.dtype))
+
+
+def _decode_step(module, attention, layer, hidden_states, q_residual, position_ids, layer_idx):
+    """A decoded token through the compressor's own forward (and its indexer's), on the cache layer the
+    prompt filled: every rank makes the same entries and the same choice, and hands them, as in the
+    prompt, to the attention function (PENDING), which gives each rank its share of the entries."""
+    cache = _OneLayer(layer_idx, layer)
+    entries, bias = type(module).forward(module, hidden_states, q_residual, position_ids, cache, layer_idx)
+    chosen = None if bias is None else bias[:, 0, 0] == 0  # (batch, entries): the indexer's top-k, ended
+    setattr(attention, PENDING, (module.compress_rate, entries.shape[2], chosen))
+    return entries, bias
+
+
+def with_share_of_entries(entries: tuple, k, v, valid, group) -> tuple:
+    """(k, v, valid) this rank attends in a decode step: its cached keys and its share of the entries.
+
+    entries: (k, v, chosen) of the compressed entries, (batch, n, kv_heads, d) and (batch, n) bool, the same
+    on every rank; k, v, valid: this rank's cached entries (ShardedKVCache.keys_values). Rank r attends
+    entries [n r / G, n (r + 1) / G): each entry once in the merge, and the work split evenly."""
+    world, rank = layout_mod._world_and_rank(group)
+    ek, ev, chosen = entries
+    n = ek.shape[1]
+    share = slice(n * rank // world, n * (rank + 1) // world)
+    ek, ev, chosen = ek[:, share].to(k.dtype), ev[:, share].to(v.dtype), chosen[:, share]
+    if valid.dim() == 3:  # a choice per KV head on the cached keys: the entries' holds for every head
+        chosen = chosen[..., None].expand(-1, -1, valid.shape[2])
+    return torch.cat([k, ek], dim=1), torch.cat([v, ev], dim=1), torch.cat([valid, chosen], dim=1)
+
+
+class _OneLayer:
+    """Stands in for a cache in a decode step's compressor and indexer: `layers[layer_idx]` is the layer."""
+
+    def __init__(self, layer_idx: int, layer):
+        self.layers = {layer_idx: layer}
 
 
 def whole_sequence_entries(

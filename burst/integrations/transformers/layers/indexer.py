@@ -88,10 +88,13 @@ class _GatheredKeys:
     """The indexer's cache hook, standing in for a cache: this rank's keys in, every rank's out.
 
     kept: a ShardedCache's indexer_keys, where a prompt's keys (the first `length`, not the padding) stay
-    for its decoding, or None."""
+    for its decoding, or None. trim: the keys handed back are those too (DeepSeek's indexer): it then scores rows
+    as long as one process's, whose torch.topk breaks exact ties (scores a ReLU leaves at zero) in an order the
+    length changes. (MiniMax-M3's block indexer reckons its blocks from the padded length: not trimmed.)"""
 
-    def __init__(self, group, layout: str, kept: dict | None = None, length: int = 0):
+    def __init__(self, group, layout: str, kept: dict | None = None, length: int = 0, trim: bool = False):
         self.group, self.layout, self.kept, self.length = group, layout, kept, length
+        self.trim = trim and kept is not None
 
     def update_indexer(self, keys: torch.Tensor, layer_idx: int) -> torch.Tensor:
         """keys: (batch, seq_local, index_head_dim) -> (batch, seq, index_head_dim) in global order.
@@ -104,7 +107,11 @@ class _GatheredKeys:
             record_to_peers("indexer", tensor_bytes(keys), self.group, posted=posted)
         if self.kept is not None:
             self.kept[layer_idx] = whole[:, : self.length]
-        return whole
+        return self.kept[layer_idx] if self.trim else whole
+
+    def count(self, padded: int) -> int:
+        """The keys update_indexer returns of a sequence of `padded` tokens."""
+        return self.length if self.trim else padded
 
 
 class _KeptKeys:
@@ -133,18 +140,19 @@ def refuse_decoding(what: str, cache, layer_idx) -> None:
     seen.add(layer_idx)
 
 
-def indexer_keys(cache, group, layout: str, what: str, layer_idx: int) -> tuple[object, bool]:
+def indexer_keys(cache, group, layout: str, what: str, layer_idx: int, trim: bool = False) -> tuple[object, bool]:
     """(the stand-in cache an indexer reads its keys through, whether this forward is a decode step on burst's
     ShardedCache): there _KeptKeys (the new token's key joins the prompt's, kept whole); else _GatheredKeys,
     which keeps the prompt's keys for decoding when the cache is a ShardedCache, and on any other cache
-    refuses decoding (refuse_decoding, naming `what`). Both indexers (this one and block_indexer.py) take it."""
+    refuses decoding (refuse_decoding, naming `what`). Both indexers (this one and block_indexer.py) take it.
+    trim: a ShardedCache's prompt hands the indexer the prompt's keys only, not the padding (_GatheredKeys)."""
     sharded = getattr(cache, "indexer_keys", None) is not None  # a ShardedCache (generate.py)
     if sharded and cache.phase == "decode":
         return _KeptKeys(cache.indexer_keys), True
     if not sharded:
         refuse_decoding(what, cache, layer_idx)
         return _GatheredKeys(group, layout), False
-    return _GatheredKeys(group, layout, cache.indexer_keys, cache.prompt_length), False
+    return _GatheredKeys(group, layout, cache.indexer_keys, cache.prompt_length, trim), False
 
 
 def one_sequence_per_row(what: str, position_ids, group, layout, hidden_states) -> torch.Tensor:
@@ -181,14 +189,15 @@ def _whole_sequence_indexer(
     token scores them all."""
     cache = cache if cache is not None else past_key_values
     what = f"{type(module).__name__}: decoding on a cache with DeepSeek sparse attention under burst"
-    keys, decoding = indexer_keys(cache, group, layout, what, module.layer_idx)
+    keys, decoding = indexer_keys(cache, group, layout, what, module.layer_idx, trim=True)
     if decoding:  # the new token scores every key so far
         allowed = torch.ones(*hidden_states.shape[:2], cache.seen + 1, dtype=torch.bool, device=hidden_states.device)
     else:
         rows = one_sequence_per_row(
             f"{type(module).__name__}: DeepSeek sparse attention", position_ids, group, layout, hidden_states
         )
-        every = torch.arange(rows.numel() * layout_mod._world_and_rank(group)[0], device=hidden_states.device)
+        padded = rows.numel() * layout_mod._world_and_rank(group)[0]
+        every = torch.arange(keys.count(padded), device=hidden_states.device)
         allowed = (every[None, :] <= rows[:, None]).expand(hidden_states.shape[0], -1, -1)  # (batch, seq_local, seq)
     return forward(
         module, hidden_states, q_resid, position_embeddings, allowed, position_ids, **{cache_keyword(forward): keys}
