@@ -151,3 +151,30 @@ def test_dropping_the_selection_or_the_window_is_caught():
 def test_minimax_unprepared_across_ranks_is_refused_on_every_rank():
     for by_case in _results(2):
         assert "must score every key" in (by_case["refused: minimax unprepared"] or ""), by_case
+
+
+def test_a_generate_prompt_scores_its_own_keys_not_the_padding():
+    """In a ShardedCache's prompt (padded at the end to the layout's multiple), Doge's kept keys are chosen among
+    the prompt's keys as one process's rows are: rows of the same length, so torch.topk breaks exact ties (biases
+    of repeated tokens) as there; the padding is never chosen, and the choice matches topk on the unpadded rows."""
+    from types import SimpleNamespace
+
+    import torch
+    from burst.integrations.transformers.backend.registry import set_running_cache
+    from burst.integrations.transformers.layers import dynamic_mask
+
+    length, padded, keep = 5, 6, 4
+    bias = torch.tensor([[[1.0, 2.0, 2.0, 2.0, 1.0, 9.0]]])  # (batch, kv_heads, padded): ties, and a large padding
+    set_running_cache(SimpleNamespace(phase="prefill", prompt_length=length))
+    try:
+        kept = dynamic_mask.kept_keys(bias, keep, None)  # one process, contiguous
+    finally:
+        set_running_cache(None)
+    rows = torch.arange(padded)
+    allowed = torch.arange(length)[None, :] <= rows[:, None]
+    scores = bias[..., :length][:, :, None, :].masked_fill(~allowed, float("-inf"))
+    top = torch.topk(scores, keep, dim=-1, largest=True, sorted=False)
+    expected = top.indices.masked_fill(top.values == float("-inf"), -1).transpose(1, 2).to(torch.int32)
+    assert kept.shape == (1, padded, 1, keep) and int(kept.max()) < length
+    assert torch.equal(kept[:, :length], expected[:, :length])
+    assert dynamic_mask.kept_keys(bias, keep, None)[0, padded - 1, 0].max() == length  # outside a prompt: padded

@@ -26,6 +26,12 @@ entries per row and KV head.
 Decoding on burst's ShardedCache (`decoded_bias`): each rank reckons its cached keys' biases from their
 values, as the layer's forward does for its whole cache each step, folds them into the keys the same
 way, and past keep_window_size keys each KV head keeps the largest among every rank's.
+
+Ties: keys of equal bias (a repeated token's, at the first layer) that straddle the keep_window_size-th place are
+kept by torch.topk in an order it does not specify, which the row's length changes (so a prompt's rows are scored
+at the prompt's length, not the layout's padding: _prompt_length) and a decode step's two-step choice across
+ranks may not reproduce: then an equally-biased other key is kept, as transformers' cached decoding and its
+uncached forward differ there too.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from burst import layout as layout_mod
 from burst.comm.membership import group_size
 from burst.inference.cache import attended
 
+from ..backend.registry import running_cache
 from ..keywords import window_from_config
 
 _BIAS = "_burst_dynamic_bias"
@@ -83,7 +90,8 @@ def kept_keys(bias: torch.Tensor, keep: int, window: int | None, group=None, lay
     rank of `group` calls it alike (one all-gather of the bias)."""
     world, rank = layout_mod._world_and_rank(group)
     local = bias.shape[-1]
-    length = local * world
+    padded = local * world
+    length = _prompt_length(padded)
     if length <= keep:
         return None
     if layout not in layout_mod.LAYOUTS:
@@ -94,8 +102,9 @@ def kept_keys(bias: torch.Tensor, keep: int, window: int | None, group=None, lay
     whole = bias.detach()
     if world > 1:
         whole = layout_mod.unshard(whole.contiguous(), group=group, layout=layout, dim=2)
-    rows = layout_mod.shard_indices(layout, rank, world, length, device=bias.device)
+    rows = layout_mod.shard_indices(layout, rank, world, padded, device=bias.device)
     keys = torch.arange(length, device=bias.device)
+    whole = whole[..., :length]
     allowed = keys[None, :] <= rows[:, None]
     if window is not None:
         allowed &= keys[None, :] > rows[:, None] - window
@@ -103,6 +112,14 @@ def kept_keys(bias: torch.Tensor, keep: int, window: int | None, group=None, lay
     top = torch.topk(scores, keep, dim=-1, largest=True, sorted=False)
     chosen = top.indices.masked_fill(top.values == float("-inf"), -1)
     return chosen.transpose(1, 2).to(torch.int32).contiguous()
+
+
+def _prompt_length(padded: int) -> int:
+    """The keys one process scores: in a ShardedCache's prompt (generate.py) its real length, not the layout's
+    padding, so that torch.topk breaks exact ties (biases that saturate alike) as one process's rows do; else
+    the whole sequence."""
+    cache = running_cache()
+    return cache.prompt_length if cache is not None and cache.phase == "prefill" else padded
 
 
 def handed_over(layer) -> tuple[torch.Tensor | None, Callable | None]:
