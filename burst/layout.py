@@ -219,21 +219,24 @@ def _world_and_rank(group):
     return group_size(group), group_rank(group)
 
 
-def _agree_on_layout(entry: str, x, group, layout: str, dim: int, facts) -> tuple[int, int, int]:
-    """Check locally, then that every rank of `group` agrees; returns (world, rank, dim >= 0)."""
+def _agree_on_layout(entry: str, x, group, dim: int, resolve, facts) -> tuple[int, int, int, object]:
+    """Check locally, then that every rank of `group` agrees; returns (world, rank, dim >= 0, layout).
+    resolve(world, length along dim) -> the layout (resolve_layout): inside the checks, so a rank whose
+    documents are wrong raises on every rank, not alone before the collective."""
     world, rank = _world_and_rank(group)
-    problem = None
+    problem, layout = None, None
     try:
-        check_layout(layout)
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{entry} needs a torch.Tensor, got {type(x).__name__}")
         if not -x.dim() <= dim < x.dim():
             raise ValueError(f"dim={dim} is out of range for a {x.dim()}-D tensor")
         dim = dim % x.dim()
+        layout = resolve(world, x.shape[dim])
+        check_layout(layout)
     except (TypeError, ValueError) as err:
         problem = err
-    agree(entry, facts(dim) if problem is None else None, problem, group, world)
-    return world, rank, dim
+    agree(entry, facts(dim, layout) if problem is None else None, problem, group, world)
+    return world, rank, dim, layout
 
 
 def shard(x: torch.Tensor, group=None, layout="contiguous", dim: int = 1, cu_seqlens=None) -> torch.Tensor:
@@ -249,14 +252,13 @@ def shard(x: torch.Tensor, group=None, layout="contiguous", dim: int = 1, cu_seq
     would run each shard alone; models go through
     `burst.integrations.transformers.shard_batch(batch, ..., model=model)`, which checks the model.
     """
-    layout = resolve_layout(layout, cu_seqlens)
-    world, rank, dim = _agree_on_layout(
+    world, rank, dim, layout = _agree_on_layout(
         "burst.shard",
         x,
         group,
-        layout,
         dim,
-        lambda d: {"layout": layout, "dim": d, "length": x.shape[d], "ndim": x.dim()},
+        lambda world, length: resolve_layout(layout, cu_seqlens),
+        lambda d, resolved: {"layout": resolved, "dim": d, "length": x.shape[d], "ndim": x.dim()},
     )
     idx = shard_indices(layout, rank, world, x.shape[dim], device=x.device)
     return x.index_select(dim, idx)
@@ -288,15 +290,13 @@ def unshard(x_local: torch.Tensor, group=None, layout="contiguous", dim: int = 1
     each rank the gradient of its own rows, as one process computing the same loss from the full
     tensor would (every rank must compute that same loss; nothing is summed over ranks).
     """
-    if isinstance(x_local, torch.Tensor) and -x_local.dim() <= dim < x_local.dim():
-        layout = resolve_layout(layout, cu_seqlens, _world_and_rank(group)[0], x_local.shape[dim])
-    world, rank, dim = _agree_on_layout(
+    world, rank, dim, layout = _agree_on_layout(
         "burst.unshard",
         x_local,
         group,
-        layout,
         dim,
-        lambda d: {"layout": layout, "dim": d, "shape": tuple(x_local.shape), "dtype": str(x_local.dtype)},
+        lambda world, length: resolve_layout(layout, cu_seqlens, world, length),
+        lambda d, resolved: {"layout": resolved, "dim": d, "shape": tuple(x_local.shape), "dtype": str(x_local.dtype)},
     )
     if world == 1:
         return x_local

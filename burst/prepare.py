@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from .agreement import agree
 from .call import AttentionCall, AttentionRequest
-from .comm.membership import group_rank, group_size
+from .comm.membership import check_member, group_rank, group_size
 from .comm.p2p import open_host_channels
 from .plan.auto import auto_choice
 from .sinks import check_sinks
@@ -29,6 +29,7 @@ def prepare_attention(q, keys, request: AttentionRequest, sinks=None):
     Same errors as burst.attention (which is `strategy(call, q, keys.ready(q))` on the result).
     """
     group = request.group
+    check_member(group)
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"group must be a torch.distributed ProcessGroup or None (the default group), got {group!r}")
     world = group_size(group)

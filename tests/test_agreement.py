@@ -67,6 +67,12 @@ def _run_mismatches(rank, world):
     results["unshard shape"] = _error_of(lambda: burst.unshard(local[:, : N - 2] if rank == 0 else local))
     results["unshard still works"] = torch.equal(burst.unshard(local), full[0])
     results["first mode"] = _first_mode(rank, world, full, ref)
+    pair = dist.new_group([0, 1])  # every rank makes it; the ranks past 1 are not in it
+    if rank >= 2:  # and say so, not that the group has a size of -1
+        results["not a member"] = [
+            _error_of(lambda: burst.attention(local, local, local, group=pair)),
+            _error_of(lambda: burst.shard(full[0], group=pair)),
+        ]
     if world == 2:  # a timeout to sit out: once (the test reads the world of 2)
         results["only rank 0 calls"] = _only_rank_zero_calls(rank, full)
     return results
@@ -138,6 +144,11 @@ _results = results_by_world(_run_mismatches, timeout=240)
 
 def _exact(errs) -> bool:
     return not errs["nan"] and max(errs[n] for n in ("out", "dq", "dk", "dv")) < TOL[torch.float32]
+
+
+def test_a_rank_outside_the_group_is_told_so():
+    for kind, message in _results(3)[2]["not a member"]:
+        assert kind == "ValueError" and "is not a member of the group" in message, (kind, message)
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -115,6 +115,18 @@ def _bad_inputs(rank, world):
             results[name] = None
         except Exception as err:  # noqa: BLE001 - the test inspects it
             results[name] = (type(err).__name__, str(err))
+    # shard and unshard check the documents with the rest, inside their agreement: every rank raises at once
+    documents = [0, 8.0, N * world] if last else [0, 8, N * world]
+    for name, call in {
+        "shard_documents": lambda: burst.shard(torch.zeros(1, N * world), layout="doc_zigzag", cu_seqlens=documents),
+        "unshard_documents": lambda: burst.unshard(torch.zeros(1, N), layout="doc_zigzag", cu_seqlens=documents),
+        "shard_no_documents": lambda: burst.shard(torch.zeros(1, N * world), layout="doc_zigzag" if last else "zigzag"),
+    }.items():
+        try:
+            call()
+            results[name] = None
+        except Exception as err:  # noqa: BLE001 - the test inspects it
+            results[name] = (type(err).__name__, str(err))
     # numpy's scalars are the Python numbers they stand for: the same output bit for bit
     inputs = good()
     as_numpy = dict(softmax_scale=np.float32(0.5), window=(np.int64(3), np.int64(0)), softcap=np.float64(2.0))
@@ -134,6 +146,9 @@ def _bad_inputs(rank, world):
 
 EXPECTED = {  # case: (error type on the rank with bad input, words the message must contain)
     "k_dtype": ("TypeError", "dtype"),
+    "shard_documents": ("ValueError", "sequence of ints"),
+    "unshard_documents": ("ValueError", "sequence of ints"),
+    "shard_no_documents": ("ValueError", "pass the documents' cu_seqlens"),
     "q_not_tensor": ("TypeError", "q must be a torch.Tensor"),
     "q_3d": ("ValueError", "4-D"),
     "kv_shape": ("ValueError", "shape"),

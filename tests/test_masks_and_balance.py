@@ -66,6 +66,10 @@ def _correctness(rank, world, layouts, strategies, dtypes, kv_heads_list):
     ref = reference_grads(*full, causal=True)
     errs = sharded_errors(full, ref, torch.float32, strategy="distflash", causal=True)
     results.append((("causal", "contiguous", "distflash", 2, "torch.float32"), errs))
+    # "auto" on a window of each token's own key, contiguous: its planner divided by the ring's zero hops
+    ref = reference_grads(*full, causal=False, mask=reference_mask(seqlen, causal=True, window=(0, 0)))
+    errs = sharded_errors(full, ref, torch.float32, strategy="auto", causal=True, window=(0, 0))
+    results.append((("own key only", "contiguous", "auto", 2, "torch.float32"), errs))
     return results
 
 
@@ -225,3 +229,14 @@ def test_window_stops_the_ring_after_one_step(world):
         # The window sees the last n / 2 rows of the rank before: half of K, V, and none of the last
         # rank's (rank 0's queries precede them).
         assert balance[("burst", "window served")] == (kv_bytes if rank < world - 1 else 0), rank
+
+
+def test_a_block_sparse_mask_keeps_its_own_layout():
+    """Plans are cached by the mask's digest: the mask copies its layout, so editing the caller's tensor
+    afterwards cannot leave a stale plan serving a layout that no longer holds (it did: 0.39 off)."""
+    layout = torch.eye(4, dtype=torch.bool)
+    mask = burst.BlockSparseMask(4, layout)
+    digest = mask.fingerprint
+    layout[:, 0] = True
+    assert torch.equal(mask.layout, torch.eye(4, dtype=torch.bool))
+    assert mask.fingerprint == digest == burst.BlockSparseMask(4, torch.eye(4, dtype=torch.bool)).fingerprint

@@ -8,9 +8,22 @@ import torch.distributed as dist
 
 def group_size(group=None) -> int:
     """Ranks in `group` (None: the default group), 1 without torch.distributed."""
+    check_member(group)
     return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
 def group_rank(group=None) -> int:
     """This process's rank in `group` (None: the default group), 0 without torch.distributed."""
+    check_member(group)
     return dist.get_rank(group) if dist.is_initialized() else 0
+
+
+def check_member(group) -> None:
+    """ValueError on a rank that is not in `group`: dist.new_group hands the ranks outside it
+    GroupMember.NON_GROUP_MEMBER, for which torch answers a size and rank of -1."""
+    if isinstance(group, int) and group == dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(
+            f"this process (global rank {dist.get_rank() if dist.is_initialized() else 0}) is not a member of the "
+            "group it passed (dist.new_group returns GroupMember.NON_GROUP_MEMBER on the ranks outside it): call "
+            "burst only on the ranks of the group"
+        )

@@ -85,7 +85,9 @@ class BlockSparseMask:
 
     block_size: tokens per block. layout: bool (nblocks, nblocks), True where query block i may
     attend key block j; nblocks = ceil(seqlen / block_size). Combined with causal / window / documents
-    when those are given too. Block pairs that are False are never computed.
+    when those are given too. Block pairs that are False are never computed. The mask keeps its own copy of
+    `layout` (plans are cached by its digest): editing your tensor afterwards changes nothing; build a new
+    mask for a new layout.
     """
 
     block_size: int
@@ -96,7 +98,7 @@ class BlockSparseMask:
             raise ValueError(f"block_size must be a positive int, got {self.block_size!r}")
         if not isinstance(self.layout, torch.Tensor) or self.layout.dim() != 2 or self.layout.dtype != torch.bool:
             raise ValueError("layout must be a 2-D bool tensor (query blocks, key blocks)")
-        object.__setattr__(self, "layout", self.layout.cpu())
+        object.__setattr__(self, "layout", self.layout.detach().to("cpu", copy=True))  # the caller's may change
 
     @cached_property
     def fingerprint(self) -> str:

@@ -59,6 +59,8 @@ def served_share(seq_len: int, gpus: int, window: int | None, layout: str) -> fl
         return 1.0
     pairs = 2 * gpus - 2 if layout == "zigzag" else gpus - 1
     hops = ring_steps(seq_len, gpus, window, layout) - 1
+    if hops == 0:  # a window of one token, its own: no rank serves another
+        return 0.0
     return (window - 1) * pairs / gpus / shard / hops
 
 
