@@ -175,7 +175,7 @@ def _run_case(full, ref, strategy, lay, causal, dtype, group, world, sinks=None)
     row = CheckRow(strategy=strategy, layout=lay, causal=causal, dtype=dtype, bound=BOUNDS[dtype])
     q, k, v, dout = (layout_mod.shard(t, group=group, layout=lay).to(DTYPES[dtype]) for t in full)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    mine_sinks = sinks.to(DTYPES[dtype]).requires_grad_() if sinks is not None else None
+    mine_sinks = sinks.to(DTYPES[dtype], copy=True).requires_grad_() if sinks is not None else None
     try:
         out, lse = api.attention(
             q, k, v, group=group, strategy=strategy, layout=lay, causal=causal, return_lse=True, sinks=mine_sinks

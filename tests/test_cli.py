@@ -260,6 +260,18 @@ def test_plan_refuses_bad_values(capsys, no_world):
     )
 
 
+def test_plan_refuses_a_config_that_is_not_there(capsys, no_world, tmp_path):
+    """A path that does not exist, or a folder without config.json: one line, before transformers would read
+    the value as a hub id (and look it up on the network)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [f"--hf-config {PROMPT_MISSING}", "--hf-config ./nonexistent-dir", f"--hf-config {empty}"]
+    _refusals(capsys, "plan", ["--gpus", "16", "--seq-len", "65536"], cases)
+    with pytest.raises(SystemExit):
+        main(["plan", "--gpus", "16", "--seq-len", "65536", "--hf-config", str(empty)])
+    assert "has no config.json" in capsys.readouterr().err
+
+
 def test_a_negative_pair_is_an_options_value():
     """`--window -1,0` (-1: unbounded, as the help says): argparse would read -1,0 as an option."""
     from burst.cli import _glued_pairs

@@ -317,3 +317,22 @@ def test_a_resumed_run_writes_each_step_once_in_its_metrics(tmp_path):
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2]
     _metrics_file(str(path), 0).close()
     assert path.read_text() == ""
+
+
+def test_a_failed_save_says_how_much_room_is_left(tmp_path, monkeypatch):
+    """torch's writer reports a full disk as a short write ("unexpected pos"): the error adds the free space
+    of the filesystem that holds the checkpoint, and asks whether it is full when little is left."""
+    from types import SimpleNamespace
+
+    from burst.engine import resume
+
+    target = str(tmp_path / "ck" / "step-4")  # not made yet: its nearest existing parent is measured
+    monkeypatch.setattr(resume.shutil, "disk_usage", lambda path: SimpleNamespace(free=3 * 2**20))
+    with pytest.raises(
+        RuntimeError, match=r"unexpected pos 704 .*\(3\.0 MiB free on the filesystem holding it: is it full\?\)"
+    ):
+        with resume.named_failure("saving step 4's checkpoint", writes_to=target):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    monkeypatch.setattr(resume.shutil, "disk_usage", lambda path: SimpleNamespace(free=2**40))
+    assert resume.space_left(target) == " (1048576.0 MiB free on the filesystem holding it)"
+    assert resume.space_left(None) == ""

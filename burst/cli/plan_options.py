@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ..layout import LAYOUTS
 from .common import BadOption, add_common, any_case, blame, check_writable_file, positive_float, positive_int
 
@@ -266,6 +268,17 @@ def _check_step_options(args, whole: bool) -> None:
         raise BadOption(training[0], "applies to training: a prefill has no backward, loss or optimizer step")
 
 
+def _check_config_path(value: str) -> None:
+    """One line for a config that is not there: a path that does not exist (absolute, ./, ../, ~ or *.json: not a
+    hub id, which transformers would look up on the network), or a folder without config.json."""
+    path = os.path.expanduser(value)
+    looks_like_a_path = os.path.isabs(path) or value.startswith((".", "~")) or value.endswith(".json")
+    if looks_like_a_path and not os.path.exists(path):
+        raise BadOption("--hf-config", f"no such file or folder: {value}")
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        raise BadOption("--hf-config", f"the folder {value} has no config.json")
+
+
 def _apply_hf_config(args) -> None:
     """--hf-config: the config's attention shapes into the shape flags not given, and the numbers per
     token its sparse attention gathers (burst.plan.sparse) into args.gathered."""
@@ -273,6 +286,7 @@ def _apply_hf_config(args) -> None:
         raise BadOption(
             "--hf-config", "plans a transformers config's attention alone: give it without --model / --hidden"
         )
+    _check_config_path(args.hf_config)
     try:
         from transformers import AutoConfig
     except ImportError as err:  # the extra is missing: one line that names it, not a traceback

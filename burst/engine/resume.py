@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 from dataclasses import asdict
 
 import torch
@@ -145,7 +146,7 @@ def save_checkpoint(cfg, step: int, model, optimizer) -> str:
 
     path = step_dir(cfg.checkpoint_dir, step)
     model_state, optim_state = get_state_dict(model, optimizer)
-    with named_failure(f"saving step {step}'s checkpoint to {path!r}"):
+    with named_failure(f"saving step {step}'s checkpoint to {path!r}", writes_to=path):
         dcp.save(
             {"model": model_state, "optimizer": optim_state}, checkpoint_id=path, no_dist=not dist.is_initialized()
         )
@@ -167,16 +168,35 @@ def save_checkpoint(cfg, step: int, model, optimizer) -> str:
 
 
 @contextlib.contextmanager
-def named_failure(what: str):
+def named_failure(what: str, writes_to: str | None = None):
     """DCP's failures as one RuntimeError that names `what` and the first rank's own error: DCP raises a
     CheckpointException (a BaseException, which `except Exception` misses) that says only "ranks:
-    dict_keys([0, 1])"."""
+    dict_keys([0, 1])". writes_to: a save's folder, whose filesystem's free space the error adds."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
         yield
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - any failure, named
-        raise RuntimeError(f"{what} failed: {_first_failure(err)}") from err
+        raise RuntimeError(f"{what} failed: {_first_failure(err)}{space_left(writes_to)}") from err
+
+
+def space_left(path: str | None) -> str:
+    """' (N MiB free on the filesystem holding it...)' for a failed save, '' without a path: a full disk shows,
+    which torch's writer reports only as a short write ("unexpected pos")."""
+    if path is None:
+        return ""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return ""
+    full = ": is it full?" if free < FULL_BELOW else ""
+    return f" ({free / 2**20:.1f} MiB free on the filesystem holding it{full})"
+
+
+FULL_BELOW = 256 * 2**20  # free bytes under which a failed save asks whether the disk is full
 
 
 @contextlib.contextmanager

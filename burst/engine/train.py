@@ -5,7 +5,9 @@ The world is dp replicas x sp ranks (engine/parallel.py): each sp rank holds 1/s
 sharded by FSDP2. The loss is the fused LM head + cross-entropy over the global tokens; gradients
 are reduced once per step. Activation checkpointing (engine/checkpointing.py: none, full, remat,
 selective), the blockwise feedforward and the host offloads (engine/offload.py: checkpointed
-activations, AdamW's state and step) are settings; none of them changes the numbers. AdamW with
+activations, AdamW's state and step) are settings; none of them changes the numbers in float32 (in bf16
+the options that split tokens, selective checkpointing and the blockwise feedforward, round each piece's
+weight gradient before the pieces add: ~1e-2 relative, bf16's own step; docs/engine.md). AdamW with
 linear warm-up then cosine decay. On stderr a progress bar (tqdm) on a terminal, else a line per
 step, and a line for each checkpoint saved or resumed; one JSON line per step in --metrics (step,
 loss, tokens_per_s_per_device, mfu (None without peak_flops; FLOPs as torchtitan counts them:
