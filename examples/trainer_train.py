@@ -104,6 +104,13 @@ def main() -> None:
     parser.add_argument(
         "--fused-loss", action="store_true", help="the training loss from the hidden states, never the logits"
     )
+    parser.add_argument(
+        "--router-loss",
+        type=float,
+        default=None,
+        metavar="COEF",
+        help="MoE families: add the routers' load-balancing loss (output_router_logits) with this coefficient",
+    )
     parser.add_argument("--out", default=None, help="save losses, gradients, weights, eval and predictions here")
     args = parser.parse_args()
 
@@ -121,6 +128,8 @@ def main() -> None:
         from burst.bench.hf_zoo import tiny_config
 
         config = tiny_config(args.family)
+    if args.router_loss is not None:
+        config.output_router_logits, config.router_aux_loss_coef = True, args.router_loss
     torch.manual_seed(0)  # the same weights on every rank and in the reference
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     # the Trainer makes its output_dir even with save_strategy="no": without --out, a folder that goes at exit

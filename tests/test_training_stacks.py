@@ -42,6 +42,7 @@ STEPS = 2
 TRAINER = ("trainer_train.py", "--optim", "sgd", "--lr", "1.0", "--steps", str(STEPS))
 TITAN = ("titan_llama.py", "--optim", "sgd", "--steps", str(STEPS))
 LOOP = ("accelerate_train.py", "--steps", str(STEPS))
+MOE = ("--family", "qwen3_moe", "--router-loss", "0.5", "--seq-len", "40")
 # name: (ranks, the job under torchrun, the job in one process that it must equal)
 RECIPES = {
     "trainer sp2": (2, (*TRAINER, "--batch", "2"), (*TRAINER, "--reference", "--batch", "2")),
@@ -52,6 +53,10 @@ RECIPES = {
         (*TRAINER, "--reference", "--packed", "--batch", "4", "--eval-rows", "4"),
     ),
     "trainer hybrid": (2, (*TRAINER, "--family", "qwen3_next"), (*TRAINER, "--reference", "--family", "qwen3_next")),
+    # a MoE's router load-balancing loss over the whole sequence, without the padding, in the model's loss and the
+    # fused one (each rank's own, summed, was 1.3x the loss and 0.9-4x off in the router's gradient)
+    "trainer moe": (2, (*TRAINER, *MOE), (*TRAINER, "--reference", *MOE)),
+    "trainer moe fused": (2, (*TRAINER, *MOE, "--fused-loss"), (*TRAINER, "--reference", *MOE)),
     "loop sp2": (2, (*LOOP, "--batch", "2"), (*LOOP, "--reference", "--batch", "2")),
     "loop dp2sp2": (4, (*LOOP, "--batch", "2", "--sp-size", "2"), (*LOOP, "--reference", "--batch", "4")),
     "titan sp2": (2, TITAN, (*TITAN, "--no-compile")),
@@ -171,6 +176,17 @@ def test_trainer_hybrid_model_equals_one_process(results):
     """A hybrid (Qwen3-Next, tiny from its config class: gated delta rule and short convolutions beside
     attention): the Trainer hooks its recurrent layers, which pass their state across the 2 ranks."""
     _assert_same_trainer_job(*results("trainer hybrid"))
+
+
+@pytest.mark.parametrize("recipe", ["trainer moe", "trainer moe fused"])
+def test_trainer_moe_router_loss_equals_one_process(results, recipe):
+    """Qwen3-MoE with output_router_logits (coefficient 0.5), right-padded rows of uneven length, gradient
+    accumulation: the router loss of the whole sequence, its padding left out as the reference's mask leaves it.
+    (predict()'s outputs carry the router logits beside the logits, of each rank's rows: the losses are compared.)"""
+    got, ref = results(recipe)
+    _assert_same_steps(got, ref)
+    assert got["eval_loss"] == pytest.approx(ref["eval_loss"], rel=1e-5)
+    assert got["predict_loss"] == pytest.approx(ref["predict_loss"], rel=1e-5)
 
 
 def test_accelerate_loop_equals_one_process(results):

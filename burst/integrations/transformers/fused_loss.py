@@ -15,6 +15,8 @@ import torch
 
 from burst.engine.loss import fused_linear_cross_entropy
 
+from .layers.router_loss import router_loss_share
+
 # Config fields of families that transform their logits after the head. A softcap is near the identity
 # on small logits, where the check of each call's last row could not see it: refused by name.
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_softcapping")
@@ -62,10 +64,11 @@ def fused_causal_lm_loss(model, inputs: dict) -> torch.Tensor:
     hidden = outputs.hidden_states[-1]
     _check_head_makes_the_logits(model, head, hidden, outputs.logits)
     mean = fused_linear_cross_entropy(hidden, head.weight, targets)
+    router = router_loss_share(unwrapped, outputs)  # a MoE's load-balancing loss, which the labels would add
     if count is None:
-        return mean
+        return mean + router
     labelled = (targets != -100).sum()
-    return mean * labelled / count  # transformers' sum over this shard / the batch's labelled tokens
+    return mean * labelled / count + router  # transformers' sum over this shard / the batch's labelled tokens
 
 
 def _check_head_makes_the_logits(model, head, hidden: torch.Tensor, logits: torch.Tensor) -> None:

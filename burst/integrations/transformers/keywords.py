@@ -54,7 +54,7 @@ ACCEPTED_KEYWORDS: dict[str, tuple[str, str]] = {
     "cache_position": (NO_EFFECT, "cache slots"),
     "position_embeddings": (NO_EFFECT, "RoPE's (cos, sin), already applied to q and k"),
     "output_hidden_states": (NO_EFFECT, "outputs to return"),
-    "output_router_logits": (NO_EFFECT, "outputs to return"),
+    "output_router_logits": (NO_EFFECT, "outputs to return (the router loss: layers/router_loss.py)"),
     "return_dict": (NO_EFFECT, "outputs to return"),
     "num_items_in_batch": (NO_EFFECT, "the loss's token count (bt.shard_batch)"),
     "shift_labels": (NO_EFFECT, "the loss's labels (bt.shard_batch)"),

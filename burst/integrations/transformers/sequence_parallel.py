@@ -31,6 +31,7 @@ from .backend.batches import shard_batch
 from .backend.checks import check_model
 from .backend.features import prepare_features
 from .fused_loss import check_fusable, fused_causal_lm_loss
+from .layers.router_loss import REAL_TOKENS, count_rows
 
 
 class SequenceParallel:
@@ -112,7 +113,9 @@ def shard_whole_sequences(batch: dict, model, group, layout: str, sp_size: int) 
     """(this rank's shard of a collator's batch for `model`, the batch's length before padding):
     whole_sequences, then shard_batch."""
     whole, length = whole_sequences(batch, layout_multiple(layout, sp_size))
-    return shard_batch(whole, group=group, layout=layout, model=model), length
+    shard = shard_batch(whole, group=group, layout=layout, model=model)
+    count_rows(getattr(model, "module", model), shard.pop(REAL_TOKENS))  # a MoE's router loss: not the padding
+    return shard, length
 
 
 def over_replicas(dataloader, replica: int, replicas: int, sp_size: int):
@@ -173,7 +176,9 @@ def whole_sequences(batch: dict, multiple: int, ignore_index: int = -100) -> tup
     then zeros in each row, as Trainer's collators pad, labels `ignore_index` there) is dropped from
     the mask, which is exact for a causal model (no real token sees a later one); the length is
     padded at the end to a multiple of `multiple` the same way. Left padding, holes and labels on
-    padded positions raise (the model would score tokens whose logits one process computes otherwise)."""
+    padded positions raise (the model would score tokens whose logits one process computes otherwise).
+    The batch gains REAL_TOKENS, (batch, padded) bool, the tokens one process runs: a MoE's router loss
+    counts those alone (layers/router_loss.py), as transformers' does under the collator's mask."""
     out = dict(batch)
     ids = out["input_ids"]
     length = ids.shape[1]
@@ -193,6 +198,8 @@ def whole_sequences(batch: dict, multiple: int, ignore_index: int = -100) -> tup
                 "DataCollatorForLanguageModeling makes them"
             )
     pad = -length % multiple
+    real = mask.bool() if mask is not None else torch.ones_like(ids, dtype=torch.bool)
+    out[REAL_TOKENS] = torch.nn.functional.pad(real, (0, pad), value=False)
     if pad:
         out["input_ids"] = torch.nn.functional.pad(ids, (0, pad))
         if out.get("labels") is not None:

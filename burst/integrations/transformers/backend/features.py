@@ -22,6 +22,7 @@ from burst import layout as layout_mod
 from ..keywords import check_model_features, model_name, window_from_config
 from ..layers import block_indexer, compressed, dynamic_mask, latent, positions
 from ..layers.mixers import shard_mixers
+from ..layers.router_loss import balance_routers_across_ranks
 from .documents import documents
 from .preparations import (
     capture_positions,
@@ -338,6 +339,7 @@ FEATURES: tuple[Feature, ...] = (
         hand=_hand_entries,
     ),
     Feature("recurrent and convolutional mixers", prepare=shard_mixers),
+    Feature("MoE routers' load-balancing loss", prepare=balance_routers_across_ranks),
     Feature("window from the config", check=_take_window_from_config),
     Feature(
         "dynamic mask",
