@@ -203,6 +203,19 @@ def _errors(rank, world):
             batch["input_ids"], position_ids=batch["position_ids"], max_new_tokens=2, do_sample=False
         ),
     }
+    cases["inputs_embeds"] = lambda: bt.shard_batch({"inputs_embeds": torch.zeros(1, 8 * world, 4)}, model=model)
+
+    def twice(zero):  # two micro-batches' backward, reduce_gradients after each: wrong unless zeroed between
+        model.zero_grad(set_to_none=False)
+        for _ in range(2):
+            model(**bt.shard_batch({"input_ids": ids, "labels": ids}, model=model)).loss.backward()
+            bt.reduce_gradients(model)
+            if zero:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # in place, as a step's clipping is
+                model.zero_grad(set_to_none=False)
+
+    cases["reduce after each micro-batch"] = lambda: twice(zero=False)
+    cases["reduce, zero_grad, again"] = lambda: twice(zero=True)
     model.train()
     model.config.attention_dropout = 0.1
     for layer in model.model.layers:
@@ -261,11 +274,14 @@ def test_unsupported_raises_on_every_rank():
         "cached decoding": "ShardedCache",
         "dropout": "dropout",
         "a different batch per rank": "must hold the same batch",
+        "inputs_embeds": "needs the batch's input_ids",
+        "reduce after each micro-batch": "a backward added into gradients it had already summed",
     }
     for rank, results in enumerate(_results(2)):
         errors = results["errors"]
         for case, words in expected.items():
             assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
+        assert errors["reduce, zero_grad, again"] is None, errors["reduce, zero_grad, again"]
         assert errors["works after"] and errors["token_type_ids cut"]
 
 

@@ -57,7 +57,13 @@ def shard_batch(
     model = _the_model(model)
     if layout not in layout_mod.DOCUMENT_LAYOUTS:
         layout_mod.check_layout(layout)
-    ids = batch["input_ids"]
+    ids = batch.get("input_ids")
+    if ids is None:
+        given = "inputs_embeds" if "inputs_embeds" in batch else f"keys {sorted(batch)}"
+        raise ValueError(
+            f"shard_batch needs the batch's input_ids (batch, seq_len), got {given}: the token ids are what it cuts, "
+            "checks across ranks and shifts the labels on; pass input_ids and let the model embed them"
+        )
     if ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(ids.shape)}")
     positions = batch.get("position_ids")

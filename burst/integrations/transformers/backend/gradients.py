@@ -6,6 +6,8 @@ one rule for both).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.distributed as dist
 
@@ -27,7 +29,11 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
     check_model(model)
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
-    all_reduce_in_place(_gradients_every_rank_has(model, group), group=group)
+    _watch(model)
+    summed = _gradients_every_rank_has(model, group)
+    all_reduce_in_place([p.grad for p in summed], group=group)
+    for p in summed:  # what a later backward must not add into (_added_to_summed)
+        p._burst_summed = (weakref.ref(p.grad), p.grad._version)
     sharded: dict[tuple, list] = {}
     for unit, g in _grads_by_unit(model):
         key = (_mesh_ranks(g.device_mesh), _divide_factor(unit, g.device_mesh))
@@ -96,19 +102,48 @@ def fsdp_reduction(fsdp_ranks: tuple[int, ...], group_ranks: tuple[int, ...], fa
 
 
 def _gradients_every_rank_has(model: torch.nn.Module, group) -> list[torch.Tensor]:
-    """The plain (not FSDP-managed) gradients to sum, the same list on every rank: a parameter that got
+    """The plain (not FSDP-managed) parameters whose gradients to sum, the same list on every rank: a parameter that got
     a gradient on some rank only (an MoE expert no token of another rank's shard was routed to) gets
     zeros where it has none, as one process would give it the sum; one no rank used stays None. One
-    small all-reduce of which parameters have gradients, so every rank's flattened all-reduce matches."""
+    small all-reduce of which parameters have gradients, so every rank's flattened all-reduce matches, and of
+    whether a backward added into gradients already summed (ValueError on every rank)."""
     plain = [p for p in model.parameters() if p.requires_grad and not _is_dtensor(p) and not _is_dtensor(p.grad)]
     if not plain:
         return []
-    used = torch.tensor([float(p.grad is not None) for p in plain], device=plain[0].device)
+    added = float(any(getattr(p, "_burst_added_into", False) for p in plain))
+    used = torch.tensor([float(p.grad is not None) for p in plain] + [added], device=plain[0].device)
     dist.all_reduce(used, group=group)
-    for p, ranks in zip(plain, used.tolist()):
+    if used[-1] > 0:  # on every rank: one rank's accumulation is every rank's
+        for p in plain:
+            p._burst_added_into = False
+        raise ValueError(
+            "reduce_gradients: a backward added into gradients it had already summed over the ranks (called after "
+            "each micro-batch of a gradient accumulation?): the sum would count the earlier micro-batches once per "
+            "rank. Call it once per optimizer step, after the last micro-batch's backward"
+        )
+    for p, ranks in zip(plain, used[:-1].tolist()):
         if ranks and p.grad is None:
             p.grad = torch.zeros_like(p)
-    return [p.grad for p in plain if p.grad is not None]
+    return [p for p in plain if p.grad is not None]
+
+
+def _watch(model: torch.nn.Module) -> None:
+    """Once per model: a hook after each parameter's gradient accumulates (_added_to_summed)."""
+    if getattr(model, "_burst_gradients_watched", False):
+        return
+    for p in model.parameters():
+        if p.requires_grad and hasattr(p, "register_post_accumulate_grad_hook"):
+            p.register_post_accumulate_grad_hook(_added_to_summed)
+    model._burst_gradients_watched = True
+
+
+def _added_to_summed(param: torch.Tensor) -> None:
+    """A parameter's `_burst_summed` is (the gradient reduce_gradients summed, its version then); a backward that
+    added into that very gradient without a zero_() between (its version one more) marks `_burst_added_into`: a
+    second sum would count the first part once per rank. set_to_none and zero_() leave nothing to mark."""
+    found = getattr(param, "_burst_summed", None)
+    if found is not None and param.grad is found[0]() and param.grad._version == found[1] + 1:
+        param._burst_added_into = True
 
 
 def _is_dtensor(t) -> bool:
