@@ -4,7 +4,7 @@ logits and every parameter's gradient against the same model in one process (hf_
 rule). Each rank used to add its own shard's aux loss whole: the sum counted it G times and a product of shard
 means is not the whole's (Mixtral's router gradient 1.06 off at 2 ranks, Qwen3-MoE's 3.6 at 4). Families:
 Mixtral (transformers' load_balancing_loss_func), JetMoE (its coefficient named aux_loss_coef), GPT-OSS, and
-Qwen3-Next (a hybrid: its gated delta rule split beside the experts). A family whose aux_loss is another formula
+Qwen3-Next (a hybrid: its gated delta rule split beside the experts); Mixtral under torch.compile. A family whose aux_loss is another formula
 (planted: twice transformers') is refused on every rank. The Trainer's path, with right-padded rows and the
 fused loss: tests/test_training_stacks.py.
 """
@@ -51,6 +51,8 @@ def _router_losses(rank, world):
     for family in FAMILIES:
         if family in families():
             out[family] = step_errors(*twin_models(family, name, _config(family)), ids, "zigzag")
+    eager, model = twin_models("mixtral", name, _config("mixtral"))  # compiled: the hook runs eagerly inside
+    out["mixtral compiled"] = step_errors(eager, torch.compile(model, backend="aot_eager"), ids, "zigzag")
     eager, model = twin_models("mixtral", name, _config("mixtral"))
     family = sys.modules[type(model).__module__]
     real = family.load_balancing_loss_func
@@ -69,7 +71,7 @@ _results = results_by_world(_router_losses)
 def test_router_loss_of_the_whole_sequence_at_two_ranks():
     for rank, results in enumerate(_results(2)):
         assert set(FAMILIES) & set(results), results
-        for family in FAMILIES:
+        for family in (*FAMILIES, "mixtral compiled"):
             if family in results:
                 errors = results[family]
                 assert all(errors[k] <= BOUND[k] for k in BOUND), (rank, family, errors)

@@ -18,6 +18,7 @@ import torch
 
 from burst import layout as layout_mod
 from burst.comm.membership import group_size
+from burst.custom_op import run_eagerly
 
 from ..layers.configs import decoder_of
 from .registry import Backend
@@ -49,6 +50,7 @@ def _version(tensor) -> int | None:
 _document_cache = _DocumentCache()
 
 
+@run_eagerly  # host-side checks and a collective: under torch.compile one call, not graph breaks at every .item()
 def documents(position_ids, batch: int, local_len: int, backend: Backend):
     """burst's cu_seqlens from transformers' packing convention, on the global positions, or None.
 

@@ -23,6 +23,7 @@ import functools
 import torch
 
 from burst import state_passing
+from burst.custom_op import run_eagerly
 
 from ..backend.registry import backend_of, running_cache, world_size
 
@@ -64,6 +65,7 @@ def router_loss_share(model: torch.nn.Module, outputs) -> torch.Tensor | float:
     return coef * aux / world
 
 
+@run_eagerly  # a collective and host-side checks: torch.compile calls it as is
 def _whole_sequence_aux(model, args, output, group):
     counted = getattr(model, _ROWS, None)
     setattr(model, _ROWS, None)
