@@ -3,10 +3,10 @@ README's plain loop (shard_batch, reduce_gradients, reduce_loss): with output_ro
 logits and every parameter's gradient against the same model in one process (hf_steps.step_errors, the zoo's
 rule). Each rank used to add its own shard's aux loss whole: the sum counted it G times and a product of shard
 means is not the whole's (Mixtral's router gradient 1.06 off at 2 ranks, Qwen3-MoE's 3.6 at 4). Families:
-Mixtral (transformers' load_balancing_loss_func), JetMoE (its coefficient named aux_loss_coef), GPT-OSS, and
-Qwen3-Next (a hybrid: its gated delta rule split beside the experts); Mixtral under torch.compile. A family whose aux_loss is another formula
-(planted: twice transformers') is refused on every rank. The Trainer's path, with right-padded rows and the
-fused loss: tests/test_training_stacks.py.
+Mixtral (transformers' load_balancing_loss_func), JetMoE (its coefficient named aux_loss_coef), GPT-OSS,
+Qwen3-Next (a hybrid: its gated delta rule split beside the experts), and Mixtral under torch.compile. A family
+whose aux_loss is another formula (planted: twice transformers') is refused on every rank. The Trainer's path,
+with right-padded rows and the fused loss: tests/test_training_stacks.py.
 """
 
 from __future__ import annotations

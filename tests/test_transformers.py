@@ -204,6 +204,15 @@ def _errors(rank, world):
         ),
     }
     cases["inputs_embeds"] = lambda: bt.shard_batch({"inputs_embeds": torch.zeros(1, 8 * world, 4)}, model=model)
+    # heads whose rows shard_batch would cut silently wrong: a pooled token, targets that are not next tokens
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    pooled = AutoModelForSequenceClassification.from_config(_llama_config(), attn_implementation=name)
+    tagger = AutoModelForTokenClassification.from_config(_llama_config(), attn_implementation=name)
+    cases["sequence classification"] = lambda: bt.shard_batch({"input_ids": ids}, model=pooled)
+    cases["token classification labels"] = lambda: bt.shard_batch({"input_ids": ids, "labels": ids % 2}, model=tagger)
+    cases["logits_to_keep"] = lambda: bt.shard_batch({"input_ids": ids, "logits_to_keep": 1}, model=model)
+    cases["ignore_index to the model"] = lambda: model(**batch, ignore_index=-1)
 
     def twice(zero):  # two micro-batches' backward, reduce_gradients after each: wrong unless zeroed between
         model.zero_grad(set_to_none=False)
@@ -216,12 +225,21 @@ def _errors(rank, world):
 
     cases["reduce after each micro-batch"] = lambda: twice(zero=False)
     cases["reduce, zero_grad, again"] = lambda: twice(zero=True)
+    # a batch's own shift_labels (a prompt left out of the loss) and token count are kept, as one process keeps them
+    reference, _ = _models(_llama_config, name)
+    own = ids.clone()
+    own[:, : 3 * world] = -100
+    expected = reference(input_ids=ids, labels=ids, shift_labels=own, num_items_in_batch=50).loss
+    shard = bt.shard_batch(
+        {"input_ids": ids, "labels": ids, "shift_labels": own, "num_items_in_batch": 50}, model=model
+    )
+    own_difference = abs(bt.reduce_loss(model(**shard).loss.detach()).item() - expected.item())
     model.train()
     model.config.attention_dropout = 0.1
     for layer in model.model.layers:
         layer.self_attn.attention_dropout = 0.1
     cases["dropout"] = lambda: model(**batch)
-    results = {}
+    results = {"own shift_labels and count": own_difference}
     for case, fn in cases.items():
         model.train(case == "dropout")
         results[case] = value_error_text(fn)
@@ -275,6 +293,10 @@ def test_unsupported_raises_on_every_rank():
         "dropout": "dropout",
         "a different batch per rank": "must hold the same batch",
         "inputs_embeds": "needs the batch's input_ids",
+        "sequence classification": "pools one token of each row",
+        "token classification labels": "loss is ForTokenClassification",
+        "logits_to_keep": "each rank's shard",
+        "ignore_index to the model": "bt.shard_batch(batch, ignore_index=...)",
         "reduce after each micro-batch": "a backward added into gradients it had already summed",
     }
     for rank, results in enumerate(_results(2)):
@@ -282,6 +304,7 @@ def test_unsupported_raises_on_every_rank():
         for case, words in expected.items():
             assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
         assert errors["reduce, zero_grad, again"] is None, errors["reduce, zero_grad, again"]
+        assert errors["own shift_labels and count"] < 1e-5, errors["own shift_labels and count"]
         assert errors["works after"] and errors["token_type_ids cut"]
 
 

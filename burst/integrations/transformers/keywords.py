@@ -63,6 +63,13 @@ ACCEPTED_KEYWORDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Keywords of the model's loss that its forward hands every layer with the rest: where burst takes them instead
+LOSS_KEYWORD_HINTS = {
+    "ignore_index": ". ignore_index is the loss's: give it to bt.shard_batch(batch, ignore_index=...), which shifts "
+    "the labels and counts the labelled tokens with it, and mark the labels with -100 for the model's loss",
+}
+
+
 def model_name(module) -> str:
     """The model a layer belongs to, for error messages: its config's architecture, else the layer's class."""
     config = getattr(module, "config", None)
@@ -78,10 +85,11 @@ def check_keywords(name: str, module, kwargs: dict) -> None:
     for key, value in kwargs.items():
         rule = ACCEPTED_KEYWORDS.get(key)
         if rule is None:
+            hint = LOSS_KEYWORD_HINTS.get(key, "")
             raise ValueError(
                 f"attn_implementation={name!r}: {model_name(module)} passes the attention function "
                 f"{key}={_short(value)}, which burst does not implement; it refuses rather than drop it "
-                "(accepted keywords: burst.integrations.transformers.keywords.ACCEPTED_KEYWORDS)"
+                f"(accepted keywords: burst.integrations.transformers.keywords.ACCEPTED_KEYWORDS){hint}"
             )
         if rule[0] == OFF_ONLY and value is not None and value is not False and not _is_zero(value):
             raise ValueError(

@@ -43,9 +43,11 @@ def shard_batch(
     packed document on its own, its length a multiple of 2G / G); with labels, `labels`/`shift_labels` are the
     labels shifted on the *global* sequence (each token's next token; shifting a shard would pair
     tokens across shard boundaries) and `num_items_in_batch` is the global count of labelled
-    tokens, so the model's loss is this rank's share of the global mean (see reduce_loss). Other
+    tokens, so the model's loss is this rank's share of the global mean (see reduce_loss); a batch's own
+    `shift_labels` (whole sequence, already shifted) and `num_items_in_batch` are kept. Other
     entries of shape (batch, seq_len, ...) (token_type_ids...) are cut as the tokens are; the rest
-    are passed through unchanged.
+    are passed through unchanged. Causal LMs only where targets are given (check_head: a sequence
+    classifier is refused, and a token classifier's or QA head's targets).
 
     model (required): the model the batch is for. Each model feature prepares the layers it takes over
     (features.prepare_features: recurrent layers pass their state across the ranks, rotary embeddings
@@ -66,6 +68,7 @@ def shard_batch(
         )
     if ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(ids.shape)}")
+    check_head(model, batch)
     positions = batch.get("position_ids")
     if positions is None:
         positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
@@ -91,13 +94,47 @@ def shard_batch(
     out["position_ids"] = layout_mod.shard(positions.expand_as(ids), group=group, layout=layout, dim=1)
     labels = batch.get("labels")
     if labels is not None:
-        shifted = torch.full_like(labels, ignore_index)
-        shifted[:, :-1] = labels[:, 1:]
+        shifted = batch.get("shift_labels")  # the user's own next-token targets, on the whole sequence
+        if shifted is None:
+            shifted = torch.full_like(labels, ignore_index)
+            shifted[:, :-1] = labels[:, 1:]
         local = layout_mod.shard(shifted, group=group, layout=layout, dim=1)
         out["labels"] = local  # makes the model compute its loss; shift_labels tells it not to shift again
         out["shift_labels"] = local
-        out["num_items_in_batch"] = int((shifted != ignore_index).sum())
+        if batch.get("num_items_in_batch") is None:  # the user's own count (over an accumulated batch) stays
+            out["num_items_in_batch"] = int((shifted != ignore_index).sum())
     return out
+
+
+# The loss types of the heads whose labels shard_batch takes: a causal LM's next-token targets (a multimodal
+# wrapper's too; None where the model names none: GPT-2's LM head...)
+CAUSAL_LOSSES = (None, "ForCausalLM", "ForConditionalGeneration")
+
+
+def check_head(model: torch.nn.Module, batch: dict) -> None:
+    """ValueError for what shard_batch would cut silently wrong: a head that pools one token of each row
+    (sequence classification: each rank would pool its own shard's), targets that are not a causal LM's
+    (labels shard_batch shifts as next tokens; a token classifier's or a span's are not, and their losses
+    take no global token count), and logits_to_keep (each shard's last tokens, not the sequence's)."""
+    name, kind = type(model).__name__, getattr(model, "loss_type", None)
+    if kind == "ForSequenceClassification" or name.endswith("ForSequenceClassification"):
+        raise ValueError(
+            f"{name} pools one token of each row (its last non-padding one), which on a shard would be each rank's "
+            "own: sequence classification is not supported across ranks; run the base model and pool the token of "
+            "bt.unshard-ed last_hidden_state yourself"
+        )
+    targets = [key for key in ("labels", "start_positions", "end_positions") if batch.get(key) is not None]
+    if targets and kind not in CAUSAL_LOSSES:
+        raise ValueError(
+            f"shard_batch takes labels as a causal LM's next-token targets, and {name}'s loss is {kind} (given "
+            f"{', '.join(targets)}): not supported across ranks. Pass no targets: its per-token logits are exact "
+            "(gather them with burst.unshard and take the loss over the whole sequence yourself)"
+        )
+    if batch.get("logits_to_keep") not in (None, 0):
+        raise ValueError(
+            f"logits_to_keep={batch['logits_to_keep']!r} would keep the last tokens of each rank's shard, not of the "
+            "sequence: leave it out (the logits of the sequence's last token are those of the rank that holds it)"
+        )
 
 
 @functools.lru_cache(maxsize=None)
