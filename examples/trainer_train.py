@@ -154,6 +154,7 @@ def main() -> None:
         **(dict(fsdp=True, fsdp_config={"version": 2}) if args.fsdp else {}),
         dataloader_drop_last=False,
         disable_tqdm=True,
+        include_num_input_tokens_seen="all",
     )
     recorder = RecordGradients()  # a copy of every gradient each step: only when they are saved
     common = dict(
@@ -205,6 +206,7 @@ def main() -> None:
                 "label_ids": predictions.label_ids,
                 "predict_loss": predictions.metrics["test_loss"],
                 "sharded": sharded,
+                "tokens_seen": trainer.state.num_input_tokens_seen,
             },
             os.path.join(args.out, "result.pt"),
         )

@@ -149,6 +149,7 @@ def _rel(x, ref) -> float:
 
 def _assert_same_trainer_job(got: dict, ref: dict) -> None:
     _assert_same_steps(got, ref)
+    assert got["tokens_seen"] == ref["tokens_seen"] > 0  # include_num_input_tokens_seen: once per group's batch
     assert got["eval_loss"] == pytest.approx(ref["eval_loss"], rel=1e-5)
     assert got["predict_loss"] == pytest.approx(ref["predict_loss"], rel=1e-5)
     # Logits on positions that score a label: padded positions are not computed alike (one process
@@ -227,6 +228,10 @@ def test_refusals_before_training(tmp_path):
         SequenceParallelTrainer(model=model, args=TrainingArguments(**args, average_tokens_across_devices=False))
     with pytest.raises(ValueError, match="sp_size=3"):
         SequenceParallelTrainer(model=model, args=TrainingArguments(**args), sp_size=3)
+    # NEFTune's noise is scaled by the length a rank sees: refused where that is a shard (two ranks a sequence)
+    with mock.patch("burst.integrations.transformers.trainer.sequence_parallel_groups", return_value=(None, 2, 0, 1)):
+        with pytest.raises(ValueError, match="neftune_noise_alpha"):
+            SequenceParallelTrainer(model=model, args=TrainingArguments(**args, neftune_noise_alpha=5.0))
     # transformers 5.17's Trainer left the token count sp_size times too large (losses and gradients 1/2 at 2 ranks)
     from burst.integrations.transformers import trainer
 

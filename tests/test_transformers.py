@@ -458,3 +458,17 @@ def test_packed_rows_on_a_family_whose_masks_ignore_positions_warn_and_stay_each
         across = reference(input_ids=ids, position_ids=packed, use_cache=False).logits
     assert _rel(logits, alone) < 1e-5, _rel(logits, alone)
     assert _rel(across, alone) > 1e-3  # what the warning is about: eager runs the second document into the first
+
+
+def test_peft_prompt_learning_is_refused_by_name():
+    """PEFT's prompt, prefix and p-tuning put virtual tokens before each rank's shard (a helper found them refused
+    only by messages that blamed the user's sharding); adapters on the weights are not refused."""
+    from types import SimpleNamespace
+
+    from burst.integrations.transformers.backend.batches import check_head
+
+    prompt = SimpleNamespace(active_peft_config=SimpleNamespace(is_prompt_learning=True, peft_type="PROMPT_TUNING"))
+    with pytest.raises(ValueError, match="PROMPT_TUNING puts virtual tokens before every rank's shard"):
+        check_head(prompt, {"input_ids": None})
+    lora = SimpleNamespace(active_peft_config=SimpleNamespace(is_prompt_learning=False, peft_type="LORA"))
+    check_head(lora, {"input_ids": None, "labels": None})

@@ -93,6 +93,11 @@ class SequenceParallelTrainer(Trainer):
                 f"{type(self.model).__name__}.forward takes no num_items_in_batch (each rank would "
                 "average its own tokens)"
             )
+        if self.neftune_noise_alpha is not None and self.sp_size > 1:
+            problems.append(
+                "neftune_noise_alpha (transformers scales NEFTune's noise by the length each rank sees: its shard, "
+                "so the noise would be sqrt(sp_size) times one process's)"
+            )
         if not self.args.average_tokens_across_devices:
             problems.append("average_tokens_across_devices=False (each rank would average its own tokens)")
         if self.sp_size > 1 and Version(transformers.__version__) < DIVIDES_BY_CP_SIZE:
@@ -107,6 +112,13 @@ class SequenceParallelTrainer(Trainer):
     # Trainer reads these sizes to count the tokens that share a batch and the data-parallel world.
     def get_cp_size(self) -> int:
         return self.sp_size
+
+    def _track_num_input_tokens(self, inputs):
+        """Trainer sums every process's count of the batch it collated; the ranks of a group hold the same one
+        (each is sharded after): counted once per group (include_num_input_tokens_seen was sp_size times)."""
+        before = self.state.num_input_tokens_seen
+        super()._track_num_input_tokens(inputs)
+        self.state.num_input_tokens_seen = before + (self.state.num_input_tokens_seen - before) // self.sp_size
 
     # ---- data: the replicas get different batches, the ranks of a group the same one -------------
 

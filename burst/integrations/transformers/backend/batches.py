@@ -115,8 +115,15 @@ def check_head(model: torch.nn.Module, batch: dict) -> None:
     """ValueError for what shard_batch would cut silently wrong: a head that pools one token of each row
     (sequence classification: each rank would pool its own shard's), targets that are not a causal LM's
     (labels shard_batch shifts as next tokens; a token classifier's or a span's are not, and their losses
-    take no global token count), and logits_to_keep (each shard's last tokens, not the sequence's)."""
+    take no global token count), logits_to_keep (each shard's last tokens, not the sequence's), and PEFT's
+    prompt learning (virtual tokens before each shard)."""
     name, kind = type(model).__name__, getattr(model, "loss_type", None)
+    peft = getattr(model, "active_peft_config", None)
+    if getattr(peft, "is_prompt_learning", False):
+        raise ValueError(
+            f"{name}: PEFT's {getattr(peft, 'peft_type', 'prompt learning')} puts virtual tokens before every rank's "
+            "shard (prompt, prefix and p-tuning): not supported across ranks; adapters on the weights (LoRA...) are"
+        )
     if kind == "ForSequenceClassification" or name.endswith("ForSequenceClassification"):
         raise ValueError(
             f"{name} pools one token of each row (its last non-padding one), which on a shard would be each rank's "
