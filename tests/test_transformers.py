@@ -213,6 +213,35 @@ def _errors(rank, world):
     cases["token classification labels"] = lambda: bt.shard_batch({"input_ids": ids, "labels": ids % 2}, model=tagger)
     cases["logits_to_keep"] = lambda: bt.shard_batch({"input_ids": ids, "logits_to_keep": 1}, model=model)
     cases["ignore_index to the model"] = lambda: model(**batch, ignore_index=-1)
+    # beyond text: images' features go to their tokens (split across ranks) and their tokens attend both ways
+    from burst.bench.hf_zoo import causal_lm, tiny_config
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    gemma3 = causal_lm("gemma3", tiny_config("gemma3"), attn_implementation=name)
+    images = (ids > 0) & (torch.arange(ids.shape[1]) % 5 == 1)
+    cases["pixel_values"] = lambda: bt.shard_batch(
+        {"input_ids": ids, "pixel_values": torch.zeros(1, 3, 4, 4)}, model=model
+    )
+    cases["image token types"] = lambda: bt.shard_batch(
+        {"input_ids": ids, "token_type_ids": images.long()}, model=gemma3
+    )
+    cases["mrope positions"] = lambda: bt.shard_batch(
+        {"input_ids": ids, "position_ids": torch.arange(ids.shape[1]).expand(3, 1, -1)}, model=model
+    )
+    prefix_lm = GemmaForCausalLM(  # PaliGemma's text model: not causal by the layer, causal by the mask
+        GemmaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            use_bidirectional_attention=True,
+            attn_implementation=name,
+        )
+    )
+    cases["bidirectional by the mask"] = lambda: prefix_lm(**bt.shard_batch({"input_ids": ids}, model=prefix_lm))
 
     def twice(zero):  # two micro-batches' backward, reduce_gradients after each: wrong unless zeroed between
         model.zero_grad(set_to_none=False)
@@ -297,6 +326,10 @@ def test_unsupported_raises_on_every_rank():
         "token classification labels": "loss is ForTokenClassification",
         "logits_to_keep": "each rank's shard",
         "ignore_index to the model": "bt.shard_batch(batch, ignore_index=...)",
+        "pixel_values": "shard_batch got pixel_values",
+        "image token types": "shard_batch got token_type_ids",
+        "mrope positions": "multi-dimensional rotary positions",
+        "bidirectional by the mask": "use_bidirectional_attention",
         "reduce after each micro-batch": "a backward added into gradients it had already summed",
     }
     for rank, results in enumerate(_results(2)):

@@ -13,6 +13,7 @@ import typing
 
 import torch
 
+from .backend.batches import NON_TEXT_INPUTS
 from .keywords import ATTENTION_LAYER_KINDS, CACHE_KEYWORDS, layer_kinds
 from .layers import mixers, rope
 from .layers.configs import decoder_of, text_config
@@ -158,7 +159,7 @@ def by_name(module, args: tuple, kwargs: dict) -> dict:
 
 # Inputs of a multimodal model's forward that put images, audio or video into the prompt (pixel_values,
 # image_grid_thw, input_features, mm_encoder_outputs...): matched by part of the name, across families.
-_NON_TEXT_INPUTS = ("pixel", "image", "video", "audio", "input_features", "mm_encoder")
+_NON_TEXT_INPUTS = NON_TEXT_INPUTS
 
 
 def beyond_a_text_prompt(named: dict) -> str:

@@ -149,6 +149,12 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
     _refuse_unsupported(call)
     is_causal = kwargs.get("is_causal")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    if not causal and getattr(getattr(module, "config", None), "use_bidirectional_attention", False):
+        raise ValueError(  # PaliGemma's: not causal by the layer, causal by the mask (with prefix blocks)
+            f"attn_implementation={name!r}: {call.model} has use_bidirectional_attention, and its attention follows "
+            "the mask transformers builds (causal, with bidirectional blocks: a prefix, images), which burst does "
+            "not build; not supported across ranks"
+        )
     if cache is not None and not causal:  # a ShardedCache's prefill: the same layer on every rank
         raise ValueError(
             f"attn_implementation={name!r}: generate() on a ShardedCache needs causal attention, and "

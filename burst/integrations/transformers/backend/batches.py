@@ -72,6 +72,11 @@ def shard_batch(
     positions = batch.get("position_ids")
     if positions is None:
         positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    elif positions.dim() > 2:
+        raise ValueError(
+            f"position_ids of shape {tuple(positions.shape)}: shard_batch takes (batch, seq_len) or (1, seq_len); "
+            "multi-dimensional rotary positions (Qwen2-VL's mrope) are not supported across ranks"
+        )
     if layout in layout_mod.DOCUMENT_LAYOUTS:  # each packed document cut on its own: the features see the cut
         cu = documents_from_positions(positions.expand_as(ids), 1, "contiguous") or [0, ids.shape[1]]
         layout = layout_mod.DocumentLayout(tuple(cu), layout.removeprefix("doc_"))
@@ -111,12 +116,26 @@ def shard_batch(
 CAUSAL_LOSSES = (None, "ForCausalLM", "ForConditionalGeneration")
 
 
+# Inputs beyond text, by a part of their name (decoding.py's rule for generate() too)
+NON_TEXT_INPUTS = ("pixel", "image", "video", "audio", "input_features", "mm_encoder")
+
+
+def _has_image_tokens(model) -> bool:
+    config = getattr(model, "config", None)
+    return any(getattr(config, key, None) is not None for key in ("image_token_id", "image_token_index"))
+
+
+def _any_nonzero(value) -> bool:
+    return isinstance(value, torch.Tensor) and bool(value.any())
+
+
 def check_head(model: torch.nn.Module, batch: dict) -> None:
     """ValueError for what shard_batch would cut silently wrong: a head that pools one token of each row
     (sequence classification: each rank would pool its own shard's), targets that are not a causal LM's
     (labels shard_batch shifts as next tokens; a token classifier's or a span's are not, and their losses
-    take no global token count), logits_to_keep (each shard's last tokens, not the sequence's), and PEFT's
-    prompt learning (virtual tokens before each shard)."""
+    take no global token count), logits_to_keep (each shard's last tokens, not the sequence's), PEFT's
+    prompt learning (virtual tokens before each shard), and inputs beyond text (images' features go to their
+    tokens, which the ranks split, and their tokens attend both ways)."""
     name, kind = type(model).__name__, getattr(model, "loss_type", None)
     peft = getattr(model, "active_peft_config", None)
     if getattr(peft, "is_prompt_learning", False):
@@ -136,6 +155,15 @@ def check_head(model: torch.nn.Module, batch: dict) -> None:
             f"shard_batch takes labels as a causal LM's next-token targets, and {name}'s loss is {kind} (given "
             f"{', '.join(targets)}): not supported across ranks. Pass no targets: its per-token logits are exact "
             "(gather them with burst.unshard and take the loss over the whole sequence yourself)"
+        )
+    non_text = [k for k, v in batch.items() if v is not None and any(part in k for part in NON_TEXT_INPUTS)]
+    if not non_text and _has_image_tokens(model):  # Gemma 3's token types mark image tokens: a two-way block
+        non_text = [k for k, v in batch.items() if k.endswith("token_type_ids") and _any_nonzero(v)]
+    if non_text:
+        raise ValueError(
+            f"shard_batch got {', '.join(non_text)}: images, audio or video, whose features go to their tokens (which "
+            f"the ranks split) and whose tokens attend each other both ways (a mask burst does not build); {name} "
+            "trains across ranks on text only"
         )
     if batch.get("logits_to_keep") not in (None, 0):
         raise ValueError(
