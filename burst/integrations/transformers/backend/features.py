@@ -110,11 +110,18 @@ def _hand_documents(call: LayerCall) -> None:
     if found is None:  # an attention module that takes position_ids but keeps them (capture_position_ids)
         found = getattr(call.module, positions.POSITIONS, None)
     if found is None:
+        captured = hasattr(call.module, positions.POSITIONS)  # prepared: the modules above it got none either
+        advice = (
+            "it was prepared, and no module above its attention got position_ids in this forward (a family that "
+            "makes its own positions, such as Qwen2-VL's mrope, is not supported across ranks)"
+            if captured
+            else "models that do pass them: Llama, Qwen, Mistral, GPT-OSS, ...; a model prepared by "
+            "bt.shard_batch(..., model=model) or SequenceParallelTrainer has them captured"
+        )
         raise ValueError(
             f"attn_implementation={call.name!r}: {call.model} does not pass position_ids to its attention "
             "function, so burst can neither check that the shards sit at their global positions nor see packed "
-            "documents; refused (models that do pass them: Llama, Qwen, Mistral, GPT-OSS, ...; a model prepared "
-            "by bt.shard_batch(..., model=model) or SequenceParallelTrainer has them captured)"
+            f"documents; refused ({advice})"
         )
     call.burst["cu_seqlens"] = documents(found, call.query.shape[0], call.query.shape[2], call.backend)
 
