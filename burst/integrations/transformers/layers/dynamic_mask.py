@@ -116,7 +116,7 @@ def kept_keys(bias: torch.Tensor, keep: int, window: int | None, group=None, lay
 
 def _prompt_length(padded: int) -> int:
     """The keys one process scores: in a ShardedCache's prompt (generate.py) its real length, not the layout's
-    padding, so that torch.topk breaks exact ties (biases that saturate alike) as one process's rows do; else
+    padding, so that torch.topk breaks exact ties (a repeated token's equal biases) as one process's rows do; else
     the whole sequence."""
     cache = running_cache()
     return cache.prompt_length if cache is not None and cache.phase == "prefill" else padded
