@@ -13,7 +13,7 @@ import typing
 
 import torch
 
-from .backend.batches import NON_TEXT_INPUTS
+from .backend.batches import carries_non_text, marks_non_text
 from .keywords import ATTENTION_LAYER_KINDS, CACHE_KEYWORDS, layer_kinds
 from .layers import mixers, rope
 from .layers.configs import decoder_of, text_config
@@ -157,11 +157,6 @@ def by_name(module, args: tuple, kwargs: dict) -> dict:
     return named
 
 
-# Inputs of a multimodal model's forward that put images, audio or video into the prompt (pixel_values,
-# image_grid_thw, input_features, mm_encoder_outputs...): matched by part of the name, across families.
-_NON_TEXT_INPUTS = NON_TEXT_INPUTS
-
-
 def beyond_a_text_prompt(named: dict) -> str:
     """What in the inputs of generate()'s model, by name, makes its masks more than causal ones: padding,
     images, audio or video (Gemma 3's and 4's images attend both ways within themselves); '' for a plain
@@ -173,9 +168,9 @@ def beyond_a_text_prompt(named: dict) -> str:
     for name, value in named.items():
         if _empty(value):
             continue
-        if any(part in name for part in _NON_TEXT_INPUTS):
+        if carries_non_text(name):
             return f"{name} (images, audio or video in the prompt)"
-        if name.endswith("token_type_ids") and isinstance(value, torch.Tensor) and bool(value.any()):
+        if marks_non_text(name, value):
             return f"{name} marking tokens that are not text"
     return ""
 

@@ -116,17 +116,25 @@ def shard_batch(
 CAUSAL_LOSSES = (None, "ForCausalLM", "ForConditionalGeneration")
 
 
-# Inputs beyond text, by a part of their name (decoding.py's rule for generate() too)
+# Inputs of a multimodal model's forward that put images, audio or video in (pixel_values, image_grid_thw,
+# input_features, mm_encoder_outputs...), matched by part of the name across families: shard_batch's and
+# generate()'s (decoding.beyond_a_text_prompt) rule
 NON_TEXT_INPUTS = ("pixel", "image", "video", "audio", "input_features", "mm_encoder")
+
+
+def carries_non_text(name: str) -> bool:
+    """Whether an input named `name` carries images, audio or video (by a part of its name)."""
+    return any(part in name for part in NON_TEXT_INPUTS)
+
+
+def marks_non_text(name: str, value) -> bool:
+    """Whether `value` is token types (`*token_type_ids`) marking some token as not text."""
+    return name.endswith("token_type_ids") and isinstance(value, torch.Tensor) and bool(value.any())
 
 
 def _has_image_tokens(model) -> bool:
     config = getattr(model, "config", None)
     return any(getattr(config, key, None) is not None for key in ("image_token_id", "image_token_index"))
-
-
-def _any_nonzero(value) -> bool:
-    return isinstance(value, torch.Tensor) and bool(value.any())
 
 
 def check_head(model: torch.nn.Module, batch: dict) -> None:
@@ -156,9 +164,9 @@ def check_head(model: torch.nn.Module, batch: dict) -> None:
             f"{', '.join(targets)}): not supported across ranks. Pass no targets: its per-token logits are exact "
             "(gather them with burst.unshard and take the loss over the whole sequence yourself)"
         )
-    non_text = [k for k, v in batch.items() if v is not None and any(part in k for part in NON_TEXT_INPUTS)]
+    non_text = [k for k, v in batch.items() if v is not None and carries_non_text(k)]
     if not non_text and _has_image_tokens(model):  # Gemma 3's token types mark image tokens: a two-way block
-        non_text = [k for k, v in batch.items() if k.endswith("token_type_ids") and _any_nonzero(v)]
+        non_text = [k for k, v in batch.items() if marks_non_text(k, v)]
     if non_text:
         raise ValueError(
             f"shard_batch got {', '.join(non_text)}: images, audio or video, whose features go to their tokens (which "

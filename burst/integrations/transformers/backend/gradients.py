@@ -30,7 +30,7 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
     _watch(model)
-    summed = _gradients_every_rank_has(model, group)
+    summed = _parameters_to_sum(model, group)
     all_reduce_in_place([p.grad for p in summed], group=group)
     for p in summed:  # what a later backward must not add into (_added_to_summed)
         p._burst_summed = (weakref.ref(p.grad), p.grad._version)
@@ -101,7 +101,7 @@ def fsdp_reduction(fsdp_ranks: tuple[int, ...], group_ranks: tuple[int, ...], fa
     )
 
 
-def _gradients_every_rank_has(model: torch.nn.Module, group) -> list[torch.Tensor]:
+def _parameters_to_sum(model: torch.nn.Module, group) -> list[torch.nn.Parameter]:
     """The plain (not FSDP-managed) parameters whose gradients to sum, the same list on every rank: a parameter that got
     a gradient on some rank only (an MoE expert no token of another rank's shard was routed to) gets
     zeros where it has none, as one process would give it the sum; one no rank used stays None. One
