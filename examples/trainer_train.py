@@ -210,6 +210,8 @@ def main() -> None:
             },
             os.path.join(args.out, "result.pt"),
         )
+    if scratch is not None:
+        scratch.cleanup()  # end_rank skips the interpreter's finalizers, which would remove it
     if torch.distributed.is_initialized():
         end_rank()  # past every peer's last collective, then no interpreter finalization (gloo can abort there)
 

@@ -682,3 +682,47 @@ def test_cpu_flash_grouped_heads_match_float64(monkeypatch, native, kv_heads):
         assert rel_err(out, ref_out) < 1e-10 and lse_error(lse, ref_lse) < 1e-10
         for grad, ref in zip(got, want):
             assert grad.shape == ref.shape and rel_err(grad, ref) < 1e-10
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_out_rebuilt_from_delta_gives_the_kernels_delta_to_float32s_precision(dtype):
+    """The queries-side backward hands kernels a stand-in for out built from D = rowsum(dO * O) alone: the
+    rowsum the kernel takes of it (float32 sums of half-precision products) must be D to float32's precision,
+    not to dtype's: with very large scores dS = P * (dP - D) cancels, and D off by 2^-9 of itself made the
+    gradients several times further from float64 than the real out does. Its entries stay within a few
+    times out's largest (no overflow in fp16), also for a D that is not a rowsum of dtype's numbers."""
+    g = torch.Generator().manual_seed(5)
+    dout = torch.randn(2, 64, 4, 32, generator=g).to(dtype)
+    dout[0, 0, 0] = 0  # a row with no gradient
+    dout[0, 1, 0, 1:] = 0  # one nonzero entry
+    dout[0, 2, 0, 1:] = 1e-6  # the second largest entry far smaller than the first
+    out = torch.randn(2, 64, 4, 32, generator=g) * 8
+    for out_in in (out.to(dtype), out):  # the strategies' D comes from out in dtype
+        stand_in = kernels.out_from_delta(dout, kernels.row_delta(dout, out_in))
+        assert stand_in.dtype == dtype and torch.isfinite(stand_in).all()
+        assert stand_in.abs().amax() <= 4 * out.abs().amax()
+    out_in = out.to(dtype)
+    delta = kernels.row_delta(dout, out_in)
+    rebuilt = kernels.row_delta(dout, kernels.out_from_delta(dout, delta))
+    # float32's rounding of a 32-term sum, against the norms (D itself may be small by cancellation)
+    norms = (dout.float().norm(dim=-1) * out_in.float().norm(dim=-1)).transpose(1, 2)
+    assert ((rebuilt - delta).abs() <= 1e-5 * norms).all()
+
+
+def test_large_scores_backward_from_delta_matches_the_real_out():
+    """One bf16 tile at scores ~1e3 (queries and keys of norm ~60): cpu_flash's gradients from the stand-in
+    are as far from float64 as those from the real out (they were 1.2-1.5x further before the stand-in
+    carried D exactly)."""
+    from burst.kernels import cpu_flash
+
+    g = torch.Generator().manual_seed(0)
+    q, k = ((torch.randn(1, 256, 4, 16, generator=g) * 15).bfloat16() for _ in range(2))
+    v, dout = (torch.randn(1, 256, 4, 16, generator=g).bfloat16() for _ in range(2))
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    exact = torch.autograd.grad(reference_attention(*leaves, scale=0.25, causal=True)[0], leaves, dout.double())
+    out, lse = cpu_flash.forward(q, k, v, 0.25, True)
+    delta = kernels.row_delta(dout, out)
+    real = cpu_flash.backward(dout, q, k, v, out, lse, 0.25, True)
+    rebuilt = cpu_flash.backward(dout, q, k, v, kernels.out_from_delta(dout, delta), lse, 0.25, True)
+    for a, b, x in zip(real, rebuilt, exact):
+        assert (b.double() - x).abs().amax() <= 1.05 * (a.double() - x).abs().amax()

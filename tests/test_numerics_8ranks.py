@@ -50,6 +50,28 @@ def _cases(rank, world):
                     for strategy in ("burst", "burst:chunk_rows=8", "ring"):
                         errs = sharded_errors(full, with_lse, dtype, causal=causal, **strategy_kwargs(strategy))
                         results.append(((strategy, kv_heads, logit_scale, causal, str(dtype)), errs, sdpa))
+    return results + _large_score_cases()
+
+
+# Queries and keys of norm ~60: scores ~1e3, one key takes a row's whole softmax, and dS = P * (dP - D) is
+# a difference of near-equal numbers, so D must match the kernel's own rowsum(dO * O) to float32's precision
+# (kernels.out_from_delta). The inputs are rounded to bf16 first: the reference then sees what both sides see.
+LARGE = 60 / D**0.5
+LARGE_STRATEGIES = ("burst:backward_side=queries", "burst:backward_side=keys", "usp", "cqs")
+
+
+def _large_score_cases():
+    results = []
+    for kv_heads in (4, 1):
+        for causal in (False, True):
+            full = full_inputs(11 + kv_heads, 1, N_LOCAL * WORLD, H, kv_heads, D, torch.float64)
+            full[0], full[1] = full[0] * LARGE, full[1] * LARGE
+            full = [t.to(torch.bfloat16).double() for t in full]
+            ref = reference_grads(*full, causal=causal)
+            sdpa = _sdpa_errors(full, ref, torch.bfloat16, causal)
+            for strategy in LARGE_STRATEGIES:
+                errs = sharded_errors(full, ref, torch.bfloat16, causal=causal, **strategy_kwargs(strategy))
+                results.append(((strategy, kv_heads, "large scores", causal, "torch.bfloat16"), errs, sdpa))
     return results
 
 
@@ -84,3 +106,9 @@ def test_8_ranks_within_the_dtype_bounds():
             if errs["nan"] or not within_bounds(measured, case[-1]):
                 failures.append(f"rank {rank} {case}: {measured}")
     assert not failures, "\n".join(failures)
+
+
+def test_large_scores_are_in_the_cases():
+    """The large-score cases ran (test_8_ranks_as_accurate_as_single_device_sdpa holds them to SDPA's error)."""
+    large = [case for case, _, _ in _results()[0] if case[2] == "large scores"]
+    assert len(large) == 2 * 2 * len(LARGE_STRATEGIES)

@@ -3,7 +3,7 @@
 Partial outputs, lse and gradient accumulators stay float32 (float64 for float64 input) across ring
 steps, so bf16 over many ranks is as accurate as one device's bf16 attention. Here: the accumulators'
 dtype and how they start, the per-row quantities of the backward (lse with empty rows made safe,
-D = rowsum(dO * O), the stand-in for O rebuilt from D), and the accumulators that arrive with a
+D = rowsum(dO * O), the stand-in for O rebuilt from D, exact in float32), and the accumulators that arrive with a
 travelling block (ArrivingAccumulators).
 """
 
@@ -43,20 +43,54 @@ def row_delta(dout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 
 def out_from_delta(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """A stand-in for `out` whose rowsum(dout * out) equals `delta`.
+    """A stand-in for `out` whose rowsum(dout * out), summed in float32 as the kernels sum it, is `delta`.
 
     Flash backward kernels take `out` only to compute delta = rowsum(dout * out). BurstAttention's
     backward (burstengine.md Alg. 2) moves delta instead of out around the ring, so on arrival we
-    rebuild the projection of out onto dout: (delta / |dout|^2) * dout. Its norm never exceeds |out|,
-    so it is as safe in half precision as out itself.
+    rebuild the projection of out onto dout, (delta / |dout|^2) * dout, whose norm never exceeds |out|.
+    In bf16/fp16 that projection's rounding leaves delta off by ~2^-9 of itself, and where one key
+    takes a row's whole softmax (very large scores) dS = P * (dP - delta) is a difference of two
+    near-equal numbers, so the gradients were up to ~4x further from float64 than with the real out
+    (docs/numerics.md). The two entries where |dout| is largest therefore carry the projection's
+    remainder, the second what the first's rounding left: delta comes back to float32's precision.
 
     dout: (batch, seqlen, nheads, headdim); delta: (batch, nheads, seqlen) float32.
     """
     acc = accumulator_dtype(dout.dtype)
+    delta = delta.transpose(1, 2)  # (b, s, h), as dout's rows
     norm2 = torch.linalg.vector_norm(dout, dim=-1, dtype=acc).square_()  # (b, s, h), no full-size temporary
-    coef = torch.where(norm2 > 0, delta.transpose(1, 2) / norm2.clamp_min(torch.finfo(acc).tiny), 0.0)
+    coef = torch.where(norm2 > 0, delta / norm2.clamp_min(torch.finfo(acc).tiny), 0.0)
     # Multiplied in float32 and rounded once into dout's dtype, with no float32 copy of dout.
-    return torch.mul(dout, coef.unsqueeze(-1), out=torch.empty_like(dout))
+    out = torch.mul(dout, coef.unsqueeze(-1), out=torch.empty_like(dout))
+    if dout.dtype == acc or dout.shape[-1] < 2:
+        return out  # float32 and float64 round the projection finely enough
+    return _carry_remainder(dout, out, delta)
+
+
+def _carry_remainder(dout: torch.Tensor, out: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """out with its two entries of largest |dout| set so that rowsum(dout * out) = delta in float32.
+
+    The first takes what the other entries leave of delta; the second what the first's rounding
+    left (dropped where that would need an entry larger than twice the first: a tiny |dout|)."""
+    acc = delta.dtype
+    wide = dout.to(acc).abs_()  # the one float32 temporary of the rows (a flash backward's dq accumulator is as large)
+    first = wide.argmax(-1, keepdim=True)  # two argmax: topk is ~7x slower on the CPU
+    second = wide.scatter_(-1, first, -1.0).argmax(-1, keepdim=True)
+    top = torch.cat([first, second], -1)  # (b, s, h, 2)
+    out.scatter_(-1, top, 0)
+    rest = delta - wide.copy_(dout).mul_(out).sum(-1)
+    first, second = dout.gather(-1, top).to(acc).unbind(-1)  # exact in float32
+    at_first = _quotient(rest, first).to(dout.dtype)
+    rest = rest - at_first.to(acc) * first  # exact products of two half-precision numbers
+    at_second = _quotient(rest, second)
+    at_second = torch.where(at_second.abs() <= 2 * at_first.to(acc).abs(), at_second, 0.0)
+    return out.scatter_(-1, top, torch.stack([at_first, at_second.to(dout.dtype)], -1))
+
+
+def _quotient(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num / den, 0 where den is 0."""
+    nonzero = den != 0
+    return torch.where(nonzero, num / torch.where(nonzero, den, 1.0), 0.0)
 
 
 class ArrivingAccumulators:
