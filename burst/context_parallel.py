@@ -166,10 +166,13 @@ def _held_positions(layout, group, local_len) -> torch.Tensor | None:
 
 
 def _position_lookup(func, args, kwargs) -> torch.Tensor | None:
-    """The indices of a table lookup a model may number positions with: F.embedding (BART, Pegasus) or a
-    row index_select (MusicGen's sinusoidal table); None for any other call."""
+    """The indices of a table lookup a model may number positions with: F.embedding (BART, Pegasus), a
+    learned table's rows indexed (`self.wpe.weight[positions]`) or a row index_select (MusicGen's sinusoidal
+    table); None for any other call."""
     if func is F.embedding:
         return args[0] if args else kwargs.get("input")
+    if func is torch.Tensor.__getitem__:
+        return _rows_indexed(*args)
     if func in (torch.index_select, torch.Tensor.index_select):
         source = args[0] if args else kwargs.get("input")
         dim = args[1] if len(args) > 1 else kwargs.get("dim")
@@ -179,6 +182,17 @@ def _position_lookup(func, args, kwargs) -> torch.Tensor | None:
             return None
         return args[2] if len(args) > 2 else kwargs.get("index")
     return None
+
+
+def _rows_indexed(table, index) -> torch.Tensor | None:
+    """The integer tensor indexing a Parameter's rows (`table[idx]`, `table[idx, :]`); None for anything else
+    (activations gathered by index are not positions)."""
+    if isinstance(index, tuple):
+        rest_whole = all(i is Ellipsis or (isinstance(i, slice) and i == slice(None)) for i in index[1:])
+        index = index[0] if index and rest_whole else None
+    if not isinstance(table, torch.nn.Parameter) or not isinstance(index, torch.Tensor):
+        return None
+    return None if index.is_floating_point() or index.dtype == torch.bool else index
 
 
 def _counts_from_shard_start(indices: torch.Tensor, held: torch.Tensor) -> bool:
@@ -273,6 +287,8 @@ class _SDPARouter(TorchFunctionMode):
             return self._multi_head_attention(func, args, kwargs)
         if func is F.embedding or func is torch.index_select or func is torch.Tensor.index_select:
             self._note_position_lookup(func, args, kwargs)  # only these: anything more, dynamo mistraces MHA
+        elif func is torch.Tensor.__getitem__ and not torch.compiler.is_compiling():
+            self._note_position_lookup(func, args, kwargs)  # eagerly only: every indexing passes here
         return func(*args, **kwargs)
 
     def _note_position_lookup(self, func, args, kwargs) -> None:
@@ -346,11 +362,12 @@ class _SDPARouter(TorchFunctionMode):
         """What this call asks that sharded attention cannot give, as the error every rank raises."""
         if self.shard_counted_positions:
             return ValueError(
-                f"{ENTRY}: an embedding looked up positions p..p+{self.local_len - 1} on a rank that holds other "
-                "tokens: the model numbers each shard's tokens from its own length (BART-family and MusicGen "
-                "learned positions: arange(seq_len) + offset), so every rank would embed its shard at the first "
-                "rank's positions. Such a model cannot run through the SDPA door; use the transformers backend "
-                "(burst.integrations.transformers), which refuses or handles the family"
+                f"{ENTRY}: a table was looked up at rows p..p+{self.local_len - 1} (an embedding, or a Parameter's "
+                "rows indexed) on a rank that holds other tokens: the model numbers each shard's tokens from its own "
+                "length (learned positions: arange(seq_len) + offset), so every rank would embed its shard at the "
+                "first rank's positions. Look positions up from a positions buffer listed in buffers= (a "
+                "transformers model: use burst.integrations.transformers). Token ids that run p, p+1, ... look "
+                "the same: test with other ids"
             )
         if attn_mask is not None:
             return ValueError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import types
 
 import torch
 import torch.nn.functional as F
@@ -23,18 +24,33 @@ import torch.nn.functional as F
 TORCH_SDPA = F.scaled_dot_product_attention
 
 _SKIPPED = ("torch", "burst")  # packages whose own references to SDPA are theirs to keep
+_MAIN_NAMES = ("__main__", "__mp_main__")  # the script run as a program, and as multiprocessing starts it
 
 
 def module_aliases() -> list[tuple[dict, str]]:
     """(a loaded module's globals, a name in them) for each module-level name bound to torch's SDPA outside
     torch and burst."""
     found = []
+    for namespace in _loaded_namespaces():
+        found += [(namespace, key) for key, value in list(namespace.items()) if value is TORCH_SDPA]
+    return found
+
+
+def _loaded_namespaces() -> list[dict]:
+    """The globals of every loaded module outside torch and burst, and those the main script's functions
+    read: a script that multiprocessing's spawn or forkserver starts a rank from runs as __mp_main__, whose
+    functions keep the globals of the run that defined them, a dict no module holds (runpy returns a copy)."""
+    namespaces = {}
     for name, module in list(sys.modules.items()):
         namespace = getattr(module, "__dict__", None)
         if name.split(".")[0] in _SKIPPED or not isinstance(namespace, dict):
             continue
-        found += [(namespace, key) for key, value in list(namespace.items()) if value is TORCH_SDPA]
-    return found
+        namespaces[id(namespace)] = namespace
+        if name in _MAIN_NAMES:
+            for value in list(namespace.values()):
+                if isinstance(value, types.FunctionType) and value.__module__ == name:
+                    namespaces.setdefault(id(value.__globals__), value.__globals__)
+    return list(namespaces.values())
 
 
 @contextlib.contextmanager

@@ -183,9 +183,17 @@ def _errors(rank, world):
     table = nn.Embedding(N_PER_RANK * world + 2, 8)
     shard_counted = lambda: F.scaled_dot_product_attention(q + table(torch.arange(N_PER_RANK) + 2)[None, None], k, v)
     held = lambda: F.scaled_dot_product_attention(q + table(positions + 2)[None, None], k, v)
+    # GPT-2-style code indexing the table's rows itself
+    rows_counted = lambda: F.scaled_dot_product_attention(q + table.weight[torch.arange(N_PER_RANK), :], k, v)
+    rows_held = lambda: F.scaled_dot_product_attention(q + table.weight[positions], k, v)
     layouts = {name: "zigzag" for name in cases}
     for layout in ("zigzag", "contiguous"):
-        for name, fn in ((f"positions from the shard, {layout}", shard_counted), (f"positions held, {layout}", held)):
+        for name, fn in (
+            (f"positions from the shard, {layout}", shard_counted),
+            (f"positions held, {layout}", held),
+            (f"rows from the shard, {layout}", rows_counted),
+            (f"rows held, {layout}", rows_held),
+        ):
             cases[name], layouts[name] = fn, layout
     results = {}
     for name, fn in cases.items():
@@ -312,14 +320,43 @@ def test_what_cannot_be_honoured_raises_on_every_rank():
         "a refused value": "chunk_rows must be a non-negative int",
         "positions from the shard, zigzag": "its own length",
         "positions from the shard, contiguous": "its own length",
+        "rows from the shard, zigzag": "its own length",
+        "rows from the shard, contiguous": "its own length",
     }
     for rank, results in enumerate(_results(2)):
         errors = results["errors"]
         for case, words in expected.items():
             assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
-        for layout in ("zigzag", "contiguous"):  # the rank's own positions looked up: no refusal
-            assert errors[f"positions held, {layout}"] is None, (rank, layout, errors[f"positions held, {layout}"])
+        for case in ("positions held", "rows held"):  # the rank's own positions looked up: no refusal
+            for layout in ("zigzag", "contiguous"):
+                assert errors[f"{case}, {layout}"] is None, (rank, case, layout, errors[f"{case}, {layout}"])
         assert errors["sdpa restored"] and errors["buffers restored"] and errors["listed twice, cut once"]
         assert errors["nested"] is not None and "already open" in errors["nested"], errors["nested"]
         assert errors["sdpa by another name"] and errors["another name warned"], rank
         assert errors["captured route outside"] and errors["captured route in another context"], rank
+
+
+def test_an_alias_in_a_script_a_rank_starts_from_is_routed(tmp_path, monkeypatch):
+    """spawn_world's ranks (multiprocessing's forkserver or spawn) run the user's script as __mp_main__ through
+    runpy, whose functions keep globals no module holds: an SDPA alias there is routed too (else a checkpoint's
+    recomputation attends the rank's tokens alone: gradients 0.6 off, found by a helper)."""
+    import runpy
+    import sys
+    import types
+
+    from burst import sdpa_names
+
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        "from torch.nn.functional import scaled_dot_product_attention as sdpa\n\ndef attend():\n    return sdpa\n"
+    )
+    main = types.ModuleType("__mp_main__")  # as multiprocessing.spawn prepares the main module of a rank
+    main.__dict__.update(runpy.run_path(str(script), run_name="__mp_main__"))
+    monkeypatch.setitem(sys.modules, "__mp_main__", main)
+
+    def burst_route(*args, **kwargs):
+        raise AssertionError("not called")
+
+    with sdpa_names.routed(burst_route):
+        assert main.attend() is burst_route
+    assert main.attend() is sdpa_names.TORCH_SDPA
