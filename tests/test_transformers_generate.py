@@ -333,6 +333,11 @@ def _errors(rank, world):
             torch.cat([ids, ids]), attention_mask=left_padded, max_new_tokens=2, **bt.sharded_cache(model)
         ),
         "beam search": lambda: model.generate(ids, num_beams=2, max_new_tokens=2, **bt.sharded_cache(model)),
+        # refused before any forward: early exit would otherwise leave the model one layer short after the refusal
+        "early exit": lambda: model.generate(ids, assistant_early_exit=1, max_new_tokens=2, **bt.sharded_cache(model)),
+        "prompt lookup": lambda: model.generate(
+            ids, prompt_lookup_num_tokens=2, max_new_tokens=2, **bt.sharded_cache(model)
+        ),
         # each rank a prompt of its own (a user's mistake): each would hold a shard of a different sequence
         "prompts differ": lambda: model.generate(ids + rank, max_new_tokens=2, **bt.sharded_cache(model)),
         "embeddings differ": lambda: model.generate(
@@ -353,9 +358,12 @@ def _errors(rank, world):
     cases["gemma3 image tokens"] = lambda: gemma3.generate(
         ids, token_type_ids=image_tokens, max_new_tokens=2, **bt.sharded_cache(gemma3)
     )
+    layers = model.config.num_hidden_layers
     results = value_errors(cases)
-    tokens = _generate(model, ids, bt.ShardedCache(model), do_sample=False)[0]
-    results["works after"] = tokens.shape == (1, NEW)
+    results["layers kept"] = model.config.num_hidden_layers == layers
+    tokens = _generate(model, ids, **bt.sharded_cache(model), do_sample=False)[0]
+    results["works after"] = torch.equal(tokens, _generate(reference, ids, do_sample=False)[0])
+    results["stop_strings"] = _stop_strings(reference, model, ids)
     # A prompt given as inputs_embeds (generate returns only the new tokens then) is sharded the same way.
     embeds = model.get_input_embeddings()(ids)
     out = model.generate(
@@ -370,6 +378,26 @@ def _errors(rank, world):
     results["hidden states"] = max(_rel(a, b) for a, b in zip(ours, theirs)) if len(ours) == len(theirs) else 1.0
     results["hidden shapes"] = [tuple(a.shape) == tuple(b.shape) for a, b in zip(ours, theirs)]
     return results
+
+
+def _stop_strings(reference, model, ids) -> bool:
+    """generate(stop_strings=, tokenizer=) stops where one process stops (transformers hands `tokenizer` down to the
+    attention function too). A tokenizer of one character per token id, made here (nothing downloaded)."""
+    import string
+
+    import burst.integrations.transformers as bt
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = (string.ascii_letters + string.digits + "+/")[:VOCAB]
+    words = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=chars[0]))
+    words.pre_tokenizer, words.decoder = pre_tokenizers.Split(Regex("."), behavior="isolated"), decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token=chars[0], eos_token=chars[1])
+    options = dict(max_new_tokens=8, do_sample=False, tokenizer=tokenizer)
+    stop = chars[int(reference.generate(ids, **options)[0, ids.shape[1] + 2])]  # the third new token's
+    theirs = reference.generate(ids, stop_strings=[stop], **options)
+    ours = model.generate(ids, stop_strings=[stop], **options, **bt.sharded_cache(model))
+    return theirs.shape[1] < ids.shape[1] + 8 and torch.equal(ours, theirs)
 
 
 def _everything(rank, world):
@@ -465,6 +493,8 @@ def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_w
         "use_cache=False": "ShardedCache",
         "padding mask": "padding",
         "beam search": "beam search",
+        "early exit": "greedy search and sampling on burst's ShardedCache",
+        "prompt lookup": "greedy search and sampling on burst's ShardedCache",
         "prompts differ": "prompt ids differs across ranks",
         "embeddings differ": "prompt sums differs across ranks",
         "seeds differ": "the same torch.manual_seed on every rank",
@@ -475,7 +505,8 @@ def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_w
         errors = results["errors"]
         for case, words in expected.items():
             assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
-        assert errors["works after"] and errors["inputs_embeds"], rank
+        assert errors["works after"] and errors["inputs_embeds"] and errors["layers kept"], rank
+        assert errors["stop_strings"], rank
         assert all(errors["hidden shapes"]) and errors["hidden states"] < 1e-5, (rank, errors["hidden states"])
 
 

@@ -233,3 +233,25 @@ def chosen_positions(kwargs: dict, block_size: int | None, length: int) -> torch
 
 def _shape_of(value) -> str:
     return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+class _OneTokenPerStep(list):
+    """The generation modes a ShardedCache decodes, as a model declares them to transformers
+    (`_supported_generation_modes`, which generate() checks before it runs anything: every rank alike, no
+    forward, no collective, the model untouched); its repr is what transformers' refusal prints."""
+
+    def __repr__(self) -> str:
+        return (
+            "greedy search and sampling on burst's ShardedCache (one token per step, the same on every rank: not "
+            "beam search, assisted or speculative decoding, assistant_early_exit, DoLa or contrastive search)"
+        )
+
+
+def declare_generation_modes(model) -> None:
+    """Make `model.generate()` refuse, up front, the modes a ShardedCache cannot run (beam search would reorder
+    it, assisted decoding crop it; early exit would leave the model with fewer layers after the refusal)."""
+    from transformers.generation import GenerationMode
+
+    own = getattr(type(model), "_supported_generation_modes", None)
+    modes = [m for m in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE) if own is None or m in own]
+    model._supported_generation_modes = _OneTokenPerStep(modes)

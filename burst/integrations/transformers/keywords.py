@@ -60,6 +60,7 @@ ACCEPTED_KEYWORDS: dict[str, tuple[str, str]] = {
     "shift_labels": (NO_EFFECT, "the loss's labels (bt.shard_batch)"),
     "labels": (NO_EFFECT, "the loss's labels, passed through by multimodal wrappers (Gemma 4)"),
     "logits_to_keep": (NO_EFFECT, "which logits the head computes, passed through by multimodal wrappers"),
+    "tokenizer": (NO_EFFECT, "generate()'s, for stop_strings (its stopping rule has it); generate() hands it on"),
 }
 
 
