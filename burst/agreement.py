@@ -39,6 +39,7 @@ if _mode not in MODES:  # read at import: a typo must not mean "always" silently
 _checked: set[tuple] = set()  # (group key, digests) already agreed on, for mode "first"
 _MAX_REMEMBERED = 4096
 _timeout_s = float(os.environ.get("BURST_AGREEMENT_TIMEOUT", "120"))
+_left_open: set[int] = set()  # groups (_group_key) where a check timed out: a collective is left open on them
 
 
 def set_agreement_check(mode: str) -> str:
@@ -124,7 +125,7 @@ def agree(
     device = collective_device(group)
     mine = torch.tensor([int(ok), digest((tuple(facts), digests)) if ok else 0], dtype=torch.int64, device=device)
     every = torch.empty(world * 2, dtype=torch.int64, device=device)
-    _wait_for_every_rank(all_gather_flat(every, mine, group=group, async_op=True), entry)
+    _wait_for_every_rank(all_gather_flat(every, mine, group=group, async_op=True), entry, group)
     rows = every.view(world, 2).cpu().tolist()
     if not all(r[0] for r in rows):
         _raise_bad_input(entry, problem, group, world)
@@ -134,7 +135,7 @@ def agree(
         _checked.add(key)
 
 
-def _wait_for_every_rank(work, entry: str) -> None:
+def _wait_for_every_rank(work, entry: str, group) -> None:
     """Wait for the check's all_gather at most the agreement timeout; past it, some rank never made
     the call (it is elsewhere in the program): raise here instead of hanging."""
     if not _timeout_s:
@@ -145,12 +146,20 @@ def _wait_for_every_rank(work, entry: str) -> None:
     except RuntimeError as err:
         if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
             raise
+        _left_open.add(_group_key(group))
         raise TimeoutError(
             f"{entry}: waited {_timeout_s:g} s for the other ranks of the group to make the same call; some "
             "ranks did not make it (every rank must call it, e.g. model.generate() or forward() on every "
             "rank, not on rank 0 only). The process group is unusable now. A slow rank that is merely late "
             "needs a longer wait: burst.set_agreement_timeout(seconds) or BURST_AGREEMENT_TIMEOUT"
         ) from err
+
+
+def collective_left_open(group=None) -> bool:
+    """Whether a check timed out on `group` (None: the default group) in this process: no later collective
+    on it can pair up (launch.end_rank does not wait at its closing barrier then, which would never end)."""
+    keys = {0, id(dist.group.WORLD)} if group is None or group is dist.group.WORLD else {_group_key(group)}
+    return bool(keys & _left_open)
 
 
 def _group_key(group) -> int:

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .agreement import collective_left_open
 from .devices import backend_for, bind, device_of_backend, resolve_device
 
 POLL_SECONDS = 0.05
@@ -168,11 +169,12 @@ def _name_process(name: str) -> None:
 
 
 def _close_world() -> None:
-    """Every rank past its last collective before any closes its connections: a rank that tears
-    down while a peer still reads the tail of an all-reduce aborts that peer (gloo)."""
+    """Every rank past its last collective before any closes (a rank tearing down while a peer reads an
+    all-reduce's tail aborts it, gloo); not after a check timed out here (the barrier could never pair up)."""
     try:
-        dist.barrier()
-        dist.destroy_process_group()
+        if not collective_left_open():
+            dist.barrier()
+            dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - a peer that failed is gone; the launcher reports it
         pass
 

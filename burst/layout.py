@@ -261,7 +261,23 @@ def shard(x: torch.Tensor, group=None, layout="contiguous", dim: int = 1, cu_seq
         lambda d, resolved: {"layout": resolved, "dim": d, "length": x.shape[d], "ndim": x.dim()},
     )
     idx = shard_indices(layout, rank, world, x.shape[dim], device=x.device)
-    return x.index_select(dim, idx)
+    out = x.index_select(dim, idx)
+    if not torch.compiler.is_compiling():
+        out._burst_layout = layout  # burst.attention refuses it under another layout (check_sharded_with)
+    return out
+
+
+def check_sharded_with(layout, **tensors) -> None:
+    """ValueError for a tensor burst.shard cut by another layout than `layout` (its own result, as returned:
+    a new tensor made from it, `.to()` or a projection, is not marked). Every rank makes the same call, so a
+    mismatch is the same everywhere and nothing else would notice it: the numbers are silently wrong."""
+    for name, t in tensors.items():
+        cut = getattr(t, "_burst_layout", None)
+        if cut is not None and cut != layout:
+            raise ValueError(
+                f"{name} was cut by burst.shard with layout={cut!r} and is attended with layout={layout!r}: "
+                "pass burst.attention the layout its inputs were sharded with"
+            )
 
 
 class _Gathered(torch.autograd.Function):

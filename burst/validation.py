@@ -19,6 +19,7 @@ from .layout import (
     DOCUMENT_LAYOUTS,
     DocumentLayout,
     check_layout,
+    check_sharded_with,
     is_int,
     listed_documents,
     local_multiple,
@@ -45,6 +46,7 @@ def checked_key_call(q, keys, request: AttentionRequest, rank: int, world: int, 
     keys.check(q)
     layout, cu_seqlens = _document_layout(r.layout, listed_documents(r.cu_seqlens), world, q.shape[1])
     _check_options(r.strategy, layout, r.causal, r.window, r.softmax_scale)
+    check_sharded_with(layout, q=q, k=getattr(keys, "k", None), v=getattr(keys, "v", None))
     _check_softcap_and_chunks(r.softcap, r.chunk_size)
     _check_local_length(q.shape[1], layout)
     global_len = q.shape[1] * world

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from cases import TOL, full_inputs, reference_grads, sharded_errors
-from world import results_by_world
+from world import results_by_world, run_world
 
 B, N, H, D = 1, 8, 2, 8  # batch, local tokens, heads, head dim
 WAIT_S = 1.0  # the agreement timeout of the call only rank 0 makes (the others' barrier waits twice that)
@@ -213,3 +213,27 @@ def test_a_mistyped_agreement_mode_in_the_environment_is_refused():
     assert done.returncode != 0 and "BURST_AGREEMENT_CHECK must be one of" in done.stderr, done.stderr[-500:]
     env["BURST_AGREEMENT_CHECK"] = "first"
     assert subprocess.run([sys.executable, "-c", "import burst"], env=env).returncode == 0
+
+
+def _caught_timeout(rank, world):
+    """Rank 0 calls burst.attention on the default group alone and catches the TimeoutError; rank 1 makes
+    no call at all. Both return normally."""
+    burst.set_agreement_timeout(WAIT_S)
+    if rank == 0:
+        x = torch.randn(B, N, H, D)
+        try:
+            burst.attention(x, x, x)
+        except TimeoutError:
+            return "caught"
+        return "no error"
+    time.sleep(3 * WAIT_S)
+    return "made no call"
+
+
+def test_a_world_ends_after_a_rank_caught_the_agreement_timeout():
+    """The closing barrier of a rank's end would pair with the collective the timed-out check left open and
+    wait forever (a helper's world sat out its whole timeout): a rank whose default group has one left open
+    does not wait there."""
+    start = time.monotonic()
+    assert run_world(2, _caught_timeout, timeout=60) == ["caught", "made no call"]
+    assert time.monotonic() - start < 30

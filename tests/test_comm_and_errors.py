@@ -106,6 +106,12 @@ def _bad_inputs(rank, world):
         "head_dim_zero": lambda: good(d=0),
         "meta": lambda: {name: t.to("meta") for name, t in good().items()} if last else good(),
         "group_name": lambda: {**good(), "group": "world"},
+        # shards cut zigzag, attended as the default contiguous: every rank alike, so only the mark tells
+        "sharded_otherwise": lambda: {
+            **good(),
+            "q": burst.shard(torch.randn(B, N * world, H, D), layout="zigzag"),
+            "causal": True,
+        },
         "cu_seqlens_numpy": lambda: {**good(), "causal": True, "cu_seqlens": np.array([0, 5, N * world])},  # runs
     }
     results = {}
@@ -173,6 +179,10 @@ EXPECTED = {  # case: (error type on the rank with bad input, words the message 
     "window_bools": ("ValueError", "window must be None or (left, right) ints"),
     "head_dim_zero": ("ValueError", "heads and headdim must be at least 1"),
     "meta": ("ValueError", "meta device"),
+    "sharded_otherwise": (
+        "ValueError",
+        "cut by burst.shard with layout='zigzag' and is attended with layout='contiguous'",
+    ),
     "group_name": ("TypeError", "group must be a torch.distributed ProcessGroup"),
 }
 

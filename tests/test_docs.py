@@ -231,3 +231,17 @@ def test_papers_cited_with_links():
     for arxiv in ("2403.09347", "2509.19836", "2310.01889", "2310.03294"):
         assert f"https://arxiv.org/abs/{arxiv}" in text, arxiv
     assert "https://doi.org/10.1109/ACCESS.2025.3544550" in text  # CQS-Attention: IEEE Access, no arXiv id
+
+
+def test_the_contract_table_lists_every_accepted_keyword():
+    """docs/transformers.md says the backend accepts exactly the keywords of its table: each keyword of
+    bt.ACCEPTED_KEYWORDS is in it (a helper found `tokenizer` accepted and not listed)."""
+    from burst.integrations.transformers.keywords import ACCEPTED_KEYWORDS
+
+    text = (ROOT / "docs" / "transformers.md").read_text()
+    table = text[text.index("## The contract") :]
+    rows = " ".join(line for line in table.splitlines() if line.startswith("|"))
+    listed = set(re.findall(r"`(\w+)`", rows))
+    for stem in re.findall(r"`(\w+)_q/k`", rows):  # `cu_seq_lens_q/k`: both
+        listed |= {f"{stem}_q", f"{stem}_k"}
+    assert set(ACCEPTED_KEYWORDS) <= listed, sorted(set(ACCEPTED_KEYWORDS) - listed)

@@ -266,3 +266,15 @@ if __name__ == "__main__":  # _results' launches: python|torchrun tests/test_tra
     import sys
 
     _run_recipes(*sys.argv[1:])
+
+
+def test_a_dataloader_accelerate_ran_as_one_process_is_refused_saying_why(monkeypatch):
+    """Accelerator() under torchrun on a machine without a GPU runs each process as a world of one and leaves
+    the dataloader without its per-process sampler: sp.dataloader refuses, naming cpu=True (it named
+    dispatch_batches, which did not apply: a helper followed docs/training.md's block literally)."""
+    from burst.integrations.transformers import sequence_parallel
+
+    monkeypatch.setattr(sequence_parallel.dist, "get_world_size", lambda *args: 2)
+    loader = torch.utils.data.DataLoader(list(range(4)), batch_size=1)
+    with pytest.raises(NotImplementedError, match=r"world of 1 while the process group has 2.*cpu=True"):
+        sequence_parallel.over_replicas(loader, replica=0, replicas=1, sp_size=2)

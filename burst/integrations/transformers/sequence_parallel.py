@@ -126,14 +126,26 @@ def over_replicas(dataloader, replica: int, replicas: int, sp_size: int):
     if shard is None:
         raise NotImplementedError(
             f"{type(dataloader).__name__}: burst re-points accelerate's per-process sampler (BatchSamplerShard or "
-            "IterableDatasetShard) to the data-parallel replicas, and this dataloader has none (an iterable "
-            "dataset dispatched from rank 0?): set accelerator_config={'dispatch_batches': False}"
+            f"IterableDatasetShard) to the data-parallel replicas, and this dataloader has none: {_why_unsharded()}"
         )
     shard.num_processes, shard.process_index = replicas, replica
     if replicas == 1 and hasattr(shard, "even_batches"):
         # accelerate would not shard one process at all: no last batch filled up from the start
         shard.even_batches = False
     return dataloader
+
+
+def _why_unsharded() -> str:
+    """Why accelerate left a dataloader without its per-process sampler, for the refusal."""
+    from accelerate.state import PartialState
+
+    processes, world = PartialState().num_processes, dist.get_world_size()
+    if processes != world:
+        return (
+            f"accelerate runs this process as a world of {processes} while the process group has {world}: "
+            "on a machine without a GPU, pass Accelerator(cpu=True)"
+        )
+    return "an iterable dataset dispatched from rank 0? Set accelerator_config={'dispatch_batches': False}"
 
 
 def sequence_parallel_groups(sp_size: int | None):
