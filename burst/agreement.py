@@ -33,12 +33,22 @@ import torch.distributed as dist
 from .comm.collectives import all_gather_flat
 
 MODES = ("always", "first", "off")
-_mode = os.environ.get("BURST_AGREEMENT_CHECK", "always")
-if _mode not in MODES:  # read at import: a typo must not mean "always" silently
-    raise ValueError(f"BURST_AGREEMENT_CHECK must be one of {MODES}, got {_mode!r}")
 _checked: set[tuple] = set()  # (group key, digests) already agreed on, for mode "first"
 _MAX_REMEMBERED = 4096
-_timeout_s = float(os.environ.get("BURST_AGREEMENT_TIMEOUT", "120"))
+
+
+def settings_from_environment() -> None:
+    """BURST_AGREEMENT_CHECK and BURST_AGREEMENT_TIMEOUT as the mode and the timeout: read at import, and
+    again by a spawned rank once its environment is the launcher's (launch.spawn_world's env= included)."""
+    global _mode, _timeout_s
+    mode = os.environ.get("BURST_AGREEMENT_CHECK", "always")
+    if mode not in MODES:  # a typo must not mean "always" silently
+        raise ValueError(f"BURST_AGREEMENT_CHECK must be one of {MODES}, got {mode!r}")
+    _mode, _timeout_s = mode, float(os.environ.get("BURST_AGREEMENT_TIMEOUT", "120"))
+    _checked.clear()
+
+
+settings_from_environment()
 _left_open: set[int] = set()  # groups (_group_key) where a check timed out: a collective is left open on them
 
 
@@ -144,14 +154,20 @@ def _wait_for_every_rank(work, entry: str, group) -> None:
     try:
         work.wait(timeout=datetime.timedelta(seconds=_timeout_s))
     except RuntimeError as err:
-        if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
-            raise
         _left_open.add(_group_key(group))
+        if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
+            first_line = (str(err).strip() or type(err).__name__).splitlines()[0]
+            raise RuntimeError(
+                f"{entry}: the group broke while this rank waited for the others' check ({first_line}): a peer "
+                "left it, most often one whose own wait for this check timed out first. The process group is "
+                "unusable now"
+            ) from err
         raise TimeoutError(
             f"{entry}: waited {_timeout_s:g} s for the other ranks of the group to make the same call; some "
             "ranks did not make it (every rank must call it, e.g. model.generate() or forward() on every "
-            "rank, not on rank 0 only). The process group is unusable now. A slow rank that is merely late "
-            "needs a longer wait: burst.set_agreement_timeout(seconds) or BURST_AGREEMENT_TIMEOUT"
+            "rank, not on rank 0 only), or made it on another group (pass every rank the same group: one "
+            "dist.new_group made on every rank). The process group is unusable now. A slow rank that is merely "
+            "late needs a longer wait: burst.set_agreement_timeout(seconds) or BURST_AGREEMENT_TIMEOUT"
         ) from err
 
 

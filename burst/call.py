@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from .comm.topology import Topology
+from .comm.topology import Topology, ranks_per_node
 from .kernels.attend import attend_backward, attend_forward
 from .layout import Segment, segments
 from .masks import Cover, MaskSpec, Tile, TileSizes, may_attend, plan_tiles
@@ -180,12 +180,10 @@ class AttentionCall:
 
     @cached_property
     def ranks_per_node(self) -> int:
-        """Ranks per node of this call's ring: the topology's when the double ring applies (several
-        nodes, double_ring on, the default group), else the whole world (the flat ring)."""
+        """Ranks per node of this call's ring: the group's when the double ring applies (double_ring on, the
+        group's ranks on several nodes, each node's consecutive: comm.topology.ranks_per_node), else the whole
+        world (the flat ring)."""
         topo = self.topology
         if topo is None or not topo.double_ring or self.world == 1:
             return self.world
-        if self.group is not None and self.group is not dist.group.WORLD:
-            return self.world  # nodes are blocks of global ranks: a subgroup runs the flat ring
-        per_node = topo.local_world_size
-        return per_node if per_node < self.world and self.world % per_node == 0 else self.world
+        return ranks_per_node(topo, self.group, self.world)

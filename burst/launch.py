@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .agreement import collective_left_open
+from .agreement import collective_left_open, settings_from_environment
 from .devices import backend_for, bind, device_of_backend, resolve_device
 
 POLL_SECONDS = 0.05
@@ -70,8 +70,7 @@ def free_port() -> int:
 
 
 def one_line(error: BaseException) -> str:
-    """'ExceptionType: first line of its message' (the message alone for a usage-like ValueError
-    would lose what kind of failure it was)."""
+    """'ExceptionType: first line of its message' (the message alone would lose what kind of failure it was)."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
@@ -115,6 +114,7 @@ def _entry(
         LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", str(world)),
     )
     os.environ.update(env)
+    settings_from_environment()  # burst was imported (in the forkserver) before this environment was set
     if threads:
         torch.set_num_threads(threads)
     try:

@@ -139,7 +139,8 @@ def _is_number(x) -> bool:
 
 def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
     if strategy not in STRATEGY_NAMES:
-        raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}")
+        variant = " ('name:variant' is burst bench's spelling: pass its options)" if ":" in str(strategy) else ""
+        raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}{variant}")
     check_layout(layout)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from cases import TOL, full_inputs, reference_grads, sharded_errors
-from world import results_by_world, run_world
+from world import results_by_world
 
 B, N, H, D = 1, 8, 2, 8  # batch, local tokens, heads, head dim
 WAIT_S = 1.0  # the agreement timeout of the call only rank 0 makes (the others' barrier waits twice that)
@@ -217,8 +217,7 @@ def test_a_mistyped_agreement_mode_in_the_environment_is_refused():
 
 def _caught_timeout(rank, world):
     """Rank 0 calls burst.attention on the default group alone and catches the TimeoutError; rank 1 makes
-    no call at all. Both return normally."""
-    burst.set_agreement_timeout(WAIT_S)
+    no call at all. Both return normally. The timeout is the launcher's env= (BURST_AGREEMENT_TIMEOUT)."""
     if rank == 0:
         x = torch.randn(B, N, H, D)
         try:
@@ -233,7 +232,11 @@ def _caught_timeout(rank, world):
 def test_a_world_ends_after_a_rank_caught_the_agreement_timeout():
     """The closing barrier of a rank's end would pair with the collective the timed-out check left open and
     wait forever (a helper's world sat out its whole timeout): a rank whose default group has one left open
-    does not wait there."""
+    does not wait there. spawn_world's env= reaches burst's settings read at import (they were the forkserver's:
+    the default 120 s, past this world's 60)."""
+    from burst.launch import spawn_world
+
     start = time.monotonic()
-    assert run_world(2, _caught_timeout, timeout=60) == ["caught", "made no call"]
+    env = {"BURST_AGREEMENT_TIMEOUT": str(WAIT_S)}
+    assert spawn_world(_caught_timeout, nproc=2, threads=1, timeout=60, env=env) == ["caught", "made no call"]
     assert time.monotonic() - start < 30

@@ -372,3 +372,24 @@ def test_group_caches_let_destroyed_groups_go():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "destroyed group freed: True" in done.stdout and "group freed at exit: True" in done.stdout, done.stdout
+
+
+def test_what_is_not_a_group_or_a_number_is_named(monkeypatch):
+    """A DeviceMesh or a list of ranks as group= (burst.shard gave torch's "not registered"), a LOCAL_WORLD_SIZE
+    that is not a number (int()'s message did not name it), a strategy spelt as burst bench spells variants."""
+    from burst.comm.membership import check_member
+    from burst.validation import _check_options
+
+    class Mesh:  # what matters of a DeviceMesh here: it is not a group, and has get_group
+        def get_group(self):
+            return None
+
+    with pytest.raises(TypeError, match=r"got Mesh: pass mesh.get_group\(\)"):
+        check_member(Mesh())
+    with pytest.raises(TypeError, match="got list"):
+        check_member([0, 1])
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE='x'"):
+        burst.Topology().resolved(4)
+    with pytest.raises(ValueError, match="burst bench's spelling"):
+        _check_options("burst:flat", "contiguous", True, None, None)

@@ -8,6 +8,8 @@ ranks; at 6 each topology in one layout).
 
 from __future__ import annotations
 
+import itertools
+
 import burst
 import pytest
 import torch
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.serial  # times an emulated link against a local one: n
 
 N_LOCAL, H, D = 4, 2, 8
 TOPOLOGIES = {4: (4, 2, 1), 6: (3, 2)}  # world -> ranks per node to try
+STRATEGIES = ("burst", "ring")
 # Exactness on several nodes only (one node of 4 is the flat ring that every other test runs); the flat
 # ring on a multi-node topology is the flat ring's loop with other link accounting: one mask there.
 EXACT_TOPOLOGIES = {4: (2, 1), 6: (3, 2)}
@@ -68,21 +71,22 @@ def _exact(rank, world):
 
 
 def _links(rank, world):
-    """Forward and backward bytes by link, full mask, fp32, MHA."""
+    """Forward and backward bytes by link, full mask, fp32, MHA; on the default group and on a group of every
+    rank made apart (a data x sequence mesh's sequence group is such a group: the double ring runs there too)."""
+    import torch.distributed as dist
+
+    groups = {"default": None, "new group": dist.new_group(list(range(world)))}
     out = {}
-    for per_node in TOPOLOGIES[world]:
-        for double in (True, False):
-            for strategy in ("burst", "ring"):
-                q, k, v = (torch.randn(1, N_LOCAL, H, D, requires_grad=True) for _ in range(3))
-                with burst.CommStats() as stats:
-                    burst.attention(
-                        q, k, v, strategy=strategy, topology=burst.Topology(per_node, double_ring=double)
-                    ).sum().backward()
-                out[(per_node, double, strategy)] = {
-                    (phase, link): stats.sent(phase, link=link)
-                    for phase in ("forward", "backward")
-                    for link in ("intra", "inter")
-                }
+    for per_node, double, strategy, group in itertools.product(TOPOLOGIES[world], (True, False), STRATEGIES, groups):
+        q, k, v = (torch.randn(1, N_LOCAL, H, D, requires_grad=True) for _ in range(3))
+        topology = burst.Topology(per_node, double_ring=double)
+        with burst.CommStats() as stats:
+            burst.attention(q, k, v, strategy=strategy, topology=topology, group=groups[group]).sum().backward()
+        out[(per_node, double, strategy, group)] = {
+            (phase, link): stats.sent(phase, link=link)
+            for phase in ("forward", "backward")
+            for link in ("intra", "inter")
+        }
     return out
 
 
@@ -159,7 +163,7 @@ def test_bytes_by_link_match_the_formulas(world):
     q = N_LOCAL * H * D * 4  # one of Q, dO, dQ
     stat = N_LOCAL * H * 4  # one of D, lse
     for rank, (_, links, _, _, _) in enumerate(_results(world)):
-        for (per_node, double, strategy), got in links.items():
+        for (per_node, double, strategy, _), got in links.items():
             L = per_node if double and per_node < world else world
             M = world // L
             if double or per_node == world:
@@ -193,8 +197,8 @@ def test_bytes_by_link_match_the_formulas(world):
 
 def test_double_ring_crosses_nodes_less_than_the_flat_boundary_rank():
     links = [lk for _, lk, _, _, _ in _results(4)]
-    double_inter = max(r[(2, True, "burst")][("forward", "inter")] for r in links)
-    flat_inter = max(r[(2, False, "burst")][("forward", "inter")] for r in links)
+    double_inter = max(r[(2, True, "burst", "new group")][("forward", "inter")] for r in links)
+    flat_inter = max(r[(2, False, "burst", "new group")][("forward", "inter")] for r in links)
     assert double_inter < flat_inter
 
 

@@ -19,11 +19,17 @@ def group_rank(group=None) -> int:
 
 
 def check_member(group) -> None:
-    """ValueError on a rank that is not in `group`: dist.new_group hands the ranks outside it
-    GroupMember.NON_GROUP_MEMBER, for which torch answers a size and rank of -1."""
+    """TypeError for what is not a process group (a DeviceMesh: the group of one of its dims is); ValueError on a
+    rank that is not in `group`: dist.new_group hands the ranks outside it GroupMember.NON_GROUP_MEMBER, for
+    which torch answers a size and rank of -1."""
     if isinstance(group, int) and group == dist.GroupMember.NON_GROUP_MEMBER:
         raise ValueError(
             f"this process (global rank {dist.get_rank() if dist.is_initialized() else 0}) is not a member of the "
             "group it passed (dist.new_group returns GroupMember.NON_GROUP_MEMBER on the ranks outside it): call "
             "burst only on the ranks of the group"
+        )
+    if group is not None and not isinstance(group, dist.ProcessGroup):  # a DeviceMesh, a list of ranks...
+        raise TypeError(
+            f"group must be a torch.distributed ProcessGroup or None (the default group), got {type(group).__name__}"
+            f"{': pass mesh.get_group() (a 1-D mesh) or mesh[dim].get_group()' if hasattr(group, 'get_group') else ''}"
         )

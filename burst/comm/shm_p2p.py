@@ -57,9 +57,14 @@ HEADER = 64  # bytes: (tag, payload bytes, kind) as int64, padded to a cache lin
 COUNTERS = 128  # written count, then read count, on separate cache lines
 DATA, REDIRECT, PAD = 0, 1, 2
 REDIRECT_ROOM = 64 * HEADER  # kept free for redirect headers when data would fill the ring
-DEFAULT_CAPACITY_MB = int(os.environ.get("BURST_HOST_CHANNELS_MB", "4"))
 SLEEP_AFTER_S, SLEEP_S = 0.002, 0.0002  # a wait longer than this is long: sleep between looks
 LIVENESS_S = 1.0  # how often a long wait checks that its peer's process still runs
+
+
+def default_capacity_mb() -> int:
+    """BURST_HOST_CHANNELS_MB (default 4), read when the channels open: a spawned rank's environment is the
+    launcher's by then (launch.spawn_world's env= included)."""
+    return int(os.environ.get("BURST_HOST_CHANNELS_MB", "4"))
 
 
 def _round_up(n: int, to: int = HEADER) -> int:
@@ -161,7 +166,7 @@ class HostChannels:
         """Collective over `group`: the channels, or None on every rank when the ranks are not all on
         this host, the platform lacks shared memory in program order, /dev/shm cannot hold the rings,
         or the capacity is 0."""
-        capacity = _round_up((DEFAULT_CAPACITY_MB if capacity_mb is None else capacity_mb) << 20)
+        capacity = _round_up((default_capacity_mb() if capacity_mb is None else capacity_mb) << 20)
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ok = capacity > 0 and HostAllGather.supported()
         if ok:

@@ -32,6 +32,8 @@ class Topology:
         size = self.local_world_size
         if size is None:
             env = os.environ.get("LOCAL_WORLD_SIZE")
+            if env and not env.strip().isdigit():
+                raise ValueError(f"LOCAL_WORLD_SIZE={env!r} (ranks per node, read for burst.Topology) is not a number")
             size = int(env) if env else world
         return Topology(local_world_size=size, double_ring=self.double_ring)
 
@@ -59,6 +61,18 @@ def nodes_spanned(topology: Topology | None, group) -> int:
     if topology is None or not dist.is_initialized():
         return 1
     return len({topology.node_of(r) for r in dist.get_process_group_ranks(group or dist.group.WORLD)})
+
+
+def ranks_per_node(topology: Topology, group, world: int) -> int:
+    """The ranks per node of a double ring over `group` (None: the default group) of `world` ranks: L when its
+    ranks sit L to a node, each node's in consecutive group ranks, over more than one node (a data x sequence
+    mesh's sequence group across nodes too); else `world`, the flat ring."""
+    members = dist.get_process_group_ranks(group or dist.group.WORLD) if dist.is_initialized() else range(world)
+    nodes = [topology.node_of(r) for r in members]
+    per_node = nodes.count(nodes[0])
+    blocks = [nodes[i : i + per_node] for i in range(0, world, per_node)]
+    one_node_each = all(len(set(b)) == 1 for b in blocks) and len({b[0] for b in blocks}) == len(blocks)
+    return per_node if 1 <= per_node < world and world % per_node == 0 and one_node_each else world
 
 
 def default_world_size() -> int:
