@@ -213,6 +213,9 @@ def _errors(rank, world):
     cases["token classification labels"] = lambda: bt.shard_batch({"input_ids": ids, "labels": ids % 2}, model=tagger)
     cases["logits_to_keep"] = lambda: bt.shard_batch({"input_ids": ids, "logits_to_keep": 1}, model=model)
     cases["ignore_index to the model"] = lambda: model(**batch, ignore_index=-1)
+    # a window of no key would have become burst's (-1, 0): no window at all
+    _, windowless = _models(lambda: tiny_decoder_config("MistralConfig", VOCAB, sliding_window=0), name)
+    cases["sliding_window=0"] = lambda: windowless(**batch)
     # beyond text: images' features go to their tokens (split across ranks) and their tokens attend both ways
     from burst.bench.hf_zoo import causal_lm, tiny_config
     from transformers import GemmaConfig, GemmaForCausalLM
@@ -326,6 +329,7 @@ def test_unsupported_raises_on_every_rank():
         "token classification labels": "loss is ForTokenClassification",
         "logits_to_keep": "each rank's shard",
         "ignore_index to the model": "bt.shard_batch(batch, ignore_index=...)",
+        "sliding_window=0": "passes sliding_window=0",
         "pixel_values": "shard_batch got pixel_values",
         "image token types": "shard_batch got token_type_ids",
         "mrope positions": "multi-dimensional rotary positions",

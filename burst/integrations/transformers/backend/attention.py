@@ -163,6 +163,11 @@ def burst_attention_forward(module, query, key, value, attention_mask, **kwargs)
         )
     window = None
     if call.sliding_window is not None:  # transformers: key j attends when j > i - sliding_window
+        if isinstance(call.sliding_window, bool) or not isinstance(call.sliding_window, int) or call.sliding_window < 1:
+            raise ValueError(  # 0 would become burst's (-1, 0), no window at all
+                f"attn_implementation={name!r}: {call.model} passes sliding_window={call.sliding_window!r}; a window "
+                "is a whole number of keys, at least 1 (the query's own): fix the config's sliding_window"
+            )
         window = (call.sliding_window - 1, 0 if causal else call.sliding_window - 1)
     call.query, call.key, call.value = _one_dtype(call.query, call.key, call.value)
     if call.scaling is None:
