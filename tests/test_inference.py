@@ -95,7 +95,41 @@ def _all(rank, world):
         for shm in (False, True)
     }
     out["host_all_gather"] = _host_all_gather(rank, world)
+    out["misuse"] = _misuse_on_every_rank(rank, world)
     return out
+
+
+def _misuse_on_every_rank(rank, world):
+    """What raised on one rank alone (the others hung in the merge) or was taken silently (a helper's probe):
+    each raises on every rank now, before the merge."""
+    from burst.inference import decode_attention
+
+    torch.manual_seed(0)
+    cache = ShardedKVCache(1, chunk=4)
+    cache.prefill_positions([1], 2 * world)  # a one-token prompt: rank 1 on holds padding alone
+    k = torch.randn(1, 2, 2, 8)
+    cache.store_prefill(0, k, k)
+    q = torch.randn(1, 1, 4, 8)
+    keys, values, valid = cache.keys_values(0)
+    sinks = torch.zeros(4) + rank  # a value of each rank's own
+    cases = {
+        "q dtype": lambda: decode_attention(q.double(), keys, values, valid),
+        "valid float": lambda: decode_attention(q, keys, values, valid.float()),
+        "q batch": lambda: decode_attention(q.expand(3, -1, -1, -1), keys, values, valid),
+        "sinks differ": lambda: decode_attention(q, keys, values, valid, sinks=sinks),
+        "append k heads": lambda: cache.append(0, torch.randn(1, 1, 1, 8), torch.randn(1, 1, 2, 8), torch.tensor([1])),
+    }
+    return {name: _error_text(call) for name, call in cases.items()}
+
+
+def _error_text(call):
+    """The message of the TypeError or ValueError `call()` raises (the rank with the bad input raises its own
+    type, its peers a ValueError naming it), None when it raises none."""
+    try:
+        call()
+    except (TypeError, ValueError) as err:
+        return str(err)
+    return None
 
 
 _results = results_by_world(_all, timeout=240)
@@ -105,7 +139,7 @@ _results = results_by_world(_all, timeout=240)
 def test_decode_attention_exact_and_identical_on_every_rank(world):
     per_rank = _results(world)
     for key in per_rank[0]:
-        if key == "host_all_gather":
+        if key in ("host_all_gather", "misuse"):
             continue
         if key[2]:  # through shared memory: the process group's bits
             assert torch.equal(per_rank[0][key][1], per_rank[0][key[:2] + (False,)][1]), key
@@ -172,3 +206,59 @@ def test_the_cache_refuses_misuse_before_anything_is_stored_and_counts_narrow_va
     for layer in range(2):
         cache.store_prefill(layer, k, v)
     assert cache.bytes() == 2 * (k.numel() + v.numel()) * 4
+
+
+@pytest.mark.parametrize("world", [2])
+def test_decode_misuse_raises_on_every_rank(world):
+    expected = {
+        "q dtype": "share one dtype",
+        "valid float": "valid must be bool",
+        "q batch": "want q (batch, t, heads, d)",
+        "sinks differ": "sinks differs across ranks",
+        "append k heads": "layer 0 stores (1, 1, 2, 8)",
+    }
+    for rank, results in enumerate(_results(world)):
+        for case, words in expected.items():
+            message = results["misuse"][case]
+            assert message is not None and words in message, (rank, case, message)
+
+
+def test_the_cache_refuses_what_it_took_silently():
+    """append broadcast a K of 1 KV head into 2 and cast dtypes, took float positions, let a layer append
+    twice in a step or not at all (its entry: the storage's zeros); store_prefill wrote layer -1 into the last
+    and took a shard shorter than its positions; decode took scale=nan (all zeros) and softcap=-1; a cache
+    of 0 layers was made."""
+    from burst.inference import decode_attention
+
+    with pytest.raises(ValueError, match="layers must be a positive int"):
+        ShardedKVCache(0)
+    cache = ShardedKVCache(2, chunk=4)
+    cache.prefill_positions([3, 2], 3)
+    k = torch.randn(2, 3, 2, 8)
+    with pytest.raises(ValueError, match="layer -1 is not one of the 2"):
+        cache.store_prefill(-1, k, k)
+    with pytest.raises(ValueError, match="prompt shard"):
+        cache.store_prefill(0, k[:, :2], k[:, :2])
+    for layer in range(2):
+        cache.store_prefill(layer, k, k)
+    new, at = torch.randn(2, 1, 2, 8), torch.tensor([3, 3])
+    for bad in (
+        (new[:, :, :1], new, at),
+        (new[:1], new[:1], at),
+        (new.double(), new.double(), at),
+        (new, new, at.float()),
+        (new, new, torch.tensor(3)),
+    ):
+        with pytest.raises(ValueError, match="ShardedKVCache.append"):
+            cache.append(0, *bad)
+    cache.append(0, new, new, at)
+    with pytest.raises(ValueError, match="appended twice"):
+        cache.append(0, new, new, at)
+    with pytest.raises(ValueError, match=r"layers \[1\] stored a prompt and appended no token"):
+        cache.advance()
+    keys, values, valid = cache.keys_values(0)
+    q = torch.randn(2, 1, 4, 8)
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+        decode_attention(q, keys, values, valid, scale=float("nan"))
+    with pytest.raises(ValueError, match="softcap must be a finite number >= 0"):
+        decode_attention(q, keys, values, valid, softcap=-1.0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..agreement import agree
 from ..comm.membership import group_rank, group_size
 from ..layout import shard_indices
 
@@ -36,10 +37,9 @@ class ShardedKVCache:
     """
 
     def __init__(self, layers: int, group=None, layout: str = "contiguous", chunk: int = 256):
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise ValueError(
-                f"ShardedKVCache chunk (entries the storage grows by) must be a positive int, got {chunk!r}"
-            )
+        for name, value in (("layers", layers), ("chunk (entries the storage grows by)", chunk)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ShardedKVCache {name} must be a positive int, got {value!r}")
         self.layers, self.group, self.layout, self.chunk = layers, group, layout, chunk
         self.world = group_size(group)
         self.rank = group_rank(group)
@@ -49,14 +49,20 @@ class ShardedKVCache:
         self._valid: torch.Tensor | None = None
         self.length = 0  # entries held by this rank
         self._pending: set[int] = set()  # layers that appended this decode step's token here
+        self._appended: set[int] = set()  # layers that called append this step, on every rank (owner or not)
         self.decoded = 0  # tokens appended by decode steps (on all ranks together)
 
     # -- prefill -------------------------------------------------------------------------------
     def prefill_positions(self, prompt_lengths: list[int], padded_len: int, device=None) -> torch.Tensor:
         """Global positions of this rank's prompt shard, (batch, padded_len / G), and remembers which
         are real tokens (position < the row's prompt length)."""
-        if max(prompt_lengths, default=0) > padded_len:
-            raise ValueError(f"prompt lengths {prompt_lengths} do not fit the padded length {padded_len}")
+        problem = None
+        if not all(isinstance(n, int) and 0 <= n <= padded_len for n in prompt_lengths):
+            problem = ValueError(
+                f"prompt lengths {prompt_lengths} do not fit the padded length {padded_len} (ints from 0 to it)"
+            )
+        facts = {"prompt lengths": tuple(prompt_lengths), "padded length": padded_len}
+        agree("ShardedKVCache.prefill_positions", None if problem else facts, problem, self.group, self.world)
         idx = shard_indices(self.layout, self.rank, self.world, padded_len, device=device)
         positions = idx.expand(len(prompt_lengths), -1)
         lengths = torch.tensor(prompt_lengths, device=device)[:, None]
@@ -64,7 +70,15 @@ class ShardedKVCache:
         return positions
 
     def store_prefill(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: (batch, padded_len / G, kv_heads, head_dim) of this rank's prompt shard."""
+        """k, v: (batch, padded_len / G, kv_heads, head_dim) of this rank's prompt shard (after prefill_positions)."""
+        if not 0 <= layer < self.layers:
+            raise ValueError(f"ShardedKVCache: layer {layer} is not one of the {self.layers} layers")
+        if self._positions is None or k.shape[:2] != self._positions.shape or k.shape[:3] != v.shape[:3]:
+            raise ValueError(
+                f"ShardedKVCache.store_prefill: k {tuple(k.shape)}, v {tuple(v.shape)} must be (batch, tokens, "
+                f"kv_heads, d) of this rank's prompt shard: (batch, tokens) = "
+                f"{None if self._positions is None else tuple(self._positions.shape)} (prefill_positions first)"
+            )
         self._k[layer], self._v[layer] = self._grow(k), self._grow(v)
         self.length = k.shape[1]
 
@@ -79,7 +93,8 @@ class ShardedKVCache:
         Call for every layer of the step, then `advance()` once; keys_values(layer) includes the new
         token from its append on (a token attends itself). positions: (batch,) global positions.
         """
-        self._check_prefilled(layer)
+        self._check_new_token(layer, k_new, v_new, positions)  # on every rank, owner or not: they raise alike
+        self._appended.add(layer)
         if self.owner_of_next() != self.rank:
             return
         at = self.length
@@ -98,6 +113,12 @@ class ShardedKVCache:
 
     def advance(self) -> None:
         """Close a decode step (after every layer appended)."""
+        missing = [i for i, k in enumerate(self._k) if k is not None and i not in self._appended]
+        self._appended.clear()
+        if missing:  # their entry at this token would be the storage's zeros, attended by the next steps
+            raise ValueError(
+                f"ShardedKVCache.advance: layers {missing} stored a prompt and appended no token this step"
+            )
         if self.owner_of_next() == self.rank:
             self.length += 1
         self._pending.clear()
@@ -140,6 +161,21 @@ class ShardedKVCache:
                 f"ShardedKVCache: layer {layer} has no prompt stored (store_prefill each of the {self.layers} "
                 "layers first)"
             )
+
+    def _check_new_token(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, positions: torch.Tensor) -> None:
+        """The token's K, V as the layer stores them, once per step, at integer positions (batch,)."""
+        self._check_prefilled(layer)
+        if layer in self._appended:
+            raise ValueError(f"ShardedKVCache.append: layer {layer} appended twice in one step (advance() between)")
+        for name, new, stored in (("k", k_new, self._k[layer]), ("v", v_new, self._v[layer])):
+            want = (stored.shape[0], 1, *stored.shape[2:])
+            if tuple(new.shape) != want or new.dtype != stored.dtype:
+                raise ValueError(
+                    f"ShardedKVCache.append: {name} {tuple(new.shape)} {new.dtype}, layer {layer} stores "
+                    f"{want} {stored.dtype}"
+                )
+        if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.shape != want[:1]:
+            raise ValueError(f"ShardedKVCache.append: positions must be an integer tensor of shape {want[:1]}")
 
     def _grow(self, t: torch.Tensor, extra: int | None = None) -> torch.Tensor:
         extra = self.chunk if extra is None else extra

@@ -13,6 +13,8 @@ CPUs, takes its all-gathers through shared memory (decode_exchange: comm/shm.py,
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..agreement import agree
@@ -123,21 +125,7 @@ def decode_attention(
     burst.attention's (0: none).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    problem = None
-    if (
-        q.dim() != 4
-        or k.dim() != 4
-        or v.dim() != 4
-        or k.shape[:3] != v.shape[:3]
-        or q.shape[-1] != k.shape[-1]
-        or q.shape[2] % k.shape[2]
-        or valid.shape not in (k.shape[:2], k.shape[:3])
-    ):
-        problem = ValueError(
-            f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, valid "
-            f"{tuple(valid.shape)}: want q (batch, t, heads, d), k (batch, entries, kv_heads, d), v (batch, "
-            "entries, kv_heads, value_dim) with heads a multiple of kv_heads, valid (batch, entries[, kv_heads])"
-        )
+    problem = _decode_problem(q, k, v, valid, scale, softcap)
     try:
         check_sinks(sinks, q)
     except (TypeError, ValueError) as err:
@@ -145,18 +133,57 @@ def decode_attention(
     if agreed and problem is not None:
         raise problem  # the shapes were agreed for the whole generation: a bad one here is a bug of the caller's
     if not agreed:
-        agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, group, problem)
+        agree_on_decoding(q.shape, q.dtype, k.shape[2], scale, group, problem, softcap=softcap, sinks=sinks)
     out, lse = merge_across_ranks(*partial_attention(q, k, v, valid, scale, softcap), group, exchange)
     if sinks is not None:
         out, _ = fold_sinks(out, lse, sinks)
     return out.to(q.dtype)
 
 
-def agree_on_decoding(q_shape, dtype, kv_heads: int, scale: float, group=None, problem=None) -> None:
-    """Check once that every rank decodes the same query shape, dtype, KV heads and scale (raises on
-    every rank otherwise); each decode_attention(..., agreed=True) of the generation then skips it."""
+def _decode_problem(q, k, v, valid, scale, softcap) -> Exception | None:
+    """What is wrong with a decode call's own arguments (local facts), or None."""
+    tensors = {"q": q, "k": k, "v": v, "valid": valid}
+    if not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        return TypeError(
+            f"decode_attention: {[n for n, t in tensors.items() if not isinstance(t, torch.Tensor)]} must be tensors"
+        )
+    if (
+        q.dim() != 4
+        or k.dim() != 4
+        or v.dim() != 4
+        or k.shape[:3] != v.shape[:3]
+        or q.shape[0] != k.shape[0]
+        or q.shape[-1] != k.shape[-1]
+        or q.shape[2] % k.shape[2]
+        or valid.shape not in (k.shape[:2], k.shape[:3])
+    ):
+        return ValueError(
+            f"decode_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, valid "
+            f"{tuple(valid.shape)}: want q (batch, t, heads, d), k (batch, entries, kv_heads, d), v (batch, "
+            "entries, kv_heads, value_dim) with heads a multiple of kv_heads, valid (batch, entries[, kv_heads])"
+        )
+    if valid.dtype != torch.bool or not q.dtype == k.dtype == v.dtype:
+        return TypeError(
+            f"decode_attention: q, k, v must share one dtype ({q.dtype}, {k.dtype}, {v.dtype}) and valid must be "
+            f"bool, got {valid.dtype} (an int tensor would index, not mask)"
+        )
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        return ValueError(f"decode_attention: scale must be a finite number > 0, got {scale!r}")
+    if not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap >= 0):
+        return ValueError(f"decode_attention: softcap must be a finite number >= 0 (0: none), got {softcap!r}")
+    return None
+
+
+def agree_on_decoding(
+    q_shape, dtype, kv_heads: int, scale: float, group=None, problem=None, softcap: float = 0.0, sinks=None
+) -> None:
+    """Check once that every rank decodes the same query shape, dtype, KV heads, scale, softcap and sinks
+    (raises on every rank otherwise); each decode_attention(..., agreed=True) of the generation then skips it."""
     world = group_size(group)
     facts = {"q shape": tuple(q_shape), "dtype": str(dtype), "kv_heads": int(kv_heads), "scale": float(scale)}
+    if problem is None:
+        facts["softcap"] = float(softcap)
+        facts["sinks"] = None if sinks is None else tuple(sinks.detach().double().flatten().tolist())
     agree("burst decode_attention", facts if problem is None else None, problem, group, world)
 
 
