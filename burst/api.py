@@ -3,6 +3,7 @@ strategy runs, eagerly or, under torch.compile, as one custom op (custom_op.py).
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,7 +16,7 @@ from .keys import KeyBlocks, unit_stride_last
 from .latent import LatentKeys, LatentKV
 from .masks import BlockIndices, BlockSparseMask
 from .prepare import prepare_attention
-from .strategies import STRATEGIES  # noqa: F401 - the names, here too for callers
+from .strategies import STRATEGIES, check_options  # noqa: F401 - the names, here too for callers
 from .validation import DTYPES, STRATEGY_NAMES, check_tensors, checked_call  # noqa: F401 - here too for callers
 
 if TYPE_CHECKING:
@@ -192,3 +193,16 @@ def autocast_inputs(q, k, v):
 
     k_cast = cast(k)
     return cast(q), k_cast, k_cast if v is k else cast(v)  # values that are the keys stay one tensor
+
+
+def check_fixed_options(entry: str, strategy: str, options: dict, per_call: tuple[str, ...], why: str) -> None:
+    """ValueError naming `entry`, before any collective, for options given once for many burst.attention calls
+    (burst.context_parallel's, the engine's parallelize): a keyword each call sets itself (`per_call`, refused
+    with `why`), or one that neither burst.attention nor `strategy` takes, or a value the strategy refuses."""
+    if strategy not in STRATEGY_NAMES:
+        raise ValueError(f"{entry}: strategy must be one of {STRATEGY_NAMES}, got {strategy!r}")
+    fixed = [name for name in per_call if name in options]
+    if fixed:
+        raise ValueError(f"{entry}: {', '.join(fixed)}: {why}")
+    keywords = inspect.signature(attention).parameters
+    check_options(entry, strategy, {k: v for k, v in options.items() if k not in keywords})

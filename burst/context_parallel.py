@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import warnings
 
 import torch
@@ -37,7 +36,6 @@ from .agreement import agree
 from .call import AttentionRequest
 from .comm.membership import group_rank, group_size
 from .layout import DocumentLayout, _check_divisible, check_layout, resolve_layout, shard, shard_indices
-from .strategies import check_options
 
 ENTRY = "burst.context_parallel"
 
@@ -112,16 +110,8 @@ def _shard_buffers_check(buffers, seq_dims, group, layout, strategy, options) ->
     problem, lengths, seen = None, set(), {}
     try:
         check_layout(layout)
-        if strategy not in api.STRATEGY_NAMES:
-            raise ValueError(f"strategy must be one of {api.STRATEGY_NAMES}, got {strategy!r}")
-        per_call = [name for name in _PER_CALL_KEYWORDS if name in options]
-        if per_call:
-            raise ValueError(
-                f"{ENTRY}: {', '.join(per_call)}: set by each scaled_dot_product_attention call (is_causal=, "
-                "scale=), not by the context"
-            )
-        keywords = inspect.signature(api.attention).parameters
-        check_options(ENTRY, strategy, {k: v for k, v in options.items() if k not in keywords})
+        why = "set by each scaled_dot_product_attention call (is_causal=, scale=), not by the context"
+        api.check_fixed_options(ENTRY, strategy, options, _PER_CALL_KEYWORDS, why)
         if len(buffers) != len(seq_dims):
             raise ValueError(f"{len(buffers)} buffers but {len(seq_dims)} buffer_seq_dims: give one dim per buffer")
         for i, (t, dim) in enumerate(zip(buffers, seq_dims)):

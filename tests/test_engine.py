@@ -6,6 +6,7 @@ resumes exactly. One world of 2 and one of 4."""
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import pathlib
@@ -50,13 +51,13 @@ def _compare(got, ref):
     return max(abs(a - b) for a, b in zip(losses, ref_losses)), rel(grads, ref_grads), rel(params, ref_params)
 
 
-def _checkpointing_gradients(rank, world, strategy, layout):
+def _checkpointing_gradients(rank, world, strategy, layout, **options):
     """Per mode: the largest relative gradient error against mode none, and attention's forward
-    bytes (CommStats) of one forward + backward."""
+    bytes (CommStats) of one forward + backward. options: parallelize's (a mask)."""
     torch.manual_seed(0)
     model = Transformer(PRESETS["tiny"])
     if world > 1:
-        parallelize(model, strategy=strategy, layout=layout)
+        parallelize(model, strategy=strategy, layout=layout, **options)
     n = 24 * world
     tokens = torch.randint(0, 256, (2, n), generator=torch.Generator().manual_seed(1))
     positions = burst.layout.shard_indices(layout, rank, world, n)[None].expand(2, -1)
@@ -87,6 +88,9 @@ def _parallel(rank, world, combos):
         out[(strategy, layout)] = _compare(_train(cfg, setup(1)), _train(cfg))
         if world == 2:
             out[("checkpointing", strategy, layout)] = _checkpointing_gradients(rank, world, strategy, layout)
+    if world == 2:  # masks of the whole sequence: selective's prefix had replaced a block-sparse one (0.45 off)
+        for layout, (name, mask) in itertools.product(("zigzag", "contiguous"), _whole_sequence_masks(48).items()):
+            out[("masked checkpointing", layout, name)] = _checkpointing_gradients(rank, world, "burst", layout, **mask)
     if world == 4:  # dp = 2 replicas x sp = 2 ranks, replicated or FSDP2-sharded, against one process
         reference = _train(TrainConfig(seq_len=32, batch=4, steps=3, lr=1e-2, warmup=1))
         for fsdp, mode in MESHES:
@@ -104,6 +108,19 @@ def _parallel(rank, world, combos):
     mine = burst_model(burst.shard(tokens, layout="striped"), positions)
     out["rope"] = ((mine - burst.shard(full, layout="striped")).abs().max() / full.abs().max()).item()
     return out
+
+
+def _whole_sequence_masks(n: int) -> dict:
+    """parallelize's options of a block-sparse mask (blocks of 8, each row of blocks its own and a few
+    earlier) and of packed documents crossing the shards, over n tokens."""
+    blocks = n // 8
+    layout = torch.eye(blocks, dtype=torch.bool) | (
+        torch.rand(blocks, blocks, generator=torch.Generator().manual_seed(2)) < 0.4
+    )
+    return {
+        "block_sparse": {"block_sparse": burst.BlockSparseMask(8, layout.tril())},
+        "documents": {"cu_seqlens": [0, 10, 29, n]},
+    }
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,6 +165,37 @@ def test_checkpointing_modes_give_the_gradients_of_none():
             assert modes[("remat", 0.5)][1] == pytest.approx(1.0)
             assert modes[("selective", 0.5)][1] == pytest.approx(1.5 if layout != "contiguous" else 1.0), modes
             assert 1.0 <= modes[("selective", 0.3)][1] <= 2.0, modes
+
+
+def test_checkpointing_modes_with_masks_give_the_gradients_of_none():
+    for rank, out in enumerate(_results(2)):
+        for key, modes in out.items():
+            if key[0] == "masked checkpointing":
+                for mode, (grad_err, _) in modes.items():
+                    assert grad_err < 1e-5, (rank, key, mode, grad_err)
+
+
+def test_parallelize_takes_only_options_it_applies_also_on_one_process():
+    """parallelize(causal=False) made the model bidirectional at 2 ranks, causal on one; on one process every
+    option was dropped (torch's SDPA ran): a window changed nothing, a misspelt option passed."""
+    for bad, words in (
+        ({"causal": False}, "causal: the engine's model is causal"),
+        ({"return_lse": True}, "return_lse"),
+        ({"bogus_option": 1}, "bogus_option"),
+        ({"strategy": "bogus"}, "strategy must be one of"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            parallelize(Transformer(PRESETS["tiny"]), **bad)
+    torch.manual_seed(0)
+    plain = Transformer(PRESETS["tiny"])
+    windowed = parallelize(Transformer(PRESETS["tiny"]), window=(3, 0))
+    windowed.load_state_dict(plain.state_dict())
+    tokens = torch.randint(0, 256, (1, 32), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(32)[None]
+    assert (windowed(tokens, positions) - plain(tokens, positions)).abs().max() > 1e-3
+    wide = parallelize(Transformer(PRESETS["tiny"]), window=(100, 0))  # a window past the sequence: none
+    wide.load_state_dict(plain.state_dict())
+    assert (wide(tokens, positions) - plain(tokens, positions)).abs().max() < 1e-5
 
 
 def test_checkpointing_on_one_device_and_blockwise_feedforward():
@@ -336,3 +384,25 @@ def test_a_failed_save_says_how_much_room_is_left(tmp_path, monkeypatch):
     monkeypatch.setattr(resume.shutil, "disk_usage", lambda path: SimpleNamespace(free=2**40))
     assert resume.space_left(target) == " (1048576.0 MiB free on the filesystem holding it)"
     assert resume.space_left(None) == ""
+
+
+def test_set_checkpointing_refuses_what_the_cli_refuses_and_the_unfused_loss_keeps_float64():
+    """set_checkpointing took ffn_chunk=2.5 (a TypeError at the forward), offload="yes", split=True and more
+    layers to offload than the model has; the unfused loss ran float64 logits in float32."""
+    from burst.engine.loss import unfused_cross_entropy
+
+    model = Transformer(PRESETS["tiny"])
+    for settings, words in (
+        ({"ffn_chunk": 2.5}, "ffn chunk must be an int"),
+        ({"ffn_chunk": True}, "ffn chunk must be an int"),
+        ({"mode": "full", "offload": "yes"}, "offload must be True or False"),
+        ({"mode": "selective", "split": True}, "split must be a fraction"),
+        ({"mode": "full", "offload": True, "offload_layers": PRESETS["tiny"].layers + 1}, "the model has"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            model.set_checkpointing(**settings)
+    logits = torch.randn(2, 5, 7, dtype=torch.float64)
+    targets = torch.randint(0, 7, (2, 5))
+    loss = unfused_cross_entropy(logits, targets)
+    exact = torch.nn.functional.cross_entropy(logits.reshape(-1, 7), targets.reshape(-1))
+    assert loss.dtype == torch.float64 and abs(loss.item() - exact.item()) < 1e-12

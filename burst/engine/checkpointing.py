@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..api import attention
+from ..api import attention, check_fixed_options
 from ..call import AttentionRequest
 from ..comm.membership import group_size
 from ..keys import KeyBlocks
@@ -42,6 +42,8 @@ from ..strategies.base import Strategy
 from .offload import offloaded_checkpoint, to_host
 
 MODES = ("none", "full", "remat", "selective")
+# burst.attention's options given over the whole sequence's positions: the prefix is no sequence of its own then
+WHOLE_SEQUENCE_OPTIONS = ("cu_seqlens", "block_sparse", "indices", "compressed")
 
 
 def local_attention(q, k, v):
@@ -55,6 +57,12 @@ def local_attention(q, k, v):
 def check_settings(mode: str, split: float, ffn_chunk: int, offload: bool = False, offload_layers: int = 0) -> None:
     """Raise ValueError for a checkpointing mode, selective split, blockwise-feedforward chunk or
     activation offload that does not exist (Transformer.set_checkpointing and `burst train` before it starts)."""
+    if not isinstance(offload, bool):
+        raise ValueError(f"offload must be True or False, got {offload!r}")
+    if isinstance(split, bool) or not isinstance(split, (int, float)):
+        raise ValueError(f"checkpoint split must be a fraction in [0, 1], got {split!r}")
+    if isinstance(ffn_chunk, bool) or not isinstance(ffn_chunk, int):
+        raise ValueError(f"ffn chunk must be an int of tokens >= 0 (0: whole), got {ffn_chunk!r}")
     if offload and mode == "none":
         raise ValueError(
             "offloading activations moves what checkpointing keeps: needs a checkpointing mode "
@@ -86,11 +94,16 @@ class SequenceAttention:
     ):
         import torch.distributed as dist
 
+        why = "the engine's model is causal and takes attention's output alone"
+        check_fixed_options("parallelize", strategy, options, ("q", "k", "v", "causal", "return_lse"), why)
         self.group, self.strategy, self.layout, self.options = group, strategy, layout, options
         if world is None:
             world = group_size(group)
         self.world = world
         self.rank = dist.get_rank(group) if world > 1 else 0
+        # torch's SDPA on one device: the reference model, which has no option. With options (a window,
+        # documents...) one rank runs burst.attention over its one-rank group, which applies them.
+        self.single = world == 1 and not options
 
     def _kwargs(self, **extra):
         return {
@@ -103,12 +116,12 @@ class SequenceAttention:
         }
 
     def __call__(self, q, k, v):
-        if self.world == 1:
+        if self.single:
             return local_attention(q, k, v)
         return attention(q, k, v, **self._kwargs())
 
     def prepare(self, q, k, v):
-        if self.world == 1:
+        if self.single:
             return prepare_single_device(q, k, causal=True)
         return prepare_attention(q, KeyBlocks(k, v), AttentionRequest.of(**self._kwargs()))
 
@@ -118,19 +131,26 @@ class SequenceAttention:
 
         When the prefix's rows form a layout of the prefix on every rank (zigzag at split = half,
         striped), attention runs on those rows alone, so only the prefix's K/V travel; otherwise the
-        whole shards run under a one-block BlockSparseMask, which computes no key past the prefix."""
-        if self.world == 1:
+        whole shards run under a one-block BlockSparseMask, which computes no key past the prefix.
+        Causal, the prefix's rows attend no key past it, so they are the whole call's rows: with a mask
+        of the whole sequence (documents, a block-sparse layout) the call runs as it is, or under both
+        masks, but never on the prefix's rows as a sequence of their own."""
+        if self.single:
             prefix = (q[:, :split], k[:, :split], v[:, :split])
             strategy, call = self.prepare(*prefix)
             out, lse = strategy.forward(call, prefix[0], KeyBlocks(*prefix[1:]))
             return F.pad(out, (0, 0, 0, 0, 0, q.shape[1] - split)), F.pad(lse, (0, q.shape[1] - split))
         global_len = q.shape[1] * self.world
         sub_layout = prefix_layout(self.layout, self.world, global_len, split)
-        if sub_layout is not None:  # the prefix's rows are a layout of the prefix: only they travel
+        whole_sequence_mask = any(self.options.get(name) is not None for name in WHOLE_SEQUENCE_OPTIONS)
+        rows = None
+        if sub_layout is not None and not whole_sequence_mask:  # the prefix's rows are a layout of the prefix
             rows = shard_indices(self.layout, self.rank, self.world, global_len) < split
             tensors, kwargs = (q[:, rows], k[:, rows], v[:, rows]), self._kwargs(layout=sub_layout)
+        elif self.options.get("block_sparse") is not None:  # the user's block mask stands: no key skipped
+            tensors, kwargs = (q, k, v), self._kwargs()
         else:
-            rows, blocks = None, -(-global_len // split)
+            blocks = -(-global_len // split)
             only_prefix = torch.zeros(blocks, blocks, dtype=torch.bool)
             only_prefix[0, 0] = True
             tensors, kwargs = (q, k, v), self._kwargs(block_sparse=BlockSparseMask(split, only_prefix))

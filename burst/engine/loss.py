@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from burst.agreement import agree
+from burst.kernels import accumulator_dtype
 
 ROWS, VOCAB = 1024, 8192  # tile of the logits computed at once: rows x vocabulary entries
 
@@ -125,7 +126,10 @@ def unfused_cross_entropy(
     against (benchmarks/engine.md)."""
     flat_t = targets.reshape(-1)
     total = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), flat_t, ignore_index=ignore_index, reduction="sum"
+        logits.reshape(-1, logits.shape[-1]).to(accumulator_dtype(logits.dtype)),  # float64 stays float64
+        flat_t,
+        ignore_index=ignore_index,
+        reduction="sum",
     )
     return total / _label_count(flat_t, ignore_index, group)
 

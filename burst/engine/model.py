@@ -235,6 +235,8 @@ class Transformer(nn.Module):
         held in host memory between forward and backward (engine/offload.py), for the first
         `offload_layers` layers only when that is not 0 (the rest keep theirs on the device)."""
         check_settings(mode, split, ffn_chunk, offload, offload_layers)
+        if offload_layers > len(self.blocks):
+            raise ValueError(f"offload layers {offload_layers}: the model has {len(self.blocks)} layers")
         self.checkpointing, self.checkpoint_split, self.offload_activations = mode, split, offload
         self.offload_layers = offload_layers
         for block in self.blocks:
