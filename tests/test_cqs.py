@@ -215,7 +215,7 @@ def test_lost_workers_must_be_a_sequence_of_ranks_rank_0_included():
     """A bare rank is refused, 0 as much as 1 (0 had been read as no lost worker); None is none."""
     from burst.strategies.cqs import CQSOptions
 
-    for bare in (0, 1, True, "0"):
+    for bare in (0, 1, True, "0", (r for r in [1])):  # a generator: used up by a check, it had meant none lost
         with pytest.raises(ValueError, match="must be a sequence of ranks"):
             CQSOptions(lost_workers=bare)
     assert CQSOptions(lost_workers=None).lost_workers == ()

@@ -43,8 +43,10 @@ class CQSOptions(Options):
 
     def __post_init__(self):
         lost = () if self.lost_workers is None else self.lost_workers
-        if isinstance(lost, int) or not all(isinstance(r, int) and not isinstance(r, bool) for r in lost):
-            raise ValueError(f"lost_workers={lost!r} must be a sequence of ranks")
+        # a list, tuple or set: a generator would be used up by the check below and the ranks dropped
+        sequence = isinstance(lost, (list, tuple, set, frozenset))
+        if not sequence or not all(isinstance(r, int) and not isinstance(r, bool) for r in lost):
+            raise ValueError(f"lost_workers={lost!r} must be a sequence of ranks (a list, tuple or set of ints)")
         object.__setattr__(self, "lost_workers", tuple(sorted(set(lost))))
 
 
