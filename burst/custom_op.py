@@ -47,6 +47,16 @@ def takes(request: AttentionRequest) -> bool:
         isinstance(r.cu_seqlens, (list, tuple)) and all(type(c) is int for c in r.cu_seqlens)
     ):
         return False
+    # Anything but the plain types the schema carries goes eagerly, where validation names it: converted here
+    # (bool("False"), float("0.5"), an empty window as None) it would run as something else.
+    if type(r.causal) is not bool or type(r.return_lse) is not bool:
+        return False
+    if not all(
+        type(x) in (int, float) for x in (r.softcap, *([r.softmax_scale] if r.softmax_scale is not None else []))
+    ):
+        return False
+    if r.window is not None and not (isinstance(r.window, (list, tuple)) and len(r.window) == 2):
+        return False
     ints = list(r.window or ()) + ([r.chunk_size] if r.chunk_size is not None else [])
     if not all(type(x) is int for x in ints):  # numpy's: validated and taken eagerly
         return False
@@ -92,7 +102,7 @@ class Settings(NamedTuple):
             strategy=self.strategy,
             layout=self.layout,
             causal=self.causal,
-            window=tuple(self.window) if self.window else None,
+            window=tuple(self.window) if self.window is not None else None,
             softmax_scale=self.softmax_scale,
             return_lse=self.return_lse,
             cu_seqlens=self.cu_seqlens,

@@ -289,3 +289,24 @@ def test_every_keyword_is_carried_by_the_op_or_sends_the_call_eagerly():
     for op in (custom_op._attention_op, custom_op._attention_backward_op):
         parameters = list(inspect.signature(op._init_fn if hasattr(op, "_init_fn") else op).parameters)
         assert parameters[-len(custom_op.Settings._fields) :] == list(custom_op.Settings._fields), op
+
+
+def test_values_of_other_types_send_the_call_eagerly_where_validation_names_them():
+    """The op's settings converted what they carry (bool(causal), float(scale), an empty window as none):
+    under compile causal="False" ran causal, window=() ran without a window, softcap="2.0" ran (a helper's
+    probe). Each goes eagerly now, where burst.attention refuses it, as it does uncompiled."""
+    from burst import custom_op
+    from burst.call import AttentionRequest
+
+    odd = {
+        "causal": ["False", None, 1],
+        "return_lse": [1],
+        "window": [(), [], (3,), (3, 0, 1)],
+        "softcap": ["2.0", True],
+        "softmax_scale": ["0.5", True, torch.tensor(0.5)],
+    }
+    for name, values in odd.items():
+        for value in values:
+            assert not custom_op.takes(AttentionRequest(**{name: value})), (name, value)
+    for name, value in {"causal": True, "window": (3, 0), "softcap": 2.0, "softmax_scale": 0.5}.items():
+        assert custom_op.takes(AttentionRequest(**{name: value})), (name, value)
