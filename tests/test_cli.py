@@ -235,6 +235,8 @@ def test_plan_refuses_bad_values(capsys, no_world):
             "--checkpointing full",
             "--host-mem-gib 64",
             "--no-backward-overlap",
+            # one node: no inter-node link to set
+            (["--gpus", "8", "--inter-node-gbps", "10"], "--inter-node-gbps"),
         ],
     )
     _refusals(
@@ -256,7 +258,13 @@ def test_plan_refuses_bad_values(capsys, no_world):
             (["--mode", "prefill"], "--mode"),
             (["--batch", "2"], "--batch"),
             (["--dtype-bytes", "4"], "--dtype-bytes"),
+            # the advice would be for a model `burst train --model` cannot run
+            (["--layers", "4"], "--layers"),
+            (["--hidden", "128"], "--hidden"),
         ],
+    )
+    _refusals(  # attention alone: nothing reads the whole model's sizes
+        capsys, "plan", ["--gpus", "2", "--model", "tiny", "--seq-len", "1024", "--attention-only"], ["--vocab 1000"]
     )
 
 

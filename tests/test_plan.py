@@ -103,6 +103,22 @@ def test_plan_ranks_fitting_first_and_flags_what_cannot_run():
     assert not allgather.fits  # the whole sequence's K, V does not fit
 
 
+def test_the_plan_says_what_burst_attention_would_run():
+    """The planner ranked distflash first for a windowed contiguous causal call that burst.attention refuses, and
+    costed USP at a Ulysses degree that does not split the KV heads (40 / 10 heads on nodes of 8: burst runs 2)."""
+    from burst.strategies.usp import default_degree
+
+    cluster = Cluster(4, 4, profile("H100"))
+    windowed = Workload(
+        seq_len=1 << 17, heads=32, kv_heads=8, head_dim=128, causal=True, layout="contiguous", window=4096
+    )
+    distflash = next(r for r in plan(cluster, windowed) if r.strategy == "distflash")
+    assert not distflash.fits and "no window" in distflash.note
+    phi3 = Workload(seq_len=1 << 17, heads=40, kv_heads=10, head_dim=128, causal=True)
+    usp = next(r for r in plan(Cluster(16, 8, profile("H100")), phi3) if r.strategy == "usp")
+    assert default_degree(40, 10, 8, 16) == 2 and "ulysses 2 x ring 8" in usp.note, usp.note
+
+
 def test_auto_picks_a_strategy_that_takes_the_call():
     q, kv = torch.randn(1, 64, 4, 16), torch.randn(1, 64, 2, 16)
     for layout in ("contiguous", "zigzag", "striped"):
@@ -422,6 +438,9 @@ def test_cli_window_and_a_config_with_sliding_layers(capsys, tmp_path):
     config.save_pretrained(tmp_path)
     assert main(["plan", "--gpus", "8", "--seq-len", "131072", "--hf-config", str(tmp_path), "--causal"]) == 0
     assert "a 128-token sliding window on 50% of the layers" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # without --causal its window had been dropped: planned as full attention
+        main(["plan", "--gpus", "8", "--seq-len", "131072", "--hf-config", str(tmp_path)])
+    assert "give --causal" in capsys.readouterr().err
 
 
 def test_mla_latent_is_what_burst_moves():

@@ -172,6 +172,13 @@ def validate(args) -> None:
     whole = args.model is not None or args.hidden is not None
     if args.model is None and args.attention_only:
         raise BadOption("--attention-only", "needs --model (without one, attention alone is planned)")
+    for option in ("ffn_hidden", "vocab"):
+        if args.attention_only and getattr(args, option) is not None:
+            raise BadOption(
+                f"--{option.replace('_', '-')}", "describes the whole model: --attention-only plans its attention"
+            )
+    if args.inter_node_gbps is not None and args.gpus <= args.gpus_per_node:
+        raise BadOption("--inter-node-gbps", f"{args.gpus} GPU(s) are one node (--gpus-per-node {args.gpus_per_node})")
     if args.hidden is not None and args.model is None:
         for option in ("ffn_hidden", "vocab", "heads", "layers"):
             if getattr(args, option) is None:
@@ -239,6 +246,11 @@ def _check_longest(args) -> None:
         raise BadOption("--batch", "--longest plans one sequence a step: give it without --batch")
     if args.dtype_bytes not in (None, 2):
         raise BadOption("--dtype-bytes", "--longest plans `burst train --dtype bfloat16` (2 bytes): leave it out")
+    for option in ("hidden", "ffn_hidden", "vocab", "heads", "kv_heads", "head_dim", "layers", "window"):
+        if getattr(args, option) is not None:  # its advice would be for a model `burst train --model` cannot run
+            raise BadOption(
+                f"--{option.replace('_', '-')}", "--longest plans `burst train --model` as it is: leave it out"
+            )
 
 
 def _check_step_options(args, whole: bool) -> None:
@@ -319,7 +331,11 @@ def _apply_hf_config(args) -> None:
         args.entries = entries_per_query(config, args.seq_len)
         args.indexer_macs = indexer_macs(config, args.seq_len)
         window, args.windowed_share = windowed_layers(text)
-        shapes["window"] = window if args.causal else None
+        if window is not None and not args.causal:  # it would be planned as full attention, the window dropped
+            raise BadOption(
+                "--hf-config", f"its layers slide a {window}-token window over causal attention: give --causal"
+            )
+        shapes["window"] = window
     for option, value in shapes.items():
         if getattr(args, option) is None:
             setattr(args, option, value)

@@ -65,7 +65,7 @@ def plan(cluster: Cluster, workload, strategies=None, memory_bytes=None) -> list
 
 def _mark_refusal(est: Estimate, cluster: Cluster, w: Workload) -> Estimate:
     name = split_variant(est.strategy)[0]
-    why = refusal(name, cluster.gpus, w.seq_len, w.heads, w.kv_heads, w.head_dim, w.layout, w.causal)
+    why = refusal(name, cluster.gpus, w.seq_len, w.heads, w.kv_heads, w.head_dim, w.layout, w.causal, w.window)
     if why is not None:
         est.fits = False
         est.note = "burst.attention refuses: " + why.split(";")[0]

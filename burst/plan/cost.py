@@ -36,6 +36,7 @@ from ..strategies import split_variant
 from .cost_terms import Cluster, Estimate, Workload, collective_time, ring_pass
 from .rings import RING_BLOCKS
 from .sparse import add_gathers
+from ..strategies.usp import default_degree
 from .windows import balanced, blend, layer_pairs, ring_steps, served_share
 
 STRATEGIES = ("burst", "ring", "burst:flat", "ring:flat", "distflash", "allgather", "ulysses", "usp", "cqs")
@@ -221,9 +222,9 @@ def _ulysses(name, cluster, w, s, c_fwd, c_bwd, degree=None) -> Estimate:
 
 
 def _usp(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
-    """Ulysses inside a node (degree = the largest divisor of the heads up to gpus_per_node), the
+    """Ulysses inside a node (the degree burst.attention's USP takes by default: usp.default_degree), the
     burst ring across nodes on the remaining degree (BurstEngine's head-first placement)."""
-    u = max(d for d in range(1, cluster.gpus_per_node + 1) if cluster.gpus_per_node % d == 0 and w.heads % d == 0)
+    u = default_degree(w.heads, w.kv, cluster.gpus_per_node, cluster.gpus)
     r = cluster.gpus // u
     inner = _ulysses(name, Cluster(u, u, cluster.profile, cluster.intra_bw, cluster.inter_bw), w, s, 0.0, 0.0, u)
     # The ring carries the full sequence's share of the ring group: blocks of N/r tokens, H/u heads.

@@ -72,14 +72,26 @@ def check_call(
 
 
 def refusal(
-    strategy: str, world: int, seq_len: int, heads: int, kv_heads: int | None, head_dim: int, layout: str, causal: bool
+    strategy: str,
+    world: int,
+    seq_len: int,
+    heads: int,
+    kv_heads: int | None,
+    head_dim: int,
+    layout: str,
+    causal: bool,
+    window: int | None = None,
 ) -> str | None:
-    """Why burst.attention's `strategy` would refuse this workload (None when it takes it). The
-    sequence is rounded up to a length the layout splits: only the strategy's own limits count."""
+    """Why burst.attention's `strategy` would refuse this workload (None when it takes it). window: the keys a
+    causal query sees at most (the planner's; burst.attention's (window - 1, 0)). The sequence is rounded up to
+    a length the layout splits: only the strategy's own limits count."""
     need = world * local_multiple(layout)
     even = -(-max(seq_len, 1) // need) * need
+    bands = (window - 1, 0) if causal and window is not None else None
     try:
-        check_call(world, even, heads, kv_heads, head_dim, strategy=strategy, layout=layout, causal=causal)
+        check_call(
+            world, even, heads, kv_heads, head_dim, strategy=strategy, layout=layout, causal=causal, window=bands
+        )
     except (ValueError, TypeError) as err:
         return str(err)
     return None

@@ -31,12 +31,18 @@ _SUBGROUPS = GroupCache()  # group -> {ulysses degree: (Ulysses groups, ring gro
 
 
 def ulysses_degree(call: AttentionCall, heads: int, kv_heads: int) -> int:
-    """The option, or the default: the ranks per node, reduced to a degree that splits the heads."""
+    """The option, or the default (default_degree)."""
     asked = call.options.ulysses_degree
     if asked is not None:
         return asked
     per_node = call.topology.local_world_size if call.topology is not None else call.world
-    fits = [d for d in valid_degrees(heads, kv_heads, limit=per_node) if per_node % d == 0 and call.world % d == 0]
+    return default_degree(heads, kv_heads, per_node, call.world)
+
+
+def default_degree(heads: int, kv_heads: int, per_node: int, world: int) -> int:
+    """The ranks per node, reduced to a degree that splits the query and KV heads and the world (the
+    planner costs USP at this degree too: plan/cost.py)."""
+    fits = [d for d in valid_degrees(heads, kv_heads, limit=per_node) if per_node % d == 0 and world % d == 0]
     return max(fits) if fits else 1
 
 
