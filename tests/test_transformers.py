@@ -220,6 +220,15 @@ def _errors(rank, world):
     from burst.bench.hf_zoo import causal_lm, tiny_config
     from transformers import GemmaConfig, GemmaForCausalLM
 
+    # Bamba's z-loss: a mean over the tokens the model runs, each rank's own on a shard
+    z_config = tiny_config("bamba")
+    z_config.z_loss_coefficient = 0.1
+    z_loss_model = causal_lm("bamba", z_config, attn_implementation=name)
+    z_ids = torch.randint(0, z_config.vocab_size, (1, 8 * world), generator=torch.Generator().manual_seed(4))
+    cases["z-loss"] = lambda: z_loss_model(
+        **bt.shard_batch({"input_ids": z_ids, "labels": z_ids}, model=z_loss_model), use_cache=False
+    )
+
     gemma3 = causal_lm("gemma3", tiny_config("gemma3"), attn_implementation=name)
     images = (ids > 0) & (torch.arange(ids.shape[1]) % 5 == 1)
     cases["pixel_values"] = lambda: bt.shard_batch(
@@ -330,6 +339,7 @@ def test_unsupported_raises_on_every_rank():
         "logits_to_keep": "each rank's shard",
         "ignore_index to the model": "bt.shard_batch(batch, ignore_index=...)",
         "sliding_window=0": "passes sliding_window=0",
+        "z-loss": "set z_loss_coefficient=0 across ranks",
         "pixel_values": "shard_batch got pixel_values",
         "image token types": "shard_batch got token_type_ids",
         "mrope positions": "multi-dimensional rotary positions",
@@ -361,6 +371,9 @@ def test_register_refuses_what_the_layers_set_and_options_no_strategy_takes():
         with pytest.raises(ValueError, match=words):
             bt.register("burst_options", **options)
     assert bt.register("burst_options", chunk_rows=4, topology=None) == "burst_options"
+    for own in ("sdpa", "eager", "flex_attention", "sdpa_paged"):  # would replace transformers' own, never undone
+        with pytest.raises(ValueError, match="one of transformers' own attention implementations"):
+            bt.register(own)
 
 
 def _torchrun_losses(nproc: int, *flags: str) -> list[float]:

@@ -10,10 +10,12 @@ import functools
 import hashlib
 import inspect
 import typing
+import weakref
 
 import torch
 
 from .backend.batches import carries_non_text, marks_non_text
+from .backend.registry import backend_of, world_size
 from .keywords import ATTENTION_LAYER_KINDS, CACHE_KEYWORDS, layer_kinds
 from .layers import mixers, rope
 from .layers.configs import decoder_of, text_config
@@ -236,15 +238,35 @@ def _shape_of(value) -> str:
 
 
 class _OneTokenPerStep(list):
-    """The generation modes a ShardedCache decodes, as a model declares them to transformers
-    (`_supported_generation_modes`, which generate() checks before it runs anything: every rank alike, no
-    forward, no collective, the model untouched); its repr is what transformers' refusal prints."""
+    """The generation modes a model declares to transformers (`_supported_generation_modes`, which generate()
+    checks before it runs anything: every rank alike, no forward, no collective, the model untouched) while it
+    runs on a burst backend across ranks, where generate() needs a ShardedCache: greedy search and sampling.
+    On any other attention (switched back to sdpa, a world of one) the model's own modes. Its repr is what
+    transformers' refusal prints."""
+
+    def __init__(self, model, modes, own):
+        super().__init__(modes)
+        self._model, self._own = weakref.ref(model), own
+
+    def __contains__(self, mode) -> bool:
+        model = self._model()
+        if model is not None and _split_across_ranks(model):
+            return list.__contains__(self, mode)
+        return self._own is None or mode in self._own
 
     def __repr__(self) -> str:
         return (
             "greedy search and sampling on burst's ShardedCache (one token per step, the same on every rank: not "
             "beam search, assisted or speculative decoding, assistant_early_exit, DoLa or contrastive search)"
         )
+
+
+def _split_across_ranks(model) -> bool:
+    """Whether `model` runs on a burst backend over more than one rank."""
+    try:
+        return world_size(backend_of(model)[1].group) > 1
+    except ValueError:
+        return False
 
 
 def declare_generation_modes(model) -> None:
@@ -254,4 +276,4 @@ def declare_generation_modes(model) -> None:
 
     own = getattr(type(model), "_supported_generation_modes", None)
     modes = [m for m in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE) if own is None or m in own]
-    model._supported_generation_modes = _OneTokenPerStep(modes)
+    model._supported_generation_modes = _OneTokenPerStep(model, modes, own)

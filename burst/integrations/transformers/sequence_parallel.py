@@ -114,7 +114,7 @@ def shard_whole_sequences(batch: dict, model, group, layout: str, sp_size: int) 
     whole_sequences, then shard_batch."""
     whole, length = whole_sequences(batch, layout_multiple(layout, sp_size))
     shard = shard_batch(whole, group=group, layout=layout, model=model)
-    count_rows(getattr(model, "module", model), shard.pop(REAL_TOKENS))  # a MoE's router loss: not the padding
+    count_rows(getattr(model, "module", model), shard.pop(REAL_TOKENS), shard["input_ids"])  # a MoE's router loss
     return shard, length
 
 

@@ -36,6 +36,9 @@ from .registry import BACKENDS, Backend, backend_of, running_cache, world_size
 TESTED_TRANSFORMERS = ">=5.23.0,<6"  # the `hf` extra of pyproject.toml: the releases scripts/test.sh tests
 
 
+TRANSFORMERS_OWN = ("eager", "sdpa", "flex_attention", "paged_attention")  # and the flash ones, refused by name
+
+
 def register(name: str = "burst", *, strategy: str = "burst", layout: str = "contiguous", group=None, **options) -> str:
     """Register burst as attention implementation `name`; returns the name for `attn_implementation`.
 
@@ -54,6 +57,8 @@ def register(name: str = "burst", *, strategy: str = "burst", layout: str = "con
             f"name {name!r}: transformers treats names containing 'flash', '/' or ':' as its own "
             "flash-attention or hub kernels; choose another (e.g. 'burst')"
         )
+    if name in TRANSFORMERS_OWN or name.endswith("_paged"):  # replaced for every model of the process, undone never
+        raise ValueError(f"name {name!r} is one of transformers' own attention implementations; choose another")
     if strategy not in api.STRATEGY_NAMES:
         raise ValueError(f"strategy must be one of {api.STRATEGY_NAMES}, got {strategy!r}")
     _check_options(strategy, options)

@@ -51,6 +51,13 @@ def check_config(name: str, config, world: int) -> None:
             "the model with bt.shard_batch(..., model=model) (or SequenceParallelTrainer / "
             "SequenceParallel)"
         )
+    z_loss = getattr(config, "z_loss_coefficient", None) or getattr(text, "z_loss_coefficient", None)
+    if world > 1 and z_loss:  # Bamba: coef x mean over the tokens it ran of logsumexp(logits)^2, per rank
+        raise ValueError(
+            f"attn_implementation={name!r}: z_loss_coefficient={z_loss} adds a z-loss averaged over the tokens the "
+            "model runs, which on a shard is each rank's own (counted once per rank, and left out by the fused "
+            "loss): set z_loss_coefficient=0 across ranks"
+        )
     if world > 1 and rope.needs_global_length(text):
         raise ValueError(
             f"attn_implementation={name!r}: model_type {getattr(config, 'model_type', None)!r} uses the rope types "

@@ -19,6 +19,7 @@ model without labels, adds the share itself (`router_loss_share`).
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
@@ -28,8 +29,10 @@ from burst.custom_op import run_eagerly
 from ..backend.registry import backend_of, running_cache, world_size
 
 _HOOK = "_burst_router_loss_hook"
-_ROWS = "_burst_router_rows"  # the rows the next forward's router loss counts (count_rows), None: all
+_ROWS = "_burst_router_rows"  # [(a shard's input_ids, its rows or None: all)] not yet run (count_rows)
 REAL_TOKENS = "_burst_real_tokens"  # whole_sequences' entry: the tokens one process runs, not the padding
+_MAX_PENDING = 64  # batches sharded and not yet run that count_rows remembers
+_UNKNOWN = object()  # _rows_of: several batches pending, none this forward's
 
 
 def balance_routers_across_ranks(model: torch.nn.Module, group=None, layout: str = "contiguous") -> int:
@@ -41,15 +44,34 @@ def balance_routers_across_ranks(model: torch.nn.Module, group=None, layout: str
         setattr(model, _HOOK, None)
     if world_size(group) == 1:
         return 0
-    setattr(model, _HOOK, model.register_forward_hook(functools.partial(_whole_sequence_aux, group=group)))
+    hook = functools.partial(_whole_sequence_aux, group=group)
+    setattr(model, _HOOK, model.register_forward_hook(hook, with_kwargs=True))
     return 1
 
 
-def count_rows(model: torch.nn.Module, real_tokens: torch.Tensor) -> None:
-    """Which of this rank's rows the next forward's router loss counts: real_tokens (batch, seq_local) bool,
-    the tokens one process runs (a collator's right padding, which it masks out of its router loss, and the
-    layout's padding are not)."""
-    setattr(model, _ROWS, None if bool(real_tokens.all()) else real_tokens)
+def count_rows(model: torch.nn.Module, real_tokens: torch.Tensor, input_ids: torch.Tensor) -> None:
+    """Which of this rank's rows the router loss of the forward on `input_ids` (the shard's) counts: real_tokens
+    (batch, seq_local) bool, the tokens one process runs (a collator's right padding, which it masks out of its
+    router loss, and the layout's padding are not). Several batches may be sharded before their forwards
+    (gradient accumulation): each forward takes its own batch's rows (_rows_of)."""
+    pending = getattr(model, _ROWS, None) or []
+    pending.append((weakref.ref(input_ids), None if bool(real_tokens.all()) else real_tokens))
+    setattr(model, _ROWS, pending[-_MAX_PENDING:])
+
+
+def _rows_of(model, args, kwargs):
+    """The rows count_rows recorded for this forward's input_ids (taken off the list): those of the same
+    tensor; else the one pending batch's (a Trainer may move the tensors to the device between); None with
+    none pending (every row counts); _UNKNOWN when several are pending and none is this forward's."""
+    pending = getattr(model, _ROWS, None) or []
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    mine = [i for i, (ref, _) in enumerate(pending) if ids is not None and ref() is ids]
+    if not mine and len(pending) > 1:
+        setattr(model, _ROWS, None)
+        return _UNKNOWN
+    counted = pending.pop(mine[0] if mine else 0)[1] if pending else None
+    setattr(model, _ROWS, pending)
+    return counted
 
 
 def router_loss_share(model: torch.nn.Module, outputs) -> torch.Tensor | float:
@@ -66,12 +88,17 @@ def router_loss_share(model: torch.nn.Module, outputs) -> torch.Tensor | float:
 
 
 @run_eagerly  # a collective and host-side checks: torch.compile calls it as is
-def _whole_sequence_aux(model, args, output, group):
-    counted = getattr(model, _ROWS, None)
-    setattr(model, _ROWS, None)
+def _whole_sequence_aux(model, args, kwargs, output, group):
+    counted = _rows_of(model, args, kwargs)
     aux, logits = _field(output, "aux_loss"), _field(output, "router_logits")
     if aux is None or not isinstance(logits, (tuple, list)) or not logits or running_cache() is not None:
         return None  # no router loss asked for, or a generate() step (whose aux nothing reads)
+    if counted is _UNKNOWN:
+        raise ValueError(
+            f"{type(model).__name__}: several batches were sharded before their forwards, and this forward's "
+            "input_ids are none of them: which of its rows the router loss counts is unknown; run each forward "
+            "on the tensors its shard returned"
+        )
     experts, top_k = _experts_of(model)
     coefficient = _coefficient(model)
     if coefficient is None:
