@@ -254,11 +254,18 @@ class _OneTokenPerStep(list):
             return list.__contains__(self, mode)
         return self._own is None or mode in self._own
 
+    def __reduce__(self):  # pickled (torch.save of a whole model): the model's own modes, with no weakref
+        return (_own_modes, (self._own,))
+
     def __repr__(self) -> str:
         return (
             "greedy search and sampling on burst's ShardedCache (one token per step, the same on every rank: not "
             "beam search, assisted or speculative decoding, assistant_early_exit, DoLa or contrastive search)"
         )
+
+
+def _own_modes(own):
+    return own
 
 
 def _split_across_ranks(model) -> bool:
