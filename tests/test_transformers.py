@@ -522,3 +522,14 @@ def test_peft_prompt_learning_is_refused_by_name():
         check_head(prompt, {"input_ids": None})
     lora = SimpleNamespace(active_peft_config=SimpleNamespace(is_prompt_learning=False, peft_type="LORA"))
     check_head(lora, {"input_ids": None, "labels": None})
+
+
+def test_shard_batch_prepares_the_model_inside_torch_compile_s_wrapper():
+    """shard_batch(model=torch.compile(model)) was refused for the families whose mixers burst finds by their
+    modeling module's functions (Mamba, Qwen3-Next, Bamba, RWKV: "OptimizedModule: neither its ... functions"):
+    the wrapper is seen through, as DDP's is."""
+    from burst.integrations.transformers.backend.batches import _the_model
+
+    model = torch.nn.Linear(2, 2)
+    assert _the_model(torch.compile(model, backend="eager")) is model
+    assert _the_model(model) is model

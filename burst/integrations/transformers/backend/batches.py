@@ -229,7 +229,8 @@ def _warn_if_packed_rows_differ(batch: dict, positions: torch.Tensor, model) -> 
 
 
 def _the_model(model) -> torch.nn.Module:
-    """shard_batch's model, out of a DDP wrapper; TypeError when none was given."""
+    """shard_batch's model, out of a DDP wrapper and torch.compile's (whose modeling module's functions, which
+    burst hooks, are the inner model's); TypeError when none was given."""
     if model is _MODEL_NOT_GIVEN or model is None:
         raise TypeError(
             "shard_batch(batch, ..., model=model) needs the model the batch is for: burst checks and prepares it "
@@ -237,8 +238,8 @@ def _the_model(model) -> torch.nn.Module:
             "or XLM, would otherwise run each rank's shard alone and give wrong logits without an error)"
         )
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return model.module
-    return model
+        model = model.module
+    return getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
 
 
 def check_same_batch(batch: dict, group=None) -> None:

@@ -23,8 +23,9 @@ def rg_lru(module, forward, shards: Shards, activations, position_ids):
         return forward(activations, position_ids)
     if activations.shape[1] == 1:
         raise ValueError(
-            f"{type(module).__name__}: decoding (one token) with the sequence split across "
-            f"{shards.world} ranks needs burst's ShardedCache (model.generate(ids, **bt.sharded_cache(model)))"
+            f"{type(module).__name__}: a shard of one token, which the layer runs as a decode step: decoding with "
+            f"the sequence split across {shards.world} ranks needs burst's ShardedCache (model.generate(ids, "
+            "**bt.sharded_cache(model))); training needs at least 2 tokens per rank"
         )
 
     def from_state(seg, start):
