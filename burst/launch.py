@@ -22,7 +22,7 @@ it kills them by pid. burst's ranks start no processes of their own (on CUDA, to
 compile workers may: they exit when their rank does). Each rank is named burst-rank-N (ps, top).
 
 A launcher killed outright (kill -9, the OOM killer, a scheduler's timeout) cannot end anything, so
-each rank ends itself within a second of its launcher's death (end_with_launcher): on Linux the
+each rank ends itself within a second of its launcher's death (parent_watch.end_with_launcher): on Linux the
 kernel sends it SIGKILL when its parent dies (the forkserver, which exits when the launcher does;
 under torchrun, torchrun's agent), and a thread watching the launcher's pid covers the rest.
 """
@@ -30,6 +30,7 @@ under torchrun, torchrun's agent), and a thread watching the launcher's pid cove
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import signal
 import socket
@@ -44,7 +45,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .agreement import collective_left_open, settings_from_environment
+from .agreement import agreement_timeout, collective_left_open, settings_from_environment
+from .parent_watch import end_with_launcher
 from .devices import backend_for, bind, device_of_backend, resolve_device
 
 POLL_SECONDS = 0.05
@@ -129,37 +131,6 @@ def _entry(
     end_rank()
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-WATCH_SECONDS = 0.5
-
-
-def end_with_launcher(launcher: int | None) -> None:
-    """End this process (SIGKILL / exit 1) within WATCH_SECONDS of its launcher's death, whatever
-    killed the launcher: the parent-death signal on Linux (the parent is the forkserver, which exits
-    when the launcher does, or torchrun's agent), and a daemon thread that polls the launcher's pid
-    (`launcher`: None under torchrun, whose agent is the parent itself)."""
-    parent = os.getppid()
-    with contextlib.suppress(Exception):  # not Linux, or no libc: the watcher alone
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the signal was set
-        os._exit(1)
-    if launcher is not None:
-        threading.Thread(target=_watch, args=(launcher,), name="burst-launcher-watch", daemon=True).start()
-
-
-def _watch(launcher: int) -> None:
-    while True:
-        time.sleep(WATCH_SECONDS)
-        try:
-            os.kill(launcher, 0)
-        except ProcessLookupError:
-            os._exit(1)
-        except PermissionError:  # alive, someone else's (a reused pid would be too; the prctl covers it)
-            pass
-
-
 def _name_process(name: str) -> None:
     """Show this process as `name` in ps and top (Linux; elsewhere nothing): the ranks' command lines
     are the forkserver's, the same for every rank and for the server itself."""
@@ -170,12 +141,15 @@ def _name_process(name: str) -> None:
 
 def _close_world() -> None:
     """Every rank past its last collective before any closes (a rank tearing down while a peer reads an
-    all-reduce's tail aborts it, gloo); not after a check timed out here (the barrier could never pair up)."""
+    all-reduce's tail aborts it, gloo); not after a check timed out here (the barrier could never pair up).
+    The barrier waits the agreement's timeout at most: a peer stuck in a check this rank never makes (it ran
+    out of batches first) would otherwise wait here with it, neither ever ending."""
     try:
         if not collective_left_open():
-            dist.barrier()
+            wait = agreement_timeout()
+            dist.barrier(async_op=True).wait(**({"timeout": datetime.timedelta(seconds=wait)} if wait else {}))
             dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - a peer that failed is gone; the launcher reports it
+    except Exception:  # noqa: BLE001 - a peer that failed is gone, or never came; the launcher reports it
         pass
 
 

@@ -191,3 +191,28 @@ def test_the_launcher_killed_outright_takes_its_ranks_with_it(tmp_path):
     if os.path.isdir("/dev/shm"):
         left = {name for name in set(os.listdir("/dev/shm")) - shm_before if "burst" in name}
         assert not left, left
+
+
+def test_a_rank_that_ran_out_of_batches_does_not_wait_at_its_end_for_ever(tmp_path):
+    """Under torchrun, rank 1 ends (burst.launch.end_rank) while rank 0 still calls burst.shard, whose check
+    times out: rank 0 raised, but its exit waited on the check's open collective and rank 1 waited at the
+    closing barrier, neither ever ending (a helper's Trainer-less loop with a shorter dataloader on one rank).
+    The closing barrier waits the agreement's timeout at most."""
+    from world import run_process_group
+
+    script = tmp_path / "short.py"
+    script.write_text(
+        "import torch, torch.distributed as dist, burst\n"
+        "from burst.launch import end_rank\n"
+        "dist.init_process_group('gloo')\n"
+        "if dist.get_rank() == 0:\n"
+        "    burst.shard(torch.zeros(1, 4))  # alone: rank 1 has no batch left\n"
+        "end_rank()\n"
+    )
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "BURST_AGREEMENT_TIMEOUT": "3"}
+    start = time.monotonic()
+    done = run_process_group([str(torchrun), "--standalone", "--nproc-per-node=2", str(script)], 120, env=env)
+    said = "did not make it" in done.stderr or "the group broke while this rank waited" in done.stderr
+    assert done.returncode != 0 and said, done.stderr[-2000:]  # rank 0's check: timed out, or its peer left
+    assert time.monotonic() - start < 60

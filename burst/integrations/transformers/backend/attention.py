@@ -20,6 +20,8 @@ import warnings
 
 import torch
 
+from burst.launch import under_torchrun
+from burst.parent_watch import end_with_launcher
 from burst import api
 from burst import layout as layout_mod
 from burst.agreement import agree
@@ -63,6 +65,8 @@ def register(name: str = "burst", *, strategy: str = "burst", layout: str = "con
         raise ValueError(f"strategy must be one of {api.STRATEGY_NAMES}, got {strategy!r}")
     _check_options(strategy, options)
     BACKENDS[name] = Backend(strategy, layout, group, dict(options))
+    if under_torchrun():  # a Trainer's ranks never pass through burst.launch: they end with torchrun's agent too
+        end_with_launcher(None)
     attention_interface, mask_interface = interfaces
     attention_interface.register(name, burst_attention_forward)
     mask_interface.register(name, burst_attention_mask)
