@@ -20,7 +20,7 @@ from burst.engine.model import PRESETS, Transformer, parallelize
 from burst.engine.parallel import setup
 from burst.engine.train import TokenSource, TrainConfig, build, train_step
 
-from world import run_process_group, run_world
+from world import run_process_group, run_world, value_error_text
 
 COMBOS = (("burst", "zigzag"), ("ring", "striped"), ("distflash", "contiguous"))
 MODES = (("full", 0.5), ("remat", 0.5), ("selective", 0.5), ("selective", 0.3), ("selective", 1.0))
@@ -107,6 +107,14 @@ def _parallel(rank, world, combos):
     positions = burst.layout.shard_indices("striped", rank, world, 8 * world)[None]
     mine = burst_model(burst.shard(tokens, layout="striped"), positions)
     out["rope"] = ((mine - burst.shard(full, layout="striped")).abs().max() / full.abs().max()).item()
+    # each rank's own weights (a model built without a common seed): refused at the first forward, until loaded
+    own = parallelize(Transformer(PRESETS["tiny"]), layout="striped")
+    with torch.no_grad():
+        for p in own.parameters():
+            p.add_(0.01 * rank)
+    out["own weights"] = value_error_text(lambda: own(burst.shard(tokens, layout="striped"), positions))
+    own.load_state_dict(model.state_dict())
+    out["own weights, then loaded"] = (own(burst.shard(tokens, layout="striped"), positions) - mine).abs().max().item()
     return out
 
 
@@ -142,6 +150,8 @@ def test_sequence_parallel_training_equals_single_process(world):
         for combo in COMBOS if world == 2 else COMBOS[:1]:
             _assert_equal_training(out[combo], (rank, combo))
         assert out["rope"] < 1e-5, (rank, out["rope"])
+        assert "must run one model" in out["own weights"], (rank, out["own weights"])
+        assert out["own weights, then loaded"] == 0, (rank, out["own weights, then loaded"])
 
 
 def test_dp_by_sp_mesh_with_fsdp2_equals_single_process():

@@ -203,6 +203,11 @@ def _errors(rank, world):
             batch["input_ids"], position_ids=batch["position_ids"], max_new_tokens=2, do_sample=False
         ),
     }
+    # a model built on each rank without a common seed: each rank's shard would meet other weights
+    _, skewed = _models(_llama_config, name)
+    with torch.no_grad():
+        skewed.model.layers[0].mlp.up_proj.weight.mul_(1 + 0.01 * rank)
+    cases["different weights per rank"] = lambda: bt.shard_batch({"input_ids": ids}, model=skewed)
     cases["inputs_embeds"] = lambda: bt.shard_batch({"inputs_embeds": torch.zeros(1, 8 * world, 4)}, model=model)
     # heads whose rows shard_batch would cut silently wrong: a pooled token, targets that are not next tokens
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
@@ -333,6 +338,7 @@ def test_unsupported_raises_on_every_rank():
         "cached decoding": "ShardedCache",
         "dropout": "dropout",
         "a different batch per rank": "must hold the same batch",
+        "different weights per rank": "must run one model",
         "inputs_embeds": "needs the batch's input_ids",
         "sequence classification": "pools one token of each row",
         "token classification labels": "loss is ForTokenClassification",

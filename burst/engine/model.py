@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..agreement import agree_on_weights
 from ..plan.models import PRESETS, ModelConfig  # noqa: F401 - burst.engine.model.PRESETS, read by the engine's callers
 from .checkpointing import SequenceAttention, check_settings, run_layer
 from .loss import fused_linear_cross_entropy, unfused_cross_entropy
@@ -245,8 +246,19 @@ class Transformer(nn.Module):
 
 
 def parallelize(model: Transformer, group=None, strategy: str = "burst", layout: str = "zigzag", **options):
-    """Make every attention layer sequence-parallel over `group` (burst.attention, causal)."""
+    """Make every attention layer sequence-parallel over `group` (burst.attention, causal). Every rank of the
+    group must hold the same weights: checked at the model's first forward (weights loaded after this count)."""
     attend = SequenceAttention(group=group, strategy=strategy, layout=layout, **options)
+    if attend.world > 1:
+        _agree_on_weights_at_first_forward(model, group, attend.world)
     for block in model.blocks:
         block.attention.attend = attend
     return model
+
+
+def _agree_on_weights_at_first_forward(model: nn.Module, group, world: int) -> None:
+    def check(module, args):
+        agree_on_weights(module, group, world, "burst.engine.parallelize (at the model's first forward)")
+        handle.remove()  # kept while refused: the next forward checks again
+
+    handle = model.register_forward_pre_hook(check)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from burst import layout as layout_mod
-from burst.agreement import agree
+from burst.agreement import agree, agree_on_weights
 
 from ..keywords import ATTENTION_LAYER_KINDS, layer_kinds
 from ..layers.configs import decoder_of, text_config
@@ -83,6 +83,7 @@ def shard_batch(
     prepare_features(model, group, layout)
     check_model(model)
     check_same_batch(batch, group)
+    agree_on_weights(model, group, world_size(group), "burst.shard_batch")
     mask = batch.get("attention_mask")
     if mask is not None and not bool(mask.bool().all()):
         raise ValueError(
