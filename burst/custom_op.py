@@ -26,7 +26,7 @@ import torch.distributed as dist
 from .call import AttentionRequest
 from .keys import KeyBlocks, unit_stride_last
 from .prepare import prepare_attention
-from .strategies.base import sharded_backward, sharded_forward
+from .strategies.base import refuse_double_backward, sharded_backward, sharded_forward
 
 # torch.compiler.disable in torch's own lazy form (torch.manual_seed's, the optimizers'): the public one
 # imports torch._dynamo at once, ~2 s of CPU in every process that imports burst and never compiles.
@@ -254,6 +254,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse):
+    refuse_double_backward("burst.attention")
     q, k, v, out, lse, sinks = ctx.saved_tensors
     return_lse = Settings(*ctx.settings).return_lse  # else the caller never saw lse: its gradient is zero
     dq, dk, dv, dsinks = torch.ops.burst.attention_backward(

@@ -28,6 +28,7 @@ from . import layout as layout_mod
 from .comm.collectives import all_gather_flat
 from .comm.stats import active as stats_active
 from .comm.stats import record_sent
+from .strategies.base import refuse_double_backward
 
 
 def chunks(layout, group, local_len: int) -> tuple[list[layout_mod.Segment], list[list[layout_mod.Segment]]]:
@@ -58,6 +59,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        refuse_double_backward("a recurrent layer's state passing across ranks")
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
         if stats_active():  # what a ring all-reduce sends: 2 (G - 1) / G of the tensor

@@ -476,6 +476,42 @@ def test_train_says_when_nothing_is_left(capsys, tmp_path, no_world):
     assert "nothing left to train" in said.err and json.loads(said.out) == []  # --json still gets a document
 
 
+def test_resume_checks_the_data_files_contents_not_its_path(tmp_path, monkeypatch):
+    """A checkpoint keeps --data's size and digest: the same file under another path (a run restarted from another
+    directory) resumes, another file under the same name (edited, replaced) is refused; a checkpoint that kept the
+    path text (0.3.10 and before) is held to that text."""
+    from burst.engine.resume import _identity, check_resumable
+    from burst.engine.train import TrainConfig
+
+    text = bytes(range(32, 127)) * 40
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "text.txt").write_bytes(text)
+    (tmp_path / "b" / "text.txt").write_bytes(text[::-1])  # the same size, other tokens
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "step-2").mkdir(parents=True)
+
+    def config(data):
+        return TrainConfig(seq_len=64, steps=4, data=data, checkpoint_dir=str(ckpt), resume_step=2)
+
+    def saved(identity):
+        (ckpt / "step-2" / "burst.json").write_text(json.dumps({"step": 2, "identity": identity, "config": {}}))
+
+    monkeypatch.chdir(tmp_path / "a")
+    saved(_identity(config("text.txt")))
+    check_resumable(config(str(tmp_path / "a" / "text.txt")))  # the same file, spelt otherwise
+    monkeypatch.chdir(tmp_path / "b")
+    with pytest.raises(ValueError, match="data was 'file of 3800 bytes"):
+        check_resumable(config("text.txt"))  # another file of that name
+    (tmp_path / "b" / "text.txt").write_bytes(text)
+    check_resumable(config("text.txt"))  # a copy of it
+    legacy = {**_identity(config("text.txt")), "data": "text.txt"}
+    saved(legacy)
+    check_resumable(config("text.txt"))
+    with pytest.raises(ValueError, match="data was 'text.txt'"):
+        check_resumable(config("./text.txt"))
+
+
 def test_bench_runs_one_small_world(capsys, tmp_path):
     """The harness starts its world through burst.launch; --json PATH beside the table, progress on stderr."""
     out = tmp_path / "bench.json"

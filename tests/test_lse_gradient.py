@@ -263,8 +263,26 @@ def _latent_case(inputs, ref, loss, weights, causal, sinks, rows):
     return errors
 
 
+def _double_backward_cases(world):
+    """A gradient of a gradient (create_graph=True: a penalty on dq) is refused on every rank before the backward
+    sends anything: the strategies' backwards are not differentiable, and it came back without other ranks' part
+    (ring, a softcap), or none at all (ulysses, burst with chunk_rows=0), silently."""
+    full = full_inputs(17, 1, N_LOCAL * world, H, 2, D, torch.float64)
+    said = {}
+    for strategy in (s for s in (*STRATEGIES, "burst:chunk_rows=0", "ring:softcap=5") if _runs(s, True, world)):
+        q, k, v = (burst.shard(t).clone().requires_grad_() for t in full[:3])
+        out = burst.attention(q, k, v, causal=True, **strategy_kwargs(strategy))
+        try:
+            (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+            said[strategy] = f"no error (dq needs grad: {dq.requires_grad})"
+        except RuntimeError as err:
+            said[strategy] = str(err)
+    return [(("double backward",), said)]
+
+
 def _job(rank, world):
-    return _attention_cases(world) + _shared_kv_cases(world) + _compressed_cases(world) + _latent_cases(world)
+    cases = _attention_cases(world) + _shared_kv_cases(world) + _compressed_cases(world) + _latent_cases(world)
+    return cases + (_double_backward_cases(world) if world > 1 else [])
 
 
 _results = results_by_world(_job)
@@ -278,6 +296,9 @@ def test_lse_gradient_matches_float64_attention(world):
         strategies = {key[0] for key, _ in cases}
         assert strategies >= {"burst", "ring", "allgather", "distflash", "usp", "cqs", "latent"}, strategies
         for key, errors in cases:
+            if key == ("double backward",):
+                failures += [f"rank {rank} {s}: {m}" for s, m in errors.items() if "has no double backward" not in m]
+                continue
             if not all(e <= TOL[torch.float64] for e in errors.values()):  # NaN fails too
                 failures.append(f"rank {rank} {key}: {errors}")
     assert not failures, f"{len(failures)} cases:\n" + "\n".join(failures[:20])

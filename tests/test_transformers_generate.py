@@ -348,6 +348,11 @@ def _errors(rank, world):
             model, ids, bt.ShardedCache(model), seed=rank, do_sample=True, temperature=5.0
         ),
     }
+    # a model made on each rank without a common seed: each rank's shard and decode step would meet other weights
+    _, skewed = _models(_llama(), name)
+    with torch.no_grad():
+        skewed.lm_head.weight.mul_(1 + rank)
+    cases["weights differ"] = lambda: skewed.generate(ids, max_new_tokens=2, **bt.sharded_cache(skewed))
     # Gemma 3's wrapper turns its inputs into a mask dict before the decoder: they are read where it takes them
     _, gemma3 = _models(_gemma3_wrapper(), name, reference="eager")
     image_tokens = torch.zeros_like(ids)
@@ -502,6 +507,7 @@ def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_w
         "prompts differ": "prompt ids differs across ranks",
         "embeddings differ": "prompt sums differs across ranks",
         "seeds differ": "the same torch.manual_seed on every rank",
+        "weights differ": "must run one model",
         "gemma3 padding": "padding",
         "gemma3 image tokens": "token_type_ids marking tokens that are not text",
     }

@@ -108,7 +108,39 @@ def read_meta(root: str, step: int) -> dict:
 def _identity(cfg) -> dict:
     values = asdict(cfg)
     values["global_batch"] = cfg.batch * cfg.dp
+    values["data"] = data_fingerprint(cfg.data)
     return {key: values[key] for key in MUST_MATCH}
+
+
+_FINGERPRINT = "file of "  # how a data file's fingerprint starts (a checkpoint before 0.3.11 kept the --data text)
+_SAMPLE_BYTES, _SAMPLES, _WHOLE_BELOW = 1 << 16, 32, 64 << 20
+
+
+def data_fingerprint(data: str) -> str:
+    """What a checkpoint keeps of --data: "synthetic", or the file's size and a digest of its contents (the whole
+    file up to 64 MiB; beyond, 32 evenly spaced places of 64 KiB, the first and last bytes included).
+    The path is not kept: a run resumed from another directory, or with the file moved, finds the same data,
+    and a file edited or replaced under the same name is refused."""
+    if data == "synthetic" or not os.path.isfile(data):
+        return data
+    import hashlib
+
+    size = os.path.getsize(data)
+    digest = hashlib.blake2b(digest_size=8)
+    last = max(size - _SAMPLE_BYTES, 0)
+    with open(data, "rb") as f:
+        if size <= _WHOLE_BELOW:
+            digest.update(f.read())
+        for offset in sorted({last * i // (_SAMPLES - 1) for i in range(_SAMPLES)}) if size > _WHOLE_BELOW else ():
+            f.seek(offset)
+            digest.update(f.read(_SAMPLE_BYTES))
+    return f"{_FINGERPRINT}{size} bytes, digest {digest.hexdigest()}"
+
+
+def _differs(key: str, saved, mine, cfg) -> bool:
+    if key == "data" and isinstance(saved, str) and not saved.startswith(_FINGERPRINT) and saved != "synthetic":
+        return saved != cfg.data  # a checkpoint of 0.3.10 or before: the --data text
+    return saved != mine
 
 
 def check_resumable(cfg) -> None:
@@ -132,10 +164,11 @@ def check_resumable(cfg) -> None:
         raise ValueError(f"--resume-step: {err}") from None
     mine = _identity(cfg)
     for key in MUST_MATCH:
-        if saved.get(key) != mine[key]:
+        if _differs(key, saved.get(key), mine[key], cfg):
+            shown = f"{mine[key]!r} (--data {cfg.data!r})" if key == "data" else repr(mine[key])
             raise ValueError(
                 f"--resume-step: the checkpoint in {cfg.checkpoint_dir!r} is from another config: "
-                f"{key} was {saved.get(key)!r}, this run has {mine[key]!r}"
+                f"{key} was {saved.get(key)!r}, this run has {shown}"
             )
 
 

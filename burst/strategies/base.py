@@ -99,6 +99,7 @@ class ShardedAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
+        refuse_double_backward("burst.attention")
         q, out, lse, sinks, ck, cv, *key_inputs = ctx.saved_tensors
         dq, key_grads, dsinks, dck, dcv = sharded_backward(
             ctx.call,
@@ -113,6 +114,20 @@ class ShardedAttentionFunction(torch.autograd.Function):
             ctx.compressed,
         )
         return None, None, None, None, dq, dsinks, dck, dcv, *key_grads
+
+
+def refuse_double_backward(entry: str) -> None:
+    """RuntimeError when a backward runs with create_graph=True (a gradient penalty, a Hessian-vector product):
+    the strategies' backwards are not themselves differentiable, so the gradients of these gradients would
+    lose every other rank's part, or all of it, without an error. Raised before the backward's first message,
+    on every rank that asks (under torch.compile's tracing the graph is built otherwise: not checked)."""
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        raise RuntimeError(
+            f"{entry} has no double backward: its backward ran with create_graph=True (torch.autograd.grad(..., "
+            "create_graph=True), a gradient penalty or a Hessian-vector product). Its gradients are exact, but "
+            "their own gradients are not computed across ranks; run such a term without create_graph through "
+            "burst, or on one process's attention"
+        )
 
 
 def sharded_forward(call: AttentionCall, strategy: Strategy, q, keys: KeyBlocks, sinks=None, compressed=None):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from burst.agreement import agree
+from burst.agreement import agree, agree_on_weights
 from burst.api import autocast_inputs
 from burst.comm.membership import group_size
 from burst.inference import ShardedKVCache, decode_attention
@@ -59,10 +59,8 @@ class ShardedCache(RecurrentStates, Cache):
     def __init__(self, model: torch.nn.Module, chunk: int = 256):
         name, backend = backend_of(model)
         if backend.layout not in LAYOUTS:  # a DocumentLayout cuts packed documents: no prompt is one
-            raise ValueError(
-                f"ShardedCache needs attn_implementation={name!r} registered with a layout of {LAYOUTS}, "
-                f"got {backend.layout!r}"
-            )
+            why = f"ShardedCache needs attn_implementation={name!r} with a layout of {LAYOUTS}, got {backend.layout!r}"
+            raise ValueError(why)
         Cache.__init__(self, layers=[])  # storage is burst's ShardedKVCache (and a family's own class: not its)
         layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self.name, self.group, self.layout = name, backend.group, backend.layout
@@ -72,6 +70,7 @@ class ShardedCache(RecurrentStates, Cache):
         self._install_hooks(model)  # first: a positions hook of prepare_features must see the shard
         prepare_features(model, self.group, self.layout)  # then checked, as shard_batch does (rope's length...)
         check_model(model)
+        agree_on_weights(model, self.group, self.world, "ShardedCache(model)")  # each rank's own weights: wrong tokens
         self.rope_switch = decoding.rope_switch(model)
         self._tokens = None  # the tokens so far, kept only where the rope switch may need them again
         self.kv = ShardedKVCache(layers, group=self.group, layout=self.layout, chunk=chunk)
