@@ -278,3 +278,22 @@ def test_a_dataloader_accelerate_ran_as_one_process_is_refused_saying_why(monkey
     loader = torch.utils.data.DataLoader(list(range(4)), batch_size=1)
     with pytest.raises(NotImplementedError, match=r"world of 1 while the process group has 2.*cpu=True"):
         sequence_parallel.over_replicas(loader, replica=0, replicas=1, sp_size=2)
+
+
+def test_a_dataloader_resumed_by_skip_first_batches_is_pointed_at_the_replicas():
+    """accelerate's skip_first_batches (resuming mid-epoch) wraps the per-process sampler in its own: sp.dataloader
+    found none there and refused, naming an iterable dataset (a helper's resume, in accelerate's usual order). It
+    reaches the sampler through the wrapper: the replica's batches from the one after those skipped."""
+    from accelerate.data_loader import BatchSamplerShard, SkipBatchSampler
+    from burst.integrations.transformers import sequence_parallel
+
+    def loader(skip):
+        per_process = BatchSamplerShard(torch.utils.data.BatchSampler(range(16), 2, False), 4, 1)
+        sampler = SkipBatchSampler(per_process, skip) if skip else per_process
+        return torch.utils.data.DataLoader(list(range(16)), batch_sampler=sampler)
+
+    def batches(skip):  # 4 processes as 2 replicas of 2 ranks: this rank's replica is 1 of 2
+        return [b.tolist() for b in sequence_parallel.over_replicas(loader(skip), replica=1, replicas=2, sp_size=2)]
+
+    assert batches(0) == [[2, 3], [6, 7], [10, 11], [14, 15]]
+    assert batches(1) == batches(0)[1:]

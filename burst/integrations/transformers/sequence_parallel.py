@@ -169,11 +169,18 @@ def sequence_parallel_groups(sp_size: int | None):
 
 
 def accelerate_shard(dataloader):
-    """accelerate's per-process sharding object inside a prepared dataloader, or None."""
-    for candidate in (getattr(dataloader, "batch_sampler", None), getattr(dataloader, "dataset", None)):
-        if candidate is not None and hasattr(candidate, "num_processes") and hasattr(candidate, "process_index"):
+    """accelerate's per-process sharding object inside a prepared dataloader, or None; through the batch samplers
+    wrapped around it (accelerate's skip_first_batches, to resume mid-epoch, wraps its sampler in another)."""
+    for candidate in (getattr(dataloader, name, None) for name in ("batch_sampler", "sampler", "dataset")):
+        while candidate is not None and not _is_accelerate_shard(candidate):
+            candidate = getattr(candidate, "batch_sampler", None)
+        if candidate is not None:
             return candidate
     return None
+
+
+def _is_accelerate_shard(candidate) -> bool:
+    return hasattr(candidate, "num_processes") and hasattr(candidate, "process_index")
 
 
 def layout_multiple(layout: str, world: int) -> int:
