@@ -137,13 +137,19 @@ def _is_number(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
+def type_path(value) -> str:
+    """`value`'s type as a user would import it: "numpy.bool" where its bare name ("bool") would read as Python's."""
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
     if strategy not in STRATEGY_NAMES:
         variant = " ('name:variant' is burst bench's spelling: pass its options)" if ":" in str(strategy) else ""
         raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}{variant}")
     check_layout(layout)
     if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        raise TypeError(f"causal must be a Python bool, got {causal!r} of type {type_path(causal)}")
     if window is not None and not (
         isinstance(window, (tuple, list)) and len(window) == 2 and all(is_int(w) and w >= -1 for w in window)
     ):

@@ -393,3 +393,7 @@ def test_what_is_not_a_group_or_a_number_is_named(monkeypatch):
         burst.Topology().resolved(4)
     with pytest.raises(ValueError, match="burst bench's spelling"):
         _check_options("burst:flat", "contiguous", True, None, None)
+    import numpy as np
+
+    with pytest.raises(TypeError, match="of type numpy.bool"):  # it read "a bool, got bool"
+        _check_options("burst", "contiguous", np.bool_(True), None, None)
