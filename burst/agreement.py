@@ -149,6 +149,7 @@ def agree(
 # modules whose weights every rank of a group was found to hold: module -> the groups (_group_key) it was checked on
 _weights_agreed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SAMPLES_PER_PARAMETER = 64
+WEIGHTS = "the model's weights (a sample of each parameter)"  # the fact's name in agree()'s message
 WEIGHTS_HINT = (
     ": the ranks that split one sequence must run one model. Build it under the same seed on every rank "
     "(torch.manual_seed(s) before it is made), load the same checkpoint, or copy one rank's weights to the others "
@@ -158,28 +159,26 @@ WEIGHTS_HINT = (
 
 @_eagerly
 def agree_on_weights(module: torch.nn.Module, group, world: int, entry: str) -> None:
-    """ValueError on every rank of `group` unless every rank's `module` holds the same parameters.
-
-    A model built on each rank without a common seed runs without an error and trains wrongly: each rank's
-    shard meets other weights. Checked once per module and group, on a sample of each parameter (64 evenly
-    spaced entries, one copy to the host); parameters sharded by design (DTensor, FSDP1's) and ones not yet
-    made (meta, lazy) are not compared. A collective on every rank: call it where every rank is.
-    """
+    """ValueError on every rank of `group` unless every rank's `module` holds the same parameters (weights_digest),
+    checked once per module and group. A model built on each rank without a common seed runs without an error and
+    gives wrong results: each rank's shard meets other weights. A collective on every rank: call it where every
+    rank is."""
     if world == 1 or _mode == "off":
         return
     checked = _weights_agreed.setdefault(module, set())
     if _group_key(group) in checked:
         return
-    facts = {"the model's weights (a sample of each parameter)": _sampled_weights_digest(module)}
-    agree(entry, facts, None, group, world, hints={name: WEIGHTS_HINT for name in facts})
+    agree(entry, {WEIGHTS: weights_digest(module)}, None, group, world, hints={WEIGHTS: WEIGHTS_HINT})
     checked.add(_group_key(group))
 
 
-def _sampled_weights_digest(module: torch.nn.Module) -> str:
-    """A hex digest of the names, shapes and a sample of the entries of `module`'s comparable parameters."""
-    if _holds_fsdp1(module):
+def weights_digest(module: torch.nn.Module) -> str:
+    """A hex digest of the names and shapes of `module`'s parameters and of 64 evenly spaced entries of each (one
+    copy to the host per device). Parameters sharded by design (DTensor, FSDP1's) and ones not yet made (meta, lazy)
+    are left out: they may differ across ranks."""
+    if any(type(m).__name__ == "FullyShardedDataParallel" for m in module.modules()):
         return "not compared (FSDP1 shards the parameters)"
-    names, samples = [], []
+    names, samples = [], {}
     for name, p in module.named_parameters():
         if type(p).__name__ == "DTensor" or p.is_meta or isinstance(p, torch.nn.parameter.UninitializedParameter):
             continue
@@ -187,13 +186,9 @@ def _sampled_weights_digest(module: torch.nn.Module) -> str:
         flat = torch.view_as_real(flat).reshape(-1) if flat.is_complex() else flat
         step = max(1, flat.numel() // _SAMPLES_PER_PARAMETER)
         names.append(f"{name}{tuple(p.shape)}")
-        samples.append(flat[::step][:_SAMPLES_PER_PARAMETER].to(torch.float64).cpu())
-    values = torch.cat(samples).numpy().tobytes() if samples else b""
+        samples.setdefault(flat.device, []).append(flat[::step][:_SAMPLES_PER_PARAMETER].to(torch.float64))
+    values = b"".join(torch.cat(parts).cpu().numpy().tobytes() for parts in samples.values())
     return hashlib.blake2b(repr(names).encode() + values, digest_size=8).hexdigest()
-
-
-def _holds_fsdp1(module: torch.nn.Module) -> bool:
-    return any(type(m).__name__ == "FullyShardedDataParallel" for m in module.modules())
 
 
 def _wait_for_every_rank(work, entry: str, group) -> None:

@@ -208,6 +208,15 @@ def _errors(rank, world):
     with torch.no_grad():
         skewed.model.layers[0].mlp.up_proj.weight.mul_(1 + 0.01 * rank)
     cases["different weights per rank"] = lambda: bt.shard_batch({"input_ids": ids}, model=skewed)
+
+    def step_without_reduce():  # each rank's optimizer steps on its own share: the ranks' weights part
+        _, alone = _models(_llama_config, name)
+        sgd = torch.optim.SGD(alone.parameters(), lr=0.1)
+        alone(**bt.shard_batch({"input_ids": ids, "labels": ids}, model=alone)).loss.backward()
+        sgd.step()
+        bt.shard_batch({"input_ids": ids, "labels": ids}, model=alone)
+
+    cases["a step without reduce_gradients"] = step_without_reduce
     cases["inputs_embeds"] = lambda: bt.shard_batch({"inputs_embeds": torch.zeros(1, 8 * world, 4)}, model=model)
     # heads whose rows shard_batch would cut silently wrong: a pooled token, targets that are not next tokens
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
@@ -339,6 +348,7 @@ def test_unsupported_raises_on_every_rank():
         "dropout": "dropout",
         "a different batch per rank": "must hold the same batch",
         "different weights per rank": "must run one model",
+        "a step without reduce_gradients": "Call bt.reduce_gradients(model) after the backward",
         "inputs_embeds": "needs the batch's input_ids",
         "sequence classification": "pools one token of each row",
         "token classification labels": "loss is ForTokenClassification",

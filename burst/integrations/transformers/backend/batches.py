@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from burst import layout as layout_mod
-from burst.agreement import agree, agree_on_weights
+from burst.agreement import WEIGHTS, WEIGHTS_HINT, agree, weights_digest
 
 from ..keywords import ATTENTION_LAYER_KINDS, layer_kinds
 from ..layers.configs import decoder_of, text_config
@@ -82,8 +82,7 @@ def shard_batch(
         layout = layout_mod.DocumentLayout(tuple(cu), layout.removeprefix("doc_"))
     prepare_features(model, group, layout)
     check_model(model)
-    check_same_batch(batch, group)
-    agree_on_weights(model, group, world_size(group), "burst.shard_batch")
+    check_same_batch(batch, group, model)
     mask = batch.get("attention_mask")
     if mask is not None and not bool(mask.bool().all()):
         raise ValueError(
@@ -243,11 +242,13 @@ def _the_model(model) -> torch.nn.Module:
     return getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
 
 
-def check_same_batch(batch: dict, group=None) -> None:
+def check_same_batch(batch: dict, group=None, model: torch.nn.Module | None = None) -> None:
     """ValueError on every rank of `group` unless every rank holds the same input_ids, labels and
-    position_ids (a digest of their bytes, agreed in one small collective). A sequence-parallel group
-    splits *one* batch: a sampler that hands each rank of the group its own sequences (a
-    DistributedSampler over the whole world) would have burst join shards of unrelated sequences."""
+    position_ids (a digest of their bytes, agreed in one small collective), and the same weights of `model`
+    (agreement.weights_digest, in the same collective). A sequence-parallel group splits *one* batch: a sampler
+    that hands each rank of the group its own sequences (a DistributedSampler over the whole world) would have
+    burst join shards of unrelated sequences. Weights that differ: a model built on each rank without a common
+    seed, or a step taken on each rank's own share of the gradients (reduce_gradients not called)."""
     world = world_size(group)
     if world == 1:
         return
@@ -260,7 +261,18 @@ def check_same_batch(batch: dict, group=None) -> None:
         "; the ranks of a sequence-parallel group must hold the same batch (each shards it): sample over "
         "the data-parallel replicas only, e.g. DistributedSampler(num_replicas=world // G, rank=rank // G)"
     )
-    agree("burst.shard_batch", facts, None, group, world, hints={key: hint for key in facts})
+    hints = {key: hint for key in facts}
+    if model is not None:
+        facts[WEIGHTS], hints[WEIGHTS] = weights_digest(model), WEIGHTS_HINT + STEP_HINT
+    agree("burst.shard_batch", facts, None, group, world, hints=hints)
+
+
+# why weights that were one model's at the start differ after training steps
+STEP_HINT = (
+    "; after a training step: each rank's optimizer stepped on its own share of the gradients. Call "
+    "bt.reduce_gradients(model) after the backward, before optimizer.step() (burst's Trainer and SequenceParallel "
+    "need none: DDP over the world makes the gradients one there)"
+)
 
 
 def _content_digest(t: torch.Tensor) -> str:
