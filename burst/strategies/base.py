@@ -124,9 +124,9 @@ def refuse_double_backward(entry: str) -> None:
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
         raise RuntimeError(
             f"{entry} has no double backward: its backward ran with create_graph=True (torch.autograd.grad(..., "
-            "create_graph=True), a gradient penalty or a Hessian-vector product). Its gradients are exact, but "
-            "their own gradients are not computed across ranks; run such a term without create_graph through "
-            "burst, or on one process's attention"
+            "create_graph=True), a gradient penalty or a Hessian-vector product). Its gradients are exact but not "
+            "differentiable themselves (across ranks they would lose the other ranks' part): run such a term "
+            "without create_graph, or through torch's own attention on one process"
         )
 
 
