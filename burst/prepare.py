@@ -57,6 +57,10 @@ def prepare_single_device(q, k, causal: bool = True, softmax_scale=None):
 _HINTS = {"seqlen": " (shard with burst.shard, or pad every rank to one length)"}
 
 
+def _shape_and_dtype(t):
+    return None if t is None else (tuple(t.shape), str(t.dtype))
+
+
 def _call_facts(q, keys, name: str, call: AttentionCall, request: AttentionRequest, sinks=None) -> dict:
     """What must be equal on every rank for the call to be right: shard shapes, dtype, options, and the
     key side's (keys.facts(): K, V's heads, or MLA's latent shapes)."""
@@ -76,13 +80,16 @@ def _call_facts(q, keys, name: str, call: AttentionCall, request: AttentionReque
         "return_lse": bool(request.return_lse),
         "cu_seqlens": spec.cu_seqlens,
         "softcap": float(request.softcap),  # chunks are in cu_seqlens
-        "indices": None if call.indices is None else (tuple(call.indices.shape), call.index_block),
+        # the rows' choices travel with the queries: another dtype on one rank is another message size
+        "indices": None
+        if call.indices is None
+        else (tuple(call.indices.shape), str(call.indices.dtype), call.index_block),
         "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
         "topology": (call.topology.local_world_size, call.topology.double_ring),
         "sinks": None if sinks is None else (str(sinks.dtype), tuple(sinks.detach().float().tolist())),
         "compressed": None
         if compressed is None
-        else (tuple(compressed.k.shape), compressed.rate, compressed.indices is not None),
+        else (tuple(compressed.k.shape), compressed.rate, _shape_and_dtype(compressed.indices)),
     }
     facts.update(keys.facts())
     facts.update((f"option {key}", value) for key, value in sorted(call.options.as_dict().items()))

@@ -46,6 +46,8 @@ def checked_key_call(q, keys, request: AttentionRequest, rank: int, world: int, 
     keys.check(q)
     layout, cu_seqlens = _document_layout(r.layout, listed_documents(r.cu_seqlens), world, q.shape[1])
     _check_options(r.strategy, layout, r.causal, r.window, r.softmax_scale)
+    if not isinstance(r.return_lse, bool):  # "False" would be truthy: (out, lse) where out was asked for
+        raise TypeError(f"return_lse must be a Python bool, got {r.return_lse!r} of type {type_path(r.return_lse)}")
     check_sharded_with(layout, q=q, k=getattr(keys, "k", None), v=getattr(keys, "v", None))
     _check_softcap_and_chunks(r.softcap, r.chunk_size)
     _check_local_length(q.shape[1], layout)

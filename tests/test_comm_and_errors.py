@@ -397,3 +397,6 @@ def test_what_is_not_a_group_or_a_number_is_named(monkeypatch):
 
     with pytest.raises(TypeError, match="of type numpy.bool"):  # it read "a bool, got bool"
         _check_options("burst", "contiguous", np.bool_(True), None, None)
+    q = torch.randn(1, 8, 2, 8)
+    with pytest.raises(TypeError, match="return_lse must be a Python bool, got 'False'"):  # a truthy string
+        burst.attention(q, q, q, return_lse="False")

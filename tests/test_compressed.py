@@ -141,7 +141,23 @@ def _cases(rank, world):
                     for strategy in STRATEGIES if dtype == torch.float64 else ("burst",):
                         errs = _errors(full, ref, ck, cv, s, indices, dtype, layout, strategy)
                         results.append(((strategy, layout, kind, with_sinks, str(dtype)), errs))
-    return results, _values_are_keys(full)
+    return results, _values_are_keys(full), _no_entries_yet(full)
+
+
+def _no_entries_yet(full):
+    """Zero entries (B, 0, HK, D), a prompt shorter than one entry's span: plain windowed attention, by strategy
+    (its first tile of no keys killed the process with SIGFPE in aten's CPU op)."""
+    none = torch.zeros(B, 0, HK, D, dtype=torch.float64)
+    ref = reference(full, none, none, None, allowed_pairs(full[0].shape[1], 0, None))
+    errors = {}
+    for strategy in STRATEGIES:
+        q, k, v, dout = (burst.shard(t).detach().requires_grad_() for t in full)
+        entries = burst.CompressedKV(none.clone().requires_grad_(), none.clone().requires_grad_(), RATE)
+        out = burst.attention(q, k, v, causal=True, window=(WINDOW, 0), compressed=entries, **strategy_kwargs(strategy))
+        out.backward(dout)
+        theirs = [burst.shard(t) for t in (ref[0], *ref[2:5])]
+        errors[strategy] = max(rel_err(x, r) for x, r in zip((out, q.grad, k.grad, v.grad), theirs))
+    return errors
 
 
 def _sinks_options(kind, world):
@@ -190,7 +206,7 @@ _results = results_by_world(_cases)
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_entries_join_the_sharded_keys_exactly(world):
     failures = []
-    for rank, (cases, _) in enumerate(_results(world)):
+    for rank, (cases, _, _) in enumerate(_results(world)):
         for key, errs in cases:
             bound = TOL[getattr(torch, key[-1].removeprefix("torch."))]
             measured = {n: e for n, e in errs.items() if n != "nan"}
@@ -202,7 +218,7 @@ def test_entries_join_the_sharded_keys_exactly(world):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_values_that_are_the_keys_travel_once(world):
-    for rank, (_, shared) in enumerate(_results(world)):
+    for rank, (_, shared, _) in enumerate(_results(world)):
         for (strategy, layout), (error, (fwd, bwd), (fwd_copy, bwd_copy)) in shared.items():
             assert error <= TOL[torch.float64], (rank, strategy, layout, error)
             assert fwd_copy > 0 and 2 * fwd == fwd_copy or strategy == "allgather", (
@@ -216,6 +232,12 @@ def test_values_that_are_the_keys_travel_once(world):
             # gradients: one block and one gradient
             if strategy != "allgather":
                 assert 2 * bwd == bwd_copy, (rank, strategy, layout, bwd, bwd_copy)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_no_entries_yet_is_plain_attention(world):
+    for rank, (_, _, errors) in enumerate(_results(world)):
+        assert errors and all(e <= TOL[torch.float64] for e in errors.values()), (rank, errors)
 
 
 def test_the_entries_change_the_answer():

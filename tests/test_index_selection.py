@@ -96,6 +96,12 @@ def _cases(rank, world):
         )
         for s in REFUSING
     }
+    # another integer dtype on one rank: the rows' choices travel with the queries, one message size per dtype
+    # (the queries-side backward died with a size mismatch mid-ring, leaving the other ranks waiting)
+    other = mine.int() if rank == 0 else mine
+    refusals["int32 on one rank"] = value_error_text(
+        lambda: burst.attention(q, q[:, :, :HK], q[:, :, :HK], layout="zigzag", causal=True, indices=other)
+    )
     with burst.CommStats() as stats:
         burst.attention(q, q[:, :, :HK], q[:, :, :HK], layout="zigzag", causal=True)
     return results, refusals, stats.pairs("forward")
@@ -133,10 +139,11 @@ def test_the_selection_changes_the_answer():
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_strategies_that_move_queries_elsewhere_refuse_on_every_rank(world):
+def test_strategies_that_move_queries_elsewhere_and_indices_of_another_dtype_refuse_on_every_rank(world):
     for _, refusals, _ in _results(world):
         for strategy, text in refusals.items():
             assert text is not None and "indices" in text, (strategy, text)
+        assert "torch.int32" in refusals["int32 on one rank"], refusals["int32 on one rank"]
 
 
 def test_bad_indices_raise_before_any_communication():

@@ -32,6 +32,8 @@ def attend_forward(
     start, computed = time.perf_counter(), []
     for t in tiles:
         qr, kr = t.q.rows, t.k.rows
+        if _empty(t):
+            continue
         causal, mask, pairs = _tile_mask(t, indices, q.shape[2], index_block)
         if pairs == 0:
             continue
@@ -40,6 +42,12 @@ def attend_forward(
         del out, lse  # free this tile's result before the next kernel call allocates its own
         computed.append(pairs)
     _account("forward", computed, start)
+
+
+def _empty(t: Tile) -> bool:
+    """A tile of no query rows or no keys (an even world's half of a one-token block, zero compressed entries):
+    nothing to add, and aten's CPU flash op dies (SIGFPE) on one."""
+    return t.q.length == 0 or t.k.length == 0
 
 
 def _tile_mask(t: Tile, indices, heads: int, index_block: int):
@@ -99,6 +107,8 @@ def attend_backward(
     rebuilt_for, out_rows = None, None
     for t in tiles:
         qr, kr = t.q.rows, t.k.rows
+        if _empty(t):
+            continue
         causal, mask, pairs = _tile_mask(t, indices, q.shape[2], index_block)
         if pairs == 0:
             continue
