@@ -221,3 +221,46 @@ def test_layouts_hold_the_papers_token_indices(layout, world, seqlen):
     for r in range(world):
         positions = [p for s in segments(layout, r, world, seqlen // world) for p in s.positions().tolist()]
         assert positions == PINNED[(layout, world, seqlen)][r], (layout, world, r, positions)
+
+
+@pytest.mark.parametrize("split", ["contiguous", "zigzag"])
+def test_document_layouts_plan_each_document_against_its_own_runs(split, monkeypatch):
+    """A document layout holds one run per document and rank: every run met every other rank's runs, so
+    planning grew with the documents squared (6.6 s for 512 documents of 128 tokens at 2 ranks). The key runs
+    a query run may reach are found by bisection now: the tiles cover the mask exactly, as before, and the pairs
+    of runs looked at grow with the documents, not their square."""
+    from burst.layout import DocumentLayout
+    from burst.masks import planner
+
+    world, docs, length = 3, 24, 12  # every document cuts into 2 x 3 parts of 2 tokens
+    cu = [i * length for i in range(docs + 1)]
+    seqlen = cu[-1]
+    layout = DocumentLayout(tuple(cu), split)
+    looked_at = []
+    reachable = planner._reachable
+    monkeypatch.setattr(planner, "_reachable", lambda qs, ks, spec: looked_at.append(r := reachable(qs, ks, spec)) or r)
+    for kwargs in (dict(causal=True), dict(causal=True, window=(5, 0)), dict(window=(3, 3)), {}):
+        kwargs = {**kwargs, "cu_seqlens": cu}
+        spec, allowed = _spec(kwargs), reference_mask(seqlen, **kwargs)
+        for qr, kr in itertools.product(range(world), range(world)):
+            looked_at.clear()
+            q_segs, k_segs = layout.segments(qr, world), layout.segments(kr, world)
+            tiles = plan_tiles(q_segs, k_segs, spec, sizes=TileSizes(burst.masks.MAX_TILE, join_runs=True))
+            want = allowed[shard_indices(layout, qr, world, seqlen)][:, shard_indices(layout, kr, world, seqlen)]
+            grid = _painted(tiles, seqlen // world)
+            assert grid.max() <= 1 and torch.equal(grid.bool(), want), (kwargs, split, qr, kr)
+            assert len(looked_at) == len(q_segs) and sum(map(len, looked_at)) <= 2 * len(k_segs), (kwargs, qr, kr)
+
+
+def test_the_blocks_a_strided_run_touches():
+    """_block_cover reads the blocks a run's positions fall in: a slice of consecutive blocks when its stride is
+    no larger than a block, else one per position (it asked torch.unique of every position of each sub-pair)."""
+    from burst.layout import Segment
+    from burst.masks.rules import _blocks_of
+
+    layout = torch.arange(100 * 100).reshape(100, 100)  # each block pair its own number
+    for first, length, stride, block in itertools.product((0, 3, 17), (1, 5, 9), (1, 2, 3, 7, 8, 9), (1, 3, 8)):
+        seg = Segment(0, length, first, stride)
+        want = torch.unique(seg.positions() // block)
+        got = layout.numpy()[_blocks_of(seg, block)][:, 0]
+        assert got.tolist() == layout[want][:, 0].tolist(), (first, length, stride, block)

@@ -26,6 +26,8 @@ What attends is rules.py's (MaskSpec); this module only asks it and cuts.
 
 from __future__ import annotations
 
+import bisect
+
 from ..layout import Rows, Segment
 from .bands import Bands
 from .rules import Cover, MaskSpec
@@ -44,10 +46,25 @@ def plan_tiles(
     shard's). `sizes` also sets the leaves of partial tiles and triangles.
     """
     tiles: list[Tile] = []
+    sorted_apart = len(k_segs) >= 8 and _apart_and_rising(k_segs)
     for qs in q_segs:
-        for ks in k_segs:
+        for ks in _reachable(qs, k_segs, spec) if sorted_apart else k_segs:
             tiles.extend(_plan_pair(qs, ks, spec, sizes))
     return _joined(tiles, sizes.max_rows, across_runs=True) if sizes.join_runs else tiles
+
+
+def _reachable(qs: Segment, k_segs: list[Segment], spec: MaskSpec) -> list[Segment]:
+    """The key runs of `k_segs` (apart, in rising order) that `qs` may attend, by its reach (MaskSpec.reach),
+    in two bisections: a document layout's runs, one per document and rank, would otherwise each meet every
+    other document's (planning grew with the documents squared)."""
+    lo, hi = spec.reach(qs)
+    start = bisect.bisect_left(k_segs, lo, key=lambda ks: ks.last) if lo is not None else 0
+    stop = bisect.bisect_right(k_segs, hi, key=lambda ks: ks.first) if hi is not None else len(k_segs)
+    return k_segs[start:stop]
+
+
+def _apart_and_rising(segs: list[Segment]) -> bool:
+    return all(a.last < b.first for a, b in zip(segs, segs[1:]))
 
 
 def _plan_pair(
