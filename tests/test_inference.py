@@ -248,6 +248,7 @@ def test_the_cache_refuses_what_it_took_silently():
         (new.double(), new.double(), at),
         (new, new, at.float()),
         (new, new, torch.tensor(3)),
+        (new, new, torch.tensor([True, True])),  # positions 1 and 1, silently
     ):
         with pytest.raises(ValueError, match="ShardedKVCache.append"):
             cache.append(0, *bad)

@@ -348,6 +348,28 @@ def _errors(rank, world):
             model, ids, bt.ShardedCache(model), seed=rank, do_sample=True, temperature=5.0
         ),
     }
+    # the ranks' tokens part at the third new token (a rank's own logits processor, as sampling with a seed of each
+    # rank's own may first differ late): every step's token is agreed on, not only the first's
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class RanksOwnThirdToken(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            if input_ids.shape[1] == ids.shape[1] + 2:
+                scores = scores.clone()
+                scores[:, rank] = scores.max() + 1
+            return scores
+
+    # classifier-free guidance runs an unconditional forward without the cache: refused, naming it
+    cases["guidance_scale"] = lambda: model.generate(
+        ids, guidance_scale=1.5, max_new_tokens=2, **bt.sharded_cache(model)
+    )
+    cases["tokens part later"] = lambda: model.generate(
+        ids,
+        max_new_tokens=4,
+        do_sample=False,
+        logits_processor=LogitsProcessorList([RanksOwnThirdToken()]),
+        **bt.sharded_cache(model),
+    )
     # a model made on each rank without a common seed: each rank's shard and decode step would meet other weights
     _, skewed = _models(_llama(), name)
     with torch.no_grad():
@@ -508,6 +530,8 @@ def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_w
         "embeddings differ": "prompt sums differs across ranks",
         "seeds differ": "the same torch.manual_seed on every rank",
         "weights differ": "must run one model",
+        "tokens part later": "new token ids differs across ranks",
+        "guidance_scale": "guidance_scale's unconditional pass",
         "gemma3 padding": "padding",
         "gemma3 image tokens": "token_type_ids marking tokens that are not text",
     }

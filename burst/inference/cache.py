@@ -174,7 +174,10 @@ class ShardedKVCache:
                     f"ShardedKVCache.append: {name} {tuple(new.shape)} {new.dtype}, layer {layer} stores "
                     f"{want} {stored.dtype}"
                 )
-        if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.shape != want[:1]:
+        integer = (
+            isinstance(positions, torch.Tensor) and not positions.is_floating_point() and positions.dtype != torch.bool
+        )
+        if not integer or positions.shape != want[:1]:  # a bool tensor would be positions 0 and 1
             raise ValueError(f"ShardedKVCache.append: positions must be an integer tensor of shape {want[:1]}")
 
     def _grow(self, t: torch.Tensor, extra: int | None = None) -> torch.Tensor:

@@ -197,16 +197,16 @@ class ShardedCache(RecurrentStates, Cache):
             )
         if positions is not None and not bool((positions == self.seen).all()):
             raise ValueError(f"position_ids {positions.flatten().tolist()} in decode: the next position is {self.seen}")
-        if self.seen == self.prompt_length:  # the first new token: ranks that sample apart differ here, once
-            hint = {"new token ids": " (sampling needs the same torch.manual_seed on every rank)"}
-            agree(
-                "generate() on a ShardedCache",
-                decoding.token_facts(tokens, "new token"),
-                None,
-                self.group,
-                self.world,
-                hint,
-            )
+        # every new token (one small collective a step): ranks that sample apart may first differ at any step
+        hint = {"new token ids": " (sampling needs the same torch.manual_seed on every rank)"}
+        agree(
+            "generate() on a ShardedCache",
+            decoding.token_facts(tokens, "new token"),
+            None,
+            self.group,
+            self.world,
+            hint,
+        )
         self._step = torch.full((batch,), self.seen, dtype=torch.long, device=tokens.device)
         kwargs["position_ids"] = self._step[:, None]
         self.phase = "decode"
