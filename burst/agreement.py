@@ -173,9 +173,9 @@ def agree_on_weights(module: torch.nn.Module, group, world: int, entry: str) -> 
 
 
 def weights_digest(module: torch.nn.Module) -> str:
-    """A hex digest of the names and shapes of `module`'s parameters and of 64 evenly spaced entries of each (one
-    copy to the host per device). Parameters sharded by design (DTensor, FSDP1's) and ones not yet made (meta, lazy)
-    are left out: they may differ across ranks."""
+    """A hex digest of the names and shapes of `module`'s parameters and of 64 evenly spaced entries of each, the
+    first and the last included (one copy to the host per device). Parameters sharded by design (DTensor, FSDP1's)
+    and ones not yet made (meta, lazy) are left out: they may differ across ranks."""
     if any(type(m).__name__ == "FullyShardedDataParallel" for m in module.modules()):
         return "not compared (FSDP1 shards the parameters)"
     names, samples = [], {}
@@ -184,9 +184,10 @@ def weights_digest(module: torch.nn.Module) -> str:
             continue
         flat = p.detach().reshape(-1)
         flat = torch.view_as_real(flat).reshape(-1) if flat.is_complex() else flat
-        step = max(1, flat.numel() // _SAMPLES_PER_PARAMETER)
         names.append(f"{name}{tuple(p.shape)}")
-        samples.setdefault(flat.device, []).append(flat[::step][:_SAMPLES_PER_PARAMETER].to(torch.float64))
+        if flat.numel():  # the first and the last entry among them: rows added at the end (resized embeddings)
+            at = torch.linspace(0, flat.numel() - 1, min(_SAMPLES_PER_PARAMETER, flat.numel()), device=flat.device)
+            samples.setdefault(flat.device, []).append(flat[at.round().long()].to(torch.float64))
     values = b"".join(torch.cat(parts).cpu().numpy().tobytes() for parts in samples.values())
     return hashlib.blake2b(repr(names).encode() + values, digest_size=8).hexdigest()
 

@@ -237,6 +237,33 @@ def _no_mixer_layers():
     return bt.shard_mixers(model, None, "zigzag"), mixers.prepared(model.config)
 
 
+def _fully_sharded_hybrid():
+    """bt.fully_shard before the first shard_batch (examples/transformers_train.py --fsdp's order): it refused a
+    hybrid, whose recurrent layers shard_batch had not prepared yet; fully_shard prepares them itself now. The
+    loss and every gradient (FSDP's shards gathered) against the eager twin in this process (hf_steps' measure)."""
+    import burst.integrations.transformers as bt
+    from burst.bench import hf_steps
+
+    twins = _models("qwen3_next", bt.register("hybrid_fsdp", layout="zigzag"))
+    if twins is None:
+        return None
+    reference, model = twins
+    bt.fully_shard(model)
+    ids = torch.randint(3, model.config.vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(5))
+    expected = reference(input_ids=ids, labels=ids, use_cache=False).loss
+    expected.backward()
+    loss = model(
+        **bt.shard_batch({"input_ids": ids, "labels": ids}, layout="zigzag", model=model), use_cache=False
+    ).loss
+    loss.backward()
+    bt.reduce_gradients(model)
+    pairs = [
+        (p.grad.full_tensor(), r.grad) for p, r in zip(model.parameters(), reference.parameters()) if r.grad is not None
+    ]
+    loss_error = abs(float(bt.reduce_loss(loss)) - float(expected))
+    return {"loss": loss_error, "gradients": hf_steps.gradient_error(pairs), "count": len(pairs)}
+
+
 def _world_cases(rank, world):
     import warnings
 
@@ -273,6 +300,7 @@ def _world_cases(rank, world):
     if world == 2:  # a family burst splits, configured without a layer outside attention: nothing to hook
         out["no mixer layers"] = _no_mixer_layers()
     if world == 2:
+        out["fully sharded"] = _fully_sharded_hybrid()
         out["bytes"] = _state_bytes(None)
         out["refusals"] = _refusals(None)
     return out
@@ -290,6 +318,12 @@ def test_hybrid_families_train_exactly_across_ranks(world):
     for (family, layout), got in shipped.items():
         assert got["logits"] < 2e-5 and got["loss"] < 2e-5, (family, layout, got)
         assert got["gradients"] < 1e-4 and got["gradient_count"] > 4, (family, layout, got)
+
+
+def test_a_hybrid_is_fully_sharded_before_its_first_batch():
+    got = results(2)[0]["fully sharded"]
+    if got is not None:
+        assert got["loss"] < 2e-5 and got["gradients"] < 1e-4 and got["count"] > 4, got
 
 
 @pytest.mark.parametrize("world", [2, 4])

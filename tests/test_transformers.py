@@ -208,6 +208,10 @@ def _errors(rank, world):
     with torch.no_grad():
         skewed.model.layers[0].mlp.up_proj.weight.mul_(1 + 0.01 * rank)
     cases["different weights per rank"] = lambda: bt.shard_batch({"input_ids": ids}, model=skewed)
+    _, last_row = _models(_llama_config, name)  # rows added at the end (resized embeddings) are sampled too
+    with torch.no_grad():
+        last_row.model.embed_tokens.weight[-1, -1] += 0.1 * rank
+    cases["the last entry differs"] = lambda: bt.shard_batch({"input_ids": ids}, model=last_row)
 
     def step_without_reduce():  # each rank's optimizer steps on its own share: the ranks' weights part
         _, alone = _models(_llama_config, name)
@@ -300,6 +304,9 @@ def _errors(rank, world):
         results[case] = value_error_text(fn)
     model.eval()
     results["works after"] = model(**batch).logits.shape == (1, 8, VOCAB)
+    # torch.compile around DDP (torch's own order) as well as DDP around it: shard_batch finds the model in both
+    wrapped = torch.compile(torch.nn.parallel.DistributedDataParallel(model))
+    results["compile of DDP"] = bt.shard_batch({"input_ids": ids}, model=wrapped)["input_ids"].shape == (1, 8)
     typed = bt.shard_batch({"input_ids": ids, "token_type_ids": ids % 2}, model=model)  # per token: cut alike
     results["token_type_ids cut"] = torch.equal(typed["token_type_ids"], typed["input_ids"] % 2)
     return results
@@ -348,6 +355,7 @@ def test_unsupported_raises_on_every_rank():
         "dropout": "dropout",
         "a different batch per rank": "must hold the same batch",
         "different weights per rank": "must run one model",
+        "the last entry differs": "must run one model",
         "a step without reduce_gradients": "Call bt.reduce_gradients(model) after the backward",
         "inputs_embeds": "needs the batch's input_ids",
         "sequence classification": "pools one token of each row",
@@ -368,7 +376,7 @@ def test_unsupported_raises_on_every_rank():
             assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
         assert errors["reduce, zero_grad, again"] is None, errors["reduce, zero_grad, again"]
         assert errors["own shift_labels and count"] < 1e-5, errors["own shift_labels and count"]
-        assert errors["works after"] and errors["token_type_ids cut"]
+        assert errors["works after"] and errors["token_type_ids cut"] and errors["compile of DDP"]
 
 
 def test_register_refuses_what_the_layers_set_and_options_no_strategy_takes():

@@ -12,8 +12,11 @@ import torch
 import torch.distributed as dist
 
 from burst.comm.collectives import all_reduce_in_place
+from burst.layout import DOCUMENT_LAYOUTS
 
 from .checks import check_model
+from .features import prepare_features
+from .registry import backend_of
 
 
 def reduce_gradients(model: torch.nn.Module, group=None) -> None:
@@ -56,6 +59,9 @@ def fully_shard(model: torch.nn.Module, mesh=None, group=None, **fsdp_kwargs) ->
     """
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
+    _, backend = backend_of(model)
+    if backend.layout not in DOCUMENT_LAYOUTS:  # those are cut per batch: shard_batch prepares them
+        prepare_features(model, backend.group, backend.layout)  # before FSDP wraps the layers a hybrid hooks
     check_model(model)
     if mesh is None:
         from torch.distributed.device_mesh import init_device_mesh
