@@ -505,6 +505,15 @@ def test_resume_checks_the_data_files_contents_not_its_path(tmp_path, monkeypatc
         check_resumable(config("text.txt"))  # another file of that name
     (tmp_path / "b" / "text.txt").write_bytes(text)
     check_resumable(config("text.txt"))  # a copy of it
+    from burst.engine import resume
+
+    monkeypatch.setattr(resume, "_WHOLE_BELOW", 1000)  # a large file's sampled digest: the first and last bytes read
+    large = resume.data_fingerprint("text.txt")
+    (tmp_path / "b" / "text.txt").write_bytes(text[:-1] + b"!")
+    assert resume.data_fingerprint("text.txt") != large and large.startswith("file of 3800 bytes")
+    (tmp_path / "b" / "text.txt").write_bytes(text)
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path / "b")
     legacy = {**_identity(config("text.txt")), "data": "text.txt"}
     saved(legacy)
     check_resumable(config("text.txt"))

@@ -131,9 +131,10 @@ def data_fingerprint(data: str) -> str:
     with open(data, "rb") as f:
         if size <= _WHOLE_BELOW:
             digest.update(f.read())
-        for offset in sorted({last * i // (_SAMPLES - 1) for i in range(_SAMPLES)}) if size > _WHOLE_BELOW else ():
-            f.seek(offset)
-            digest.update(f.read(_SAMPLE_BYTES))
+        else:
+            for offset in sorted({last * i // (_SAMPLES - 1) for i in range(_SAMPLES)}):
+                f.seek(offset)
+                digest.update(f.read(_SAMPLE_BYTES))
     return f"{_FINGERPRINT}{size} bytes, digest {digest.hexdigest()}"
 
 

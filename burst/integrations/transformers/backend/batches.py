@@ -237,9 +237,13 @@ def _the_model(model) -> torch.nn.Module:
             "there (a model that never calls attention, such as Mamba or RWKV, or that runs its own, such as GPT-1 "
             "or XLM, would otherwise run each rank's shard alone and give wrong logits without an error)"
         )
-    while isinstance(model, torch.nn.parallel.DistributedDataParallel) or hasattr(model, "_orig_mod"):
-        model = getattr(model, "_orig_mod", None) or model.module  # torch.compile's OptimizedModule, DDP: any order
-    return model
+    while True:  # DDP and torch.compile's OptimizedModule, in either order
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
 
 
 def check_same_batch(batch: dict, group=None, model: torch.nn.Module | None = None) -> None:
