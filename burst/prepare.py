@@ -81,9 +81,7 @@ def _call_facts(q, keys, name: str, call: AttentionCall, request: AttentionReque
         "cu_seqlens": spec.cu_seqlens,
         "softcap": float(request.softcap),  # chunks are in cu_seqlens
         # the rows' choices travel with the queries: another dtype on one rank is another message size
-        "indices": None
-        if call.indices is None
-        else (tuple(call.indices.shape), str(call.indices.dtype), call.index_block),
+        "indices": None if call.indices is None else (_shape_and_dtype(call.indices), call.index_block),
         "block_sparse": spec.block_sparse.fingerprint if spec.block_sparse is not None else None,
         "topology": (call.topology.local_world_size, call.topology.double_ring),
         "sinks": None if sinks is None else (str(sinks.dtype), tuple(sinks.detach().float().tolist())),

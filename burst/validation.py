@@ -46,8 +46,7 @@ def checked_key_call(q, keys, request: AttentionRequest, rank: int, world: int, 
     keys.check(q)
     layout, cu_seqlens = _document_layout(r.layout, listed_documents(r.cu_seqlens), world, q.shape[1])
     _check_options(r.strategy, layout, r.causal, r.window, r.softmax_scale)
-    if not isinstance(r.return_lse, bool):  # "False" would be truthy: (out, lse) where out was asked for
-        raise TypeError(f"return_lse must be a Python bool, got {r.return_lse!r} of type {type_path(r.return_lse)}")
+    _check_bool("return_lse", r.return_lse)  # "False" would be truthy: (out, lse) where out was asked for
     check_sharded_with(layout, q=q, k=getattr(keys, "k", None), v=getattr(keys, "v", None))
     _check_softcap_and_chunks(r.softcap, r.chunk_size)
     _check_local_length(q.shape[1], layout)
@@ -145,13 +144,17 @@ def type_path(value) -> str:
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a Python bool, got {value!r} of type {type_path(value)}")
+
+
 def _check_options(strategy, layout, causal, window, softmax_scale) -> None:
     if strategy not in STRATEGY_NAMES:
         variant = " ('name:variant' is burst bench's spelling: pass its options)" if ":" in str(strategy) else ""
         raise ValueError(f"strategy must be one of {STRATEGY_NAMES}, got {strategy!r}{variant}")
     check_layout(layout)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a Python bool, got {causal!r} of type {type_path(causal)}")
+    _check_bool("causal", causal)
     if window is not None and not (
         isinstance(window, (tuple, list)) and len(window) == 2 and all(is_int(w) and w >= -1 for w in window)
     ):
