@@ -188,6 +188,7 @@ def _errors(rank, world):
     holes = torch.ones_like(batch["input_ids"])
     if rank == 0:
         holes[0, 0] = 0
+    results = {}
     cases = {
         "padding on one rank": lambda: model(**batch, attention_mask=holes),
         "padding in shard_batch": lambda: bt.shard_batch(
@@ -221,6 +222,20 @@ def _errors(rank, world):
         bt.shard_batch({"input_ids": ids, "labels": ids}, model=alone)
 
     cases["a step without reduce_gradients"] = step_without_reduce
+
+    def ddp_step(reduce):  # DDP over the sequence's ranks averages the shares: 1/G, the weights still equal
+        reference, alone = _models(_llama_config, name)
+        reference(input_ids=ids, labels=ids).loss.backward()
+        ddp = torch.nn.parallel.DistributedDataParallel(alone)
+        for _ in range(2):  # the second batch finds the first step's gradients cleared
+            alone.zero_grad(set_to_none=True)
+            ddp(**bt.shard_batch({"input_ids": ids, "labels": ids}, model=ddp)).loss.backward()
+            if reduce:
+                bt.reduce_gradients(alone)
+        results["DDP and reduce_gradients"] = _grads_error(alone, reference)
+
+    cases["a DDP step without reduce_gradients"] = lambda: ddp_step(reduce=False)
+    cases["a DDP step with reduce_gradients"] = lambda: ddp_step(reduce=True)
     cases["inputs_embeds"] = lambda: bt.shard_batch({"inputs_embeds": torch.zeros(1, 8 * world, 4)}, model=model)
     # heads whose rows shard_batch would cut silently wrong: a pooled token, targets that are not next tokens
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
@@ -298,7 +313,7 @@ def _errors(rank, world):
     for layer in model.model.layers:
         layer.self_attn.attention_dropout = 0.1
     cases["dropout"] = lambda: model(**batch)
-    results = {"own shift_labels and count": own_difference}
+    results["own shift_labels and count"] = own_difference
     for case, fn in cases.items():
         model.train(case == "dropout")
         results[case] = value_error_text(fn)
@@ -357,6 +372,7 @@ def test_unsupported_raises_on_every_rank():
         "different weights per rank": "must run one model",
         "the last entry differs": "must run one model",
         "a step without reduce_gradients": "Call bt.reduce_gradients(model) after the backward",
+        "a DDP step without reduce_gradients": "leaves every gradient 1/2 of one process's",
         "inputs_embeds": "needs the batch's input_ids",
         "sequence classification": "pools one token of each row",
         "token classification labels": "loss is ForTokenClassification",
@@ -375,6 +391,8 @@ def test_unsupported_raises_on_every_rank():
         for case, words in expected.items():
             assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
         assert errors["reduce, zero_grad, again"] is None, errors["reduce, zero_grad, again"]
+        assert errors["a DDP step with reduce_gradients"] is None, errors["a DDP step with reduce_gradients"]
+        assert errors["DDP and reduce_gradients"] < 1e-4, errors["DDP and reduce_gradients"]
         assert errors["own shift_labels and count"] < 1e-5, errors["own shift_labels and count"]
         assert errors["works after"] and errors["token_type_ids cut"] and errors["compile of DDP"]
 
@@ -552,8 +570,8 @@ def test_shard_batch_prepares_the_model_inside_torch_compile_s_wrapper():
     """shard_batch(model=torch.compile(model)) was refused for the families whose mixers burst finds by their
     modeling module's functions (Mamba, Qwen3-Next, Bamba, RWKV: "OptimizedModule: neither its ... functions"):
     the wrapper is seen through, as DDP's is."""
-    from burst.integrations.transformers.backend.batches import _the_model
+    from burst.integrations.transformers.backend.batches import unwrap_model
 
     model = torch.nn.Linear(2, 2)
-    assert _the_model(torch.compile(model, backend="eager")) is model
-    assert _the_model(model) is model
+    assert unwrap_model(torch.compile(model, backend="eager")) == (model, None)
+    assert unwrap_model(model) == (model, None)

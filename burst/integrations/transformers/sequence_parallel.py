@@ -27,7 +27,7 @@ from burst import layout as layout_mod
 from burst.comm.membership import group_size
 
 from .backend.attention import register
-from .backend.batches import shard_batch
+from .backend.batches import shard_batch, unwrap_model
 from .backend.checks import check_model
 from .backend.features import prepare_features
 from .fused_loss import check_fusable, fused_causal_lm_loss
@@ -111,9 +111,10 @@ def prepare_model(model, group, strategy: str, layout: str, attn_name: str, atte
 
 def shard_whole_sequences(batch: dict, model, group, layout: str, sp_size: int) -> tuple[dict, int]:
     """(this rank's shard of a collator's batch for `model`, the batch's length before padding):
-    whole_sequences, then shard_batch."""
+    whole_sequences, then shard_batch (given the model out of DDP's wrapper: the loss is scaled for DDP's average
+    here, so no reduce_gradients is owed)."""
     whole, length = whole_sequences(batch, layout_multiple(layout, sp_size))
-    shard = shard_batch(whole, group=group, layout=layout, model=model)
+    shard = shard_batch(whole, group=group, layout=layout, model=unwrap_model(model)[0])
     count_rows(getattr(model, "module", model), shard.pop(REAL_TOKENS), shard["input_ids"])  # a MoE's router loss
     return shard, length
 

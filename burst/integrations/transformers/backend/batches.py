@@ -22,6 +22,7 @@ from ..layers.configs import decoder_of, text_config
 from .checks import check_model
 from .documents import documents_from_positions, masks_read_positions
 from .features import prepare_features
+from .gradients import check_ddp_step
 from .registry import world_size
 
 _MODEL_NOT_GIVEN = object()
@@ -56,7 +57,9 @@ def shard_batch(
     sharded without it, such a model runs each shard alone and answers wrongly without an error, so
     there is no way around it.
     """
-    model = _the_model(model)
+    model, ddp = unwrap_model(model)
+    if ddp is not None:
+        check_ddp_step(ddp, group)
     if layout not in layout_mod.DOCUMENT_LAYOUTS:
         layout_mod.check_layout(layout)
     ids = batch.get("input_ids")
@@ -228,22 +231,23 @@ def _warn_if_packed_rows_differ(batch: dict, positions: torch.Tensor, model) -> 
         _packed_with_a_cache_warning()
 
 
-def _the_model(model) -> torch.nn.Module:
-    """shard_batch's model, out of a DDP wrapper and torch.compile's (whose modeling module's functions, which
-    burst hooks, are the inner model's); TypeError when none was given."""
+def unwrap_model(model) -> tuple[torch.nn.Module, torch.nn.parallel.DistributedDataParallel | None]:
+    """(shard_batch's model, out of a DDP wrapper and torch.compile's (whose modeling module's functions, which
+    burst hooks, are the inner model's), the DDP wrapper or None); TypeError when none was given."""
     if model is _MODEL_NOT_GIVEN or model is None:
         raise TypeError(
             "shard_batch(batch, ..., model=model) needs the model the batch is for: burst checks and prepares it "
             "there (a model that never calls attention, such as Mamba or RWKV, or that runs its own, such as GPT-1 "
             "or XLM, would otherwise run each rank's shard alone and give wrong logits without an error)"
         )
+    ddp = None
     while True:  # DDP and torch.compile's OptimizedModule, in either order
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
+            ddp, model = model, model.module
         elif hasattr(model, "_orig_mod"):
             model = model._orig_mod
         else:
-            return model
+            return model, ddp
 
 
 def check_same_batch(batch: dict, group=None, model: torch.nn.Module | None = None) -> None:

@@ -33,6 +33,8 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
     _watch(model)
+    for p in model.parameters():
+        p._burst_unsummed = False
     summed = _parameters_to_sum(model, group)
     all_reduce_in_place([p.grad for p in summed], group=group)
     for p in summed:  # what a later backward must not add into (_added_to_summed)
@@ -86,10 +88,13 @@ def fully_shard(model: torch.nn.Module, mesh=None, group=None, **fsdp_kwargs) ->
     return model
 
 
-def fsdp_reduction(fsdp_ranks: tuple[int, ...], group_ranks: tuple[int, ...], factor: float) -> tuple[float, bool]:
+def fsdp_reduction(
+    fsdp_ranks: tuple[int, ...], group_ranks: tuple[int, ...], factor: float, reducer: str = "FSDP's mesh"
+) -> tuple[float, bool]:
     """(scale, sum_over_group) that turn FSDP's reduce-scatter over `fsdp_ranks` (the sum divided by
     `factor`) into the single-process gradient: summed over the sequence-parallel `group_ranks`,
-    averaged over the data-parallel replicas. One rule for fully_shard and reduce_gradients.
+    averaged over the data-parallel replicas. One rule for fully_shard, reduce_gradients and DDP
+    (check_ddp_step; `reducer` names what averages in the error).
 
     The group inside the mesh: the mesh holds |mesh| / |group| replicas, so scale = factor |group| /
     |mesh|. The group across the mesh (FSDP over data-parallel ranks only): scale = factor / |mesh|,
@@ -101,7 +106,7 @@ def fsdp_reduction(fsdp_ranks: tuple[int, ...], group_ranks: tuple[int, ...], fa
     if len(mesh & sp) == 1:
         return factor / len(mesh), True
     raise NotImplementedError(
-        f"FSDP's mesh (ranks {sorted(mesh)}) and burst's sequence-parallel group (ranks "
+        f"{reducer} (ranks {sorted(mesh)}) and burst's sequence-parallel group (ranks "
         f"{sorted(sp)}) overlap in part: shard over the group's ranks, every rank, or "
         "one rank of each group (data parallel)"
     )
@@ -146,10 +151,36 @@ def _watch(model: torch.nn.Module) -> None:
 def _added_to_summed(param: torch.Tensor) -> None:
     """A parameter's `_burst_summed` is (the gradient reduce_gradients summed, its version then); a backward that
     added into that very gradient without a zero_() between (its version one more) marks `_burst_added_into`: a
-    second sum would count the first part once per rank. set_to_none and zero_() leave nothing to mark."""
+    second sum would count the first part once per rank. set_to_none and zero_() leave nothing to mark. Every
+    accumulation marks `_burst_unsummed` until reduce_gradients (check_ddp_step reads it)."""
+    param._burst_unsummed = True
     found = getattr(param, "_burst_summed", None)
     if found is not None and param.grad is found[0]() and param.grad._version == found[1] + 1:
         param._burst_added_into = True
+
+
+def check_ddp_step(ddp: torch.nn.parallel.DistributedDataParallel, group=None) -> None:
+    """shard_batch's check of a DDP-wrapped model, at every batch. DDP *averages* over its ranks; where they
+    include the sequence-parallel `group`, each rank's share of the loss comes out 1/|group| of the whole gradient,
+    with the weights still equal on every rank (the weights check cannot see it): reduce_gradients' sum over
+    the group is what makes it one process's (fsdp_reduction's rule; a partial overlap is refused). ValueError
+    when a backward left gradients that reduce_gradients never summed and they were cleared since (zero_grad's
+    set_to_none, the default: a step was taken on them). Gradients zeroed in place, or cleared after this
+    batch was sharded, go unseen."""
+    if not dist.is_initialized():
+        return
+    ddp_ranks, group_ranks = tuple(dist.get_process_group_ranks(ddp.process_group)), _group_ranks(group)
+    _, sums_over_group = fsdp_reduction(ddp_ranks, group_ranks, 1.0, reducer="DDP's process group")
+    if sums_over_group or len(group_ranks) == 1:  # DDP over data-parallel ranks: the weights check sees a miss
+        return
+    _watch(ddp.module)
+    if any(getattr(p, "_burst_unsummed", False) and p.grad is None for p in ddp.module.parameters()):
+        raise ValueError(
+            f"a step was taken on gradients bt.reduce_gradients(model) did not sum: DDP over ranks {list(ddp_ranks)} "
+            f"averages the shares of the sequence-parallel ranks {list(group_ranks)}, which leaves every gradient "
+            f"1/{len(group_ranks)} of one process's. Call bt.reduce_gradients(model) after the backward, before "
+            "optimizer.step()"
+        )
 
 
 def _is_dtensor(t) -> bool:
