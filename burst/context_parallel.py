@@ -42,11 +42,12 @@ ENTRY = "burst.context_parallel"
 
 @contextlib.contextmanager
 def context_parallel(
+    mesh=None,
+    *,
     buffers=(),
     buffer_seq_dims=(),
     no_restore_buffers=(),
     group=None,
-    mesh=None,
     layout: str = "zigzag",
     strategy: str = "burst",
     **options,
@@ -59,11 +60,16 @@ def context_parallel(
         learned table would get a gradient of its shard's shape): refused. buffer_seq_dims: one dim
         per buffer.
     no_restore_buffers: those buffers left as shards on exit (inputs you do not need whole again).
-    group / mesh: the process group, or a 1-D DeviceMesh as torch's context_parallel takes it.
+    mesh / group: a 1-D DeviceMesh, first and positional as torch's context_parallel takes it, or the process group.
     layout, strategy, **options: as burst.attention (window=, cu_seqlens=, block_sparse=, chunk_rows=...);
         layout="doc_zigzag" / "doc_contiguous" with cu_seqlens= cuts each packed document on its own.
     """
     if mesh is not None:
+        if not hasattr(mesh, "get_group"):
+            raise TypeError(
+                f"{ENTRY}: the first argument is the DeviceMesh, as in torch's context_parallel; got "
+                f"{type(mesh).__name__}: pass the tensors as buffers=[...], buffer_seq_dims=[...]"
+            )
         if group is not None:
             raise ValueError(f"{ENTRY}: pass group or mesh, not both")
         if mesh.ndim != 1:

@@ -37,14 +37,23 @@ def check_query(q) -> None:
     """TypeError / ValueError unless q is a 4-D tensor of a dtype burst.attention takes."""
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
-    if q.dim() != 4:
-        raise ValueError(f"q must be 4-D (batch, seqlen, heads, headdim), got shape {tuple(q.shape)}")
+    _check_4d("q", q)
     if q.dtype not in DTYPES:
         raise TypeError(f"q has dtype {q.dtype}; supported: float32, bfloat16, float16, float64")
     if q.device.type == "meta":
         raise ValueError("q is on the meta device (a shape without data): burst.attention computes on real tensors")
     if q.shape[2] == 0 or q.shape[3] == 0:
         raise ValueError(f"q has shape {tuple(q.shape)}: heads and headdim must be at least 1")
+
+
+def _check_4d(name: str, t: torch.Tensor) -> None:
+    if t.dim() != 4:
+        varlen = (  # flash_attn's varlen calls pack the batch's documents as (total_tokens, heads, headdim)
+            f"; packed documents as flash_attn's varlen calls take them: {name}.unsqueeze(0) with cu_seqlens="
+            if t.dim() == 3
+            else ""
+        )
+        raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, headdim), got shape {tuple(t.shape)}{varlen}")
 
 
 def check_tensors(q, k, v) -> None:
@@ -54,8 +63,7 @@ def check_tensors(q, k, v) -> None:
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, headdim), got shape {tuple(t.shape)}")
+        _check_4d(name, t)
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; q, k, v must share one dtype")

@@ -208,10 +208,13 @@ def _check_divisible(layout, world: int, seq_len: int) -> None:
         return
     need = world * local_multiple(layout)
     if seq_len % need:
+        padded = -(-seq_len // need) * need
         raise ValueError(
             f"sequence length {seq_len} must be divisible by {need} for layout={layout!r} on {world} ranks: pad "
-            f"the batch at the end to {-(-seq_len // need) * need} tokens (labels -100 there, so no loss is "
-            "taken on the padding; SequenceParallelTrainer and generate() on a ShardedCache pad themselves)"
+            f"the batch at the end to {padded} tokens. Under a causal mask no real token sees the padding (labels "
+            "-100 there keep it out of the loss; SequenceParallelTrainer and generate() on a ShardedCache pad "
+            f"themselves); without one every token would attend it: make it a document of its own, "
+            f"cu_seqlens=[0, {seq_len}, {padded}]"
         )
 
 

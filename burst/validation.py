@@ -27,6 +27,7 @@ from .layout import (
 )
 from .masks import BlockSparseMask, MaskSpec, checked_selection
 from .strategies import STRATEGIES
+from .strategies.base import did_you_mean
 
 STRATEGY_NAMES = tuple(STRATEGIES) + ("auto",)
 
@@ -120,17 +121,33 @@ def _auto_strategy(call: AttentionCall, q, k, options: dict, auto) -> str:
     (shapes, world, topology, device kind), so "auto" resolves alike everywhere."""
     if auto is None:
         raise ValueError("strategy='auto' needs the planner's choice here; name a strategy")
-    takes = []
+    takes, refusals = [], {}
     for name, strategy in STRATEGIES.items():
-        if not strategy.takes(options) or (call.indices is not None and not strategy.takes_indices):
+        if call.indices is not None and not strategy.takes_indices:
+            refusals[name] = "runs no index selections (indices=)"
             continue
         try:
+            parsed = strategy.parse_options(options)
             if strategy.check is not None:
-                strategy.check(replace(call, options=strategy.parse_options(options)), q, k)
-        except (ValueError, NotImplementedError):
+                strategy.check(replace(call, options=parsed), q, k)
+        except (ValueError, NotImplementedError) as err:
+            refusals[name] = str(err)
             continue
         takes.append(name)
+    if not takes:
+        raise ValueError("strategy='auto': no strategy takes this call; " + _why_none_takes(options, refusals))
     return auto(takes, call, q, k)
+
+
+def _why_none_takes(options: dict, refusals: dict[str, str]) -> str:
+    """The keywords no strategy takes (each with a close match, as a named strategy's error gives it), else
+    the refusals of the strategies that take every keyword given (of all, where none does)."""
+    taken = {o for strategy in STRATEGIES.values() for o in strategy.options.names()}
+    unknown = sorted(set(options) - taken)
+    if unknown:
+        return f"none takes {', '.join(map(repr, unknown))}" + did_you_mean(unknown, sorted(taken))
+    named = {name: why for name, why in refusals.items() if STRATEGIES[name].takes(options)} or refusals
+    return "; ".join(f"{name}: {why}" for name, why in named.items())
 
 
 def _is_number(x) -> bool:

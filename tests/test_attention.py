@@ -72,3 +72,22 @@ def test_the_backward_keeps_dout_as_handed():
     handed = g.clone()
     burst.attention(q, k, v, causal=True).backward(handed)
     assert torch.equal(handed, g)
+
+
+def test_what_a_port_from_flash_attn_meets_is_refused_with_the_way():
+    """flash_attn's varlen shape (total_tokens, heads, headdim) and a length the layout cannot split are refused
+    naming what to do instead, and the padding advice holds for full attention too (its own document)."""
+    q = torch.randn(12, 2, 8)
+    with pytest.raises(ValueError, match=r"q must be 4-D .*q.unsqueeze\(0\) with cu_seqlens="):
+        burst.attention(q, q, q, cu_seqlens=[0, 5, 12])
+    with pytest.raises(ValueError, match=r"must be 4-D") as refused:
+        burst.attention(q[None, None], q[None, None], q[None, None])
+    assert "unsqueeze" not in str(refused.value)
+    with pytest.raises(ValueError, match=r"pad the batch at the end to 6 tokens.*cu_seqlens=\[0, 5, 6\]"):
+        burst.shard(torch.randn(1, 5, 2, 8), layout="zigzag")
+    # the advice itself: the padding as its own document leaves the real tokens' full attention as it was
+    q, k, v = (torch.randn(1, 6, 2, 8, dtype=torch.float64) for _ in range(3))
+    padded = burst.attention(q, k, v, causal=False, cu_seqlens=[0, 5, 6])[:, :5]
+    weights = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q[:, :5], k[:, :5]) / 8**0.5, dim=-1)
+    alone = torch.einsum("bhqk,bkhd->bqhd", weights, v[:, :5])  # float64 attention on the real tokens alone
+    assert torch.allclose(padded, alone, atol=1e-12)

@@ -223,3 +223,8 @@ def test_a_misspelt_keyword_is_refused_with_the_name_it_resembles():
     with pytest.raises(ValueError) as refused:
         burst.attention(q, q, q, zzz=1)
     assert "did you mean" not in str(refused.value)
+    # strategy="auto" names the keyword no strategy takes (a peer's, ported as is), or the refusal of those that take it
+    with pytest.raises(ValueError, match=r"none takes 'window_size'; did you mean 'window' for 'window_size'\?"):
+        burst.attention(q, q, q, strategy="auto", window_size=(4, 0))
+    with pytest.raises(ValueError, match=r"no strategy takes this call; burst: chunk_rows must be a non-negative int"):
+        burst.attention(q, q, q, strategy="auto", chunk_rows=-1)

@@ -145,8 +145,14 @@ def _one_case(build, layout, world, **cp_options):
     tokens = ids.clone()
     buffers, dims = _buffers(model)
     whole = [b.clone() for b in buffers]
+    mesh = cp_options.pop("mesh", None)  # first and positional, as torch's context_parallel takes it
     with burst.context_parallel(
-        buffers=[tokens, *buffers], buffer_seq_dims=[1, *dims], no_restore_buffers={tokens}, layout=layout, **cp_options
+        mesh,
+        buffers=[tokens, *buffers],
+        buffer_seq_dims=[1, *dims],
+        no_restore_buffers={tokens},
+        layout=layout,
+        **cp_options,
     ):
         out = model(tokens)
         (out * burst.shard(upstream, layout=layout)).sum().backward()
@@ -253,6 +259,12 @@ def _errors(rank, world):
         results["captured route in another context"] = torch.equal(
             captured(q, k, v, is_causal=True), F.scaled_dot_product_attention(q, k, v, is_causal=True)
         ) and not torch.equal(captured(q, k, v, is_causal=True), named)  # contiguous, not the zigzag context's
+    try:  # the buffers where torch's signature has the mesh
+        with burst.context_parallel([torch.randn(1, N_PER_RANK * world)], buffer_seq_dims=[1]):
+            pass
+        results["buffers first"] = None
+    except TypeError as err:
+        results["buffers first"] = str(err)
     tokens = torch.arange(N_PER_RANK * world)[None]
     labels = tokens  # one tensor under two names, listed twice: cut once
     with burst.context_parallel(buffers=[tokens, labels], buffer_seq_dims=[1, 1]):
@@ -332,6 +344,7 @@ def test_what_cannot_be_honoured_raises_on_every_rank():
                 assert errors[f"{case}, {layout}"] is None, (rank, case, layout, errors[f"{case}, {layout}"])
         assert errors["sdpa restored"] and errors["buffers restored"] and errors["listed twice, cut once"]
         assert errors["nested"] is not None and "already open" in errors["nested"], errors["nested"]
+        assert errors["buffers first"] is not None and "buffers=[...]" in errors["buffers first"], rank
         assert errors["sdpa by another name"] and errors["another name warned"], rank
         assert errors["captured route outside"] and errors["captured route in another context"], rank
 

@@ -40,7 +40,7 @@ def int_at_least(name: str, value, low: int, meaning: str = "") -> None:
         raise ValueError(f"{name} must be a {kind} int{meaning}, got {value!r}")
 
 
-def _did_you_mean(unknown: list[str], options) -> str:
+def did_you_mean(unknown: list[str], options) -> str:
     """A hint for misspelt keywords: burst.attention hands every keyword it does not name to the
     strategy as an option, so `casual=True` arrives here; its close matches among the strategy's
     options and burst.attention's own keywords."""
@@ -66,7 +66,7 @@ class Strategy:
             accepted = ", ".join(self.options.names()) or "none"
             raise ValueError(
                 f"strategy {self.name!r} takes no option {', '.join(map(repr, unknown))} (its options: {accepted})"
-                + _did_you_mean(unknown, self.options.names())
+                + did_you_mean(unknown, self.options.names())
             )
         return self.options(**given)
 
