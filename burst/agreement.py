@@ -173,19 +173,27 @@ def agree_on_weights(module: torch.nn.Module, group, world: int, entry: str) -> 
     checked = _weights_agreed.setdefault(module, set())
     if _group_key(group) in checked:
         return
-    agree(entry, {WEIGHTS: weights_digest(module)}, None, group, world, hints={WEIGHTS: WEIGHTS_HINT})
+    agree(entry, {WEIGHTS: weights_digest(module, group)}, None, group, world, hints={WEIGHTS: WEIGHTS_HINT})
     checked.add(_group_key(group))
 
 
-def weights_digest(module: torch.nn.Module) -> str:
+def weights_digest(module: torch.nn.Module, group=None) -> str:
     """A hex digest of the names and shapes of `module`'s parameters and of 64 evenly spaced entries of each, the
-    first and the last included (one copy to the host per device). Parameters sharded by design (DTensor, FSDP1's)
-    and ones not yet made (meta, lazy) are left out: they may differ across ranks."""
+    first and the last included (one copy to the host per device), as the ranks of `group` hold them. A DTensor
+    counts by its local shard where its mesh holds no other rank of `group` (FSDP over the data-parallel ranks:
+    each rank of the group holds the same piece); other sharded parameters (a mesh over the group, FSDP1's) and
+    ones not yet made (meta, lazy) are left out: they differ across ranks by design."""
     if any(type(m).__name__ == "FullyShardedDataParallel" for m in module.modules()):
         return "not compared (FSDP1 shards the parameters)"
-    names, samples = [], {}
+    names, samples, alike = [], {}, {}
     for name, p in module.named_parameters():
-        if type(p).__name__ == "DTensor" or p.is_meta or isinstance(p, torch.nn.parameter.UninitializedParameter):
+        if type(p).__name__ == "DTensor":
+            mesh = p.device_mesh
+            if alike.setdefault(id(mesh), _holds_no_other_rank(mesh, group)):
+                p = p.to_local()
+            else:
+                continue
+        if p.is_meta or isinstance(p, torch.nn.parameter.UninitializedParameter):
             continue
         flat = p.detach().reshape(-1)
         flat = torch.view_as_real(flat).reshape(-1) if flat.is_complex() else flat
@@ -195,6 +203,12 @@ def weights_digest(module: torch.nn.Module) -> str:
             samples.setdefault(flat.device, []).append(flat[at.round().long()].to(torch.float64))
     values = b"".join(torch.cat(parts).cpu().numpy().tobytes() for parts in samples.values())
     return hashlib.blake2b(repr(names).encode() + values, digest_size=8).hexdigest()
+
+
+def _holds_no_other_rank(mesh, group) -> bool:
+    """Whether `mesh` (a DeviceMesh of any shape) holds no rank of `group` but this one."""
+    ranks = set(mesh.mesh.flatten().tolist())
+    return not (ranks - {dist.get_rank()}) & set(dist.get_process_group_ranks(group or dist.group.WORLD))
 
 
 def _wait_for_every_rank(work, entry: str, group) -> None:

@@ -16,7 +16,7 @@ import torch
 from cases import rel_err as _rel
 from cases import tiny_decoder_config
 from requires import transformers_or_skip
-from world import results_by_world
+from world import results_by_world, value_error_text
 
 transformers_or_skip()
 
@@ -180,6 +180,19 @@ def _dp_sp_mesh(rank, world):
     results["fsdp over dp"] = _compare(
         _sharded_job(model, batches, "zigzag", sp_group, rows=rows, dp_group=dp_group), reference
     )
+    # the same without reduce_gradients: each rank of a pair steps its (equal) shards on its own share of the
+    # gradients; the pair's local shards part, and the next batch is refused
+    model = _model(name)
+    for layer in model.model.layers:
+        torch_fully_shard(layer, mesh=mesh["dp"])
+    torch_fully_shard(model, mesh=mesh["dp"])
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = {"input_ids": batches[0][rows], "labels": batches[0][rows]}
+    model(**bt.shard_batch(batch, group=sp_group, layout="zigzag", model=model)).loss.backward()
+    sgd.step()
+    results["fsdp over dp, a step without reduce_gradients"] = value_error_text(
+        lambda: bt.shard_batch(batch, group=sp_group, layout="zigzag", model=model)
+    )
     return results
 
 
@@ -232,6 +245,8 @@ def test_fsdp2_on_the_sequence_parallel_ranks_gives_one_process_gradients():
 
 def test_fsdp2_on_a_dp_by_sp_mesh_gives_one_process_gradients():
     for rank, results in enumerate(_results(4)):
+        refused = results["mesh"].pop("fsdp over dp, a step without reduce_gradients")
+        assert refused is not None and "must run one model" in refused, (rank, refused)
         for case, errors in results["mesh"].items():
             assert errors["loss"] < 1e-5 and errors["grads"] < 1e-4 and errors["norm ratio - 1"] < 1e-4, (
                 rank,

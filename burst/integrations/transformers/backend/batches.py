@@ -271,7 +271,7 @@ def check_same_batch(batch: dict, group=None, model: torch.nn.Module | None = No
     )
     hints = {key: hint for key in facts}
     if model is not None and not checks_off():  # a digest of every parameter: not made where nothing reads it
-        facts[WEIGHTS], hints[WEIGHTS] = weights_digest(model), WEIGHTS_HINT + STEP_HINT
+        facts[WEIGHTS], hints[WEIGHTS] = weights_digest(model, group), WEIGHTS_HINT + STEP_HINT
     agree("burst.shard_batch", facts, None, group, world, hints=hints)
 
 
