@@ -1,12 +1,12 @@
 """Burst's backward time by chunk_rows at small shards, against ring's (issue 29 item 2).
 
-2 ranks x 1 thread, fp32, 8 heads, dim 64, full (contiguous) and causal (zigzag). Each repetition runs
-ring and every burst variant once, one after another, so that the machine's drift reaches all of them
-alike; a variant's figure is the median over repetitions of its backward time over ring's in the same
-repetition, with the 25th-75th percentile range. "default" is burst's default chunk size, "0" the
-paper's ring of whole blocks.
+2 ranks x 1 thread, fp32 (or DTYPE: bfloat16, float16), 8 heads, dim 64, full (contiguous) and
+causal (zigzag). Each repetition runs ring and every burst variant once, one after another, so that
+the machine's drift reaches all of them alike; a variant's figure is the median over repetitions of
+its backward time over ring's in the same repetition, with the 25th-75th percentile range.
+"default" is burst's default chunk size, "0" the paper's ring of whole blocks.
 
-    .venv/bin/python benchmarks/chunk_sweep.py 1024,2048,4096 default,0,256,512,1024 [REPEATS]
+    .venv/bin/python benchmarks/chunk_sweep.py 1024,2048,4096 default,0,256,512,1024 [REPEATS [DTYPE]]
 """
 
 import statistics
@@ -29,7 +29,7 @@ def _backward_seconds(q, k, v, do, causal: bool, options: dict) -> float:
     return time.perf_counter() - start
 
 
-def _rank(rank, world, local_lens, chunk_rows_list, repeats):
+def _rank(rank, world, local_lens, chunk_rows_list, repeats, dtype=torch.float32):
     torch.manual_seed(0)
     variants = [("ring", dict(strategy="ring"))] + [
         (f"burst:{c}", dict(strategy="burst") if c == "default" else dict(strategy="burst", chunk_rows=int(c)))
@@ -37,7 +37,7 @@ def _rank(rank, world, local_lens, chunk_rows_list, repeats):
     ]
     ratios = {}
     for n in local_lens:
-        q, k, v, do = (torch.randn(1, n, 8, 64) for _ in range(4))
+        q, k, v, do = (torch.randn(1, n, 8, 64).to(dtype) for _ in range(4))
         for causal in (False, True):
             for _, options in variants:  # warm-up
                 _backward_seconds(q, k, v, do, causal, options)
@@ -55,7 +55,8 @@ def main() -> None:
     repeats = int(sys.argv[3]) if len(sys.argv) > 3 else 9
     if repeats < 2:
         sys.exit("chunk_sweep.py: REPEATS must be at least 2 (a cell is a median with quartiles)")
-    ratios = run_world(_rank, lens, chunks, repeats, nproc=2, threads=1)
+    dtype = getattr(torch, sys.argv[4]) if len(sys.argv) > 4 else torch.float32
+    ratios = run_world(_rank, lens, chunks, repeats, dtype, nproc=2, threads=1)
     names = [f"burst:{c}" for c in chunks]
     print(f"| rows per shard | mask | {' | '.join(chunks)} | ring bwd s (median) |")
     print("|---|---|" + "---|" * (len(chunks) + 1))

@@ -726,3 +726,43 @@ def test_large_scores_backward_from_delta_matches_the_real_out():
     rebuilt = cpu_flash.backward(dout, q, k, v, kernels.out_from_delta(dout, delta), lse, 0.25, True)
     for a, b, x in zip(real, rebuilt, exact):
         assert (b.double() - x).abs().amax() <= 1.05 * (a.double() - x).abs().amax()
+
+
+def test_cpu_flash_runs_a_float16_tile_in_float32_and_hands_back_float16(monkeypatch):
+    """aten's CPU op has no half arithmetic on most CPUs (~12x float32's time): cpu_flash computes a float16 tile
+    in float32. Its results are float16, within float16's rounding of float64 attention, and the op is never
+    handed float16."""
+    from burst.kernels import cpu_flash
+
+    seen = []
+    for name in ("_forward_op", "_backward_op"):
+        op = getattr(cpu_flash, name)
+        monkeypatch.setattr(cpu_flash, name, lambda *a, _op=op, **kw: seen.append(a[0].dtype) or _op(*a, **kw))
+    torch.manual_seed(0)
+    q64, dout64 = (torch.randn(1, 40, 4, 16, dtype=torch.float64) for _ in range(2))
+    k64, v64 = (torch.randn(1, 40, 2, 16, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    q64.requires_grad_()
+    ref_out, ref_lse = reference_attention(q64, k64, v64, causal=True)
+    ref_out.backward(dout64)
+    q, k, v, dout = (t.detach().half() for t in (q64, k64, v64, dout64))
+    out, lse = cpu_flash.forward(q, k, v, 16**-0.5, True)
+    assert out.dtype == torch.float16 and lse.dtype == torch.float32
+    assert rel_err(out, ref_out) < 2e-3 and rel_err(lse, ref_lse) < 1e-3
+    grads = cpu_flash.backward(dout, q, k, v, out, lse, 16**-0.5, True)
+    for got, want in zip(grads, (q64.grad, k64.grad, v64.grad)):
+        assert got.dtype == torch.float16 and got.shape == want.shape and rel_err(got, want) < 5e-3
+    assert seen == [torch.float32, torch.float32]
+
+
+def test_half_precision_chunks_keep_the_kernels_floor():
+    """The chunk stream's default chunk is an eighth of the shard within [MIN_CHUNK_ROWS, the kernel's calls],
+    raised to the kernel's floor for the dtype (cpu_flash's bf16: 2048 rows, two of its calls): small bf16
+    chunks ran 1.1-1.4x ring's backward (benchmarks/small_shards.md)."""
+    from burst.kernels import cpu_flash
+    from burst.schedules.chunk_stream import default_chunk_rows
+
+    floor = cpu_flash.MIN_CHUNK_ROWS_BY_DTYPE
+    assert default_chunk_rows(4096, cpu_flash.MAX_ROWS, floor.get(torch.float32, 0)) == 512
+    assert default_chunk_rows(4096, cpu_flash.MAX_ROWS, floor.get(torch.bfloat16, 0)) == 2048
+    assert default_chunk_rows(1 << 16, cpu_flash.MAX_ROWS, floor.get(torch.bfloat16, 0)) == 2048
+    assert default_chunk_rows(1 << 16, cpu_flash.MAX_ROWS) == cpu_flash.MAX_ROWS

@@ -23,9 +23,10 @@ MIN_CHUNK_ROWS = 128
 CHUNKS_PER_BLOCK = 8  # by default a block travels as 8 chunks: a rank holds ~11/8 of a block above its own
 
 
-def default_chunk_rows(local_len: int, kernel_max_rows: int) -> int:
-    """Rows per chunk: an eighth of the shard, at least MIN_CHUNK_ROWS, at most a kernel call's rows."""
-    return min(kernel_max_rows, max(MIN_CHUNK_ROWS, math.ceil(local_len / CHUNKS_PER_BLOCK)))
+def default_chunk_rows(local_len: int, kernel_max_rows: int, kernel_min_rows: int = 0) -> int:
+    """Rows per chunk: an eighth of the shard, at least MIN_CHUNK_ROWS, at most a kernel call's rows; and at
+    least the kernel's own floor for the dtype (its MIN_CHUNK_ROWS_BY_DTYPE), which may be more than one call's."""
+    return max(kernel_min_rows, min(kernel_max_rows, max(MIN_CHUNK_ROWS, math.ceil(local_len / CHUNKS_PER_BLOCK))))
 
 
 def row_chunks(local_len: int, chunk_rows: int) -> list[tuple[int, int]]:

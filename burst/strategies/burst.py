@@ -38,7 +38,7 @@ def burst_forward(call: AttentionCall, q, keys: KeyBlocks):
     rank's keys (a sliding window, local documents), those keys served in chunks by their owners
     (strategies/burst_stream.py): the same block pairs, fewer bytes. Shapes as ring_forward's; `keys`
     may be of any kind (MLA's latent, burst/latent.py)."""
-    rows = chunk_rows(call)
+    rows = chunk_rows(call, q.dtype)
     if rows and not call.spec.is_dense and _on_one_node(call) and keys_partly_needed(call, rows):
         return served_forward(call, rows, q, keys)
     return ring_forward(call, q, keys)
@@ -105,7 +105,7 @@ def key_side_backward(call: AttentionCall, dout, q, keys: KeyBlocks, out, lse):
     home; Q, dO, dQ stay. On one node the keys' owners serve them in chunks (strategies/burst_stream.py),
     across nodes the ring's backward loop runs on the double ring. Returns dq in q's dtype and
     keys.gradients(...)."""
-    rows, lse = chunk_rows(call), lse_for_backward(lse)
+    rows, lse = chunk_rows(call, q.dtype), lse_for_backward(lse)
     if rows and _on_one_node(call):
         dq, grads = served_key_backward(call, rows, dout, q, keys, out, lse)
     else:
@@ -122,7 +122,7 @@ def _query_side_backward(call: AttentionCall, dout, q, k, v, out, lse):
     travelling = [q, dout, delta, lse_for_backward(lse)]
     if call.indices is not None:  # the queries' chosen keys travel with them (int64, topk per row)
         travelling.append(call.indices)
-    rows = chunk_rows(call)
+    rows = chunk_rows(call, q.dtype)
     if rows and _on_one_node(call):
         dq = served_query_backward(call, rows, travelling, out, k, v, dk, dv)
     else:

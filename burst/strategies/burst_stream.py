@@ -47,10 +47,13 @@ from ..schedules.chunk_stream import CACHE_LIMIT, BoundedCache, cached_plan, def
 from ..schedules.ring import RingSchedule
 
 
-def chunk_rows(call: AttentionCall) -> int:
-    """Rows per served chunk of queries or keys (0: whole blocks on the ring)."""
+def chunk_rows(call: AttentionCall, dtype: torch.dtype) -> int:
+    """Rows per served chunk of queries or keys of `dtype` (0: whole blocks on the ring)."""
     rows = call.options.chunk_rows
-    return default_chunk_rows(call.local_len, call.kernel.MAX_ROWS) if rows is None else rows
+    if rows is not None:
+        return rows
+    least = getattr(call.kernel, "MIN_CHUNK_ROWS_BY_DTYPE", {}).get(dtype, 0)
+    return default_chunk_rows(call.local_len, call.kernel.MAX_ROWS, least)
 
 
 def query_chunk_needed(call: AttentionCall, src: int, dst: int, start: int, stop: int) -> bool:
