@@ -3,11 +3,11 @@
     PYTHONPATH=. .venv/bin/python benchmarks/lse_rounding.py [--out benchmarks/lse_rounding.md]
 
 Tied scores: every key of a row is the same vector, so every score of the row is exactly S and the exact
-output is the mean of the values; one-process SDPA meets no rounding but its own sum's. For S from 1e2 to 3e4,
-burst.attention (float32, full mask, contiguous) at G = 1, 2, 4 and 8 local ranks (gloo, one thread each) and
-ring, allgather, CQS and Ulysses at the same G, against float64 attention on the full sequence: the output's max abs error relative to
-the largest value. Then random queries and keys scaled so that the scores reach ~1e3, causal: the same
-error for each and one-process float32 SDPA's, beside it.
+output is the mean of the values; one-process SDPA meets no rounding but its own sum's. For S from 1e2 to
+3e4, burst.attention (float32, full mask, contiguous) at G = 1, 2, 4 and 8 local ranks (gloo, one thread
+each) with burst, ring, allgather, CQS and Ulysses, against float64 attention on the full sequence: the
+output's max abs error relative to the largest value. Then random queries and keys scaled so that the
+scores reach ~1e3, causal: the same error for each, and one-process float32 SDPA's beside it.
 """
 
 from __future__ import annotations
