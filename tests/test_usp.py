@@ -54,14 +54,30 @@ def _cases(rank, world):
 
 
 def _on_half_of_the_world(rank, world):
-    """USP on the first half of the world alone (a dp x sp mesh's sp group, Ulysses degree 1 and 2),
-    against float64; then a group over the whole world still forms on every rank (USP's subgroups are
-    made by the half's ranks alone, without taking a number from torch's count of groups on them)."""
+    """USP on groups of part of the world (a dp x sp mesh's sp groups) against float64. The default degree counts
+    the group's own ranks per node: groups {0, 2} and {1, 3} on nodes of two ranks hold one rank a node (a pure
+    ring; the node's size, 2, sent the all-to-all across nodes), a group on one node all of its ranks. Then the
+    first half alone at Ulysses degrees 1 and 2; then USP on a new group across the halves, whose ranks now hold
+    different numbers of groups, is refused on every rank (torch's local synchronization would hang); then a
+    group over the whole world still forms on every rank (USP's subgroups took no number from torch's count)."""
     import torch.distributed as dist
 
     half = world // 2
     groups = [dist.new_group(list(range(half))), dist.new_group(list(range(half, world)))]
-    results = []
+    strided = [dist.new_group([r, r + half]) for r in range(half)]
+    results, degrees = [], {}
+    for name, group, members in (
+        ("across nodes", strided[rank % half], 2),
+        ("on one node", groups[rank // half], half),
+    ):
+        full = full_inputs(43, 1, N_LOCAL * members, H, 2, D, torch.float32)
+        ref = reference_grads(*full, causal=True)
+        with burst.CommStats() as stats:
+            errs = sharded_errors(
+                full, ref, torch.float32, "zigzag", group, causal=True, strategy="usp", topology=burst.Topology(2)
+            )
+        results.append(((f"default degree, {name}", 0, str(torch.float32)), errs))
+        degrees[name] = [c for c in stats.choices() if c.startswith("ulysses_degree=")]
     if rank < half:
         full = full_inputs(41, 1, N_LOCAL * half, H, 2, D, torch.float32)
         ref = reference_grads(*full, causal=True)
@@ -70,9 +86,12 @@ def _on_half_of_the_world(rank, world):
                 full, ref, torch.float32, "zigzag", groups[0], causal=True, strategy="usp", ulysses_degree=u
             )
             results.append((("half of the world", u, str(torch.float32)), errs))
+    across = [dist.new_group([r, r + half]) for r in range(half)][rank % half]
+    x = burst.shard(torch.randn(1, 2 * N_LOCAL, H, D), group=across)
+    refused = value_error_text(lambda: burst.attention(x, x, x, group=across, strategy="usp", ulysses_degree=1))
     whole = torch.ones(1)
     dist.all_reduce(whole, group=dist.new_group(list(range(world))))
-    return results, whole.item()
+    return results, whole.item(), degrees, refused
 
 
 _results = results_by_world(_cases, timeout=400)
@@ -86,9 +105,12 @@ def test_usp_matches_float64(world):
 @pytest.mark.parametrize("world", [4])
 def test_usp_on_half_of_the_world_matches_float64_and_leaves_group_creation_in_step(world):
     halves = [r[2] for r in _results(world)]
-    assert all(len(cases) == 2 for cases, _ in halves[: world // 2])
-    assert_within_bounds([cases for cases, _ in halves], lambda key: key[2])
-    assert [whole for _, whole in halves] == [float(world)] * world
+    assert [len(cases) for cases, *_ in halves] == [4] * (world // 2) + [2] * (world // 2)
+    assert_within_bounds([cases for cases, *_ in halves], lambda key: key[2])
+    assert [whole for _, whole, *_ in halves] == [float(world)] * world
+    for rank, (_, _, degrees, refused) in enumerate(halves):
+        assert degrees == {"across nodes": ["ulysses_degree=1"], "on one node": ["ulysses_degree=2"]}, (rank, degrees)
+        assert refused is not None and "hold different numbers of process groups" in refused, (rank, refused)
 
 
 @pytest.mark.parametrize("world", [4])

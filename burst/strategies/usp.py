@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
 import torch.distributed as dist
 
 from ..call import AttentionCall
 from ..comm.group_cache import GroupCache
+from ..comm.stats import record_choice
+from ..comm.topology import ranks_per_node
 from ..keys import KeyBlocks
 from ..layout import Segment
 from .base import Options, Strategy, int_at_least
@@ -31,11 +34,13 @@ _SUBGROUPS = GroupCache()  # group -> {ulysses degree: (Ulysses groups, ring gro
 
 
 def ulysses_degree(call: AttentionCall, heads: int, kv_heads: int) -> int:
-    """The option, or the default (default_degree)."""
+    """The option, or the default (default_degree) for the group's own ranks per node: a sequence group across
+    the nodes of a data x sequence mesh holds fewer of a node's ranks than the node has (comm.topology's
+    ranks_per_node: one a node where each sits on its own node, the whole group where it is on one)."""
     asked = call.options.ulysses_degree
     if asked is not None:
         return asked
-    per_node = call.topology.local_world_size if call.topology is not None else call.world
+    per_node = ranks_per_node(call.topology, call.group, call.world) if call.topology is not None else call.world
     return default_degree(heads, kv_heads, per_node, call.world)
 
 
@@ -79,12 +84,17 @@ def _subgroups(call: AttentionCall, u: int):
     all ring groups), so the first USP call on a group must be made by all its ranks (as every burst call
     is). On a group smaller than the world (a dp x sp mesh's sp group), the groups are created with local
     synchronization: torch's plain new_group must be entered by every rank of the world, and its count of
-    groups would go apart on the ranks that did not, hanging their next new_group.
+    groups would go apart on the ranks that did not, hanging their next new_group. torch names such a group by
+    its members and by how many groups the rank holds, so ranks that hold different numbers (one made groups the
+    others did not: USP on another group first) would wait on different names for ever: checked first
+    (_check_same_group_count), ValueError on every rank.
     """
     made = _SUBGROUPS.of(call.group, {})
     if u not in made:
         ranks = dist.get_process_group_ranks(call.group or dist.group.WORLD)
         local = len(ranks) < dist.get_world_size()
+        if local:
+            _check_same_group_count(call)
 
         def new_group(members):
             return dist.new_group(members, use_local_synchronization=local) if local else dist.new_group(members)
@@ -96,9 +106,29 @@ def _subgroups(call: AttentionCall, u: int):
     return ulysses[call.rank // u], rings[call.rank % u]
 
 
+def _check_same_group_count(call: AttentionCall) -> None:
+    """ValueError on every rank of the call's group unless each holds as many process groups (torch's count, in
+    the name it gives a group made with local synchronization); one small all-gather. Skipped on a torch that
+    keeps the count elsewhere."""
+    names = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_names", None)
+    if names is None:
+        return
+    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(call.world)]
+    dist.all_gather(counts, torch.tensor([len(names)]), group=call.group)
+    counts = [int(c) for c in counts]
+    if len(set(counts)) > 1:
+        raise ValueError(
+            f"usp: the ranks of this group hold different numbers of process groups ({counts}), so the "
+            "subgroups USP makes with local synchronization would get different names on them and their creation "
+            "would hang (torch names such a group by its members and that number). Make USP's first call on each "
+            "group before any of its ranks makes groups the others do not (a USP call on another group first)"
+        )
+
+
 def _calls(call: AttentionCall, q, k):
     """The Ulysses exchange and the ring's AttentionCall for this rank."""
     u = ulysses_degree(call, q.shape[2], k.shape[2])
+    record_choice("ulysses_degree", str(u))
     ulysses_group, ring_group = _subgroups(call, u) if call.world > 1 else (None, None)
     exchange = HeadExchange(ulysses_group, u, call.topology, None)
     n = call.local_len
