@@ -22,6 +22,7 @@ import torch
 from accelerate import Accelerator
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from burst.devices import bind
 from burst.launch import end_rank
 from trainer_train import VOCAB, RandomRows, pad_right
 
@@ -45,6 +46,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="save losses, gradients and weights here")
     args = parser.parse_args()
 
+    bind(args.device)  # a clear error where --device cuda finds no GPU for this rank
     accelerator = Accelerator(cpu=args.device == "cpu", gradient_accumulation_steps=args.accumulate)
     config = LlamaConfig(
         vocab_size=VOCAB,

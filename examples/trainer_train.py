@@ -1,8 +1,8 @@
 """Long-context training with the transformers Trainer, each sequence split over ranks by burst.
 
     torchrun --nproc-per-node 2 examples/trainer_train.py                  # 2 ranks on one sequence
-    torchrun --nproc-per-node 4 examples/trainer_train.py --sp-size 2      # 2 replicas x 2 ranks
-    python examples/trainer_train.py --reference --batch 4                 # one process, eager attention
+    torchrun --nproc-per-node 4 examples/trainer_train.py --sp-size 2 --eval-rows 4   # 2 replicas x 2 ranks
+    python examples/trainer_train.py --reference --batch 4 --eval-rows 4              # one process, eager
     torchrun --nproc-per-node 1 examples/trainer_train.py --device cuda --bf16 --fsdp   # a GPU, FSDP2
 
 A tiny Llama (random weights from a config, no download) trains on random token rows of uneven
@@ -10,18 +10,22 @@ lengths, right-padded by the collator (--packed: packed into one row per batch),
 accumulation and clipping; then evaluate() and predict(). Rank 0 prints each step's loss; --out DIR
 saves what the tests compare (each step's loss and gradients, the final weights, eval loss,
 predictions). --reference runs the plain Trainer in one process: give it --batch = replicas x the
-per-rank batch to see the same global batches.
+per-rank batch to see the same global batches, and eval rows that the replicas split evenly (--eval-rows 4
+at 2 replicas: otherwise one pads its last batch, as plain DDP's does, and the eval losses differ).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
 import tempfile
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainerCallback, TrainingArguments
 
+from burst.devices import bind
 from burst.launch import end_rank
 
 VOCAB = 96
@@ -113,6 +117,10 @@ def main() -> None:
     )
     parser.add_argument("--out", default=None, help="save losses, gradients, weights, eval and predictions here")
     args = parser.parse_args()
+    if args.fsdp and args.device == "cpu":  # accelerate would run DDP instead, and say so only by the wrapper
+        raise SystemExit("--fsdp: accelerate applies FSDP on GPUs only (on the CPU it runs DDP); add --device cuda")
+    bind(args.device)  # a clear error where --device cuda finds no GPU for this rank
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # torchrun's stop: the scratch goes
 
     if args.family == "llama":
         config = LlamaConfig(

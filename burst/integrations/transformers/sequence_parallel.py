@@ -155,7 +155,7 @@ def sequence_parallel_groups(sp_size: int | None):
     world = group_size()
     sp_size = world if sp_size is None else sp_size
     if sp_size < 1 or world % sp_size:
-        raise ValueError(f"sp_size={sp_size} must divide the world size {world}")
+        raise ValueError(f"sp_size={sp_size} must be a positive divisor of the world size {world}")
     if world == 1:
         return None, 1, 0, 1
     rank = dist.get_rank()
