@@ -189,7 +189,9 @@ def weights_digest(module: torch.nn.Module, group=None) -> str:
     for name, p in module.named_parameters():
         if type(p).__name__ == "DTensor":
             mesh = p.device_mesh
-            if alike.setdefault(id(mesh), _holds_no_other_rank(mesh, group)):
+            if id(mesh) not in alike:
+                alike[id(mesh)] = _holds_no_other_rank(mesh, group)
+            if alike[id(mesh)]:
                 p = p.to_local()
             else:
                 continue

@@ -54,13 +54,14 @@ def context_parallel(
 ):
     """Shard `buffers` along `buffer_seq_dims` and run every SDPA call inside through burst.attention.
 
+    mesh / group: a 1-D DeviceMesh, first and positional as torch's context_parallel takes it, or the process group.
+
     buffers: tensors holding the whole sequence (token ids, labels, fixed position tables), the same
         on every rank, cut in place (their `.data` becomes this rank's shard; one listed twice is cut
         once); all share one sequence length along their seq dim. Not a tensor that requires grad (a
         learned table would get a gradient of its shard's shape): refused. buffer_seq_dims: one dim
         per buffer.
     no_restore_buffers: those buffers left as shards on exit (inputs you do not need whole again).
-    mesh / group: a 1-D DeviceMesh, first and positional as torch's context_parallel takes it, or the process group.
     layout, strategy, **options: as burst.attention (window=, cu_seqlens=, block_sparse=, chunk_rows=...);
         layout="doc_zigzag" / "doc_contiguous" with cu_seqlens= cuts each packed document on its own.
     """
@@ -68,7 +69,8 @@ def context_parallel(
         if not hasattr(mesh, "get_group"):
             raise TypeError(
                 f"{ENTRY}: the first argument is the DeviceMesh, as in torch's context_parallel; got "
-                f"{type(mesh).__name__}: pass the tensors as buffers=[...], buffer_seq_dims=[...]"
+                f"{type(mesh).__name__}: pass the tensors as buffers=[...], buffer_seq_dims=[...] (a process "
+                "group as group=)"
             )
         if group is not None:
             raise ValueError(f"{ENTRY}: pass group or mesh, not both")

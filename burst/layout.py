@@ -213,8 +213,8 @@ def _check_divisible(layout, world: int, seq_len: int) -> None:
             f"sequence length {seq_len} must be divisible by {need} for layout={layout!r} on {world} ranks: pad "
             f"the batch at the end to {padded} tokens. Under a causal mask no real token sees the padding (labels "
             "-100 there keep it out of the loss; SequenceParallelTrainer and generate() on a ShardedCache pad "
-            f"themselves); without one every token would attend it: make it a document of its own, "
-            f"cu_seqlens=[0, {seq_len}, {padded}]"
+            f"themselves); without one every token would attend it: make it a document of its own (append "
+            f"{padded} to your cu_seqlens; one sequence: cu_seqlens=[0, {seq_len}, {padded}])"
         )
 
 

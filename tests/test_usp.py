@@ -110,7 +110,7 @@ def test_usp_on_half_of_the_world_matches_float64_and_leaves_group_creation_in_s
     assert [whole for _, whole, *_ in halves] == [float(world)] * world
     for rank, (_, _, degrees, refused) in enumerate(halves):
         assert degrees == {"across nodes": ["ulysses_degree=1"], "on one node": ["ulysses_degree=2"]}, (rank, degrees)
-        assert refused is not None and "hold different numbers of process groups" in refused, (rank, refused)
+        assert refused is not None and "process groups this rank holds" in refused, (rank, refused)
 
 
 @pytest.mark.parametrize("world", [4])

@@ -3,8 +3,9 @@
 The registry (kernels/registry.py) lists the backends fastest first and reads their specs to pick one
 for a call's device and dtype, or to say why a named one cannot run. What a backend takes tile by
 tile (masks as bands or rules, head dims, softcap) stays beside its code: `BANDS`, `RULES`, `SOFTCAP`,
-`MAX_ROWS` and `handles()` are read by the planner and the kernel itself; the spec carries only what
-choosing a backend needs.
+`MAX_ROWS` and `handles()` are read by the planner and the kernel itself, an optional
+`MIN_CHUNK_ROWS_BY_DTYPE` by the chunk stream (schedules/chunk_stream.default_chunk_rows); the spec carries
+only what choosing a backend needs.
 """
 
 from __future__ import annotations

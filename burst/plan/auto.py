@@ -6,10 +6,9 @@ model_cost.attention_step (attention alone, under the contention and synchronisa
 
 from __future__ import annotations
 
-
 import torch
 
-from ..comm.topology import Topology, ranks_per_node
+from ..comm.topology import ranks_per_node
 from .cost import STRATEGIES, Cluster, Workload
 from .model_cost import attention_step
 from .profiles import Profile, profile
@@ -44,14 +43,12 @@ def auto_choice(candidates, call, q, k) -> str:
 
     Costed by model_cost.attention_step: attention alone (the call knows no model) under the same
     contention and per-layer synchronisation as `burst plan --model`. Nodes come from the call's
-    topology when it has one, else LOCAL_WORLD_SIZE (torchrun), else one node; the group's ranks per node
-    are counted on them (comm.topology.ranks_per_node). Every input is the
-    same on every rank of an SPMD program; the agreement check catches the rest.
+    topology (validation resolves it: LOCAL_WORLD_SIZE under torchrun, else one node); the group's
+    ranks per node are counted on them (comm.topology.ranks_per_node). Every input is the same on
+    every rank of an SPMD program; the agreement check catches the rest. `candidates` is never empty
+    (validation._auto_strategy refuses first, saying why).
     """
-    if not candidates:
-        raise ValueError("strategy='auto': no strategy takes this combination of layout, mask and options")
-    topology = getattr(call, "topology", None) or Topology().resolved(call.world)  # LOCAL_WORLD_SIZE, or one node
-    per_node = ranks_per_node(topology, call.group, call.world)  # the group's own: a mesh's sequence group too
+    per_node = ranks_per_node(call.topology, call.group, call.world)  # the group's own: a mesh's sequence group too
     cluster = Cluster(gpus=call.world, gpus_per_node=per_node, profile=device_profile(q.device))
     window = call.spec.window  # (left, right); a causal window's keys per query: left + 1
     keys = window[0] + 1 if call.spec.causal and window is not None and window[0] >= 0 else None

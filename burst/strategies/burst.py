@@ -13,7 +13,8 @@ call's shapes and dtypes (the same on every rank, so every rank takes the same s
 On one node the queries are served in chunks by their owners (strategies/burst_stream.py): the ring's
 block pairs in the ring's order, but a rank holds a few chunks of Q, dO, dQ instead of two whole
 travelling blocks and two dQ blocks (benchmarks/memory_notes.md). Option `chunk_rows`: rows per
-chunk (default: an eighth of the shard, 128 to the kernel's call size); 0 runs the paper's ring
+chunk (default: an eighth of the shard, 128 to the kernel's call size, and at least the kernel's floor for
+the dtype: cpu_flash's bf16, 2048); 0 runs the paper's ring
 of whole blocks, neighbour to neighbour. Across nodes the double ring runs (strategies/ring.py's loop).
 """
 
@@ -166,8 +167,9 @@ def _ring_backward(call: AttentionCall, travelling, out, k, v, dk, dv):
 @dataclass(frozen=True)
 class BurstOptions(Options):
     """chunk_rows: rows per served chunk on one node, query or key chunks in the backward and key chunks
-    in a masked forward (None: an eighth of the shard, 128 to the kernel's call size; 0: the paper's
-    ring of whole blocks). backward_side: "auto" (the side with fewer bytes: the queries for
+    in a masked forward (None: an eighth of the shard, 128 to the kernel's call size, at least the
+    kernel's floor for the dtype: schedules/chunk_stream.default_chunk_rows; 0: the paper's ring of whole
+    blocks). backward_side: "auto" (the side with fewer bytes: the queries for
     multi-head attention, the keys for most grouped heads), "queries" or "keys"."""
 
     chunk_rows: int | None = None

@@ -1,9 +1,9 @@
 """USP: Ulysses inside a group of `ulysses_degree` ranks, BurstAttention's ring across the groups.
 
 A 2-D split of the G ranks: u = ulysses_degree consecutive ranks form a Ulysses group, and the
-ranks at the same place in every Ulysses group form a ring of G/u. The default u is the ranks per
-node (BurstEngine's head-first placement: the all-to-all stays on the fast intra-node links, and
-the ring crosses nodes), reduced to a divisor of the heads when needed.
+ranks at the same place in every Ulysses group form a ring of G/u. The default u is the group's own
+ranks per node (BurstEngine's head-first placement: the all-to-all stays on the fast intra-node links,
+and the ring crosses nodes), reduced to a divisor of the heads when needed.
 
 Forward: the Ulysses all-to-all gives each rank the tokens of its whole Ulysses group for H/u
 heads (one "shard" of u·n tokens, the union of the group's layout shards: the mask planner sees its
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
 import torch.distributed as dist
 
+from ..agreement import agree
 from ..call import AttentionCall
 from ..comm.group_cache import GroupCache
 from ..comm.stats import record_choice
@@ -45,7 +45,7 @@ def ulysses_degree(call: AttentionCall, heads: int, kv_heads: int) -> int:
 
 
 def default_degree(heads: int, kv_heads: int, per_node: int, world: int) -> int:
-    """The ranks per node, reduced to a degree that splits the query and KV heads and the world (the
+    """The group's ranks per node, reduced to a degree that splits the query and KV heads and the world (the
     planner costs USP at this degree too: plan/cost.py)."""
     fits = [d for d in valid_degrees(heads, kv_heads, limit=per_node) if per_node % d == 0 and world % d == 0]
     return max(fits) if fits else 1
@@ -53,7 +53,7 @@ def default_degree(heads: int, kv_heads: int, per_node: int, world: int) -> int:
 
 @dataclass(frozen=True)
 class USPOptions(Options):
-    """ulysses_degree: ranks per Ulysses (head) group; the rest form the ring (None: the ranks per node,
+    """ulysses_degree: ranks per Ulysses (head) group; the rest form the ring (None: the group's ranks per node,
     reduced to a degree that splits the heads)."""
 
     ulysses_degree: int | None = None
@@ -108,21 +108,18 @@ def _subgroups(call: AttentionCall, u: int):
 
 def _check_same_group_count(call: AttentionCall) -> None:
     """ValueError on every rank of the call's group unless each holds as many process groups (torch's count, in
-    the name it gives a group made with local synchronization); one small all-gather. Skipped on a torch that
-    keeps the count elsewhere."""
+    the name it gives a group made with local synchronization): agreed as a fact (burst.agreement, on the device
+    its collectives use). Skipped on a torch that keeps the count elsewhere."""
     names = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_names", None)
     if names is None:
         return
-    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(call.world)]
-    dist.all_gather(counts, torch.tensor([len(names)]), group=call.group)
-    counts = [int(c) for c in counts]
-    if len(set(counts)) > 1:
-        raise ValueError(
-            f"usp: the ranks of this group hold different numbers of process groups ({counts}), so the "
-            "subgroups USP makes with local synchronization would get different names on them and their creation "
-            "would hang (torch names such a group by its members and that number). Make USP's first call on each "
-            "group before any of its ranks makes groups the others do not (a USP call on another group first)"
-        )
+    fact = "process groups this rank holds"
+    hint = (
+        ": USP makes its subgroups with local synchronization, which torch names by that number, so their creation "
+        "would hang. Make USP's first call on each group before any of its ranks makes groups the others do not "
+        "(a USP call on another group first)"
+    )
+    agree("burst.attention (usp)", {fact: len(names)}, None, call.group, call.world, hints={fact: hint})
 
 
 def _calls(call: AttentionCall, q, k):

@@ -114,8 +114,9 @@ def shard_whole_sequences(batch: dict, model, group, layout: str, sp_size: int) 
     whole_sequences, then shard_batch (given the model out of DDP's wrapper: the loss is scaled for DDP's average
     here, so no reduce_gradients is owed)."""
     whole, length = whole_sequences(batch, layout_multiple(layout, sp_size))
-    shard = shard_batch(whole, group=group, layout=layout, model=unwrap_model(model)[0])
-    count_rows(getattr(model, "module", model), shard.pop(REAL_TOKENS), shard["input_ids"])  # a MoE's router loss
+    inner, _ = unwrap_model(model)
+    shard = shard_batch(whole, group=group, layout=layout, model=inner)
+    count_rows(inner, shard.pop(REAL_TOKENS), shard["input_ids"])  # a MoE's router loss
     return shard, length
 
 

@@ -22,7 +22,7 @@ from ..layers.configs import decoder_of, text_config
 from .checks import check_model
 from .documents import documents_from_positions, masks_read_positions
 from .features import prepare_features
-from .gradients import check_ddp_step
+from .gradients import ddp_step_problem
 from .registry import world_size
 
 _MODEL_NOT_GIVEN = object()
@@ -55,11 +55,10 @@ def shard_batch(
     see the whole length...), then it is checked (check_model). This is the only place burst sees a
     model that never calls attention (Mamba, RWKV) or runs attention of its own (GPT-1, XLM...):
     sharded without it, such a model runs each shard alone and answers wrongly without an error, so
-    there is no way around it.
+    there is no way around it. A DDP-wrapped model is seen through (torch.compile's too); given the wrapper,
+    a step taken without reduce_gradients is refused at the next batch (gradients.ddp_step_problem).
     """
     model, ddp = unwrap_model(model)
-    if ddp is not None:
-        check_ddp_step(ddp, group)
     if layout not in layout_mod.DOCUMENT_LAYOUTS:
         layout_mod.check_layout(layout)
     ids = batch.get("input_ids")
@@ -85,7 +84,7 @@ def shard_batch(
         layout = layout_mod.DocumentLayout(tuple(cu), layout.removeprefix("doc_"))
     prepare_features(model, group, layout)
     check_model(model)
-    check_same_batch(batch, group, model)
+    check_same_batch(batch, group, model, ddp_step_problem(ddp, group) if ddp is not None else None)
     mask = batch.get("attention_mask")
     if mask is not None and not bool(mask.bool().all()):
         raise ValueError(
@@ -250,15 +249,20 @@ def unwrap_model(model) -> tuple[torch.nn.Module, torch.nn.parallel.DistributedD
             return model, ddp
 
 
-def check_same_batch(batch: dict, group=None, model: torch.nn.Module | None = None) -> None:
+def check_same_batch(
+    batch: dict, group=None, model: torch.nn.Module | None = None, problem: Exception | None = None
+) -> None:
     """ValueError on every rank of `group` unless every rank holds the same input_ids, labels and
     position_ids (a digest of their bytes, agreed in one small collective), and the same weights of `model`
     (agreement.weights_digest, in the same collective). A sequence-parallel group splits *one* batch: a sampler
     that hands each rank of the group its own sequences (a DistributedSampler over the whole world) would have
     burst join shards of unrelated sequences. Weights that differ: a model built on each rank without a common
-    seed, or a step taken on each rank's own share of the gradients (reduce_gradients not called)."""
+    seed, or a step taken on each rank's own share of the gradients (reduce_gradients not called). problem: this
+    rank's own refusal (gradients.ddp_step_problem), raised on every rank through the same collective."""
     world = world_size(group)
     if world == 1:
+        if problem is not None:
+            raise problem
         return
     facts = {
         key: _content_digest(batch[key])
@@ -272,7 +276,7 @@ def check_same_batch(batch: dict, group=None, model: torch.nn.Module | None = No
     hints = {key: hint for key in facts}
     if model is not None and not checks_off():  # a digest of every parameter: not made where nothing reads it
         facts[WEIGHTS], hints[WEIGHTS] = weights_digest(model, group), WEIGHTS_HINT + STEP_HINT
-    agree("burst.shard_batch", facts, None, group, world, hints=hints)
+    agree("burst.shard_batch", facts, problem, group, world, hints=hints)
 
 
 # why weights that were one model's at the start differ after training steps

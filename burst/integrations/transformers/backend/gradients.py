@@ -1,7 +1,7 @@
 """Gradients on burst's backend: each rank's backward gives its tokens' share of the global mean
 loss's gradient; reduce_gradients sums the shares over the sequence-parallel group, and fully_shard
 applies FSDP2 with the divide factor that makes FSDP's own reduce-scatter do it (fsdp_reduction: the
-one rule for both).
+one rule for them and for DDP's average, which ddp_step_problem holds shard_batch's DDP model to).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
     """Make every parameter gradient the single-process one, once per step after backward.
 
     Each rank's gradient holds its tokens' share of the global mean loss, so the shares are summed
-    over the sequence-parallel `group`. Parameters managed by FSDP2 (`fully_shard`, ours below or
+    over the sequence-parallel `group` (under DDP as well: its average over ranks that include the
+    group leaves each 1/|group|, and this sum makes it whole; shard_batch refuses a DDP step taken
+    without it). Parameters managed by FSDP2 (`fully_shard`, ours below or
     torch's) were already reduce-scattered over FSDP's mesh during backward; FSDP *averages* there
     by default, which left alone makes every gradient 1/G of the true one. Their shards are scaled
     to the sum over the group (a mean over the mesh's other, data-parallel ranks) and, when FSDP's
@@ -159,28 +161,34 @@ def _added_to_summed(param: torch.Tensor) -> None:
         param._burst_added_into = True
 
 
-def check_ddp_step(ddp: torch.nn.parallel.DistributedDataParallel, group=None) -> None:
-    """shard_batch's check of a DDP-wrapped model, at every batch. DDP *averages* over its ranks; where they
-    include the sequence-parallel `group`, each rank's share of the loss comes out 1/|group| of the whole gradient,
-    with the weights still equal on every rank (the weights check cannot see it): reduce_gradients' sum over
-    the group is what makes it one process's (fsdp_reduction's rule; a partial overlap is refused). ValueError
-    when a backward left gradients that reduce_gradients never summed and they were cleared since (zero_grad's
-    set_to_none, the default: a step was taken on them). Gradients zeroed in place, or cleared after this
-    batch was sharded, go unseen."""
+def ddp_step_problem(ddp: torch.nn.parallel.DistributedDataParallel, group=None) -> Exception | None:
+    """What is wrong with the last step of a DDP-wrapped model, for shard_batch to raise on every rank (None: nothing
+    seen). DDP *averages* over its ranks; where they include the sequence-parallel `group`, each rank's share of the
+    loss comes out 1/|group| of the whole gradient, with the weights still equal on every rank (the weights check
+    cannot see it): reduce_gradients' sum over the group is what makes it one process's (fsdp_reduction's rule; a
+    partial overlap is refused). ValueError when a backward left gradients that reduce_gradients never summed and
+    they were cleared since (zero_grad's set_to_none, the default: a step was taken on them). Gradients zeroed in
+    place, or cleared after this batch was sharded, go unseen. A loop that scales its loss for DDP's average (as
+    SequenceParallel does) passes the model out of its wrapper, `model=ddp.module`, and is not looked at."""
     if not dist.is_initialized():
-        return
+        return None
     ddp_ranks, group_ranks = tuple(dist.get_process_group_ranks(ddp.process_group)), _group_ranks(group)
-    _, sums_over_group = fsdp_reduction(ddp_ranks, group_ranks, 1.0, reducer="DDP's process group")
+    try:
+        _, sums_over_group = fsdp_reduction(ddp_ranks, group_ranks, 1.0, reducer="DDP's process group")
+    except NotImplementedError as err:
+        return err
     if sums_over_group or len(group_ranks) == 1:  # DDP over data-parallel ranks: the weights check sees a miss
-        return
+        return None
     _watch(ddp.module)
     if any(getattr(p, "_burst_unsummed", False) and p.grad is None for p in ddp.module.parameters()):
-        raise ValueError(
+        return ValueError(
             f"a step was taken on gradients bt.reduce_gradients(model) did not sum: DDP over ranks {list(ddp_ranks)} "
             f"averages the shares of the sequence-parallel ranks {list(group_ranks)}, which leaves every gradient "
             f"1/{len(group_ranks)} of one process's. Call bt.reduce_gradients(model) after the backward, before "
-            "optimizer.step()"
+            "optimizer.step() (a loop that scales its loss by the group's size for DDP instead passes "
+            "model=ddp.module to shard_batch)"
         )
+    return None
 
 
 def _is_dtensor(t) -> bool:
