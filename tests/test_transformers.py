@@ -180,6 +180,7 @@ def _sliding_window(rank, world):
 def _errors(rank, world):
     """What the backend cannot do raises ValueError on every rank, naming the alternative."""
     import burst.integrations.transformers as bt
+    import torch.distributed as dist
 
     name = bt.register("burst-errors", strategy="burst")
     _, model = _models(_llama_config, name)
@@ -223,19 +224,33 @@ def _errors(rank, world):
 
     cases["a step without reduce_gradients"] = step_without_reduce
 
-    def ddp_step(reduce):  # DDP over the sequence's ranks averages the shares: 1/G, the weights still equal
+    def ddp_step(reduce, order="zero first", scaled=False):  # DDP's average over the sequence's ranks: 1/G each
         reference, alone = _models(_llama_config, name)
         reference(input_ids=ids, labels=ids).loss.backward()
         ddp = torch.nn.parallel.DistributedDataParallel(alone)
-        for _ in range(2):  # the second batch finds the first step's gradients cleared
-            alone.zero_grad(set_to_none=True)
-            ddp(**bt.shard_batch({"input_ids": ids, "labels": ids}, model=ddp)).loss.backward()
+        sgd = torch.optim.SGD(alone.parameters(), lr=0.1)
+        alone._burst_loss_scaled = scaled  # as SequenceParallel marks the model it trains on a scaled loss
+        for step in range(2):  # the second batch finds the first step taken
+            if order == "zero first":
+                alone.zero_grad(set_to_none=True)
+            batch = bt.shard_batch({"input_ids": ids, "labels": ids}, model=ddp)
+            if order == "zero after the batch":
+                alone.zero_grad(set_to_none=True)
+            (ddp(**batch).loss * (world if scaled else 1)).backward()
             if reduce:
-                bt.reduce_gradients(alone)
-        results["DDP and reduce_gradients"] = _grads_error(alone, reference)
+                bt.reduce_gradients(ddp)  # the wrapper, seen through
+            if step == 0:
+                results[f"DDP grads, {order}, reduce {reduce}, scaled {scaled}"] = _grads_error(alone, reference)
+            sgd.step()
 
     cases["a DDP step without reduce_gradients"] = lambda: ddp_step(reduce=False)
+    cases["a DDP step without reduce_gradients, zero_grad after the batch"] = lambda: ddp_step(
+        reduce=False, order="zero after the batch"
+    )
     cases["a DDP step with reduce_gradients"] = lambda: ddp_step(reduce=True)
+    cases["a DDP step on a loss scaled for DDP"] = lambda: ddp_step(reduce=False, scaled=True)
+    one_rank_groups = [dist.new_group([r]) for r in range(world)]  # made on every rank, in order
+    cases["reduce_gradients over another group"] = lambda: bt.reduce_gradients(model, group=one_rank_groups[rank])
     cases["inputs_embeds"] = lambda: bt.shard_batch({"inputs_embeds": torch.zeros(1, 8 * world, 4)}, model=model)
     # heads whose rows shard_batch would cut silently wrong: a pooled token, targets that are not next tokens
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
@@ -373,6 +388,8 @@ def test_unsupported_raises_on_every_rank():
         "the last entry differs": "must run one model",
         "a step without reduce_gradients": "Call bt.reduce_gradients(model) after the backward",
         "a DDP step without reduce_gradients": "leaves every gradient 1/2 of one process's",
+        "a DDP step without reduce_gradients, zero_grad after the batch": "leaves every gradient 1/2 of one process's",
+        "reduce_gradients over another group": "was registered with ranks [0, 1]",
         "inputs_embeds": "needs the batch's input_ids",
         "sequence classification": "pools one token of each row",
         "token classification labels": "loss is ForTokenClassification",
@@ -391,8 +408,10 @@ def test_unsupported_raises_on_every_rank():
         for case, words in expected.items():
             assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
         assert errors["reduce, zero_grad, again"] is None, errors["reduce, zero_grad, again"]
-        assert errors["a DDP step with reduce_gradients"] is None, errors["a DDP step with reduce_gradients"]
-        assert errors["DDP and reduce_gradients"] < 1e-4, errors["DDP and reduce_gradients"]
+        for case in ("a DDP step with reduce_gradients", "a DDP step on a loss scaled for DDP"):
+            assert errors[case] is None, (rank, case, errors[case])
+        for case in ("zero first, reduce True, scaled False", "zero first, reduce False, scaled True"):
+            assert errors[f"DDP grads, {case}"] < 1e-4, (rank, case, errors[f"DDP grads, {case}"])
         assert errors["own shift_labels and count"] < 1e-5, errors["own shift_labels and count"]
         assert errors["works after"] and errors["token_type_ids cut"] and errors["compile of DDP"]
 
@@ -570,7 +589,7 @@ def test_shard_batch_prepares_the_model_inside_torch_compile_s_wrapper():
     """shard_batch(model=torch.compile(model)) was refused for the families whose mixers burst finds by their
     modeling module's functions (Mamba, Qwen3-Next, Bamba, RWKV: "OptimizedModule: neither its ... functions"):
     the wrapper is seen through, as DDP's is."""
-    from burst.integrations.transformers.backend.batches import unwrap_model
+    from burst.integrations.transformers.backend.registry import unwrap_model
 
     model = torch.nn.Linear(2, 2)
     assert unwrap_model(torch.compile(model, backend="eager")) == (model, None)

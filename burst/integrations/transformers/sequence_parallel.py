@@ -27,7 +27,8 @@ from burst import layout as layout_mod
 from burst.comm.membership import group_size
 
 from .backend.attention import register
-from .backend.batches import shard_batch, unwrap_model
+from .backend.batches import shard_batch
+from .backend.registry import unwrap_model
 from .backend.checks import check_model
 from .backend.features import prepare_features
 from .fused_loss import check_fusable, fused_causal_lm_loss
@@ -115,6 +116,7 @@ def shard_whole_sequences(batch: dict, model, group, layout: str, sp_size: int) 
     here, so no reduce_gradients is owed)."""
     whole, length = whole_sequences(batch, layout_multiple(layout, sp_size))
     inner, _ = unwrap_model(model)
+    inner._burst_loss_scaled = True  # trained on a loss scaled for DDP's average: shard_batch asks no sum of it
     shard = shard_batch(whole, group=group, layout=layout, model=inner)
     count_rows(inner, shard.pop(REAL_TOKENS), shard["input_ids"])  # a MoE's router loss
     return shard, length

@@ -23,7 +23,7 @@ from .checks import check_model
 from .documents import documents_from_positions, masks_read_positions
 from .features import prepare_features
 from .gradients import ddp_step_problem
-from .registry import world_size
+from .registry import unwrap_model, world_size
 
 _MODEL_NOT_GIVEN = object()
 
@@ -58,7 +58,7 @@ def shard_batch(
     there is no way around it. A DDP-wrapped model is seen through (torch.compile's too); given the wrapper,
     a step taken without reduce_gradients is refused at the next batch (gradients.ddp_step_problem).
     """
-    model, ddp = unwrap_model(model)
+    model, ddp = unwrap_model(_the_model(model))
     if layout not in layout_mod.DOCUMENT_LAYOUTS:
         layout_mod.check_layout(layout)
     ids = batch.get("input_ids")
@@ -230,23 +230,15 @@ def _warn_if_packed_rows_differ(batch: dict, positions: torch.Tensor, model) -> 
         _packed_with_a_cache_warning()
 
 
-def unwrap_model(model) -> tuple[torch.nn.Module, torch.nn.parallel.DistributedDataParallel | None]:
-    """(shard_batch's model, out of a DDP wrapper and torch.compile's (whose modeling module's functions, which
-    burst hooks, are the inner model's), the DDP wrapper or None); TypeError when none was given."""
+def _the_model(model) -> torch.nn.Module:
+    """TypeError when shard_batch was given no model."""
     if model is _MODEL_NOT_GIVEN or model is None:
         raise TypeError(
             "shard_batch(batch, ..., model=model) needs the model the batch is for: burst checks and prepares it "
             "there (a model that never calls attention, such as Mamba or RWKV, or that runs its own, such as GPT-1 "
             "or XLM, would otherwise run each rank's shard alone and give wrong logits without an error)"
         )
-    ddp = None
-    while True:  # DDP and torch.compile's OptimizedModule, in either order
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            ddp, model = model, model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model, ddp
+    return model
 
 
 def check_same_batch(

@@ -16,7 +16,7 @@ from burst.layout import DOCUMENT_LAYOUTS
 
 from .checks import check_model
 from .features import prepare_features
-from .registry import backend_of
+from .registry import BACKENDS, backend_of, unwrap_model
 
 
 def reduce_gradients(model: torch.nn.Module, group=None) -> None:
@@ -30,13 +30,19 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
     by default, which left alone makes every gradient 1/G of the true one. Their shards are scaled
     to the sum over the group (a mean over the mesh's other, data-parallel ranks) and, when FSDP's
     mesh does not contain the group, summed over the group as well.
+
+    group: default, the group the model's attention was registered with (`register(group=...)`); another one
+    is refused (a dp x sp world's default group would sum the replicas too). A DDP or torch.compile wrapper
+    is seen through.
     """
+    model, _ = unwrap_model(model)
     check_model(model)
+    group = _the_registered_group(model, group)
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
     _watch(model)
     for p in model.parameters():
-        p._burst_unsummed = False
+        p._burst_unsummed = None
     summed = _parameters_to_sum(model, group)
     all_reduce_in_place([p.grad for p in summed], group=group)
     for p in summed:  # what a later backward must not add into (_added_to_summed)
@@ -51,6 +57,24 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
             torch._foreach_mul_(local, scale)
         if sum_over_group:
             all_reduce_in_place(local, group=group)
+
+
+def _the_registered_group(model: torch.nn.Module, group):
+    """`group`, or the group the model's attention was registered with when none is given; ValueError when
+    the two hold other ranks. A model not on burst's attention (a recurrent family) keeps `group`."""
+    name = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if name not in BACKENDS:
+        return group
+    registered = BACKENDS[name].group
+    if group is None:
+        return registered
+    if dist.is_initialized() and _group_ranks(group) != _group_ranks(registered):
+        raise ValueError(
+            f"reduce_gradients(group=...) holds ranks {list(_group_ranks(group))}, but the model's attention "
+            f"{name!r} was registered with ranks {list(_group_ranks(registered))}: the gradients are summed over "
+            "the ranks that split a sequence; leave group out, or register with the same group"
+        )
+    return group
 
 
 def fully_shard(model: torch.nn.Module, mesh=None, group=None, **fsdp_kwargs) -> torch.nn.Module:
@@ -154,8 +178,9 @@ def _added_to_summed(param: torch.Tensor) -> None:
     """A parameter's `_burst_summed` is (the gradient reduce_gradients summed, its version then); a backward that
     added into that very gradient without a zero_() between (its version one more) marks `_burst_added_into`: a
     second sum would count the first part once per rank. set_to_none and zero_() leave nothing to mark. Every
-    accumulation marks `_burst_unsummed` until reduce_gradients (check_ddp_step reads it)."""
-    param._burst_unsummed = True
+    accumulation marks `_burst_unsummed` with the parameter's version until reduce_gradients (ddp_step_problem
+    reads it: an optimizer step moves the version)."""
+    param._burst_unsummed = param._version
     found = getattr(param, "_burst_summed", None)
     if found is not None and param.grad is found[0]() and param.grad._version == found[1] + 1:
         param._burst_added_into = True
@@ -167,9 +192,10 @@ def ddp_step_problem(ddp: torch.nn.parallel.DistributedDataParallel, group=None)
     loss comes out 1/|group| of the whole gradient, with the weights still equal on every rank (the weights check
     cannot see it): reduce_gradients' sum over the group is what makes it one process's (fsdp_reduction's rule; a
     partial overlap is refused). ValueError when a backward left gradients that reduce_gradients never summed and
-    they were cleared since (zero_grad's set_to_none, the default: a step was taken on them). Gradients zeroed in
-    place, or cleared after this batch was sharded, go unseen. A loop that scales its loss for DDP's average (as
-    SequenceParallel does) passes the model out of its wrapper, `model=ddp.module`, and is not looked at."""
+    the parameter moved or lost its gradient since (an optimizer step, zero_grad). Gradients zeroed in
+    place, and steps taken after this batch was sharded, are seen at the next. A loop that scales its loss for
+    DDP's average passes the model out of its wrapper, `model=ddp.module` (SequenceParallel's model is marked
+    `_burst_loss_scaled` and not looked at)."""
     if not dist.is_initialized():
         return None
     ddp_ranks, group_ranks = tuple(dist.get_process_group_ranks(ddp.process_group)), _group_ranks(group)
@@ -179,8 +205,11 @@ def ddp_step_problem(ddp: torch.nn.parallel.DistributedDataParallel, group=None)
         return err
     if sums_over_group or len(group_ranks) == 1:  # DDP over data-parallel ranks: the weights check sees a miss
         return None
-    _watch(ddp.module)
-    if any(getattr(p, "_burst_unsummed", False) and p.grad is None for p in ddp.module.parameters()):
+    model, _ = unwrap_model(ddp.module)
+    if getattr(model, "_burst_loss_scaled", False):  # SequenceParallel's loss, scaled for DDP's average
+        return None
+    _watch(model)
+    if any(_stepped_unsummed(p) for p in model.parameters()):
         return ValueError(
             f"a step was taken on gradients bt.reduce_gradients(model) did not sum: DDP over ranks {list(ddp_ranks)} "
             f"averages the shares of the sequence-parallel ranks {list(group_ranks)}, which leaves every gradient "
@@ -189,6 +218,13 @@ def ddp_step_problem(ddp: torch.nn.parallel.DistributedDataParallel, group=None)
             "model=ddp.module to shard_batch)"
         )
     return None
+
+
+def _stepped_unsummed(p: torch.nn.Parameter) -> bool:
+    """Whether `p` moved (an optimizer step: its version) or lost its gradient (zero_grad) since a backward left
+    a gradient reduce_gradients did not sum."""
+    version = getattr(p, "_burst_unsummed", None)
+    return version is not None and (p.grad is None or p._version != version)
 
 
 def _is_dtensor(t) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 from burst.comm.membership import group_size
@@ -38,6 +39,19 @@ def backend_of(module) -> tuple[str, Backend]:
             f"(registered: {sorted(BACKENDS)}); call burst.integrations.transformers.register first"
         )
     return name, BACKENDS[name]
+
+
+def unwrap_model(model) -> tuple[torch.nn.Module, torch.nn.parallel.DistributedDataParallel | None]:
+    """(the model out of a DDP wrapper and torch.compile's, in either order: the one whose config and modeling
+    module burst reads and hooks; the DDP wrapper or None)."""
+    ddp = None
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            ddp, model = model, model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model, ddp
 
 
 def world_size(group) -> int:
