@@ -120,7 +120,7 @@ def fsdp_reduction(
     """(scale, sum_over_group) that turn FSDP's reduce-scatter over `fsdp_ranks` (the sum divided by
     `factor`) into the single-process gradient: summed over the sequence-parallel `group_ranks`,
     averaged over the data-parallel replicas. One rule for fully_shard, reduce_gradients and DDP
-    (check_ddp_step; `reducer` names what averages in the error).
+    (ddp_step_problem; `reducer` names what averages in the error).
 
     The group inside the mesh: the mesh holds |mesh| / |group| replicas, so scale = factor |group| /
     |mesh|. The group across the mesh (FSDP over data-parallel ranks only): scale = factor / |mesh|,
@@ -192,10 +192,10 @@ def ddp_step_problem(ddp: torch.nn.parallel.DistributedDataParallel, group=None)
     loss comes out 1/|group| of the whole gradient, with the weights still equal on every rank (the weights check
     cannot see it): reduce_gradients' sum over the group is what makes it one process's (fsdp_reduction's rule; a
     partial overlap is refused). ValueError when a backward left gradients that reduce_gradients never summed and
-    the parameter moved or lost its gradient since (an optimizer step, zero_grad). Gradients zeroed in
-    place, and steps taken after this batch was sharded, are seen at the next. A loop that scales its loss for
-    DDP's average passes the model out of its wrapper, `model=ddp.module` (SequenceParallel's model is marked
-    `_burst_loss_scaled` and not looked at)."""
+    the parameter moved or lost its gradient since (an optimizer step, zero_grad; gradients zeroed in place
+    are seen by the step that moves the parameters, a step taken after this batch was sharded at the next).
+    A loop that scales its loss for DDP's average passes the model out of its wrapper, `model=ddp.module`
+    (SequenceParallel's model is marked `_burst_loss_scaled` and not looked at)."""
     if not dist.is_initialized():
         return None
     ddp_ranks, group_ranks = tuple(dist.get_process_group_ranks(ddp.process_group)), _group_ranks(group)
