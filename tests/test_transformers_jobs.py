@@ -159,6 +159,7 @@ def _dp_sp_mesh(rank, world):
     rank (bt.fully_shard), or over the dp ranks only (torch's fully_shard on mesh['dp']); equal to one
     process training both sequences as a batch of 2."""
     import burst.integrations.transformers as bt
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
@@ -192,6 +193,16 @@ def _dp_sp_mesh(rank, world):
     sgd.step()
     results["fsdp over dp, a step without reduce_gradients"] = value_error_text(
         lambda: bt.shard_batch(batch, group=sp_group, layout="zigzag", model=model)
+    )
+    # shard_batch and reduce_gradients without group= take the group the model was registered with (the world's
+    # default group cut the batch in 4 while attention ran over 2 ranks: one pair raised, the other waited)
+    model = _model(name)
+    alone = bt.shard_batch(batch, layout="zigzag", model=model)
+    results["shard_batch's default group"] = torch.equal(
+        alone["input_ids"], bt.shard_batch(batch, group=sp_group, layout="zigzag", model=model)["input_ids"]
+    )
+    results["shard_batch over the world"] = value_error_text(
+        lambda: bt.shard_batch(batch, group=dist.group.WORLD, layout="zigzag", model=model)
     )
     return results
 
@@ -247,6 +258,9 @@ def test_fsdp2_on_a_dp_by_sp_mesh_gives_one_process_gradients():
     for rank, results in enumerate(_results(4)):
         refused = results["mesh"].pop("fsdp over dp, a step without reduce_gradients")
         assert refused is not None and "must run one model" in refused, (rank, refused)
+        assert results["mesh"].pop("shard_batch's default group"), rank
+        world_group = results["mesh"].pop("shard_batch over the world")
+        assert world_group is not None and "was registered with ranks" in world_group, (rank, world_group)
         for case, errors in results["mesh"].items():
             assert errors["loss"] < 1e-5 and errors["grads"] < 1e-4 and errors["norm ratio - 1"] < 1e-4, (
                 rank,

@@ -23,7 +23,7 @@ from .checks import check_model
 from .documents import documents_from_positions, masks_read_positions
 from .features import prepare_features
 from .gradients import ddp_step_problem
-from .registry import unwrap_model, world_size
+from .registry import registered_group, unwrap_model, world_size
 
 _MODEL_NOT_GIVEN = object()
 
@@ -37,6 +37,7 @@ def shard_batch(
 ) -> dict:
     """This rank's shard of a batch of full sequences, ready for `model(**shard)`.
 
+    group: default, the group the model's attention was registered with (another is refused).
     batch: `input_ids` (batch, seq_len), optional `labels` (same shape), `position_ids` (made as
     0..seq_len-1 when absent; give them restarting at 0 per document for packed rows) and
     `attention_mask` (all ones only). Returns input_ids and position_ids sharded along the sequence
@@ -59,6 +60,7 @@ def shard_batch(
     a step taken without reduce_gradients is refused at the next batch (gradients.ddp_step_problem).
     """
     model, ddp = unwrap_model(_the_model(model))
+    group = registered_group(model, group, "shard_batch")
     if layout not in layout_mod.DOCUMENT_LAYOUTS:
         layout_mod.check_layout(layout)
     ids = batch.get("input_ids")

@@ -16,7 +16,7 @@ from burst.layout import DOCUMENT_LAYOUTS
 
 from .checks import check_model
 from .features import prepare_features
-from .registry import BACKENDS, backend_of, unwrap_model
+from .registry import backend_of, registered_group, unwrap_model
 
 
 def reduce_gradients(model: torch.nn.Module, group=None) -> None:
@@ -37,7 +37,7 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
     """
     model, _ = unwrap_model(model)
     check_model(model)
-    group = _the_registered_group(model, group)
+    group = registered_group(model, group, "reduce_gradients")
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
     _watch(model)
@@ -57,24 +57,6 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
             torch._foreach_mul_(local, scale)
         if sum_over_group:
             all_reduce_in_place(local, group=group)
-
-
-def _the_registered_group(model: torch.nn.Module, group):
-    """`group`, or the group the model's attention was registered with when none is given; ValueError when
-    the two hold other ranks. A model not on burst's attention (a recurrent family) keeps `group`."""
-    name = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if name not in BACKENDS:
-        return group
-    registered = BACKENDS[name].group
-    if group is None:
-        return registered
-    if dist.is_initialized() and _group_ranks(group) != _group_ranks(registered):
-        raise ValueError(
-            f"reduce_gradients(group=...) holds ranks {list(_group_ranks(group))}, but the model's attention "
-            f"{name!r} was registered with ranks {list(_group_ranks(registered))}: the gradients are summed over "
-            "the ranks that split a sequence; leave group out, or register with the same group"
-        )
-    return group
 
 
 def fully_shard(model: torch.nn.Module, mesh=None, group=None, **fsdp_kwargs) -> torch.nn.Module:

@@ -54,6 +54,26 @@ def unwrap_model(model) -> tuple[torch.nn.Module, torch.nn.parallel.DistributedD
             return model, ddp
 
 
+def registered_group(model, group, entry: str):
+    """`group`, or the group `model`'s attention was registered with when none is given (a data x sequence
+    mesh's sequence group: the default group would mix the replicas); ValueError when the two hold other
+    ranks. A model not on burst's attention (a recurrent family) keeps `group`."""
+    name = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if name not in BACKENDS:
+        return group
+    registered = BACKENDS[name].group
+    if group is None:
+        return registered
+    ranks = [dist.get_process_group_ranks(g or dist.group.WORLD) for g in (group, registered)]
+    if dist.is_initialized() and ranks[0] != ranks[1]:
+        raise ValueError(
+            f"{entry}(group=...) holds ranks {ranks[0]}, but the model's attention {name!r} was registered with "
+            f"ranks {ranks[1]}: the ranks that split a sequence are the same for its batch, its attention and its "
+            "gradients; leave group out, or register with the same group"
+        )
+    return group
+
+
 def world_size(group) -> int:
     """The size of `group`, 1 when torch.distributed is not initialised."""
     return group_size(group)
