@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .comm.collectives import all_gather_flat
+from .comm.membership import group_ranks
 
 MODES = ("always", "first", "off")
 _checked: set[tuple] = set()  # (group key, digests) already agreed on, for mode "first"
@@ -210,7 +211,7 @@ def weights_digest(module: torch.nn.Module, group=None) -> str:
 def _holds_no_other_rank(mesh, group) -> bool:
     """Whether `mesh` (a DeviceMesh of any shape) holds no rank of `group` but this one."""
     ranks = set(mesh.mesh.flatten().tolist())
-    return not (ranks - {dist.get_rank()}) & set(dist.get_process_group_ranks(group or dist.group.WORLD))
+    return not (ranks - {dist.get_rank()}) & set(group_ranks(group))
 
 
 def _wait_for_every_rank(work, entry: str, group) -> None:

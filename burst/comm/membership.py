@@ -18,6 +18,13 @@ def group_rank(group=None) -> int:
     return dist.get_rank(group) if dist.is_initialized() else 0
 
 
+def group_ranks(group=None) -> tuple[int, ...]:
+    """The global ranks of `group` (None: the default group), in its order; (0,) without torch.distributed."""
+    if not dist.is_initialized():
+        return (0,)
+    return tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+
+
 def check_member(group) -> None:
     """TypeError for what is not a process group (a DeviceMesh: the group of one of its dims is); ValueError on a
     rank that is not in `group`: dist.new_group hands the ranks outside it GroupMember.NON_GROUP_MEMBER, for

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from .membership import group_size
+from .membership import group_ranks, group_size
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,14 @@ def nodes_spanned(topology: Topology | None, group) -> int:
     topology. A subgroup's ranks are looked up by their global numbers, as links are (link_between)."""
     if topology is None or not dist.is_initialized():
         return 1
-    return len({topology.node_of(r) for r in dist.get_process_group_ranks(group or dist.group.WORLD)})
+    return len({topology.node_of(r) for r in group_ranks(group)})
 
 
 def ranks_per_node(topology: Topology, group, world: int) -> int:
     """The ranks per node of a double ring over `group` (None: the default group) of `world` ranks: L when its
     ranks sit L to a node, each node's in consecutive group ranks, over more than one node (a data x sequence
     mesh's sequence group across nodes too); else `world`, the flat ring."""
-    members = dist.get_process_group_ranks(group or dist.group.WORLD) if dist.is_initialized() else range(world)
+    members = group_ranks(group) if dist.is_initialized() else range(world)
     nodes = [topology.node_of(r) for r in members]
     per_node = nodes.count(nodes[0])
     blocks = [nodes[i : i + per_node] for i in range(0, world, per_node)]

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from ..agreement import agree
 from ..call import AttentionCall
 from ..comm.group_cache import GroupCache
+from ..comm.membership import group_ranks
 from ..comm.stats import record_choice
 from ..comm.topology import ranks_per_node
 from ..keys import KeyBlocks
@@ -91,7 +92,7 @@ def _subgroups(call: AttentionCall, u: int):
     """
     made = _SUBGROUPS.of(call.group, {})
     if u not in made:
-        ranks = dist.get_process_group_ranks(call.group or dist.group.WORLD)
+        ranks = list(group_ranks(call.group))
         local = len(ranks) < dist.get_world_size()
         if local:
             _check_same_group_count(call)

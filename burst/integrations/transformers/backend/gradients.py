@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from burst.comm.collectives import all_reduce_in_place
+from burst.comm.membership import group_ranks
 from burst.layout import DOCUMENT_LAYOUTS
 
 from .checks import check_model
@@ -52,7 +53,7 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
         key = (_mesh_ranks(g.device_mesh), _divide_factor(unit, g.device_mesh))
         sharded.setdefault(key, []).append(g.to_local())
     for (fsdp_ranks, factor), local in sharded.items():
-        scale, sum_over_group = fsdp_reduction(fsdp_ranks, _group_ranks(group), factor)
+        scale, sum_over_group = fsdp_reduction(fsdp_ranks, group_ranks(group), factor)
         if scale != 1:
             torch._foreach_mul_(local, scale)
         if sum_over_group:
@@ -83,7 +84,7 @@ def fully_shard(model: torch.nn.Module, mesh=None, group=None, **fsdp_kwargs) ->
             f"fully_shard takes a 1-D mesh (got {mesh.ndim}-D): pass mesh['dp'] or a "
             "flattened mesh; hybrid sharding is not supported by the backend yet"
         )
-    scale, _ = fsdp_reduction(_mesh_ranks(mesh), _group_ranks(group), 1.0)
+    scale, _ = fsdp_reduction(_mesh_ranks(mesh), group_ranks(group), 1.0)
     factor = 1.0 / scale  # the factor for which reduce_gradients' scale is 1
     layer_names = set(getattr(model, "_no_split_modules", None) or ())
     units = [m for m in model.modules() if type(m).__name__ in layer_names] + [model]
@@ -180,12 +181,12 @@ def ddp_step_problem(ddp: torch.nn.parallel.DistributedDataParallel, group=None)
     (SequenceParallel's model is marked `_burst_loss_scaled` and not looked at)."""
     if not dist.is_initialized():
         return None
-    ddp_ranks, group_ranks = tuple(dist.get_process_group_ranks(ddp.process_group)), _group_ranks(group)
+    ddp_ranks, sp_ranks = tuple(dist.get_process_group_ranks(ddp.process_group)), group_ranks(group)
     try:
-        _, sums_over_group = fsdp_reduction(ddp_ranks, group_ranks, 1.0, reducer="DDP's process group")
+        _, sums_over_group = fsdp_reduction(ddp_ranks, sp_ranks, 1.0, reducer="DDP's process group")
     except NotImplementedError as err:
         return err
-    if sums_over_group or len(group_ranks) == 1:  # DDP over data-parallel ranks: the weights check sees a miss
+    if sums_over_group or len(sp_ranks) == 1:  # DDP over data-parallel ranks: the weights check sees a miss
         return None
     model, _ = unwrap_model(ddp.module)
     if getattr(model, "_burst_loss_scaled", False):  # SequenceParallel's loss, scaled for DDP's average
@@ -194,8 +195,8 @@ def ddp_step_problem(ddp: torch.nn.parallel.DistributedDataParallel, group=None)
     if any(_stepped_unsummed(p) for p in model.parameters()):
         return ValueError(
             f"a step was taken on gradients bt.reduce_gradients(model) did not sum: DDP over ranks {list(ddp_ranks)} "
-            f"averages the shares of the sequence-parallel ranks {list(group_ranks)}, which leaves every gradient "
-            f"1/{len(group_ranks)} of one process's. Call bt.reduce_gradients(model) after the backward, before "
+            f"averages the shares of the sequence-parallel ranks {list(sp_ranks)}, which leaves every gradient "
+            f"1/{len(sp_ranks)} of one process's. Call bt.reduce_gradients(model) after the backward, before "
             "optimizer.step() (a loop that scales its loss by the group's size for DDP instead passes "
             "model=ddp.module to shard_batch)"
         )
@@ -235,10 +236,6 @@ def _mesh_ranks(mesh) -> tuple[int, ...]:
     if mesh.ndim != 1:
         raise NotImplementedError("reduce_gradients takes FSDP over a 1-D mesh; hybrid sharding is not supported")
     return tuple(dist.get_process_group_ranks(mesh.get_group()))
-
-
-def _group_ranks(group) -> tuple[int, ...]:
-    return tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
 
 
 def _divide_factor(unit, mesh) -> float:

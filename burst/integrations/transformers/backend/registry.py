@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from burst.comm.membership import group_size
+from burst.comm.membership import group_ranks, group_size
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,11 @@ def registered_group(model, group, entry: str):
     registered = BACKENDS[name].group
     if group is None:
         return registered
-    ranks = [dist.get_process_group_ranks(g or dist.group.WORLD) for g in (group, registered)]
-    if dist.is_initialized() and ranks[0] != ranks[1]:
+    given, held = group_ranks(group), group_ranks(registered)
+    if given != held:
         raise ValueError(
-            f"{entry}(group=...) holds ranks {ranks[0]}, but the model's attention {name!r} was registered with "
-            f"ranks {ranks[1]}: the ranks that split a sequence are the same for its batch, its attention and its "
+            f"{entry}(group=...) holds ranks {list(given)}, but the model's attention {name!r} was registered with "
+            f"ranks {list(held)}: the ranks that split a sequence are the same for its batch, its attention and its "
             "gradients; leave group out, or register with the same group"
         )
     return group
