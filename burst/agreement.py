@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .comm.collectives import all_gather_flat
-from .comm.membership import group_ranks
+from .comm.membership import group_ranks, is_dtensor
 
 MODES = ("always", "first", "off")
 _checked: set[tuple] = set()  # (group key, digests) already agreed on, for mode "first"
@@ -179,16 +179,17 @@ def agree_on_weights(module: torch.nn.Module, group, world: int, entry: str) -> 
 
 
 def weights_digest(module: torch.nn.Module, group=None) -> str:
-    """A hex digest of the names and shapes of `module`'s parameters and of 64 evenly spaced entries of each, the
-    first and the last included (one copy to the host per device), as the ranks of `group` hold them. A DTensor
+    """A hex digest of the names and shapes of `module`'s parameters and buffers (rotary frequencies: a rope
+    setting given to one rank only) and of 64 evenly spaced entries of each, the first and the last included (one
+    copy to the host per device), as the ranks of `group` hold them. A DTensor
     counts by its local shard where its mesh holds no other rank of `group` (FSDP over the data-parallel ranks:
     each rank of the group holds the same piece); other sharded parameters (a mesh over the group, FSDP1's) and
     ones not yet made (meta, lazy) are left out: they differ across ranks by design."""
     if any(type(m).__name__ == "FullyShardedDataParallel" for m in module.modules()):
         return "not compared (FSDP1 shards the parameters)"
     names, samples, alike = [], {}, {}
-    for name, p in module.named_parameters():
-        if type(p).__name__ == "DTensor":
+    for name, p in _compared_tensors(module):
+        if is_dtensor(p):
             mesh = p.device_mesh
             if id(mesh) not in alike:
                 alike[id(mesh)] = _holds_no_other_rank(mesh, group)
@@ -206,6 +207,16 @@ def weights_digest(module: torch.nn.Module, group=None) -> str:
             samples.setdefault(flat.device, []).append(flat[at.round().long()].to(torch.float64))
     values = b"".join(torch.cat(parts).cpu().numpy().tobytes() for parts in samples.values())
     return hashlib.blake2b(repr(names).encode() + values, digest_size=8).hexdigest()
+
+
+def _compared_tensors(module: torch.nn.Module):
+    """(name, tensor) for `module`'s parameters and its buffers but the running statistics of norms (batch norm in
+    training counts each rank's own tokens)."""
+    yield from module.named_parameters()
+    for name, buffer in module.named_buffers():
+        owner = module.get_submodule(name.rpartition(".")[0])
+        if not isinstance(owner, torch.nn.modules.batchnorm._NormBase) and buffer is not None:
+            yield name, buffer
 
 
 def _holds_no_other_rank(mesh, group) -> bool:

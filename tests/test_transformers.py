@@ -214,6 +214,9 @@ def _errors(rank, world):
     with torch.no_grad():
         last_row.model.embed_tokens.weight[-1, -1] += 0.1 * rank
     cases["the last entry differs"] = lambda: bt.shard_batch({"input_ids": ids}, model=last_row)
+    _, rope = _models(_llama_config, name)  # a rope setting one rank got: its buffer differs, no parameter does
+    rope.model.rotary_emb.inv_freq.mul_(1 + 0.01 * rank)
+    cases["different rotary frequencies per rank"] = lambda: bt.shard_batch({"input_ids": ids}, model=rope)
 
     def step_without_reduce():  # each rank's optimizer steps on its own share: the ranks' weights part
         _, alone = _models(_llama_config, name)
@@ -386,6 +389,7 @@ def test_unsupported_raises_on_every_rank():
         "a different batch per rank": "must hold the same batch",
         "different weights per rank": "must run one model",
         "the last entry differs": "must run one model",
+        "different rotary frequencies per rank": "must run one model",
         "a step without reduce_gradients": "Call bt.reduce_gradients(model) after the backward",
         "a DDP step without reduce_gradients": "leaves every gradient 1/2 of one process's",
         "a DDP step without reduce_gradients, zero_grad after the batch": "leaves every gradient 1/2 of one process's",

@@ -25,6 +25,11 @@ def group_ranks(group=None) -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
 
 
+def is_dtensor(t) -> bool:
+    """Whether `t` is a DTensor (a parameter or gradient FSDP2 or tensor parallel shards over a DeviceMesh)."""
+    return any(c.__name__ == "DTensor" for c in type(t).__mro__)  # without importing torch.distributed.tensor
+
+
 def check_member(group) -> None:
     """TypeError for what is not a process group (a DeviceMesh: the group of one of its dims is); ValueError on a
     rank that is not in `group`: dist.new_group hands the ranks outside it GroupMember.NON_GROUP_MEMBER, for

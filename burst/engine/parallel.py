@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.collectives import all_reduce_in_place
-from ..comm.membership import group_size
+from ..comm.membership import group_size, is_dtensor
 from ..plan.models import check_dp
 
 FSDP_MODES = ("none", "dp", "mesh")
@@ -115,7 +115,7 @@ def reduce_gradients(model: torch.nn.Module, par: Parallel) -> None:
     if par.world == 1 or par.fsdp == "mesh" or (par.fsdp == "dp" and par.sp == 1):
         return  # FSDP's reduce-scatter did all of it
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # FSDP2's shards are DTensors
+    local = [g.to_local() if is_dtensor(g) else g for g in grads]  # FSDP2's shards are DTensors
     if par.fsdp == "dp":
         all_reduce_in_place(local, group=par.sp_group)
     else:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from burst.comm.collectives import all_reduce_in_place
-from burst.comm.membership import group_ranks
+from burst.comm.membership import group_ranks, is_dtensor
 from burst.layout import DOCUMENT_LAYOUTS
 
 from .checks import check_model
@@ -127,7 +127,7 @@ def _parameters_to_sum(model: torch.nn.Module, group) -> list[torch.nn.Parameter
     zeros where it has none, as one process would give it the sum; one no rank used stays None. One
     small all-reduce of which parameters have gradients, so every rank's flattened all-reduce matches, and of
     whether a backward added into gradients already summed (ValueError on every rank)."""
-    plain = [p for p in model.parameters() if p.requires_grad and not _is_dtensor(p) and not _is_dtensor(p.grad)]
+    plain = [p for p in model.parameters() if p.requires_grad and not is_dtensor(p) and not is_dtensor(p.grad)]
     if not plain:
         return []
     added = float(any(getattr(p, "_burst_added_into", False) for p in plain))
@@ -210,10 +210,6 @@ def _stepped_unsummed(p: torch.nn.Parameter) -> bool:
     return version is not None and (p.grad is None or p._version != version)
 
 
-def _is_dtensor(t) -> bool:
-    return hasattr(t, "device_mesh") and hasattr(t, "to_local")
-
-
 def _fsdp_units(model):
     try:
         from torch.distributed.fsdp import FSDPModule
@@ -229,7 +225,7 @@ def _grads_by_unit(model) -> list[tuple]:
     for unit in _fsdp_units(model):
         for p in unit.parameters():
             owner[id(p)] = (unit, p)
-    return [(unit, p.grad) for unit, p in owner.values() if p.grad is not None and _is_dtensor(p.grad)]
+    return [(unit, p.grad) for unit, p in owner.values() if p.grad is not None and is_dtensor(p.grad)]
 
 
 def _mesh_ranks(mesh) -> tuple[int, ...]:
