@@ -204,6 +204,12 @@ def _dp_sp_mesh(rank, world):
     results["shard_batch over the world"] = value_error_text(
         lambda: bt.shard_batch(batch, group=dist.group.WORLD, layout="zigzag", model=model)
     )
+    # reduce_loss sees no model unless given one: over the world it would add the other pair's loss
+    loss = model(**alone).loss.detach()
+    results["reduce_loss over the world"] = value_error_text(lambda: bt.reduce_loss(loss))
+    results["reduce_loss over the model's group"] = torch.equal(
+        bt.reduce_loss(loss, model=model), bt.reduce_loss(loss, group=sp_group)
+    ) and not torch.equal(bt.reduce_loss(loss, group=sp_group), bt.reduce_loss(loss, group=dist.group.WORLD))
     return results
 
 
@@ -261,6 +267,9 @@ def test_fsdp2_on_a_dp_by_sp_mesh_gives_one_process_gradients():
         assert results["mesh"].pop("shard_batch's default group"), rank
         world_group = results["mesh"].pop("shard_batch over the world")
         assert world_group is not None and "was registered with ranks" in world_group, (rank, world_group)
+        loss_over_world = results["mesh"].pop("reduce_loss over the world")
+        assert loss_over_world is not None and "pass model=model" in loss_over_world, (rank, loss_over_world)
+        assert results["mesh"].pop("reduce_loss over the model's group"), rank
         for case, errors in results["mesh"].items():
             assert errors["loss"] < 1e-5 and errors["grads"] < 1e-4 and errors["norm ratio - 1"] < 1e-4, (
                 rank,

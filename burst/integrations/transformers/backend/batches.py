@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from burst import layout as layout_mod
 from burst.agreement import WEIGHTS, WEIGHTS_HINT, agree, checks_off, weights_digest
+from burst.comm.membership import group_ranks
 
 from ..keywords import ATTENTION_LAYER_KINDS, layer_kinds
 from ..layers.configs import decoder_of, text_config
@@ -23,7 +24,7 @@ from .checks import check_model
 from .documents import documents_from_positions, masks_read_positions
 from .features import prepare_features
 from .gradients import ddp_step_problem
-from .registry import registered_group, unwrap_model, world_size
+from .registry import BACKENDS, registered_group, unwrap_model, world_size
 
 _MODEL_NOT_GIVEN = object()
 
@@ -289,10 +290,30 @@ def _content_digest(t: torch.Tensor) -> str:
     return f"{tuple(t.shape)} {digest}"
 
 
-def reduce_loss(loss: torch.Tensor, group=None) -> torch.Tensor:
+def reduce_loss(loss: torch.Tensor, group=None, *, model=None) -> torch.Tensor:
     """The global mean loss on every rank from each rank's share (the model's loss on a shard_batch
-    shard, which divides by the global token count). Detached: backward runs on each rank's own loss."""
+    shard, which divides by the global token count). Detached: backward runs on each rank's own loss.
+    Summed over `group`, else over the group `model`'s attention was registered with; with neither, over
+    the default group, refused (ValueError on every rank) when every attention registered with burst runs over
+    a subgroup: a data x sequence mesh would add the replicas' losses too."""
+    if model is not None:
+        group = registered_group(unwrap_model(model)[0], group, "reduce_loss")
+    elif group is None and dist.is_initialized():
+        _refuse_a_registered_subgroup()
     total = loss.detach().clone()
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(total, group=group)
     return total
+
+
+def _refuse_a_registered_subgroup() -> None:
+    """ValueError when every attention registered with burst runs over a subgroup (a data x sequence mesh)."""
+    world = group_ranks(None)
+    held = {name: group_ranks(backend.group) for name, backend in BACKENDS.items()}
+    if held and world not in held.values():
+        name, ranks = next(iter(held.items()))
+        raise ValueError(
+            f"reduce_loss: attention {name!r} was registered with ranks {list(ranks)}, not the whole world "
+            f"{list(world)}: summed over the world the loss would count each replica's again; pass model=model "
+            "(its registered group) or group=..."
+        )
