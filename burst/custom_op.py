@@ -1,7 +1,7 @@
 """burst.attention as a torch custom op, so that torch.compile traces it without a graph break.
 
 Under torch.compile, `burst.attention` with plain arguments (a layout name, causal, window, scale,
-cu_seqlens as ints, softcap, chunk_size, integer strategy options, sinks) calls `torch.ops.burst.attention` instead of
+cu_seqlens as ints, softcap, chunk_size, strategy options of ints or words, sinks) calls `torch.ops.burst.attention` instead of
 running eagerly behind a graph break. Dynamo sees an opaque op with a fake (shape-only) implementation;
 at run time the op does what eager burst.attention does: validation and the cross-rank agreement (one
 small collective per call), then the strategy's loops. Its backward is a second op,
@@ -13,7 +13,7 @@ dynamo ran a compiled, checkpointed block that calls burst eagerly in full (corr
 
 The process group travels by name (`group.group_name`, as torch's functional collectives pass it);
 anything the schema cannot carry (a DocumentLayout, a BlockSparseMask, a Topology, cu_seqlens as a
-tensor, non-integer options) keeps the eager path behind a graph break (`takes` says which).
+tensor, options of other types: cqs's lost_workers tuple) keeps the eager path behind a graph break (`takes` says which).
 """
 
 # No `from __future__ import annotations` here: torch.library.custom_op reads the ops' annotations as
@@ -60,7 +60,12 @@ def takes(request: AttentionRequest) -> bool:
     ints = list(r.window or ()) + ([r.chunk_size] if r.chunk_size is not None else [])
     if not all(type(x) is int for x in ints):  # numpy's: validated and taken eagerly
         return False
-    return all(type(value) is int for value in r.options.values())  # not bool: validation names it eagerly
+    # not bool: validation names it eagerly; a choice of words (backward_side="keys") as name=word
+    return all(type(value) is int or _is_word(value) for value in r.options.values())
+
+
+def _is_word(value) -> bool:
+    return type(value) is str and value.isidentifier()
 
 
 class Settings(NamedTuple):
@@ -78,6 +83,7 @@ class Settings(NamedTuple):
     option_names: str
     option_values: List[int]
     return_lse: bool
+    option_words: str = ""  # last, with a default: graphs compiled and cached before it existed still call the op
 
     @classmethod
     def of(cls, r: AttentionRequest) -> "Settings":
@@ -91,9 +97,10 @@ class Settings(NamedTuple):
             list(r.cu_seqlens) if r.cu_seqlens is not None else None,
             float(r.softcap),
             r.chunk_size,
-            ",".join(r.options),
-            [int(x) for x in r.options.values()],
+            ",".join(name for name, x in r.options.items() if type(x) is int),
+            [x for x in r.options.values() if type(x) is int],
             bool(r.return_lse),
+            ",".join(f"{name}={x}" for name, x in r.options.items() if type(x) is str),
         )
 
     def request(self) -> AttentionRequest:
@@ -108,8 +115,13 @@ class Settings(NamedTuple):
             cu_seqlens=self.cu_seqlens,
             softcap=self.softcap,
             chunk_size=self.chunk_size,
-            options=dict(zip(self.option_names.split(","), self.option_values)) if self.option_names else {},
+            options=self.options(),
         )
+
+    def options(self) -> dict:
+        ints = dict(zip(self.option_names.split(","), self.option_values)) if self.option_names else {}
+        words = dict(pair.split("=") for pair in self.option_words.split(",")) if self.option_words else {}
+        return {**ints, **words}
 
     def key(self) -> tuple:
         """The settings as a dict key (lists as tuples)."""
@@ -137,6 +149,13 @@ def _prepared(q, k, v, sinks, settings: Settings, fresh: bool):
     return hit
 
 
+def _kernel_ready(q, k, v) -> tuple[torch.Tensor, KeyBlocks]:
+    """q and the key side with unit-stride head dims, as eager burst.attention hands them to the strategy: the
+    op saves the caller's tensors, so the backward makes them ready again (a strided head dim read as is gave
+    wrong gradients)."""
+    return unit_stride_last(q), KeyBlocks(k, v).ready(q)
+
+
 def _stat_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
@@ -159,14 +178,15 @@ def _attention_op(
     option_names: str,
     option_values: List[int],
     return_lse: bool,
+    option_words: str = "",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     settings = Settings(
         group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, softcap, chunk_size,
-        option_names, option_values, return_lse,
+        option_names, option_values, return_lse, option_words,
     )  # fmt: skip
     chosen, call = _prepared(q, k, v, sinks, settings, fresh=True)
     with torch.autocast(q.device.type, enabled=False):
-        out, lse = sharded_forward(call, chosen, unit_stride_last(q), KeyBlocks(k, v).ready(q), sinks)
+        out, lse = sharded_forward(call, chosen, *_kernel_ready(q, k, v), sinks)
     # the strides the fake promises (a strategy may follow q's)
     return _unaliased((out.contiguous(), lse.contiguous()), (q, k, v, sinks))
 
@@ -199,16 +219,18 @@ def _attention_backward_op(
     option_names: str,
     option_values: List[int],
     return_lse: bool,
+    option_words: str = "",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv and dsinks (empty when there are no sinks: an op returns tensors only). dlse: lse's
     gradient, None when the caller did not ask for lse."""
     settings = Settings(
         group_name, strategy, layout, causal, window, softmax_scale, cu_seqlens, softcap, chunk_size,
-        option_names, option_values, return_lse,
+        option_names, option_values, return_lse, option_words,
     )  # fmt: skip
     chosen, call = _prepared(q, k, v, sinks, settings, fresh=False)
     with torch.autocast(q.device.type, enabled=False):
-        dq, (dk, dv), dsinks, _, _ = sharded_backward(call, chosen, dout, dlse, q, KeyBlocks(k, v), out, lse, sinks)
+        q_ready, keys = _kernel_ready(q, k, v)
+        dq, (dk, dv), dsinks, _, _ = sharded_backward(call, chosen, dout, dlse, q_ready, keys, out, lse, sinks)
         if dv is None:  # v is k: dk holds both roles' sums (keys.kv_gradients); an op returns tensors
             dv = torch.zeros_like(v)
         dsinks = dsinks if sinks is not None else q.new_empty(0)

@@ -3,7 +3,7 @@
 On 2 ranks, against eager burst.attention (which tests elsewhere compare with float64 attention):
 compiled with fullgraph=True (which fails on any graph break), output and gradients equal; the
 same inside an activation-checkpointed block, where a graph break would make dynamo run the whole
-block eagerly; with sinks, GQA and a strategy option; under bf16 autocast; one tensor as both keys
+block eagerly; with sinks, GQA, a strategy option and head dims of stride > 1; under bf16 autocast; one tensor as both keys
 and values; SDPA routed by burst.context_parallel in a compiled checkpointed block; and a call the
 op's schema cannot carry (a block-sparse mask) still right, through the eager path behind a graph
 break.
@@ -53,10 +53,16 @@ def _cases(rank, world):
         "documents (cu_seqlens ints)": (dict(causal=True, cu_seqlens=[0, 20, 48, 64]), "contiguous"),
         # float32: its dk and dv come from one accumulator, views that the op's outputs must not share
         "allgather": (dict(causal=True, strategy="allgather"), "contiguous"),
+        # head dims of stride > 1 (a projection stored (b, s, d, h), transposed): the op's backward read them as is
+        "strided head dims": (dict(causal=True, layout="zigzag"), "zigzag"),
+        # an option of words, carried by the op: it had made fullgraph=True fail on a graph break
+        "backward_side='keys'": (dict(causal=True, layout="zigzag", backward_side="keys"), "zigzag"),
     }
     results = {}
     for name, (kwargs, layout) in settings.items():
         (q, k, v), weight = _inputs(1, layout)
+        if name == "strided head dims":
+            q, k, v = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (q, k, v))
 
         def attend(q, k, v, weight):
             out = burst.attention(q, k, v, **kwargs)
@@ -272,7 +278,7 @@ def test_every_keyword_is_carried_by_the_op_or_sends_the_call_eagerly():
     from burst.call import AttentionRequest
     from burst.masks import BlockSparseMask
 
-    carried = set(custom_op.Settings._fields) - {"group_name", "option_names", "option_values"}
+    carried = set(custom_op.Settings._fields) - {"group_name", "option_names", "option_values", "option_words"}
     carried |= {"group", "options"}
     eager_only = {
         "block_sparse": BlockSparseMask(4, torch.ones(2, 2, dtype=torch.bool)),
@@ -310,3 +316,6 @@ def test_values_of_other_types_send_the_call_eagerly_where_validation_names_them
             assert not custom_op.takes(AttentionRequest(**{name: value})), (name, value)
     for name, value in {"causal": True, "window": (3, 0), "softcap": 2.0, "softmax_scale": 0.5}.items():
         assert custom_op.takes(AttentionRequest(**{name: value})), (name, value)
+    for value in ("keys, queries", "a=b", "", True, 1.5, (1, 2)):  # what name=word,... could not carry back
+        assert not custom_op.takes(AttentionRequest(options={"backward_side": value})), value
+    assert custom_op.takes(AttentionRequest(options={"backward_side": "keys", "chunk_rows": 8}))
