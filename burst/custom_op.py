@@ -1,19 +1,21 @@
 """burst.attention as a torch custom op, so that torch.compile traces it without a graph break.
 
 Under torch.compile, `burst.attention` with plain arguments (a layout name, causal, window, scale,
-cu_seqlens as ints, softcap, chunk_size, strategy options of ints or words, sinks) calls `torch.ops.burst.attention` instead of
-running eagerly behind a graph break. Dynamo sees an opaque op with a fake (shape-only) implementation;
-at run time the op does what eager burst.attention does: validation and the cross-rank agreement (one
-small collective per call), then the strategy's loops. Its backward is a second op,
-`burst::attention_backward`, that runs the strategy's backward from the saved q, k, v, out and lse
-(and lse's gradient when the caller asked for lse: strategies/base.py's sharded_backward).
+cu_seqlens as ints, softcap, chunk_size, strategy options of ints or words, sinks) calls
+`torch.ops.burst.attention` instead of running eagerly behind a graph break. Dynamo sees an opaque op
+with a fake (shape-only) implementation; at run time the op does what eager burst.attention does:
+validation and the cross-rank agreement (one small collective per call), then the strategy's loops.
+Its backward is a second op, `burst::attention_backward`, that runs the strategy's backward from the
+saved q, k, v, out and lse (and lse's gradient when the caller asked for lse: strategies/base.py's
+sharded_backward).
 
 Why it matters: a graph break cannot sit inside an activation-checkpointed region, so without the op
 dynamo ran a compiled, checkpointed block that calls burst eagerly in full (correct, not fused).
 
 The process group travels by name (`group.group_name`, as torch's functional collectives pass it);
 anything the schema cannot carry (a DocumentLayout, a BlockSparseMask, a Topology, cu_seqlens as a
-tensor, options of other types: cqs's lost_workers tuple) keeps the eager path behind a graph break (`takes` says which).
+tensor, options of other types: cqs's lost_workers tuple) keeps the eager path behind a graph break
+(`takes` says which).
 """
 
 # No `from __future__ import annotations` here: torch.library.custom_op reads the ops' annotations as
