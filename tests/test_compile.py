@@ -4,9 +4,9 @@ On 2 ranks, against eager burst.attention (which tests elsewhere compare with fl
 compiled with fullgraph=True (which fails on any graph break), output and gradients equal; the
 same inside an activation-checkpointed block, where a graph break would make dynamo run the whole
 block eagerly; with sinks, GQA, strategy options (ints, words) and head dims of stride > 1; under
-bf16 autocast; one tensor as both keys and values; SDPA routed by burst.context_parallel in a compiled checkpointed block; and a call the
-op's schema cannot carry (a block-sparse mask) still right, through the eager path behind a graph
-break.
+bf16 autocast; one tensor as both keys and values; SDPA routed by burst.context_parallel in a
+compiled checkpointed block; and a call the op's schema cannot carry (a block-sparse mask) still
+right, through the eager path behind a graph break.
 """
 
 from __future__ import annotations
