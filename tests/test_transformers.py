@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import itertools
 
+import io
+
 import pytest
 import torch
 
@@ -63,7 +65,8 @@ def _parity(rank, world, strategy, layout):
     ids = torch.randint(0, VOCAB, (2, 8 * world), generator=torch.Generator().manual_seed(world))
     ref_out = reference(input_ids=ids, labels=ids)
     ref_out.loss.backward()
-    out = model(**bt.shard_batch({"input_ids": ids, "labels": ids}, layout=layout, model=model))
+    batch = bt.shard_batch({"input_ids": ids, "labels": ids}, model=model)  # the registered layout, by default
+    out = model(**batch)
     out.loss.backward()
     bt.reduce_gradients(model)
     errors = {
@@ -77,6 +80,12 @@ def _parity(rank, world, strategy, layout):
     # Adam's first step moves each parameter by about lr * sign(grad): compare in units of lr.
     named = dict(reference.named_parameters())
     errors["params after AdamW"] = max((p - named[n]).abs().max().item() for n, p in model.named_parameters()) / lr
+    # the whole model pickled (torch.save), with the hooks burst left on it, runs as before
+    saved = io.BytesIO()
+    torch.save(model, saved)
+    saved.seek(0)
+    with torch.no_grad():
+        errors["pickled"] = _rel(torch.load(saved, weights_only=False)(**batch).logits, model(**batch).logits)
     return errors
 
 
@@ -366,6 +375,7 @@ def test_llama_logits_grads_and_adamw_step_match_single_process(world):
         for combo, errors in results["parity"].items():
             assert errors["logits"] < 1e-4 and errors["grads"] < 1e-4, (rank, combo, errors)
             assert errors["loss"] < 1e-5 and errors["params after AdamW"] < 1e-2, (rank, combo, errors)
+            assert errors["pickled"] == 0, (rank, combo, errors)
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -391,6 +391,7 @@ def _errors(rank, world):
     tokens = _generate(model, ids, **bt.sharded_cache(model), do_sample=False)[0]
     results["works after"] = torch.equal(tokens, _generate(reference, ids, do_sample=False)[0])
     results["stop_strings"] = _stop_strings(reference, model, ids)
+    results["a rule that stops one rank"] = _one_rank_stops(reference, model, ids, rank)
     # A prompt given as inputs_embeds (generate returns only the new tokens then) is sharded the same way.
     embeds = model.get_input_embeddings()(ids)
     out = model.generate(
@@ -409,6 +410,29 @@ def _errors(rank, world):
     beams = dict(max_new_tokens=3, num_beams=2, do_sample=False)
     results["beams after"] = torch.equal(model.generate(ids, **beams), reference.generate(ids, **beams))
     return results
+
+
+def _one_rank_stops(reference, model, ids, rank) -> bool:
+    """A stopping rule that decides on one rank only (as max_time does, reading each rank's clock) stops every
+    rank there: the others had waited in the next token's agreement until it timed out."""
+    import burst.integrations.transformers as bt
+    from burst.agreement import agreement_timeout, set_agreement_timeout
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class SecondTokenOnRankOne(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            done = rank == 1 and input_ids.shape[1] >= ids.shape[1] + 2
+            return torch.full((input_ids.shape[0],), done, dtype=torch.bool)
+
+    options = dict(max_new_tokens=6, do_sample=False)
+    before = set_agreement_timeout(30)  # a regression fails in 30 s, not the default 120
+    try:
+        rule = StoppingCriteriaList([SecondTokenOnRankOne()])
+        ours = model.generate(ids, stopping_criteria=rule, **options, **bt.sharded_cache(model))
+    finally:
+        set_agreement_timeout(before)
+    theirs = reference.generate(ids, max_new_tokens=2, do_sample=False)
+    return torch.equal(ours, theirs) and agreement_timeout() == before
 
 
 def _stop_strings(reference, model, ids) -> bool:
@@ -541,6 +565,7 @@ def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_w
             assert errors[case] is not None and words in errors[case], (rank, case, errors[case])
         assert errors["works after"] and errors["inputs_embeds"] and errors["layers kept"], rank
         assert errors["stop_strings"] and errors["beams after"], rank
+        assert errors["a rule that stops one rank"], rank
         assert all(errors["hidden shapes"]) and errors["hidden states"] < 1e-5, (rank, errors["hidden states"])
 
 

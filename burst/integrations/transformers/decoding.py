@@ -284,3 +284,54 @@ def declare_generation_modes(model) -> None:
     own = getattr(type(model), "_supported_generation_modes", None)
     modes = [m for m in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE) if own is None or m in own]
     model._supported_generation_modes = _OneTokenPerStep(model, modes, own)
+
+
+def prepare_generate(model) -> None:
+    """What generate() on a ShardedCache needs of `model` itself: its modes (declare_generation_modes) and
+    stopping rules that decide alike on every rank (agree_on_stopping)."""
+    declare_generation_modes(model)
+    agree_on_stopping(model)
+
+
+def agree_on_stopping(model) -> None:
+    """Make generate()'s stopping rules stop a sequence on every rank where any rank's stop it, while `model` runs
+    split across ranks: `max_time` reads each rank's own clock (and a rule of the caller's may read anything), and
+    the ranks that went on waited in the next token's agreement for one that had stopped, until it timed out. One
+    all-reduce of a flag per sequence a step."""
+    if not isinstance(vars(model).get("_get_stopping_criteria"), _AgreedStoppingCriteria):
+        model._get_stopping_criteria = _AgreedStoppingCriteria(model)
+
+
+class _AgreedStoppingCriteria:
+    """The model's own _get_stopping_criteria, its list agreed on across the ranks (`_agreed_list`)."""
+
+    def __init__(self, model):
+        self._model = weakref.ref(model)
+
+    def __call__(self, *args, **kwargs):
+        model = self._model()
+        criteria = type(model)._get_stopping_criteria(model, *args, **kwargs)
+        if not _split_across_ranks(model):
+            return criteria
+        agreed = _agreed_list()(criteria)
+        agreed.model = self._model  # a weakref: deep copies keep it, a process group would not copy
+        return agreed
+
+    def __reduce__(self):  # pickled with its model (torch.save of a whole model)
+        return (_AgreedStoppingCriteria, (self._model(),))
+
+
+@functools.cache
+def _agreed_list():
+    import torch.distributed as dist
+    from transformers import StoppingCriteriaList
+
+    class AgreedStoppingCriteriaList(StoppingCriteriaList):
+        """A sequence is done where any rank's rules say so (MAX of the flags over the model's group)."""
+
+        def __call__(self, input_ids, scores, **kwargs):
+            done = super().__call__(input_ids, scores, **kwargs).to(torch.int32)
+            dist.all_reduce(done, op=dist.ReduceOp.MAX, group=backend_of(self.model())[1].group)
+            return done.bool()
+
+    return AgreedStoppingCriteriaList

@@ -66,7 +66,7 @@ class ShardedCache(RecurrentStates, Cache):
         self.name, self.group, self.layout = name, backend.group, backend.layout
         self.world = group_size(self.group)
         decoding.refuse_recurrent_layers(model)  # before anything of the model is prepared
-        decoding.declare_generation_modes(model)
+        decoding.prepare_generate(model)
         self._install_hooks(model)  # first: a positions hook of prepare_features must see the shard
         prepare_features(model, self.group, self.layout)  # then checked, as shard_batch does (rope's length...)
         check_model(model)

@@ -24,7 +24,7 @@ from .checks import check_model
 from .documents import documents_from_positions, masks_read_positions
 from .features import prepare_features
 from .gradients import ddp_step_problem
-from .registry import BACKENDS, registered_group, unwrap_model, world_size
+from .registry import BACKENDS, registered_group, registered_layout, unwrap_model, world_size
 
 _MODEL_NOT_GIVEN = object()
 
@@ -32,13 +32,15 @@ _MODEL_NOT_GIVEN = object()
 def shard_batch(
     batch: dict,
     group=None,
-    layout: str = "contiguous",
+    layout: str | None = None,
     ignore_index: int = -100,
     model: torch.nn.Module = _MODEL_NOT_GIVEN,
 ) -> dict:
     """This rank's shard of a batch of full sequences, ready for `model(**shard)`.
 
     group: default, the group the model's attention was registered with (another is refused).
+    layout: default, the layout the model's attention was registered with ("contiguous" for a model that runs
+    no attention of burst's).
     batch: `input_ids` (batch, seq_len), optional `labels` (same shape), `position_ids` (made as
     0..seq_len-1 when absent; give them restarting at 0 per document for packed rows) and
     `attention_mask` (all ones only). Returns input_ids and position_ids sharded along the sequence
@@ -62,6 +64,7 @@ def shard_batch(
     """
     model, ddp = unwrap_model(_the_model(model))
     group = registered_group(model, group, "shard_batch")
+    layout = registered_layout(model, layout)
     if layout not in layout_mod.DOCUMENT_LAYOUTS:
         layout_mod.check_layout(layout)
     ids = batch.get("input_ids")

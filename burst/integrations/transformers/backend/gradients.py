@@ -47,7 +47,7 @@ def reduce_gradients(model: torch.nn.Module, group=None) -> None:
     summed = _parameters_to_sum(model, group)
     all_reduce_in_place([p.grad for p in summed], group=group)
     for p in summed:  # what a later backward must not add into (_added_to_summed)
-        p._burst_summed = (weakref.ref(p.grad), p.grad._version)
+        p._burst_summed = _SummedGradient(p.grad)
     sharded: dict[tuple, list] = {}
     for unit, g in _grads_by_unit(model):
         key = (_mesh_ranks(g.device_mesh), _divide_factor(unit, g.device_mesh))
@@ -165,8 +165,21 @@ def _added_to_summed(param: torch.Tensor) -> None:
     reads it: an optimizer step moves the version)."""
     param._burst_unsummed = param._version
     found = getattr(param, "_burst_summed", None)
-    if found is not None and param.grad is found[0]() and param.grad._version == found[1] + 1:
+    if found is not None and param.grad is found.grad() and param.grad._version == found.version + 1:
         param._burst_added_into = True
+
+
+class _SummedGradient:
+    """The gradient reduce_gradients summed (a weak reference) and its version then. Pickled as nothing (torch.save
+    of a whole model: a weak reference does not pickle, and a loaded model holds no summed gradient)."""
+
+    __slots__ = ("grad", "version")
+
+    def __init__(self, grad: torch.Tensor):
+        self.grad, self.version = weakref.ref(grad), grad._version
+
+    def __reduce__(self):
+        return (type(None), ())
 
 
 def ddp_step_problem(ddp: torch.nn.parallel.DistributedDataParallel, group=None) -> Exception | None:

@@ -74,6 +74,15 @@ def registered_group(model, group, entry: str):
     return group
 
 
+def registered_layout(model, layout):
+    """`layout`, or the layout `model`'s attention was registered with when none is given ("contiguous" for a
+    model not on burst's attention: a recurrent family)."""
+    if layout is not None:
+        return layout
+    name = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return BACKENDS[name].layout if name in BACKENDS else "contiguous"
+
+
 def world_size(group) -> int:
     """The size of `group`, 1 when torch.distributed is not initialised."""
     return group_size(group)

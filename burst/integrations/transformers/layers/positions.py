@@ -9,6 +9,7 @@ module, as `_burst_position_ids`, where the attention function (backend/features
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -29,14 +30,26 @@ def capture_position_ids(model: torch.nn.Module) -> None:
         keepers = [module] if _is_attention(module) else list(_attention_below(module))
         if not keepers:
             continue
-
-        def keep(mod, args, kwargs, signature=inspect.signature(type(module).forward), keepers=tuple(keepers)):
-            positions = signature.bind_partial(mod, *args, **kwargs).arguments.get("position_ids")
-            for keeper in keepers:
-                setattr(keeper, POSITIONS, positions)
-
-        module.register_forward_pre_hook(keep, with_kwargs=True)
+        module.register_forward_pre_hook(_KeepPositions(tuple(keepers)), with_kwargs=True)
         module._burst_captures_positions = True
+
+
+class _KeepPositions:
+    """The pre-hook: the position_ids the module's forward got, kept on `keepers` (a class, not a closure, so
+    that a model that ran on burst still pickles: torch.save of a whole model)."""
+
+    def __init__(self, keepers: tuple):
+        self.keepers = keepers
+
+    def __call__(self, module, args, kwargs):
+        arguments = _signature(type(module)).bind_partial(module, *args, **kwargs).arguments
+        for keeper in self.keepers:
+            setattr(keeper, POSITIONS, arguments.get("position_ids"))
+
+
+@functools.cache
+def _signature(cls) -> inspect.Signature:
+    return inspect.signature(cls.forward)
 
 
 def _takes_positions(module: torch.nn.Module) -> bool:
