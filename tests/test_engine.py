@@ -280,6 +280,30 @@ def _burst_train(*args):
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def _burst_train_fails(*args) -> str:
+    cmd = [sys.executable, "-m", "burst", "train", "--model", "tiny", "--nproc", "2", "--seed", "0", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0, done.stdout[-3000:]
+    return done.stderr
+
+
+def test_a_damaged_checkpoint_is_refused_and_a_non_finite_loss_stops_the_run(tmp_path):
+    """Bytes of a saved shard overwritten in place (a bad disk or copy: the same size) loaded without a word and
+    trained on NaN losses with exit status 0 (a helper's probe): the files' digests in burst.json refuse it by
+    name; a loss that is not finite stops the run before its weights are saved."""
+    ckpt = tmp_path / "ckpt"
+    common = ["--seq-len", "64", "--steps", "3", "--checkpoint-dir", str(ckpt)]
+    _burst_train(*common, "--checkpoint-every", "2")
+    shard = sorted((ckpt / "step-2").glob("*.distcp"))[-1]
+    with open(shard, "r+b") as f:
+        f.seek(shard.stat().st_size // 2)
+        f.write(b"\xff" * 64)
+    error = _burst_train_fails(*common, "--resume-step", "2")
+    assert "is damaged" in error and shard.name in error, error[-2000:]
+    error = _burst_train_fails("--seq-len", "64", "--steps", "3", "--lr", "1e30", "--warmup", "0")
+    assert "the loss is" in error and "stopping before its weights are saved" in error, error[-2000:]
+
+
 def test_burst_train_checkpoints_and_resumes_exactly(tmp_path):
     """A 2-rank run whose rank 1 is killed (SIGKILL) in its third step under `torchrun --max-restarts 1 ...
     --resume` ends with the uninterrupted run's losses and weights; --keep 2 keeps the two newest

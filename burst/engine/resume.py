@@ -3,7 +3,7 @@
     DIR/step-K/            written after K steps (--checkpoint-every); --keep N keeps the N newest
         *.distcp, .metadata  model and AdamW state, sharded as each rank holds it (FSDP2 or not);
                              DCP reshards on load, so a run may resume on another world or FSDP mode
-        burst.json           the step, the TrainConfig, the model preset's shape
+        burst.json           the step, the TrainConfig, the model preset's shape, the other files' digests
         rng-R.pt             rank R's torch RNG state
 
 The learning-rate schedule is a function of the step and the data of the seed and the step (the
@@ -16,12 +16,15 @@ complete checkpoint, or starts fresh where there is none: the command to repeat 
 e.g. under `torchrun --max-restarts N`.
 
 A checkpoint from another config (another model, sequence length, global batch, data, seed or
-schedule) is refused before training starts, naming the field.
+schedule) is refused before training starts, naming the field. burst.json keeps a digest of every other
+file (each rank reads its share back once after a save), checked before a load: a shard damaged after it
+was written is refused by name instead of loading as wrong or NaN weights.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -31,7 +34,7 @@ from dataclasses import asdict
 import torch
 import torch.distributed as dist
 
-from ..comm.membership import group_rank
+from ..comm.membership import group_rank, group_size
 
 # Fields that change what the resumed steps compute; the rest (world, strategy, layout, dp/FSDP,
 # checkpointing, metrics) may differ between the two runs.
@@ -188,10 +191,12 @@ def save_checkpoint(cfg, step: int, model, optimizer) -> str:
     torch.save(torch.get_rng_state(), os.path.join(path, f"rng-{rank}.pt"))
     if dist.is_initialized():
         dist.barrier()  # every rank's files are written before META marks the step complete
+    files = file_digests(path)
     if rank == 0:
         partial = os.path.join(path, META + ".partial")
         with open(partial, "w") as f:
-            json.dump({"step": step, "identity": _identity(cfg), "config": asdict(cfg)}, f, indent=1)
+            meta = {"step": step, "identity": _identity(cfg), "config": asdict(cfg), "files": files}
+            json.dump(meta, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         os.replace(partial, os.path.join(path, META))  # atomic: a complete burst.json or none
@@ -259,11 +264,57 @@ def _first_failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
+def file_digests(path: str) -> dict[str, str]:
+    """{name: blake2b digest} of the checkpoint's files (burst.json aside), the same on every rank: each rank reads
+    its share of them (the files of all ranks are on one filesystem, as DCP's resharding needs), then one
+    all_gather_object. A collective over the world."""
+    names = sorted(n for n in os.listdir(path) if not n.startswith(META))
+    mine = {n: _digest(os.path.join(path, n)) for n in names[group_rank() :: group_size()]}
+    if not dist.is_initialized():
+        return mine
+    shares = [None] * dist.get_world_size()
+    dist.all_gather_object(shares, mine)
+    return {n: d for share in shares for n, d in sorted(share.items())}
+
+
+def _digest(file: str) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(file, "rb") as f:
+        while block := f.read(_READ_BYTES):
+            h.update(block)
+    return h.hexdigest()
+
+
+_READ_BYTES = 16 * 2**20
+
+
+def check_files(checkpoint_dir: str, step: int) -> None:
+    """ValueError on every rank naming the checkpoint's files whose bytes are not what was saved (a damaged
+    disk or copy: DCP reads such a shard without a word, and the weights come back wrong or NaN), or that are
+    missing. A checkpoint written before burst kept digests (no "files" in burst.json) is not checked."""
+    saved = read_meta(checkpoint_dir, step).get("files")
+    if saved is None:
+        return
+    path = step_dir(checkpoint_dir, step)
+    found = file_digests(path)
+    bad = sorted(n for n in saved if found.get(n) != saved[n])
+    if bad:
+        missing = [n for n in bad if n not in found]
+        raise ValueError(
+            f"the checkpoint {path!r} is damaged: {', '.join(bad)} "
+            + (f"(missing: {', '.join(missing)}) " if missing else "")
+            + ("differs" if len(bad) == 1 else "differ")
+            + " from what was saved (the digests in burst.json); resume from another step (--resume-step)"
+        )
+
+
 def load_checkpoint(cfg, model, optimizer) -> int:
-    """Load cfg.resume_step's checkpoint into model and optimizer (in place); returns that step."""
+    """Load cfg.resume_step's checkpoint into model and optimizer (in place), its files checked first; returns
+    that step."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    check_files(cfg.checkpoint_dir, cfg.resume_step)
     path = step_dir(cfg.checkpoint_dir, cfg.resume_step)
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
@@ -285,6 +336,7 @@ def load_model_weights(checkpoint_dir: str, step: int | None, model) -> int:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     step = latest_step(checkpoint_dir) if step is None else step
+    check_files(checkpoint_dir, step)
     state = {"model": get_model_state_dict(model)}
     with named_failure(f"loading the checkpoint {step_dir(checkpoint_dir, step)!r}"), _quiet_loader():
         dcp.load(state, checkpoint_id=step_dir(checkpoint_dir, step), no_dist=not dist.is_initialized())

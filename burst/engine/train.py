@@ -201,6 +201,7 @@ def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
             if out:
                 out.write(json.dumps(row) + "\n")
                 out.flush()
+        refuse_non_finite(loss, step, cfg)  # every rank: the loss was summed over all of them
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
             path = save_checkpoint(cfg, step + 1, model, optimizer)
             if rank == 0:
@@ -210,6 +211,23 @@ def train(rank: int, world: int, cfg: TrainConfig) -> list[dict]:
     if out:
         out.close()
     return rows
+
+
+def refuse_non_finite(loss: float, step: int, cfg: TrainConfig) -> None:
+    """FloatingPointError when a step's loss is NaN or infinite: its gradients made every weight so, and the steps
+    after it would train on (and save) nothing. Raised before the step's checkpoint is written."""
+    if math.isfinite(loss):
+        return
+    resumed = (
+        f", or step {cfg.resume_step}'s checkpoint this run resumed from (one written before burst kept its files' "
+        "digests is not checked)"
+        if cfg.resume_step is not None
+        else ""
+    )
+    raise FloatingPointError(
+        f"step {step}: the loss is {loss}, stopping before its weights are saved. Causes: a learning rate too high "
+        f"for the model (--lr, --warmup){resumed}"
+    )
 
 
 def peak_host_bytes() -> int:
