@@ -61,6 +61,7 @@ def test_train_refuses_bad_values(capsys, no_world, tmp_path):
     beyond.write_bytes(bytes(range(256)) * 16)
     odd = tmp_path / "odd.bin"  # uint16 ids in an odd number of bytes
     odd.write_bytes(bytes(1001))
+    (tmp_path / "empty.bin").write_bytes(b"")
     records = {}  # a step's burst.json that `burst train` did not write
     for name, text in (("junk", "garbage"), ("empty", "{}")):
         (tmp_path / name / "step-2").mkdir(parents=True)
@@ -88,6 +89,7 @@ def test_train_refuses_bad_values(capsys, no_world, tmp_path):
             (["--data", str(short)], "--data"),  # shorter than one sample
             (["--data", str(beyond)], "--data"),  # ids beyond the vocabulary
             (["--data", str(odd)], "--data"),  # not whole ids
+            (["--data", str(tmp_path / "empty.bin")], "--data"),  # numpy said "cannot mmap"; now: holds 0 tokens
             (["--resume-step", "2", "--checkpoint-dir", records["junk"]], "--resume-step"),
             (["--resume-step", "2", "--checkpoint-dir", records["empty"]], "--resume-step"),
             (["--resume", "--checkpoint-dir", records["empty"]], "--resume"),
@@ -98,6 +100,7 @@ def test_train_refuses_bad_values(capsys, no_world, tmp_path):
             "--checkpointing some",
             "--checkpoint-split 1.5",
             "--checkpoint-split 0.2",  # without --checkpointing selective it would do nothing
+            "--checkpoint-split 0.5 --checkpointing full",  # given as the default: still does nothing
             "--keep 2",  # without --checkpoint-dir
             (["--checkpoint-dir", "/proc/burst-ckpt"], "--checkpoint-dir"),  # refused by the kernel, even to root
             (["--metrics", "/proc/burst-m.jsonl"], "--metrics"),

@@ -122,8 +122,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--checkpoint-split",
         type=float,
-        default=d.checkpoint_split,
-        help="selective: the fraction of the sequence whose attention is recomputed, in [0, 1]",
+        default=None,
+        help=f"selective: the fraction of the sequence whose attention is recomputed, in [0, 1] "
+        f"(default {d.checkpoint_split})",
     )
     p.add_argument(
         "--ffn-chunk",
@@ -178,6 +179,12 @@ def config(args):
 
     keys = {f.name for f in fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in keys}
+    if values.get("checkpoint_split", 0) is None:  # not given: TrainConfig's default
+        del values["checkpoint_split"]
+    elif values.get("checkpointing") != "selective" and "checkpoint_split" in values:  # given, even as the default
+        from ..engine.train_config import SPLIT_WITHOUT_SELECTIVE
+
+        raise ValueError(SPLIT_WITHOUT_SELECTIVE)
     if getattr(args, "resume", False):
         from ..engine.resume import resume_point
 

@@ -17,6 +17,7 @@ from .checkpointing import check_settings
 from .model import PRESETS
 from .parallel import check_dp, check_sharding
 
+SPLIT_WITHOUT_SELECTIVE = "--checkpoint-split: the share `--checkpointing selective` recomputes: give that too"
 TRAIN_DTYPES = ("float32", "bfloat16")  # bfloat16 as autocast; float16 would need loss scaling
 
 
@@ -118,7 +119,7 @@ class TrainConfig:
         if self.keep and not self.checkpoint_dir:
             raise ValueError("--keep: needs --checkpoint-dir (whose checkpoints it keeps)")
         if self.checkpoint_split != 0.5 and self.checkpointing != "selective":
-            raise ValueError("--checkpoint-split: the share `--checkpointing selective` recomputes: give that too")
+            raise ValueError(SPLIT_WITHOUT_SELECTIVE)
 
     def _check_offload(self, world: int) -> None:
         if self.offload_activations and self.checkpointing == "none":
@@ -191,19 +192,19 @@ class TrainConfig:
             return
         if not os.path.isfile(self.data):
             raise ValueError(f"--data: {self.data!r} is not a file (a token file, a text file, or 'synthetic')")
+        count = token_count(self.data)
+        if count < self.seq_len + 1:  # also an empty file, which numpy cannot map
+            raise ValueError(
+                f"--data: {self.data!r} holds {count} tokens, fewer than --seq-len + 1 = "
+                f"{self.seq_len + 1} (a longer file, or a shorter --seq-len)"
+            )
         try:
-            count = token_count(self.data)
             largest = int(np.memmap(self.data, dtype=token_dtype(self.data), mode="r").max())
         except ValueError as err:  # numpy's words: a .bin whose size is not whole ids
             raise ValueError(
                 f"--data: {self.data!r} cannot be read as token ids ({err}); a .bin file holds uint16 ids "
                 "(2 bytes each), a .u32.bin uint32 (4), any other file bytes"
             ) from None
-        if count < self.seq_len + 1:
-            raise ValueError(
-                f"--data: {self.data!r} holds {count} tokens, fewer than --seq-len + 1 = "
-                f"{self.seq_len + 1} (a longer file, or a shorter --seq-len)"
-            )
         check_token_ids(self.data, largest, vocab)  # one read of the file before any rank starts
 
 
