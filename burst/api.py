@@ -17,6 +17,7 @@ from .latent import LatentKeys, LatentKV
 from .masks import BlockIndices, BlockSparseMask
 from .prepare import prepare_attention
 from .strategies import STRATEGIES, check_options  # noqa: F401 - the names, here too for callers
+from .strategies.base import refuse_function_transforms
 from .validation import DTYPES, STRATEGY_NAMES, check_tensors, checked_call  # noqa: F401 - here too for callers
 
 if TYPE_CHECKING:
@@ -169,6 +170,7 @@ def key_side(k, v, latent):
 
 @custom_op.run_eagerly  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
 def _sharded_attention(q, keys, sinks, request: AttentionRequest):
+    refuse_function_transforms("burst.attention", q, *keys.inputs, sinks)  # before the agreement's collective
     chosen, call = prepare_attention(q, keys, request, sinks)
     with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
         out, lse = chosen(call, unit_stride_last(q), keys.ready(q), sinks=sinks, compressed=request.compressed)

@@ -116,6 +116,17 @@ class ShardedAttentionFunction(torch.autograd.Function):
         return None, None, None, None, dq, dsinks, dck, dcv, *key_grads
 
 
+def refuse_function_transforms(entry: str, *tensors) -> None:
+    """NotImplementedError where torch.func's transforms (grad, vjp, jvp, vmap) hold any of `tensors`: the
+    strategies' autograd function is not written for them (torch's own message named no burst call)."""
+    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    if wrapped is not None and any(t is not None and wrapped(t) for t in tensors):
+        raise NotImplementedError(
+            f"{entry} under torch.func's transforms (grad, vjp, jvp, vmap) is not supported: take gradients with "
+            "torch.autograd (loss.backward(), torch.autograd.grad) and batch with the batch dimension"
+        )
+
+
 def refuse_double_backward(entry: str) -> None:
     """RuntimeError when a backward runs with create_graph=True (a gradient penalty, a Hessian-vector product):
     the strategies' backwards are not themselves differentiable, so the gradients of these gradients would
