@@ -57,6 +57,11 @@ def _volumes(rank, world):
         with burst.CommStats() as stats:
             burst.attention(q, k, v, strategy="ulysses", causal=True).sum().backward()
         out[kv_heads] = (stats.sent("forward"), stats.sent("backward"))
+    q = torch.randn(1, N_LOCAL, H, D)
+    for strategy in ("ulysses", "usp", "burst"):  # pairs of all heads: each rank counts its heads' share
+        with burst.CommStats() as stats:
+            burst.attention(q, q, q, strategy=strategy, causal=True, layout="zigzag")
+        out[strategy] = stats.pairs("forward")
     return out
 
 
@@ -79,6 +84,10 @@ def test_ulysses_volumes(world):
     Backward: Q, dO, K, V, D, lse out; dQ, dK, dV (fp32) back."""
     n, g = N_LOCAL, world
     q_blk = n * H * D * 4
+    seqlen = n * g
+    pairs = {name: sum(volumes.pop(name) for _, volumes, _ in _results(world)) for name in ("ulysses", "usp", "burst")}
+    # summed over the ranks, the causal mask's pairs: burst bench's useful FLOPs (Ulysses' had counted G times)
+    assert pairs == dict.fromkeys(pairs, seqlen * (seqlen + 1) // 2), pairs
     for rank, (_, volumes, _) in enumerate(_results(world)):
         for kv_heads, (fwd, bwd) in volumes.items():
             kv_sent = n * max(kv_heads, g) * D * 4 // g * (g - 1)  # per K (or V): (G-1) blocks of the per-rank share

@@ -7,6 +7,7 @@ is recorded (and nothing costs) when no context is active.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 
 _ACTIVE: list["CommStats"] = []
@@ -17,7 +18,8 @@ class CommStats:
 
     Phases are "forward" and "backward". Bytes count each tensor this rank handed to the network once
     per destination (a ring hop, or one share of a collective). Pairs count the (query, key) pairs
-    that the mask lets attend and that this rank's kernels computed; a skipped block counts 0.
+    that the mask lets attend and that this rank's kernels computed, for all heads (a rank that computes
+    some heads' pairs, Ulysses', counts that share: head_share); a skipped block counts 0.
 
     Example::
 
@@ -103,8 +105,25 @@ def record_sent(phase: str, nbytes: int, messages: int = 1, link: str | None = "
 
 
 def record_pairs(phase: str, pairs: int) -> None:
+    for computed, heads in _HEAD_SHARES:
+        pairs = pairs * computed // heads
     for stats in _ACTIVE:
         stats._pairs[phase] += pairs
+
+
+_HEAD_SHARES: list[tuple[int, int]] = []
+
+
+@contextlib.contextmanager
+def head_share(computed: int, heads: int):
+    """Pairs recorded inside count `computed`/`heads` of a pair each: Ulysses (and USP's ring) compute the pairs
+    of the whole sequence for their own heads only, and a pair counts for all heads, so that every strategy's
+    pairs add up to the mask's over the ranks (burst bench's useful FLOPs)."""
+    _HEAD_SHARES.append((computed, heads))
+    try:
+        yield
+    finally:
+        _HEAD_SHARES.pop()
 
 
 def record_compute(phase: str, seconds: float) -> None:

@@ -23,6 +23,7 @@ import torch
 
 from ..call import AttentionCall
 from ..comm.collectives import all_to_all_blocks
+from ..comm.stats import head_share
 from ..kernels.accumulators import accumulator_zeros_like, empty_accumulators, lse_for_backward, row_delta
 from ..layout import Segment, shard_indices
 from .base import Strategy
@@ -144,7 +145,8 @@ def ulysses_forward(call: AttentionCall, q, keys):
     q_h = ex.to_heads(q, q_groups, "forward")
     k_h, v_h = (ex.to_heads(t, kv_groups, "forward") for t in (k, v))
     out_h, lse_h = empty_accumulators(q_h)
-    call.attend_forward(q_h, k_h, v_h, _full_tiles(call), out_h, lse_h)
+    with head_share(q_h.shape[2], q.shape[2]):
+        call.attend_forward(q_h, k_h, v_h, _full_tiles(call), out_h, lse_h)
     return ex.to_sequence(out_h.to(q.dtype), "forward"), ex.stats_to_sequence(lse_h, "forward")
 
 
@@ -157,7 +159,8 @@ def ulysses_backward(call: AttentionCall, dout, q, keys, out, lse):
     delta_h = ex.stats_to_heads(row_delta(dout, out), "backward")
     lse_h = lse_for_backward(ex.stats_to_heads(lse, "backward"))
     dq_h, dk_h, dv_h = (accumulator_zeros_like(t) for t in (q_h, k_h, v_h))
-    call.attend_backward(dout_h, q_h, k_h, v_h, None, lse_h, _full_tiles(call), dq_h, dk_h, dv_h, delta=delta_h)
+    with head_share(q_h.shape[2], q.shape[2]):
+        call.attend_backward(dout_h, q_h, k_h, v_h, None, lse_h, _full_tiles(call), dq_h, dk_h, dv_h, delta=delta_h)
     dq = ex.to_sequence(dq_h, "backward")
     dk, dv = (kv_grads_home(ex, t, kv_groups, k.shape[2]) for t in (dk_h, dv_h))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

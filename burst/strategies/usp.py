@@ -22,7 +22,7 @@ from ..agreement import agree
 from ..call import AttentionCall
 from ..comm.group_cache import GroupCache
 from ..comm.membership import group_ranks
-from ..comm.stats import record_choice
+from ..comm.stats import head_share, record_choice
 from ..comm.topology import ranks_per_node
 from ..keys import KeyBlocks
 from ..layout import Segment
@@ -156,7 +156,8 @@ def usp_forward(call: AttentionCall, q, keys):
     q_groups, kv_groups = head_groups(q.shape[2], k.shape[2], u)
     q_h = exchange.to_heads(q, q_groups, "forward")
     k_h, v_h = (exchange.to_heads(t, kv_groups, "forward") for t in (k, v))
-    out_h, lse_h = ring_forward(ring, q_h, KeyBlocks(k_h, v_h))
+    with head_share(q_h.shape[2], q.shape[2]):
+        out_h, lse_h = ring_forward(ring, q_h, KeyBlocks(k_h, v_h))
     return exchange.to_sequence(out_h, "forward"), exchange.stats_to_sequence(lse_h, "forward")
 
 
@@ -167,7 +168,8 @@ def usp_backward(call: AttentionCall, dout, q, keys, out, lse):
     q_h, dout_h, out_h = (exchange.to_heads(t, q_groups, "backward") for t in (q, dout, out))
     k_h, v_h = (exchange.to_heads(t, kv_groups, "backward") for t in (k, v))
     lse_h = exchange.stats_to_heads(lse, "backward")
-    dq_h, dk_h, dv_h = burst_backward(ring, dout_h, q_h, KeyBlocks(k_h, v_h), out_h, lse_h)
+    with head_share(q_h.shape[2], q.shape[2]):
+        dq_h, dk_h, dv_h = burst_backward(ring, dout_h, q_h, KeyBlocks(k_h, v_h), out_h, lse_h)
     dq = exchange.to_sequence(dq_h, "backward")
     dk, dv = (kv_grads_home(exchange, t, kv_groups, k.shape[2]) for t in (dk_h, dv_h))
     return dq, dk, dv
