@@ -117,6 +117,10 @@ def test_the_plan_says_what_burst_attention_would_run():
     phi3 = Workload(seq_len=1 << 17, heads=40, kv_heads=10, head_dim=128, causal=True)
     usp = next(r for r in plan(Cluster(16, 8, profile("H100")), phi3) if r.strategy == "usp")
     assert default_degree(40, 10, 8, 16) == 2 and "ulysses 2 x ring 8" in usp.note, usp.note
+    # its ring's members sit u ranks apart, P/u to a node of P: on one node nothing crosses (the ring had been
+    # costed as one member to a node, every hop on the inter-node link)
+    one_node = next(r for r in plan(Cluster(6, 6, profile("H100")), phi3) if r.strategy == "usp")
+    assert one_node.inter_node_bytes_per_device == 0 and one_node.intra_node_bytes_per_device > 0, one_node
 
 
 def test_auto_picks_a_strategy_that_takes_the_call():

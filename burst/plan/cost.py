@@ -233,7 +233,9 @@ def _usp(name, cluster, w, s, c_fwd, c_bwd) -> Estimate:
         r,
         s.dtype_bytes,
     )
-    ring_cluster = Cluster(r, 1, cluster.profile, cluster.intra_bw, cluster.inter_bw) if r > 1 else cluster
+    # the ring's members are u ranks apart: a node of P ranks holds P/u of them (one when u >= P)
+    per_node = max(1, min(r, cluster.gpus_per_node // u))
+    ring_cluster = Cluster(r, per_node, cluster.profile, cluster.intra_bw, cluster.inter_bw) if r > 1 else cluster
     fwd = ring_pass(ring_cluster, r, c_fwd, ring_sizes.kv, False)
     bwd = _backward(
         w,
