@@ -41,16 +41,38 @@ _MAX_REMEMBERED = 4096
 
 def settings_from_environment() -> None:
     """BURST_AGREEMENT_CHECK and BURST_AGREEMENT_TIMEOUT as the mode and the timeout: read at import, and
-    again by a spawned rank once its environment is the launcher's (launch.spawn_world's env= included)."""
+    again by a spawned rank once its environment is the launcher's (launch.spawn_world's env= included).
+    ValueError naming the variable for a value neither takes (a typo must not mean the default silently)."""
     global _mode, _timeout_s
+    _env_problems.clear()
     mode = os.environ.get("BURST_AGREEMENT_CHECK", "always")
-    if mode not in MODES:  # a typo must not mean "always" silently
-        raise ValueError(f"BURST_AGREEMENT_CHECK must be one of {MODES}, got {mode!r}")
-    _mode, _timeout_s = mode, float(os.environ.get("BURST_AGREEMENT_TIMEOUT", "120"))
+    if mode not in MODES:
+        _env_problems["mode"] = f"BURST_AGREEMENT_CHECK={mode!r} is not one of {MODES}"
+    timeout = os.environ.get("BURST_AGREEMENT_TIMEOUT", "120")
+    try:
+        seconds = float(timeout)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0:
+        _env_problems["timeout"] = f"BURST_AGREEMENT_TIMEOUT={timeout!r} is not a number of seconds >= 0"
+    _mode = mode if "mode" not in _env_problems else "always"
+    _timeout_s = seconds if "timeout" not in _env_problems else 120.0
     _checked.clear()
+    check_environment()
 
 
-settings_from_environment()
+def check_environment() -> None:
+    """ValueError naming what settings_from_environment found wrong, if anything: at each check (import does
+    not raise, so that `burst`'s command line can say it in one line)."""
+    if _env_problems:
+        raise ValueError("; ".join(_env_problems.values()))
+
+
+_env_problems: dict[str, str] = {}  # "mode", "timeout": what the environment set that cannot be taken
+try:
+    settings_from_environment()
+except ValueError:
+    pass  # kept in _env_problems: the first check raises it
 _left_open: set[int] = set()  # groups (_group_key) where a check timed out: a collective is left open on them
 
 
@@ -65,6 +87,7 @@ def set_agreement_check(mode: str) -> str:
     global _mode
     if mode not in MODES:
         raise ValueError(f"agreement check mode must be one of {MODES}, got {mode!r}")
+    _env_problems.pop("mode", None)  # set here: the environment's is not taken
     previous, _mode = _mode, mode
     _checked.clear()
     return previous
@@ -86,6 +109,7 @@ def set_agreement_timeout(seconds: float) -> float:
     global _timeout_s
     if not isinstance(seconds, (int, float)) or not seconds >= 0:
         raise ValueError(f"agreement timeout must be a number of seconds >= 0, got {seconds!r}")
+    _env_problems.pop("timeout", None)
     previous, _timeout_s = _timeout_s, float(seconds)
     return previous
 
@@ -130,6 +154,7 @@ def agree(
 
     The collective is the same on every rank whatever its input: (ok, digest of all facts), two int64.
     """
+    check_environment()
     if world == 1 or _mode == "off":
         if problem is not None:
             raise problem

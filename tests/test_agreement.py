@@ -202,17 +202,28 @@ def test_a_call_made_by_only_some_ranks_raises_after_the_timeout():
             assert kind == "RuntimeError", (kind, message)
 
 
-def test_a_mistyped_agreement_mode_in_the_environment_is_refused():
-    """BURST_AGREEMENT_CHECK=Off had meant "always" silently; set_agreement_check refuses the same value."""
+def test_a_mistyped_agreement_setting_in_the_environment_is_refused():
+    """BURST_AGREEMENT_CHECK=Off had meant "always" silently; a timeout of "abc" or -1 was read as float("abc")'s
+    traceback or a wait of -1 s. Refused at the first call (import does not raise, so that `burst`'s command line
+    says it in one line, exit status 2, before anything starts); set_agreement_check refuses the same value."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "BURST_AGREEMENT_CHECK": "Off"}
-    done = subprocess.run([sys.executable, "-c", "import burst"], env=env, capture_output=True, text=True)
-    assert done.returncode != 0 and "BURST_AGREEMENT_CHECK must be one of" in done.stderr, done.stderr[-500:]
-    env["BURST_AGREEMENT_CHECK"] = "first"
-    assert subprocess.run([sys.executable, "-c", "import burst"], env=env).returncode == 0
+    call = "import burst, torch; x = torch.randn(1, 8, 2, 4); burst.attention(x, x, x)"
+    plan = [sys.executable, "-m", "burst", "plan", "--gpus", "2", "--seq-len", "64", "--heads", "2", "--head-dim", "8"]
+    cases = [("BURST_AGREEMENT_CHECK", "Off"), ("BURST_AGREEMENT_TIMEOUT", "abc"), ("BURST_AGREEMENT_TIMEOUT", "-1")]
+    for name, value in [*cases, ("BURST_HOST_CHANNELS_MB", "abc")]:
+        env = {**os.environ, name: value}
+        if (name, value) in cases:  # the host channels' size is read where they open, at 2 ranks and more
+            done = subprocess.run([sys.executable, "-c", call], env=env, capture_output=True, text=True)
+            assert done.returncode != 0 and f"{name}={value!r} is not" in done.stderr, done.stderr[-500:]
+        done = subprocess.run(plan, env=env, capture_output=True, text=True)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr[-500:]
+        assert lines[0].startswith(f"burst plan: error: environment: {name}={value!r} is not"), lines
+    env = {**os.environ, "BURST_AGREEMENT_CHECK": "first"}
+    assert subprocess.run([sys.executable, "-c", call], env=env).returncode == 0
 
 
 def _caught_timeout(rank, world):

@@ -13,7 +13,7 @@ import re
 import sys
 
 from . import bench, check, generate, plan, train
-from .common import BadOption, Parser, UsageError, debug_wanted, is_reporting_rank
+from .common import BadOption, Parser, UsageError, blame, check_environment, debug_wanted, is_reporting_rank
 
 VERBS = {"bench": bench, "check": check, "plan": plan, "train": train, "generate": generate}
 
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         verb = VERBS[args.command]
         try:
+            with blame("environment"):
+                check_environment()
             verb.validate(args)
         except BadOption as bad:
             raise UsageError(f"burst {args.command}: error: {bad.option}: {bad.problem}") from None

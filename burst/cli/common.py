@@ -185,6 +185,16 @@ def resolve_checked_device(args) -> str:
     return device
 
 
+def check_environment() -> None:
+    """ValueError naming a BURST_* variable every rank would read and not take (the agreement's mode and
+    timeout, the host channels' size), before anything starts."""
+    from .. import agreement
+    from ..comm.shm_p2p import default_capacity_mb
+
+    agreement.settings_from_environment()
+    default_capacity_mb()
+
+
 def world_size(args) -> int:
     """The world the command will run on: torchrun's, else --nproc."""
     from ..launch import under_torchrun

@@ -63,8 +63,16 @@ LIVENESS_S = 1.0  # how often a long wait checks that its peer's process still r
 
 def default_capacity_mb() -> int:
     """BURST_HOST_CHANNELS_MB (default 4), read when the channels open: a spawned rank's environment is the
-    launcher's by then (launch.spawn_world's env= included)."""
-    return int(os.environ.get("BURST_HOST_CHANNELS_MB", "4"))
+    launcher's by then (launch.spawn_world's env= included). ValueError naming it for what is not a whole
+    number of MiB >= 0."""
+    given = os.environ.get("BURST_HOST_CHANNELS_MB", "4")
+    try:
+        mb = int(given)
+    except ValueError:
+        mb = -1
+    if mb < 0:
+        raise ValueError(f"BURST_HOST_CHANNELS_MB={given!r} is not a whole number of MiB >= 0 (0 turns them off)")
+    return mb
 
 
 def _round_up(n: int, to: int = HEADER) -> int:
