@@ -234,6 +234,7 @@ def test_plan_refuses_bad_values(capsys, no_world):
             "--layout diagonal",
             "--dtype-bytes 3",
             f"--json {UNWRITABLE}",
+            (["--json", ""], "--json"),  # an unset shell variable: the table, and no file written
             # a whole model's step options, where nothing would read them: attention alone, a prefill, --longest
             "--checkpointing full",
             "--host-mem-gib 64",
@@ -264,6 +265,11 @@ def test_plan_refuses_bad_values(capsys, no_world):
             # the advice would be for a model `burst train --model` cannot run
             (["--layers", "4"], "--layers"),
             (["--hidden", "128"], "--hidden"),
+            # it plans the whole model on one GPU: no attention alone, no layout, no node to read them
+            (["--attention-only"], "--attention-only"),
+            (["--layout", "striped"], "--layout"),
+            (["--gpus-per-node", "4"], "--gpus-per-node"),
+            (["--intra-node-gbps", "100"], "--intra-node-gbps"),
         ],
     )
     _refusals(  # attention alone: nothing reads the whole model's sizes

@@ -499,3 +499,18 @@ def test_the_longest_step_stops_at_the_models_limit():
     model = PRESETS["tiny"]
     rows = option_rows(model, Cluster(1, 1, profile("A100")), dtype_bytes=2)
     assert all(r["longest"] == model.max_seq_len and r["at_model_limit"] for r in rows), rows
+
+
+def test_a_calibration_that_burst_bench_did_not_write_is_refused_by_name(tmp_path):
+    """A calibration.json without bandwidth raised KeyError, one with zeros ZeroDivisionError, one with negative
+    FLOP/s planned negative step times (a helper's probe); each is refused naming the file."""
+    from burst.plan.profiles import calibrated_local
+
+    saved = tmp_path / "calibration.json"
+    for text in ('{"flops": 1e12}', '{"flops": -5e12, "bandwidth": 1e9}', '{"flops": 1e12, "bandwidth": 0}', "[]", "x"):
+        saved.write_text(text)
+        with pytest.raises(ValueError, match="calibration"):
+            calibrated_local(str(saved))
+    saved.write_text('{"flops": 2e12, "bandwidth": 3e9, "latency": 1e-5}')
+    local = calibrated_local(str(saved))
+    assert (local.flops, local.intra_bw, local.inter_latency) == (2e12, 3e9, 1e-5)

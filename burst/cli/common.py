@@ -235,6 +235,8 @@ def check_writable_file(option: str, path: str | None) -> None:
     """A file we may create or overwrite ('-' is stdout), without creating it."""
     if path is None or path == "-":
         return
+    if not path.strip():  # `--json ""` (an unset shell variable) had printed the table and written nothing
+        raise BadOption(option, "an empty path: give a file, or - for standard output")
     if os.path.isdir(path):
         raise BadOption(option, f"{path!r} is a directory (expected a file path)")
     folder = os.path.dirname(os.path.abspath(path))

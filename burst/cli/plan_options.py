@@ -8,6 +8,9 @@ import os
 from ..layout import LAYOUTS
 from .common import BadOption, add_common, any_case, blame, check_writable_file, positive_float, positive_int
 
+DEFAULT_LAYOUT = "zigzag"
+DEFAULT_GPUS_PER_NODE = 8
+
 
 def add_parser(sub) -> None:
     from ..plan import PROFILES, model_presets
@@ -24,8 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--gpus-per-node",
         type=positive_int,
-        default=8,
-        help="devices per node (the whole cluster when larger than --gpus)",
+        default=None,
+        help=f"devices per node (the whole cluster when larger than --gpus; default {DEFAULT_GPUS_PER_NODE})",
     )
     p.add_argument(
         "--profile",
@@ -131,7 +134,10 @@ def add_parser(sub) -> None:
         help="causal sliding window: the keys each query sees at most (with --causal; attention alone)",
     )
     p.add_argument(
-        "--layout", type=any_case(LAYOUTS), default="zigzag", help="how the sequence is split: " + ", ".join(LAYOUTS)
+        "--layout",
+        type=any_case(LAYOUTS),
+        default=None,
+        help=f"how the sequence is split: {', '.join(LAYOUTS)} (default {DEFAULT_LAYOUT})",
     )
     p.add_argument(
         "--dtype-bytes",
@@ -158,6 +164,10 @@ def add_parser(sub) -> None:
 
 
 def validate(args) -> None:
+    if args.longest:
+        _check_longest_first(args)
+    args.layout = args.layout or DEFAULT_LAYOUT  # None: not given (--longest refuses what it would not read)
+    args.gpus_per_node = args.gpus_per_node or DEFAULT_GPUS_PER_NODE
     if args.longest and args.model is None:
         raise BadOption("--longest", "needs --model (the model whose longest training step is planned)")
     if args.longest and args.seq_len is not None:
@@ -165,7 +175,6 @@ def validate(args) -> None:
     if args.seq_len is None and not args.longest:
         raise BadOption("--seq-len", "required (or --longest with --model)")
     if args.longest:
-        _check_longest(args)
         args.seq_len = 1024  # the shape checks below read one
     if args.hf_config is not None:
         _apply_hf_config(args)
@@ -233,7 +242,7 @@ def validate(args) -> None:
     check_writable_file("--json", args.json)
 
 
-def _check_longest(args) -> None:
+def _check_longest_first(args) -> None:
     """--longest plans the flags of one `burst train --nproc 1` run, one bf16 sequence a step: the
     options that would plan anything else raise rather than pass unused."""
     if args.gpus > 1:
@@ -246,10 +255,18 @@ def _check_longest(args) -> None:
         raise BadOption("--batch", "--longest plans one sequence a step: give it without --batch")
     if args.dtype_bytes not in (None, 2):
         raise BadOption("--dtype-bytes", "--longest plans `burst train --dtype bfloat16` (2 bytes): leave it out")
-    for option in ("hidden", "ffn_hidden", "vocab", "heads", "kv_heads", "head_dim", "layers", "window"):
+    if args.attention_only:
+        raise BadOption("--attention-only", "--longest plans the whole model's training step: leave it out")
+    options = ("hidden", "ffn_hidden", "vocab", "heads", "kv_heads", "head_dim", "layers", "window")
+    for option in options:
         if getattr(args, option) is not None:  # its advice would be for a model `burst train --model` cannot run
             raise BadOption(
                 f"--{option.replace('_', '-')}", "--longest plans `burst train --model` as it is: leave it out"
+            )
+    for option in ("layout", "gpus_per_node", "intra_node_gbps"):
+        if getattr(args, option) is not None:  # no layout, no link on one GPU
+            raise BadOption(
+                f"--{option.replace('_', '-')}", "--longest plans one GPU, where nothing reads it: leave it out"
             )
 
 

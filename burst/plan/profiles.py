@@ -13,6 +13,7 @@ when one is saved (see calibrated_local()).
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, replace
 
@@ -67,8 +68,7 @@ def calibrated_local(path: str = CALIBRATION_FILE) -> Profile:
     base = PROFILES["local"]
     if not os.path.exists(path):
         return base
-    with open(path) as f:
-        measured = json.load(f)
+    measured = _read_calibration(path)
     return replace(
         base,
         flops=measured["flops"],
@@ -77,6 +77,31 @@ def calibrated_local(path: str = CALIBRATION_FILE) -> Profile:
         intra_latency=measured.get("latency", base.intra_latency),
         inter_latency=measured.get("latency", base.inter_latency),
     )
+
+
+def _read_calibration(path: str) -> dict:
+    """The saved calibration; ValueError naming the file when it is not what `burst bench --calibrate` writes
+    (positive FLOP/s and bandwidth, a latency >= 0 if any): a bad one had planned negative or infinite times."""
+    try:
+        with open(path) as f:
+            measured = json.load(f)
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"the calibration {path!r} cannot be read ({err}); run `burst bench --calibrate` again"
+        ) from None
+    positive = ("flops", "bandwidth")
+    if not isinstance(measured, dict) or not all(_number(measured.get(k)) and measured[k] > 0 for k in positive):
+        raise ValueError(
+            f"the calibration {path!r} needs positive 'flops' and 'bandwidth', got {measured!r}; run `burst bench "
+            "--calibrate` again"
+        )
+    if "latency" in measured and not (_number(measured["latency"]) and measured["latency"] >= 0):
+        raise ValueError(f"the calibration {path!r} has latency {measured['latency']!r}, not seconds >= 0")
+    return measured
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def profile(name: str) -> Profile:
