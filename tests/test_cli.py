@@ -210,6 +210,14 @@ def test_bench_refuses_bad_values(capsys, no_world, tmp_path):
             (["--report", str(a_file / "report")], "--report"),
             (["--report", str(tmp_path / "r"), "--report-worlds", "1,3"], "--report-worlds"),  # 4096 over 3 ranks
             "--cqs-table2 4,-1",
+            # options nothing would read in this mode (each had run the plain bench, or ignored them)
+            "--report-seq-lens 2048",  # without --report
+            "--report-worlds 2",
+            "--cqs-table2 4,4",  # a worker count twice
+            (["--cqs-table2", "4", "--strategies", "ring"], "--strategies"),
+            (["--cqs-table2", "4", "--nproc", "4"], "--nproc"),
+            "--inter-node-gbps 5",  # no nodes without --ranks-per-node
+            (["--json", ""], "--json"),
         ],
     )
 
@@ -561,6 +569,30 @@ def test_bench_runs_one_small_world(capsys, tmp_path):
     assert "burst bench: [1/1] burst on 2 ranks" in captured.err
     result = json.loads(out.read_text())
     assert [r["strategy"] for r in result["strategies"]] == ["burst"] and result["strategies"][0]["max_err"] < 1e-4
+    assert result["strategies"][0]["error_ok"]
+
+
+def test_bench_fails_a_row_whose_error_is_over_its_dtype_bound(capsys, monkeypatch):
+    """bench printed a 1e-2 error in float32 and exited 0 (a helper injected it into a rank's output); a row over
+    the dtype's bound (burst check's) is marked FAIL and the exit status is 1."""
+    import burst.bench
+    from burst.bench.harness import error_within_bound
+
+    assert error_within_bound(5e-5, "float32") and not error_within_bound(1e-2, "float32")
+    assert not error_within_bound(float("nan"), "bfloat16") and error_within_bound(1e-2, "bfloat16")
+    real = burst.bench.run_bench
+
+    def one_row_off(cfg, on_done=None):  # the harness's own row, its error as a wrong rank's would be
+        result = real(cfg, on_done)
+        result["strategies"][0].update(max_err=1e-2, error_ok=error_within_bound(1e-2, cfg.dtype))
+        return result
+
+    monkeypatch.setattr(burst.bench, "run_bench", one_row_off)
+    args = ["bench", "--seq-len", "64", "--heads", "1", "--head-dim", "8", "--strategies", "ring", "--repeats", "0"]
+    assert main([*args, "--no-baseline"]) == 1
+    captured = capsys.readouterr()
+    assert "| 1.0e-02 FAIL |" in captured.out, captured.out
+    assert "burst bench: error: ring: max err over float32's bound 1e-04" in captured.err, captured.err
 
 
 def test_generate_prints_text_beside_ids():

@@ -10,6 +10,7 @@ strategy in turn and the yardstick is skipped. The settings (BenchConfig) are be
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict
@@ -22,7 +23,7 @@ import burst
 from burst.bench.config import BenchConfig
 from burst.bench.memory import held_bytes, peak_bytes, reset_peak
 from burst.devices import backend_for, bind
-from burst.kernels.reference import DTYPES, absolute_error
+from burst.kernels.reference import BOUNDS, DTYPES, absolute_error
 from burst.kernels.reference import attention as reference_attention
 from burst.launch import run_world, spawn_world, under_torchrun
 from burst.layout import shard_indices
@@ -249,6 +250,7 @@ def summarize(cfg: BenchConfig, strategy: str, per_rank: list[dict], baseline: d
         "sent_bwd_per_rank": max(r["sent_bwd"] for r in per_rank),
         "peak_mem_per_rank": max(r["peak_mem_bytes"] for r in per_rank),
         "max_err": max(r["max_err"] for r in per_rank),
+        "error_ok": error_within_bound(max(r["max_err"] for r in per_rank), cfg.dtype),
         "pairs_fwd_max_over_mean": max(r["pairs_fwd"] for r in per_rank)
         / (sum(r["pairs_fwd"] for r in per_rank) / len(per_rank)),
         "pairs_total": sum(r["pairs_fwd"] for r in per_rank),
@@ -356,9 +358,14 @@ def format_table(result: dict) -> str:
             f"{r['bwd_tflops']:.3f} | {vs} | {r['sent_fwd_per_rank'] / 2**20:.1f} | "
             f"{r['sent_bwd_per_rank'] / 2**20:.1f} | "
             f"{r['peak_mem_per_rank'] / 2**20:.0f} | {r['pairs_fwd_max_over_mean']:.2f} | "
-            f"{r['compute_max_over_min']:.2f} | {r['max_err']:.1e} |"
+            f"{r['compute_max_over_min']:.2f} | {r['max_err']:.1e}{'' if r.get('error_ok', True) else ' FAIL'} |"
         )
     return "\n".join(lines)
+
+
+def error_within_bound(err: float, dtype: str) -> bool:
+    """A row's max error at most its dtype's bound (kernels/reference.py's BOUNDS, as burst check's), not NaN."""
+    return not math.isnan(err) and err <= BOUNDS[dtype]
 
 
 def write_json(result: dict, path: str) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..devices import DTYPES, dtype_listing
 from ..layout import DOCUMENT_LAYOUTS
@@ -30,6 +31,8 @@ from .common import (
 )
 
 LAYOUTS = WHOLE_SEQUENCE_LAYOUTS + DOCUMENT_LAYOUTS
+DEFAULT_REPORT_SEQ_LENS = (2048, 4096, 8192)
+DEFAULT_REPORT_WORLDS = (1, 2, 4)
 
 
 def strategy_list(text: str) -> tuple[str, ...]:
@@ -156,9 +159,17 @@ def add_parser(sub) -> None:
         help="run a sweep (calibration, time vs length, memory vs world) and write a Markdown report and plots to DIR",
     )
     p.add_argument(
-        "--report-seq-lens", type=int_list, default=(2048, 4096, 8192), help="sequence lengths of the --report sweep"
+        "--report-seq-lens",
+        type=int_list,
+        default=None,
+        help=f"sequence lengths of the --report sweep (default {','.join(map(str, DEFAULT_REPORT_SEQ_LENS))})",
     )
-    p.add_argument("--report-worlds", type=int_list, default=(1, 2, 4), help="world sizes of the --report memory sweep")
+    p.add_argument(
+        "--report-worlds",
+        type=int_list,
+        default=None,
+        help=f"world sizes of the --report memory sweep (default {','.join(map(str, DEFAULT_REPORT_WORLDS))})",
+    )
     add_device_options(p, dtypes=None)
     add_common(p)
 
@@ -195,6 +206,16 @@ def validate(args) -> None:
     args.device = resolve_checked_device(args)
     if args.kv_heads is not None and args.heads % args.kv_heads:
         raise BadOption("--kv-heads", f"{args.kv_heads} does not divide --heads {args.heads} (use a divisor)")
+    if args.report is None:
+        for option in ("report_seq_lens", "report_worlds"):
+            if getattr(args, option) is not None:
+                raise BadOption(f"--{option.replace('_', '-')}", "sets the --report sweep: give --report DIR too")
+    args.report_seq_lens = args.report_seq_lens or DEFAULT_REPORT_SEQ_LENS
+    args.report_worlds = args.report_worlds or DEFAULT_REPORT_WORLDS
+    if args.cqs_table2:
+        _check_cqs_table2(args)
+    if args.inter_node_gbps is not None and args.ranks_per_node is None:
+        raise BadOption("--inter-node-gbps", "needs --ranks-per-node (without nodes there is no inter-node link)")
     if args.calibrate or args.cqs_table2:
         return
     if args.report:
@@ -220,6 +241,19 @@ def validate(args) -> None:
         with blame("--ranks-per-node"):
             Topology(args.ranks_per_node).check(world_size(args))
     _check_strategies(args, args.seq_len, "--seq-len")
+
+
+def _check_cqs_table2(args) -> None:
+    """--cqs-table2 simulates CQS's workers in this process: a world or other strategies would not be read."""
+    from ..bench import BenchConfig
+
+    d = BenchConfig()
+    if len(set(args.cqs_table2)) != len(args.cqs_table2):
+        raise BadOption("--cqs-table2", f"{','.join(map(str, args.cqs_table2))} names a worker count twice")
+    if tuple(args.strategies) != tuple(d.strategies):
+        raise BadOption("--strategies", "--cqs-table2 simulates CQS-Attention alone: leave --strategies out")
+    if args.nproc != d.nproc:
+        raise BadOption("--nproc", "--cqs-table2 simulates its workers in one process: leave --nproc out")
 
 
 def _check_strategies(args, seq_len: int, length_option: str) -> None:
@@ -271,12 +305,21 @@ def run(args) -> int:
     if args.report:
         return _report(args)
     from ..bench import format_table, run_bench
+    from ..kernels.reference import BOUNDS
 
     cfg = config(args)
     step = progress(len(cfg.strategies) + bool(cfg.baseline), "burst bench", "world")
     result = run_bench(cfg, on_done=step)
     step.close()
     publish(args, result, format_table(result))
+    wrong = [r["strategy"] for r in result["strategies"] if not r["error_ok"]]
+    if wrong:  # a timing of wrong numbers is not a result: say so, as burst check does
+        print(
+            f"burst bench: error: {', '.join(wrong)}: max err over {cfg.dtype}'s bound {BOUNDS[cfg.dtype]:.0e} "
+            "against float64 attention (FAIL in the table)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
