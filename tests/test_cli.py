@@ -167,6 +167,8 @@ def test_check_refuses_bad_values(capsys, no_world):
             "--nproc 0",
             "--strategies nope",
             "--strategies burst,,ring",  # an empty name: a typo, not a strategy to skip
+            "--strategies burst,BURST",  # every case twice
+            "--layouts zigzag,zigzag",
             (["--strategies", "distflash", "--layouts", "zigzag"], "--strategies"),  # nothing would run
             "--layouts diagonal",
             "--dtype float8",
@@ -217,6 +219,7 @@ def test_bench_refuses_bad_values(capsys, no_world, tmp_path):
             (["--cqs-table2", "4", "--strategies", "ring"], "--strategies"),
             (["--cqs-table2", "4", "--nproc", "4"], "--nproc"),
             "--inter-node-gbps 5",  # no nodes without --ranks-per-node
+            "--strategies ring,Ring",  # each case would run twice
             (["--json", ""], "--json"),
         ],
     )

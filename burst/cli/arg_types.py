@@ -74,9 +74,18 @@ def name_list(choices) -> callable:
         for name in names:
             if name.lower() not in by_lower:
                 raise argparse.ArgumentTypeError(f"unknown name {name!r} (choose from {', '.join(choices)})")
-        return tuple(by_lower[n.lower()] for n in names)
+        chosen = tuple(by_lower[n.lower()] for n in names)
+        refuse_repeats(chosen)
+        return chosen
 
     return parse
+
+
+def refuse_repeats(names) -> None:
+    """ArgumentTypeError for a name given twice (`--strategies burst,burst` ran every case twice)."""
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{', '.join(twice)} named twice")
 
 
 def any_case(choices) -> callable:

@@ -25,6 +25,7 @@ from .common import (
     positive_int,
     progress,
     publish,
+    refuse_repeats,
     resolve_checked_device,
     world_size,
     write_json,
@@ -53,6 +54,7 @@ def strategy_list(text: str) -> tuple[str, ...]:
                 "burst:flat and ring:flat keep the flat ring)"
             )
         names.append(item)
+    refuse_repeats(names)
     return tuple(names)
 
 

@@ -32,6 +32,7 @@ from .arg_types import (  # noqa: F401  # noqa: F401
     positive_float,
     positive_int,
     probability,
+    refuse_repeats,
 )
 
 DEBUG_ENV = "BURST_DEBUG"
