@@ -221,4 +221,6 @@ def test_lost_workers_must_be_a_sequence_of_ranks_rank_0_included():
         with pytest.raises(ValueError, match="must be a sequence of ranks"):
             CQSOptions(lost_workers=bare)
     assert CQSOptions(lost_workers=None).lost_workers == ()
-    assert CQSOptions(lost_workers=[2, 0, 2]).lost_workers == (0, 2)
+    assert CQSOptions(lost_workers=[2, 0]).lost_workers == (0, 2)
+    with pytest.raises(ValueError, match="names a rank twice"):  # its message said distinct; (1, 1) ran as (1,)
+        CQSOptions(lost_workers=(1, 1))

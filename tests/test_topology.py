@@ -217,3 +217,11 @@ def test_emulated_inter_node_link_takes_bytes_over_bandwidth():
 def test_a_subgroup_spans_the_nodes_its_global_ranks_sit_on():
     for rank, result in enumerate(_results(4)):
         assert result[4] == {"in": 1, "across": 2, "no topology": 1}, (rank, result[4])
+
+
+def test_a_bool_is_not_a_count_of_ranks_per_node():
+    """Topology(local_world_size=True) ran as one rank per node (a bool is an int); refused as ulysses_degree=True
+    is (a helper's probe)."""
+    with pytest.raises(ValueError, match="positive divisor"):
+        burst.Topology(local_world_size=True).check(6)
+    burst.Topology(local_world_size=3).check(6)

@@ -39,7 +39,7 @@ class Topology:
 
     def check(self, world: int) -> None:
         size = self.local_world_size
-        if not isinstance(size, int) or size < 1 or world % size:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1 or world % size:
             raise ValueError(
                 f"topology local_world_size={size!r} must be a positive divisor of the world size "
                 f"{world} (ranks per node)"

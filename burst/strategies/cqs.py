@@ -47,6 +47,8 @@ class CQSOptions(Options):
         sequence = isinstance(lost, (list, tuple, set, frozenset))
         if not sequence or not all(isinstance(r, int) and not isinstance(r, bool) for r in lost):
             raise ValueError(f"lost_workers={lost!r} must be a sequence of ranks (a list, tuple or set of ints)")
+        if len(set(lost)) != len(lost):  # (1, 1): a typo for (1, 2) would lose one worker, not two
+            raise ValueError(f"lost_workers={lost!r} names a rank twice: give each lost rank once")
         object.__setattr__(self, "lost_workers", tuple(sorted(set(lost))))
 
 
