@@ -118,9 +118,10 @@ class ShardedAttentionFunction(torch.autograd.Function):
 
 def refuse_function_transforms(entry: str, *tensors) -> None:
     """NotImplementedError where torch.func's transforms (grad, vjp, jvp, vmap) hold any of `tensors`: the
-    strategies' autograd function is not written for them (torch's own message named no burst call)."""
+    strategies' autograd function is not written for them (torch's own message named no burst call). Anything
+    not a tensor passes: validation names it inside the agreement, on every rank."""
     wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
-    if wrapped is not None and any(t is not None and wrapped(t) for t in tensors):
+    if wrapped is not None and any(isinstance(t, torch.Tensor) and wrapped(t) for t in tensors):
         raise NotImplementedError(
             f"{entry} under torch.func's transforms (grad, vjp, jvp, vmap) is not supported: take gradients with "
             "torch.autograd (loss.backward(), torch.autograd.grad) and batch with the batch dimension"
