@@ -25,17 +25,20 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import warnings
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch.overrides import TorchFunctionMode
 
 from . import api, custom_op, sdpa_names
 from .agreement import agree
 from .call import AttentionRequest
-from .comm.membership import group_rank, group_size
-from .layout import DocumentLayout, _check_divisible, check_layout, resolve_layout, shard, shard_indices
+from .comm.membership import group_size
+from .layout import _check_divisible, check_layout, resolve_layout, shard
+from .shard_positions import counts_from_shard_start, held_positions, position_lookup
 
 ENTRY = "burst.context_parallel"
 
@@ -44,9 +47,9 @@ ENTRY = "burst.context_parallel"
 def context_parallel(
     mesh=None,
     *,
-    buffers=(),
-    buffer_seq_dims=(),
-    no_restore_buffers=(),
+    buffers=None,
+    buffer_seq_dims=None,
+    no_restore_buffers=None,
     group=None,
     layout: str = "zigzag",
     strategy: str = "burst",
@@ -61,7 +64,8 @@ def context_parallel(
         once); all share one sequence length along their seq dim. Not a tensor that requires grad (a
         learned table would get a gradient of its shard's shape): refused. buffer_seq_dims: one dim
         per buffer.
-    no_restore_buffers: those buffers left as shards on exit (inputs you do not need whole again).
+    no_restore_buffers: those buffers left as shards on exit (inputs you do not need whole again). None for
+        any of the three, as torch's defaults: none.
     layout, strategy, **options: as burst.attention (window=, cu_seqlens=, block_sparse=, chunk_rows=...);
         layout="doc_zigzag" / "doc_contiguous" with cu_seqlens= cuts each packed document on its own.
     """
@@ -80,16 +84,21 @@ def context_parallel(
     if _open[0] is not None:  # a context is open (every rank's)
         raise ValueError(f"{ENTRY}: a context is already open; nested, it would cut the buffers' shards again")
     layout = resolve_layout(layout, options.get("cu_seqlens"))  # "doc_zigzag" + the documents' cu_seqlens
-    buffers, seq_dims = list(buffers), list(buffer_seq_dims)
-    local_len = _shard_buffers_check(buffers, seq_dims, group, layout, strategy, options)
+    buffers, seq_dims = list(buffers or ()), list(buffer_seq_dims or ())
+    keep = {id(t) for t in no_restore_buffers or ()}
+    local_len = _shard_buffers_check(buffers, seq_dims, keep, group, layout, strategy, options)
     once: dict = {}  # a tensor listed twice (`labels = tokens`) is cut once
     for t, dim in zip(buffers, seq_dims):
         once.setdefault(id(t), (t, dim))
     buffers, seq_dims = [t for t, _ in once.values()], [dim for _, dim in once.values()]
     originals = [t.data for t in buffers]
-    for t, dim in zip(buffers, seq_dims):
-        t.data = shard(t.data, group=group, layout=layout, dim=dim)
-    router = _SDPARouter(group, layout, strategy, options, local_len, _held_positions(layout, group, local_len))
+    try:
+        for t, dim in zip(buffers, seq_dims):
+            t.data = shard(t.data, group=group, layout=layout, dim=dim)
+    except BaseException:  # every rank agreed on the buffers: a failure here leaves none cut
+        _restore(buffers, originals, keep=set())
+        raise
+    router = _SDPARouter(group, layout, strategy, options, local_len, held_positions(layout, group, local_len))
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)  # the fused MHA kernel would attend local tokens only
     try:
@@ -99,19 +108,23 @@ def context_parallel(
                 yield
             finally:
                 _open[0] = None
+        router.refuse_recomputation_after_exit()
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
-        keep = {id(t) for t in no_restore_buffers}
-        for t, whole in zip(buffers, originals):
-            if id(t) not in keep:
-                t.data = whole
+        _restore(buffers, originals, keep)
+
+
+def _restore(buffers, originals, keep: set) -> None:
+    for t, whole in zip(buffers, originals):
+        if id(t) not in keep:
+            t.data = whole
 
 
 # burst.attention's keywords each SDPA call sets (from is_causal, scale) or that would change what it returns
 _PER_CALL_KEYWORDS = ("q", "k", "v", "causal", "softmax_scale", "return_lse")
 
 
-def _shard_buffers_check(buffers, seq_dims, group, layout, strategy, options) -> int | None:
+def _shard_buffers_check(buffers, seq_dims, keep, group, layout, strategy, options) -> int | None:
     """Validate the buffers and options on every rank before anything is cut; the local length. Options
     of burst.attention (window=, cu_seqlens=...) are checked by its first call, as every call's."""
     world = group_size(group)
@@ -139,6 +152,8 @@ def _shard_buffers_check(buffers, seq_dims, group, layout, strategy, options) ->
                     f"buffers[{i}] is buffers[{first}] again, with another seq dim ({dim} and {first_dim})"
                 )
             lengths.add(t.shape[dim])
+        if keep - {id(t) for t in buffers}:
+            raise ValueError("no_restore_buffers holds a tensor that is not in buffers (it must be a subset)")
         if len(lengths) > 1:
             raise ValueError(
                 f"the buffers have sequence lengths {sorted(lengths)} along their seq dims; they must "
@@ -148,64 +163,22 @@ def _shard_buffers_check(buffers, seq_dims, group, layout, strategy, options) ->
             _check_divisible(layout, world, n)
     except (TypeError, ValueError) as err:
         problem = err
-    facts = {"layout": layout, "strategy": strategy, "lengths": tuple(sorted(lengths)), "buffers": len(buffers)}
+    # each buffer's rank and seq dim too: one that differs would fail in the middle of the cutting
+    shapes = tuple((t.dim(), dim % t.dim()) for t, dim in zip(buffers, seq_dims)) if problem is None else ()
+    facts = {"layout": layout, "strategy": strategy, "lengths": tuple(sorted(lengths)), "buffers": shapes}
     agree(ENTRY, facts if problem is None else None, problem, group, world)
     return next(iter(lengths)) // world if lengths else None
 
 
-def _held_positions(layout, group, local_len) -> torch.Tensor | None:
-    """The global positions this rank's buffers hold, (local_len,) int64; None where positions do not run
-    across the whole sequence (packed documents restart them) or no buffer was given."""
-    if local_len is None or isinstance(layout, DocumentLayout):
-        return None
-    world = group_size(group)
-    rank = group_rank(group)
-    return shard_indices(layout, rank, world, local_len * world)
+_REENTRANT = torch.utils.checkpoint.CheckpointFunction  # checkpoint(..., use_reentrant=True)'s autograd Function
 
 
-def _position_lookup(func, args, kwargs) -> torch.Tensor | None:
-    """The indices of a table lookup a model may number positions with: F.embedding (BART, Pegasus), a
-    learned table's rows indexed (`self.wpe.weight[positions]`) or a row index_select (MusicGen's sinusoidal
-    table); None for any other call."""
-    if func is F.embedding:
-        return args[0] if args else kwargs.get("input")
-    if func is torch.Tensor.__getitem__:
-        return _rows_indexed(*args)
-    if func in (torch.index_select, torch.Tensor.index_select):
-        source = args[0] if args else kwargs.get("input")
-        dim = args[1] if len(args) > 1 else kwargs.get("dim")
-        # A fixed table (MusicGen's sinusoids), not activations: an MoE gathering an expert's tokens
-        # from hidden states that need gradients may pick a whole run of them.
-        if dim != 0 or not isinstance(source, torch.Tensor) or source.requires_grad:
-            return None
-        return args[2] if len(args) > 2 else kwargs.get("index")
-    return None
-
-
-def _rows_indexed(table, index) -> torch.Tensor | None:
-    """The integer tensor indexing a Parameter's rows (`table[idx]`, `table[idx, :]`); None for anything else
-    (activations gathered by index are not positions)."""
-    if isinstance(index, tuple):
-        rest_whole = all(i is Ellipsis or (isinstance(i, slice) and i == slice(None)) for i in index[1:])
-        index = index[0] if index and rest_whole else None
-    if not isinstance(table, torch.nn.Parameter) or not isinstance(index, torch.Tensor):
-        return None
-    return None if index.is_floating_point() or index.dtype == torch.bool else index
-
-
-def _counts_from_shard_start(indices: torch.Tensor, held: torch.Tensor) -> bool:
-    """Whether an embedding's `indices` (..., seq_local) are one run p, p+1, ... on every row that cannot be this
-    rank's positions plus an offset: the model numbered the shard's own tokens 0..n-1 (BART's learned positions
-    are arange(seq_len) + 2), so every rank but the first embeds its tokens at the first rank's positions."""
-    n = held.numel()
-    if indices.dim() == 0 or indices.shape[-1] != n or n < 2 or indices.is_floating_point():
-        return False
-    rows = indices.reshape(-1, n)
-    run = rows[:1, :1] + torch.arange(n, device=rows.device)
-    if not torch.equal(rows, run.expand_as(rows)):
-        return False
-    consecutive = torch.equal(held, held[0] + torch.arange(n))
-    return not consecutive or int(rows[0, 0]) < int(held[0])
+def _frame_of(function):
+    """The frame of `function` (a plain function: its code object) on the calling stack, or None."""
+    frame, code = sys._getframe(2), function.__code__
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    return frame
 
 
 # torch's SDPA itself: code that holds it where burst does not replace it (sdpa_names) reaches the mode with it
@@ -256,6 +229,7 @@ class _SDPARouter(TorchFunctionMode):
         self.held_positions = held_positions
         self.shard_counted_positions = False  # set by an embedding; refused at the next SDPA call, on every rank
         self.attending = False
+        self.awaiting_recomputation = 0  # calls a reentrant checkpoint ran without a graph, not yet run again
         self.world = group_size(group)
         # Eagerly, behind a graph break under torch.compile when burst's custom op cannot carry the call:
         # the agreement collective and the ring's messages are not for dynamo to trace.
@@ -269,11 +243,33 @@ class _SDPARouter(TorchFunctionMode):
             return _TORCH_SDPA(*args, **kwargs) if _open[0] is None else _open[0].route(*args, **kwargs)
         if torch.compiler.is_compiling() and self.traceable:
             return self.traced_attention(*args, **kwargs)
+        self._count_checkpointed()
         self.attending = True  # burst's own lookups inside are not the model's positions
         try:
             return self.eager_attention(*args, **kwargs)
         finally:
             self.attending = False
+
+    def _count_checkpointed(self) -> None:
+        """A call in a reentrant checkpoint's forward (no graph kept) is run again by its backward, and only
+        inside the context is that burst's attention: counted out here, back in there."""
+        forward = None if torch.is_grad_enabled() else _frame_of(_REENTRANT.forward)
+        if forward is not None and any(forward.f_locals["ctx"].needs_input_grad):  # under no_grad: no backward
+            self.awaiting_recomputation += 1
+        elif torch.is_grad_enabled() and self.awaiting_recomputation and _frame_of(_REENTRANT.backward):
+            self.awaiting_recomputation -= 1
+
+    def refuse_recomputation_after_exit(self) -> None:
+        """RuntimeError on every rank when a reentrant checkpoint's attention has not been run again by a backward
+        before the context closes: a backward after it recomputes the block with torch's SDPA on this rank's tokens
+        alone, silently wrong (a non-reentrant checkpoint raises torch's CheckpointError there)."""
+        if self.awaiting_recomputation:
+            raise RuntimeError(
+                f"{ENTRY}: {self.awaiting_recomputation} attention call(s) ran inside an activation checkpoint "
+                "(use_reentrant=True) and were not recomputed before the context closed: a backward after it would "
+                "recompute them with torch's own attention on this rank's tokens alone (wrong gradients). Call "
+                "loss.backward() inside the context"
+            )
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -284,12 +280,12 @@ class _SDPARouter(TorchFunctionMode):
         if func is F.multi_head_attention_forward:
             return self._multi_head_attention(func, args, kwargs)
         if func is F.embedding or func is torch.index_select or func is torch.Tensor.index_select:
-            self._note_position_lookup(func, args, kwargs)  # only these: anything more, dynamo mistraces MHA
+            self._noteposition_lookup(func, args, kwargs)  # only these: anything more, dynamo mistraces MHA
         elif func is torch.Tensor.__getitem__ and not torch.compiler.is_compiling():
-            self._note_position_lookup(func, args, kwargs)  # eagerly only: every indexing passes here
+            self._noteposition_lookup(func, args, kwargs)  # eagerly only: every indexing passes here
         return func(*args, **kwargs)
 
-    def _note_position_lookup(self, func, args, kwargs) -> None:
+    def _noteposition_lookup(self, func, args, kwargs) -> None:
         """Mark a table lookup that numbered this shard's tokens from 0 (refused at the next SDPA call, on every
         rank). Under torch.compile the indices have no values to read: a warning says the check did not run."""
         if self.held_positions is None or self.attending:
@@ -297,9 +293,9 @@ class _SDPARouter(TorchFunctionMode):
         if torch.compiler.is_compiling():
             _warn_unchecked_positions()
             return
-        indices = _position_lookup(func, args, kwargs)
+        indices = position_lookup(func, args, kwargs)
         if indices is not None:
-            self.shard_counted_positions |= _counts_from_shard_start(indices, self.held_positions)
+            self.shard_counted_positions |= counts_from_shard_start(indices, self.held_positions)
 
     def _multi_head_attention(self, func, args, kwargs):
         problem = None

@@ -269,6 +269,48 @@ def _errors(rank, world):
     labels = tokens  # one tensor under two names, listed twice: cut once
     with burst.context_parallel(buffers=[tokens, labels], buffer_seq_dims=[1, 1]):
         results["listed twice, cut once"] = labels.shape[1] == N_PER_RANK
+    results.update(_buffer_bookkeeping(rank, world))
+    return results
+
+
+def _buffer_bookkeeping(rank, world):
+    """torch's None defaults taken; a seq dim that differs across ranks refused before any buffer is cut (the
+    first had stayed cut); no_restore_buffers outside buffers refused; a reentrant checkpoint's backward after the
+    context refused (it recomputed with torch's SDPA on the rank's tokens alone: wrong gradients, silently)."""
+    import burst
+    from torch.utils.checkpoint import checkpoint
+
+    results = {}
+    x = torch.randn(1, 2, N_PER_RANK * world, 8)
+    with burst.context_parallel(buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+        results["torch's None defaults"] = True
+    tokens, table = torch.arange(N_PER_RANK * world)[None], torch.randn(N_PER_RANK * world, N_PER_RANK * world)
+    for name, options in (
+        ("a seq dim per rank", dict(buffers=[tokens, table], buffer_seq_dims=[1, rank % 2])),
+        ("no_restore_buffers outside buffers", dict(buffers=[tokens], buffer_seq_dims=[1], no_restore_buffers={x})),
+    ):
+        try:
+            with burst.context_parallel(**options):
+                pass
+            results[name] = None
+        except ValueError as err:
+            results[name] = str(err)
+    results["nothing cut after a refusal"] = tokens.shape[1] == table.shape[0] == N_PER_RANK * world
+    lin = nn.Linear(8, 8)
+
+    def block(h):
+        return F.scaled_dot_product_attention(lin(h), h, h, is_causal=True)
+
+    for where in ("inside", "after"):
+        h = x.clone().requires_grad_()
+        try:
+            with burst.context_parallel(buffers=[x], buffer_seq_dims=[2]):
+                loss = checkpoint(block, h[..., :N_PER_RANK, :], use_reentrant=True).square().sum()
+                if where == "inside":
+                    loss.backward()
+            results[f"reentrant checkpoint, backward {where}"] = None
+        except RuntimeError as err:
+            results[f"reentrant checkpoint, backward {where}"] = str(err)
     return results
 
 
@@ -347,6 +389,12 @@ def test_what_cannot_be_honoured_raises_on_every_rank():
         assert errors["buffers first"] is not None and "buffers=[...]" in errors["buffers first"], rank
         assert errors["sdpa by another name"] and errors["another name warned"], rank
         assert errors["captured route outside"] and errors["captured route in another context"], rank
+        assert errors["torch's None defaults"] and errors["nothing cut after a refusal"], rank
+        assert "buffers differs across ranks" in errors["a seq dim per rank"], errors["a seq dim per rank"]
+        assert "must be a subset" in errors["no_restore_buffers outside buffers"], rank
+        assert errors["reentrant checkpoint, backward inside"] is None, errors["reentrant checkpoint, backward inside"]
+        after = errors["reentrant checkpoint, backward after"]
+        assert after is not None and "Call loss.backward() inside the context" in after, (rank, after)
 
 
 def test_an_alias_in_a_script_a_rank_starts_from_is_routed(tmp_path, monkeypatch):
