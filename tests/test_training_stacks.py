@@ -260,6 +260,16 @@ def test_whole_sequences_padding_rules():
         whole_sequences({"input_ids": ids, "attention_mask": mask.flip(1)}, multiple=1)
     with pytest.raises(ValueError, match="labels at padded positions"):
         whole_sequences({"input_ids": ids, "labels": ids, "attention_mask": mask}, multiple=1)
+    # a collator's own shift_labels (and any entry along the tokens) padded as the labels are: shard_batch had
+    # refused the shorter shift_labels on every rank (a helper's Trainer probe)
+    shifted = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
+    types = torch.ones(2, 5, 3)
+    batch = {"input_ids": ids, "labels": labels, "shift_labels": shifted, "token_type_ids": types}
+    out, _ = whole_sequences({**batch, "attention_mask": mask}, multiple=4)
+    assert torch.equal(out["shift_labels"], torch.nn.functional.pad(shifted, (0, 3), value=-100))
+    assert out["token_type_ids"].shape == (2, 8, 3) and not out["token_type_ids"][:, 5:].any()
+    with pytest.raises(ValueError, match="shift_labels at padded positions"):
+        whole_sequences({**batch, "shift_labels": ids, "attention_mask": mask}, multiple=1)
 
 
 if __name__ == "__main__":  # _results' launches: python|torchrun tests/test_training_stacks.py OUT JOB...

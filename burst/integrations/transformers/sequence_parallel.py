@@ -206,7 +206,6 @@ def whole_sequences(batch: dict, multiple: int, ignore_index: int = -100) -> tup
     ids = out["input_ids"]
     length = ids.shape[1]
     mask = out.pop("attention_mask", None)
-    labels = out.get("labels")
     if mask is not None:
         keep = mask.bool()
         right_padded = bool((keep.cummin(dim=1).values == keep).all())
@@ -215,19 +214,22 @@ def whole_sequences(batch: dict, multiple: int, ignore_index: int = -100) -> tup
                 "attention_mask has zeros before ones (left padding or holes): burst runs whole "
                 "sequences; pad on the right (tokenizer.padding_side = 'right') or pack documents"
             )
-        if labels is not None and bool((labels[~keep] != ignore_index).any()):
-            raise ValueError(
-                f"labels at padded positions (attention_mask 0) must be {ignore_index}, as "
-                "DataCollatorForLanguageModeling makes them"
-            )
+        for name in ("labels", "shift_labels"):
+            targets = out.get(name)
+            if targets is not None and bool((targets[~keep] != ignore_index).any()):
+                raise ValueError(
+                    f"{name} at padded positions (attention_mask 0) must be {ignore_index}, as "
+                    "DataCollatorForLanguageModeling makes them"
+                )
     pad = -length % multiple
     real = mask.bool() if mask is not None else torch.ones_like(ids, dtype=torch.bool)
     out[REAL_TOKENS] = torch.nn.functional.pad(real, (0, pad), value=False)
     if pad:
-        out["input_ids"] = torch.nn.functional.pad(ids, (0, pad))
-        if out.get("labels") is not None:
-            out["labels"] = torch.nn.functional.pad(out["labels"], (0, pad), value=ignore_index)
         positions = out.get("position_ids")
+        for name, value in list(out.items()):  # every entry along the tokens: a collator's shift_labels too
+            if name != "position_ids" and isinstance(value, torch.Tensor) and value.shape[:2] == ids.shape:
+                fill = ignore_index if name in ("labels", "shift_labels") else 0
+                out[name] = torch.nn.functional.pad(value, (0, 0) * (value.dim() - 2) + (0, pad), value=fill)
         if positions is not None:  # the padding continues the last document
             tail = positions[:, -1:] + torch.arange(1, pad + 1, device=positions.device)
             out["position_ids"] = torch.cat([positions, tail], dim=1)
