@@ -204,8 +204,8 @@ def agree_on_weights(module: torch.nn.Module, group, world: int, entry: str) -> 
 
 
 def weights_digest(module: torch.nn.Module, group=None) -> str:
-    """A hex digest of the names and shapes of `module`'s parameters and buffers (rotary frequencies: a rope
-    setting given to one rank only) and of 64 evenly spaced entries of each, the first and the last included (one
+    """A hex digest of the names and shapes of `module`'s parameters and derived buffers (rotary frequencies: a
+    rope setting given to one rank only) and of 64 evenly spaced entries of each, the first and the last included (one
     copy to the host per device), as the ranks of `group` hold them. A DTensor
     counts by its local shard where its mesh holds no other rank of `group` (FSDP over the data-parallel ranks:
     each rank of the group holds the same piece); other sharded parameters (a mesh over the group, FSDP1's) and
@@ -235,13 +235,16 @@ def weights_digest(module: torch.nn.Module, group=None) -> str:
 
 
 def _compared_tensors(module: torch.nn.Module):
-    """(name, tensor) for `module`'s parameters and its buffers but the running statistics of norms (batch norm in
-    training counts each rank's own tokens)."""
+    """(name, tensor) for `module`'s parameters and its non-persistent buffers: those a model derives from its
+    config (rotary frequencies, masks, position ids), the same on every rank by design. Persistent buffers may
+    be state that training updates from each rank's own tokens (batch norm's running statistics, a
+    quantization observer's ranges): not compared."""
     yield from module.named_parameters()
-    for name, buffer in module.named_buffers():
-        owner = module.get_submodule(name.rpartition(".")[0])
-        if not isinstance(owner, torch.nn.modules.batchnorm._NormBase) and buffer is not None:
-            yield name, buffer
+    for prefix, owner in module.named_modules():
+        for name in sorted(owner._non_persistent_buffers_set):
+            buffer = owner._buffers.get(name)
+            if buffer is not None:
+                yield f"{prefix}.{name}" if prefix else name, buffer
 
 
 def _holds_no_other_rank(mesh, group) -> bool:

@@ -84,8 +84,14 @@ def context_parallel(
     if _open[0] is not None:  # a context is open (every rank's)
         raise ValueError(f"{ENTRY}: a context is already open; nested, it would cut the buffers' shards again")
     layout = resolve_layout(layout, options.get("cu_seqlens"))  # "doc_zigzag" + the documents' cu_seqlens
-    buffers, seq_dims = list(buffers or ()), list(buffer_seq_dims or ())
-    keep = {id(t) for t in no_restore_buffers or ()}
+    for name, value in (("buffers", buffers), ("no_restore_buffers", no_restore_buffers)):
+        if isinstance(value, torch.Tensor):  # the same mistake on every rank: refused before any collective
+            raise TypeError(f"{ENTRY}: {name} takes a list (or set) of tensors, got one tensor: wrap it, {name}=[t]")
+    buffers, seq_dims = (
+        list(() if buffers is None else buffers),
+        list(() if buffer_seq_dims is None else buffer_seq_dims),
+    )
+    keep = {id(t) for t in (() if no_restore_buffers is None else no_restore_buffers)}
     local_len = _shard_buffers_check(buffers, seq_dims, keep, group, layout, strategy, options)
     once: dict = {}  # a tensor listed twice (`labels = tokens`) is cut once
     for t, dim in zip(buffers, seq_dims):
@@ -108,7 +114,6 @@ def context_parallel(
                 yield
             finally:
                 _open[0] = None
-        router.refuse_recomputation_after_exit()
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         _restore(buffers, originals, keep)
@@ -173,6 +178,15 @@ def _shard_buffers_check(buffers, seq_dims, keep, group, layout, strategy, optio
 _REENTRANT = torch.utils.checkpoint.CheckpointFunction  # checkpoint(..., use_reentrant=True)'s autograd Function
 
 
+def _refuse_after_close(router, grad_outputs) -> None:
+    if _open[0] is not router:
+        raise RuntimeError(
+            f"{ENTRY}: the backward of an activation checkpoint (use_reentrant=True) whose attention ran inside "
+            "the context is running after it closed: its recomputation would run torch's own attention on this "
+            "rank's tokens alone (wrong gradients). Call loss.backward() inside the context"
+        )
+
+
 def _frame_of(function):
     """The frame of `function` (a plain function: its code object) on the calling stack, or None."""
     frame, code = sys._getframe(2), function.__code__
@@ -229,7 +243,6 @@ class _SDPARouter(TorchFunctionMode):
         self.held_positions = held_positions
         self.shard_counted_positions = False  # set by an embedding; refused at the next SDPA call, on every rank
         self.attending = False
-        self.awaiting_recomputation = 0  # calls a reentrant checkpoint ran without a graph, not yet run again
         self.world = group_size(group)
         # Eagerly, behind a graph break under torch.compile when burst's custom op cannot carry the call:
         # the agreement collective and the ring's messages are not for dynamo to trace.
@@ -243,33 +256,25 @@ class _SDPARouter(TorchFunctionMode):
             return _TORCH_SDPA(*args, **kwargs) if _open[0] is None else _open[0].route(*args, **kwargs)
         if torch.compiler.is_compiling() and self.traceable:
             return self.traced_attention(*args, **kwargs)
-        self._count_checkpointed()
+        self._guard_checkpoint()
         self.attending = True  # burst's own lookups inside are not the model's positions
         try:
             return self.eager_attention(*args, **kwargs)
         finally:
             self.attending = False
 
-    def _count_checkpointed(self) -> None:
-        """A call in a reentrant checkpoint's forward (no graph kept) is run again by its backward, and only
-        inside the context is that burst's attention: counted out here, back in there."""
+    def _guard_checkpoint(self) -> None:
+        """A call in a reentrant checkpoint's forward (no graph kept, a backward to come: its ctx's
+        needs_input_grad) is run again by the checkpoint's backward, and only while this context is open is
+        that burst's attention: a pre-hook on the checkpoint's node refuses its backward once the context has
+        closed (torch's SDPA would attend this rank's tokens alone, silently wrong; a non-reentrant checkpoint
+        raises torch's CheckpointError there)."""
         forward = None if torch.is_grad_enabled() else _frame_of(_REENTRANT.forward)
-        if forward is not None and any(forward.f_locals["ctx"].needs_input_grad):  # under no_grad: no backward
-            self.awaiting_recomputation += 1
-        elif torch.is_grad_enabled() and self.awaiting_recomputation and _frame_of(_REENTRANT.backward):
-            self.awaiting_recomputation -= 1
-
-    def refuse_recomputation_after_exit(self) -> None:
-        """RuntimeError on every rank when a reentrant checkpoint's attention has not been run again by a backward
-        before the context closes: a backward after it recomputes the block with torch's SDPA on this rank's tokens
-        alone, silently wrong (a non-reentrant checkpoint raises torch's CheckpointError there)."""
-        if self.awaiting_recomputation:
-            raise RuntimeError(
-                f"{ENTRY}: {self.awaiting_recomputation} attention call(s) ran inside an activation checkpoint "
-                "(use_reentrant=True) and were not recomputed before the context closed: a backward after it would "
-                "recompute them with torch's own attention on this rank's tokens alone (wrong gradients). Call "
-                "loss.backward() inside the context"
-            )
+        node = forward.f_locals.get("ctx") if forward is not None else None
+        if node is None or not any(node.needs_input_grad) or getattr(node, "_burst_guarded", False):
+            return
+        node._burst_guarded = True
+        node.register_prehook(functools.partial(_refuse_after_close, self))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -116,10 +116,10 @@ def _entry(
         LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", str(world)),
     )
     os.environ.update(env)
-    settings_from_environment()  # burst was imported (in the forkserver) before this environment was set
     if threads:
         torch.set_num_threads(threads)
     try:
+        settings_from_environment()  # burst was imported (in the forkserver) before this environment was set
         backend = _backend(backend, world)
         bind(device_of_backend(backend))  # cuda:LOCAL_RANK before NCCL starts, or every rank joins on GPU 0
         dist.init_process_group(backend, rank=rank, world_size=world)

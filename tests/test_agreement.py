@@ -224,6 +224,15 @@ def test_a_mistyped_agreement_setting_in_the_environment_is_refused():
         assert lines[0].startswith(f"burst plan: error: environment: {name}={value!r} is not"), lines
     env = {**os.environ, "BURST_AGREEMENT_CHECK": "first"}
     assert subprocess.run([sys.executable, "-c", call], env=env).returncode == 0
+    # a world started with it: the rank's error names it (each rank had died without a result)
+    from burst.launch import WorldError, spawn_world
+
+    with pytest.raises(WorldError, match="BURST_AGREEMENT_TIMEOUT='abc' is not"):
+        spawn_world(_rank_of, nproc=2, threads=1, timeout=60, env={"BURST_AGREEMENT_TIMEOUT": "abc"})
+
+
+def _rank_of(rank, world):
+    return rank
 
 
 def _caught_timeout(rank, world):

@@ -301,16 +301,26 @@ def _buffer_bookkeeping(rank, world):
     def block(h):
         return F.scaled_dot_product_attention(lin(h), h, h, is_causal=True)
 
-    for where in ("inside", "after"):
+    for where in ("inside", "after", "never (a logged probe)"):
         h = x.clone().requires_grad_()
         try:
             with burst.context_parallel(buffers=[x], buffer_seq_dims=[2]):
                 loss = checkpoint(block, h[..., :N_PER_RANK, :], use_reentrant=True).square().sum()
                 if where == "inside":
                     loss.backward()
+            if where == "after":
+                loss.backward()
             results[f"reentrant checkpoint, backward {where}"] = None
         except RuntimeError as err:
             results[f"reentrant checkpoint, backward {where}"] = str(err)
+    try:
+        with burst.context_parallel(
+            buffers=[torch.randn(1, N_PER_RANK * world)], buffer_seq_dims=[1], no_restore_buffers=x
+        ):
+            pass
+        results["one tensor as no_restore_buffers"] = None
+    except TypeError as err:
+        results["one tensor as no_restore_buffers"] = str(err)
     return results
 
 
@@ -392,7 +402,11 @@ def test_what_cannot_be_honoured_raises_on_every_rank():
         assert errors["torch's None defaults"] and errors["nothing cut after a refusal"], rank
         assert "buffers differs across ranks" in errors["a seq dim per rank"], errors["a seq dim per rank"]
         assert "must be a subset" in errors["no_restore_buffers outside buffers"], rank
-        assert errors["reentrant checkpoint, backward inside"] is None, errors["reentrant checkpoint, backward inside"]
+        for where in ("inside", "never (a logged probe)"):  # nothing recomputed after the context: not refused
+            assert errors[f"reentrant checkpoint, backward {where}"] is None, errors[
+                f"reentrant checkpoint, backward {where}"
+            ]
+        assert "wrap it, no_restore_buffers=[t]" in errors["one tensor as no_restore_buffers"], rank
         after = errors["reentrant checkpoint, backward after"]
         assert after is not None and "Call loss.backward() inside the context" in after, (rank, after)
 

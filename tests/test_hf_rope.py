@@ -116,7 +116,26 @@ def _rope_world(rank, world):
         out["unprepared"] = None
     except ValueError as err:
         out["unprepared"] = str(err)
+    out["pickled"] = {kind: _pickled_runs_alike(kind, ids) for kind in LENGTH_DEPENDENT}
     return out
+
+
+def _pickled_runs_alike(kind: str, ids) -> float:
+    """A model whose length-dependent rope burst wrapped, pickled whole (torch.save) after a step and loaded: its
+    logits against the original's (the wrapper had been a closure: torch.save failed)."""
+    import io
+
+    import burst.integrations.transformers as bt
+
+    _, model = _twins(rope_parameters()[kind], "rope_zigzag")
+    batch = bt.shard_batch({"input_ids": ids}, model=model)
+    saved = io.BytesIO()
+    torch.save(model, saved)
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=False)
+    again = bt.shard_batch({"input_ids": ids}, model=loaded)  # a new model: prepared as any other
+    with torch.no_grad():
+        return (loaded(**again).logits - model(**batch).logits).abs().max().item()
 
 
 _results = results_by_world(_rope_world)
@@ -134,6 +153,10 @@ def test_every_rope_type_is_exact_in_both_layouts(world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_each_rank_seeing_its_own_length_is_caught(world):
     assert _results(world)[0]["planted"]["logits"] > 1e-3  # the error the test above would have seen
+
+
+def test_a_model_with_wrapped_rope_pickles_whole():
+    assert _results(2)[0]["pickled"] == dict.fromkeys(LENGTH_DEPENDENT, 0.0), _results(2)[0]["pickled"]
 
 
 def test_an_unprepared_model_with_length_dependent_rope_is_refused():

@@ -368,12 +368,25 @@ def prepare_features(model: torch.nn.Module, group=None, layout: str = "contiguo
     """Every feature's preparation of `model` for a sequence sharded by `layout` over `group`, in
     FEATURES' order; once per (group, layout), as shard_batch runs it every step."""
     done = getattr(model, "_burst_features", None)
-    if done is not None and done[0] is group and done[1] == layout:
+    if done is not None and done.group is group and done.layout == layout:
         return
     for feature in FEATURES:
         if feature.prepare is not None:
             feature.prepare(model, group, layout)
-    model._burst_features = (group, layout)
+    model._burst_features = _Prepared(group, layout)
+
+
+class _Prepared:
+    """What prepare_features last prepared `model` for. Pickled as nothing: a model loaded from torch.save is
+    prepared again (burst's registries of prepared configs and modules are this process's)."""
+
+    __slots__ = ("group", "layout")
+
+    def __init__(self, group, layout):
+        self.group, self.layout = group, layout
+
+    def __reduce__(self):
+        return (type(None), ())
 
 
 def run(hook: str, call: LayerCall) -> None:

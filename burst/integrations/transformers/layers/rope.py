@@ -66,7 +66,7 @@ def see_global_length(model: torch.nn.Module, group=None) -> int:
         if chain is None or not any(length_dependent(t) for t in types):
             continue
         if getattr(module, "_burst_length_group", None) is not group or "forward" not in vars(module):
-            module.forward = _global_length_forward(module, *chain, group)
+            module.forward = _GlobalLengthForward(module, group)
             module._burst_length_group = group
         wrapped += 1
     if not wrapped:
@@ -107,18 +107,22 @@ def set_longest_position(position: int | None) -> None:
     _longest_position[0] = position
 
 
-def _global_length_forward(module, update, rotate, group):
+class _GlobalLengthForward:
     """module's forward: the frequency update on the group's longest position, then the rotation of
-    this rank's positions. x: the hidden states (for device and dtype); position_ids: (batch, seq_local)."""
+    this rank's positions. x: the hidden states (for device and dtype); position_ids: (batch, seq_local).
+    A class, not a closure, so that a model that ran on burst still pickles (torch.save of a whole model)."""
 
-    def forward(x, position_ids, *args, **kwargs):
+    def __init__(self, module, group):
+        self.module, self.group = module, group
+
+    def __call__(self, x, position_ids, *args, **kwargs):
+        update, rotate = _frequency_update(type(self.module).forward)
         if _longest_position[0] is not None:  # the same on every rank
             longest = torch.full((1, 1), _longest_position[0], dtype=torch.long)
         else:
             longest = position_ids.detach().max().reshape(1, 1).to(torch.long)
-            if dist.is_initialized() and dist.get_world_size(group) > 1:
-                dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
-        update(module, x, longest.to(position_ids.device), *args, **kwargs)  # its cos/sin of one position: unused
-        return rotate(module, x, position_ids, *args, **kwargs)
-
-    return forward
+            if dist.is_initialized() and dist.get_world_size(self.group) > 1:
+                dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=self.group)
+        # its cos/sin of one position: unused
+        update(self.module, x, longest.to(position_ids.device), *args, **kwargs)
+        return rotate(self.module, x, position_ids, *args, **kwargs)
