@@ -133,7 +133,10 @@ def attention(
     of the strategy starts, so no rank is left waiting.
     """
     q, k, v = autocast_inputs(q, k, v)
-    keys = key_side(k, v, latent)
+    try:
+        keys = key_side(k, v, latent)
+    except (TypeError, ValueError) as err:  # raised on every rank by the agreement, not here alone
+        keys = err
     request = AttentionRequest(
         group=group,
         strategy=strategy,
@@ -151,7 +154,7 @@ def attention(
         compressed=compressed,
         options=options,
     )
-    if torch.compiler.is_compiling() and latent is None and custom_op.takes(request):
+    if torch.compiler.is_compiling() and isinstance(keys, KeyBlocks) and custom_op.takes(request):
         # traced as one op (burst/custom_op.py): no graph break, so checkpointed blocks compile too
         return custom_op.attention(q, k, v, sinks, request)
     return _sharded_attention(q, keys, sinks, request)
@@ -165,12 +168,14 @@ def key_side(k, v, latent):
         return KeyBlocks(k, v)
     if k is not None or v is not None:
         raise ValueError("latent= replaces k and v: pass k and v, or latent=, not both")
+    if not isinstance(latent, LatentKV):
+        raise TypeError(f"latent must be a burst.LatentKV, got {type(latent).__name__}")
     return LatentKeys(latent)
 
 
 @custom_op.run_eagerly  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
 def _sharded_attention(q, keys, sinks, request: AttentionRequest):
-    refuse_function_transforms("burst.attention", q, *keys.inputs, sinks)  # before the agreement's collective
+    refuse_function_transforms("burst.attention", q, *getattr(keys, "inputs", ()), sinks)  # before the agreement
     chosen, call = prepare_attention(q, keys, request, sinks)
     with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
         out, lse = chosen(call, unit_stride_last(q), keys.ready(q), sinks=sinks, compressed=request.compressed)

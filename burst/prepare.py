@@ -23,7 +23,8 @@ def prepare_attention(q, keys, request: AttentionRequest, sinks=None):
     Strategy and its AttentionCall, for callers that drive forward and backward themselves (the
     engine's rematerialization-aware checkpointing replays a stored output into strategy.backward).
 
-    keys: the key side (burst/keys.py): KeyBlocks(k, v), or burst/latent.py's LatentKeys for latent=.
+    keys: the key side (burst/keys.py): KeyBlocks(k, v), or burst/latent.py's LatentKeys for latent=; or the
+        error making it raised on this rank, raised here on every rank by the agreement.
     request: the call's keywords (AttentionRequest.of(**keywords) takes burst.attention's).
     Same errors as burst.attention (which is `strategy(call, q, keys.ready(q))` on the result).
     """
@@ -33,6 +34,8 @@ def prepare_attention(q, keys, request: AttentionRequest, sinks=None):
     rank = group_rank(group)
     problem, call, name = None, None, None
     try:
+        if isinstance(keys, Exception):
+            raise keys
         name, call = checked_key_call(q, keys, request, rank, world, auto=auto_choice)
         check_sinks(sinks, q)
         keys.check_entries(request.compressed, q, q.shape[1] * world)

@@ -79,6 +79,11 @@ def _bad_inputs(rank, world):
     cases = {
         "k_dtype": lambda: {**good(), "k": torch.randn(B, N, H, D, dtype=torch.float64)} if last else good(),
         "q_not_tensor": lambda: {**good(), "q": [[1.0]]} if last else good(),
+        # the key side made before the agreement: one rank's k beside latent= had raised there alone (the
+        # others waited out the agreement timeout, then the world was out of step)
+        "k_and_latent": lambda: {**good(), "latent": object()} if last else good(),
+        "kv_missing": lambda: {**good(), "k": None, "v": None} if last else good(),
+        "latent_not_latentkv": lambda: {**good(), "k": None, "v": None, "latent": (1, 2, 3)} if last else good(),
         "q_3d": lambda: {**good(), "q": torch.randn(B, N, H * D)} if last else good(),
         "kv_shape": lambda: {**good(), "v": torch.randn(B, N, H, D + 1)} if last else good(),
         "k_device": lambda: {**good(), "k": torch.randn(B, N, H, D, device="meta")} if last else good(),
@@ -156,6 +161,9 @@ EXPECTED = {  # case: (error type on the rank with bad input, words the message 
     "unshard_documents": ("ValueError", "sequence of ints"),
     "shard_no_documents": ("ValueError", "pass the documents' cu_seqlens"),
     "q_not_tensor": ("TypeError", "q must be a torch.Tensor"),
+    "k_and_latent": ("ValueError", "latent= replaces k and v"),
+    "kv_missing": ("TypeError", "needs k and v, or latent="),
+    "latent_not_latentkv": ("TypeError", "latent must be a burst.LatentKV, got tuple"),
     "q_3d": ("ValueError", "4-D"),
     "kv_shape": ("ValueError", "shape"),
     "k_device": ("ValueError", "device"),
