@@ -38,7 +38,7 @@ def chunks(layout, group, local_len: int) -> tuple[list[layout_mod.Segment], lis
     every = [layout_mod.segments(layout, r, world, local_len) for r in range(world)]
     if any(s.stride != 1 for segs in every for s in segs):
         raise ValueError(
-            f"layout={layout!r} holds every {world}-th token on each rank: a recurrent or "
+            f"layout={layout!r} holds one token in {world} on each rank: a recurrent or "
             "convolutional layer has no run of consecutive tokens to pass its state along; "
             "use layout 'contiguous' or 'zigzag'"
         )

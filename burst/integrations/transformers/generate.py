@@ -187,7 +187,7 @@ class ShardedCache(RecurrentStates, Cache):
                 return
         if length != 1 or batch != self._batch:
             cause = (
-                "use_cache=False reruns the whole sequence at each step; " if kwargs.get("use_cache") is False else ""
+                "use_cache=False reruns the whole sequence at each step. " if kwargs.get("use_cache") is False else ""
             )
             raise ValueError(
                 f"a ShardedCache that has seen {self.seen} tokens got a forward of {batch} x {length} tokens; it "

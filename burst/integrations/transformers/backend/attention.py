@@ -216,8 +216,9 @@ def _refuse_generate_without_cache(name: str) -> None:
         raise ValueError(
             f"attn_implementation={name!r}: model.generate() needs {generate_cache_keyword()}=bt.ShardedCache(model), "
             "or **bt.sharded_cache(model) (import burst.integrations.transformers as bt). Without it every rank would "
-            "run the whole prompt and decode against a whole, unsharded cache. With a ShardedCache given, a forward of "
-            "generate() ran without it: guidance_scale's unconditional pass does, and is not supported across ranks"
+            "run the whole prompt and decode against a whole, unsharded cache. (Where a ShardedCache was given, one of "
+            "generate()'s forwards ran without it, as guidance_scale's unconditional pass does: not supported across "
+            "ranks)"
         )
 
 
