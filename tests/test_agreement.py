@@ -213,7 +213,7 @@ def test_a_mistyped_agreement_setting_in_the_environment_is_refused():
     call = "import burst, torch; x = torch.randn(1, 8, 2, 4); burst.attention(x, x, x)"
     plan = [sys.executable, "-m", "burst", "plan", "--gpus", "2", "--seq-len", "64", "--heads", "2", "--head-dim", "8"]
     cases = [("BURST_AGREEMENT_CHECK", "Off"), ("BURST_AGREEMENT_TIMEOUT", "abc"), ("BURST_AGREEMENT_TIMEOUT", "-1")]
-    for name, value in [*cases, ("BURST_HOST_CHANNELS_MB", "abc")]:
+    for name, value in [*cases, ("BURST_HOST_CHANNELS_MB", "abc"), ("BURST_KERNEL", "bogus")]:
         env = {**os.environ, name: value}
         if (name, value) in cases:  # the host channels' size is read where they open, at 2 ranks and more
             done = subprocess.run([sys.executable, "-c", call], env=env, capture_output=True, text=True)

@@ -92,6 +92,8 @@ def _bad_inputs(rank, world):
         "seqlen_differs": lambda: good(n=N + 2 if last else N),
         "batch_differs": lambda: good(b=B + 1 if last else B),
         "strategy": lambda: {**good(), "strategy": "bogus"},
+        # burst's own option given to ring: the hint names its strategy (it had offered chunk_size instead)
+        "another_strategys_option": lambda: {**good(), "strategy": "ring", "chunk_rows": 4},
         "layout": lambda: {**good(), "layout": "diagonal"},
         "zigzag_odd": lambda: {**good(n=N + 1), "layout": "zigzag"},
         "window": lambda: {**good(), "window": (4, -2)},
@@ -172,6 +174,7 @@ EXPECTED = {  # case: (error type on the rank with bad input, words the message 
     "seqlen_differs": ("ValueError", "seqlen differs across ranks"),
     "batch_differs": ("ValueError", "batch differs across ranks"),
     "strategy": ("ValueError", "strategy must be one of"),
+    "another_strategys_option": ("ValueError", "chunk_rows is an option of strategy 'burst'"),
     "layout": ("ValueError", "layout must be one of"),
     "zigzag_odd": ("ValueError", "multiple of 2"),
     "window": ("ValueError", "window"),

@@ -188,12 +188,17 @@ def resolve_checked_device(args) -> str:
 
 def check_environment() -> None:
     """ValueError naming a BURST_* variable every rank would read and not take (the agreement's mode and
-    timeout, the host channels' size), before anything starts."""
+    timeout, the host channels' size, the kernel's name), before anything starts."""
     from .. import agreement
     from ..comm.shm_p2p import default_capacity_mb
+    from ..kernels import KERNEL_ENV
+    from ..kernels.registry import kernels_by_name
 
     agreement.settings_from_environment()
     default_capacity_mb()
+    kernel = os.environ.get(KERNEL_ENV, "auto")  # its name here; whether it runs on the device, with --device
+    if kernel != "auto" and kernel not in kernels_by_name():
+        raise ValueError(f"{KERNEL_ENV}={kernel!r} is not one of auto, {', '.join(kernels_by_name())}")
 
 
 def world_size(args) -> int:

@@ -50,6 +50,17 @@ def did_you_mean(unknown: list[str], options) -> str:
     return f"; did you mean {', '.join(hints)}?" if hints else ""
 
 
+def _whose(unknown: list[str], name: str) -> str:
+    """'; chunk_rows is an option of strategy 'burst'' for options another strategy takes (a hint that names
+    a close keyword instead would send the caller to the wrong one)."""
+    owners = {option: [s for s in _OPTION_OWNERS.get(option, ()) if s != name] for option in unknown}
+    hints = [f"{option} is an option of strategy {', '.join(map(repr, who))}" for option, who in owners.items() if who]
+    return "; " + "; ".join(hints) if hints else ""
+
+
+_OPTION_OWNERS: dict[str, list[str]] = {}  # option name -> the strategies that take it (each Strategy adds its own)
+
+
 @dataclass(frozen=True)
 class Strategy:
     name: str
@@ -59,6 +70,10 @@ class Strategy:
     check: Callable[[AttentionCall, torch.Tensor, torch.Tensor], None] | None = None
     takes_indices: bool = False  # runs index selections (burst.attention's indices=)
 
+    def __post_init__(self):
+        for option in self.options.names():
+            _OPTION_OWNERS.setdefault(option, []).append(self.name)
+
     def parse_options(self, given: dict) -> Options:
         """The caller's keyword options as this strategy's Options (ValueError naming any it does not take)."""
         unknown = sorted(set(given) - set(self.options.names()))
@@ -66,7 +81,7 @@ class Strategy:
             accepted = ", ".join(self.options.names()) or "none"
             raise ValueError(
                 f"strategy {self.name!r} takes no option {', '.join(map(repr, unknown))} (its options: {accepted})"
-                + did_you_mean(unknown, self.options.names())
+                + (_whose(unknown, self.name) or did_you_mean(unknown, self.options.names()))
             )
         return self.options(**given)
 
