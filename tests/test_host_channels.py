@@ -11,6 +11,7 @@ channels too (burst.attention opens them on a gloo group's first call).
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import subprocess
 import time
@@ -157,7 +158,22 @@ def _channels_cases(rank, world):
     # rank 0 cannot create its rings at all (/dev/shm read-only, a name taken): raised there, it would hang the rest
     read_only = _raises(PermissionError(errno.EACCES, "read-only"))
     out["uncreatable_none"] = _opens_none_when(rank, 0, shm_p2p, "create_private", read_only)
+    out["capacities differ"] = _capacities_differ(rank)
     return out
+
+
+def _capacities_differ(rank: int) -> tuple:
+    """Ranks given other ring sizes (BURST_HOST_CHANNELS_MB): ValueError on every rank naming it (a writer had
+    misread its reader's ring: 'mmap length is greater than file size', then an abort), and nothing of theirs
+    left in /dev/shm."""
+    before = set(glob.glob("/dev/shm/burst-p2p-*"))
+    try:
+        HostChannels.create(None, capacity_mb=1 + rank % 2)
+        error = None
+    except ValueError as err:
+        error = str(err)
+    dist.barrier()
+    return error, sorted(set(glob.glob(f"/dev/shm/burst-p2p-{os.getpid()}-*")) - before)
 
 
 results = results_by_world(_channels_cases)
@@ -207,6 +223,13 @@ def test_no_rank_opens_channels_when_shared_memory_lacks_room_on_one():
 
 def test_no_rank_opens_channels_when_one_cannot_map_its_peers_rings():
     assert all(r["unmappable_none"] for r in results(3))
+
+
+def test_ranks_with_other_ring_sizes_raise_on_every_rank_and_leave_nothing():
+    for rank, r in enumerate(results(3)):
+        error, left = r["capacities differ"]
+        assert error is not None and "BURST_HOST_CHANNELS_MB differs across the ranks" in error, (rank, error)
+        assert left == [], (rank, left)
 
 
 def test_no_rank_opens_channels_or_waits_when_one_cannot_create_its_rings():

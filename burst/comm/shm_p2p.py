@@ -75,6 +75,14 @@ def default_capacity_mb() -> int:
     return mb
 
 
+def _check_one_capacity(capacities: list[int]) -> None:
+    """ValueError on every rank (each holds every rank's) when the ranks' ring sizes differ: a ring is mapped by
+    its reader's size, and a writer of another size misreads it."""
+    if len(set(capacities)) > 1:
+        mib = ", ".join(f"rank {r}: {c >> 20}" for r, c in enumerate(capacities))
+        raise ValueError(f"BURST_HOST_CHANNELS_MB differs across the ranks (MiB {mib}): give every rank the same")
+
+
 def _round_up(n: int, to: int = HEADER) -> int:
     return -(-n // to) * to
 
@@ -185,25 +193,28 @@ class HostChannels:
         # False where /dev/shm lacks the room (a container's 64 MiB): a write to a mapped page it cannot
         # back would kill the process (SIGBUS), so every rank then keeps the process group's transport.
         created, ok = _create_rings(paths.values(), COUNTERS + capacity) if ok else ([], False)
-        facts = [None] * world
-        dist.all_gather_object(facts, (_host(), ok, prefix, os.getpid()), group=group)
-        usable = len({host for host, _, _, _ in facts}) == 1 and all(fine for _, fine, _, _ in facts)
-        channels = None
-        if usable:
-            try:
-                incoming = {src: _Ring(_map(path, COUNTERS + capacity), capacity) for src, path in paths.items()}
-                outgoing = {
-                    dst: _Ring(_map(f"{facts[dst][2]}.from{rank}", COUNTERS + capacity), capacity)
-                    for dst in range(world)
-                    if dst != rank
-                }
-                channels = cls(group, rank, world, capacity, outgoing, incoming, timeout_s, [f[3] for f in facts])
-            except OSError:  # a peer's rings are not here after all: every rank keeps gloo
-                channels = None
-        mapped = [None] * world
-        dist.all_gather_object(mapped, channels is not None, group=group)  # every rank has mapped its rings
-        for path in created:
-            _remove(path)  # mapped where needed: the memory lives until the last unmaps it
+        try:
+            facts = [None] * world
+            dist.all_gather_object(facts, (_host(), ok, prefix, os.getpid(), capacity), group=group)
+            _check_one_capacity([f[4] for f in facts])
+            usable = len({f[0] for f in facts}) == 1 and all(f[1] for f in facts)
+            channels = None
+            if usable:
+                try:
+                    incoming = {src: _Ring(_map(path, COUNTERS + capacity), capacity) for src, path in paths.items()}
+                    outgoing = {
+                        dst: _Ring(_map(f"{facts[dst][2]}.from{rank}", COUNTERS + capacity), capacity)
+                        for dst in range(world)
+                        if dst != rank
+                    }
+                    channels = cls(group, rank, world, capacity, outgoing, incoming, timeout_s, [f[3] for f in facts])
+                except OSError:  # a peer's rings are not here after all: every rank keeps gloo
+                    channels = None
+            mapped = [None] * world
+            dist.all_gather_object(mapped, channels is not None, group=group)  # every rank has mapped its rings
+        finally:  # mapped where needed (the memory lives until the last unmaps it), or failed: none left behind
+            for path in created:
+                _remove(path)
         return channels if all(mapped) else None
 
     def carries(self, t: torch.Tensor) -> bool:
