@@ -192,13 +192,11 @@ def check_environment() -> None:
     from .. import agreement
     from ..comm.shm_p2p import default_capacity_mb
     from ..kernels import KERNEL_ENV
-    from ..kernels.registry import kernels_by_name
+    from ..kernels.registry import check_kernel_name
 
     agreement.settings_from_environment()
     default_capacity_mb()
-    kernel = os.environ.get(KERNEL_ENV, "auto")  # its name here; whether it runs on the device, with --device
-    if kernel != "auto" and kernel not in kernels_by_name():
-        raise ValueError(f"{KERNEL_ENV}={kernel!r} is not one of auto, {', '.join(kernels_by_name())}")
+    check_kernel_name(os.environ.get(KERNEL_ENV, "auto"))  # its name here; whether it runs there, with --device
 
 
 def world_size(args) -> int:

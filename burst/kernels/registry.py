@@ -71,12 +71,17 @@ def _fastest(device: torch.device, dtype: torch.dtype, softcapped: bool, head_di
     raise ValueError(f"no attention kernel runs {dtype} on {device.type}")  # reference runs everything
 
 
+def check_kernel_name(name: str) -> None:
+    """ValueError unless `name` is "auto" or a backend's name (what BURST_KERNEL and --kernel take)."""
+    known = kernels_by_name()
+    if name != "auto" and name not in known:
+        raise ValueError(f"{KERNEL_ENV}={name!r} is not one of auto, {', '.join(known)}")
+
+
 def named_kernel(name: str, device: torch.device, dtype: torch.dtype):
     """The backend `name` (ValueError saying why when it cannot run here); an unproven one warns once."""
-    known = kernels_by_name()
-    if name not in known:
-        raise ValueError(f"{KERNEL_ENV}={name!r} is not one of auto, {', '.join(known)}")
-    kernel = known[name]
+    check_kernel_name(name)
+    kernel = kernels_by_name()[name]
     problem = kernel.SPEC.why_not(device, dtype)
     if problem:
         raise ValueError(f"{KERNEL_ENV}={name}: {problem}")
