@@ -39,4 +39,4 @@ __all__ = [
     "CompressedKV",
     "LatentKV",
 ]
-__version__ = "0.3.13"
+__version__ = "0.3.14"

@@ -344,6 +344,9 @@ def _errors(rank, world):
             inputs_embeds=model.get_input_embeddings()(ids) * (1 + rank), max_new_tokens=2, **bt.sharded_cache(model)
         ),
         # sampling with a seed of each rank's own: the ranks' first new tokens differ (checked once per call)
+        # each rank its own length or end token: every rank stopped at the first rank's stop, silently
+        "max_new_tokens differ": lambda: model.generate(ids, max_new_tokens=2 + rank, **bt.sharded_cache(model)),
+        "eos differs": lambda: model.generate(ids, max_new_tokens=2, eos_token_id=rank, **bt.sharded_cache(model)),
         "seeds differ": lambda: _generate(
             model, ids, bt.ShardedCache(model), seed=rank, do_sample=True, temperature=5.0
         ),
@@ -552,6 +555,8 @@ def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_w
         "prompt lookup": "greedy search and sampling on burst's ShardedCache",
         "prompts differ": "prompt ids differs across ranks",
         "embeddings differ": "prompt sums differs across ranks",
+        "max_new_tokens differ": "generate()'s max_new_tokens differs across ranks (rank 0: 2, rank 1: 3",
+        "eos differs": "generate()'s eos_token_id differs across ranks",
         "seeds differ": "the same torch.manual_seed on every rank",
         "weights differ": "must run one model",
         "tokens part later": "new token ids differs across ranks",

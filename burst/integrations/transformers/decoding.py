@@ -313,12 +313,31 @@ class _AgreedStoppingCriteria:
         criteria = type(model)._get_stopping_criteria(model, *args, **kwargs)
         if not _split_across_ranks(model):
             return criteria
+        agree_on_settings(model, kwargs.get("generation_config", args[0] if args else None))
         agreed = _agreed_list()(criteria)
         agreed.model = self._model  # a weakref: deep copies keep it, a process group would not copy
         return agreed
 
     def __reduce__(self):  # pickled with its model (torch.save of a whole model)
         return (_AgreedStoppingCriteria, (self._model(),))
+
+
+# what only shapes the result this rank returns (the tokens and the steps are the same): may differ across ranks
+_THIS_RANKS_OUTPUT = frozenset(
+    {"output_attentions", "output_hidden_states", "output_logits", "output_scores", "return_dict_in_generate"}
+)
+
+
+def agree_on_settings(model, generation_config) -> None:
+    """ValueError on every rank of `model`'s group unless generate() runs with the same settings on each (all of
+    `generation_config` but what only shapes this rank's result). The ranks stop together where any rank's rules
+    stop (_agreed_list): a rank that asked for more new tokens, or another eos_token_id, was cut short silently."""
+    from burst.agreement import agree
+
+    settings = generation_config.to_dict() if generation_config is not None else {}
+    facts = {f"generate()'s {k}": v for k, v in sorted(settings.items()) if k not in _THIS_RANKS_OUTPUT}
+    group = backend_of(model)[1].group
+    agree("generate()", facts, None, group, world_size(group))
 
 
 @functools.cache
