@@ -22,9 +22,13 @@ waiting ranks, naming the entry point. The group is unusable after that: a colle
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import hashlib
 import os
+import signal
+import sys
+import threading
 import weakref
 from typing import Any
 
@@ -263,6 +267,7 @@ def _wait_for_every_rank(work, entry: str, group) -> None:
         work.wait(timeout=datetime.timedelta(seconds=_timeout_s))
     except RuntimeError as err:
         _left_open.add(_group_key(group))
+        _bound_the_exit()
         if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
             first_line = (str(err).strip() or type(err).__name__).splitlines()[0]
             raise RuntimeError(
@@ -277,6 +282,37 @@ def _wait_for_every_rank(work, entry: str, group) -> None:
             "dist.new_group made on every rank). The process group is unusable now. A slow rank that is merely "
             "late needs a longer wait: burst.set_agreement_timeout(seconds) or BURST_AGREEMENT_TIMEOUT"
         ) from err
+
+
+EXIT_GRACE_S = 20  # how long a process whose check timed out may take to exit before it is ended (SIGALRM)
+
+
+def _bound_the_exit() -> None:
+    """Arm, at this process's exit, an alarm that ends it EXIT_GRACE_S later. The check's all_gather stays open
+    after its wait timed out, and gloo's worker thread waits for it on the way out (destroy_process_group returns,
+    the interpreter's exit does not) until the late rank comes, which may be never: under torchrun the job hung
+    with the TimeoutError printed, and torchrun, seeing no rank fail, kept the others waiting too. Killed by
+    SIGALRM, the rank is seen failed and torchrun stops the rest. An exit that needs no wait is not slowed."""
+    global _exit_bounded
+    if not _exit_bounded and hasattr(signal, "alarm"):
+        _exit_bounded = True
+        atexit.register(_alarm_at_exit)
+
+
+_exit_bounded = False
+
+
+def _alarm_at_exit() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    print(
+        f"burst: a collective check timed out in this process and is still open; the process is ended (SIGALRM) "
+        f"if it has not exited in {EXIT_GRACE_S} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(EXIT_GRACE_S)
 
 
 def collective_left_open(group=None) -> bool:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from world import descendants, process_stat
 
 pytestmark = [
     pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads processes from /proc (Linux)"),
@@ -33,34 +34,8 @@ GONE_S = 10.0  # every process it started gone after the launcher (the forkserve
 POLL_S = 0.1
 
 
-def _stat(pid: int) -> tuple[str, int, str] | None:
-    """(state, parent pid, start time) of a process from /proc/PID/stat, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return None
-    return fields[0], int(fields[1]), fields[19]
-
-
-def _descendants(root: int) -> dict[int, str]:
-    """{pid: start time} of every process below `root` (the start time tells a reused pid apart)."""
-    children: dict[int, list[int]] = {}
-    starts = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
-            children.setdefault(stat[1], []).append(int(entry))
-            starts[int(entry)] = stat[2]
-    found, todo = {}, list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        found[pid] = starts[pid]
-        todo += children.get(pid, [])
-    return found
-
-
 def _alive(pid: int, start: str) -> bool:
-    stat = _stat(pid)
+    stat = process_stat(pid)
     return stat is not None and stat[2] == start and stat[0] not in ("Z", "X")
 
 
@@ -91,7 +66,7 @@ def _training_ranks(launcher: subprocess.Popen, log: Path) -> dict[int, int]:
             pytest.fail(f"burst train exited ({launcher.returncode}) before training:\n{log.read_text()[-3000:]}")
         ranks = {
             int(_name(pid).removeprefix("burst-rank-")): pid
-            for pid in _descendants(launcher.pid)
+            for pid in descendants(launcher.pid)
             if _name(pid).startswith("burst-rank-")
         }
         return ranks if len(ranks) == 2 and "\nstep 1 " in "\n" + log.read_text() else None
@@ -132,7 +107,7 @@ def test_a_rank_killed_ends_the_launcher_naming_it_and_every_process_it_started(
     victim = 0
     with _burst_train(tmp_path) as (launcher, log):
         ranks = _training_ranks(launcher, log)
-        started = _descendants(launcher.pid)  # the ranks, the forkserver, the resource tracker
+        started = descendants(launcher.pid)  # the ranks, the forkserver, the resource tracker
         os.kill(ranks[victim], signal.SIGKILL)
         _assert_exits(launcher, log, 1)
         last = log.read_text().strip().splitlines()[-1]
@@ -150,7 +125,7 @@ def test_a_signal_to_the_launcher_alone_ends_every_rank(tmp_path, sent, code, li
     or a KeyboardInterrupt raised in the launcher alone must end them as well."""
     with _burst_train(tmp_path) as (launcher, log):
         _training_ranks(launcher, log)
-        started = _descendants(launcher.pid)
+        started = descendants(launcher.pid)
         launcher.send_signal(sent)
         _assert_exits(launcher, log, code)
         if line is not None:
@@ -179,7 +154,7 @@ def test_the_launcher_killed_outright_takes_its_ranks_with_it(tmp_path):
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     with _burst_train(tmp_path) as (launcher, log):
         _training_ranks(launcher, log)
-        started = _descendants(launcher.pid)
+        started = descendants(launcher.pid)
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait()
 
@@ -216,3 +191,28 @@ def test_a_rank_that_ran_out_of_batches_does_not_wait_at_its_end_for_ever(tmp_pa
     said = "did not make it" in done.stderr or "the group broke while this rank waited" in done.stderr
     assert done.returncode != 0 and said, done.stderr[-2000:]  # rank 0's check: timed out, or its peer left
     assert time.monotonic() - start < 60
+
+
+def test_a_rank_whose_check_timed_out_exits_while_its_peer_is_stuck_elsewhere(tmp_path):
+    """Under torchrun, rank 1 is stuck in work of its own (a sleep) and never makes rank 0's call. Rank 0's check
+    times out and raises, but its exit waited on the check's open collective (gloo's worker thread) as long as rank 1
+    stayed away: torchrun, seeing no rank fail, waited too. Rank 0 is ended EXIT_GRACE_S after its exit begins and
+    torchrun stops rank 1."""
+    from world import run_process_group
+
+    from burst.agreement import EXIT_GRACE_S
+
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import time, torch, torch.distributed as dist, burst\n"
+        "dist.init_process_group('gloo')\n"
+        "if dist.get_rank() == 1:\n"
+        "    time.sleep(600)  # stuck elsewhere\n"
+        "burst.shard(torch.zeros(1, 4))\n"
+    )
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "BURST_AGREEMENT_TIMEOUT": "3"}
+    command = [str(torchrun), "--standalone", "--nproc-per-node=2", str(script)]
+    done = run_process_group(command, EXIT_GRACE_S + 60, env=env)  # TimeoutExpired: rank 0's exit hung
+    assert done.returncode != 0 and "did not make it" in done.stderr, done.stderr[-2000:]
+    assert "SIGALRM" in done.stderr, done.stderr[-2000:]

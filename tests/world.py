@@ -7,7 +7,9 @@ parent raises it, so a failure shows where it happened. The same launcher runs t
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 
 from burst.launch import spawn_world
 
@@ -45,7 +47,6 @@ def value_errors(cases: dict) -> dict:
 def run_torchrun(script, nproc: int, *args: str, timeout: float = 240) -> str:
     """`torchrun --standalone --nproc-per-node nproc script args` as a user runs it (one thread per
     rank); its stdout. Fails with the tail of stderr when it exits non-zero."""
-    import os
     import pathlib
     import sys
 
@@ -60,9 +61,9 @@ def run_torchrun(script, nproc: int, *args: str, timeout: float = 240) -> str:
 
 
 def run_process_group(cmd, timeout: float, env=None):
-    """subprocess.run(cmd) in a session of its own; past `timeout`, the whole session is killed (torchrun's
-    workers too, which a plain timeout would leave running) and TimeoutExpired raised."""
-    import os
+    """subprocess.run(cmd) in a session of its own; past `timeout`, the session and every process below it are
+    killed (torchrun starts its workers in sessions of their own: a plain timeout, or killing the session, left
+    them running and holding the pipes, so the wait never ended) and TimeoutExpired raised."""
     import signal
     import subprocess
 
@@ -72,7 +73,37 @@ def run_process_group(cmd, timeout: float, env=None):
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        below = descendants(process.pid)
         os.killpg(process.pid, signal.SIGKILL)
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         process.communicate()
         raise
     return subprocess.CompletedProcess(cmd, process.returncode, out, err)
+
+
+def process_stat(pid: int) -> tuple[str, int, str] | None:
+    """(state, parent pid, start time) of a process from /proc/PID/stat, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1]), fields[19]
+
+
+def descendants(root: int) -> dict[int, str]:
+    """{pid: start time} of every process below `root` (the start time tells a reused pid apart)."""
+    children: dict[int, list[int]] = {}
+    starts = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := process_stat(int(entry))) is not None:
+            children.setdefault(stat[1], []).append(int(entry))
+            starts[int(entry)] = stat[2]
+    found, todo = {}, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found[pid] = starts[pid]
+        todo += children.get(pid, [])
+    return found
