@@ -272,6 +272,15 @@ def _errors(rank, world):
     cases["sequence classification"] = lambda: bt.shard_batch({"input_ids": ids}, model=pooled)
     cases["token classification labels"] = lambda: bt.shard_batch({"input_ids": ids, "labels": ids % 2}, model=tagger)
     cases["logits_to_keep"] = lambda: bt.shard_batch({"input_ids": ids, "logits_to_keep": 1}, model=model)
+    # given to the model's call: each rank got its own shard's last logits, silently (a helper's probe)
+    cases["logits_to_keep to the model"] = lambda: model(**batch, logits_to_keep=1)
+    cases["logits_to_keep positions to the model"] = lambda: model(**batch, logits_to_keep=torch.tensor([0, 3]))
+    # positions at an offset passed shard_batch, and the forward's refusal advised shard_batch
+    offset = torch.arange(ids.shape[1])[None] + 7
+    cases["positions at an offset"] = lambda: bt.shard_batch({"input_ids": ids, "position_ids": offset}, model=model)
+    cases["positions at an offset on rank 1"] = lambda: bt.shard_batch(
+        {"input_ids": ids, "position_ids": offset - 7 * (1 - rank)}, model=model
+    )
     cases["ignore_index to the model"] = lambda: model(**batch, ignore_index=-1)
     # a window of no key would have become burst's (-1, 0): no window at all
     _, windowless = _models(lambda: tiny_decoder_config("MistralConfig", VOCAB, sliding_window=0), name)
@@ -408,6 +417,10 @@ def test_unsupported_raises_on_every_rank():
         "sequence classification": "pools one token of each row",
         "token classification labels": "loss is ForTokenClassification",
         "logits_to_keep": "each rank's shard",
+        "logits_to_keep to the model": "logits_to_keep=1 would keep the last tokens (or the positions) of each rank's",
+        "logits_to_keep positions to the model": "logits_to_keep=a tensor of 2 positions would keep",
+        "positions at an offset": "shard_batch: position_ids starting at [7] are not a whole sequence's",
+        "positions at an offset on rank 1": "starting at [7] are not a whole sequence's",
         "ignore_index to the model": "bt.shard_batch(batch, ignore_index=...)",
         "sliding_window=0": "passes sliding_window=0",
         "z-loss": "set z_loss_coefficient=0 across ranks",

@@ -15,6 +15,7 @@ import torch
 
 from burst.engine.loss import fused_linear_cross_entropy
 
+from .backend.kept_logits import owned_by_burst
 from .layers.router_loss import router_loss_share
 
 # Config fields of families that transform their logits after the head. A softcap is near the identity
@@ -60,7 +61,8 @@ def fused_causal_lm_loss(model, inputs: dict) -> torch.Tensor:
     head = unwrapped.get_output_embeddings()
     if hasattr(head.weight, "full_tensor"):
         raise ValueError("fused_loss=True under FSDP (the LM head's weight sharded) is not supported yet")
-    outputs = model(**inputs, logits_to_keep=1, output_hidden_states=True)
+    with owned_by_burst():  # one row, checked below against the head (each rank's last: any will do)
+        outputs = model(**inputs, logits_to_keep=1, output_hidden_states=True)
     hidden = outputs.hidden_states[-1]
     _check_head_makes_the_logits(model, head, hidden, outputs.logits)
     mean = fused_linear_cross_entropy(hidden, head.weight, targets)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 import warnings
 
 import torch
@@ -33,7 +32,7 @@ from ..layers.configs import text_config
 from . import features
 from .checks import check_config
 from .features import LayerCall
-from .registry import BACKENDS, Backend, backend_of, running_cache, world_size
+from .registry import BACKENDS, Backend, backend_of, inside_generate, running_cache, world_size
 
 TESTED_TRANSFORMERS = ">=5.23.0,<6"  # the `hf` extra of pyproject.toml: the releases scripts/test.sh tests
 
@@ -212,7 +211,7 @@ def _transposed(call: LayerCall) -> tuple:
 def _refuse_generate_without_cache(name: str) -> None:
     """generate() without a ShardedCache raises: every rank would run the whole prompt and decode
     against a whole, unsharded cache."""
-    if not torch.is_grad_enabled() and _inside_generate():  # generate runs under no_grad: training skips the walk
+    if not torch.is_grad_enabled() and inside_generate():  # generate runs under no_grad: training skips the walk
         raise ValueError(
             f"attn_implementation={name!r}: model.generate() needs {generate_cache_keyword()}=bt.ShardedCache(model), "
             "or **bt.sharded_cache(model) (import burst.integrations.transformers as bt). Without it every rank would "
@@ -220,25 +219,6 @@ def _refuse_generate_without_cache(name: str) -> None:
             "generate()'s forwards ran without it, as guidance_scale's unconditional pass does: not supported across "
             "ranks)"
         )
-
-
-def _inside_generate() -> bool:
-    """Whether transformers' generate() is on the call stack. Nothing else tells the attention function:
-    generate's DynamicCache is not passed to it, and its inputs look like any forward's."""
-    code = _generate_code()
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is code:
-            return True
-        frame = frame.f_back
-    return False
-
-
-@functools.lru_cache(maxsize=None)
-def _generate_code():
-    from transformers import GenerationMixin
-
-    return inspect.unwrap(GenerationMixin.generate).__code__
 
 
 def _one_dtype(query, key, value):

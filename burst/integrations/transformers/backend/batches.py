@@ -24,6 +24,7 @@ from .checks import check_model
 from .documents import documents_from_positions, masks_read_positions
 from .features import prepare_features
 from .gradients import ddp_step_problem
+from .kept_logits import kept_logits_refusal, keeps_some_logits
 from .registry import BACKENDS, registered_group, registered_layout, unwrap_model, world_size
 
 _MODEL_NOT_GIVEN = object()
@@ -85,9 +86,12 @@ def shard_batch(
             f"position_ids of shape {tuple(positions.shape)}: shard_batch takes (batch, seq_len) or (1, seq_len); "
             "multi-dimensional rotary positions (Qwen2-VL's mrope) are not supported across ranks"
         )
+    try:
+        cu = documents_from_positions(positions.expand_as(ids), 1, "contiguous", before_sharding=True)
+    except ValueError as err:  # raised on every rank (a peer's positions may be right)
+        check_same_batch(batch, group, model, err)
     if layout in layout_mod.DOCUMENT_LAYOUTS:  # each packed document cut on its own: the features see the cut
-        cu = documents_from_positions(positions.expand_as(ids), 1, "contiguous") or [0, ids.shape[1]]
-        layout = layout_mod.DocumentLayout(tuple(cu), layout.removeprefix("doc_"))
+        layout = layout_mod.DocumentLayout(tuple(cu or [0, ids.shape[1]]), layout.removeprefix("doc_"))
     prepare_features(model, group, layout)
     check_model(model)
     check_same_batch(batch, group, model, ddp_step_problem(ddp, group) if ddp is not None else None)
@@ -181,11 +185,8 @@ def check_head(model: torch.nn.Module, batch: dict) -> None:
             f"the ranks split) and whose tokens attend each other both ways (a mask burst does not build); {name} "
             "trains across ranks on text only"
         )
-    if batch.get("logits_to_keep") not in (None, 0):
-        raise ValueError(
-            f"logits_to_keep={batch['logits_to_keep']!r} would keep the last tokens of each rank's shard, not of the "
-            "sequence: leave it out (the logits of the sequence's last token are those of the rank that holds it)"
-        )
+    if keeps_some_logits(batch.get("logits_to_keep")):
+        raise kept_logits_refusal(batch["logits_to_keep"])
 
 
 @functools.lru_cache(maxsize=None)

@@ -117,12 +117,15 @@ def _positions_in_documents(doc_layout, world: int, n: int) -> torch.Tensor:
     return torch.cat(out)
 
 
-def documents_from_positions(positions: torch.Tensor, world: int, layout: str) -> list[int] | None:
+def documents_from_positions(
+    positions: torch.Tensor, world: int, layout: str, before_sharding: bool = False
+) -> list[int] | None:
     """cu_seqlens over the global sequence from position ids (batch, seq_len) in global order:
     a document starts where the position restarts at 0. None for one plain sequence per row.
 
     Raises ValueError for positions that are not global positions (the model's default arange of a
-    local shard, or a batch sharded in another layout) and for rows packed differently.
+    local shard, a batch sharded in another layout, or, `before_sharding`, the positions shard_batch
+    was given: an offset) and for rows packed differently.
     """
     batch, seq_len = positions.shape
     starts_row = positions[:, 1:] != positions[:, :-1] + 1
@@ -130,6 +133,12 @@ def documents_from_positions(positions: torch.Tensor, world: int, layout: str) -
     # world documents under the contiguous layout: refuse it rather than cut the sequence silently.
     own_aranges = world > 1 and bool((positions == _rank_local_aranges(world, layout, seq_len)).all())
     if own_aranges or bool((positions[:, 0] != 0).any()) or bool((positions[:, 1:][starts_row] != 0).any()):
+        if before_sharding:  # the user's own positions: shard_batch's advice would be no help
+            raise ValueError(
+                f"shard_batch: position_ids starting at {positions[:, 0].tolist()} are not a whole sequence's: every "
+                "run must start at 0 (a new document) and rise by 1; burst runs sequences from their start (a "
+                "continuation of a longer one, at an offset, is not supported across ranks)"
+            )
         hint = " (they are each rank's own 0..n-1: the model made them because none were passed)" if own_aranges else ""
         raise ValueError(
             f"position_ids are not global positions in layout={layout!r} order{hint}: every run must start "

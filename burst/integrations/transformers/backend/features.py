@@ -29,6 +29,7 @@ from .preparations import (
     compress_whole_sequence,
     left_entries,
     move_latents,
+    refuse_kept_logits,
     see_global_length,
     show_blocks_whole_sequence,
     show_whole_sequence,
@@ -327,6 +328,7 @@ def _hand_one_head_dim(call: LayerCall) -> None:
 # documents before Doge's kept keys are handed; the bias folded before the head dims are made one).
 FEATURES: tuple[Feature, ...] = (
     Feature("positions", prepare=capture_positions, hand=_hand_documents),
+    Feature("logits the model keeps", prepare=refuse_kept_logits),
     Feature("rotary embeddings of the whole length", prepare=see_global_length),
     Feature("DeepSeek sparse attention's indexer", prepare=show_whole_sequence),
     Feature(

@@ -7,11 +7,16 @@ layers it takes over for a sequence sharded by `layout` over `group`; the code t
 from __future__ import annotations
 
 from ..layers import block_indexer, compressed, dynamic_mask, indexer, latent, positions, rope
+from . import kept_logits
 from .registry import BACKENDS, running_cache
 
 
 def capture_positions(model, group, layout) -> None:
     positions.capture_position_ids(model)
+
+
+def refuse_kept_logits(model, group, layout) -> None:
+    kept_logits.refuse_kept_logits(model)
 
 
 def see_global_length(model, group, layout) -> None:

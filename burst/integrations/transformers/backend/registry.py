@@ -9,6 +9,9 @@ set the running cache here (set_running_cache), and the attention function reads
 
 from __future__ import annotations
 
+import functools
+import inspect
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -100,3 +103,22 @@ def set_running_cache(cache) -> None:
 
 def running_cache():
     return _running_cache
+
+
+def inside_generate() -> bool:
+    """Whether transformers' generate() is on the call stack. Nothing else tells the attention function:
+    generate's DynamicCache is not passed to it, and its inputs look like any forward's."""
+    code = _generate_code()
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _generate_code():
+    from transformers import GenerationMixin
+
+    return inspect.unwrap(GenerationMixin.generate).__code__
