@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import hashlib
+import itertools
 import os
 import signal
 import sys
@@ -318,12 +319,24 @@ def _alarm_at_exit() -> None:
 def collective_left_open(group=None) -> bool:
     """Whether a check timed out on `group` (None: the default group) in this process: no later collective
     on it can pair up (launch.end_rank does not wait at its closing barrier then, which would never end)."""
-    keys = {0, id(dist.group.WORLD)} if group is None or group is dist.group.WORLD else {_group_key(group)}
-    return bool(keys & _left_open)
+    return _group_key(group) in _left_open
 
 
 def _group_key(group) -> int:
-    return 0 if group is None else id(group)
+    """A number for `group` (None: the default group) that no other group gets, not even one made after it is
+    destroyed (an id() may be reused): a world initialised again is checked, and waited for, afresh."""
+    if group is None:
+        group = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+        if group is None:
+            return 0
+    key = _group_keys.get(group)
+    if key is None:
+        key = _group_keys[group] = next(_next_group_key)
+    return key
+
+
+_group_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_next_group_key = itertools.count(1)  # keys are never reused
 
 
 def _raise_bad_input(entry: str, problem, group, world: int) -> None:

@@ -260,3 +260,50 @@ def test_a_world_ends_after_a_rank_caught_the_agreement_timeout():
     env = {"BURST_AGREEMENT_TIMEOUT": str(WAIT_S)}
     assert spawn_world(_caught_timeout, nproc=2, threads=1, timeout=60, env=env) == ["caught", "made no call"]
     assert time.monotonic() - start < 30
+
+
+def _timeout_then_a_new_world(rank, world):
+    """Rank 0's check on the default group times out (rank 1 makes no call); both ranks destroy the group and
+    initialise a new world. The new default group is not the old one: its checks run (mode "first" too, which had
+    remembered the old group's), and collective_left_open() is False on it (it was True: the old group's number
+    was kept for the default group, and launch's end skipped its closing barrier)."""
+    import os
+    import tempfile
+
+    from burst.agreement import collective_left_open, set_agreement_check
+
+    x = torch.randn(B, N, H, D)
+    previous = set_agreement_check("first")
+    try:
+        if rank == 0:
+            burst.attention(x, x, x)  # checked: remembered for the default group
+            try:
+                burst.attention(x, x, x, window=(1, 0))  # a new signature: checked, and rank 1 never comes
+            except TimeoutError:
+                pass
+        else:
+            burst.attention(x, x, x)
+            time.sleep(3 * WAIT_S)
+        before = collective_left_open()
+        dist.destroy_process_group()
+        store = os.path.join(tempfile.gettempdir(), f"burst-test-reinit-{os.getppid()}")
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+        after = collective_left_open()
+        seen = burst.attention(x, x, x) if rank == 0 else None  # alone: skipped as the old world's, it would hang
+    except (TimeoutError, ValueError) as err:
+        seen = f"{type(err).__name__}: {err}"
+    finally:
+        set_agreement_check(previous)
+    return before, after, seen if isinstance(seen, str) else "no error"
+
+
+def test_a_world_initialised_again_is_checked_and_waited_for_afresh():
+    from burst.launch import spawn_world
+
+    env = {"BURST_AGREEMENT_TIMEOUT": str(WAIT_S)}
+    (before0, after0, seen0), (before1, after1, _) = spawn_world(
+        _timeout_then_a_new_world, nproc=2, threads=1, timeout=60, env=env
+    )
+    assert before0 and not before1, (before0, before1)
+    assert not after0 and not after1, (after0, after1)
+    assert seen0.startswith("TimeoutError"), seen0  # the new world's check ran: rank 1 did not come
