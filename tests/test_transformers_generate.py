@@ -347,6 +347,12 @@ def _errors(rank, world):
         # each rank its own length or end token: every rank stopped at the first rank's stop, silently
         "max_new_tokens differ": lambda: model.generate(ids, max_new_tokens=2 + rank, **bt.sharded_cache(model)),
         "eos differs": lambda: model.generate(ids, max_new_tokens=2, eos_token_id=rank, **bt.sharded_cache(model)),
+        "use_cache=False with a cache": lambda: model.generate(
+            ids, max_new_tokens=2, use_cache=False, **bt.sharded_cache(model)
+        ),
+        "prefill_chunk_size": lambda: model.generate(
+            ids, max_new_tokens=2, prefill_chunk_size=2, **bt.sharded_cache(model)
+        ),
         "seeds differ": lambda: _generate(
             model, ids, bt.ShardedCache(model), seed=rank, do_sample=True, temperature=5.0
         ),
@@ -557,6 +563,8 @@ def test_generate_without_sharded_cache_raises_on_every_rank_and_inputs_embeds_w
         "embeddings differ": "prompt sums differs across ranks",
         "max_new_tokens differ": "generate()'s max_new_tokens differs across ranks (rank 0: 2, rank 1: 3",
         "eos differs": "generate()'s eos_token_id differs across ranks",
+        "use_cache=False with a cache": "use_cache=False (which reruns the whole sequence at each step)",
+        "prefill_chunk_size": "prefill_chunk_size (which runs the prompt in pieces) are not supported",
         "seeds differ": "the same torch.manual_seed on every rank",
         "weights differ": "must run one model",
         "tokens part later": "new token ids differs across ranks",

@@ -338,6 +338,12 @@ def agree_on_settings(model, generation_config) -> None:
     facts = {f"generate()'s {k}": v for k, v in sorted(settings.items()) if k not in _THIS_RANKS_OUTPUT}
     group = backend_of(model)[1].group
     agree("generate()", facts, None, group, world_size(group))
+    if settings.get("use_cache") is False or settings.get("prefill_chunk_size"):  # before the prompt runs
+        raise ValueError(
+            "generate() across ranks runs on a ShardedCache, the whole prompt and then one token per step: "
+            "use_cache=False (which reruns the whole sequence at each step) and prefill_chunk_size (which runs the "
+            "prompt in pieces) are not supported there; keep use_cache on and leave prefill_chunk_size unset"
+        )
 
 
 @functools.cache
