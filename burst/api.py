@@ -175,7 +175,10 @@ def key_side(k, v, latent):
 
 @custom_op.run_eagerly  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
 def _sharded_attention(q, keys, sinks, request: AttentionRequest):
-    refuse_function_transforms("burst.attention", q, *getattr(keys, "inputs", ()), sinks)  # before the agreement
+    entries = request.compressed
+    held = (entries.k, entries.v, entries.indices) if entries is not None else ()
+    # before the agreement: every rank runs under the same transforms
+    refuse_function_transforms("burst.attention", q, *getattr(keys, "inputs", ()), sinks, request.indices, *held)
     chosen, call = prepare_attention(q, keys, request, sinks)
     with torch.autocast(q.device.type, enabled=False):  # the strategy keeps float32 statistics: not recast
         out, lse = chosen(call, unit_stride_last(q), keys.ready(q), sinks=sinks, compressed=request.compressed)

@@ -426,6 +426,13 @@ def test_torch_func_transforms_are_refused_by_name():
         "vjp": lambda: torch.func.vjp(total, q),
         "jvp": lambda: torch.func.jvp(total, (q,), (q,)),
         "vmap": lambda: torch.func.vmap(lambda x: burst.attention(x, k, v))(q[None]),
+        # the transformed tensor is only one of the compressed entries (DeepSeek-V4's), or the chosen keys
+        "grad of compressed entries": lambda: torch.func.grad(
+            lambda ck: burst.attention(q, k, v, causal=True, compressed=burst.CompressedKV(ck, ck, 4)).sum()
+        )(k[:, :2]),
+        "vmap of chosen keys": lambda: torch.func.vmap(lambda i: burst.attention(q, k, v, causal=True, indices=i))(
+            torch.zeros(2, 1, 8, 2, dtype=torch.long)
+        ),
     }
     for name, run in transforms.items():
         with pytest.raises(NotImplementedError, match="torch.func's transforms"):
