@@ -16,6 +16,7 @@ import os
 import subprocess
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 from burst.comm import shm_p2p
@@ -79,14 +80,18 @@ def _full_ring_redirects(rank, world, channels):
     return all(torch.equal(channels.complete(posted[t]), _message(0, 1, t, numel, torch.float32)) for t in order)
 
 
+def _exited_pid() -> int:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return gone.pid
+
+
 def _waiting_on_an_exited_peer(rank, channels):
     """A wait on a rank whose process has gone raises within seconds (gloo's socket would close)
     instead of spinning until the timeout. The peer's pid is swapped for one that has exited."""
     if rank != 0:
         return None
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    channels._pids[1] = gone.pid
+    channels._watch._pids[1] = _exited_pid()
     channels.timeout_s = 20  # without the check, the wait ends here with another message
     started = time.monotonic()
     try:
@@ -94,6 +99,22 @@ def _waiting_on_an_exited_peer(rank, channels):
     except RuntimeError as err:
         return "has exited" in str(err) and time.monotonic() - started < 10
     return False
+
+
+def _gathering_with_an_exited_peer(rank):
+    """The decode steps' all-gather through shared memory: waiting on a rank whose process has gone raised only
+    after its timeout (300 s), naming no cause. Rank 1's pid swapped for one that has exited; it never calls."""
+    gather = HostAllGather.create(4)
+    if rank != 0:
+        return None
+    gather._watch._pids[1] = _exited_pid()
+    gather.timeout_s = 20
+    started = time.monotonic()
+    try:
+        gather(torch.zeros(4))
+    except RuntimeError as err:
+        return "HostAllGather (rank 0): rank 1" in str(err) and "has exited" in str(err), time.monotonic() - started
+    return False, time.monotonic() - started
 
 
 def _both_rings_full(rank, world):
@@ -149,6 +170,8 @@ def _channels_cases(rank, world):
     got = exchange(None, "forward", [(big, (rank + 1) % world, 3)], [(torch.empty(300_000), (rank - 1) % world, 3)])
     out["large"] = torch.equal(got.wait()[0], _message((rank - 1) % world, rank, 3, 300_000, torch.float32))
     out["dead_peer"] = _waiting_on_an_exited_peer(rank, small)
+    out["dead_peer_gather"] = _gathering_with_an_exited_peer(rank)
+    dist.barrier()
     # No channels on any rank when one rank cannot have them: the platform (the last rank), /dev/shm
     # out of room (rank 1, a container's 64 MiB), a peer's rings not mappable (rank 2: another
     # machine's /dev/shm under the same host name).
@@ -211,6 +234,23 @@ def test_messages_larger_than_a_quarter_ring_go_through_gloo():
 
 def test_a_wait_on_a_peer_that_exited_raises_within_seconds():
     assert results(3)[0]["dead_peer"] is True
+
+
+def test_the_decode_all_gather_names_a_peer_that_exited_within_seconds():
+    named, waited = results(3)[0]["dead_peer_gather"]
+    assert named and waited < 10, waited
+
+
+def test_peers_in_another_pid_namespace_are_not_looked_at():
+    """Containers that share /dev/shm need not share a PID namespace: there a peer's pid names another process
+    here, or none, and a wait would have raised "has exited" for a rank that runs. Looked at only in ours."""
+    from burst.comm.shm import LIVENESS_S, PeerWatch, pid_namespace
+
+    gone = _exited_pid()
+    later = time.monotonic() + 2 * LIVENESS_S
+    PeerWatch("test", [gone], ["pid:[another]"]).look(0, later, "a wait")  # no error
+    with pytest.raises(RuntimeError, match=f"test: rank 0 \\(pid {gone}\\) has exited"):
+        PeerWatch("test", [gone], [pid_namespace()]).look(0, later, "a wait")
 
 
 def test_no_rank_opens_channels_when_one_cannot():

@@ -103,6 +103,78 @@ def process_state(pid: int) -> str | None:
         return "?"
 
 
+LIVENESS_S = 1.0  # how often a long wait looks at its peers' processes
+
+
+def host_identity() -> str:
+    """This machine: its name and, where Linux tells it, its boot id (containers on two machines can
+    share a host name, never a boot id)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{socket.gethostname()}/{f.read().strip()}"
+    except OSError:
+        return socket.gethostname()
+
+
+def pid_namespace() -> str | None:
+    """This process's PID namespace (Linux: "pid:[inode]"), or None: a pid names a peer's process only inside
+    one (containers that share /dev/shm need not share it)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+class PeerWatch:
+    """The peers' processes, looked at every LIVENESS_S of a long wait on one: a peer that has exited fails the wait
+    at once (as gloo's socket would), one stopped (SIGSTOP, SIGTSTP, a debugger) for longer than the agreement
+    timeout (burst.set_agreement_timeout) is named; a computing one is waited for. Peers in another PID namespace
+    are not looked at (their pids name other processes here, or none)."""
+
+    def __init__(self, owner: str, pids: list[int], namespaces: list[str | None]):
+        mine = pid_namespace()
+        self.owner = owner  # for messages: "HostChannels (rank 0)"
+        self._pids = [pid if mine is not None and ns == mine else None for pid, ns in zip(pids, namespaces)]
+        self._looked = 0.0
+        self._stopped_since: dict[int, float] = {}  # peer -> when its process was first seen stopped
+
+    def begin(self, now: float) -> None:
+        """A long wait starts now: its first look comes LIVENESS_S later."""
+        self._looked = now
+
+    def look(self, peer: int, now: float, what: str) -> None:
+        """Raise when `peer`'s process has exited, or has been stopped past the agreement timeout (once per
+        LIVENESS_S of waiting; `what` the wait, for messages)."""
+        if now - self._looked <= LIVENESS_S:
+            return
+        self._looked = now
+        pid = self._pids[peer]
+        if pid is None:
+            return
+        if not _running(pid):
+            raise RuntimeError(
+                f"{self.owner}: rank {peer} (pid {pid}) has exited while this rank waited on it ({what})"
+            )
+        from ..agreement import agreement_timeout
+
+        if process_state(pid) not in ("T", "t"):
+            self._stopped_since.pop(peer, None)
+            return
+        since = self._stopped_since.setdefault(peer, now)
+        limit = agreement_timeout()
+        if limit and now - since > limit:
+            raise TimeoutError(
+                f"{self.owner}: rank {peer} (pid {pid}) has been stopped (SIGSTOP, SIGTSTP or a debugger) for "
+                f"{now - since:.0f} s while this rank waited on it ({what}); the limit is the agreement timeout, "
+                "burst.set_agreement_timeout(s) or BURST_AGREEMENT_TIMEOUT"
+            )
+
+
+def peer_facts() -> tuple:
+    """What a rank tells its peers of itself when shared memory joins them: (host, pid, PID namespace)."""
+    return host_identity(), os.getpid(), pid_namespace()
+
+
 def create_private(path: str, size: int, reserve: bool = False) -> bool:
     """Create `path` for this user alone (mode 0600, O_EXCL: an existing file, or a link planted at
     the name, raises FileExistsError) with `size` bytes. reserve: allocate the memory now
@@ -141,9 +213,19 @@ def map_private(path: str, size: int) -> mmap.mmap:
 class HostAllGather:
     """All-gather of CPU tensors of one dtype and up to `capacity` elements among the ranks of `group`."""
 
-    def __init__(self, buffer: mmap.mmap, rank: int, world: int, capacity: int, dtype: torch.dtype, timeout_s: float):
+    def __init__(
+        self,
+        buffer: mmap.mmap,
+        rank: int,
+        world: int,
+        capacity: int,
+        dtype: torch.dtype,
+        timeout_s: float,
+        watch: PeerWatch | None = None,
+    ):
         self._buffer, self.rank, self.world, self.capacity, self.timeout_s = buffer, rank, world, capacity, timeout_s
         self.dtype = dtype
+        self._watch = watch
         self._published = np.ndarray((2, world), dtype=np.int64, buffer=buffer)
         self._slots = np.ndarray((2, world, capacity), dtype=_numpy_dtype(dtype), buffer=buffer, offset=2 * world * 8)
         self._calls = 0
@@ -161,9 +243,10 @@ class HostAllGather:
         this host or the platform is not supported (then use the process group's all-gather)."""
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         facts = [None] * world
-        dist.all_gather_object(facts, (socket.gethostname(), cls.supported()), group=group)
-        if len({host for host, _ in facts}) != 1 or not all(ok for _, ok in facts):
+        dist.all_gather_object(facts, (*peer_facts(), cls.supported()), group=group)
+        if len({f[0] for f in facts}) != 1 or not all(f[3] for f in facts):
             return None
+        watch = PeerWatch(f"HostAllGather (rank {rank})", [f[1] for f in facts], [f[2] for f in facts])
         size = 2 * world * (8 + _numpy_dtype(dtype).itemsize * capacity)
         name = [None]
         if rank == 0:
@@ -177,7 +260,7 @@ class HostAllGather:
         if name[0] is None:
             return None
         try:
-            gather = cls(map_private(name[0], size), rank, world, capacity, dtype, timeout_s)
+            gather = cls(map_private(name[0], size), rank, world, capacity, dtype, timeout_s, watch)
             if rank == 0:
                 gather._published[:] = -1
         except OSError:  # not mapped here: raised on one rank, it would leave the others in the collective below
@@ -214,10 +297,17 @@ class HostAllGather:
             os.sched_yield()
             if started is None:
                 started = time.monotonic()
-            elif spins % 1000 == 0 and time.monotonic() - started > self.timeout_s:
-                raise RuntimeError(
-                    f"HostAllGather: rank {peer} did not reach call {call} within {self.timeout_s:.0f} s (did it fail?)"
-                )
+                if self._watch is not None:
+                    self._watch.begin(started)
+            elif spins % 1000 == 0:
+                now = time.monotonic()
+                if now - started > self.timeout_s:
+                    raise RuntimeError(
+                        f"HostAllGather: rank {peer} did not reach call {call} within {self.timeout_s:.0f} s (did it "
+                        "fail?)"
+                    )
+                if self._watch is not None:
+                    self._watch.look(peer, now, f"its call {call}")
 
     def close(self) -> None:
         """Unmap (after the last call on this rank; the others keep theirs)."""

@@ -35,7 +35,6 @@ from __future__ import annotations
 import collections
 import mmap
 import os
-import socket
 import time
 
 import numpy as np
@@ -45,11 +44,11 @@ import torch.distributed as dist
 from .shm import (
     SPINS_BEFORE_YIELD,
     HostAllGather,
-    _running,
+    PeerWatch,
     create_private,
     map_private,
+    peer_facts,
     private_name,
-    process_state,
     remove_dead,
 )
 
@@ -58,7 +57,6 @@ COUNTERS = 128  # written count, then read count, on separate cache lines
 DATA, REDIRECT, PAD = 0, 1, 2
 REDIRECT_ROOM = 64 * HEADER  # kept free for redirect headers when data would fill the ring
 SLEEP_AFTER_S, SLEEP_S = 0.002, 0.0002  # a wait longer than this is long: sleep between looks
-LIVENESS_S = 1.0  # how often a long wait checks that its peer's process still runs
 
 
 def default_capacity_mb() -> int:
@@ -165,15 +163,13 @@ class HostChannels:
         outgoing: dict,
         incoming: dict,
         timeout_s: float,
-        pids: list[int],
+        watch: PeerWatch,
     ):
         self.group, self.rank, self.world, self.capacity = group, rank, world, capacity
         self.largest = capacity // 4  # larger messages go through gloo
         self.timeout_s = timeout_s
         self.sleeps = world * torch.get_num_threads() > len(os.sched_getaffinity(0))
-        self._pids = pids  # by group rank: a peer that exits fails our wait at once, as gloo's socket would
-        self._checked = 0.0  # when a long wait last looked at its peer's process
-        self._stopped_since: dict[int, float] = {}  # peer -> when its process was first seen stopped
+        self._watch = watch  # a peer that exits fails our wait at once, as gloo's socket would
         self._out = outgoing  # peer -> _Ring we write
         self._in = {peer: _Inbox(ring) for peer, ring in incoming.items()}  # peer -> what it sent us
 
@@ -195,19 +191,20 @@ class HostChannels:
         created, ok = _create_rings(paths.values(), COUNTERS + capacity) if ok else ([], False)
         try:
             facts = [None] * world
-            dist.all_gather_object(facts, (_host(), ok, prefix, os.getpid(), capacity), group=group)
-            _check_one_capacity([f[4] for f in facts])
-            usable = len({f[0] for f in facts}) == 1 and all(f[1] for f in facts)
+            dist.all_gather_object(facts, (*peer_facts(), ok, prefix, capacity), group=group)
+            _check_one_capacity([f[5] for f in facts])
+            usable = len({f[0] for f in facts}) == 1 and all(f[3] for f in facts)
             channels = None
             if usable:
                 try:
                     incoming = {src: _Ring(_map(path, COUNTERS + capacity), capacity) for src, path in paths.items()}
                     outgoing = {
-                        dst: _Ring(_map(f"{facts[dst][2]}.from{rank}", COUNTERS + capacity), capacity)
+                        dst: _Ring(_map(f"{facts[dst][4]}.from{rank}", COUNTERS + capacity), capacity)
                         for dst in range(world)
                         if dst != rank
                     }
-                    channels = cls(group, rank, world, capacity, outgoing, incoming, timeout_s, [f[3] for f in facts])
+                    watch = PeerWatch(f"HostChannels (rank {rank})", [f[1] for f in facts], [f[2] for f in facts])
+                    channels = cls(group, rank, world, capacity, outgoing, incoming, timeout_s, watch)
                 except OSError:  # a peer's rings are not here after all: every rank keeps gloo
                     channels = None
             mapped = [None] * world
@@ -323,61 +320,23 @@ class HostChannels:
         """One look more: spin, then yield; where the host's ranks have fewer cores than threads, sleep
         between looks past SLEEP_AFTER_S of waiting, so that ranks sharing a core with waiting ones keep
         it (a sleep wakes up to ~0.1 ms late: on the critical path where every rank has its core).
-        Every LIVENESS_S of waiting, raise if the peer's process has exited."""
+        The watch looks at the peer's process every LIVENESS_S of waiting (shm.PeerWatch)."""
         spins += 1
         if spins <= SPINS_BEFORE_YIELD:
             return spins, started
         now = time.monotonic()
         if started is None:
-            started = self._checked = now
+            started = now
+            self._watch.begin(now)
         waited = now - started
         if waited > self.timeout_s:
             raise RuntimeError(f"HostChannels (rank {self.rank}): rank {peer}: {what} ({self.timeout_s:.0f} s)")
-        if now - self._checked > LIVENESS_S:
-            self._checked = now
-            self._check_peer(peer, now, what)
+        self._watch.look(peer, now, what)
         if self.sleeps and waited > SLEEP_AFTER_S:
             time.sleep(SLEEP_S)
         else:
             os.sched_yield()
         return spins, started
-
-    def _check_peer(self, peer: int, now: float, what: str) -> None:
-        """Raise when the peer's process has exited, or has been stopped (SIGSTOP, SIGTSTP, a debugger)
-        for longer than the agreement timeout (burst.set_agreement_timeout): a computing peer is waited
-        for up to timeout_s, a frozen one is named."""
-        pid = self._pids[peer]
-        if not _alive(pid):
-            raise RuntimeError(
-                f"HostChannels (rank {self.rank}): rank {peer} (pid {pid}) has exited "
-                f"while this rank waited on it ({what})"
-            )
-        from ..agreement import agreement_timeout
-
-        if process_state(pid) not in ("T", "t"):
-            self._stopped_since.pop(peer, None)
-            return
-        since = self._stopped_since.setdefault(peer, now)
-        limit = agreement_timeout()
-        if limit and now - since > limit:
-            raise TimeoutError(
-                f"HostChannels (rank {self.rank}): rank {peer} (pid {pid}) has been stopped (SIGSTOP, SIGTSTP or a "
-                f"debugger) for {now - since:.0f} s while this rank waited on it ({what}); the limit is the "
-                "agreement timeout, burst.set_agreement_timeout(s) or BURST_AGREEMENT_TIMEOUT"
-            )
-
-
-_alive = _running  # whether process `pid` runs (an exited one not yet reaped counts as gone)
-
-
-def _host() -> str:
-    """This machine: its name and, where Linux tells it, its boot id (containers on two machines can
-    share a host name, never a boot id)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f"{socket.gethostname()}/{f.read().strip()}"
-    except OSError:
-        return socket.gethostname()
 
 
 def _remove(path: str) -> None:
