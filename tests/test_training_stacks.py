@@ -232,6 +232,11 @@ def test_refusals_before_training(tmp_path):
     with mock.patch("burst.integrations.transformers.trainer.sequence_parallel_groups", return_value=(None, 2, 0, 1)):
         with pytest.raises(ValueError, match="neftune_noise_alpha"):
             SequenceParallelTrainer(model=model, args=TrainingArguments(**args, neftune_noise_alpha=5.0))
+        # transformers' BatchRebalanceSampler deals each process its own rows: the same-batch check failed at the
+        # first step, advising a DistributedSampler the user never wrote (a helper's probe)
+        with pytest.raises(ValueError, match="train_sampling_strategy='batch_rebalance'"):
+            rebalanced = TrainingArguments(**args, train_sampling_strategy="batch_rebalance")
+            SequenceParallelTrainer(model=model, args=rebalanced)
     # transformers 5.17's Trainer left the token count sp_size times too large (losses and gradients 1/2 at 2 ranks)
     from burst.integrations.transformers import trainer
 

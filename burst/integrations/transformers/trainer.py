@@ -98,6 +98,11 @@ class SequenceParallelTrainer(Trainer):
                 "neftune_noise_alpha (transformers scales NEFTune's noise by the length each rank sees: its shard, "
                 "so the noise would be sqrt(sp_size) times one process's)"
             )
+        if getattr(self.args, "train_sampling_strategy", None) == "batch_rebalance" and self.sp_size > 1:
+            problems.append(
+                "train_sampling_strategy='batch_rebalance' (its sampler deals every process rows of its own, and the "
+                "ranks that split a sequence must hold the same batch): use 'group_by_length' or 'random'"
+            )
         if not self.args.average_tokens_across_devices:
             problems.append("average_tokens_across_devices=False (each rank would average its own tokens)")
         if self.sp_size > 1 and Version(transformers.__version__) < DIVIDES_BY_CP_SIZE:
