@@ -173,10 +173,8 @@ def test_a_rank_that_ran_out_of_batches_does_not_wait_at_its_end_for_ever(tmp_pa
     times out: rank 0 raised, but its exit waited on the check's open collective and rank 1 waited at the
     closing barrier, neither ever ending (a helper's Trainer-less loop with a shorter dataloader on one rank).
     The closing barrier waits the agreement's timeout at most."""
-    from world import run_process_group
-
-    script = tmp_path / "short.py"
-    script.write_text(
+    start = time.monotonic()
+    source = (
         "import torch, torch.distributed as dist, burst\n"
         "from burst.launch import end_rank\n"
         "dist.init_process_group('gloo')\n"
@@ -184,10 +182,7 @@ def test_a_rank_that_ran_out_of_batches_does_not_wait_at_its_end_for_ever(tmp_pa
         "    burst.shard(torch.zeros(1, 4))  # alone: rank 1 has no batch left\n"
         "end_rank()\n"
     )
-    torchrun = Path(sys.executable).parent / "torchrun"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "BURST_AGREEMENT_TIMEOUT": "3"}
-    start = time.monotonic()
-    done = run_process_group([str(torchrun), "--standalone", "--nproc-per-node=2", str(script)], 120, env=env)
+    done = _torchrun_two_ranks(tmp_path / "short.py", source, 120)
     said = "did not make it" in done.stderr or "the group broke while this rank waited" in done.stderr
     assert done.returncode != 0 and said, done.stderr[-2000:]  # rank 0's check: timed out, or its peer left
     assert time.monotonic() - start < 60
@@ -198,21 +193,25 @@ def test_a_rank_whose_check_timed_out_exits_while_its_peer_is_stuck_elsewhere(tm
     times out and raises, but its exit waited on the check's open collective (gloo's worker thread) as long as rank 1
     stayed away: torchrun, seeing no rank fail, waited too. Rank 0 is ended EXIT_GRACE_S after its exit begins and
     torchrun stops rank 1."""
-    from world import run_process_group
-
     from burst.agreement import EXIT_GRACE_S
 
-    script = tmp_path / "stuck.py"
-    script.write_text(
+    source = (
         "import time, torch, torch.distributed as dist, burst\n"
         "dist.init_process_group('gloo')\n"
         "if dist.get_rank() == 1:\n"
         "    time.sleep(600)  # stuck elsewhere\n"
         "burst.shard(torch.zeros(1, 4))\n"
     )
-    torchrun = Path(sys.executable).parent / "torchrun"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "BURST_AGREEMENT_TIMEOUT": "3"}
-    command = [str(torchrun), "--standalone", "--nproc-per-node=2", str(script)]
-    done = run_process_group(command, EXIT_GRACE_S + 60, env=env)  # TimeoutExpired: rank 0's exit hung
+    done = _torchrun_two_ranks(tmp_path / "stuck.py", source, EXIT_GRACE_S + 60)  # TimeoutExpired: rank 0 hung
     assert done.returncode != 0 and "did not make it" in done.stderr, done.stderr[-2000:]
     assert "SIGALRM" in done.stderr, done.stderr[-2000:]
+
+
+def _torchrun_two_ranks(script: Path, source: str, timeout: float):
+    """`source` written to `script` and run by torchrun on 2 ranks, the agreement's timeout 3 s; the finished run."""
+    from world import run_process_group
+
+    script.write_text(source)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "BURST_AGREEMENT_TIMEOUT": "3"}
+    return run_process_group([str(torchrun), "--standalone", "--nproc-per-node=2", str(script)], timeout, env=env)
