@@ -15,6 +15,8 @@ import signal
 import threading
 import time
 
+from .processes import running
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WATCH_SECONDS = 0.5
 
@@ -38,9 +40,5 @@ def end_with_launcher(launcher: int | None) -> None:
 def _watch(launcher: int) -> None:
     while True:
         time.sleep(WATCH_SECONDS)
-        try:
-            os.kill(launcher, 0)
-        except ProcessLookupError:
+        if not running(launcher):  # a zombie does not: a launcher killed and not yet reaped
             os._exit(1)
-        except PermissionError:  # alive, someone else's (a reused pid would be too; the prctl covers it)
-            pass

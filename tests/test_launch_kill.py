@@ -150,19 +150,21 @@ def _assert_all_gone(started: dict[int, str]) -> None:
 def test_the_launcher_killed_outright_takes_its_ranks_with_it(tmp_path):
     """kill -9 of `burst train` itself (a scheduler's timeout, the OOM killer, a closed SSH session): it
     can end nothing, so each rank ends itself (launch.end_with_launcher); none is left after 5 s, and
-    no shared-memory file of the run stays in /dev/shm."""
+    no shared-memory file of the run stays in /dev/shm. The launcher is not reaped until then: a parent that
+    reads the launcher's output before it waits (a log streamer) keeps it a zombie, which the ranks' watch had
+    taken for alive (they trained on; a helper's probe)."""
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     with _burst_train(tmp_path) as (launcher, log):
         _training_ranks(launcher, log)
         started = descendants(launcher.pid)
         os.kill(launcher.pid, signal.SIGKILL)
-        launcher.wait()
 
         def running():
             return {pid: _name(pid) for pid, start in started.items() if _alive(pid, start)}
 
         _poll(lambda: not running(), 5.0)
-        assert not running(), f"still running 5 s after the launcher was killed: {running()}"
+        assert not running(), f"still running 5 s after the launcher was killed (not reaped): {running()}"
+        launcher.wait()
     if os.path.isdir("/dev/shm"):
         left = {name for name in set(os.listdir("/dev/shm")) - shm_before if "burst" in name}
         assert not left, left

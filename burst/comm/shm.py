@@ -29,6 +29,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..processes import process_state, running
+
 SHM_DIR = "/dev/shm"
 SPINS_BEFORE_YIELD = 2000  # then sched_yield between looks, for ranks that share a core
 
@@ -68,7 +70,7 @@ def left_by_dead(directory: str = SHM_DIR) -> set[str]:
     for name in names(directory):
         pid = _creator(name)
         try:
-            if pid is not None and os.lstat(os.path.join(directory, name)).st_uid == os.geteuid() and not _running(pid):
+            if pid is not None and os.lstat(os.path.join(directory, name)).st_uid == os.geteuid() and not running(pid):
                 left.add(name)
         except FileNotFoundError:  # unlinked meanwhile
             continue
@@ -84,23 +86,6 @@ def _creator(name: str) -> int | None:
     if len(parts) >= 3 and parts[0] == "torch" and parts[1].isdigit():
         return int(parts[1])
     return None
-
-
-def _running(pid: int) -> bool:
-    """Whether process `pid` exists (a zombie, exited but not reaped, counts as dead)."""
-    return process_state(pid) not in ("Z", "X", None)
-
-
-def process_state(pid: int) -> str | None:
-    """Process `pid`'s state letter from /proc (R, S, D, T stopped, t traced, Z, X...), None when it is
-    gone; "?" where /proc cannot be read (then it is taken to run)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0]
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return "?"
 
 
 LIVENESS_S = 1.0  # how often a long wait looks at its peers' processes
@@ -151,7 +136,7 @@ class PeerWatch:
         pid = self._pids[peer]
         if pid is None:
             return
-        if not _running(pid):
+        if not running(pid):
             raise RuntimeError(
                 f"{self.owner}: rank {peer} (pid {pid}) has exited while this rank waited on it ({what})"
             )
