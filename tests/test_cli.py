@@ -612,3 +612,28 @@ def test_generate_prints_text_beside_ids():
         }
     )
     assert "[0] ids:  72 105" in text and "[0] text: 'Hi'" in text
+
+
+def test_json_results_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """--json on a full disk truncated an earlier run's results to 0 bytes and said only "No space left on device"
+    (a helper's probe): the new results go to a side file first, and the error names the file."""
+    import errno
+    import os
+
+    from burst.cli import common
+
+    results = tmp_path / "out.json"
+    common.write_json(str(results), {"run": 1})
+    assert json.loads(results.read_text()) == {"run": 1}
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(common.os, "replace", full)
+        with pytest.raises(OSError, match=f"could not write {results}: No space left on device"):
+            common.write_json(str(results), {"run": 2})
+    assert json.loads(results.read_text()) == {"run": 1} and os.listdir(tmp_path) == ["out.json"]
+    if os.path.exists("/dev/full"):  # a device is written as it is (never replaced), and named when it fails
+        with pytest.raises(OSError, match="could not write /dev/full"):
+            common.write_json("/dev/full", {"run": 3})

@@ -440,3 +440,30 @@ def test_set_checkpointing_refuses_what_the_cli_refuses_and_the_unfused_loss_kee
     loss = unfused_cross_entropy(logits, targets)
     exact = torch.nn.functional.cross_entropy(logits.reshape(-1, 7), targets.reshape(-1))
     assert loss.dtype == torch.float64 and abs(loss.item() - exact.item()) < 1e-12
+
+
+def test_a_step_saved_again_and_killed_is_not_taken_and_keeps_no_old_file(tmp_path, monkeypatch):
+    """A run resumed from step 2 saves step 4 again. Written over in place, the old step 4 kept its burst.json,
+    so a save killed midway left it taken for complete and refused as damaged at every --resume, step 2 intact
+    beside it (a helper's probe); a file of the old save that no new one replaces (another world's rng-R.pt)
+    was counted among the new one's."""
+    from burst.engine import resume
+
+    cfg = TrainConfig(seq_len=16, batch=1, steps=1, checkpoint_dir=str(tmp_path))
+    model = Transformer(PRESETS["tiny"])
+    optimizer = torch.optim.AdamW(model.parameters())
+    resume.save_checkpoint(cfg, 2, model, optimizer)
+    resume.save_checkpoint(cfg, 4, model, optimizer)
+    (tmp_path / "step-4" / "rng-1.pt").write_bytes(b"another world's")
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # the save stopped after the shards, before the step's own files
+
+    with monkeypatch.context() as patched:
+        patched.setattr(resume.torch, "get_rng_state", killed)
+        with pytest.raises(KeyboardInterrupt):
+            resume.save_checkpoint(cfg, 4, model, optimizer)
+    assert resume.resume_point(str(tmp_path)) == 2
+    resume.save_checkpoint(cfg, 4, model, optimizer)
+    assert resume.resume_point(str(tmp_path)) == 4 and not (tmp_path / "step-4" / "rng-1.pt").exists()
+    resume.check_files(str(tmp_path), 4)

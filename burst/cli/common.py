@@ -285,13 +285,27 @@ def _can_append(path: str) -> bool:
 
 
 def write_json(path: str, value) -> None:
-    """`value` as JSON to `path`, or to stdout for '-'."""
-    text = json.dumps(value, indent=1)
+    """`value` as JSON to `path`, or to stdout for '-'. A file is replaced whole or not at all (a full disk had
+    left an earlier run's results 0 bytes long); a device or a pipe is written as it is. OSError naming `path`."""
+    text = json.dumps(value, indent=1) + "\n"
     if path == "-":
-        print(text)
+        print(text, end="")
         return
-    with open(path, "w") as f:
-        f.write(text + "\n")
+    try:
+        if os.path.exists(path) and not os.path.isfile(path):
+            with open(path, "w") as f:
+                f.write(text)
+            return
+        partial = f"{path}.partial"
+        try:
+            with open(partial, "w") as f:
+                f.write(text)
+            os.replace(partial, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(partial)
+    except OSError as err:
+        raise OSError(err.errno, f"could not write {path}: {err.strerror or err}") from err
 
 
 def progress(total: int, desc: str, unit: str, lines: int | None = None):
