@@ -344,6 +344,13 @@ def _errors(rank, world):
         {"input_ids": ids, "labels": ids, "shift_labels": own, "num_items_in_batch": 50}, model=model
     )
     own_difference = abs(bt.reduce_loss(model(**shard).loss.detach()).item() - expected.item())
+    # padding labelled with a token id of its own (ignore_index=0): the model's loss had summed those positions
+    # and left them out of its count (1.78x one process's; a helper's probe)
+    padded = ids.clone()
+    padded[:, -2 * world :] = 0
+    expected = reference(input_ids=ids, labels=padded.masked_fill(padded == 0, -100)).loss
+    shard = bt.shard_batch({"input_ids": ids, "labels": padded}, model=model, ignore_index=0)
+    results["ignore_index 0"] = abs(bt.reduce_loss(model(**shard).loss.detach()).item() - expected.item())
     model.train()
     model.config.attention_dropout = 0.1
     for layer in model.model.layers:
@@ -440,6 +447,7 @@ def test_unsupported_raises_on_every_rank():
         for case in ("zero first, reduce True, scaled False", "zero first, reduce False, scaled True"):
             assert errors[f"DDP grads, {case}"] < 1e-4, (rank, case, errors[f"DDP grads, {case}"])
         assert errors["own shift_labels and count"] < 1e-5, errors["own shift_labels and count"]
+        assert errors["ignore_index 0"] < 1e-5, errors["ignore_index 0"]
         assert errors["works after"] and errors["token_type_ids cut"] and errors["compile of DDP"]
 
 

@@ -49,7 +49,8 @@ def shard_batch(
     packed document on its own, its length a multiple of 2G / G); with labels, `labels`/`shift_labels` are the
     labels shifted on the *global* sequence (each token's next token; shifting a shard would pair
     tokens across shard boundaries) and `num_items_in_batch` is the global count of labelled
-    tokens, so the model's loss is this rank's share of the global mean (see reduce_loss); a batch's own
+    tokens, so the model's loss is this rank's share of the global mean (see reduce_loss); labels equal to
+    `ignore_index` are handed to the model as -100 (the value its loss ignores); a batch's own
     `shift_labels` (whole sequence, already shifted) and `num_items_in_batch` are kept. Other
     entries of shape (batch, seq_len, ...) (token_type_ids...) are cut as the tokens are; the rest
     are passed through unchanged. Causal LMs only where targets are given (check_head: a sequence
@@ -115,11 +116,13 @@ def shard_batch(
         if shifted is None:
             shifted = torch.full_like(labels, ignore_index)
             shifted[:, :-1] = labels[:, 1:]
+        if ignore_index != -100:  # the model's loss ignores -100 only: it had counted these in its sum, not its count
+            shifted = shifted.masked_fill(shifted == ignore_index, -100)
         local = layout_mod.shard(shifted, group=group, layout=layout, dim=1)
         out["labels"] = local  # makes the model compute its loss; shift_labels tells it not to shift again
         out["shift_labels"] = local
         if batch.get("num_items_in_batch") is None:  # the user's own count (over an accumulated batch) stays
-            out["num_items_in_batch"] = int((shifted != ignore_index).sum())
+            out["num_items_in_batch"] = int((shifted != -100).sum())
     return out
 
 
