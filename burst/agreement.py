@@ -233,10 +233,17 @@ def weights_digest(module: torch.nn.Module, group=None) -> str:
         flat = torch.view_as_real(flat).reshape(-1) if flat.is_complex() else flat
         names.append(f"{name}{tuple(p.shape)}")
         if flat.numel():  # the first and the last entry among them: rows added at the end (resized embeddings)
-            at = torch.linspace(0, flat.numel() - 1, min(_SAMPLES_PER_PARAMETER, flat.numel()), device=flat.device)
-            samples.setdefault(flat.device, []).append(flat[at.round().long()].to(torch.float64))
+            samples.setdefault(flat.device, []).append(flat[_sample_positions(flat.numel(), flat.device)].double())
     values = b"".join(torch.cat(parts).cpu().numpy().tobytes() for parts in samples.values())
     return hashlib.blake2b(repr(names).encode() + values, digest_size=8).hexdigest()
+
+
+def _sample_positions(n: int, device) -> torch.Tensor:
+    """_SAMPLES_PER_PARAMETER evenly spaced positions of n entries (all of them when fewer), the first and the last
+    included; in integers: linspace's float32 rounds n - 1 up to n past 2**24 entries (a real model's embedding or
+    projection), an index past the end."""
+    k = min(_SAMPLES_PER_PARAMETER, n)
+    return torch.arange(k, device=device) * (n - 1) // max(k - 1, 1)
 
 
 def _compared_tensors(module: torch.nn.Module):

@@ -307,3 +307,18 @@ def test_a_world_initialised_again_is_checked_and_waited_for_afresh():
     assert before0 and not before1, (before0, before1)
     assert not after0 and not after1, (after0, after1)
     assert seen0.startswith("TimeoutError"), seen0  # the new world's check ran: rank 1 did not come
+
+
+def test_weights_digest_samples_large_parameters_to_their_last_entry():
+    """A parameter of more than 2**24 entries (a real model's embedding or projection: Phi-3-mini's qkv_proj holds
+    28,311,552) raised IndexError in every shard_batch across ranks: float32 linspace rounded its last position up
+    to one past the end (a helper's probe on published shapes). The last entry is still sampled."""
+    from burst.agreement import weights_digest
+
+    for n in (2**24 + 3, 28_311_552):
+        layer = torch.nn.Linear(1, 1)
+        layer.weight = torch.nn.Parameter(torch.zeros(n))
+        before = weights_digest(layer)
+        with torch.no_grad():
+            layer.weight[-1] = 1.0
+        assert weights_digest(layer) != before, n
