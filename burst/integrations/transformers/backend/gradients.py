@@ -216,6 +216,25 @@ def ddp_step_problem(ddp: torch.nn.parallel.DistributedDataParallel, group=None)
     return None
 
 
+def averaging_group(model: torch.nn.Module, ddp, group):
+    """The process group over which the gradients of `model` are averaged across data-parallel replicas: DDP's
+    (`ddp`, the wrapper or None), else the mesh of its FSDP-managed parameters; None where it holds no rank outside
+    the sequence-parallel `group` (no replicas), or the model's loss is already scaled for the average (marked
+    `_burst_loss_scaled`: SequenceParallel's)."""
+    if getattr(model, "_burst_loss_scaled", False) or not dist.is_initialized():
+        return None
+    if ddp is not None:
+        averaging = ddp.process_group
+    else:
+        sharded = next((p for p in model.parameters() if is_dtensor(p)), None)
+        if sharded is None or sharded.device_mesh.ndim != 1:
+            return None
+        averaging = sharded.device_mesh.get_group()
+    if not set(dist.get_process_group_ranks(averaging)) - set(group_ranks(group)):
+        return None
+    return averaging
+
+
 def _stepped_unsummed(p: torch.nn.Parameter) -> bool:
     """Whether `p` moved (an optimizer step: its version) or lost its gradient (zero_grad) since a backward left
     a gradient reduce_gradients did not sum."""
