@@ -8,9 +8,9 @@ windows, an AdamW step and the errors run in it.
 from __future__ import annotations
 
 import copy
-import itertools
-
 import io
+import itertools
+import warnings
 
 import pytest
 import torch
@@ -604,6 +604,26 @@ def test_packed_rows_on_a_family_whose_masks_ignore_positions_warn_and_stay_each
         across = reference(input_ids=ids, position_ids=packed, use_cache=False).logits
     assert _rel(logits, alone) < 1e-5, _rel(logits, alone)
     assert _rel(across, alone) > 1e-3  # what the warning is about: eager runs the second document into the first
+
+
+def test_packed_rows_through_recurrent_layers_warn_once_that_their_state_runs_across():
+    """A hybrid's recurrent layers carry their state from one packed document into the next, as transformers' own
+    code does without cu_seqlens: burst matched one process, but said nothing where attention keeps the documents
+    apart and the scans do not (a helper's probe: Qwen3-Next, 3.4e-3 from each document run alone)."""
+    import burst.integrations.transformers as bt
+    from burst.bench.hf_zoo_configs import tiny_config
+    from burst.integrations.transformers.backend import batches
+    from transformers import AutoModelForCausalLM
+
+    batches._packed_through_recurrent_layers_warning.cache_clear()
+    model = AutoModelForCausalLM.from_config(tiny_config("qwen3_next"), attn_implementation=bt.register("burst-h"))
+    ids = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(5))
+    packed = torch.cat([torch.arange(5), torch.arange(7)])[None]
+    with pytest.warns(UserWarning, match="recurrent and convolutional layers carry their state"):
+        bt.shard_batch({"input_ids": ids, "position_ids": packed, "use_cache": False}, model=model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one document per row: nothing to say
+        bt.shard_batch({"input_ids": ids, "use_cache": False}, model=model)
 
 
 def test_peft_prompt_learning_is_refused_by_name():

@@ -232,6 +232,17 @@ def _packed_across_documents_warning(decoder: str) -> None:
     )
 
 
+@functools.lru_cache(maxsize=None)
+def _packed_through_recurrent_layers_warning(name: str) -> None:
+    warnings.warn(
+        f"shard_batch: packed documents (position_ids restarting at 0): burst's attention keeps them apart, but "
+        f"{name}'s recurrent and convolutional layers carry their state from one document into the next, as "
+        "transformers' own code does given no cu_seqlens (one process gives the same numbers). Pass one document "
+        "per row to train the documents apart",
+        stacklevel=4,
+    )
+
+
 def _has_attention_layers(model) -> bool:
     """Whether the model mixes tokens through attention in any layer: its config lists no layer kinds, or
     lists an attention kind (not MLP or MoE layers alone, nor recurrent ones)."""
@@ -244,6 +255,9 @@ def _warn_if_packed_rows_differ(batch: dict, positions: torch.Tensor, model) -> 
     differ: a decoder whose masks ignore position_ids, or a cache on (see the two warnings)."""
     if positions.shape[-1] < 2 or not bool((positions[..., 1:] == 0).any()):
         return
+    hooked = getattr(model, "_burst_mixers", None)
+    if hooked is not None and hooked[2] > 0:  # shard_mixers hooked recurrent or convolutional layers
+        _packed_through_recurrent_layers_warning(type(model).__name__)
     if not masks_read_positions(model):
         if _has_attention_layers(model):  # a model of recurrent layers alone runs documents together in both
             _packed_across_documents_warning(type(decoder_of(model)).__name__)
