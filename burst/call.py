@@ -65,16 +65,23 @@ class AttentionRequest:
 TILE_BYTES = 400  # a Tile, its two Segments and its dict, roughly
 
 
+_DENSE_WHEN_USED = (Cover.PARTIAL, Cover.BAND, Cover.RULE)  # a tile whose q x k bool mask may be built on use
+
+
 def _plan_bytes(tiles) -> int:
-    """What a plan holds: its tiles, and each partial tile's mask (q x k bools)."""
-    return sum(TILE_BYTES + (t.q.length * t.k.length if t.cover is Cover.PARTIAL else 0) for t in tiles)
+    """What a plan holds: its tiles, the q x k bools of each tile that may build its dense mask (partial, band and
+    rule tiles: Tile.mask, built on first use), and the block-sparse layout its mask spec keeps (each tile holds the
+    spec: a mask new at every call had kept every layout alive, uncounted, ~8 MB a call)."""
+    held = sum(TILE_BYTES + (t.q.length * t.k.length if t.cover in _DENSE_WHEN_USED else 0) for t in tiles)
+    sparse = tiles[0].spec.block_sparse if tiles else None
+    return held + (sparse.layout.numel() if sparse is not None else 0)
 
 
 # Planned tiles by (mask, query runs, key runs, sizes): every layer of a model plans the same block
 # pairs at every step, and a masked plan takes milliseconds (a window's 8K-row shard: ~4 ms per block
-# pair). Bounded by the bytes its plans hold; a plan over 1 MiB is not kept (huge shards plan in a
-# negligible share of their compute).
-_TILES = BoundedCache(16 << 20, size=_plan_bytes, largest=1 << 20)
+# pair). Bounded by the bytes its plans hold; a plan over 4 MiB is not kept (huge shards plan in a
+# negligible share of their compute; a block-sparse layout of 2048 x 2048 blocks replans each call).
+_TILES = BoundedCache(16 << 20, size=_plan_bytes, largest=4 << 20)
 
 
 @dataclass(frozen=True, eq=False)

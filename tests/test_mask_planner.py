@@ -264,3 +264,24 @@ def test_the_blocks_a_strided_run_touches():
         want = torch.unique(seg.positions() // block)
         got = layout.numpy()[_blocks_of(seg, block)][:, 0]
         assert got.tolist() == layout[want][:, 0].tolist(), (first, length, stride, block)
+
+
+def test_the_plan_cache_counts_the_block_sparse_layouts_it_keeps_alive():
+    """Each cached tile holds its mask spec, and a block-sparse spec its whole layout: a mask new at every call had
+    kept every layout alive, uncounted (a helper's probe: ~8 MB a call, no bound in practice). The cache counts
+    the layout and the dense masks that band and rule tiles build, and stays within its limit."""
+    from burst import call
+    from burst.masks import BlockSparseMask
+
+    n, block, limit = 256, 1, 256 << 10  # layouts of 256 x 256 blocks (64 KiB) in a cache of 256 KiB
+    q, k = segments("contiguous", 0, 2, n // 2), segments("contiguous", 1, 2, n // 2)
+    sizes = TileSizes(1024, 64, True)
+    cache = call.BoundedCache(limit, size=call._plan_bytes, largest=limit)
+    for seed in range(20):  # 20 new masks: 1.25 MiB of layouts if every one were kept
+        layout = torch.ones(n // block, n // block, dtype=torch.bool)
+        layout[seed, n // 2 + seed] = False  # a block of rank 0's queries x rank 1's keys: a few tiles, a new mask
+        spec = MaskSpec(block_sparse=BlockSparseMask(block, layout))
+        plan = cache.get((spec.key, tuple(q), tuple(k), sizes), lambda: tuple(plan_tiles(q, k, spec, sizes=sizes)))
+        assert call._plan_bytes(plan) >= layout.numel()
+    held = {id(t.spec.block_sparse) for plan in cache._values.values() for t in plan}
+    assert 0 < len(held) * (n // block) ** 2 <= limit, len(held)
