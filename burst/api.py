@@ -175,8 +175,7 @@ def key_side(k, v, latent):
 
 @custom_op.run_eagerly  # collectives and per-tile kernel calls of varying shapes: torch.compile calls it as is
 def _sharded_attention(q, keys, sinks, request: AttentionRequest):
-    entries = request.compressed
-    held = (entries.k, entries.v, entries.indices) if entries is not None else ()
+    held = [getattr(request.compressed, name, None) for name in ("k", "v", "indices")]  # a bad value: validated below
     # before the agreement: every rank runs under the same transforms
     refuse_function_transforms("burst.attention", q, *getattr(keys, "inputs", ()), sinks, request.indices, *held)
     chosen, call = prepare_attention(q, keys, request, sinks)
