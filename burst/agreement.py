@@ -300,7 +300,8 @@ def _bound_the_exit() -> None:
     after its wait timed out, and gloo's worker thread waits for it on the way out (destroy_process_group returns,
     the interpreter's exit does not) until the late rank comes, which may be never: under torchrun the job hung
     with the TimeoutError printed, and torchrun, seeing no rank fail, kept the others waiting too. Killed by
-    SIGALRM, the rank is seen failed and torchrun stops the rest. An exit that needs no wait is not slowed."""
+    SIGALRM, the rank is seen failed and torchrun stops the rest. An exit that needs no wait is not slowed; a
+    process that ends without an uncaught error is not bounded (_alarm_at_exit)."""
     global _exit_bounded
     if not _exit_bounded and hasattr(signal, "alarm"):
         _exit_bounded = True
@@ -311,7 +312,9 @@ _exit_bounded = False
 
 
 def _alarm_at_exit() -> None:
-    if threading.current_thread() is not threading.main_thread():
+    """Armed only when the process ends on an uncaught error (the timeout's, or what followed it): one that caught
+    the TimeoutError and went on (a new world) ends as it would have, its exit unbounded."""
+    if threading.current_thread() is not threading.main_thread() or getattr(sys, "last_value", None) is None:
         return
     print(
         f"burst: a collective check timed out in this process and is still open; the process is ended (SIGALRM) "

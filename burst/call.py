@@ -65,13 +65,13 @@ class AttentionRequest:
 TILE_BYTES = 400  # a Tile, its two Segments and its dict, roughly
 
 
-_DENSE_WHEN_USED = (Cover.PARTIAL, Cover.BAND, Cover.RULE)  # a tile whose q x k bool mask may be built on use
+_DENSE_WHEN_USED = (Cover.PARTIAL, Cover.RULE)  # tiles that build a q x k bool mask on use (band tiles pass Bands)
 
 
 def _plan_bytes(tiles) -> int:
-    """What a plan holds: its tiles, the q x k bools of each tile that may build its dense mask (partial, band and
-    rule tiles: Tile.mask, built on first use), and the block-sparse layout its mask spec keeps (each tile holds the
-    spec: a mask new at every call had kept every layout alive, uncounted, ~8 MB a call)."""
+    """What a plan holds: its tiles, the q x k bools of each tile that builds its dense mask (partial and rule
+    tiles, on first use), and the block-sparse layout its mask spec keeps (each tile holds the spec: a mask new at
+    every call had kept every layout alive, uncounted, ~8 MB a call)."""
     held = sum(TILE_BYTES + (t.q.length * t.k.length if t.cover in _DENSE_WHEN_USED else 0) for t in tiles)
     sparse = tiles[0].spec.block_sparse if tiles else None
     return held + (sparse.layout.numel() if sparse is not None else 0)

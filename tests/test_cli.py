@@ -634,6 +634,10 @@ def test_json_results_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
         with pytest.raises(OSError, match=f"could not write {results}: No space left on device"):
             common.write_json(str(results), {"run": 2})
     assert json.loads(results.read_text()) == {"run": 1} and os.listdir(tmp_path) == ["out.json"]
+    link = tmp_path / "latest.json"  # a symbolic link stays one, its target replaced (a diff review)
+    link.symlink_to(results)
+    common.write_json(str(link), {"run": 4})
+    assert link.is_symlink() and json.loads(results.read_text()) == {"run": 4}
     if os.path.exists("/dev/full"):  # a device is written as it is (never replaced), and named when it fails
         with pytest.raises(OSError, match="could not write /dev/full"):
             common.write_json("/dev/full", {"run": 3})

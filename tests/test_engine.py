@@ -467,3 +467,11 @@ def test_a_step_saved_again_and_killed_is_not_taken_and_keeps_no_old_file(tmp_pa
     resume.save_checkpoint(cfg, 4, model, optimizer)
     assert resume.resume_point(str(tmp_path)) == 4 and not (tmp_path / "step-4" / "rng-1.pt").exists()
     resume.check_files(str(tmp_path), 4)
+
+    def busy(path):
+        raise OSError(39, "Directory not empty")  # NFS's .nfsXXXX files
+
+    with monkeypatch.context() as patched:  # said as the save's failure (in a world: on every rank)
+        patched.setattr(resume.shutil, "rmtree", busy)
+        with pytest.raises(RuntimeError, match="saving step 4's checkpoint .* its earlier save is not removed"):
+            resume.save_checkpoint(cfg, 4, model, optimizer)

@@ -644,3 +644,24 @@ def test_an_indexers_choice_becomes_the_positions_a_decode_step_attends():
     assert chosen_positions({}, None, 4) is None
     with pytest.raises(ValueError, match="one new token's indices"):
         chosen_positions({"indices": torch.zeros(1, 2, 3, dtype=torch.long)}, None, 4)
+
+
+def test_the_agreed_generation_settings_leave_out_generate_s_own_tensors(monkeypatch):
+    """generate() keeps working copies on its config (_eos_token_tensor, on each rank's own device: their reprs
+    differ on a host of several GPUs, so every generate() there was refused; a diff review). Only the public
+    settings are agreed on."""
+    from types import SimpleNamespace
+
+    import burst.agreement
+    from burst.integrations.transformers import decoding
+    from transformers import GenerationConfig
+
+    agreed = {}
+    monkeypatch.setattr(decoding, "backend_of", lambda model: ("burst", SimpleNamespace(group=None)))
+    monkeypatch.setattr(decoding, "world_size", lambda group: 2)
+    monkeypatch.setattr(burst.agreement, "agree", lambda entry, facts, *args, **kwargs: agreed.update(facts))
+    config = GenerationConfig(max_new_tokens=3, eos_token_id=2)
+    config._eos_token_tensor = torch.tensor([2])
+    decoding.agree_on_settings(None, config)
+    assert agreed["generate()'s max_new_tokens"] == 3 and agreed["generate()'s eos_token_id"] == 2
+    assert not [name for name in agreed if "'s _" in name], sorted(agreed)

@@ -286,7 +286,8 @@ def _can_append(path: str) -> bool:
 
 def write_json(path: str, value) -> None:
     """`value` as JSON to `path`, or to stdout for '-'. A file is replaced whole or not at all (a full disk had
-    left an earlier run's results 0 bytes long); a device or a pipe is written as it is. OSError naming `path`."""
+    left an earlier run's results 0 bytes long), a symbolic link's target in its place; a device or a pipe is written
+    as it is. OSError naming `path`."""
     text = json.dumps(value, indent=1) + "\n"
     if path == "-":
         print(text, end="")
@@ -296,11 +297,12 @@ def write_json(path: str, value) -> None:
             with open(path, "w") as f:
                 f.write(text)
             return
-        partial = f"{path}.partial"
+        target = os.path.realpath(path)  # a symbolic link stays one: its target is what is replaced
+        partial = f"{target}.partial"
         try:
             with open(partial, "w") as f:
                 f.write(text)
-            os.replace(partial, path)
+            os.replace(partial, target)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(partial)

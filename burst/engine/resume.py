@@ -182,7 +182,7 @@ def save_checkpoint(cfg, step: int, model, optimizer) -> str:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     path = step_dir(cfg.checkpoint_dir, step)
-    _empty_step_dir(path)
+    _empty_step_dir(path, step)
     model_state, optim_state = get_state_dict(model, optimizer)
     with named_failure(f"saving step {step}'s checkpoint to {path!r}", writes_to=path):
         dcp.save(
@@ -207,18 +207,29 @@ def save_checkpoint(cfg, step: int, model, optimizer) -> str:
     return path
 
 
-def _empty_step_dir(path: str) -> None:
+def _empty_step_dir(path: str, step: int) -> None:
     """A step saved again (a run resumed from an earlier step reaches it again) starts from nothing: its old
     burst.json goes first, then the rest. Written over in place, the old step had kept its burst.json while its
     files changed, so a save killed midway left it taken for complete, refused as damaged at every --resume
     (step 2 intact beside it); and a file of the old save no new one replaces (another world's rng-R.pt) was
-    counted among the new one's. A collective: every rank waits for the folder to be gone."""
+    counted among the new one's. A collective: every rank waits for the folder to be gone, and raises if rank 0
+    could not remove it (on rank 0 alone, its peers would have waited in the next collective)."""
+    problem = None
     if group_rank() == 0 and os.path.isdir(path):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(path, META))
-        shutil.rmtree(path)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(path, META))
+            shutil.rmtree(path)
+        except OSError as err:
+            problem = f"{type(err).__name__}: {err}"
     if dist.is_initialized():
-        dist.barrier()
+        said = [problem]
+        dist.broadcast_object_list(said, src=0)
+        problem = said[0]
+    if problem is not None:
+        raise RuntimeError(
+            f"saving step {step}'s checkpoint to {path!r} failed: its earlier save is not removed ({problem})"
+        )
 
 
 @contextlib.contextmanager

@@ -335,7 +335,8 @@ def agree_on_settings(model, generation_config) -> None:
     from burst.agreement import agree
 
     settings = generation_config.to_dict() if generation_config is not None else {}
-    facts = {f"generate()'s {k}": v for k, v in sorted(settings.items()) if k not in _THIS_RANKS_OUTPUT}
+    # private fields are generate()'s own working copies (_eos_token_tensor...: a tensor on this rank's device)
+    facts = {f"generate()'s {k}": v for k, v in sorted(settings.items()) if k not in _THIS_RANKS_OUTPUT and k[0] != "_"}
     group = backend_of(model)[1].group
     agree("generate()", facts, None, group, world_size(group))
     if settings.get("use_cache") is False or settings.get("prefill_chunk_size"):  # before the prompt runs

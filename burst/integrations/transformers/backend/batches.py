@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from burst import layout as layout_mod
-from burst.agreement import WEIGHTS, WEIGHTS_HINT, agree, checks_off, weights_digest
+from burst.agreement import WEIGHTS, WEIGHTS_HINT, agree, checks_off, collective_device, weights_digest
 from burst.comm.membership import group_ranks
 
 from ..keywords import ATTENTION_LAYER_KINDS, layer_kinds
@@ -138,8 +138,7 @@ def _count_for_replicas(labelled: int, model, ddp, group) -> float | int:
     averaging = averaging_group(model, ddp, group) if model.training and torch.is_grad_enabled() else None
     if averaging is None:
         return labelled
-    device = next(model.parameters()).device
-    total = torch.tensor([float(labelled)], dtype=torch.float64, device="cpu" if device.type == "meta" else device)
+    total = torch.tensor([float(labelled)], dtype=torch.float64, device=collective_device(averaging))
     dist.all_reduce(total, group=averaging)  # every rank of a replica holds its count: the mean over ranks is theirs
     return total.item() / dist.get_world_size(averaging)
 
