@@ -174,7 +174,6 @@ def _dp_sp_mesh(rank, world):
     import burst.integrations.transformers as bt
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "sp"))
     sp_group, dp_group, dp_rank = mesh.get_group("sp"), mesh.get_group("dp"), mesh.get_local_rank("dp")
@@ -187,10 +186,7 @@ def _dp_sp_mesh(rank, world):
     results["fsdp over the world"] = _compare(
         _sharded_job(model, batches, "zigzag", sp_group, rows=rows, dp_group=dp_group), reference
     )
-    model = _model(name)
-    for layer in model.model.layers:
-        torch_fully_shard(layer, mesh=mesh["dp"])
-    torch_fully_shard(model, mesh=mesh["dp"])
+    model = _fsdp_over_dp(_model(name), mesh)
     results["fsdp over dp"] = _compare(
         _sharded_job(model, batches, "zigzag", sp_group, rows=rows, dp_group=dp_group), reference
     )
@@ -201,10 +197,7 @@ def _dp_sp_mesh(rank, world):
     results["fsdp over the world, uneven labels"] = _compare(
         _sharded_job(model, batches, "zigzag", sp_group, rows=rows, dp_group=dp_group, uneven=True), uneven
     )
-    model = _model(name)
-    for layer in model.model.layers:
-        torch_fully_shard(layer, mesh=mesh["dp"])
-    torch_fully_shard(model, mesh=mesh["dp"])
+    model = _fsdp_over_dp(_model(name), mesh)
     results["fsdp over dp, uneven labels"] = _compare(
         _sharded_job(model, batches, "zigzag", sp_group, rows=rows, dp_group=dp_group, uneven=True), uneven
     )
@@ -214,10 +207,7 @@ def _dp_sp_mesh(rank, world):
     )
     # the same without reduce_gradients: each rank of a pair steps its (equal) shards on its own share of the
     # gradients; the pair's local shards part, and the next batch is refused
-    model = _model(name)
-    for layer in model.model.layers:
-        torch_fully_shard(layer, mesh=mesh["dp"])
-    torch_fully_shard(model, mesh=mesh["dp"])
+    model = _fsdp_over_dp(_model(name), mesh)
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
     batch = {"input_ids": batches[0][rows], "labels": batches[0][rows]}
     model(**bt.shard_batch(batch, group=sp_group, layout="zigzag", model=model)).loss.backward()
@@ -242,6 +232,15 @@ def _dp_sp_mesh(rank, world):
         bt.reduce_loss(loss, model=model), bt.reduce_loss(loss, group=sp_group)
     ) and not torch.equal(bt.reduce_loss(loss, group=sp_group), bt.reduce_loss(loss, group=dist.group.WORLD))
     return results
+
+
+def _fsdp_over_dp(model, mesh):
+    """torch's own fully_shard per decoder layer and on the root, over the mesh's data-parallel ranks."""
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    for layer in model.model.layers:
+        torch_fully_shard(layer, mesh=mesh["dp"])
+    return torch_fully_shard(model, mesh=mesh["dp"])
 
 
 def _compiled(rank, world):

@@ -15,7 +15,7 @@ import weakref
 import torch
 
 from .backend.batches import carries_non_text, marks_non_text
-from .backend.registry import backend_of, world_size
+from .backend.registry import backend_of, split_across_ranks, world_size
 from .keywords import ATTENTION_LAYER_KINDS, CACHE_KEYWORDS, layer_kinds
 from .layers import mixers, rope
 from .layers.configs import decoder_of, text_config
@@ -250,7 +250,7 @@ class _OneTokenPerStep(list):
 
     def __contains__(self, mode) -> bool:
         model = self._model()
-        if model is not None and _split_across_ranks(model):
+        if model is not None and split_across_ranks(model):
             return list.__contains__(self, mode)
         return self._own is None or mode in self._own
 
@@ -266,14 +266,6 @@ class _OneTokenPerStep(list):
 
 def _own_modes(own):
     return own
-
-
-def _split_across_ranks(model) -> bool:
-    """Whether `model` runs on a burst backend over more than one rank."""
-    try:
-        return world_size(backend_of(model)[1].group) > 1
-    except ValueError:
-        return False
 
 
 def declare_generation_modes(model) -> None:
@@ -311,7 +303,7 @@ class _AgreedStoppingCriteria:
     def __call__(self, *args, **kwargs):
         model = self._model()
         criteria = type(model)._get_stopping_criteria(model, *args, **kwargs)
-        if not _split_across_ranks(model):
+        if not split_across_ranks(model):
             return criteria
         agree_on_settings(model, kwargs.get("generation_config", args[0] if args else None))
         agreed = _agreed_list()(criteria)

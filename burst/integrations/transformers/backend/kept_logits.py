@@ -13,7 +13,7 @@ import inspect
 
 import torch
 
-from .registry import backend_of, inside_generate, world_size
+from .registry import inside_generate, split_across_ranks
 
 _HOOKED = "_burst_refuses_kept_logits"
 _burst_keeps = 0  # > 0 while a call of burst's own asks for logits_to_keep (owned_by_burst)
@@ -62,16 +62,9 @@ class _RefuseKeptLogits:
         value = kwargs.get("logits_to_keep")
         if value is None and args:
             value = _signature(type(module)).bind_partial(module, *args).arguments.get("logits_to_keep")
-        if not keeps_some_logits(value) or _burst_keeps or not _split_across_ranks(module) or inside_generate():
+        if not keeps_some_logits(value) or _burst_keeps or not split_across_ranks(module) or inside_generate():
             return  # generate(): on a ShardedCache it is the cache's; without one the attention refuses, naming it
         raise kept_logits_refusal(value)
-
-
-def _split_across_ranks(module) -> bool:
-    try:
-        return world_size(backend_of(module)[1].group) > 1
-    except ValueError:  # back on torch's attention
-        return False
 
 
 @functools.cache

@@ -44,6 +44,15 @@ def backend_of(module) -> tuple[str, Backend]:
     return name, BACKENDS[name]
 
 
+def split_across_ranks(module) -> bool:
+    """Whether `module` (a model or one of its layers) runs on a burst backend over more than one rank (False back
+    on torch's attention)."""
+    try:
+        return world_size(backend_of(module)[1].group) > 1
+    except ValueError:
+        return False
+
+
 def unwrap_model(model) -> tuple[torch.nn.Module, torch.nn.parallel.DistributedDataParallel | None]:
     """(the model out of a DDP wrapper and torch.compile's, in either order: the one whose config and modeling
     module burst reads and hooks; the DDP wrapper or None)."""
